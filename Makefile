@@ -29,8 +29,11 @@ lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
+# The whole suite on this CPU's own code path, then the tests marked `numerical` again under
+# the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.
 test: install-dev lint
 	$(PY) -m pytest -q
+	$(PY) tests/cpu_paths.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -135,8 +135,7 @@ def demo(sizes, rows, margin, seed, out):
         console.print(table)
     console.print(
         "Lemma 2.1: n·max weight stays below e^{δ/θ} at every n, so every softmax weight falls as "
-        "1/n. Adaptive temperature (θ = 1/β) sharpens small sets, but its β is bounded and is 1 "
-        "once the entropy passes ~6.3, so at large n it disperses exactly like softmax."
+        f"1/n. {demo_exp.adaptive_note()}"
     )
     console.print(f"wrote {run_dir}/report.md and {run_dir}/dispersion.png")
     _dispersion(Path(out) / "dispersion", None, None, margin, 16, seed)

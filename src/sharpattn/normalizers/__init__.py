@@ -6,7 +6,15 @@ Look a method up by name with :func:`get`; :func:`available` lists them.
 
 from ._contract import masked_softmax, prepare
 from .registry import Normalizer, Param, available, get, markdown_table, register, unregister
-from .softmax import COEFFICIENTS, adaptive, adaptive_beta, polyval, resolve_coefficients, softmax
+from .softmax import (
+    COEFFICIENTS,
+    adaptive,
+    adaptive_beta,
+    entropy_crossings,
+    polyval,
+    resolve_coefficients,
+    softmax,
+)
 from .stats import effective_support, entropy, max_weight, null_attention
 
 __all__ = [
@@ -18,6 +26,7 @@ __all__ = [
     "available",
     "effective_support",
     "entropy",
+    "entropy_crossings",
     "get",
     "markdown_table",
     "masked_softmax",

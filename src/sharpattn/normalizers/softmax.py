@@ -18,7 +18,8 @@ Tensor = torch.Tensor
 #: Adaptive-temperature polynomials β = polyval(c, H), highest power first (as numpy.polyval).
 #: "icml": the ICML version's Figure 4 code; "arxiv": the earlier version's code (its Figure 5
 #: caption lists them reversed; the code is right). They differ for high entropy: β(4) = 2.39 vs
-#: 1.57, β(5) = 2.29 vs clipped to 1.
+#: 1.57, β(5) = 2.29 vs clipped to 1. :func:`entropy_crossings` gives where each falls below 1
+#: (ICML: H ≈ 5.94; earlier: H ≈ 4.59), from where the floor makes β = 1.
 COEFFICIENTS: dict[str, tuple[float, ...]] = {
     "icml": (-0.037, 0.481, -2.3, 4.917, -1.791),
     "arxiv": (-0.04, 0.48, -2.3, 4.92, -1.79),
@@ -77,6 +78,23 @@ def polyval(coefficients: Sequence[float], x: Tensor) -> Tensor:
     for c in coefficients:
         out = out * x + c
     return out
+
+
+def entropy_crossings(
+    coefficients: str | Sequence[float] = "icml", level: float = 1.0, above: float = 0.5
+) -> list[float]:
+    """The entropies H > ``above`` where the polynomial β(H) equals ``level`` (ascending).
+
+    With ``level=1`` the last one is where β falls to the floor (softmax from there on); with
+    ``level=0`` where App. F's θ = 1/poly(H) would turn negative.
+    """
+    import numpy as np
+
+    c = np.array(resolve_coefficients(coefficients), dtype=np.float64)
+    c[-1] -= level
+    roots = np.roots(c)
+    real = roots[np.abs(roots.imag) < 1e-9].real
+    return sorted(float(r) for r in real if r > above)
 
 
 def adaptive_beta(

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from precision import assert_close
 
+from precision import assert_close
 from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask
 from sharpattn.attention import fused as fused_mod
 from sharpattn.attention.fused import FUSED, softmax_entropy

@@ -31,6 +31,8 @@ def adaptive_note(coefficients: str = "icml") -> str:
         f"H ≈ {to_zero:.2f}), from where the floor makes β = 1: at large n it disperses exactly "
         "like softmax."
     )
+
+
 DEFAULT_SIZES = (16, 64, 256, 1024, 4096, 16384)
 
 

@@ -60,7 +60,7 @@ def tolerance(dtype, *, n: int = 1, magnitude: float = 1.0, ulps: float = ULPS) 
 def _as_float64(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+    return torch.from_numpy(np.array(x, dtype=np.float64))  # a copy: inputs may be read-only
 
 
 def assert_close(

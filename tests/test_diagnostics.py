@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from precision import assert_close
+
 from sharpattn import MultiheadAttention
 from sharpattn import normalizers as nz
 from sharpattn.diagnostics import (
@@ -24,6 +26,8 @@ from sharpattn.diagnostics import (
     sink_tokens,
     value_drain,
 )
+
+pytestmark = pytest.mark.numerical
 
 
 def _np_spread(s, allowed):
@@ -47,25 +51,26 @@ def test_logit_spread_matches_numpy_with_masks_empty_rows_and_huge_logits():
     allowed = (mask & (s != float("-inf"))).numpy()
     ref = _np_spread(s.numpy(), allowed)
     got = logit_spread(s, mask).numpy()
-    np.testing.assert_allclose(got, ref, rtol=1e-12, equal_nan=True)
-    assert np.isnan(got[1, 1, 4]) and got[0, 0, 0] == pytest.approx(2e4)
+    # a max minus a min: exact up to one rounding of the difference
+    assert_close(got, ref, equal_nan=True)
+    assert np.isnan(got[1, 1, 4]) and got[0, 0, 0] == s[0, 0, 0, 2].item() - s[0, 0, 0, 5].item()
     # single allowed key: spread 0
     one = torch.zeros(1, 4, dtype=torch.bool)
     one[0, 2] = True
     assert logit_spread(torch.randn(1, 4), one).item() == 0.0
     # per head: the largest row spread, NaN rows ignored
     head = head_logit_spread(s, mask).numpy()
-    np.testing.assert_allclose(head, np.nanmax(ref, axis=-1), rtol=1e-12)
+    assert_close(head, np.nanmax(ref, axis=-1))
     # bf16 scores work (computed in float64)
     sb = s.to(torch.bfloat16).masked_fill(~mask, float("-inf"))
     ref_b = _np_spread(sb.double().numpy(), (sb != float("-inf")).numpy())
-    np.testing.assert_allclose(logit_spread(sb).numpy(), ref_b, equal_nan=True)
+    assert_close(logit_spread(sb).numpy(), ref_b, equal_nan=True)
 
 
 def test_dispersion_horizon_and_lemma_2_1():
     delta = np.array([0.0, 2.28, 5.69, 14.78])
     got = dispersion_horizon(torch.tensor(delta), theta=0.5, eps=0.05).numpy()
-    np.testing.assert_allclose(got, np.exp(delta / 0.5) / 0.05, rtol=1e-12)
+    assert_close(got, np.exp(delta / 0.5) / 0.05)
     # Lemma 2.1: n > n* items with logits in [0, δ] -> every softmax weight < ε
     g = torch.Generator().manual_seed(1)
     d, eps = 2.0, 0.02
@@ -109,14 +114,14 @@ def _sink_pattern(n=8, heads=3):
 
 def test_sink_mass_and_sink_tokens_on_a_known_sink():
     a = _sink_pattern()
-    np.testing.assert_allclose(a.sum(-1), 1.0)
+    assert_close(a.sum(-1), np.ones(a.shape[:-1]), n=a.shape[-1])
     got = sink_mass(torch.tensor(a))
-    np.testing.assert_allclose(got.numpy(), _np_sink_mass(a), rtol=1e-12)
+    assert_close(got.numpy(), _np_sink_mass(a), n=a.shape[-2])  # a mean over queries
     assert sink_tokens(got).tolist() == [[0, 3]] * 3
     # random (non-causal) weights too
     w = torch.softmax(torch.randn(2, 4, 6, 6, dtype=torch.float64), -1)
-    np.testing.assert_allclose(sink_mass(w).numpy(), _np_sink_mass(w.numpy()), rtol=1e-12)
-    np.testing.assert_allclose(sink_mass(w, queries="all").numpy(), w.numpy().mean(-2), rtol=1e-12)
+    assert_close(sink_mass(w).numpy(), _np_sink_mass(w.numpy()), n=w.shape[-2])
+    assert_close(sink_mass(w, queries="all").numpy(), w.numpy().mean(-2), n=w.shape[-2])
     with pytest.raises(ValueError, match="square"):
         sink_mass(torch.rand(2, 3))
     with pytest.raises(ValueError, match="queries"):
@@ -133,12 +138,12 @@ def test_value_drain_and_residual_peak_match_numpy():
         for h in range(4):
             j = int(sink[b, h])
             ref = v[b, h, j] / np.mean(np.delete(v[b, h], j))
-            assert got[b, h] == pytest.approx(ref, rel=1e-12)
+            assert_close(got[b, h], ref, n=v.shape[-1])  # a mean over the other tokens
     resid = torch.randn(2, 9, 16, generator=g, dtype=torch.float64)
     resid[:, 0] *= 50  # a residual-state peak at token 0
     peak = residual_peak(resid, 0).numpy()
     r = np.linalg.norm(resid.numpy(), axis=-1)
-    np.testing.assert_allclose(peak, r[:, 0] / r[:, 1:].mean(-1), rtol=1e-12)
+    assert_close(peak, r[:, 0] / r[:, 1:].mean(-1), n=resid.shape[-1] * resid.shape[-2])
     assert (peak > 10).all()
 
 
@@ -146,9 +151,11 @@ def test_row_stats_reuses_normalizer_stats():
     w = torch.softmax(torch.randn(3, 5, 7, dtype=torch.float64), -1)
     st = row_stats(w)
     p = w.numpy()
-    np.testing.assert_allclose(st["entropy"].numpy(), -(p * np.log(p)).sum(-1), rtol=1e-12)
-    np.testing.assert_allclose(st["max_weight"].numpy(), p.max(-1))
-    np.testing.assert_allclose(st["support"].numpy(), 1 / (p**2).sum(-1), rtol=1e-12)
+    n = p.shape[-1]
+    # terms -p log p are at most 1/e each, so magnitude log n bounds the sum's absolute error
+    assert_close(st["entropy"].numpy(), -(p * np.log(p)).sum(-1), n=n, magnitude=math.log(n))
+    assert np.array_equal(st["max_weight"].numpy(), p.max(-1))  # a max is exact
+    assert_close(st["support"].numpy(), 1 / (p**2).sum(-1), n=n)
 
 
 class Tiny(nn.Module):
@@ -223,11 +230,15 @@ def test_capture_sharpattn_model_matches_numpy_and_removes_hooks():
     )
     h0 = model.blocks[0]["ln"](x)
     s, w, vals, out = _np_mha(model.blocks[0]["attn"], h0)
-    np.testing.assert_allclose(cap["layers.0.attn.scores"].numpy(), s, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(cap["layers.0.attn.weights"].numpy(), w, atol=1e-6)
-    np.testing.assert_allclose(cap["layers.0.attn.values"].numpy(), vals, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(cap["layers.0.resid_post"].numpy(), x.numpy() + out, atol=1e-5)
-    torch.testing.assert_close(cap["layers.1.resid_post"], y)
+    # float32 model against float64 NumPy: every quantity is a chain of two reductions over the
+    # width d (a projection, then a dot product / the attention sum and the output projection), so
+    # the reduction length is d·n_keys at most and the terms are of the size of the result.
+    d, n = 16, 6
+    assert_close(cap["layers.0.attn.scores"], s, dtype=torch.float32, n=d)
+    assert_close(cap["layers.0.attn.weights"], w, dtype=torch.float32, n=d, magnitude=1.0)
+    assert_close(cap["layers.0.attn.values"], vals, dtype=torch.float32, n=d)
+    assert_close(cap["layers.0.resid_post"], x.double().numpy() + out, n=d * n)
+    assert torch.equal(cap["layers.1.resid_post"], y)  # the same tensor the model returned
     assert cap.values_projected == {0: True, 1: True}
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
@@ -258,7 +269,10 @@ def test_head_ablation_matches_numpy():
             cut = x.double().numpy() + _np_mha(mha, ln(x), zero_head=head)[3]
             t = target.double().numpy()
             deltas.append(((cut - t) ** 2).mean() - ((base - t) ** 2).mean())
-        assert got["a"][(0, head)] == pytest.approx(np.mean(deltas), rel=1e-4, abs=1e-7)
+        # a difference of two float32 mean-squared losses: its error is that of the losses
+        # (reductions over 5·8 outputs of width-8 chains), not of the small difference
+        loss = float(((_np_mha(mha, ln(xs[0]))[3] + xs[0].double().numpy() - t) ** 2).mean())
+        assert_close(got["a"][(0, head)], np.mean(deltas), dtype=torch.float32, n=5 * 8 * 8, magnitude=loss)
     assert classify_heads({(0, 0): 0.5, (0, 1): 0.01}, 0.1) == {(0, 0): "active", (0, 1): "dormant"}
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
@@ -279,7 +293,7 @@ def test_capture_learnable_normalizer_params_reach_weights():
         with capture(mha) as cap:
             mha(x)
         _, ref = mha(x, return_weights=True)
-        torch.testing.assert_close(cap["layers.0.attn.weights"], ref.detach())
+        assert torch.equal(cap["layers.0.attn.weights"], ref.detach())  # one computation, observed
     finally:
         nz.unregister("test-cap-gain")
 
@@ -305,12 +319,12 @@ def test_capture_hf_matches_eager_attentions_and_restores():
             assert model.config._attn_implementation == "sharpattn:softmax"
             out = model(ids)
     assert model.config._attn_implementation == "eager"
-    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=1e-5)
+    # two float32 paths (sharpattn's attention vs eager) through 2 layers of width 32: each output
+    # is a chain of reductions over the width (and the 4·32 MLP), of terms the size of the result
+    assert_close(out.logits, ref.logits, n=4 * 32, magnitude=float(ref.logits.abs().max()))
     for L in (0, 1):
-        torch.testing.assert_close(
-            cap[f"layers.{L}.attn.weights"], ref.attentions[L], atol=1e-6, rtol=1e-5
-        )
-    torch.testing.assert_close(cap["layers.0.resid_post"], ref.hidden_states[1])
+        assert_close(cap[f"layers.{L}.attn.weights"], ref.attentions[L], n=32, magnitude=1.0)
+    assert_close(cap["layers.0.resid_post"], ref.hidden_states[1], n=4 * 32)
     # value norms: ‖c_proj_h · v_h‖ from GPT-2's fused qkv
     attn = model.transformer.h[0].attn
     with torch.no_grad():
@@ -320,7 +334,7 @@ def test_capture_hf_matches_eager_attentions_and_restores():
         v = attn.c_attn(hidden)[..., 64:].view(1, 10, 4, 8).transpose(1, 2)
         o = attn.c_proj.weight.t().view(32, 4, 8)
         ref_vals = torch.einsum("bhjd,mhd->bhjm", v, o).norm(dim=-1)
-    torch.testing.assert_close(cap["layers.0.attn.values"], ref_vals, atol=1e-5, rtol=1e-4)
+    assert_close(cap["layers.0.attn.values"], ref_vals, n=32)  # a norm of a width-8 product
     # softmax weights -> spread: every head's δ is finite and positive
     assert (head_logit_spread(cap["layers.1.attn.scores"]) > 0).all()
 
@@ -343,8 +357,9 @@ def test_capture_hf_grouped_query_attention():
     for L in (0, 1):
         w = cap[f"layers.{L}.attn.weights"]
         assert w.shape == (2, 4, 7, 7) and (w[1, :, :, :2] == 0).all()
-        torch.testing.assert_close(w[0], ref.attentions[L][0], atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(w[1, :, 2:], ref.attentions[L][1, :, 2:], atol=1e-6, rtol=1e-5)
+        # two float32 paths; scores are width-8 dot products of width-32 projections
+        assert_close(w[0], ref.attentions[L][0], n=32, magnitude=1.0)
+        assert_close(w[1, :, 2:], ref.attentions[L][1, :, 2:], n=32, magnitude=1.0)
     assert cap["layers.0.attn.values"].shape == (2, 4, 7)
 
 
@@ -359,14 +374,11 @@ def test_capture_long_inputs_keep_row_stats_only():
     assert "layers.0.attn.weights" not in short and "layers.0.attn.scores" not in short
     w = full["layers.1.attn.weights"]
     st = row_stats(w)
-    for key in ("entropy", "max_weight", "support"):
-        torch.testing.assert_close(short[f"layers.1.attn.{key}"], st[key], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(
-        short["layers.1.attn.spread"],
-        logit_spread(full["layers.1.attn.scores"]),
-        atol=1e-5,
-        rtol=1e-5,
-    )
-    torch.testing.assert_close(
-        short["layers.1.attn.sink_mass"].double(), sink_mass(w), atol=1e-6, rtol=1e-5
-    )
+    # the same float32 attention computed in query blocks vs whole: the row statistics are sums
+    # over the 40 keys of float32 weights (entropy: terms ≤ 1/e, magnitude log n)
+    n = ids.shape[1]
+    assert_close(short["layers.1.attn.entropy"], st["entropy"], dtype=torch.float32, n=n, magnitude=math.log(n))
+    assert_close(short["layers.1.attn.max_weight"], st["max_weight"], dtype=torch.float32, magnitude=1.0)
+    assert_close(short["layers.1.attn.support"], st["support"], dtype=torch.float32, n=n)
+    assert_close(short["layers.1.attn.spread"], logit_spread(full["layers.1.attn.scores"]), dtype=torch.float32)
+    assert_close(short["layers.1.attn.sink_mass"], sink_mass(w), dtype=torch.float32, n=n, magnitude=1.0)

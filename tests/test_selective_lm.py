@@ -11,6 +11,8 @@ from sharpattn.experiments import selective as exp
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
+pytestmark = pytest.mark.numerical
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -34,7 +36,8 @@ def tiny(**kw):
 def test_corpus_split_and_vocabulary(corpus):
     train, val, vocab = corpus
     assert len(vocab) == 65 and vocab == sorted(vocab)
-    assert abs(len(val) / (len(train) + len(val)) - 0.1) < 1e-5
+    total = len(train) + len(val)
+    assert len(train) == int(total * 0.9)  # a 90/10 split in whole characters
     text = CORPUS.read_text(encoding="utf-8")
     assert "".join(vocab[i] for i in val[:50].tolist()) == text[len(train) : len(train) + 50]
 
@@ -61,7 +64,10 @@ def test_paired_models_start_identical_and_run_at_4x_context(corpus):
     for variant in ("q · both", "v · position", "qv · token"):
         model = exp.lm_model(cfg, len(vocab), variant, seed=3)
         assert exp.parameter_overhead(model).added > 0
-        torch.testing.assert_close(model(idx), vanilla, rtol=1e-4, atol=1e-5)
+        # identical weights; at init τ − 1 = c₀·log n ≈ 5.1e-6·log 128 (a model difference, not
+        # rounding) moves each logit by about that relative amount: 1e-4 bounds it with room
+        rel = ((model(idx) - vanilla).abs().max() / vanilla.abs().max()).item()
+        assert rel < 1e-4, (variant, rel)
 
 
 def test_a_tiny_training_run_learns(corpus):

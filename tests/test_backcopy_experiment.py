@@ -25,6 +25,7 @@ def one_thread():
 def task():
     return BigramBackcopy.tiny_shakespeare()
 
+
 pytestmark = pytest.mark.numerical
 
 
@@ -51,7 +52,9 @@ def test_measures_by_hand():
     assert_close(bb.delta_logit(s, query), 3.5, dtype=torch.float32, n=3)
     w = torch.tensor([[[[1.0, 0, 0], [0.7, 0.3, 0], [0.2, 0.5, 0.3]]]])
     assert_close(bb.attention_on(w, query), (0.7 + 0.2) / 2, dtype=torch.float32, n=2)
-    assert_close(bb.attention_on(w, torch.tensor([[False, False, True]]), offset=1), 0.5, dtype=torch.float32)
+    assert_close(
+        bb.attention_on(w, torch.tensor([[False, False, True]]), offset=1), 0.5, dtype=torch.float32
+    )
     assert_close(bb.attention_on(w, query, offset=1), (0.7 + 0.5) / 2, dtype=torch.float32, n=2)
     # capture stores the scores of keys after the query as -inf: same Δlogit
     masked = s.masked_fill(~torch.ones(3, 3, dtype=torch.bool).tril(), -math.inf)
@@ -77,6 +80,7 @@ def test_measure_equals_a_direct_computation(task, method):
     copy = kind == bb.KIND_BACKCOPY
     assert not bigram[:, 0].any()  # position 0 is BOS
     t = x.shape[1]
+
     def close_measure(value, expect):
         # a float64 model of width 32 and 3 layers (MLP 4·32) against NumPy; capture computes value
         # norms in float32, and every measure is a mean over at most 3·24 positions of them

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from precision import assert_close
-
 from sharpattn import MultiheadAttention
 from sharpattn import normalizers as nz
 from sharpattn.diagnostics import (
@@ -272,7 +271,9 @@ def test_head_ablation_matches_numpy():
         # a difference of two float32 mean-squared losses: its error is that of the losses
         # (reductions over 5·8 outputs of width-8 chains), not of the small difference
         loss = float(((_np_mha(mha, ln(xs[0]))[3] + xs[0].double().numpy() - t) ** 2).mean())
-        assert_close(got["a"][(0, head)], np.mean(deltas), dtype=torch.float32, n=5 * 8 * 8, magnitude=loss)
+        assert_close(
+            got["a"][(0, head)], np.mean(deltas), dtype=torch.float32, n=5 * 8 * 8, magnitude=loss
+        )
     assert classify_heads({(0, 0): 0.5, (0, 1): 0.01}, 0.1) == {(0, 0): "active", (0, 1): "dormant"}
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
@@ -377,8 +378,22 @@ def test_capture_long_inputs_keep_row_stats_only():
     # the same float32 attention computed in query blocks vs whole: the row statistics are sums
     # over the 40 keys of float32 weights (entropy: terms ≤ 1/e, magnitude log n)
     n = ids.shape[1]
-    assert_close(short["layers.1.attn.entropy"], st["entropy"], dtype=torch.float32, n=n, magnitude=math.log(n))
-    assert_close(short["layers.1.attn.max_weight"], st["max_weight"], dtype=torch.float32, magnitude=1.0)
+    assert_close(
+        short["layers.1.attn.entropy"],
+        st["entropy"],
+        dtype=torch.float32,
+        n=n,
+        magnitude=math.log(n),
+    )
+    assert_close(
+        short["layers.1.attn.max_weight"], st["max_weight"], dtype=torch.float32, magnitude=1.0
+    )
     assert_close(short["layers.1.attn.support"], st["support"], dtype=torch.float32, n=n)
-    assert_close(short["layers.1.attn.spread"], logit_spread(full["layers.1.attn.scores"]), dtype=torch.float32)
-    assert_close(short["layers.1.attn.sink_mass"], sink_mass(w), dtype=torch.float32, n=n, magnitude=1.0)
+    assert_close(
+        short["layers.1.attn.spread"],
+        logit_spread(full["layers.1.attn.scores"]),
+        dtype=torch.float32,
+    )
+    assert_close(
+        short["layers.1.attn.sink_mass"], sink_mass(w), dtype=torch.float32, n=n, magnitude=1.0
+    )

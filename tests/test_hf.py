@@ -10,8 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import sharpattn  # noqa: E402
-from sharpattn import normalizers as nz  # noqa: E402
 from precision import assert_close  # noqa: E402
+from sharpattn import normalizers as nz  # noqa: E402
 from tiny_hf import bert as _bert  # noqa: E402
 from tiny_hf import gpt2 as _gpt2  # noqa: E402
 from tiny_hf import llama as _llama  # noqa: E402

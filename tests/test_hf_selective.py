@@ -12,12 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import sharpattn  # noqa: E402
+from precision import assert_close  # noqa: E402
 from sharpattn.attention.selective import (  # noqa: E402
     SelectiveConfig,
     Temperature,
     selective_parameter_count,
 )
-from precision import assert_close  # noqa: E402
 from tiny_hf import gpt2 as _gpt2  # noqa: E402
 from tiny_hf import llama as _llama  # noqa: E402
 from tiny_hf import neox as _neox  # noqa: E402
@@ -141,7 +141,9 @@ def test_attention_function_matches_numpy(targets, sharing, lq):
     # float32 temperatures (an MLP of width dm) scale q/k/v; their relative error moves a logit
     # by ε·|s|, a weight by that times the weight; the output sums lk values of size max|v|
     smax = np.abs(qn).max() * np.abs(kn).max() * d * 0.3
-    assert_close(out, ref, dtype=torch.float32, n=dm * d * lk, magnitude=np.abs(vn).max() * (1 + smax))
+    assert_close(
+        out, ref, dtype=torch.float32, n=dm * d * lk, magnitude=np.abs(vn).max() * (1 + smax)
+    )
     # and the temperatures matter here (so this test can fail)
     plain = _np_attention(*(t.double().numpy() for t in (q, k, v)), al, 0.3).transpose(0, 2, 1, 3)
     assert np.abs(plain - ref).max() > 1e-2

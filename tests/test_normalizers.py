@@ -159,7 +159,9 @@ def test_proposition_3_2_entropy_never_increases_with_beta(data, b1, b2):
     h_hi = nz.entropy(nz.softmax(s, mask, temperature=1 / hi))
     # equal entropies (e.g. one key) may differ by the rounding of two sums of n terms ≤ 1/e
     n = int(mask.sum())
-    slack = tolerance(torch.float64, n=n, magnitude=math.log(max(n, 2)) * (1 + float(s.abs().max()) * hi))
+    slack = tolerance(
+        torch.float64, n=n, magnitude=math.log(max(n, 2)) * (1 + float(s.abs().max()) * hi)
+    )
     assert torch.all(h_hi <= h_lo + slack)
 
 
@@ -272,7 +274,9 @@ def test_detach_beta_changes_only_the_gradient():
     s3 = s.detach().clone().requires_grad_(True)
     (nz.softmax(s3 * beta) * probe).sum().backward()
     assert_close(s2.grad, s3.grad, n=s.shape[-1])  # two graphs of the same function
-    assert not torch.allclose(s.grad, s2.grad)  # β's own gradient flows by default
+    # β's own gradient flows by default: the two gradients differ by far more than rounding
+    diff = float((s.grad - s2.grad).abs().max())
+    assert diff > 1e3 * tolerance(torch.float64, n=s.shape[-1], magnitude=float(s.grad.abs().max()))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -296,7 +300,9 @@ def test_huge_logits_and_low_precision(method, dtype):
     w = nz.get(method)(s, mask)
     assert w.dtype == dtype and torch.isfinite(w).all()
     sums = w.float().sum(-1)
-    assert_close(sums[:3], torch.ones(3), dtype=dtype, n=33, magnitude=1.0)  # weights rounded to dtype
+    assert_close(
+        sums[:3], torch.ones(3), dtype=dtype, n=33, magnitude=1.0
+    )  # weights rounded to dtype
     assert torch.all(sums[3] == 0)
     w.float().pow(2).sum().backward()
     assert torch.isfinite(s.grad).all()

@@ -412,6 +412,8 @@ def test_float64_gradcheck(case):
     def f(scores, *tensors):
         return fn(scores, mask, **fixed, **dict(zip(learn, tensors, strict=True)))
 
+    # a central difference with step 1e-6 has truncation error ~eps²·f''' and rounding ~ε/eps:
+    # gradcheck's own tolerance for that, not a rounding bound of ours
     assert torch.autograd.gradcheck(f, (s, *learn.values()), eps=1e-6, atol=1e-5, fast_mode=True)
 
 

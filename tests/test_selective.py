@@ -138,7 +138,9 @@ def test_position_temperature_matches_numpy(param):
     for c0 in (sel.DEFAULT_C0, sel.AUTHORS_C0):
         t0 = torch.tensor(sel.initial_theta(param, c0), dtype=torch.float64)
         # θ = log(c₀) or logit(c₀) and back: a log/exp round trip amplifies rounding by |log c₀| ≤ e²
-        assert_close(sel.position_coefficient(t0, param), c0, dtype=torch.float64, ulps=8 * math.exp(2))
+        assert_close(
+            sel.position_coefficient(t0, param), c0, dtype=torch.float64, ulps=8 * math.exp(2)
+        )
     assert sel.AUTHORS_C0 == math.exp(-math.exp(2))  # the authors' β = 2
     with pytest.raises(ValueError, match="position_param"):
         sel.position_coefficient(theta, "softplus")

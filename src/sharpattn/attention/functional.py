@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..normalizers import get
+from ..normalizers._contract import compute_dtype
 from .chunked import chunked_attend
 from .fused import FUSED
 from .masking import Masking
@@ -70,6 +71,16 @@ def attend(
 
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
+    Hostile input, the same on every path (``tests/test_adversarial.py``): B, Lq or Lk = 0 give
+    an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
+    D = 0 raise ValueError. Scores are computed in float32 for 16-bit inputs (as the fused
+    kernel does), so fp16 q·kᵀ beyond 65504 is no error. A score that overflows the compute
+    dtype to +inf at an allowed position raises ValueError on every path (−inf counts as masked,
+    as in the normalizer contract); where the fused kernel's own arithmetic overflows on finite
+    scores (β·s beyond the dtype, 1e30-sized logits) it gives NaN, and ``attend`` recomputes the
+    result on the chunked path, which evaluates the normalizer without overflow (the stats then
+    lack the fused-only fields).
+
     Returns the output; with ``return_weights=True`` also the weights ``[B, H, Lq, Lk]`` (naive
     only); with ``return_stats=True`` also an :class:`~sharpattn.attention.stats.AttentionStats`
     of per-row statistics (entropy, mass, visible keys; lse and β on fused paths), computed
@@ -86,6 +97,7 @@ def attend(
         scale = 1.0 / math.sqrt(d)
     _check_mask(mask, (b, h, lq, lk))
     masking = Masking.build(mask, causal, lq, lk, q.device)
+    cd = compute_dtype(q.dtype)
 
     if impl == "auto":
         if return_weights:
@@ -111,7 +123,11 @@ def attend(
         full = {p.name: p.default for p in entry.params}
         full.update(params)
         out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
-    elif impl == "chunked":
+        if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(v).all()):
+            # the kernel overflowed on finite inputs (logits beyond the dtype: NaN): recompute
+            # on the chunked path, which evaluates the normalizer without overflowing
+            impl, stats = "chunked", None
+    if impl == "chunked":
         if check_finite:
             _check_finite(q=q, k=k)
         out, pieces = chunked_attend(
@@ -130,12 +146,14 @@ def attend(
         if return_stats:
             ent, mass = pieces
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
-    else:
+    elif impl == "naive":
         if hkv != h:
             k = k.repeat_interleave(h // hkv, dim=1)
             v = v.repeat_interleave(h // hkv, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+        # in float32 for 16-bit inputs, as the fused kernel accumulates: no fp16 overflow
+        scores = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
         weights = entry.fn(scores, masking.dense(), check_finite=check_finite, **params)
+        weights = weights.to(q.dtype)
         out = torch.matmul(weights.to(v.dtype), v)  # (B, H, Lq, Dv)
         if return_stats:
             ent, mass = stats_from_weights(weights)
@@ -160,6 +178,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in batch, heads and length."
         )
+    for name, t, dims in (("q", q, (1, 3)), ("k", k, (1,))):
+        for dim in dims:
+            if t.shape[dim] == 0:
+                what = "0 heads" if dim == 1 else "head size D = 0"
+                raise ValueError(
+                    f"{name} has {what} (shape {tuple(t.shape)} [B, heads, L, D]); "
+                    "heads and D must be >= 1 (B and L may be 0)."
+                )
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head size D."

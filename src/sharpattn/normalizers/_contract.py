@@ -8,9 +8,18 @@
 * ``-inf`` scores count as masked. NaN or ``+inf`` at an allowed position raise ``ValueError``
   naming the position (``check_finite=False`` skips that check, for speed).
 * Weights come back in the dtype of ``scores``; half-precision inputs are computed in float32.
+* Hostile input (the adversarial suite, ``tests/test_adversarial.py``, holds every method to it):
+  an empty ``scores`` (any dimension 0, e.g. Lk = 0) gives an empty result of the same shape and
+  dtype (``mask`` is still checked, parameters are not); finite scores of any size give finite
+  weights — softmax-type maps are evaluated as softmax(β·(s − max s)), the sparse maps on
+  s − max s, so neither a large score nor a large β (a tiny temperature) overflows; a method
+  whose true weights cannot be represented (``relu`` with p > 1 on huge scores) raises
+  ``ValueError`` instead of returning inf.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -62,7 +71,8 @@ def prepare(
         bad = allowed & (torch.isnan(scores) | (scores == float("inf")))
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
-            kind = "NaN" if bool(torch.isnan(scores[where])) else "+inf"
+            nan = bool(torch.isnan(scores[where]))
+            kind = "NaN" if nan else f"+inf (a score above the largest {scores.dtype} overflows)"
             raise ValueError(
                 f"scores contain {kind} at allowed position {where} "
                 f"({int(bad.sum())} bad entries in all); pass check_finite=False to skip this check."
@@ -71,16 +81,59 @@ def prepare(
     return clean, allowed
 
 
-def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
-    """softmax over the allowed keys of each row; disallowed entries and empty rows are 0.
+def normalizer(fn):
+    """Decorate a normalizer ``fn(scores, mask=None, **params)`` with the contract's guards.
 
-    ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them).
+    The one place where an empty input is handled for every method (normalizers written for
+    non-empty rows need not think about it): ``scores`` with a zero-size dimension gives an
+    empty result of its shape and dtype, connected to the autograd graph, after ``mask`` is
+    validated. :func:`~sharpattn.normalizers.register` applies it to every registered function,
+    so user-registered methods inherit it.
+    """
+    if getattr(fn, "_contract_guarded", False):
+        return fn
+
+    @functools.wraps(fn)
+    def guarded(scores, mask=None, *args, **params):
+        if torch.is_tensor(scores) and scores.dim() >= 1 and scores.numel() == 0:
+            prepare(scores, mask, check_finite=False)  # dtype, mask dtype and shape
+            return scores * 0 if scores.is_floating_point() else scores
+        return fn(scores, mask, *args, **params)
+
+    guarded._contract_guarded = True
+    return guarded
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
+    """softmax(β·s) over the allowed keys of each row; disallowed entries and empty rows are 0.
+
+    ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them). ``beta`` (a
+    number or a tensor broadcastable to ``[..., Lq, 1]``; None = 1) is applied as β·(s − m) with
+    m the row's largest allowed score (its smallest where β < 0): the same softmax, but every
+    logit is <= 0, so β·s can not overflow to +inf however large the scores or β are (a tiny
+    temperature gives the arg-max, its limit, not NaN).
     """
     row_any = allowed.any(dim=-1, keepdim=True)
+    if beta is not None:
+        scores = _shifted(scores, allowed, row_any, beta)
     # Empty rows get all-zero logits (a harmless uniform softmax) and are zeroed afterwards, so
     # neither the value nor the gradient ever sees a row of -inf.
     logits = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
     return torch.softmax(logits, dim=-1).masked_fill(~allowed, 0.0)
+
+
+def _shifted(scores: Tensor, allowed: Tensor, row_any: Tensor, beta) -> Tensor:
+    """β·(s − m): m the row's largest allowed score where β >= 0, else its smallest (detached:
+    softmax is shift-invariant, so the value and gradient are softmax(β·s)'s)."""
+    hi = scores.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    m = hi
+    if torch.is_tensor(beta) or beta < 0:
+        lo = scores.masked_fill(~allowed, float("inf")).amin(dim=-1, keepdim=True)
+        m = torch.where(torch.as_tensor(beta, device=scores.device) >= 0, hi, lo)
+    m = m.masked_fill(~row_any, 0.0).detach()
+    big = torch.finfo(scores.dtype).max
+    # s − m overflows only when the allowed scores span more than the dtype's range
+    return beta * (scores - m).clamp(-big, big)
 
 
 def finish(weights: Tensor, like: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ._contract import finish, masked_softmax, prepare
+from ._contract import finish, masked_softmax, normalizer, prepare
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
@@ -26,6 +26,7 @@ COEFFICIENTS: dict[str, tuple[float, ...]] = {
 }
 
 
+@normalizer
 def softmax(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -40,7 +41,7 @@ def softmax(
     """
     _check_temperature(temperature)
     s, allowed = prepare(scores, mask, check_finite)
-    return finish(masked_softmax(s / temperature, allowed), scores)
+    return finish(masked_softmax(s, allowed, 1.0 / temperature), scores)
 
 
 def resolve_coefficients(coefficients: str | Sequence[float] | Path) -> tuple[float, ...]:
@@ -134,6 +135,7 @@ def beta_from_entropy(
     )
 
 
+@normalizer
 def adaptive(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -155,7 +157,7 @@ def adaptive(
     beta = _beta(masked_softmax(s, allowed), resolve_coefficients(coefficients), threshold, floor)
     if detach_beta:
         beta = beta.detach()
-    return finish(masked_softmax(beta * s, allowed), scores)
+    return finish(masked_softmax(s, allowed, beta), scores)
 
 
 def _check_temperature(temperature) -> None:

@@ -68,7 +68,7 @@ def test_item1_reproducer_gives_zero_rows(method):
 @pytest.mark.parametrize("impl", PATHS)
 def test_item2_overflowing_product_raises_on_every_path(impl):
     q = k = torch.full((1, 1, 2, 4), 1e30)  # finite, but q·kᵀ = 4e60 is not a float32
-    with pytest.raises(ValueError, match=r"\+inf"):
+    with pytest.raises(ValueError, match="overflow"):
         attend(q, k, torch.randn(1, 1, 2, 4), impl=impl)
 
 
@@ -89,16 +89,77 @@ def test_item2_16bit_scores_beyond_the_dtype_are_computed_in_float32_on_every_pa
 
 
 @pytest.mark.parametrize("method", FUSED)
-def test_item2_kernel_overflow_on_finite_scores_is_recomputed_not_nan(method):
-    # Scores 2e30 are finite in float32, but β·s overflows inside the kernel (θ = 1e-9 for
-    # softmax; the other methods see 2e30-sized logits): attend must not return NaN.
-    q = k = torch.full((1, 1, 2, 4), 1e15)
+def test_item2_huge_finite_scores_are_not_nan_on_fused_paths(method):
+    # Scores 2e30 are finite in float32, but the kernel's forward (β·s) or backward (products of
+    # 1e15-sized q, k and 2e30-sized scores) overflows: attend takes the block path instead.
+    q = torch.full((1, 1, 2, 4), 1e15, requires_grad=True)
+    k = torch.full((1, 1, 2, 4), 1e15, requires_grad=True)
     v = torch.randn(1, 1, 2, 4, generator=torch.Generator().manual_seed(1))
     params = {"temperature": 1e-9} if method == "softmax" else {}
     outs = {impl: attend(q, k, v, method, impl=impl, **params) for impl in PATHS}
     for impl, out in outs.items():
         assert bool(torch.isfinite(out).all()), impl
         assert_close(out, outs["naive"], n=2, magnitude=float(v.abs().max()), msg=impl)
+        gq, gk = torch.autograd.grad(out.sum(), (q, k))
+        assert not bool(gq.isnan().any() or gk.isnan().any()), impl
+
+
+def test_item2_kernel_nan_from_a_tiny_temperature_is_recomputed():
+    # Moderate inputs, θ = 1e-39: 1/θ is beyond float32, q/θ is inf inside the kernel (NaN);
+    # attend recomputes on the chunked path and gets the arg-max limit, as the other paths do.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=g).requires_grad_() for _ in range(3))
+    outs = {impl: attend(q, k, v, temperature=1e-39, impl=impl) for impl in PATHS}
+    for impl, out in outs.items():
+        assert torch.equal(out, outs["naive"]), impl  # one-hot rows: exactly a row of v
+        (gq,) = torch.autograd.grad(out.sum(), q)
+        assert bool(torch.isfinite(gq).all()), impl
+
+
+@pytest.mark.parametrize("method", ["softmax", "relu"])
+def test_item2_non_finite_inputs_raise_on_every_path_even_where_masked(method):
+    # found by the adversarial suite: naive checked only the scores it used, so an inf in a
+    # masked key (or in q when Lq rows were all masked) passed there and raised on the others
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2, 4, generator=g) for _ in range(3))
+    mask = torch.tensor([True, False])
+    for name, t in (("k", k), ("v", v)):
+        bad = t.clone()
+        bad[0, 0, 1, 2] = float("inf")  # key 1 is masked
+        args = {"q": q, "k": k, "v": v, name: bad}
+        for impl in _paths(method):
+            with pytest.raises(
+                ValueError, match=rf"{name} contains a non-finite value at \(0, 0, 1, 2\)"
+            ):
+                attend(**args, method=method, mask=mask, impl=impl)
+
+
+def test_item2_an_output_beyond_the_dtype_raises_on_every_path():
+    # relu's weights grow with the scores: 1e2·1e4-sized q·kᵀ / n is beyond float16's 65504
+    # (computed in float32, finite there: the cast back to float16 made it inf)
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 1, 3, 4, generator=g) * 1e2).half()
+    k = (torch.randn(1, 1, 4, 4, generator=g) * 1e4).half()
+    v = torch.randn(1, 1, 4, 4, generator=g).half()
+    for impl in ("chunked", "naive"):
+        with pytest.raises(ValueError, match="relu attention output at .* beyond the range of"):
+            attend(q, k, v, "relu", impl=impl)
+
+
+def test_item2_fused_paths_leave_the_kernel_beyond_its_safe_range():
+    from sharpattn.attention.functional import _check_ranges
+
+    q, k, v = torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4)
+    assert _check_ranges(q, k, v, 0.5, torch.float32) == (1.0, 1.0, 1.0, 4.0)
+    with pytest.raises(ValueError, match=r"can overflow torch.float32: D·max\|q\|"):
+        _check_ranges(q * 1e19, k * 1e19, v, 0.5, torch.float32)
+    # in range for the error rule, beyond the kernel's: attend gives naive's answer, gradients
+    q, k = q * 1e10, k.clone().requires_grad_()
+    for impl in PATHS:
+        out = attend(q, k, v, "adaptive", impl=impl)
+        assert torch.equal(out, torch.ones_like(out)), impl
+        (gk,) = torch.autograd.grad(out.sum(), k)
+        assert not bool(gk.isnan().any()), impl
 
 
 # 3. entmax: NaN output and gradients at |s| >= 1e8 ---------------------------------------------
@@ -238,10 +299,13 @@ def test_item8_fused_float64_is_float64_precise(method):
 # 9. extreme parameters ---------------------------------------------------------------------------
 
 
-def test_item9_tiny_temperature_gives_the_argmax_limit_not_nan():
+@pytest.mark.parametrize("temperature", [1e-9, 1e-39])  # 1/1e-39 is beyond float32
+def test_item9_tiny_temperature_gives_the_argmax_limit_not_nan(temperature):
     s = torch.tensor([[1e30, 0.0, -1e30]], requires_grad=True)
-    w = nz.get("softmax").fn(s, temperature=1e-9)
+    w = nz.get("softmax").fn(s, temperature=temperature)
     assert torch.equal(w.detach(), torch.tensor([[1.0, 0.0, 0.0]]))
+    w2 = nz.get("softmax").fn(torch.tensor([[0.5, 2.0, -1.0]]), temperature=temperature)
+    assert torch.equal(w2, torch.tensor([[0.0, 1.0, 0.0]]))
     (w * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert bool(torch.isfinite(s.grad).all())
 

@@ -73,13 +73,21 @@ def attend(
 
     Hostile input, the same on every path (``tests/test_adversarial.py``): B, Lq or Lk = 0 give
     an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
-    D = 0 raise ValueError. Scores are computed in float32 for 16-bit inputs (as the fused
-    kernel does), so fp16 q·kᵀ beyond 65504 is no error. A score that overflows the compute
-    dtype to +inf at an allowed position raises ValueError on every path (−inf counts as masked,
-    as in the normalizer contract); where the fused kernel's own arithmetic overflows on finite
-    scores (β·s beyond the dtype, 1e30-sized logits) it gives NaN, and ``attend`` recomputes the
-    result on the chunked path, which evaluates the normalizer without overflow (the stats then
-    lack the fused-only fields).
+    D = 0 raise ValueError. NaN or ±inf anywhere in q, k or v raises ValueError naming the
+    position, before any path runs, whether or not a mask hides it. Scores are computed in
+    float32 for 16-bit inputs (as the fused kernel does), so fp16 q·kᵀ beyond 65504 is no error.
+    Whether a sum overflows depends on its order, so the rule is on a bound: when
+    D·max|q|·max|k|·max(1, scale) reaches the largest number of the compute dtype (q·kᵀ could
+    overflow on some path), every path raises ValueError. Below it, the fused paths run the
+    kernel only while every magnitude its forward and backward multiply (|q|, |k|, |v|, that
+    bound) stays below the dtype's largest number to the power 1/4 (float32: 4e9), so products
+    of up to four of them are finite; beyond, and wherever the kernel's output is not finite
+    (β·s overflowing inside it, e.g. a tiny temperature), ``attend`` computes the result on the
+    chunked path, which evaluates the normalizer without overflow (the stats then lack the
+    fused-only fields lse and β). An output that is still not finite (unnormalised weights such
+    as ``relu``'s beyond float16) raises ValueError. ``check_finite=False`` skips these checks
+    (and the normalizer's) for speed; the kernel's NaN is then still recomputed, but huge
+    inputs may give non-finite gradients on the fused paths.
 
     Returns the output; with ``return_weights=True`` also the weights ``[B, H, Lq, Lk]`` (naive
     only); with ``return_stats=True`` also an :class:`~sharpattn.attention.stats.AttentionStats`
@@ -98,6 +106,9 @@ def attend(
     _check_mask(mask, (b, h, lq, lk))
     masking = Masking.build(mask, causal, lq, lk, q.device)
     cd = compute_dtype(q.dtype)
+    sizes = None
+    if check_finite:  # once, before any path: every path rejects the same inputs
+        sizes = _check_ranges(q, k, v, scale, cd)
 
     if impl == "auto":
         if return_weights:
@@ -118,18 +129,17 @@ def attend(
             raise ValueError(
                 f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
             )
-        if check_finite:
-            _check_finite(q=q, k=k)
-        full = {p.name: p.default for p in entry.params}
-        full.update(params)
-        out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
-        if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(v).all()):
-            # the kernel overflowed on finite inputs (logits beyond the dtype: NaN): recompute
-            # on the chunked path, which evaluates the normalizer without overflowing
-            impl, stats = "chunked", None
+        if sizes is not None and max(sizes) >= torch.finfo(cd).max ** 0.25:
+            impl = "chunked"  # the kernel's backward could overflow: the exact block path
+        else:
+            full = {p.name: p.default for p in entry.params}
+            full.update(params)
+            out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(v).all()):
+                # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
+                # on the chunked path, which evaluates the normalizer without overflowing
+                impl, stats = "chunked", None
     if impl == "chunked":
-        if check_finite:
-            _check_finite(q=q, k=k)
         out, pieces = chunked_attend(
             entry.fn,
             q,
@@ -158,6 +168,8 @@ def attend(
         if return_stats:
             ent, mass = stats_from_weights(weights)
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+    if check_finite:
+        _check_output(out, entry.name)
 
     result = (out,)
     if return_weights:
@@ -210,6 +222,47 @@ def _check_mask(mask, shape) -> None:
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"{shape} [B, H, Lq, Lk]."
+        )
+
+
+def _max_abs(t: Tensor) -> float:
+    """max |t| (0 if empty; NaN if t holds a NaN, inf if an inf), one pass, no copy."""
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = (float(x) for x in torch.aminmax(t.detach()))  # both NaN if any NaN
+    return max(-lo, hi) if not math.isnan(lo) else math.nan
+
+
+def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[float, ...]:
+    """Reject non-finite q, k, v and a q·kᵀ that could overflow ``cd``; return the magnitudes
+    (max |q|, max |k|, max |v|, score bound) for the fused paths' range test.
+
+    The score bound D·max|q|·max|k|·max(1, |scale|) exceeds every partial sum of q·kᵀ, in any
+    order, and the scaled score: below the dtype's largest number no path overflows, so the
+    rule does not depend on how a path orders its sums.
+    """
+    mq, mk, mv = _max_abs(q), _max_abs(k), _max_abs(v)
+    if not all(math.isfinite(m) for m in (mq, mk, mv)):
+        _check_finite(q=q, k=k, v=v)  # names the first bad position
+    bound = q.shape[-1] * mq * mk * max(1.0, abs(scale))  # Python floats: no overflow below 1e308
+    if bound >= torch.finfo(cd).max:
+        raise ValueError(
+            f"q·kᵀ can overflow {cd}: D·max|q|·max|k|·max(1, scale) = {bound:.3g} reaches its "
+            f"largest number {torch.finfo(cd).max:.3g}; scale q or k down, or pass "
+            "check_finite=False to skip this check."
+        )
+    return mq, mk, mv, bound
+
+
+def _check_output(out: Tensor, method: str) -> None:
+    """Finite inputs, non-finite output: the true result is beyond the output dtype (the weights
+    of an unnormalised method grow with the scores) — an error, not a silent inf/NaN."""
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"the {method} attention output at {where} is beyond the range of {out.dtype} "
+            "(its weights grow with the scores); scale q or k down or use a wider dtype."
         )
 
 

@@ -132,7 +132,9 @@ def _shifted(scores: Tensor, allowed: Tensor, row_any: Tensor, beta) -> Tensor:
         m = torch.where(torch.as_tensor(beta, device=scores.device) >= 0, hi, lo)
     m = m.masked_fill(~row_any, 0.0).detach()
     big = torch.finfo(scores.dtype).max
-    # s − m overflows only when the allowed scores span more than the dtype's range
+    # s − m overflows only when the allowed scores span more than the dtype's range; β beyond
+    # the dtype (θ = 1e-39 in float32) is clamped to its largest number, so β·0 is 0, not NaN
+    beta = beta.clamp(-big, big) if torch.is_tensor(beta) else min(max(beta, -big), big)
     return beta * (scores - m).clamp(-big, big)
 
 

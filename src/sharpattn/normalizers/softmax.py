@@ -38,6 +38,10 @@ def softmax(
 
     Lemma 2.1 (Veličković et al.): with logits in [m, M] and δ = M − m, every weight lies in
     [(1/n)·e^{−δ/θ}, (1/n)·e^{δ/θ}], so it disperses as n grows.
+
+    Computed as softmax((s − max s)/θ), so no θ > 0 overflows: a tiny θ (1e-9 on 1e30 scores,
+    or 1e-39, whose 1/θ is beyond float32) gives the arg-max limit, one-hot with ties shared,
+    and θ = inf the uniform row; never NaN.
     """
     _check_temperature(temperature)
     s, allowed = prepare(scores, mask, check_finite)

@@ -221,6 +221,30 @@ def test_item5_empty_key_axis_on_every_path(method):
         assert torch.equal(q.grad, torch.zeros_like(q)), impl
 
 
+BAD_PARAMS = {
+    "softmax": {"temperature": -1.0},
+    "adaptive": {"coefficients": "nope"},
+    "length_scaled": {"c": -1.0},
+    "relu": {"p": 0.5},
+    "power": {"p": 0.5},
+    "topk": {"top_k": 0},
+    "entmax": {"alpha": 1.0},
+}
+
+
+@pytest.mark.parametrize("method", list(BAD_PARAMS))
+def test_item5_parameters_are_checked_on_empty_input_too(method):
+    # an empty input must not turn a bad parameter into a silent empty result on some paths
+    kw = BAD_PARAMS[method]
+    for shape in ((2, 3, 4), (2, 3, 0), (2, 0, 4)):
+        with pytest.raises(ValueError):
+            nz.get(method).fn(torch.randn(shape), **kw)
+    for impl in _paths(method):
+        with pytest.raises(ValueError):
+            attend(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 0, 4), torch.randn(1, 1, 0, 4),
+                   method, impl=impl, **kw)  # fmt: skip
+
+
 # 6. wrong exception types -----------------------------------------------------------------------
 
 

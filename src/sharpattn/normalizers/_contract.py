@@ -10,7 +10,7 @@
 * Weights come back in the dtype of ``scores``; half-precision inputs are computed in float32.
 * Hostile input (the adversarial suite, ``tests/test_adversarial.py``, holds every method to it):
   an empty ``scores`` (any dimension 0, e.g. Lk = 0) gives an empty result of the same shape and
-  dtype (``mask`` is still checked, parameters are not); finite scores of any size give finite
+  dtype (``mask`` and the parameters are still checked); finite scores of any size give finite
   weights — softmax-type maps are evaluated as softmax(β·(s − max s)), the sparse maps on
   s − max s, so neither a large score nor a large β (a tiny temperature) overflows; a method
   whose true weights cannot be represented (``relu`` with p > 1 on huge scores) raises
@@ -86,8 +86,8 @@ def normalizer(fn):
 
     The one place where an empty input is handled for every method (normalizers written for
     non-empty rows need not think about it): ``scores`` with a zero-size dimension gives an
-    empty result of its shape and dtype, connected to the autograd graph, after ``mask`` is
-    validated. :func:`~sharpattn.normalizers.register` applies it to every registered function,
+    empty result of its shape and dtype, connected to the autograd graph, after ``mask`` and the
+    parameters are validated. :func:`~sharpattn.normalizers.register` applies it to every registered function,
     so user-registered methods inherit it.
     """
     if getattr(fn, "_contract_guarded", False):
@@ -97,7 +97,11 @@ def normalizer(fn):
     def guarded(scores, mask=None, *args, **params):
         if torch.is_tensor(scores) and scores.dim() >= 1 and scores.numel() == 0:
             prepare(scores, mask, check_finite=False)  # dtype, mask dtype and shape
-            return scores * 0 if scores.is_floating_point() else scores
+            # the parameters are checked as for any input: on a stand-in of the same shape with
+            # every 0 dimension 1 (so per-head tensor parameters broadcast) and nothing allowed
+            shape = tuple(max(n, 1) for n in scores.shape)
+            fn(scores.new_zeros(shape), torch.zeros(shape, dtype=torch.bool), *args, **params)
+            return scores * 0
         return fn(scores, mask, *args, **params)
 
     guarded._contract_guarded = True

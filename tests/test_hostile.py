@@ -221,6 +221,15 @@ def test_item5_empty_key_axis_on_every_path(method):
         assert torch.equal(q.grad, torch.zeros_like(q)), impl
 
 
+@pytest.mark.parametrize("method", nz.available())
+def test_item5_empty_input_checks_parameters_in_o_of_batch_times_heads_memory(method):
+    # B = 0 with 10^6 x 10^6 rows/keys: a full-size stand-in for the parameter check would need
+    # 8 TB; per-head tensor parameters ([1, H, 1, 1], as MultiheadAttention passes) broadcast
+    s = torch.empty(0, 2, 10**6, 10**6)
+    params = {p.name: torch.full((1, 2, 1, 1), float(p.default)) for p in nz.get(method).learnable}
+    assert nz.get(method).fn(s, **params).shape == s.shape
+
+
 BAD_PARAMS = {
     "softmax": {"temperature": -1.0},
     "adaptive": {"coefficients": "nope"},

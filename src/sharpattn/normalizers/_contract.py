@@ -97,9 +97,11 @@ def normalizer(fn):
     def guarded(scores, mask=None, *args, **params):
         if torch.is_tensor(scores) and scores.dim() >= 1 and scores.numel() == 0:
             prepare(scores, mask, check_finite=False)  # dtype, mask dtype and shape
-            # the parameters are checked as for any input: on a stand-in of the same shape with
-            # every 0 dimension 1 (so per-head tensor parameters broadcast) and nothing allowed
-            shape = tuple(max(n, 1) for n in scores.shape)
+            # the parameters are checked as for any input: on a stand-in with nothing allowed,
+            # one query and one key, the leading (batch, head) sizes kept (0 made 1) so per-head
+            # tensor parameters broadcast: O(B·H) memory, whatever Lq and Lk are
+            lead = scores.shape[:-2] if scores.dim() >= 2 else ()
+            shape = (*(max(n, 1) for n in lead), *(1,) * min(scores.dim(), 2))
             fn(scores.new_zeros(shape), torch.zeros(shape, dtype=torch.bool), *args, **params)
             return scores * 0
         return fn(scores, mask, *args, **params)

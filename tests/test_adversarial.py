@@ -203,6 +203,9 @@ def _check_result(method, impl, got, ref, q, k, v, c):
         assert_close(out, r_out, dtype=dt, n=n, magnitude=mag, ulps=16, msg=f"{impl} output")
     # stats: the exact things are exact; entropy and mass within the same bound
     assert torch.equal(stats.visible, r_stats.visible), impl
+    if nz.get(method).sums_to_one:  # every path's rows that see a key sum to one
+        mass = stats.mass[stats.visible > 0]
+        assert_close(mass, torch.ones_like(mass), dtype=dt, n=max(c["lk"], 1), msg=f"{impl} Σ w")
     if s_max < 1e2:
         mag = (1.0 + s_max) * max(1.0, math.log(max(c["lk"], 1)))
         # fused entropy is lse − Σ p·s: one more subtraction of s-sized terms

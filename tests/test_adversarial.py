@@ -14,8 +14,9 @@ broadcast masks. Each case asserts:
 * the contract on the weights: masked entries exactly 0, empty rows 0, rows summing to one for
   methods whose registry entry says so.
 
-Deterministic for CI (``derandomize=True``); the seed of the random tensors is drawn, not the
-floats, so there is nothing for hypothesis to grind through and every example is cheap.
+Deterministic for CI (``derandomize=True``, 60 examples per method and test, about 15 s on one
+core); the seed of the random tensors is drawn, not the floats, so every example is cheap. To
+explore further: ``ADV_RANDOM=1 ADV_EXAMPLES=500 pytest tests/test_adversarial.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from precision import assert_close, eps
+from precision import assert_close
 from sharpattn import attend, causal_mask
 from sharpattn import normalizers as nz
 
@@ -313,7 +314,7 @@ def test_normalizer_contract_on_hostile_scores(method, c):
     except ValueError as err:  # a causal-only method (stick_breaking): fold the causal mask in
         if "causal" not in str(err):
             raise
-        causal = causal_mask(shape[-2], shape[-1]) if len(shape) >= 2 else None
+        causal = causal_mask(shape[-2], shape[-1])
         mask = causal if mask is None else mask & causal
         allowed &= causal
         w = nz.get(method).fn(s, mask)
@@ -360,11 +361,5 @@ def test_bad_masks_raise_value_error_on_every_path(method, bad):
         with pytest.raises(ValueError, match="mask"):
             attend(q, k, v, method, mask=BAD_MASKS[bad](), impl=impl)
     scores = torch.randn(2, 2, 3, 4, generator=g)
-    if bad not in ("bigger batch", "too many dims"):  # those broadcast for a normalizer
-        with pytest.raises(ValueError, match="mask"):
-            nz.get(method).fn(scores, BAD_MASKS[bad]())
-
-
-def test_the_suite_covers_every_registered_method():
-    assert METHODS == nz.available() and len(METHODS) >= 16
-    assert eps(torch.bfloat16) > eps(torch.float16) > eps(torch.float32)
+    with pytest.raises(ValueError, match="mask"):
+        nz.get(method).fn(scores, BAD_MASKS[bad]())

@@ -114,34 +114,44 @@ def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
     """softmax(β·s) over the allowed keys of each row; disallowed entries and empty rows are 0.
 
     ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them). ``beta`` (a
-    number or a tensor broadcastable to ``[..., Lq, 1]``; None = 1) is applied as β·(s − m) with
-    m the row's largest allowed score (its smallest where β < 0): the same softmax, but every
-    logit is <= 0, so β·s can not overflow to +inf however large the scores or β are (a tiny
-    temperature gives the arg-max, its limit, not NaN).
+    number or a tensor broadcastable to ``[..., Lq, 1]``; None = 1) is applied as β·(s − m)
+    (:func:`shift_to_row_max`, m the row's largest allowed score, its smallest where β < 0): the
+    same softmax, but every logit is <= 0, so β·s can not overflow to +inf however large the
+    scores or β are (a tiny temperature gives the arg-max, its limit, not NaN).
     """
     row_any = allowed.any(dim=-1, keepdim=True)
     if beta is not None:
-        scores = _shifted(scores, allowed, row_any, beta)
+        lowest = None
+        if torch.is_tensor(beta) or beta < 0:
+            lowest = torch.as_tensor(beta, device=scores.device) < 0
+        big = torch.finfo(scores.dtype).max
+        # β beyond the dtype (θ = 1e-39 in float32) is clamped to its largest number, so that
+        # β·0 is 0, not NaN
+        beta = beta.clamp(-big, big) if torch.is_tensor(beta) else min(max(beta, -big), big)
+        scores = beta * shift_to_row_max(scores, allowed, lowest)
     # Empty rows get all-zero logits (a harmless uniform softmax) and are zeroed afterwards, so
     # neither the value nor the gradient ever sees a row of -inf.
     logits = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
     return torch.softmax(logits, dim=-1).masked_fill(~allowed, 0.0)
 
 
-def _shifted(scores: Tensor, allowed: Tensor, row_any: Tensor, beta) -> Tensor:
-    """β·(s − m): m the row's largest allowed score where β >= 0, else its smallest (detached:
-    softmax is shift-invariant, so the value and gradient are softmax(β·s)'s)."""
-    hi = scores.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
-    m = hi
-    if torch.is_tensor(beta) or beta < 0:
+def shift_to_row_max(scores: Tensor, allowed: Tensor, lowest: Tensor | None = None) -> Tensor:
+    """s − m per row, m the row's largest allowed score (its smallest where ``lowest``), 0 for
+    rows with no allowed key, detached.
+
+    The one place the shift-invariant maps (the softmax family, the entmax family) get their
+    scores at the scale of 1: their values and gradients are those of s (the maps' Jacobians
+    annihilate constant rows), but nothing downstream overflows or loses the support to rounding
+    however large the scores are. Clamped to the dtype's range, which s − m leaves only when the
+    allowed scores span more than it.
+    """
+    m = scores.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    if lowest is not None:
         lo = scores.masked_fill(~allowed, float("inf")).amin(dim=-1, keepdim=True)
-        m = torch.where(torch.as_tensor(beta, device=scores.device) >= 0, hi, lo)
-    m = m.masked_fill(~row_any, 0.0).detach()
+        m = torch.where(lowest, lo, m)
+    m = m.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).detach()
     big = torch.finfo(scores.dtype).max
-    # s − m overflows only when the allowed scores span more than the dtype's range; β beyond
-    # the dtype (θ = 1e-39 in float32) is clamped to its largest number, so β·0 is 0, not NaN
-    beta = beta.clamp(-big, big) if torch.is_tensor(beta) else min(max(beta, -big), big)
-    return beta * (scores - m).clamp(-big, big)
+    return (scores - m).clamp(-big, big)
 
 
 def finish(weights: Tensor, like: Tensor) -> Tensor:

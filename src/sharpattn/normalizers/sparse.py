@@ -13,7 +13,7 @@ from __future__ import annotations
 import entmax as _entmax
 import torch
 
-from ._contract import finish, masked_softmax, normalizer, prepare
+from ._contract import finish, masked_softmax, normalizer, prepare, shift_to_row_max
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -79,16 +79,11 @@ def _fill_for_entmax(x: Tensor, allowed: Tensor, alpha) -> Tensor:
     −1/(α−1) − 1.
 
     α-entmax gives p_i = [(α−1)x_i − τ]_+^{1/(α−1)} with τ >= (α−1)·max − 1 (as p_max <= 1), so
-    any x_i < max − 1/(α−1) gets exactly 0. The shift changes nothing (τ absorbs it; the maps'
-    Jacobians annihilate constant rows, so the detached shift leaves gradients exact) but keeps
-    the bisection and the fill value at the scale of 1 whatever the scores' size. Empty rows
-    become all zeros (zeroed afterwards).
+    any x_i < max − 1/(α−1) gets exactly 0. The shift (:func:`shift_to_row_max`) changes nothing
+    (τ absorbs it) but keeps the bisection and the fill value at the scale of 1 whatever the
+    scores' size. Empty rows become all zeros (zeroed afterwards).
     """
-    top = x.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    big = torch.finfo(x.dtype).max
-    # x − top overflows only when the allowed scores span more than the dtype's range
-    return torch.where(allowed, (x - top).clamp_min(-big), -1.0 / (alpha - 1.0) - 1.0)
+    return torch.where(allowed, shift_to_row_max(x, allowed), -1.0 / (alpha - 1.0) - 1.0)
 
 
 @normalizer

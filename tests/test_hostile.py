@@ -150,7 +150,7 @@ def test_item2_fused_paths_leave_the_kernel_beyond_its_safe_range():
     from sharpattn.attention.functional import _check_ranges
 
     q, k, v = torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4)
-    assert _check_ranges(q, k, v, 0.5, torch.float32) == (1.0, 1.0, 1.0, 4.0)
+    assert _check_ranges(q, k, v, 0.5, torch.float32) == (1.0, 1.0, 1.0, 2.0)
     with pytest.raises(ValueError, match=r"can overflow torch.float32: D·max\|q\|"):
         _check_ranges(q * 1e19, k * 1e19, v, 0.5, torch.float32)
     # in range for the error rule, beyond the kernel's: attend gives naive's answer, gradients

@@ -79,12 +79,12 @@ def attend(
     Whether a sum overflows depends on its order, so the rule is on a bound: when
     D·max|q|·max|k|·max(1, scale) reaches the largest number of the compute dtype (q·kᵀ could
     overflow on some path), every path raises ValueError. Below it, the fused paths run the
-    kernel only while every magnitude its forward and backward multiply (|q|, |k|, |v|, that
-    bound) stays below the dtype's largest number to the power 1/4 (float32: 4e9), so products
-    of up to four of them are finite; beyond, and wherever the kernel's output is not finite
-    (β·s overflowing inside it, e.g. a tiny temperature), ``attend`` computes the result on the
-    chunked path, which evaluates the normalizer without overflow (the stats then lack the
-    fused-only fields lse and β). An output that is still not finite (unnormalised weights such
+    kernel only while every magnitude its forward and backward multiply (|q|, |k|, |v| and the
+    scores' D·max|q|·max|k|·scale) stays below the dtype's largest number to the power 1/4
+    (float32: 4e9), so products of up to four of them are finite; beyond, and wherever the
+    kernel's output is not finite (β·s overflowing inside it, e.g. a tiny temperature),
+    ``attend`` computes the result on the chunked path, which evaluates the normalizer without
+    overflow (the stats then lack the fused-only fields lse and β). An output that is still not finite (unnormalised weights such
     as ``relu``'s beyond float16) raises ValueError. ``check_finite=False`` skips these checks
     (and the normalizer's) for speed; the kernel's NaN is then still recomputed, but huge
     inputs may give non-finite gradients on the fused paths.
@@ -235,7 +235,8 @@ def _max_abs(t: Tensor) -> float:
 
 def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[float, ...]:
     """Reject non-finite q, k, v and a q·kᵀ that could overflow ``cd``; return the magnitudes
-    (max |q|, max |k|, max |v|, score bound) for the fused paths' range test.
+    the fused kernel multiplies (max |q|, max |k|, max |v|, D·max|q|·max|k|·|scale| ≥ every
+    scaled score) for the fused paths' range test.
 
     The score bound D·max|q|·max|k|·max(1, |scale|) exceeds every partial sum of q·kᵀ, in any
     order, and the scaled score: below the dtype's largest number no path overflows, so the
@@ -251,7 +252,7 @@ def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[fl
             f"largest number {torch.finfo(cd).max:.3g}; scale q or k down, or pass "
             "check_finite=False to skip this check."
         )
-    return mq, mk, mv, bound
+    return mq, mk, mv, q.shape[-1] * mq * mk * abs(scale)
 
 
 def _check_output(out: Tensor, method: str) -> None:

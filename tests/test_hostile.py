@@ -350,3 +350,6 @@ def test_item9_relu_power_beyond_the_dtype_raises_or_is_inf_when_unchecked():
     w = nz.get("relu").fn(s, p=2, check_finite=False)
     assert w[0, 0] == float("inf") and torch.equal(w[0, 1:], torch.zeros(2))
     assert torch.equal(nz.get("relu").fn(s, p=1), torch.tensor([[1e30 / 3, 0.0, 0.0]]))
+    half = torch.tensor([[1000.0, 1.0]], dtype=torch.float16)  # 1000² / 2 is beyond float16
+    with pytest.raises(ValueError, match=r"overflow torch.float16 at position \(0, 0\)"):
+        nz.get("relu").fn(half, p=2)

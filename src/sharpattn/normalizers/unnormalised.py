@@ -45,14 +45,14 @@ def relu(
 
     As in the Active-Dormant heads code (Guo et al.): p = 1 by default. p must be >= 1 (for
     p < 1 the gradient at s = 0⁺ is infinite). Unnormalised, so the weights grow with the scores:
-    with p > 1 a weight beyond the largest number of the compute dtype (ReLU(1e30)² in float32)
-    can not be represented, and raises ``ValueError`` (unless ``check_finite=False``, which
-    returns inf there).
+    with p > 1 a weight beyond the largest number of the scores' dtype (ReLU(1e30)² in float32,
+    ReLU(1000)² in float16) can not be represented, and raises ``ValueError`` (unless
+    ``check_finite=False``, which returns inf there).
     """
     _check_power(p)
     x, allowed = prepare(scores, mask, check_finite)
     n = num_allowed(allowed, x.dtype).clamp_min(1.0)
-    w = (torch.relu(x) ** p / n).masked_fill(~allowed, 0.0)
+    w = finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
     if check_finite and p != 1:
         bad = ~torch.isfinite(w)
         if bool(bad.any()):
@@ -61,7 +61,7 @@ def relu(
                 f"relu weights overflow {w.dtype} at position {where}: ReLU(s)^{p:g} of the score "
                 f"{float(x[where]):.3g} is too large; scale the scores down or use a smaller p."
             )
-    return finish(w, scores)
+    return w
 
 
 def _check_power(p) -> None:

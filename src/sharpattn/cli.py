@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import normalizers as nz
@@ -61,7 +62,7 @@ def list_methods(markdown):
         table.add_column(col)
     for name in nz.available():
         e = nz.get(name)
-        table.add_row(
+        cells = (
             e.name,
             e.formula,
             "yes" if e.sums_to_one else "no",
@@ -69,6 +70,8 @@ def list_methods(markdown):
             e.fused or "-",
             e.citation,
         )
+        # registry text is not rich markup: "[s_i − τ]_+" would otherwise be read as a style tag
+        table.add_row(*(escape(c) for c in cells))
     console.print(table)
 
 

@@ -50,8 +50,9 @@ def run_blocks(
         block_size = default_block_size(b, h, lk)
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}.")
-    qg = q.reshape(b, hkv, g, lq, d)  # (B, Hkv, G, Lq, D)
-    kt = k.unsqueeze(2).transpose(-2, -1)  # (B, Hkv, 1, D, Lk)
+    cd = compute_dtype(q.dtype)  # scores in float32 for 16-bit inputs: no fp16 overflow
+    qg = q.to(cd).reshape(b, hkv, g, lq, d)  # (B, Hkv, G, Lq, D)
+    kt = k.to(cd).unsqueeze(2).transpose(-2, -1)  # (B, Hkv, 1, D, Lk)
     vg = v.unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
 
     def block(qb: Tensor, r0: int, r1: int) -> tuple[Tensor, ...]:
@@ -114,15 +115,16 @@ def chunked_softmax_attention(
     """(softmax attention output ``[B, H, Lq, Dv]``, log-sum-exp ``[B, H, Lq, 1]``) block by block.
 
     The fallback of the fused paths where torch's flash kernel with log-sum-exp is missing.
-    Empty rows give output 0 and lse 0 (as the flash kernel does); lse is differentiable here.
+    Empty rows (Lk = 0 included) give output 0 and lse 0 (as the flash kernel does; the public
+    :class:`AttentionStats` reports −inf, the log of an empty sum); lse is differentiable here.
     """
 
     def weigh(scores, mask, r0):
         s = scores.to(compute_dtype(scores.dtype))
-        if mask is None:
+        if mask is None and s.shape[-1] > 0:
             lse = torch.logsumexp(s, dim=-1, keepdim=True)
             return torch.exp(s - lse), lse
-        allowed = mask.expand_as(s)
+        allowed = torch.ones_like(s, dtype=torch.bool) if mask is None else mask.expand_as(s)
         row_any = allowed.any(dim=-1, keepdim=True)
         # empty rows get all-zero logits (finite lse and gradient), then are zeroed
         s = s.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)

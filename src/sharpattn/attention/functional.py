@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..normalizers import get
+from ..normalizers._contract import compute_dtype
 from .chunked import chunked_attend
 from .fused import FUSED
 from .masking import Masking
@@ -70,6 +71,24 @@ def attend(
 
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
+    Hostile input, the same on every path (``tests/test_adversarial.py``): B, Lq or Lk = 0 give
+    an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
+    D = 0 raise ValueError. NaN or ±inf anywhere in q, k or v raises ValueError naming the
+    position, before any path runs, whether or not a mask hides it. Scores are computed in
+    float32 for 16-bit inputs (as the fused kernel does), so fp16 q·kᵀ beyond 65504 is no error.
+    Whether a sum overflows depends on its order, so the rule is on a bound: when
+    D·max|q|·max|k|·max(1, scale) reaches the largest number of the compute dtype (q·kᵀ could
+    overflow on some path), every path raises ValueError. Below it, the fused paths run the
+    kernel only while every magnitude its forward and backward multiply (|q|, |k|, |v| and the
+    scores' D·max|q|·max|k|·scale) stays below the dtype's largest number to the power 1/4
+    (float32: 4e9), so products of up to four of them are finite; beyond, and wherever the
+    kernel's output is not finite (β·s overflowing inside it, e.g. a tiny temperature),
+    ``attend`` computes the result on the chunked path, which evaluates the normalizer without
+    overflow (the stats then lack the fused-only fields lse and β). An output that is still not finite (unnormalised weights such
+    as ``relu``'s beyond float16) raises ValueError. ``check_finite=False`` skips these checks
+    (and the normalizer's) for speed; the kernel's NaN is then still recomputed, but huge
+    inputs may give non-finite gradients on the fused paths.
+
     Returns the output; with ``return_weights=True`` also the weights ``[B, H, Lq, Lk]`` (naive
     only); with ``return_stats=True`` also an :class:`~sharpattn.attention.stats.AttentionStats`
     of per-row statistics (entropy, mass, visible keys; lse and β on fused paths), computed
@@ -86,6 +105,10 @@ def attend(
         scale = 1.0 / math.sqrt(d)
     _check_mask(mask, (b, h, lq, lk))
     masking = Masking.build(mask, causal, lq, lk, q.device)
+    cd = compute_dtype(q.dtype)
+    sizes = None
+    if check_finite:  # once, before any path: every path rejects the same inputs
+        sizes = _check_ranges(q, k, v, scale, cd)
 
     if impl == "auto":
         if return_weights:
@@ -106,14 +129,17 @@ def attend(
             raise ValueError(
                 f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
             )
-        if check_finite:
-            _check_finite(q=q, k=k)
-        full = {p.name: p.default for p in entry.params}
-        full.update(params)
-        out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
-    elif impl == "chunked":
-        if check_finite:
-            _check_finite(q=q, k=k)
+        if sizes is not None and max(sizes) >= torch.finfo(cd).max ** 0.25:
+            impl = "chunked"  # the kernel's backward could overflow: the exact block path
+        else:
+            full = {p.name: p.default for p in entry.params}
+            full.update(params)
+            out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            if not math.isfinite(_max_abs(out)) and math.isfinite(_max_abs(v)):
+                # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
+                # on the chunked path, which evaluates the normalizer without overflowing
+                impl, stats = "chunked", None
+    if impl == "chunked":
         out, pieces = chunked_attend(
             entry.fn,
             q,
@@ -130,16 +156,20 @@ def attend(
         if return_stats:
             ent, mass = pieces
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
-    else:
+    elif impl == "naive":
         if hkv != h:
             k = k.repeat_interleave(h // hkv, dim=1)
             v = v.repeat_interleave(h // hkv, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+        # in float32 for 16-bit inputs, as the fused kernel accumulates: no fp16 overflow
+        scores = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
         weights = entry.fn(scores, masking.dense(), check_finite=check_finite, **params)
+        weights = weights.to(q.dtype)
         out = torch.matmul(weights.to(v.dtype), v)  # (B, H, Lq, Dv)
         if return_stats:
             ent, mass = stats_from_weights(weights)
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+    if check_finite:
+        _check_output(out, entry.name)
 
     result = (out,)
     if return_weights:
@@ -160,6 +190,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in batch, heads and length."
         )
+    for name, t, dims in (("q", q, (1, 3)), ("k", k, (1,))):
+        for dim in dims:
+            if t.shape[dim] == 0:
+                what = "0 heads" if dim == 1 else "head size D = 0"
+                raise ValueError(
+                    f"{name} has {what} (shape {tuple(t.shape)} [B, heads, L, D]); "
+                    "heads and D must be >= 1 (B and L may be 0)."
+                )
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head size D."
@@ -185,6 +223,48 @@ def _check_mask(mask, shape) -> None:
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"{shape} [B, H, Lq, Lk]."
         )
+
+
+def _max_abs(t: Tensor) -> float:
+    """max |t| (0 if empty; NaN if t holds a NaN, inf if an inf), one pass, no copy."""
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = (float(x) for x in torch.aminmax(t.detach()))  # both NaN if any NaN
+    return max(-lo, hi) if not math.isnan(lo) else math.nan
+
+
+def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[float, ...]:
+    """Reject non-finite q, k, v and a q·kᵀ that could overflow ``cd``; return the magnitudes
+    the fused kernel multiplies (max |q|, max |k|, max |v|, D·max|q|·max|k|·|scale| ≥ every
+    scaled score) for the fused paths' range test.
+
+    The score bound D·max|q|·max|k|·max(1, |scale|) exceeds every partial sum of q·kᵀ, in any
+    order, and the scaled score: below the dtype's largest number no path overflows, so the
+    rule does not depend on how a path orders its sums.
+    """
+    mq, mk, mv = _max_abs(q), _max_abs(k), _max_abs(v)
+    if not all(math.isfinite(m) for m in (mq, mk, mv)):
+        _check_finite(q=q, k=k, v=v)  # names the first bad position
+    bound = q.shape[-1] * mq * mk * max(1.0, abs(scale))  # Python floats: no overflow below 1e308
+    if bound >= torch.finfo(cd).max:
+        raise ValueError(
+            f"q·kᵀ can overflow {cd}: D·max|q|·max|k|·max(1, scale) = {bound:.3g} reaches its "
+            f"largest number {torch.finfo(cd).max:.3g}; scale q or k down, or pass "
+            "check_finite=False to skip this check."
+        )
+    return mq, mk, mv, q.shape[-1] * mq * mk * abs(scale)
+
+
+def _check_output(out: Tensor, method: str) -> None:
+    """Finite inputs, non-finite output: the true result is beyond the output dtype (the weights
+    of an unnormalised method grow with the scores) — an error, not a silent inf/NaN."""
+    if math.isfinite(_max_abs(out)):
+        return
+    where = tuple(int(i) for i in (~torch.isfinite(out)).nonzero()[0])
+    raise ValueError(
+        f"the {method} attention output at {where} is beyond the range of {out.dtype} "
+        "(its weights grow with the scores); scale q or k down or use a wider dtype."
+    )
 
 
 def _check_finite(**tensors: Tensor) -> None:

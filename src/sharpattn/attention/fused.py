@@ -63,6 +63,9 @@ def flash_available(q: Tensor, v: Tensor) -> bool:
         and _FLASH_BWD is not None
         and q.device.type == "cpu"
         and q.shape[-1] == v.shape[-1]
+        # the kernel kills the process (SIGFPE) on a zero-size dimension: those take the fallback
+        and q.numel() > 0
+        and v.numel() > 0
     )
 
 
@@ -121,7 +124,8 @@ def softmax_attention(
     q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float
 ) -> tuple[Tensor, Tensor]:
     """softmax(scale·q·kᵀ)·v ``[B, H, Lq, Dv]`` and log-sum-exp ``[B, H, Lq, 1]`` (float32 for
-    16-bit inputs), O(n) memory. lse is 0 on rows with no visible key and carries no gradient
+    16-bit inputs), O(n) memory. lse is 0 here on rows with no visible key (:class:`AttentionStats`
+    reports −inf, the log of an empty sum) and carries no gradient
     on the kernel path (differentiable on the fallback)."""
     if not flash_available(q, v):
         return chunked_softmax_attention(q, k, v, masking, scale)
@@ -132,7 +136,7 @@ def softmax_attention(
 
 def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float) -> Tensor:
     """softmax(scale·q·kᵀ)·v only: the kernel, else torch's public SDPA (no lse needed)."""
-    if flash_available(q, v):
+    if flash_available(q, v) or q.numel() == 0 or v.numel() == 0:  # empty: the block fallback
         return softmax_attention(q, k, v, masking, scale)[0]
     gqa = k.shape[1] != q.shape[1]
     if masking.causal and masking.mask is None and masking.offset == 0:
@@ -213,20 +217,21 @@ def softmax_temperature(q, k, v, masking, scale, want_stats, *, temperature=1.0)
     return query_scaled(q, k, v, masking, scale, 1.0 / temperature, want_stats)
 
 
-def _log_visible(masking: Masking) -> Tensor:
-    """log n_i, n_i >= 1 (rows with no visible key give output 0 whatever their factor)."""
-    return torch.log(masking.visible_keys().clamp_min(1.0))
+def _log_visible(masking: Masking, q: Tensor) -> Tensor:
+    """log n_i in q's compute dtype, n_i >= 1 (rows with no visible key give output 0 whatever
+    their factor)."""
+    return torch.log(masking.visible_keys(dtype=compute_dtype(q.dtype)).clamp_min(1.0))
 
 
 def ssmax(q, k, v, masking, scale, want_stats, *, s=0.43):
     """Scalable-Softmax (Nakanishi 2025): softmax(s·log(n)·scores), n = visible keys of the row."""
-    beta = ssmax_beta(_log_visible(masking), s)
+    beta = ssmax_beta(_log_visible(masking, q), s)
     return query_scaled(q, k, v, masking, scale, beta, want_stats)
 
 
 def length_scaled(q, k, v, masking, scale, want_stats, *, c=0.0):
     """softmax((1 + c·log n)·scores), n = visible keys of the row (c = 0 is softmax)."""
-    beta = length_scaled_beta(_log_visible(masking), c)
+    beta = length_scaled_beta(_log_visible(masking, q), c)
     return query_scaled(q, k, v, masking, scale, beta, want_stats)
 
 
@@ -313,7 +318,7 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
     b, b1 = bias, bias_log_n
     bias = _rows(b, q)
     if torch.is_tensor(b1) or b1 != 0:
-        bias = bias + _rows(b1, q) * _log_visible(masking)
+        bias = bias + _rows(b1, q) * _log_visible(masking, q)
     if flash_available(q, v):
         lay = _layout(masking, q.dtype)
         out, lse = _SinkAttention.apply(

@@ -16,12 +16,16 @@ Tensor = torch.Tensor
 class AttentionStats:
     """Statistics of each query row, every field ``[B, H, Lq]`` (float32 for 16-bit inputs).
 
-    entropy: −Σ_j w_ij·log w_ij of the returned weights (natural log; 0 for empty rows).
+    entropy: −Σ_j |w_ij|·log |w_ij| of the returned weights (natural log; 0 for empty rows). For
+        non-negative weights the Shannon entropy; for ``signed``, whose weights can be negative
+        (Σ_j |w_ij| = 1), the entropy of their magnitudes, the distribution it samples keys by.
     mass: Σ_j w_ij (1 for the softmax family; < 1 for sinks, whose missing mass is
         :attr:`sink_mass`; 0 for rows that see no key).
     visible: n_i, the number of keys row i may attend to.
     lse: fused softmax-family paths only: log Σ_j exp(ℓ_ij) over the visible keys, ℓ the logits
-        that made the output (s/θ, β·s, s·log n, ...; plain s for sinks); −inf for empty rows.
+        that made the output (s/θ, β·s, s·log n, ...; plain s for sinks); −inf (the log of an
+        empty sum) for rows with no visible key. Absent when ``attend`` had to recompute a fused
+        result on the chunked path (kernel overflow, see :func:`~sharpattn.attention.attend`).
     beta: query-scaling and adaptive paths only: the factor the row's scores were multiplied by
         (adaptive β, 1/θ, s·log n, 1 + c·log n).
     softmax_entropy: adaptive only: H(softmax(s)) of the uncorrected scores, the input of β(H)
@@ -61,4 +65,5 @@ def row_stats(shape, visible: Tensor, **fields: Tensor | None) -> AttentionStats
 def stats_from_weights(weights: Tensor) -> tuple[Tensor, Tensor]:
     """(entropy, mass) of each row of ``weights`` ``[.., Lq, Lk]``, each ``[.., Lq, 1]``."""
     w = weights.to(compute_dtype(weights.dtype))
-    return weights_entropy(w).unsqueeze(-1), w.sum(-1, keepdim=True)
+    magnitude = torch.where(w < 0, -w, w)  # signed weights: the entropy of |w| (not NaN)
+    return weights_entropy(magnitude).unsqueeze(-1), w.sum(-1, keepdim=True)

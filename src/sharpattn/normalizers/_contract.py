@@ -8,9 +8,18 @@
 * ``-inf`` scores count as masked. NaN or ``+inf`` at an allowed position raise ``ValueError``
   naming the position (``check_finite=False`` skips that check, for speed).
 * Weights come back in the dtype of ``scores``; half-precision inputs are computed in float32.
+* Hostile input (the adversarial suite, ``tests/test_adversarial.py``, holds every method to it):
+  an empty ``scores`` (any dimension 0, e.g. Lk = 0) gives an empty result of the same shape and
+  dtype (``mask`` and the parameters are still checked); finite scores of any size give finite
+  weights — softmax-type maps are evaluated as softmax(β·(s − max s)), the sparse maps on
+  s − max s, so neither a large score nor a large β (a tiny temperature) overflows; a method
+  whose true weights cannot be represented (``relu`` with p > 1 on huge scores) raises
+  ``ValueError`` instead of returning inf.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -62,7 +71,8 @@ def prepare(
         bad = allowed & (torch.isnan(scores) | (scores == float("inf")))
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
-            kind = "NaN" if bool(torch.isnan(scores[where])) else "+inf"
+            nan = bool(torch.isnan(scores[where]))
+            kind = "NaN" if nan else f"+inf (a score above the largest {scores.dtype} overflows)"
             raise ValueError(
                 f"scores contain {kind} at allowed position {where} "
                 f"({int(bad.sum())} bad entries in all); pass check_finite=False to skip this check."
@@ -71,16 +81,77 @@ def prepare(
     return clean, allowed
 
 
-def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
-    """softmax over the allowed keys of each row; disallowed entries and empty rows are 0.
+def normalizer(fn):
+    """Decorate a normalizer ``fn(scores, mask=None, **params)`` with the contract's guards.
 
-    ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them).
+    The one place where an empty input is handled for every method (normalizers written for
+    non-empty rows need not think about it): ``scores`` with a zero-size dimension gives an
+    empty result of its shape and dtype, connected to the autograd graph, after ``mask`` and the
+    parameters are validated. :func:`~sharpattn.normalizers.register` applies it to every registered function,
+    so user-registered methods inherit it.
+    """
+    if getattr(fn, "_contract_guarded", False):
+        return fn
+
+    @functools.wraps(fn)
+    def guarded(scores, mask=None, *args, **params):
+        if torch.is_tensor(scores) and scores.dim() >= 1 and scores.numel() == 0:
+            prepare(scores, mask, check_finite=False)  # dtype, mask dtype and shape
+            # the parameters are checked as for any input: on a stand-in with nothing allowed,
+            # one query and one key, the leading (batch, head) sizes kept (0 made 1) so per-head
+            # tensor parameters broadcast: O(B·H) memory, whatever Lq and Lk are
+            lead = scores.shape[:-2] if scores.dim() >= 2 else ()
+            shape = (*(max(n, 1) for n in lead), *(1,) * min(scores.dim(), 2))
+            fn(scores.new_zeros(shape), torch.zeros(shape, dtype=torch.bool), *args, **params)
+            return scores * 0
+        return fn(scores, mask, *args, **params)
+
+    guarded._contract_guarded = True
+    return guarded
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
+    """softmax(β·s) over the allowed keys of each row; disallowed entries and empty rows are 0.
+
+    ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them). ``beta`` (a
+    number or a tensor broadcastable to ``[..., Lq, 1]``; None = 1) is applied as β·(s − m)
+    (:func:`shift_to_row_max`, m the row's largest allowed score, its smallest where β < 0): the
+    same softmax, but every logit is <= 0, so β·s can not overflow to +inf however large the
+    scores or β are (a tiny temperature gives the arg-max, its limit, not NaN).
     """
     row_any = allowed.any(dim=-1, keepdim=True)
+    if beta is not None:
+        lowest = None
+        if torch.is_tensor(beta) or beta < 0:
+            lowest = torch.as_tensor(beta, device=scores.device) < 0
+        big = torch.finfo(scores.dtype).max
+        # β beyond the dtype (θ = 1e-39 in float32) is clamped to its largest number, so that
+        # β·0 is 0, not NaN
+        beta = beta.clamp(-big, big) if torch.is_tensor(beta) else min(max(beta, -big), big)
+        scores = beta * shift_to_row_max(scores, allowed, lowest)
     # Empty rows get all-zero logits (a harmless uniform softmax) and are zeroed afterwards, so
     # neither the value nor the gradient ever sees a row of -inf.
     logits = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_any, 0.0)
     return torch.softmax(logits, dim=-1).masked_fill(~allowed, 0.0)
+
+
+def shift_to_row_max(scores: Tensor, allowed: Tensor, lowest: Tensor | None = None) -> Tensor:
+    """s − m per row, m the row's largest allowed score (its smallest where ``lowest``), 0 for
+    rows with no allowed key, detached.
+
+    The one place the shift-invariant maps (the softmax family, the entmax family) get their
+    scores at the scale of 1: their values and gradients are those of s (the maps' Jacobians
+    annihilate constant rows), but nothing downstream overflows or loses the support to rounding
+    however large the scores are. Clamped to the dtype's range, which s − m leaves only when the
+    allowed scores span more than it.
+    """
+    m = scores.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    if lowest is not None:
+        lo = scores.masked_fill(~allowed, float("inf")).amin(dim=-1, keepdim=True)
+        m = torch.where(lowest, lo, m)
+    m = m.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).detach()
+    big = torch.finfo(scores.dtype).max
+    return (scores - m).clamp(-big, big)
 
 
 def finish(weights: Tensor, like: Tensor) -> Tensor:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, masked_softmax, prepare
+from ._contract import finish, masked_softmax, normalizer, prepare
 from .registry import Normalizer, Param, register
 from .unnormalised import _check_power
 
 Tensor = torch.Tensor
 
 
+@normalizer
 def power(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -33,6 +34,7 @@ def power(
     return finish(u / torch.where(total > 0, total, torch.ones_like(total)), scores)
 
 
+@normalizer
 def signed(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -48,6 +50,7 @@ def signed(
     return finish(torch.sign(x) * masked_softmax(x.abs(), allowed), scores)
 
 
+@normalizer
 def softpick(
     scores: Tensor,
     mask: Tensor | None = None,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_field
 from typing import Any
+
+from ._contract import normalizer as contract_guard
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
     """Add ``entry`` to the registry (``replace=True`` to overwrite an existing name)."""
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"a normalizer named {entry.name!r} is already registered.")
+    guarded = contract_guard(entry.fn)  # the contract's guards (empty input), for every method
+    if guarded is not entry.fn:
+        entry = replace_field(entry, fn=guarded)
     _REGISTRY[entry.name] = entry
     return entry
 

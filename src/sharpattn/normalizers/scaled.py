@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, masked_softmax, nonnegative, prepare
+from ._contract import finish, log_num_allowed, masked_softmax, nonnegative, normalizer, prepare
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -25,6 +25,7 @@ def length_scaled_beta(log_n: Tensor, c: float | Tensor) -> Tensor:
     return 1.0 + nonnegative(c, "c") * log_n
 
 
+@normalizer
 def ssmax(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -40,9 +41,10 @@ def ssmax(
     """
     x, allowed = prepare(scores, mask, check_finite)
     beta = ssmax_beta(log_num_allowed(allowed, x.dtype), s)  # (..., Lq, 1)
-    return finish(masked_softmax(beta * x, allowed), scores)
+    return finish(masked_softmax(x, allowed, beta), scores)
 
 
+@normalizer
 def length_scaled(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -59,7 +61,7 @@ def length_scaled(
     """
     x, allowed = prepare(scores, mask, check_finite)
     beta = length_scaled_beta(log_num_allowed(allowed, x.dtype), c)  # (..., Lq, 1)
-    return finish(masked_softmax(beta * x, allowed), scores)
+    return finish(masked_softmax(x, allowed, beta), scores)
 
 
 register(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, prepare
+from ._contract import finish, log_num_allowed, normalizer, prepare
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
 
 
+@normalizer
 def sink(
     scores: Tensor,
     mask: Tensor | None = None,

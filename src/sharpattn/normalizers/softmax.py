@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ._contract import finish, masked_softmax, prepare
+from ._contract import finish, masked_softmax, normalizer, prepare
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
@@ -26,6 +26,7 @@ COEFFICIENTS: dict[str, tuple[float, ...]] = {
 }
 
 
+@normalizer
 def softmax(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -37,10 +38,14 @@ def softmax(
 
     Lemma 2.1 (Veličković et al.): with logits in [m, M] and δ = M − m, every weight lies in
     [(1/n)·e^{−δ/θ}, (1/n)·e^{δ/θ}], so it disperses as n grows.
+
+    Computed as softmax((s − max s)/θ), so no θ > 0 overflows: a tiny θ (1e-9 on 1e30 scores,
+    or 1e-39, whose 1/θ is beyond float32) gives the arg-max limit, one-hot with ties shared,
+    and θ = inf the uniform row; never NaN.
     """
     _check_temperature(temperature)
     s, allowed = prepare(scores, mask, check_finite)
-    return finish(masked_softmax(s / temperature, allowed), scores)
+    return finish(masked_softmax(s, allowed, 1.0 / temperature), scores)
 
 
 def resolve_coefficients(coefficients: str | Sequence[float] | Path) -> tuple[float, ...]:
@@ -134,6 +139,7 @@ def beta_from_entropy(
     )
 
 
+@normalizer
 def adaptive(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -155,7 +161,7 @@ def adaptive(
     beta = _beta(masked_softmax(s, allowed), resolve_coefficients(coefficients), threshold, floor)
     if detach_beta:
         beta = beta.detach()
-    return finish(masked_softmax(beta * s, allowed), scores)
+    return finish(masked_softmax(s, allowed, beta), scores)
 
 
 def _check_temperature(temperature) -> None:

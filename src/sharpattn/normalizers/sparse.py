@@ -3,6 +3,9 @@
 sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins). They take
 no mask, so disallowed keys get a finite logit low enough that the mapping gives them exactly
 zero weight (below max − 1/(α−1), see :func:`_fill_for_entmax`), and are zeroed again after.
+Both are shift-invariant, so they are given s − max s: at |s| = 1e8 in float32 the bisection's
+bracket max − 1 would round to max (NaN weights) and a masked key's fill value would tie the
+maximum (rows summing to 1/2); on s − max s neither happens.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import entmax as _entmax
 import torch
 
-from ._contract import finish, masked_softmax, prepare
+from ._contract import finish, masked_softmax, normalizer, prepare, shift_to_row_max
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
 
 
+@normalizer
 def topk(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -39,6 +43,7 @@ def topk(
     return finish(masked_softmax(x, keep), scores)
 
 
+@normalizer
 def hardmax(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -70,16 +75,18 @@ def _check_alpha(alpha) -> None:
 
 
 def _fill_for_entmax(x: Tensor, allowed: Tensor, alpha) -> Tensor:
-    """``x`` with disallowed positions set to max − 1/(α−1) − 1 (per row).
+    """``x − max`` (per row, over the allowed keys) with disallowed positions set to
+    −1/(α−1) − 1.
 
     α-entmax gives p_i = [(α−1)x_i − τ]_+^{1/(α−1)} with τ >= (α−1)·max − 1 (as p_max <= 1), so
-    any x_i < max − 1/(α−1) gets exactly 0. Empty rows become all zeros (zeroed afterwards).
+    any x_i < max − 1/(α−1) gets exactly 0. The shift (:func:`shift_to_row_max`) changes nothing
+    (τ absorbs it) but keeps the bisection and the fill value at the scale of 1 whatever the
+    scores' size. Empty rows become all zeros (zeroed afterwards).
     """
-    top = x.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    return torch.where(allowed, x, top - 1.0 / (alpha - 1.0) - 1.0)
+    return torch.where(allowed, shift_to_row_max(x, allowed), -1.0 / (alpha - 1.0) - 1.0)
 
 
+@normalizer
 def entmax(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -102,6 +109,7 @@ def entmax(
     return finish(_zero_disallowed(p, allowed), scores)
 
 
+@normalizer
 def sparsemax(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True) -> Tensor:
     """sparsemax: the Euclidean projection of the scores onto the simplex (Martins & Astudillo
     2016), p_i = [s_i − τ]_+ with Σ p = 1 (α-entmax with α = 2), exact by sorting."""
@@ -110,6 +118,7 @@ def sparsemax(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool 
     return finish(_zero_disallowed(p, allowed), scores)
 
 
+@normalizer
 def entmax15(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True) -> Tensor:
     """1.5-entmax (Peters et al. 2019): p_i = [s_i/2 − τ]_+² with Σ p = 1, exact by sorting."""
     x, allowed = prepare(scores, mask, check_finite)

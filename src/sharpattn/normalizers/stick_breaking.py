@@ -7,12 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._contract import finish, prepare
+from ._contract import finish, normalizer, prepare
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
 
 
+@normalizer
 def stick_breaking(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -37,6 +38,11 @@ def stick_breaking(
     Computed in log space: log w_ij = log σ(s_ij) + Σ_{k>j} log σ(−s_ik), the sum a reversed,
     exclusive cumulative sum (O(Lq·Lk) memory).
     """
+    if torch.is_tensor(scores) and scores.dim() < 2:
+        raise ValueError(
+            "stick_breaking needs scores [..., Lq, Lk] (it reads the query position from Lq), got "
+            f"shape {tuple(scores.shape)}."
+        )
     x, allowed = prepare(scores, mask, check_finite)
     lq, lk = x.shape[-2], x.shape[-1]
     i = torch.arange(lq, device=x.device).unsqueeze(-1)

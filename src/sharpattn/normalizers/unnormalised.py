@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, num_allowed, prepare
+from ._contract import finish, log_num_allowed, normalizer, num_allowed, prepare
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
 
 
+@normalizer
 def sigmoid(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -32,6 +33,7 @@ def sigmoid(
     return finish(torch.sigmoid(x + b).masked_fill(~allowed, 0.0), scores)
 
 
+@normalizer
 def relu(
     scores: Tensor,
     mask: Tensor | None = None,
@@ -42,12 +44,24 @@ def relu(
     """w_i = ReLU(s_i)^p / n: ReLU attention divided by the number of visible keys.
 
     As in the Active-Dormant heads code (Guo et al.): p = 1 by default. p must be >= 1 (for
-    p < 1 the gradient at s = 0⁺ is infinite). Unnormalised.
+    p < 1 the gradient at s = 0⁺ is infinite). Unnormalised, so the weights grow with the scores:
+    with p > 1 a weight beyond the largest number of the scores' dtype (ReLU(1e30)² in float32,
+    ReLU(1000)² in float16) can not be represented, and raises ``ValueError`` (unless
+    ``check_finite=False``, which returns inf there).
     """
     _check_power(p)
     x, allowed = prepare(scores, mask, check_finite)
     n = num_allowed(allowed, x.dtype).clamp_min(1.0)
-    return finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
+    w = finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
+    if check_finite and p != 1:
+        bad = ~torch.isfinite(w)
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"relu weights overflow {w.dtype} at position {where}: ReLU(s)^{p:g} of the score "
+                f"{float(x[where]):.3g} is too large; scale the scores down or use a smaller p."
+            )
+    return w
 
 
 def _check_power(p) -> None:

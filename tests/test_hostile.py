@@ -1,0 +1,355 @@
+"""Issue 16, library items 1–9: one regression test per reproducer found by the hostile probe.
+
+The broad, property-based version of these checks (every method × every path × hostile inputs)
+is ``test_adversarial.py``; this file keeps each reported reproducer, so a regression names its
+item.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+from precision import assert_close
+from sharpattn import attend
+from sharpattn import normalizers as nz
+from sharpattn.attention.masking import Masking
+from sharpattn.attention.stats import stats_from_weights
+
+pytestmark = pytest.mark.numerical
+
+FUSED = [n for n in nz.available() if nz.get(n).fused]
+PATHS = ("auto", "fused", "chunked", "naive")
+
+
+def _paths(method):
+    return PATHS if nz.get(method).fused else ("auto", "chunked", "naive")
+
+
+# 1. the flash kernel kills the process (SIGFPE) on Lq = 0 or Lk = 0 ---------------------------
+
+
+def test_item1_empty_dims_on_fused_paths_do_not_kill_the_process():
+    # In a child process: a regression would take the interpreter (here: pytest) down.
+    code = textwrap.dedent(
+        f"""
+        import torch, sharpattn
+        for method in {FUSED!r}:
+            for impl in ("auto", "fused"):
+                for shapes in (((1,1,4,8), (1,1,0,8)), ((1,1,0,8), (1,1,3,8)),
+                               ((0,1,4,8), (0,1,3,8))):
+                    q = torch.randn(*shapes[0], requires_grad=True)
+                    k = torch.randn(*shapes[1], requires_grad=True)
+                    v = torch.randn(*shapes[1], requires_grad=True)
+                    out, st = sharpattn.attend(q, k, v, method, impl=impl, return_stats=True)
+                    out.sum().backward()
+                    assert out.shape == (*shapes[0][:3], 8) and not out.any()
+        print("ok")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    assert run.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_item1_reproducer_gives_zero_rows(method):
+    out = attend(torch.randn(1, 1, 4, 8), torch.randn(1, 1, 0, 8), torch.randn(1, 1, 0, 8), method)
+    assert torch.equal(out, torch.zeros(1, 1, 4, 8))
+
+
+# 2. fused paths returned NaN where naive/chunked raise ----------------------------------------
+
+
+@pytest.mark.parametrize("impl", PATHS)
+def test_item2_overflowing_product_raises_on_every_path(impl):
+    q = k = torch.full((1, 1, 2, 4), 1e30)  # finite, but q·kᵀ = 4e60 is not a float32
+    with pytest.raises(ValueError, match="overflow"):
+        attend(q, k, torch.randn(1, 1, 2, 4), impl=impl)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_item2_16bit_scores_beyond_the_dtype_are_computed_in_float32_on_every_path(dtype):
+    # fp16 q = k = 300: q·kᵀ = 360000 > 65504. Decided: every path computes scores in float32
+    # (as the flash kernel does), so this is no error anywhere and all paths agree.
+    g = torch.Generator().manual_seed(0)
+    q = k = torch.full((1, 1, 2, 4), 300.0, dtype=dtype)
+    v = torch.randn(1, 1, 2, 4, generator=g).to(dtype)
+    expect = ref.attention(
+        q.double().numpy(), k.double().numpy(), v.double().numpy(), ref.softmax
+    )  # equal scores: the mean of v
+    for impl in PATHS:
+        out = attend(q, k, v, impl=impl)
+        assert out.dtype == dtype and bool(torch.isfinite(out).all()), impl
+        assert_close(out, expect, n=2, magnitude=float(v.abs().max()), msg=impl)
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_item2_huge_finite_scores_are_not_nan_on_fused_paths(method):
+    # Scores 2e30 are finite in float32, but the kernel's forward (β·s) or backward (products of
+    # 1e15-sized q, k and 2e30-sized scores) overflows: attend takes the block path instead.
+    q = torch.full((1, 1, 2, 4), 1e15, requires_grad=True)
+    k = torch.full((1, 1, 2, 4), 1e15, requires_grad=True)
+    v = torch.randn(1, 1, 2, 4, generator=torch.Generator().manual_seed(1))
+    params = {"temperature": 1e-9} if method == "softmax" else {}
+    outs = {impl: attend(q, k, v, method, impl=impl, **params) for impl in PATHS}
+    for impl, out in outs.items():
+        assert bool(torch.isfinite(out).all()), impl
+        assert_close(out, outs["naive"], n=2, magnitude=float(v.abs().max()), msg=impl)
+        gq, gk = torch.autograd.grad(out.sum(), (q, k))
+        assert not bool(gq.isnan().any() or gk.isnan().any()), impl
+
+
+def test_item2_kernel_nan_from_a_tiny_temperature_is_recomputed():
+    # Moderate inputs, θ = 1e-39: 1/θ is beyond float32, q/θ is inf inside the kernel (NaN);
+    # attend recomputes on the chunked path and gets the arg-max limit, as the other paths do.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=g).requires_grad_() for _ in range(3))
+    outs = {impl: attend(q, k, v, temperature=1e-39, impl=impl) for impl in PATHS}
+    for impl, out in outs.items():
+        assert torch.equal(out, outs["naive"]), impl  # one-hot rows: exactly a row of v
+        (gq,) = torch.autograd.grad(out.sum(), q)
+        assert bool(torch.isfinite(gq).all()), impl
+
+
+@pytest.mark.parametrize("method", ["softmax", "relu"])
+def test_item2_non_finite_inputs_raise_on_every_path_even_where_masked(method):
+    # found by the adversarial suite: naive checked only the scores it used, so an inf in a
+    # masked key (or in q when Lq rows were all masked) passed there and raised on the others
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2, 4, generator=g) for _ in range(3))
+    mask = torch.tensor([True, False])
+    for name, t in (("k", k), ("v", v)):
+        bad = t.clone()
+        bad[0, 0, 1, 2] = float("inf")  # key 1 is masked
+        args = {"q": q, "k": k, "v": v, name: bad}
+        for impl in _paths(method):
+            with pytest.raises(
+                ValueError, match=rf"{name} contains a non-finite value at \(0, 0, 1, 2\)"
+            ):
+                attend(**args, method=method, mask=mask, impl=impl)
+
+
+def test_item2_an_output_beyond_the_dtype_raises_on_every_path():
+    # relu's weights grow with the scores: 1e2·1e4-sized q·kᵀ / n is beyond float16's 65504
+    # (computed in float32, finite there: the cast back to float16 made it inf)
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 1, 3, 4, generator=g) * 1e2).half()
+    k = (torch.randn(1, 1, 4, 4, generator=g) * 1e4).half()
+    v = torch.randn(1, 1, 4, 4, generator=g).half()
+    for impl in ("chunked", "naive"):
+        with pytest.raises(ValueError, match="relu attention output at .* beyond the range of"):
+            attend(q, k, v, "relu", impl=impl)
+
+
+def test_item2_fused_paths_leave_the_kernel_beyond_its_safe_range():
+    from sharpattn.attention.functional import _check_ranges
+
+    q, k, v = torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4)
+    assert _check_ranges(q, k, v, 0.5, torch.float32) == (1.0, 1.0, 1.0, 2.0)
+    with pytest.raises(ValueError, match=r"can overflow torch.float32: D·max\|q\|"):
+        _check_ranges(q * 1e19, k * 1e19, v, 0.5, torch.float32)
+    # in range for the error rule, beyond the kernel's: attend gives naive's answer, gradients
+    q, k = q * 1e10, k.clone().requires_grad_()
+    for impl in PATHS:
+        out = attend(q, k, v, "adaptive", impl=impl)
+        assert torch.equal(out, torch.ones_like(out)), impl
+        (gk,) = torch.autograd.grad(out.sum(), k)
+        assert not bool(gk.isnan().any()), impl
+
+
+# 3. entmax: NaN output and gradients at |s| >= 1e8 ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 1e8), (torch.float64, 1e300)])
+def test_item3_entmax_large_scores_finite_with_finite_gradients(dtype, big):
+    s = torch.tensor([[big, 0.0, -big]], dtype=dtype, requires_grad=True)
+    w = nz.get("entmax").fn(s)
+    assert torch.equal(w.detach(), torch.tensor([[1.0, 0.0, 0.0]], dtype=dtype))
+    (w * torch.tensor([1.0, 2.0, 3.0], dtype=dtype)).sum().backward()
+    assert bool(torch.isfinite(s.grad).all())
+
+
+@pytest.mark.parametrize("method", ["entmax", "entmax15", "sparsemax"])
+def test_item3_sparse_maps_are_shift_invariant_at_large_offsets(method):
+    # A support of three keys 1e8 above zero (float64 holds the offsets exactly).
+    s = torch.tensor([[0.5, 0.2, -0.1, -3.0]], dtype=torch.float64)
+    w0 = nz.get(method).fn(s)
+    w1 = nz.get(method).fn(s + 1e8)
+    # 1e8 + s rounds s to ε·1e8 = 2.2e-8: the weights move by that much times the map's slope
+    assert_close(w1, w0, n=4, magnitude=1e8)
+    assert int((w0 > 0).sum()) >= 2  # the test is about a real support, not a one-hot row
+
+
+# 4. sparsemax / entmax15 rows summing to 0.5 when a key is masked ------------------------------
+
+
+@pytest.mark.parametrize("method", ["sparsemax", "entmax15", "entmax"])
+def test_item4_masked_fill_does_not_tie_a_large_maximum(method):
+    w = nz.get(method).fn(torch.tensor([[1e8, 0.0, 5.0]]), torch.tensor([[True, True, False]]))
+    assert torch.equal(w, torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+# 5. Lk = 0 raised IndexError in six methods ----------------------------------------------------
+
+
+@pytest.mark.parametrize("method", nz.available())
+def test_item5_empty_key_axis_gives_an_empty_result(method):
+    s = torch.randn(2, 3, 0, requires_grad=True)
+    w = nz.get(method).fn(s)
+    assert w.shape == (2, 3, 0) and w.dtype == s.dtype
+    w.sum().backward()  # connected to the graph
+    assert s.grad.shape == s.shape
+    mask = torch.ones(2, 3, 0, dtype=torch.bool)
+    assert nz.get(method).fn(s, mask).shape == (2, 3, 0)
+    with pytest.raises(ValueError, match="boolean"):  # the mask is still checked
+        nz.get(method).fn(s, mask.float())
+
+
+@pytest.mark.parametrize("method", nz.available())
+def test_item5_empty_key_axis_on_every_path(method):
+    for impl in _paths(method):
+        q = torch.randn(1, 2, 3, 4, requires_grad=True)
+        k = torch.randn(1, 2, 0, 4, requires_grad=True)
+        out = attend(q, k, k, method, impl=impl)
+        assert torch.equal(out, torch.zeros(1, 2, 3, 4)), impl
+        out.sum().backward()
+        assert torch.equal(q.grad, torch.zeros_like(q)), impl
+
+
+@pytest.mark.parametrize("method", nz.available())
+def test_item5_empty_input_checks_parameters_in_o_of_batch_times_heads_memory(method):
+    # B = 0 with 10^6 x 10^6 rows/keys: a full-size stand-in for the parameter check would need
+    # 8 TB; per-head tensor parameters ([1, H, 1, 1], as MultiheadAttention passes) broadcast
+    s = torch.empty(0, 2, 10**6, 10**6)
+    params = {p.name: torch.full((1, 2, 1, 1), float(p.default)) for p in nz.get(method).learnable}
+    assert nz.get(method).fn(s, **params).shape == s.shape
+
+
+BAD_PARAMS = {
+    "softmax": {"temperature": -1.0},
+    "adaptive": {"coefficients": "nope"},
+    "length_scaled": {"c": -1.0},
+    "relu": {"p": 0.5},
+    "power": {"p": 0.5},
+    "topk": {"top_k": 0},
+    "entmax": {"alpha": 1.0},
+}
+
+
+@pytest.mark.parametrize("method", list(BAD_PARAMS))
+def test_item5_parameters_are_checked_on_empty_input_too(method):
+    # an empty input must not turn a bad parameter into a silent empty result on some paths
+    kw = BAD_PARAMS[method]
+    for shape in ((2, 3, 4), (2, 3, 0), (2, 0, 4)):
+        with pytest.raises(ValueError):
+            nz.get(method).fn(torch.randn(shape), **kw)
+    for impl in _paths(method):
+        with pytest.raises(ValueError):
+            attend(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 0, 4), torch.randn(1, 1, 0, 4),
+                   method, impl=impl, **kw)  # fmt: skip
+
+
+# 6. wrong exception types -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "qs, ks, needle",
+    [
+        ((1, 2, 3, 4), (1, 0, 3, 4), r"k has 0 heads \(shape \(1, 0, 3, 4\)"),
+        ((1, 0, 3, 4), (1, 1, 3, 4), r"q has 0 heads \(shape \(1, 0, 3, 4\)"),
+        ((1, 1, 3, 0), (1, 1, 3, 0), r"head size D = 0 \(shape \(1, 1, 3, 0\)"),
+    ],
+)
+@pytest.mark.parametrize("impl", PATHS)
+def test_item6_zero_heads_or_head_size_raise_value_error_naming_the_shape(qs, ks, needle, impl):
+    with pytest.raises(ValueError, match=needle):
+        attend(torch.randn(qs), torch.randn(ks), torch.randn(ks), impl=impl)
+
+
+def test_item6_stick_breaking_on_1d_scores_raises_value_error():
+    with pytest.raises(ValueError, match=r"\[\.\.\., Lq, Lk\].*\(5,\)"):
+        nz.get("stick_breaking").fn(torch.randn(5))
+
+
+# 7. return_stats: lse of empty rows, signed entropy ---------------------------------------------
+
+
+@pytest.mark.parametrize("method", FUSED)
+@pytest.mark.parametrize("dv", [4, 3])  # 3: value size != key size, the kernel's fallback
+def test_item7_lse_is_minus_inf_on_rows_without_keys(method, dv):
+    mask = torch.tensor([True, False, True])[:, None].expand(3, 5)  # row 1 sees no key
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g)
+    v = torch.randn(1, 2, 5, dv, generator=g)
+    _, st = attend(q, k, v, method, mask=mask, impl="fused", return_stats=True)
+    assert torch.equal(st.lse[..., 1], torch.full((1, 2), float("-inf")))
+    assert bool(torch.isfinite(st.lse[..., [0, 2]]).all())
+    assert torch.equal(st.entropy[..., 1], torch.zeros(1, 2))
+    assert torch.equal(st.mass[..., 1], torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "naive"])
+def test_item7_signed_entropy_is_the_entropy_of_the_magnitudes(impl):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    _, w = attend(q, k, v, "signed", impl="naive", return_weights=True)
+    assert bool((w < 0).any())  # the case the item is about
+    _, st = attend(q, k, v, "signed", impl=impl, return_stats=True)
+    a = w.abs().numpy()
+    expect = -(a * np.log(np.where(a > 0, a, 1.0))).sum(-1)
+    assert_close(st.entropy, expect, n=3)
+    assert_close(st.mass, w.sum(-1).numpy(), n=3)  # the signed sum, as documented
+    ent, _ = stats_from_weights(w)
+    assert bool(torch.isfinite(ent).all())
+
+
+# 8. ssmax in float64 was float32-precise ---------------------------------------------------------
+
+
+def test_item8_visible_keys_in_the_requested_dtype():
+    m = Masking.build(None, True, 5, 7, torch.device("cpu"))
+    assert m.visible_keys(dtype=torch.float64).dtype == torch.float64
+    assert m.visible_keys().dtype == torch.float32
+    assert m.visible_keys(dtype=torch.float64).flatten().tolist() == [3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("method", ["ssmax", "length_scaled", "sink"])
+def test_item8_fused_float64_is_float64_precise(method):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    params = {"c": 0.7} if method == "length_scaled" else {}
+    params = {"bias_log_n": 0.5} if method == "sink" else params
+    fused = attend(q, k, v, method, impl="fused", causal=True, **params)
+    naive = attend(q, k, v, method, impl="naive", causal=True, **params)
+    assert_close(fused, naive, n=5, magnitude=float(v.abs().max()))  # ε = float64's
+
+
+# 9. extreme parameters ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1e-9, 1e-39])  # 1/1e-39 is beyond float32
+def test_item9_tiny_temperature_gives_the_argmax_limit_not_nan(temperature):
+    s = torch.tensor([[1e30, 0.0, -1e30]], requires_grad=True)
+    w = nz.get("softmax").fn(s, temperature=temperature)
+    assert torch.equal(w.detach(), torch.tensor([[1.0, 0.0, 0.0]]))
+    w2 = nz.get("softmax").fn(torch.tensor([[0.5, 2.0, -1.0]]), temperature=temperature)
+    assert torch.equal(w2, torch.tensor([[0.0, 1.0, 0.0]]))
+    (w * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert bool(torch.isfinite(s.grad).all())
+
+
+def test_item9_relu_power_beyond_the_dtype_raises_or_is_inf_when_unchecked():
+    s = torch.tensor([[1e30, 0.0, -1e30]])
+    with pytest.raises(ValueError, match=r"overflow.*\(0, 0\)"):
+        nz.get("relu").fn(s, p=2)
+    w = nz.get("relu").fn(s, p=2, check_finite=False)
+    assert w[0, 0] == float("inf") and torch.equal(w[0, 1:], torch.zeros(2))
+    assert torch.equal(nz.get("relu").fn(s, p=1), torch.tensor([[1e30 / 3, 0.0, 0.0]]))
+    half = torch.tensor([[1000.0, 1.0]], dtype=torch.float16)  # 1000² / 2 is beyond float16
+    with pytest.raises(ValueError, match=r"overflow torch.float16 at position \(0, 0\)"):
+        nz.get("relu").fn(half, p=2)

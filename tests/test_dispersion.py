@@ -66,9 +66,17 @@ def test_the_table_separates_dispersing_from_sharp_methods(rows):
     assert all(r.total_mass < 1 for r in relu.values())
 
 
-def test_slopes_nan_for_zero_weights():
-    rows = [disp.Row("x", 16, 0.5, 0.5, 1.0, 1.0), disp.Row("x", 64, 0.0, 0.5, 1.0, 1.0)]
-    assert math.isnan(disp.slopes(rows)["x"])
+def test_slopes_leave_out_underflowed_weights_and_say_so():
+    row = disp.Row
+    rows = [row("x", 16, 0.5, 0.5, 1.0, 1.0), row("x", 64, 0.0, 0.5, 1.0, 1.0)]
+    assert math.isnan(disp.slopes(rows)["x"])  # one usable size: no slope
+    assert disp.slope_text(rows)["x"] == "– (0 from n=64)"
+    rows.insert(1, row("x", 32, 0.25, 0.5, 1.0, 1.0))
+    assert_close(disp.slopes(rows)["x"], -1.0, dtype=torch.float64, n=2)  # 0.5 → 0.25: 1/n
+    assert disp.vanishes_at(rows) == {"x": 64}
+    assert disp.slope_text(rows)["x"] == "-1.00 (0 from n=64)"
+    nan_rows = [row("y", 16, math.nan, 0.5, 1.0, 1.0), row("y", 64, math.nan, 0.5, 1.0, 1.0)]
+    assert disp.slope_text(nan_rows)["y"] == "–"  # a method without a winner weight
 
 
 def test_bad_arguments_raise_value_error():

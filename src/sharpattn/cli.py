@@ -172,7 +172,7 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
             seed=seed,
             on_step=lambda m, n: progress.update(task, advance=1, description=f"{m} n={n}"),
         )
-    fit = disp.slopes(rows_)
+    fit = disp.slope_text(rows_)
     ns = sorted({r.n for r in rows_})
     table = Table(
         title=f"winner weight vs n: logits in [-1, 1], one winner at 1 + {margin:g} "
@@ -184,7 +184,7 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
     table.add_column("slope", justify="right")
     for method in dict.fromkeys(r.method for r in rows_):
         by_n = {r.n: r for r in rows_ if r.method == method}
-        table.add_row(method, *(f"{by_n[n].winner_weight:.3g}" for n in ns), f"{fit[method]:.2f}")
+        table.add_row(method, *(f"{by_n[n].winner_weight:.3g}" for n in ns), fit[method])
     console.print(table)
     last = Table(title=f"at n = {ns[-1]}")
     for col in ("method", "winner weight", "max |w|", "entropy (nats)", "total mass Σ|w|"):

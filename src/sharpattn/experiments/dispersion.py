@@ -100,17 +100,42 @@ def measure(
 
 
 def slopes(rows: list[Row]) -> dict[str, float]:
-    """Least-squares slope of log(winner weight) vs log(n) per method (NaN if a weight is <= 0):
-    −1 is softmax's 1/n dispersion, 0 keeps the winner."""
+    """Least-squares slope of log(winner weight) vs log(n) per method: −1 is softmax's 1/n
+    dispersion, 0 keeps the winner. Sizes where the winner's weight is 0 (underflow, e.g.
+    stick-breaking's early positions at large n) have no logarithm and are left out of the fit;
+    :func:`vanishes_at` names the first of them. NaN only when fewer than two sizes remain."""
     out = {}
     for method in dict.fromkeys(r.method for r in rows):
-        mr = [r for r in rows if r.method == method]
-        if len(mr) < 2 or any(not r.winner_weight > 0 for r in mr):
+        mr = [r for r in rows if r.method == method and r.winner_weight > 0]
+        if len(mr) < 2:
             out[method] = math.nan
             continue
         x = np.log([r.n for r in mr])
         y = np.log([r.winner_weight for r in mr])
         out[method] = float(np.polyfit(x, y, 1)[0])
+    return out
+
+
+def vanishes_at(rows: list[Row]) -> dict[str, int | None]:
+    """The smallest n at which each method's mean winner weight is exactly 0 (None if never)."""
+    out: dict[str, int | None] = {}
+    for r in sorted(rows, key=lambda r: r.n):
+        out.setdefault(r.method, None)
+        if out[r.method] is None and r.winner_weight == 0:
+            out[r.method] = r.n
+    return out
+
+
+def slope_text(rows: list[Row], digits: int = 2) -> dict[str, str]:
+    """The slope of each method as printed: a number, "–" where undefined (a method without a
+    winner weight, or fewer than two sizes), and "(0 from n=…)" where the weight underflowed."""
+    fit, zero = slopes(rows), vanishes_at(rows)
+    out = {}
+    for method, value in fit.items():
+        text = "–" if math.isnan(value) else f"{value:.{digits}f}"
+        if zero.get(method) is not None:
+            text += f" (0 from n={zero[method]})"
+        out[method] = text
     return out
 
 
@@ -155,7 +180,7 @@ def plot(rows: list[Row], path: Path, margin: float) -> None:
 
 
 def markdown_table(rows: list[Row]) -> str:
-    fit = slopes(rows)
+    fit = slope_text(rows, digits=3)
     lines = [
         "| method | n | winner weight | max \\|w\\| | entropy | total mass Σ\\|w\\| | slope |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -163,7 +188,7 @@ def markdown_table(rows: list[Row]) -> str:
     for r in rows:
         lines.append(
             f"| {r.method} | {r.n} | {r.winner_weight:.4g} | {r.max_weight:.4g} | "
-            f"{r.entropy:.3f} | {r.total_mass:.4g} | {fit[r.method]:.3f} |"
+            f"{r.entropy:.3f} | {r.total_mass:.4g} | {fit[r.method]} |"
         )
     return "\n".join(lines)
 

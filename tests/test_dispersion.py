@@ -84,7 +84,7 @@ def test_bad_arguments_raise_value_error():
         disp.measure(methods=["nope"], sizes=(16,))
     with pytest.raises(ValueError, match="sizes must all be >= 2"):
         disp.measure(sizes=(1,))
-    with pytest.raises(ValueError, match="margin must be > 0"):
+    with pytest.raises(ValueError, match="margin must be a finite number > 0"):
         disp.measure(sizes=(16,), margin=0)
 
 

@@ -34,7 +34,13 @@ def _csv(convert, ok, what: str, empty=None):
     return parse
 
 
-_sizes = _csv(int, lambda n: n >= 2, "integers >= 2")
+#: the largest size a command accepts before any work: one attention row of 2**31 keys
+MAX_SIZE = 2**31 - 1
+_sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
+#: seeds reach torch and NumPy as unsigned 64-bit integers; 2**63 - 1 keeps every offset valid
+SEED = click.IntRange(0, 2**63 - 1)
+#: a finite positive margin (inf would fail only after a run folder was written)
+MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
 _layers = _csv(int, lambda n: n >= 0, "layer indices >= 0", empty=[])
 _floats = _csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")
 
@@ -92,12 +98,12 @@ def list_methods(markdown):
 )
 @click.option(
     "--margin",
-    type=click.FloatRange(min=0, min_open=True),
+    type=MARGIN,
     default=2.0,
     show_default=True,
     help="How far the winner's logit sits above the bound 1.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -210,7 +216,7 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
 )
 @click.option(
     "--margin",
-    type=click.FloatRange(min=0, min_open=True),
+    type=MARGIN,
     default=2.0,
     show_default=True,
     help="How far the winner's logit sits above the bound 1.",
@@ -225,7 +231,7 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
 @click.option(
     "--rows", type=click.IntRange(min=1), default=32, show_default=True, help="Rows per size."
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -246,7 +252,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     "--max-items", type=click.IntRange(min=2), default=48, show_default=True,
     help="Largest number of items in the probe's sequence.",
 )  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--ablation/--no-ablation", default=True, show_default=True,
     help="Run the active/dormant test (one forward pass per head and domain).",
@@ -347,15 +353,9 @@ class _SeedProgress:
 
 
 @reproduce.command("max-retrieval")
+@click.option("--quick", is_flag=True, help="1 seed, 5,000 steps, sizes to 4,096 (minutes).")
 @click.option(
-    "--quick", "profile", flag_value="quick", help="1 seed, 5,000 steps, sizes to 4,096 (minutes)."
-)
-@click.option(
-    "--paper",
-    "profile",
-    flag_value="paper",
-    default=True,
-    help="10 seeds x 100,000 steps, sizes 16..16,384 (the default; hours).",
+    "--paper", is_flag=True, help="10 seeds x 100,000 steps, sizes 16..16,384 (the default; hours)."
 )
 @click.option(
     "--seeds", type=click.IntRange(min=1), help="Number of seeds (overrides the profile)."
@@ -397,9 +397,22 @@ class _SeedProgress:
     help="Run folder (default runs/max-retrieval-<profile>).",
 )
 def max_retrieval(
-    profile, seeds, steps, sizes, method, coefficients, test_sets, checkpoint_every, workers, out
+    quick,
+    paper,
+    seeds,
+    steps,
+    sizes,
+    method,
+    coefficients,
+    test_sets,
+    checkpoint_every,
+    workers,
+    out,
 ):
     """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
+    if quick and paper:
+        raise click.UsageError("--quick and --paper exclude each other: choose one.")
+    profile = "quick" if quick else "paper"
     from rich.progress import Progress
 
     from .experiments import max_retrieval as mr
@@ -461,7 +474,7 @@ def fit_temperature(run, sizes, sets, no_eval):
 
 @reproduce.command("selective")
 @click.option("--quick", is_flag=True, help="The quick profile (a few minutes on 2 CPU cores).")
-@click.option("--seed", type=int, default=0, show_default=True, help="First seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="First seed.")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Seeds per setting.")
 @click.option(
     "--steps",
@@ -557,7 +570,7 @@ def reproduce_selective(quick, seed, seeds, steps, sigmas, tasks, text, lm_steps
 # --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
 @reproduce.command("backcopy")
 @click.option("--quick", is_flag=True, help="Small models and few steps (minutes on a CPU).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
@@ -604,20 +617,54 @@ def reproduce_backcopy(quick, seed, threads, out):
     console.print(f"wrote {run_dir}/report.md and its PNGs")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so every cleanup path of Ctrl-C runs."""
+
+
 def main(argv=None) -> int:
-    """Entry point: a user's mistake prints one sentence and exits with code 2, no traceback."""
+    """Entry point: a user's mistake prints one sentence and exits with code 2, no traceback;
+    Ctrl-C exits 130 and SIGTERM 143 (128 + the signal), after stopping any worker processes."""
+    import signal
+    import threading
+
+    def _term(signum, frame):
+        raise _Terminated
+
+    installed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _term) if installed else None
+    try:
+        return _run(argv)
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv) -> int:
     try:
         cli.main(args=argv, prog_name="sharpattn", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted.", err=True)
-        return 1
+    except _Terminated:
+        click.echo("terminated.", err=True)
+        return 143
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        if isinstance(e.__cause__, _Terminated):  # click turns the interrupt into Abort
+            click.echo("terminated.", err=True)
+            return 143
+        click.echo("interrupted.", err=True)
+        return 130
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.ClickException as e:
         click.echo(f"sharpattn: error: {e.format_message()}", err=True)
         return 2
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, OverflowError) as e:
         click.echo(f"sharpattn: error: {e}", err=True)
+        return 2
+    except OSError as e:  # a path that cannot be read or written: say which and why
+        where = f" {e.filename!s}" if e.filename else ""
+        click.echo(f"sharpattn: error:{where}: {e.strerror or e}.", err=True)
+        return 2
+    except MemoryError:
+        click.echo("sharpattn: error: out of memory; choose smaller sizes.", err=True)
         return 2
     return 0
 

@@ -42,7 +42,8 @@ from ..diagnostics import Capture, capture
 from ..diagnostics.metrics import residual_peak, sink_mass, value_drain
 from ..models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
-from .runs import open_run, write_atomic, write_json
+from .checkpoint import damaged
+from .runs import open_run, read_json, write_atomic, write_json
 
 Tensor = torch.Tensor
 
@@ -264,12 +265,16 @@ def save_checkpoint(path: Path, model, opt, step: int, extra: dict | None = None
 
 def load_checkpoint(path: Path, model, opt) -> int:
     """Restore ``model`` and ``opt`` from :func:`save_checkpoint`; returns the step."""
-    raw = Path(path).read_bytes()
-    tensors = st_load(raw)
-    from safetensors import safe_open  # metadata lives in the header
+    from safetensors import SafetensorError, safe_open  # metadata lives in the header
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
+    try:
+        tensors = st_load(Path(path).read_bytes())
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+        if not meta or "step" not in meta or "param_groups" not in meta:
+            raise ValueError("no sharpattn metadata")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise damaged(path, e) from None
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict] = {}
     for k, v in tensors.items():
@@ -315,7 +320,7 @@ def train(
         "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
     }
     old = run_dir / "config.json"
-    if old.exists() and json.loads(old.read_text()) != config:
+    if old.exists() and read_json(old) != config:
         raise ValueError(
             f"{run_dir} holds a run with a different configuration; use another output folder."
         )

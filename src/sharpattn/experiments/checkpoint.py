@@ -56,12 +56,17 @@ def load_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}.")
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get(_STATE_KEY)
-        if raw is None:
-            raise ValueError(f"{path} is not a sharpattn checkpoint (no {_STATE_KEY} metadata).")
-        meta = json.loads(raw)
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(_STATE_KEY)
+            if raw is None:
+                raise ValueError(
+                    f"{path} is not a sharpattn checkpoint (no {_STATE_KEY} metadata)."
+                )
+            meta = json.loads(raw)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (safetensors.SafetensorError, json.JSONDecodeError, OSError) as e:
+        raise damaged(path, e) from None
     model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     model.load_state_dict(model_sd)
     if optimizer is not None:
@@ -76,6 +81,15 @@ def load_checkpoint(
     for name, g in (generators or {}).items():
         g.set_state(tensors[f"rng.{name}"])
     return meta["state"]
+
+
+def damaged(path: Path, error: Exception) -> ValueError:
+    """The one-sentence error for a checkpoint that cannot be read (a crash mid-write elsewhere,
+    a full disk): which file, and what to do."""
+    return ValueError(
+        f"{path} is damaged ({str(error).strip() or type(error).__name__}); delete it to restart "
+        "this run from the beginning (or restore it from a backup) and run the command again."
+    )
 
 
 def save_weights(

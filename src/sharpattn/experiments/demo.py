@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import normalizers as nz
-from .runs import open_run, write_atomic, write_json
+from .runs import check_memory, open_run, write_atomic, write_json
 
 METHODS = ("softmax", "adaptive")
 
@@ -64,8 +64,10 @@ def measure(
         raise ValueError(f"rows must be >= 1, got {rows}.")
     if any(n < 2 for n in sizes):
         raise ValueError(f"sizes must all be >= 2, got {list(sizes)}.")
-    if not margin > 0:
-        raise ValueError(f"margin must be > 0, got {margin}.")
+    if not (margin > 0 and math.isfinite(margin)):
+        raise ValueError(f"margin must be a finite number > 0, got {margin}.")
+    # float64 logits, weights and temporaries: ~8 arrays of rows × n
+    check_memory(8 * 8 * rows * max(sizes), f"{rows} rows of {max(sizes):,} logits")
     out: list[Row] = []
     for setting, m in (("bounded", None), ("margin", margin)):
         g = torch.Generator().manual_seed(seed)
@@ -150,8 +152,8 @@ def run(out: str | Path = "runs/demo", **kwargs) -> tuple[Path, list[Row]]:
     """Measure, then write config.json, metrics.json, dispersion.png and report.md into ``out``."""
     config = {"experiment": "demo", "sizes": list(kwargs.get("sizes", DEFAULT_SIZES)), **kwargs}
     config["sizes"] = [int(n) for n in config["sizes"]]
+    rows = measure(**kwargs)  # validates before anything is written
     run_dir = open_run(out, config)
-    rows = measure(**kwargs)
     write_json(run_dir / "metrics.json", [asdict(r) for r in rows])
     plot(rows, run_dir / "dispersion.png")
     report = (

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import normalizers as nz
-from .runs import open_run, write_atomic, write_json
+from .runs import check_memory, open_run, write_atomic, write_json
 
 DEFAULT_SIZES = tuple(4**k for k in range(2, 9))  # 16, 64, ..., 65536
 #: Per-method settings for this experiment (all others run at their defaults). length_scaled's
@@ -71,10 +71,12 @@ def measure(
         raise ValueError("methods must name at least one normalizer.")
     if not sizes or any(int(n) < 2 for n in sizes):
         raise ValueError(f"sizes must all be >= 2, got {list(sizes)}.")
-    if not margin > 0:
-        raise ValueError(f"margin must be > 0, got {margin}.")
+    if not (margin > 0 and math.isfinite(margin)):
+        raise ValueError(f"margin must be a finite number > 0, got {margin}.")
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}.")
+    # float64 logits, weights and a normalizer's temporaries (sorts, cumulative sums): ~8 arrays
+    check_memory(8 * 8 * rows * max(int(n) for n in sizes), f"{rows} rows of {max(sizes):,} logits")
     out: list[Row] = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:
@@ -213,8 +215,8 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         f"Logits uniform in [−1, 1], one winner at 1 + {config['margin']:g} at a random position; "
         f"{config['rows']} rows per size, seed {config['seed']}. Weight columns are means over "
         "rows; entropy is that of |w| / Σ|w|; slope is the least-squares slope of log winner "
-        "weight vs log n (−1: disperses like softmax's 1/n; 0: keeps the winner; NaN: a zero "
-        "weight). Settings other than the defaults: "
+        "weight vs log n over the sizes where it is positive (−1: disperses like softmax's 1/n; 0: "
+        "keeps the winner; \"0 from n=…\": the weight underflows to 0 there). Settings other than the defaults: "
         + (", ".join(f"{m} {p}" for m, p in METHOD_PARAMS.items()) or "none")
         + ". Stick-breaking's winner weight depends on how many items lie nearer the query than "
         "the winner, so its mean over rows is noisy and, for large n, astronomically small.\n\n"

@@ -37,7 +37,7 @@ from .. import normalizers as nz
 from ..models import SetAttention
 from ..tasks import sample_max_retrieval
 from .checkpoint import load_checkpoint, save_checkpoint, save_weights
-from .runs import open_run, write_atomic, write_json
+from .runs import open_run, read_json, write_atomic, write_json
 from .stats import paired_comparison
 
 Tensor = torch.Tensor
@@ -358,7 +358,7 @@ def evaluate_seed(
 ) -> dict[str, dict[int, float]]:
     """Accuracy per method and size for ``seed``, cached in its eval.json."""
     path = seed_dir(run, seed) / "eval.json"
-    cache: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+    cache: dict[str, float] = read_json(path) if path.is_file() else {}
     model = None
     out: dict[str, dict[int, float]] = {label: {} for label in methods}
     for i, size in enumerate(config.sizes):
@@ -424,9 +424,13 @@ def run_seeds(run: Path, config: Config, progress: ProgressFn | None = None) -> 
             results[seed] = _train_and_evaluate(run, config, seed, progress)
         return results
     import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
 
     ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager, ProcessPoolExecutor(config.workers, mp_context=ctx) as pool:
+    manager = SyncManager(ctx=ctx)
+    manager.start(die_with_parent)
+    pool = ProcessPoolExecutor(config.workers, mp_context=ctx, initializer=die_with_parent)
+    try:
         queue = manager.Queue()
         futures = {
             pool.submit(_seed_job, str(run), asdict(config), seed, queue): seed
@@ -444,7 +448,42 @@ def run_seeds(run: Path, config: Config, progress: ProgressFn | None = None) -> 
             time.sleep(0.05)
         while not queue.empty() and progress is not None:
             progress(queue.get())
+    except BaseException:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
+        # stop the workers now rather than wait for their seeds to finish; checkpoints resume
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        manager.shutdown()
     return dict(sorted(results.items()))
+
+
+def die_with_parent() -> None:
+    """In a worker process: exit when the parent dies, even by ``kill -9`` (Linux asks the kernel
+    to send SIGTERM then; elsewhere a thread polls the parent's pid)."""
+    import signal
+    import sys
+
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -683,8 +722,8 @@ def read_config(run: Path) -> Config:
     path = Path(run) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{run} is not a max-retrieval run folder (no config.json).")
-    data = json.loads(path.read_text())
-    if data.pop("experiment", None) != "max-retrieval":
+    data = read_json(path)
+    if not isinstance(data, dict) or data.pop("experiment", None) != "max-retrieval":
         raise ValueError(f"{run} is not a max-retrieval run folder (its config.json is another's).")
     return Config(**data)
 
@@ -869,9 +908,7 @@ def write_report(run: Path) -> Path:
     """report.md from what the run folder holds (Table 1, refit table, figures, speed)."""
     run = Path(run)
     config = read_config(run)
-    summary = (
-        json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
-    )
+    summary = read_json(run / "summary.json") if (run / "summary.json").is_file() else {}
     parts = [
         "# Max retrieval (Veličković et al., *Softmax is not Enough*, App. A, Table 1)\n",
         f"{config.seeds} seed(s) × {config.steps:,} Adam steps (lr {config.lr:g}, batch {config.batch}, "
@@ -891,7 +928,7 @@ def write_report(run: Path) -> Path:
         if (run / f"{name}.md").is_file():
             parts.append(f"## {title}\n\n{(run / f'{name}.md').read_text()}")
     if (run / "fit_temperature.json").is_file():
-        fit = json.loads((run / "fit_temperature.json").read_text())
+        fit = read_json(run / "fit_temperature.json")
         coeffs = ", ".join(f"{c:.4g}" for c in fit["coefficients"])
         parts.append(
             f"Refitted β(H) = polyval([{coeffs}], H) from {fit['samples']:,} sets "

@@ -16,6 +16,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -27,6 +28,39 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_json(path: Path) -> Any:
+    """Parse the JSON file ``path``; a damaged file raises ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+            "fix or delete it."
+        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a UTF-8 text file; fix or delete it.") from None
+
+
+def check_memory(nbytes: float, what: str) -> None:
+    """Refuse, before any work, a computation that needs more than this machine's memory."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return
+    if nbytes > total:
+        raise ValueError(
+            f"{what} needs about {nbytes / 2**30:,.0f} GiB, more than this machine's "
+            f"{total / 2**30:,.0f} GiB of memory; choose smaller sizes."
+        )
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
@@ -34,7 +68,21 @@ def write_json(path: Path, obj: Any) -> None:
 
 def open_run(out: str | Path, config: dict[str, Any]) -> Path:
     """Create (or reuse) the run folder ``out`` and record ``config`` in its config.json."""
-    run = Path(out)
-    run.mkdir(parents=True, exist_ok=True)
+    run = make_dir(out)
     write_json(run / "config.json", config)
+    return run
+
+
+def make_dir(out: str | Path) -> Path:
+    """Create the folder ``out`` (and its parents); an unusable path raises ``ValueError`` in one
+    sentence (a file in the way, no permission, a symlink loop)."""
+    run = Path(out)
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        probe = run / ".sharpattn-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ValueError(f"cannot use {str(run)!r} as a run folder: {reason.lower()}.") from None
     return run

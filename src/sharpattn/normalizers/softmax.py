@@ -63,7 +63,14 @@ def resolve_coefficients(coefficients: str | Sequence[float] | Path) -> tuple[fl
                 f"coefficients {str(coefficients)!r} are neither a known set "
                 f"({', '.join(COEFFICIENTS)}) nor an existing JSON file."
             )
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not a valid JSON file of coefficients ({e}).") from None
+        if isinstance(data, dict) and "coefficients" not in data:
+            raise ValueError(
+                f'{path} has no "coefficients" entry: expected {{"coefficients": [...]}} or a list.'
+            )
         coefficients = data["coefficients"] if isinstance(data, dict) else data
     try:
         values = tuple(float(c) for c in coefficients)

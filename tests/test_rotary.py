@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from precision import assert_close, tolerance
+from precision import assert_close
 from sharpattn import MultiheadAttention
 from sharpattn.attention.rotary import apply_rotary
 from sharpattn.models.transformer import Transformer, TransformerConfig
@@ -56,9 +56,10 @@ def test_rotary_preserves_norms_and_scores_are_relative():
             qm = apply_rotary(q.view(1, 16), torch.tensor([float(m)]))[0]
             kn = apply_rotary(k.view(1, 16), torch.tensor([float(m + delta)]))[0]
             scores.append(float(qm @ kn))
-        # equal up to rounding: angles of up to 4300 rad in float64, dot products of width 16
-        tol = tolerance(torch.float64, n=16, magnitude=float(q.norm() * k.norm()) * 4300)
-        assert np.ptp(scores) <= tol
+        # equal up to rounding: angles of up to 4300 rad in float64 (an angle's error ε·4300
+        # moves a score by that times |q||k|), dot products of width 16
+        mag = float(q.norm() * k.norm()) * 4300
+        assert_close(scores, [scores[0]] * len(scores), dtype=torch.float64, n=16, magnitude=mag)
     # ...and does depend on it
     s0 = apply_rotary(q.view(1, 16), torch.tensor([0.0]))[0] @ k
     s1 = (
@@ -120,7 +121,7 @@ def test_rotary_transformer_runs_at_4x_context_and_is_causal():
     assert out.shape == (2, 64, 20) and torch.isfinite(out).all()
     idx2 = idx.clone()
     idx2[:, 40:] = (idx2[:, 40:] + 1) % 20
-    torch.testing.assert_close(model(idx2)[:, :40], out[:, :40])
+    assert torch.equal(model(idx2)[:, :40], out[:, :40])  # causal: exactly, not approximately
     with pytest.raises(ValueError, match="max_len"):
         lm("learned")(idx)
     with pytest.raises(ValueError, match="positions"):
@@ -165,4 +166,4 @@ def test_capture_records_the_rotated_scores_and_weights():
     with torch.no_grad():
         h = model.layers[0](model.tok_emb(idx))
         _, weights = mha(model.layers[1].ln_attn(h), return_weights=True)
-    torch.testing.assert_close(cap["layers.1.attn.weights"], weights)
+    assert torch.equal(cap["layers.1.attn.weights"], weights)  # the same computation, recorded

@@ -112,3 +112,20 @@ def test_every_method_runs_on_smollm2(smol, method):
     assert torch.isfinite(logits[batch["attention_mask"].bool()]).all()
     assert out.shape == (2, batch["input_ids"].shape[1] + 1)
     net.set_attn_implementation("eager")
+
+
+def test_capture_on_smollm2_matches_eager_attentions(smol):
+    from sharpattn.diagnostics import capture
+
+    net, tok = smol
+    net.set_attn_implementation("eager")
+    enc = tok(TEXTS[1], return_tensors="pt")
+    with torch.no_grad():
+        ref = net(**enc, output_attentions=True).attentions
+        with capture(net, layers=[0, 29]) as cap:
+            net(**enc)
+    assert net.config._attn_implementation == "eager"  # restored
+    for layer in (0, 29):
+        w = cap[f"layers.{layer}.attn.weights"]
+        # softmax weights of float32 scores from a head_dim = 64 dot product, two implementations
+        assert_close(w, ref[layer], n=64, magnitude=1.0)

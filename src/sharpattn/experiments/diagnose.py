@@ -81,7 +81,9 @@ def load(model: str | None):
     transformers.utils.logging.disable_progress_bar()
     path, label = resolve_model(model)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    causal = any(
+    from ..integrations import pretrained
+
+    causal = pretrained.canonical(model or "") == pretrained.SMOLLM2 or any(
         a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in config.architectures or []
     )
     cls = AutoModelForCausalLM if causal else AutoModel

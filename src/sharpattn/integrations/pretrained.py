@@ -92,6 +92,7 @@ def smollm2_path() -> Path:
     for attr in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, attr):
             delattr(config, attr)
+    config.architectures = [type(net).__name__]  # GGUF configs lack it: LlamaForCausalLM
     config.save_pretrained(tmp)
     if getattr(net, "generation_config", None) is not None:
         net.generation_config.save_pretrained(tmp)

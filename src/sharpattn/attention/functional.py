@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -22,6 +24,27 @@ IMPLS = ("auto", "fused", "chunked", "naive")
 NAIVE_MAX_ELEMENTS = 2**24
 
 _FUSED = FUSED  # registry ``fused`` name -> fused implementation (see attention/fused.py)
+
+#: The one observation point of attention (used by :mod:`sharpattn.diagnostics.capture`): when
+#: set, every :func:`attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
+#: method=, params=)``, where q, k, v are what the normalizer saw (after selective temperatures)
+#: and ``out`` ``[B, H, Lq, Dv]`` may be replaced (e.g. a head zeroed). Set it with
+#: :func:`observe`; sharpattn's ``MultiheadAttention`` and the Hugging Face integration both
+#: call :func:`attend`, so one observer sees both.
+_observer: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
+    "sharpattn_attend_observer", default=None
+)
+
+
+def observe(observer: Callable | None) -> contextvars.Token:
+    """Install ``observer`` for :func:`attend` calls in this context; returns the token for
+    :func:`stop_observing`."""
+    return _observer.set(observer)
+
+
+def stop_observing(token: contextvars.Token) -> None:
+    """Restore the observer that was active before :func:`observe` returned ``token``."""
+    _observer.reset(token)
 
 
 def causal_mask(lq: int, lk: int, device=None) -> Tensor:
@@ -170,6 +193,11 @@ def attend(
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
     if check_finite:
         _check_output(out, entry.name)
+    observer = _observer.get()
+    if observer is not None:
+        out = observer(
+            q, k, v, out, mask=mask, causal=causal, scale=scale, method=entry.name, params=params
+        )
 
     result = (out,)
     if return_weights:

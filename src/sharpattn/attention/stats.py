@@ -20,7 +20,7 @@ class AttentionStats:
         non-negative weights the Shannon entropy; for ``signed``, whose weights can be negative
         (Σ_j |w_ij| = 1), the entropy of their magnitudes, the distribution it samples keys by.
     mass: Σ_j w_ij (1 for the softmax family; < 1 for sinks, whose missing mass is
-        :attr:`sink_mass`; 0 for rows that see no key).
+        :attr:`leftover_mass`; 0 for rows that see no key).
     visible: n_i, the number of keys row i may attend to.
     lse: fused softmax-family paths only: log Σ_j exp(ℓ_ij) over the visible keys, ℓ the logits
         that made the output (s/θ, β·s, s·log n, ...; plain s for sinks); −inf (the log of an
@@ -40,8 +40,10 @@ class AttentionStats:
     softmax_entropy: Tensor | None = None
 
     @property
-    def sink_mass(self) -> Tensor:
-        """1 − Σ_j w_ij: the attention a row puts on no key (the sink's "null attention")."""
+    def leftover_mass(self) -> Tensor:
+        """1 − Σ_j w_ij: the attention a row puts on no key (a sink normalizer's "null
+        attention"). Not :func:`sharpattn.diagnostics.sink_mass`, the mean weight Ā_j a key
+        receives (Guo et al.)."""
         return 1.0 - self.mass
 
 

@@ -1,18 +1,17 @@
 """Diagnostics: capture attention internals and measure dispersion and extreme tokens."""
 
-from .capture import Capture, capture
+from .capture import Capture, capture, head_ablation
 from .metrics import (
     classify_heads,
     dispersion_horizon,
-    head_ablation,
     head_logit_spread,
     logit_spread,
     norm_ratio,
     residual_peak,
-    row_stats,
     sink_mass,
     sink_tokens,
     value_drain,
+    weight_stats,
 )
 
 __all__ = [
@@ -25,7 +24,7 @@ __all__ = [
     "logit_spread",
     "norm_ratio",
     "residual_peak",
-    "row_stats",
+    "weight_stats",
     "sink_mass",
     "sink_tokens",
     "value_drain",

@@ -24,16 +24,16 @@ and patch is removed when the ``with`` block ends, also on error.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from .. import normalizers as nz
 from ..attention import MultiheadAttention
-from ..attention.functional import causal_mask
-from .metrics import logit_spread, row_stats
+from ..attention.functional import causal_mask, observe, stop_observing
+from .metrics import logit_spread, weight_stats
 
 Tensor = torch.Tensor
 
@@ -64,6 +64,7 @@ class Capture:
         self._undo: list = []
         self._index: dict[int, int] = {}  # id(attention module) -> layer index
         self._out_weight: dict[int, Tensor | None] = {}
+        self._running: list[nn.Module] = []  # the attention modules whose forward is running
 
     # ---- access -------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Tensor:
@@ -127,82 +128,45 @@ class Capture:
         for m in modules:
             self._out_weight[id(m)] = _output_projection(self.model, m)
             self.values_projected[self._index[id(m)]] = self._out_weight[id(m)] is not None
-        if own:
-            for m in own:
-                h = m.register_forward_hook(self._mha_hook, with_kwargs=True)
-                self._undo.append(h.remove)
-                if any(layer == self._index[id(m)] for layer, _ in self.ablate):
-                    h2 = m.out_proj.register_forward_pre_hook(self._mha_ablate(m))
-                    self._undo.append(h2.remove)
-        else:
-            self._install_hf()
+        for m in modules:  # which attention module (layer) is running when attend() is called
+            h1 = m.register_forward_pre_hook(self._enter_module)
+            h2 = m.register_forward_hook(self._leave_module, always_call=True)
+            self._undo += [h1.remove, h2.remove]
+        if not own:
+            self._use_sharpattn_attention()
+        token = observe(self._observe)  # the one observation point: the end of attend()
+        self._undo.append(lambda: stop_observing(token))
         for layer, block in blocks.items():
             h = block.register_forward_hook(self._resid_hook(layer))
             self._undo.append(h.remove)
 
-    def _install_hf(self) -> None:
+    def _use_sharpattn_attention(self) -> None:
+        """Hugging Face models: eager / sdpa / flash all compute softmax attention; switch to
+        sharpattn's (which calls attend) while capturing."""
         from ..integrations import hf
 
         hf.register_all()
         config = self.model.config
         previous = config._attn_implementation
         if not str(previous).startswith(hf.PREFIX):
-            # eager / sdpa / flash all compute softmax attention: capture through sharpattn's.
             self.model.set_attn_implementation(hf.implementation_name("softmax"))
             self._undo.append(lambda: self.model.set_attn_implementation(previous))
-        token = hf._observer.set(self._hf_observer)
-        self._undo.append(lambda: hf._observer.reset(token))
 
     # ---- hooks --------------------------------------------------------------------------------
-    def _hf_observer(self, module, q, k, v, mask, causal, scale, method, params, out):
-        layer = self._index.get(id(module))
-        if layer is None:
+    def _enter_module(self, module, _args):
+        self._running.append(module)
+
+    def _leave_module(self, module, _args, _output):
+        if self._running and self._running[-1] is module:
+            self._running.pop()
+
+    def _observe(self, q, k, v, out, *, mask, causal, scale, method, params):
+        module = self._running[-1] if self._running else None
+        layer = None if module is None else self._index.get(id(module))
+        if layer is None:  # an attend() call outside the captured attention modules
             return out
         self._record(layer, module, q, k, v, mask, causal, scale, method, params)
         return self._zero_heads(layer, out, head_dim=1)
-
-    def _mha_hook(self, module, args, kwargs, output):
-        layer = self._index[id(module)]
-        if self.layers is not None and layer not in self.layers:
-            return None
-        query = args[0] if args else kwargs["query"]
-        key = args[1] if len(args) > 1 else kwargs.get("key")
-        value = args[2] if len(args) > 2 else kwargs.get("value")
-        key = query if key is None else key
-        value = key if value is None else value
-        b, lq, _ = query.shape
-        lk = key.shape[1]
-        h, hkv, hd = module.num_heads, module.num_kv_heads, module.head_dim
-        with torch.no_grad():
-            q = module.q_proj(query).view(b, lq, h, hd).transpose(1, 2)
-            k = module.k_proj(key).view(b, lk, hkv, hd).transpose(1, 2)
-            v = module.v_proj(value).view(b, lk, hkv, hd).transpose(1, 2)
-            q, k = module.rotate(q, k)  # rotary positions (identity without them)
-        mask = kwargs.get("mask")
-        key_mask = kwargs.get("key_mask")
-        if key_mask is not None:
-            km = key_mask[:, None, None, :]
-            mask = km if mask is None else mask & km
-        causal = kwargs.get("causal")
-        causal = module.causal if causal is None else causal
-        params = dict(module.method_params)
-        for name, p in module.normalizer_params.items():
-            params[name] = p.detach().view(1, h, 1, 1)
-        self._record(
-            layer, module, q, k, v, mask, causal, 1.0 / math.sqrt(hd), module.method, params
-        )
-        return None
-
-    def _mha_ablate(self, module):
-        layer = self._index[id(module)]
-
-        def pre_hook(_lin, args):
-            x = args[0]  # (B, Lq, H·hd)
-            b, lq, _ = x.shape
-            x = x.view(b, lq, module.num_heads, module.head_dim)
-            return (self._zero_heads(layer, x, head_dim=2).reshape(b, lq, -1),) + tuple(args[1:])
-
-        return pre_hook
 
     def _zero_heads(self, layer: int, out: Tensor, head_dim: int) -> Tensor:
         heads = [h for lay, h in self.ablate if lay == layer]
@@ -270,7 +234,7 @@ class Capture:
                 ~allowed[:, :, sl], float("-inf")
             )
             w = entry.fn(s, allowed[:, :, sl], **params)
-            for key, val in row_stats(w).items():
+            for key, val in weight_stats(w).items():
                 stats[key].append(val)
             stats["spread"].append(logit_spread(s))
             # Ā_j numerator: Σ_{i >= j} A_ij (query i's position among the keys: i + Lk − Lq)
@@ -297,6 +261,32 @@ class Capture:
 def capture(model: nn.Module, **kwargs) -> Capture:
     """``with capture(model) as cap: model(x)``; see :class:`Capture`."""
     return Capture(model, **kwargs)
+
+
+def head_ablation(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, object], Tensor],
+    domains: Mapping[str, Iterable],
+    heads: Iterable[tuple[int, int]],
+) -> dict[str, dict[tuple[int, int], float]]:
+    """Active/dormant test: loss(head (L, h) zeroed) − loss(intact), mean over each domain's inputs.
+
+    ``loss_fn(model, x)`` returns a scalar loss for one input ``x``; zeroing uses
+    :func:`sharpattn.diagnostics.capture` (``ablate``). A head whose removal barely changes the
+    loss on a domain is dormant there, one whose removal hurts is active (Guo et al., §3.1).
+    """
+    heads = [(int(a), int(b)) for a, b in heads]
+    out: dict[str, dict[tuple[int, int], float]] = {}
+    with torch.no_grad():
+        for domain, inputs in domains.items():
+            inputs = list(inputs)
+            base = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
+            out[domain] = {}
+            for head in heads:
+                with capture(model, ablate={head}, layers=()):
+                    loss = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
+                out[domain][head] = loss - base
+    return out
 
 
 def _hf_attention_modules(model: nn.Module) -> list[nn.Module]:

@@ -5,13 +5,15 @@ is at most e^{δ/θ}/n, so beyond n* = e^{δ/θ}/ε items every weight is below 
 Extreme tokens (Guo et al., Active-Dormant Attention Heads, Fig. 25 and §1): sink mass
 Ā_j = (1/(n−j)) Σ_{i≥j} A_ij, sink tokens = the top-2 by Ā, value-state drain
 ‖Val_sink‖ / mean ‖Val_other‖, residual-state peak ‖Res_sink‖ / mean ‖Res_other‖, and active vs
-dormant heads by the change in loss when a head's output is zeroed.
+dormant heads by the change in loss when a head's output is zeroed (that test runs the model:
+:func:`sharpattn.diagnostics.capture.head_ablation`). Pure functions of tensors; nothing here
+imports the capture machinery.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -20,7 +22,7 @@ from ..normalizers.stats import effective_support, entropy, max_weight
 Tensor = torch.Tensor
 
 
-def row_stats(weights: Tensor) -> dict[str, Tensor]:
+def weight_stats(weights: Tensor) -> dict[str, Tensor]:
     """Per query row ``[..., Lq]``: entropy, max weight and effective support (normalizers.stats)."""
     return {
         "entropy": entropy(weights),
@@ -111,34 +113,6 @@ def value_drain(value_norms: Tensor, sink: Tensor | int) -> Tensor:
 def residual_peak(residual: Tensor, sink: Tensor | int) -> Tensor:
     """Residual-state peak ‖Res_sink‖ / mean ‖Res_other‖ (residual states ``[..., n, d]``)."""
     return norm_ratio(residual.double().norm(dim=-1), sink)
-
-
-def head_ablation(
-    model: torch.nn.Module,
-    loss_fn: Callable[[torch.nn.Module, object], Tensor],
-    domains: Mapping[str, Iterable],
-    heads: Iterable[tuple[int, int]],
-) -> dict[str, dict[tuple[int, int], float]]:
-    """Active/dormant test: loss(head (L, h) zeroed) − loss(intact), mean over each domain's inputs.
-
-    ``loss_fn(model, x)`` returns a scalar loss for one input ``x``; zeroing uses
-    :func:`sharpattn.diagnostics.capture` (``ablate``). A head whose removal barely changes the
-    loss on a domain is dormant there, one whose removal hurts is active (Guo et al., §3.1).
-    """
-    from .capture import capture
-
-    heads = [(int(a), int(b)) for a, b in heads]
-    out: dict[str, dict[tuple[int, int], float]] = {}
-    with torch.no_grad():
-        for domain, inputs in domains.items():
-            inputs = list(inputs)
-            base = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
-            out[domain] = {}
-            for head in heads:
-                with capture(model, ablate={head}, layers=()):
-                    loss = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
-                out[domain][head] = loss - base
-    return out
 
 
 def classify_heads(delta: Mapping[tuple[int, int], float], threshold: float) -> dict:

@@ -49,6 +49,12 @@ def resolve_model(model: str | None) -> tuple[str, str]:
                 "all-MiniLM-L6-v2)."
             ) from None
         return str(get_model_path()), "all-MiniLM-L6-v2 (packaged)"
+    from ..integrations import pretrained
+
+    if pretrained.canonical(model) is not None:  # smollm2 (de-quantized, cached) or minilm
+        key = pretrained.canonical(model)
+        label = "SmolLM2-135M-Instruct" if key == pretrained.SMOLLM2 else "all-MiniLM-L6-v2"
+        return str(pretrained.model_path(key)), label
     if Path(model).exists():
         if not (Path(model) / "config.json").is_file():
             raise ValueError(f"{model} is not a Hugging Face model folder (no config.json).")
@@ -75,7 +81,9 @@ def load(model: str | None):
     transformers.utils.logging.disable_progress_bar()
     path, label = resolve_model(model)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    causal = any(
+    from ..integrations import pretrained
+
+    causal = pretrained.canonical(model or "") == pretrained.SMOLLM2 or any(
         a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in config.architectures or []
     )
     cls = AutoModelForCausalLM if causal else AutoModel
@@ -130,6 +138,28 @@ def probe(tok, net, layers: list[int], max_items: int, repeats: int, seed: int, 
     return sizes, out
 
 
+SINK_THRESHOLD = (
+    0.3  # a head "has a sink" on token j if its mean weight on j exceeds this (Gu et al.)
+)
+
+
+def code_sample(min_chars: int = 12_000) -> str:
+    """Python's own standard-library source (present on every machine): the code domain."""
+    import inspect
+    import textwrap as module
+
+    try:
+        text = inspect.getsource(module)
+    except (OSError, TypeError):  # a stdlib shipped without sources: the packaged sample
+        return SAMPLES["code"]
+    return text[:min_chars]
+
+
+def domain_texts() -> dict[str, str]:
+    """``{"prose": ..., "code": ...}``: the packaged prose sample and stdlib code."""
+    return {"prose": SAMPLES["prose"], "code": code_sample()}
+
+
 def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], Any]:
     """Per layer: δ per head, top sink tokens, sink mass, value drain, residual peak.
 
@@ -154,10 +184,18 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
             "layer_sink": layer_sink,
             "layer_sink_token": tokens[layer_sink],
         }
+        # the share of heads with a sink: mean weight on some token above SINK_THRESHOLD
+        entry["sink_share"] = float((mass.max(-1).values > SINK_THRESHOLD).float().mean())
         if f"layers.{layer}.resid_post" in cap:
-            entry["residual_peak"] = float(
-                residual_peak(cap[f"layers.{layer}.resid_post"][0], layer_sink)
-            )
+            resid = cap[f"layers.{layer}.resid_post"][0]
+            entry["residual_peak"] = float(residual_peak(resid, layer_sink))
+            # massive activations (Sun et al. 2024): the top |activation| of the layer's output,
+            # against the median |activation|
+            flat = resid.abs().flatten()
+            top = torch.topk(flat, 3).values
+            entry["massive_top"] = top.tolist()
+            entry["massive_ratio"] = float(top[0] / flat.median().clamp_min(1e-12))
+            entry["massive_token"] = int(flat.argmax()) // resid.shape[-1]
         layers.append(entry)
     return {
         "tokens": len(tokens),
@@ -283,6 +321,7 @@ def run(
     threads: int | None = 1,
     ablation: bool = True,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
+    ablation_tokens: int = 256,
     **method_params,
 ) -> tuple[Path, dict[str, Any]]:
     """Run the four diagnostics and write report.md, PNGs and metrics.json into ``out``.
@@ -296,13 +335,13 @@ def run(
         torch.set_num_threads(threads)
     try:
         return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
-                    ablation, progress, method_params)  # fmt: skip
+                    ablation, progress, method_params, ablation_tokens)  # fmt: skip
     finally:
         torch.set_num_threads(before)
 
 
 def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
-         progress, method_params):  # fmt: skip
+         progress, method_params, ablation_tokens=256):  # fmt: skip
     from .. import normalizers as nz
     from ..integrations import hf
 
@@ -328,8 +367,10 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     # (b), (c)
     step = tick("extreme tokens", 2)
     extreme, encoded = {}, {}
-    for domain, text in SAMPLES.items():
+    for domain, text in domain_texts().items():
         extreme[domain], encoded[domain] = extreme_tokens(tok, net, text, kind == "causal-lm")
+        # the active/dormant test runs one forward pass per head: on the first ablation_tokens
+        encoded[domain] = {k: v[:, :ablation_tokens] for k, v in encoded[domain].items()}
         step()
     heads = [
         (layer, h)
@@ -390,6 +431,18 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
             for d in ablation
         }
         summary["dormant_heads"] = {d: f"{n}/{len(heads)}" for d, n in dormant.items()}
+        # Guo et al. Fig. 8b: heads active (loss change > threshold) on one domain, dormant on the other
+        if {"code", "prose"} <= set(ablation):
+            c, p = ablation["code"], ablation["prose"]
+            summary["active_code_dormant_prose"] = [
+                [layer, h] for layer, h in heads
+                if c[layer][h] > dormant_threshold and p[layer][h] <= dormant_threshold
+            ]  # fmt: skip
+            summary["active_prose_dormant_code"] = [
+                [layer, h] for layer, h in heads
+                if p[layer][h] > dormant_threshold and c[layer][h] <= dormant_threshold
+            ]  # fmt: skip
+        summary["ablation_tokens"] = ablation_tokens
     else:
         summary["dormant_heads"] = {d: "not measured" for d in SAMPLES}
     summary["dormant_threshold"] = dormant_threshold
@@ -467,15 +520,23 @@ def report(metrics: dict, probe_layers: list[int]) -> str:
         lines += [
             f"### {domain} ({res['tokens']} tokens)",
             "",
-            "| layer | sink token | mean Ā of top sink | value drain (mean) | residual peak | "
+            "| layer | sink token | heads with a sink (Ā > 0.3) | mean Ā of top sink | "
+            "value drain (mean) | residual peak | top activation (× median) | "
             "max loss change, head zeroed |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for layer, x in enumerate(res["layers"]):
+            massive = (
+                f"{x['massive_top'][0]:.1f} ({x['massive_ratio']:.0f}×, token {x['massive_token']})"
+                if "massive_top" in x
+                else "-"
+            )
             lines.append(
                 f"| {layer} | {x['layer_sink']} `{x['layer_sink_token']}` | "
+                f"{x['sink_share']:.2f} | "
                 f"{_mean(x['sink_mass_top']):.3f} | {_mean(x['value_drain']):.3f} | "
-                f"{x.get('residual_peak', float('nan')):.3f} | {_max_or_dash(metrics['ablation'], domain, layer)} |"
+                f"{x.get('residual_peak', float('nan')):.3f} | {massive} | "
+                f"{_max_or_dash(metrics['ablation'], domain, layer)} |"
             )
         lines.append("")
     lines.append(
@@ -483,4 +544,9 @@ def report(metrics: dict, probe_layers: list[int]) -> str:
         + ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items())
         + "."
     )
+    for key, text in (("active_code_dormant_prose", "active on code, dormant on prose"),
+                      ("active_prose_dormant_code", "active on prose, dormant on code")):  # fmt: skip
+        if key in s:
+            heads = ", ".join(f"L{a}H{b}" for a, b in s[key]) or "none"
+            lines.append(f"\nHeads {text} (Guo et al. Fig. 8b): {heads}.")
     return "\n".join(lines) + "\n"

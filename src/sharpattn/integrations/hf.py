@@ -48,7 +48,6 @@ and the learned temperatures.
 
 from __future__ import annotations
 
-import contextvars
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,11 +76,6 @@ SELECTIVE_ATTR = "sharpattn_selective"  # ModuleDict "q"/"k"/"v" -> Temperature
 _X_ATTR = "_sharpattn_x"  # the attention module's input during its forward (MLP temperatures)
 _HOOKS_ATTR = "_sharpattn_hooks"
 SELECTIVE = "selective"
-
-#: Observer of every sharpattn attention call (used by :mod:`sharpattn.diagnostics.capture`): a
-#: callable ``observer(module, q, k, v, mask, causal, scale, method, params, out) -> out`` that may
-#: replace the output ``out`` (B, H, Lq, Dv), e.g. to zero a head.
-_observer: contextvars.ContextVar = contextvars.ContextVar("sharpattn_hf_observer", default=None)
 
 _registered: set[str] = set()
 
@@ -195,13 +189,11 @@ def _make_attention(method: str):
             return_weights=want_weights, **params,
         )  # fmt: skip
         out, weights = result if want_weights else (result, None)
+        # (attend is where sharpattn.diagnostics.capture observes; capture runs in eval mode)
         if dropout > 0 and module.training:  # dropout on the weights, as transformers' eager does
             rep = query.shape[1] // value.shape[1]
             v = value.repeat_interleave(rep, dim=1) if rep > 1 else value
             out = torch.matmul(nn.functional.dropout(weights, p=dropout).to(v.dtype), v)
-        observer = _observer.get()
-        if observer is not None:
-            out = observer(module, query, key, value, mask, causal, scale, entry_name, params, out)
         return out.transpose(1, 2).contiguous(), weights
 
     sharpattn_attention_forward.__name__ = f"sharpattn_{method}_attention_forward"

@@ -1,0 +1,325 @@
+"""Studies on a real decoder LLM (SmolLM2-135M, offline): Fig. 3 of *Softmax is not Enough* on the
+model, and whether adaptive temperature helps it at inference.
+
+- :func:`max_study`: prompts asking for the maximum of n numbers (n = 2 … 512). Per n: the entropy
+  of every layer's attention at the answer position (mean over heads and prompts; the paper:
+  layer 0's entropy rises with n) and the model's accuracy at naming the maximum (greedy decoding),
+  for softmax, adaptive temperature (both coefficient sets) and training-free length scaling
+  (``ssmax``, ``length_scaled`` at fixed parameters), with exact McNemar tests of each method
+  against softmax over the same prompts.
+- :func:`perplexity_study`: the cost on ordinary text: perplexity of each method on held-out text
+  at 256 … 2,048 tokens.
+
+No method is trained: every one is applied to the pretrained weights with
+:func:`sharpattn.hf.apply`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..diagnostics import capture
+from .runs import open_run, write_atomic, write_json
+
+#: A three-shot completion prompt: SmolLM2-135M-Instruct does not answer the paper's one-line
+#: question (nor its chat-template form) with a number, but continues this pattern with one.
+PROMPT = (
+    "Find the largest number.\nNumbers: 3, 17, 5\nLargest: 17\nNumbers: 42, 8, 29, 11\n"
+    "Largest: 42\nNumbers: 6, 61, 70, 15, 2\nLargest: 70\nNumbers: {seq}\nLargest:"
+)
+TRAIN_CONTEXT = 2048  # SmolLM2's pre-training context
+#: (label, method, fixed parameters). ssmax with s = 1/log 2048 equals softmax at n = 2048 keys
+#: and flattens attention below it; length_scaled with c = 0.05 sharpens by 1 + 0.05·log n.
+METHODS: list[tuple[str, str, dict[str, Any]]] = [
+    ("softmax", "softmax", {}),
+    ("adaptive (icml)", "adaptive", {"coefficients": "icml"}),
+    ("adaptive (arxiv)", "adaptive", {"coefficients": "arxiv"}),
+    ("ssmax s=1/log 2048", "ssmax", {"s": 1.0 / math.log(TRAIN_CONTEXT)}),
+    ("length_scaled c=0.05", "length_scaled", {"c": 0.05}),
+]
+QUICK_SIZES = [2, 4, 8, 16, 32, 64, 128]
+FULL_SIZES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def max_prompts(n: int, count: int, seed: int) -> list[tuple[str, int]]:
+    """``count`` prompts of n random integers in [0, 100) with a unique maximum: (text, answer)."""
+    g = torch.Generator().manual_seed(seed * 100_003 + n)
+    out = []
+    while len(out) < count:
+        xs = torch.randint(0, 100, (n,), generator=g).tolist()
+        if xs.count(max(xs)) == 1 or n == 1:
+            out.append((PROMPT.format(seq=", ".join(map(str, xs))), max(xs)))
+    return out
+
+
+def _answer(text: str) -> int | None:
+    m = re.search(r"-?\d+", text)
+    return int(m.group()) if m else None
+
+
+def _set_method(net, method: str, params: dict[str, Any]) -> None:
+    from ..integrations import hf
+
+    hf.apply(net, method, **params)
+
+
+def max_study(
+    net,
+    tok,
+    sizes: list[int],
+    prompts: int,
+    seed: int = 0,
+    methods=None,
+    entropy: bool = True,
+    tick: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Accuracy per method and n, and (softmax) per-layer entropy at the answer position."""
+    from scipy.stats import binomtest
+
+    methods = METHODS if methods is None else methods
+    limit = int(net.config.max_position_embeddings)
+    correct: dict[str, dict[int, list[int]]] = {label: {} for label, _, _ in methods}
+    ent: dict[int, list[float]] = {}
+    tokens: dict[int, float] = {}
+    cpu = {}
+    for label, method, params in methods:
+        _set_method(net, method, params)
+        start = time.process_time()
+        for n in sizes:
+            row = []
+            ent_sum = None
+            lengths = []
+            for text, answer in max_prompts(n, prompts, seed):
+                enc = tok(text, return_tensors="pt")
+                length = enc["input_ids"].shape[1]
+                if length + 4 > limit:
+                    raise ValueError(
+                        f"n = {n} needs {length} tokens, beyond the context ({limit})."
+                    )
+                lengths.append(length)
+                with torch.no_grad():
+                    gen = net.generate(
+                        **enc, max_new_tokens=3, do_sample=False, pad_token_id=tok.eos_token_id
+                    )
+                row.append(int(_answer(tok.decode(gen[0, length:])) == answer))
+                if entropy and method == "softmax":
+                    with torch.no_grad(), capture(net, full_until=0, query_block=512) as cap:
+                        net(**enc)
+                    e = torch.tensor(
+                        [
+                            float(cap[f"layers.{layer}.attn.entropy"][0, :, -1].mean())
+                            for layer in range(cap.num_layers)
+                        ]
+                    )
+                    ent_sum = e if ent_sum is None else ent_sum + e
+            correct[label][n] = row
+            tokens[n] = sum(lengths) / len(lengths)
+            if ent_sum is not None:
+                ent[n] = (ent_sum / prompts).tolist()
+            if tick:
+                tick()
+        cpu[label] = time.process_time() - start
+    accuracy = {
+        label: {n: sum(r) / len(r) for n, r in rows.items()} for label, rows in correct.items()
+    }
+    tests = {}
+    base = correct[methods[0][0]]
+    for label, rows in correct.items():
+        if label == methods[0][0]:
+            continue
+        a = [x for n in sizes for x in rows[n]]
+        b = [x for n in sizes for x in base[n]]
+        better = sum(1 for x, y in zip(a, b, strict=True) if x > y)
+        worse = sum(1 for x, y in zip(a, b, strict=True) if x < y)
+        p = binomtest(better, better + worse, 0.5).pvalue if better + worse else 1.0
+        tests[label] = {
+            "better": better,
+            "worse": worse,
+            "p_mcnemar": p,
+            "accuracy": sum(a) / len(a),
+            "softmax_accuracy": sum(b) / len(b),
+        }
+    return {
+        "sizes": sizes,
+        "prompts": prompts,
+        "tokens": tokens,
+        "accuracy": accuracy,
+        "correct": correct,
+        "entropy": ent,
+        "tests": tests,
+        "cpu_seconds": cpu,
+    }
+
+
+def heldout_text() -> str:
+    """Held-out prose for perplexity: tinyshakespeare from the shared corpus when present (public
+    domain), else the docstrings of Python's standard library (present on every machine)."""
+    shared = Path(__file__).resolve().parents[4] / "shared" / "data" / "tinyshakespeare.txt"
+    if shared.is_file():
+        return shared.read_text(encoding="utf-8")[500_000:]  # a slice far from the start
+    import inspect
+    import pkgutil
+
+    docs = []
+    for mod in pkgutil.iter_modules():
+        if mod.name in ("argparse", "textwrap", "collections", "json", "logging", "pathlib"):
+            docs.append(inspect.getdoc(__import__(mod.name)) or "")
+    return "\n\n".join(docs)
+
+
+def perplexity_study(
+    net, tok, lengths: list[int], windows: int, methods=None, tick=None
+) -> dict[str, Any]:
+    """Perplexity per method and context length on ``windows`` windows of held-out text."""
+    methods = METHODS if methods is None else methods
+    ids = tok(heldout_text(), return_tensors="pt")["input_ids"][0]
+    limit = int(net.config.max_position_embeddings)
+    if max(lengths) > limit:
+        raise ValueError(f"length {max(lengths)} is beyond the model's context ({limit}).")
+    need = max(lengths) * windows
+    if ids.numel() < need:
+        raise ValueError(f"the held-out text has {ids.numel()} tokens; {need} are needed.")
+    out: dict[str, dict[int, float]] = {}
+    cpu = {}
+    for label, method, params in methods:
+        _set_method(net, method, params)
+        start = time.process_time()
+        out[label] = {}
+        for length in lengths:
+            losses = []
+            for w in range(windows):
+                x = ids[w * max(lengths) : w * max(lengths) + length][None]
+                with torch.no_grad():
+                    losses.append(float(net(input_ids=x, labels=x).loss))
+            out[label][length] = math.exp(sum(losses) / len(losses))
+            if tick:
+                tick()
+        cpu[label] = time.process_time() - start
+    return {"lengths": lengths, "windows": windows, "perplexity": out, "cpu_seconds": cpu}
+
+
+def _plot_max(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    sizes = res["sizes"]
+    if res["entropy"]:
+        e = np.asarray([res["entropy"][n] for n in sizes])  # (sizes, layers)
+        cmap = plt.get_cmap("viridis")
+        for layer in range(e.shape[1]):
+            a.plot(sizes, e[:, layer], color=cmap(layer / max(e.shape[1] - 1, 1)),
+                   lw=2.5 if layer == 0 else 0.8, label="layer 0" if layer == 0 else None)  # fmt: skip
+        a.plot(sizes, np.log([res["tokens"][n] for n in sizes]), "k--", lw=1,
+               label="log(tokens): uniform")  # fmt: skip
+        a.set_xscale("log", base=2)
+        a.set_xlabel("n (numbers in the prompt)")
+        a.set_ylabel("entropy at the answer position (nats)")
+        a.set_title("softmax: every layer (dark = early), mean over heads", fontsize=9)
+        a.legend(fontsize=8)
+    for label, acc in res["accuracy"].items():
+        b.plot(sizes, [acc[n] for n in sizes], "o-", label=label)
+    b.set_xscale("log", base=2)
+    b.set_xlabel("n (numbers in the prompt)")
+    b.set_ylabel("accuracy at naming the maximum")
+    b.set_ylim(-0.02, 1.02)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(
+    out: str | Path = "runs/llm",
+    model: str = "smollm2-135m",
+    quick: bool = True,
+    prompts: int | None = None,
+    seed: int = 0,
+    threads: int | None = 2,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Both studies; writes metrics.json, report.md and max.png into ``out``."""
+    from ..integrations.pretrained import load_pretrained
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        t0, c0 = time.time(), time.process_time()
+        net, tok = load_pretrained(model)
+        sizes = QUICK_SIZES if quick else FULL_SIZES
+        prompts = (8 if quick else 40) if prompts is None else prompts
+        lengths = [256, 512, 1024, 2048]
+        windows = 1 if quick else 4
+        run_dir = open_run(out, {"model": model, "quick": quick, "prompts": prompts, "seed": seed})
+        tick = progress or (lambda desc, total: lambda: None)
+        res = max_study(net, tok, sizes, prompts, seed, tick=tick("max of n", len(sizes) * 5))
+        ppl = perplexity_study(net, tok, lengths, windows, tick=tick("perplexity", 4 * 5))
+        metrics = {
+            "model": model,
+            "max": res,
+            "perplexity": ppl,
+            "wall_seconds": time.time() - t0,
+            "cpu_seconds": time.process_time() - c0,
+            "threads": torch.get_num_threads(),
+        }
+        _plot_max(res, run_dir / "max.png")
+        write_json(run_dir / "metrics.json", metrics)
+        write_atomic(run_dir / "report.md", report(metrics))
+        return run_dir, metrics
+    finally:
+        torch.set_num_threads(before)
+
+
+def report(m: dict[str, Any]) -> str:
+    res, ppl = m["max"], m["perplexity"]
+    sizes = res["sizes"]
+    lines = [
+        f"# {m['model']}: max of n numbers and perplexity per attention method",
+        "",
+        f"{res['prompts']} prompts per n; greedy decoding; no method trained. Wall "
+        f"{m['wall_seconds']:.0f} s, CPU {m['cpu_seconds']:.0f} s ({m['threads']} threads).",
+        "",
+        "![max](max.png)",
+        "",
+        "| method | "
+        + " | ".join(f"n={n}" for n in sizes)
+        + " | all | vs softmax (+/−, McNemar p) |",
+        "|---|" + "---|" * (len(sizes) + 2),
+    ]
+    for label, acc in res["accuracy"].items():
+        t = res["tests"].get(label)
+        vs = "—" if t is None else f"+{t['better']}/−{t['worse']}, p = {t['p_mcnemar']:.3g}"
+        total = sum(sum(r) for r in res["correct"][label].values()) / (len(sizes) * res["prompts"])
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{acc[n]:.2f}" for n in sizes)
+            + f" | {total:.2f} | {vs} |"
+        )
+    if res["entropy"]:
+        lines += [
+            "",
+            "Layer-0 entropy at the answer position (softmax, nats): "
+            + ", ".join(f"n={n}: {res['entropy'][n][0]:.2f}" for n in sizes)
+            + ".",
+        ]
+    lines += [
+        "",
+        f"## Perplexity on held-out text ({ppl['windows']} window(s) per length)",
+        "",
+        "| method | " + " | ".join(f"{n} tokens" for n in ppl["lengths"]) + " |",
+        "|---|" + "---|" * len(ppl["lengths"]),
+    ]
+    for label, row in ppl["perplexity"].items():
+        lines.append(f"| {label} | " + " | ".join(f"{row[n]:.2f}" for n in ppl["lengths"]) + " |")
+    return "\n".join(lines) + "\n"

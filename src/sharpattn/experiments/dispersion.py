@@ -216,7 +216,7 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         f"{config['rows']} rows per size, seed {config['seed']}. Weight columns are means over "
         "rows; entropy is that of |w| / Σ|w|; slope is the least-squares slope of log winner "
         "weight vs log n over the sizes where it is positive (−1: disperses like softmax's 1/n; 0: "
-        "keeps the winner; \"0 from n=…\": the weight underflows to 0 there). Settings other than the defaults: "
+        'keeps the winner; "0 from n=…": the weight underflows to 0 there). Settings other than the defaults: '
         + (", ".join(f"{m} {p}" for m, p in METHOD_PARAMS.items()) or "none")
         + ". Stick-breaking's winner weight depends on how many items lie nearer the query than "
         "the winner, so its mean over rows is noisy and, for large n, astronomically small.\n\n"

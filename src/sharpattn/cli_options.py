@@ -1,0 +1,150 @@
+"""What every `sharpattn` command shares: option decorators and the one progress renderer.
+
+Each command is a few lines: its own options, the shared ones below, a configuration built from
+them, a call into ``experiments``, a table printed. Progress reaches the terminal through
+:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): one
+bar per task, advancing with ``step``/``total``, showing ``phase`` and the latest ``loss``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from typing import Any
+
+import click
+from rich.console import Console
+
+# Wide enough for the tables when output is not a terminal (pipes, CI logs).
+console = Console(width=shutil.get_terminal_size((140, 24)).columns)
+
+#: seeds reach torch and NumPy as unsigned 64-bit integers; 2**63 - 1 keeps every offset valid
+SEED = click.IntRange(0, 2**63 - 1)
+
+
+def _compose(*decorators):
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+def out_option(default: str | None, what: str = "Run folder to write; re-running resumes it."):
+    """``--out``: the run folder (``default`` None: the command picks one from its profile)."""
+    return click.option(
+        "--out",
+        type=click.Path(file_okay=False),
+        default=default,
+        show_default=default is not None,
+        help=what,
+    )
+
+
+def seed_option(help: str = "Seed (the first seed where there are several)."):
+    return click.option("--seed", type=SEED, default=0, show_default=True, help=help)
+
+
+def seeds_option(help: str = "Number of seeds (overrides the profile)."):
+    return click.option("--seeds", type=click.IntRange(min=1, max=10_000), default=None, help=help)
+
+
+def threads_option(default: int | None = None):
+    """``--threads``: torch CPU threads (default: every core)."""
+    return click.option(
+        "--threads",
+        type=click.IntRange(min=1, max=1024),
+        default=default,
+        show_default=default is not None,
+        help="torch CPU threads (default: every core).",
+    )
+
+
+def profile_options(quick_help: str, paper_help: str):
+    """``--quick`` / ``--paper``: the command's two profiles (the default is ``--paper`` unless
+    the command says otherwise); together they are refused. Adds ``profile`` ("quick" or
+    "paper") to the command's keyword arguments instead of the two flags."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def wrapper(*args, quick: bool, paper: bool, **kwargs):
+            if quick and paper:
+                raise click.UsageError("--quick and --paper exclude each other: choose one.")
+            return f(*args, profile="quick" if quick else "paper", **kwargs)
+
+        return _compose(
+            click.option("--quick", is_flag=True, help=quick_help),
+            click.option("--paper", is_flag=True, help=paper_help),
+        )(wrapper)
+
+    return decorate
+
+
+def cluster_options(f):
+    """``--workers`` (local processes) and ``--ray`` (a Ray cluster) for sweeps."""
+    return _compose(
+        click.option(
+            "--workers",
+            type=click.IntRange(min=1, max=1024),
+            default=1,
+            show_default=True,
+            help="Jobs run in parallel local processes.",
+        ),
+        click.option(
+            "--ray",
+            "ray_address",
+            default=None,
+            metavar="auto|local|ADDRESS",
+            help="Run the jobs as Ray tasks: 'auto' (a running cluster), 'local' or an address.",
+        ),
+    )(f)
+
+
+class ProgressRenderer:
+    """Draws the runner's progress events as rich bars: one per ``task``, showing its ``phase``,
+    ``step``/``total``, speed and the latest ``loss``. Use as a context manager; the instance is
+    the ``progress`` callable handed to experiments."""
+
+    def __init__(self, transient: bool = False):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[phase]}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=transient,
+        )
+        self.tasks: dict[tuple[str, str], Any] = {}
+
+    def __enter__(self) -> ProgressRenderer:
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bars.__exit__(*exc)
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        task, phase = str(ev.get("task", "")), str(ev.get("phase", ""))
+        kind = "train" if phase == "train" else "work"  # a training bar and one for the rest
+        key = (task, kind)
+        if key not in self.tasks:
+            self.tasks[key] = self.bars.add_task(
+                task if kind == "train" else f"{task} eval", total=ev["total"], phase="", loss="-"
+            )
+        fields: dict[str, Any] = {"phase": ev.get("note") or phase}
+        if ev.get("loss") is not None:
+            fields["loss"] = f"{ev['loss']:.4f}"
+        self.bars.update(self.tasks[key], completed=ev["step"], total=ev["total"], **fields)

@@ -1,0 +1,126 @@
+"""The report kit every experiment uses: figures, markdown tables, report.md.
+
+* :func:`figure` — a matplotlib figure (Agg backend) saved atomically to a PNG when the block ends,
+  and closed whatever happens.
+* :func:`markdown_table` — one function for every markdown table; :func:`write_table` also writes
+  the same rows as CSV.
+* :func:`write_report` — ``report.md`` from a title and sections, written atomically.
+
+Statistics come from :mod:`.stats` (scipy), nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .runs import write_atomic
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@contextlib.contextmanager
+def figure(
+    path: str | Path, nrows: int = 1, ncols: int = 1, *, dpi: int = 120, **kwargs
+) -> Iterator:
+    """``with figure(path, figsize=(7, 4)) as (fig, ax): ...`` draws and saves ``path``.
+
+    ``nrows``/``ncols``/``kwargs`` go to ``plt.subplots``; the PNG is written atomically with a
+    tight layout when the block ends without an error.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(nrows, ncols, **kwargs)
+    try:
+        yield fig, ax
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+        write_atomic(Path(path), buf.getvalue())
+    finally:
+        plt.close(fig)
+
+
+def cell(value: Any, digits: int = 3) -> str:
+    """A table cell: floats to ``digits`` significant digits ("n/a" for NaN/None), ints with
+    thousands separators, everything else as ``str``."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return "n/a" if not math.isfinite(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None
+) -> str:
+    """A markdown table; ``align`` is one character per column, "l" or "r" (default: the first
+    column left, the others right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header):
+        raise ValueError(f"align has {len(align)} characters for {len(header)} columns.")
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if a == "r" else ":---" for a in align) + "|",
+    ]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"a row has {len(row)} cells for {len(header)} columns.")
+        lines.append("| " + " | ".join(c if isinstance(c, str) else cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """The same rows as CSV (full precision, empty for None/NaN)."""
+
+    def fmt(v):
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return ""
+        s = f"{v:.6g}" if isinstance(v, float) else str(v)
+        return f'"{s}"' if ("," in s or '"' in s) else s
+
+    return ",".join(header) + "\n" + "".join(",".join(fmt(v) for v in r) + "\n" for r in rows)
+
+
+def write_table(
+    folder: str | Path,
+    name: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    raw: Sequence[Sequence[Any]] | None = None,
+    align: str | None = None,
+) -> str:
+    """Write ``name``.md (``rows`` as shown) and ``name``.csv (``raw`` values, default ``rows``)
+    into ``folder``; return the markdown."""
+    md = markdown_table(header, rows, align)
+    write_atomic(Path(folder) / f"{name}.md", md)
+    write_atomic(Path(folder) / f"{name}.csv", csv_text(header, raw if raw is not None else rows))
+    return md
+
+
+def image(png: str, caption: str) -> str:
+    """A report section showing ``png`` (relative to report.md) with its caption."""
+    return f"![{caption}]({png})\n\n*{caption}*\n"
+
+
+def write_report(folder: str | Path, title: str, sections: Sequence[str | None]) -> Path:
+    """``report.md`` in ``folder``: ``# title`` then the non-empty sections, atomically."""
+    parts = [f"# {title}\n"] + [s.rstrip() + "\n" for s in sections if s]
+    path = Path(folder) / "report.md"
+    write_atomic(path, "\n".join(parts))
+    return path

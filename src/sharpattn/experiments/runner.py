@@ -1,0 +1,402 @@
+"""The one runner every experiment uses: run folders, seeds, threads, progress events, training.
+
+An experiment is a configuration, a model, batches and its measures; everything around them lives
+here (minGPT's ``Trainer`` for the loop and its callbacks, nanoGPT's resume):
+
+* :class:`RunFolder` — one folder per run. ``config.json`` is written once; a folder holding a
+  run of another configuration is refused in one sentence; ``metrics.jsonl`` is appended.
+* :func:`seed_int` / :func:`generator` — one seeding scheme: a ``numpy.random.SeedSequence`` per
+  (seed, purpose, ...), so streams for initialisation, data, probes and test sets never overlap
+  and never depend on the global RNG.
+* :func:`threads` — one thread policy (torch intra-op threads for a block, restored after).
+* :func:`emit` — one progress-event protocol: plain dicts ``{"task", "phase", "step", "total"}``
+  plus optional ``"loss"`` / ``"note"``, which one CLI renderer draws and worker processes can
+  pickle.
+* :class:`Trainer` — one training loop: batches from generators it checkpoints, the loss of one
+  model or of an ensemble (a vector, one loss per member, summed for the backward pass), logging
+  callbacks into ``metrics.jsonl``, atomic safetensors checkpoints every ``checkpoint_every``
+  steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues from the last
+  checkpoint and ends with the same numbers as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .runs import make_dir, read_json, write_atomic, write_json
+
+Tensor = torch.Tensor
+Progress = Callable[[dict[str, Any]], None]
+
+# ---------------------------------------------------------------------------------------------
+# Seeds
+# ---------------------------------------------------------------------------------------------
+
+
+def seed_int(*key: int) -> int:
+    """A 63-bit seed for one purpose of one run seed: ``SeedSequence(key)``'s first 64 bits,
+    halved (torch takes seeds below 2⁶³). Distinct keys give independent streams."""
+    if not key:
+        raise ValueError("seed_int needs at least one integer.")
+    state = np.random.SeedSequence([int(k) for k in key]).generate_state(2, np.uint32)
+    return int(state.view(np.uint64)[0] >> 1)
+
+
+def generator(*key: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with :func:`seed_int` of ``key``."""
+    return torch.Generator().manual_seed(seed_int(*key))
+
+
+@contextlib.contextmanager
+def seeded(*key: int) -> Iterator[None]:
+    """Run the block with the global torch RNG seeded from ``key`` (for code that draws from it,
+    such as ``nn.Module`` initialisation), then restore the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_int(*key))
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------------------------
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def threads(n: int | None = None) -> Iterator[int]:
+    """Run the block with ``n`` torch intra-op threads (default: every core), then restore."""
+    old = torch.get_num_threads()
+    n = cores() if n is None else max(1, int(n))
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress events
+# ---------------------------------------------------------------------------------------------
+
+
+def event(task: str, phase: str, step: int, total: int, **fields: Any) -> dict[str, Any]:
+    """One progress event: ``task`` (a bar's name, e.g. "seeds 0-9"), ``phase`` ("train",
+    "eval n=16", "done", ...), ``step`` of ``total``, and optional ``loss`` / ``note``."""
+    return {
+        "task": str(task),
+        "phase": str(phase),
+        "step": int(step),
+        "total": int(total),
+        **fields,
+    }
+
+
+def emit(progress: Progress | None, task: str, phase: str, step: int, total: int, **fields) -> None:
+    """Send :func:`event` to ``progress`` if there is one."""
+    if progress is not None:
+        progress(event(task, phase, step, total, **fields))
+
+
+# ---------------------------------------------------------------------------------------------
+# Run folders
+# ---------------------------------------------------------------------------------------------
+
+
+class RunFolder:
+    """A run folder: ``config.json`` (experiment name + configuration), ``metrics.jsonl``,
+    checkpoints, tables, figures and ``report.md``.
+
+    ``identity`` names the configuration keys that define what the run computes (its training
+    settings); a folder whose config.json differs in any of them, or holds another experiment,
+    is refused. Other keys (evaluation sizes, threads, ...) may change between invocations;
+    config.json then records the latest. ``identity=None`` means every key.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        experiment: str,
+        config: dict[str, Any],
+        identity: Iterable[str] | None = None,
+    ):
+        self.path = Path(out)
+        self.experiment = experiment
+        record = {"experiment": experiment, **_jsonable(config)}
+        path = self.path / "config.json"
+        if path.is_file():
+            old = read_json(path)
+            if not isinstance(old, dict) or old.get("experiment") != experiment:
+                found = old.get("experiment") if isinstance(old, dict) else None
+                raise ValueError(
+                    f"{self.path} holds a {found or 'different'} run, not a {experiment} run; "
+                    "use another --out."
+                )
+            keys = record.keys() | old.keys() if identity is None else set(identity)
+            diff = sorted(k for k in keys if k != "experiment" and old.get(k) != record.get(k))
+            if diff:
+                what = ", ".join(f"{k} ({old.get(k)!r} there, {record.get(k)!r} now)" for k in diff)
+                raise ValueError(
+                    f"{self.path} holds a {experiment} run with a different {what}; use another "
+                    "--out or the same settings to resume it."
+                )
+            if old != record:
+                write_json(path, record)
+        else:
+            make_dir(self.path)
+            write_json(path, record)
+        self.config = record
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def sub(self, *parts: str) -> Path:
+        """A sub-folder, created."""
+        p = self.path.joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+def read_config(out: str | Path, experiment: str) -> dict[str, Any]:
+    """The configuration stored in ``out``/config.json by a run of ``experiment``."""
+    path = Path(out) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{out} is not a {experiment} run folder (no config.json).")
+    data = read_json(path)
+    if not isinstance(data, dict) or data.pop("experiment", None) != experiment:
+        raise ValueError(f"{out} is not a {experiment} run folder (its config.json is another's).")
+    return data
+
+
+def _jsonable(obj: Any) -> Any:
+    """Tuples become lists (what JSON gives back), so a stored config compares equal."""
+    return json.loads(json.dumps(obj))
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON record per line, appended; records carry a ``step``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        out = []
+        for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                # a line cut by a crash mid-append: only the last one can be
+                if i == len(self.path.read_text(encoding="utf-8").splitlines()):
+                    break
+                raise ValueError(
+                    f"{self.path} line {i} is not valid JSON; fix or delete the file."
+                ) from None
+        return out
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(_finite(record)) + "\n")
+
+    def keep_until(self, step: int) -> list[dict[str, Any]]:
+        """Drop records after ``step`` (written after the checkpoint a resume starts from)."""
+        records = self.read()
+        kept = [r for r in records if r.get("step", 0) <= step]
+        if len(kept) != len(records) or self.path.is_file():
+            write_atomic(self.path, "".join(json.dumps(_finite(r)) + "\n" for r in kept))
+        return kept
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf as null: metrics.jsonl stays strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Train ``model`` with ``optimizer`` for ``steps`` steps in ``folder``, resuming.
+
+    ``batch(step)`` returns the batch of a step, drawing only from ``generators`` (saved in every
+    checkpoint, so a resumed run sees the batches an uninterrupted one would). ``loss(model,
+    batch)`` returns a scalar, or one loss per ensemble member (their sum is differentiated: each
+    member's parameters get their own loss's gradient). Every ``log_every`` steps (and at steps 0
+    and ``steps``) ``on_log(step, losses)`` returns the record appended to metrics.jsonl (losses:
+    a list of floats, None at step 0). The final parameters go to ``model.safetensors``; a folder
+    that has them is not retrained (:meth:`run` loads them).
+
+    ``stop_at`` stops after that many steps in total without writing the final weights, as a
+    crash would (tests); Ctrl-C writes a checkpoint first.
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        steps: int,
+        batch: Callable[[int], Any],
+        loss: Callable[[torch.nn.Module, Any], Tensor],
+        generators: dict[str, torch.Generator] | None = None,
+        checkpoint_every: int = 1000,
+        log_every: int = 100,
+        on_log: Callable[[int, list[float] | None], dict[str, Any]] | None = None,
+        task: str = "train",
+        progress: Progress | None = None,
+        report_every: int = 25,
+    ):
+        if steps < 0 or checkpoint_every < 1 or log_every < 1:
+            raise ValueError(
+                f"need steps >= 0, checkpoint_every >= 1 and log_every >= 1, got {steps}, "
+                f"{checkpoint_every}, {log_every}."
+            )
+        self.folder = Path(folder)
+        self.model, self.optimizer = model, optimizer
+        self.steps, self.batch, self.loss = steps, batch, loss
+        self.generators = generators or {}
+        self.checkpoint_every, self.log_every = checkpoint_every, log_every
+        self.on_log = on_log
+        self.task, self.progress, self.report_every = task, progress, max(1, report_every)
+        self.metrics = MetricsLog(self.folder / "metrics.jsonl")
+
+    @property
+    def final(self) -> Path:
+        return self.folder / "model.safetensors"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.folder / "checkpoint.safetensors"
+
+    def run(self, stop_at: int | None = None) -> dict[str, Any]:
+        """Train to ``steps`` (or load the finished weights); return the run's state
+        (``step``, ``seconds``, ``steps_per_s``)."""
+        if self.final.is_file():
+            return load_checkpoint(self.final, model=self.model)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"step": 0, "seconds": 0.0}
+        if self.checkpoint.is_file():
+            state = load_checkpoint(
+                self.checkpoint,
+                model=self.model,
+                optimizer=self.optimizer,
+                generators=self.generators,
+            )
+            self.metrics.keep_until(state["step"])
+        else:
+            self.metrics.keep_until(-1)
+            self._log(0, None)
+        step, seconds = int(state["step"]), float(state["seconds"])
+        self.model.train()
+        losses: Tensor | None = None
+        try:
+            while step < self.steps:
+                if stop_at is not None and step >= stop_at:
+                    return {"step": step, "seconds": seconds, "stopped": True}
+                t0 = time.perf_counter()
+                losses = self.loss(self.model, self.batch(step)).reshape(-1)
+                self.optimizer.zero_grad(set_to_none=True)
+                losses.sum().backward()
+                self.optimizer.step()
+                step += 1
+                seconds += time.perf_counter() - t0
+                if step % self.log_every == 0 or step == self.steps:
+                    values = losses.detach().tolist()
+                    bad = [v for v in values if not math.isfinite(v)]
+                    if bad:
+                        raise FloatingPointError(
+                            f"{self.task}: the loss became {bad[0]} at step {step}."
+                        )
+                    self._log(step, values)
+                if step % self.checkpoint_every == 0 and step < self.steps:
+                    self._save(step, seconds)
+                if step % self.report_every == 0 or step == self.steps:
+                    loss = (
+                        float(losses.detach().mean())
+                        if step % (8 * self.report_every) == 0
+                        else None
+                    )
+                    emit(self.progress, self.task, "train", step, self.steps, loss=loss)
+        except KeyboardInterrupt:
+            self._save(step, seconds)  # the state after the last whole step: re-running resumes
+            raise
+        done = {
+            "step": step,
+            "seconds": seconds,
+            "steps_per_s": step / seconds if seconds else None,
+        }
+        save_checkpoint(self.final, model=self.model, state=done)
+        self.checkpoint.unlink(missing_ok=True)
+        emit(self.progress, self.task, "train", step, self.steps)
+        return done
+
+    def _log(self, step: int, losses: list[float] | None) -> None:
+        record = {"step": step, "loss": losses}
+        if self.on_log is not None:
+            record.update(self.on_log(step, losses))
+        self.metrics.append(record)
+
+    def _save(self, step: int, seconds: float) -> None:
+        save_checkpoint(
+            self.checkpoint,
+            model=self.model,
+            optimizer=self.optimizer,
+            generators=self.generators,
+            state={"step": step, "seconds": seconds},
+        )
+
+
+def read_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
+    """Load final weights written by :class:`Trainer` into ``model``; return their state."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: that run is not trained yet.")
+    return load_checkpoint(path, model=model)
+
+
+__all__ = [
+    "MetricsLog",
+    "Progress",
+    "RunFolder",
+    "Trainer",
+    "cores",
+    "emit",
+    "event",
+    "generator",
+    "read_config",
+    "read_json",
+    "read_weights",
+    "seed_int",
+    "seeded",
+    "threads",
+    "write_json",
+]

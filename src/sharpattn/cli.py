@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from . import normalizers as nz
-
-# Wide enough for the tables when output is not a terminal (pipes, CI logs).
-console = Console(width=shutil.get_terminal_size((140, 24)).columns)
+from .cli_options import (
+    SEED,
+    ProgressRenderer,
+    cluster_options,
+    console,
+    out_option,
+    profile_options,
+    seeds_option,
+    threads_option,
+)
 
 
 def _csv(convert, ok, what: str, empty=None):
@@ -37,8 +42,6 @@ def _csv(convert, ok, what: str, empty=None):
 #: the largest size a command accepts before any work: one attention row of 2**31 keys
 MAX_SIZE = 2**31 - 1
 _sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
-#: seeds reach torch and NumPy as unsigned 64-bit integers; 2**63 - 1 keeps every offset valid
-SEED = click.IntRange(0, 2**63 - 1)
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
 _layers = _csv(int, lambda n: n >= 0, "layer indices >= 0", empty=[])
@@ -354,50 +357,12 @@ def reproduce():
     """Reproduce a paper's experiment from one command (resumable: re-run to continue)."""
 
 
-def _progress_columns():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-
-    return (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-    )
-
-
-class _SeedProgress:
-    """One rich progress bar per seed, fed by the experiment's progress messages."""
-
-    def __init__(self, progress):
-        self.progress, self.tasks = progress, {}
-
-    def __call__(self, msg):
-        seed, phase = msg["seed"], msg["phase"]
-        kind = phase if phase in ("train", "fit") else "eval"
-        key = (seed, kind)
-        if key not in self.tasks:
-            label = f"seed {seed} {kind}"
-            self.tasks[key] = self.progress.add_task(label, total=msg["total"], loss="-", rate="")
-        fields = {}
-        if msg.get("loss") is not None:
-            fields["loss"] = f"{msg['loss']:.4f}"
-        if phase == "train" and msg.get("elapsed"):
-            fields["rate"] = f"{self.progress.tasks[self.tasks[key]].speed or 0:.0f} steps/s"
-        elif phase != "train":
-            fields["rate"] = phase
-        self.progress.update(self.tasks[key], completed=msg["step"], total=msg["total"], **fields)
-
-
 @reproduce.command("max-retrieval")
-@click.option("--quick", is_flag=True, help="1 seed, 5,000 steps, sizes to 4,096 (minutes).")
-@click.option(
-    "--paper", is_flag=True, help="10 seeds x 100,000 steps, sizes 16..16,384 (the default; hours)."
+@profile_options(
+    "1 seed, 5,000 steps, sizes to 4,096 (about a minute).",
+    "10 seeds x 100,000 steps, sizes 16..16,384 (the default; about an hour on 2 cores).",
 )
-@click.option(
-    "--seeds", type=click.IntRange(min=1), help="Number of seeds (overrides the profile)."
-)
+@seeds_option()
 @click.option(
     "--steps", type=click.IntRange(min=1), help="Adam steps per seed (overrides the profile)."
 )
@@ -412,7 +377,9 @@ class _SeedProgress:
     help="Adaptive-temperature polynomial at inference: icml, arxiv or a JSON file.",
 )
 @click.option(
-    "--test-sets", type=click.IntRange(min=1), help="Test sets per size (overrides the profile)."
+    "--test-sets",
+    type=click.IntRange(min=1),
+    help="Most test sets per size (overrides the profile).",
 )
 @click.option(
     "--checkpoint-every",
@@ -422,55 +389,28 @@ class _SeedProgress:
     help="Steps between checkpoints; re-running the command resumes from the last one.",
 )
 @click.option(
-    "--workers",
+    "--group",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Seeds trained in parallel processes.",
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
     default=None,
-    help="Run folder (default runs/max-retrieval-<profile>).",
+    help="Seeds trained together as one batched ensemble (default: the profile's).",
 )
-def max_retrieval(
-    quick,
-    paper,
-    seeds,
-    steps,
-    sizes,
-    method,
-    coefficients,
-    test_sets,
-    checkpoint_every,
-    workers,
-    out,
-):
+@cluster_options
+@threads_option()
+@out_option(None, "Run folder (default runs/max-retrieval-<profile>); re-running resumes it.")
+def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets, checkpoint_every,
+                  group, workers, ray_address, threads, out):  # fmt: skip
     """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
-    if quick and paper:
-        raise click.UsageError("--quick and --paper exclude each other: choose one.")
-    profile = "quick" if quick else "paper"
-    from rich.progress import Progress
-
     from .experiments import max_retrieval as mr
 
-    overrides = {
-        k: v
-        for k, v in dict(seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets).items()
-        if v is not None
-    }
+    given = dict(seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets, group=group)
     config = mr.Config(
-        **{**mr.PROFILES[profile], **overrides},
-        method=method,
-        coefficients=coefficients,
-        checkpoint_every=checkpoint_every,
-        workers=workers,
-    )
-    out = out or f"runs/max-retrieval-{profile}"
-    with Progress(*_progress_columns(), console=console) as progress:
-        result = mr.reproduce(out, config, _SeedProgress(progress))
-    console.print((result["run"] / "table1.md").read_text())
+        **{**mr.PROFILES[profile], **{k: v for k, v in given.items() if v is not None}},
+        method=method, coefficients=coefficients, checkpoint_every=checkpoint_every,
+        workers=workers, threads=threads,
+    )  # fmt: skip
+    with ProgressRenderer() as progress:
+        result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
+    console.print((result["run"] / "table1.md").read_text(), markup=False, highlight=False)
     speed = result["steps_per_s"]
     console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
     console.print(f"wrote {result['run']}/report.md")
@@ -480,31 +420,26 @@ def max_retrieval(
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
 @click.option(
-    "--sets",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
+    "--sets", type=click.IntRange(min=1), default=256, show_default=True,
     help="Sets per size and seed.",
-)
+)  # fmt: skip
 @click.option(
     "--no-eval", is_flag=True, help="Only fit; skip Table 1 with the refitted coefficients."
 )
 def fit_temperature(run, sizes, sets, no_eval):
     """Refit the adaptive-temperature polynomial 1/θ_opt(H) on a trained max-retrieval RUN (App F)."""
-    from rich.progress import Progress
-
     from .experiments import max_retrieval as mr
 
-    with Progress(*_progress_columns(), console=console) as progress:
+    with ProgressRenderer() as progress:
         result = mr.fit_temperature(
-            run, sizes=sizes, sets=sets, evaluate=not no_eval, progress=_SeedProgress(progress)
+            run, sizes=sizes, sets=sets, evaluate_refit=not no_eval, progress=progress
         )
     coeffs = ", ".join(f"{c:.4g}" for c in result["coefficients"])
     console.print(
         f"β(H) = polyval([{coeffs}], H) from {result['samples']:,} sets -> {result['path']}"
     )
     if "rows" in result:
-        console.print((Path(run) / "table1_refit.md").read_text())
+        console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
 
 
 # ---- reproduce selective (issue 8) ------------------------------------------------------------

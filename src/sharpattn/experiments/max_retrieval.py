@@ -10,34 +10,51 @@ polynomial (:func:`fit_temperature`, Figure 6).
 Run folder layout::
 
     RUN/config.json                 the configuration
-    RUN/seeds/seed{s}/checkpoint.safetensors   while training (every ``checkpoint_every`` steps)
-    RUN/seeds/seed{s}/model.safetensors        final parameters + training metrics (JSON)
-    RUN/seeds/seed{s}/eval.json                accuracies, cached per (method, size, test sets)
-    RUN/table1.{md,csv,json}, RUN/*.png, RUN/report.md
+    RUN/train/seeds{a}-{b}/checkpoint.safetensors   an ensemble of seeds a..b while training
+    RUN/train/seeds{a}-{b}/model.safetensors        its final parameters (member s = seed a+s)
+    RUN/train/seeds{a}-{b}/metrics.jsonl            per step: CE, λ·Σw², δ and its bound, per seed
+    RUN/eval.json                 accuracy per seed and test-set SE, per (method, size, test sets)
+    RUN/table1.{md,csv,json}, RUN/*.png, RUN/summary.json, RUN/report.md
+
+Everything around the experiment is the runner's (:mod:`.runner`): the run folder, the seeds
+trained together as one ensemble (:meth:`SetAttention.stack`), the loop and its resume, threads,
+progress events; groups of seeds go to local processes or Ray through :mod:`.sweep`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import math
-import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 
 from .. import normalizers as nz
+from ..diagnostics import logit_spread
 from ..models import SetAttention
 from ..tasks import sample_max_retrieval
-from .checkpoint import load_checkpoint, save_checkpoint, save_weights
-from .runs import open_run, read_json, write_atomic, write_json
+from . import report
+from .runner import (
+    MetricsLog,
+    Progress,
+    RunFolder,
+    Trainer,
+    cores,
+    emit,
+    generator,
+    read_weights,
+    seeded,
+    threads,
+)
+from .runner import read_config as read_config_json
+from .runs import read_json, write_atomic, write_json
 from .stats import paired_comparison
 
 Tensor = torch.Tensor
@@ -86,11 +103,9 @@ class Config:
     test_sets: int = 10_000  # per size: standard error <= 0.5 points
     checkpoint_every: int = 1_000
     log_every: int = 100
-    workers: int = 1
-    # torch threads per worker for training. The model is tiny: one thread beats two (thread
-    # start-up per op costs more than it saves, and oversubscribed cores stall OpenMP).
-    # Evaluation (large sets) uses cores // workers.
-    train_threads: int = 1
+    group: int = 10  # seeds trained together as one batched ensemble
+    workers: int = 1  # groups trained in parallel local processes (or Ray tasks)
+    threads: int | None = None  # torch threads per process (default: cores // workers)
 
     def __post_init__(self):
         self.sizes = tuple(int(n) for n in self.sizes)
@@ -101,6 +116,7 @@ class Config:
             "test_sets",
             "checkpoint_every",
             "log_every",
+            "group",
             "workers",
         ):
             if getattr(self, name) < 1:
@@ -113,210 +129,217 @@ class Config:
             )
         if not (self.lr > 0 and self.l2 >= 0):
             raise ValueError(f"need lr > 0 and l2 >= 0, got lr={self.lr}, l2={self.l2}.")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}.")
+        if self.threads is None and self.workers > 1:
+            self.threads = max(1, cores() // self.workers)
         nz.get(self.method)  # unknown names raise ValueError listing the known
         nz.resolve_coefficients(self.coefficients)
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": dict(seeds=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100),
-    "paper": dict(seeds=10, steps=100_000, sizes=PAPER_SIZES, test_sets=10_000, log_every=1_000),
+    "quick": dict(seeds=1, group=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100),
+    "paper": dict(seeds=10, group=10, steps=100_000, sizes=PAPER_SIZES, test_sets=10_000, log_every=1_000),
 }
 
 
-def _seed_int(*key: int) -> int:
-    """A 63-bit seed for one purpose of one run seed (independent streams via SeedSequence)."""
-    return int(
-        np.random.SeedSequence(list(key)).generate_state(2, np.uint32).view(np.uint64)[0] >> 1
-    )
-
-
-_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT = range(6)
+_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES = range(7)
 _TEST_SEED = 20250101  # test sets are shared by all seeds and methods (paired comparison)
 
 
 def build_model(config: Config, seed: int) -> SetAttention:
     """A freshly initialised model for ``seed`` (initialisation does not touch the global RNG)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed_int(seed, _INIT))
+    with seeded(seed, _INIT):
         return SetAttention(method=config.method)
 
 
-def seed_dir(run: Path, seed: int) -> Path:
-    return Path(run) / "seeds" / f"seed{seed}"
+def groups(config: Config) -> list[list[int]]:
+    """Seeds trained together: consecutive blocks of ``config.group`` seeds."""
+    seeds = list(range(config.seeds))
+    return [seeds[i : i + config.group] for i in range(0, len(seeds), config.group)]
+
+
+def group_dir(run: Path, seeds: list[int]) -> Path:
+    return (
+        Path(run)
+        / "train"
+        / (f"seed{seeds[0]}" if len(seeds) == 1 else f"seeds{seeds[0]}-{seeds[-1]}")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
-# Training (App. A.4)
+# Training (App. A.4): the seeds of a group as one ensemble on the runner's Trainer
 # ---------------------------------------------------------------------------------------------
 
 
 def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Adam:
     """Adam on CE + λ·Σ w². ∇(λ·Σ w²) = 2λ·w, which is exactly what Adam's (coupled, not AdamW)
-    ``weight_decay=2λ`` adds to every gradient, so the penalty costs no extra graph."""
+    ``weight_decay=2λ`` adds to every gradient, so the penalty costs no extra graph. Adam is
+    elementwise, so one Adam over an ensemble's stacked parameters is each member's own Adam."""
     return torch.optim.Adam(
         model.parameters(), lr=config.lr, weight_decay=2 * config.l2, fused=True
     )
 
 
-def l2_penalty(model: torch.nn.Module, l2: float) -> float:
-    """λ·Σ w² over all parameters (the term Adam's weight decay differentiates)."""
+def l2_penalty(model: SetAttention, l2: float) -> list[float]:
+    """λ·Σ w² over all parameters, per member (one value for a single model)."""
     with torch.no_grad():
-        return l2 * float(sum(p.pow(2).sum() for p in model.parameters()))
+        if model.members is None:
+            return [l2 * float(sum(p.pow(2).sum() for p in model.parameters()))]
+        per = sum(p.pow(2).flatten(1).sum(1) for p in model.parameters())
+        return [l2 * float(v) for v in per]
 
 
 @torch.no_grad()
-def logit_spread(model: SetAttention, x: Tensor, q: Tensor) -> tuple[float, float]:
-    """Mean over sets of δ = max_i e_i − min_i e_i and of Proposition 3.1's bound on it.
+def logit_spread_bound(
+    model: SetAttention, x: Tensor, q: Tensor
+) -> tuple[list[float], list[float]]:
+    """Per member: the mean over sets of δ = max_i e_i − min_i e_i
+    (:func:`~sharpattn.diagnostics.logit_spread`) and of Proposition 3.1's bound on it.
 
     With biases, e_i = (Q'y')ᵀ(K'h_i')/√d with Q' = [W_q | b_q], y' = [y; 1] (same for K, h_i),
     so δ <= 2·σmax(Q')·σmax(K')·‖y'‖·max_i ‖h_i'‖/√d (Prop. 3.1 applied to the augmented
-    vectors).
+    vectors). ``x``/``q`` carry the member dimension for an ensemble.
     """
     h, y = model.embed(x, q)
-    e = model.scores(x, q)  # (B, n)
-    delta = e.amax(-1) - e.amin(-1)
+    delta = logit_spread(model.scores(x, q))  # (..., B)
 
-    def augmented(lin):
-        return torch.cat((lin.weight, lin.bias[:, None]), dim=1)
+    def augmented(lin):  # [W | b]: (..., d, d+1)
+        return torch.cat((lin.weight, lin.bias.reshape(*lin.weight.shape[:-1], 1)), dim=-1)
 
     def with_one(t):
         return torch.cat((t, torch.ones_like(t[..., :1])), dim=-1)
 
-    sq = torch.linalg.matrix_norm(augmented(model.query), ord=2)
+    sq = torch.linalg.matrix_norm(augmented(model.query), ord=2)  # (...,)
     sk = torch.linalg.matrix_norm(augmented(model.key), ord=2)
     bound = (
         2
-        * sq
-        * sk
+        * (sq * sk)[..., None]
         * with_one(y).norm(dim=-1)
         * with_one(h).norm(dim=-1).amax(-1)
         / math.sqrt(model.width)
-    )
-    return float(delta.mean()), float(bound.mean())
+    )  # (..., B)
+    return delta.mean(-1).reshape(-1).tolist(), bound.mean(-1).reshape(-1).tolist()
 
 
-ProgressFn = Callable[[dict[str, Any]], None]
+def _stack_batches(batches) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.stack([getattr(b, k) for b in batches]) for k in ("x", "q", "target"))
 
 
-def train_seed(
-    run: Path,
-    config: Config,
-    seed: int,
-    progress: ProgressFn | None = None,
-    stop_at: int | None = None,
-) -> Path:
-    """Train seed ``seed`` of ``run`` to ``config.steps``, resuming from its checkpoint.
+def trainer(
+    run: Path, config: Config, seeds: list[int], progress: Progress | None = None
+) -> Trainer:
+    """The runner's Trainer for the seeds of one group, trained together as an ensemble.
 
-    Returns the final weights' path; a seed whose weights exist is not retrained. ``stop_at``
-    (for tests and benchmarks) returns after that many steps in total, as a crash would, leaving
-    the last checkpoint behind.
+    Member s starts from :func:`build_model` (seed s) and draws its sets from its own stream;
+    the number of items of each step comes from one run-wide stream, so every seed sees the same
+    sizes and a seed trains to the same numbers alone or in any group (to float32 rounding).
     """
-    sdir = seed_dir(run, seed)
-    final = sdir / "model.safetensors"
-    if final.is_file():
-        return final
-    ckpt = sdir / "checkpoint.safetensors"
-    model = build_model(config, seed)
-    optimizer = make_optimizer(model, config)
-    data = torch.Generator().manual_seed(_seed_int(seed, _DATA))
-    probe = sample_max_retrieval(
-        config.batch, config.max_items, torch.Generator().manual_seed(_seed_int(seed, _PROBE))
+    model = SetAttention.stack([build_model(config, s) for s in seeds])
+    data = [generator(s, _DATA) for s in seeds]
+    sizes = generator(_TEST_SEED, _SIZES)
+    probe = _stack_batches(
+        [sample_max_retrieval(config.batch, config.max_items, generator(s, _PROBE)) for s in seeds]
     )
-    state: dict[str, Any] = {"step": 0, "metrics": []}
-    if ckpt.is_file():
-        state = load_checkpoint(ckpt, model=model, optimizer=optimizer, generators={"data": data})
-    step = state["step"]
-    metrics = state["metrics"]
-    if step == 0:
-        metrics.append(_log_record(model, config, probe, 0, None))  # before training: no loss yet
-    model.train()
-    report = max(1, min(25, config.log_every))
-    start = time.perf_counter()
-    while step < config.steps:
-        if stop_at is not None and step >= stop_at:
-            return final
-        n = int(torch.randint(config.min_items, config.max_items + 1, (1,), generator=data))
-        b = sample_max_retrieval(config.batch, n, data)
-        ce = F.cross_entropy(model(b.x, b.q, check_finite=False), b.target)
-        optimizer.zero_grad(set_to_none=True)
-        ce.backward()
-        optimizer.step()
-        step += 1
-        if step % config.log_every == 0 or step == config.steps:
-            metrics.append(_log_record(model, config, probe, step, float(ce.detach())))
-            if not math.isfinite(metrics[-1]["ce"]):
-                raise FloatingPointError(
-                    f"seed {seed}: the loss became {metrics[-1]['ce']} at step {step}."
+
+    def batch(step: int):
+        n = int(torch.randint(config.min_items, config.max_items + 1, (1,), generator=sizes))
+        return _stack_batches([sample_max_retrieval(config.batch, n, g) for g in data])
+
+    def loss(model: SetAttention, b) -> Tensor:
+        x, q, target = b
+        logits = model(x, q, check_finite=False)  # (S, B, C)
+        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+        return ce.view(len(seeds), -1).mean(1)  # one CE per member
+
+    def on_log(step: int, losses: list[float] | None) -> dict[str, Any]:
+        """CE of the step's batch, λ·Σw², their sum, and on a fixed probe batch of
+        in-distribution sets the logit spread δ and its Prop. 3.1 bound (Figure 9); per member."""
+        penalty = l2_penalty(model, config.l2)
+        delta, bound = logit_spread_bound(model, probe[0], probe[1])
+        total = None if losses is None else [c + p for c, p in zip(losses, penalty, strict=True)]
+        return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound}
+
+    gens = {"sizes": sizes, **{f"data{s}": g for s, g in zip(seeds, data, strict=True)}}
+    return Trainer(
+        group_dir(run, seeds),
+        model,
+        make_optimizer(model, config),
+        steps=config.steps,
+        batch=batch,
+        loss=loss,
+        generators=gens,
+        checkpoint_every=config.checkpoint_every,
+        log_every=config.log_every,
+        on_log=on_log,
+        task=f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}",
+        progress=progress,
+    )
+
+
+def train_group(
+    run: Path, config: Config, seeds: list[int], progress: Progress | None = None, stop_at=None
+) -> dict[str, Any]:
+    """Train (or resume, or load) the ensemble of ``seeds``; return the Trainer's state."""
+    with threads(config.threads):
+        return trainer(run, config, seeds, progress).run(stop_at=stop_at)
+
+
+def load_ensemble(run: Path, config: Config, seeds: list[int]) -> SetAttention:
+    """The trained ensemble of one group."""
+    model = SetAttention.stack([build_model(config, s) for s in seeds])
+    read_weights(group_dir(run, seeds) / "model.safetensors", model)
+    return model.eval()
+
+
+def load_model(run: Path, config: Config, seed: int) -> SetAttention:
+    """The trained model of ``seed`` (a member of its group)."""
+    if not 0 <= seed < config.seeds:
+        raise ValueError(f"seed must be in 0..{config.seeds - 1}, got {seed}.")
+    for g in groups(config):
+        if seed in g:
+            return load_ensemble(run, config, g).member(g.index(seed)).eval()
+    raise AssertionError("unreachable")
+
+
+def training_records(run: Path, config: Config) -> dict[int, list[dict[str, Any]]]:
+    """Per seed: its metrics records (step, ce, l2, total, delta, bound) from metrics.jsonl."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for g in groups(config):
+        for rec in MetricsLog(group_dir(run, g) / "metrics.jsonl").read():
+            for i, s in enumerate(rec["seeds"]):
+                out.setdefault(s, []).append(
+                    {
+                        "step": rec["step"],
+                        "ce": None if rec["loss"] is None else rec["loss"][i],
+                        "l2": rec["l2"][i],
+                        "loss": None if rec["total"] is None else rec["total"][i],
+                        "delta": rec["delta"][i],
+                        "bound": rec["bound"][i],
+                    }
                 )
-        if step % config.checkpoint_every == 0 and step < config.steps:
-            save_checkpoint(
-                ckpt,
-                model=model,
-                optimizer=optimizer,
-                generators={"data": data},
-                state={"step": step, "metrics": metrics},
-            )
-        if progress is not None and (step % report == 0 or step == config.steps):
-            progress(
-                {
-                    "seed": seed,
-                    "phase": "train",
-                    "step": step,
-                    "total": config.steps,
-                    "loss": float(ce.detach()) + l2_penalty(model, config.l2)
-                    if step % (report * 8) == 0
-                    else None,
-                    "elapsed": time.perf_counter() - start,
-                }
-            )
-    done = step - state["step"]
-    speed = done / (time.perf_counter() - start) if done else None
-    save_weights(
-        final, model, {"step": step, "metrics": metrics, "seed": seed, "steps_per_s": speed}
-    )
-    ckpt.unlink(missing_ok=True)
-    return final
-
-
-def _log_record(model, config, probe, step, ce: float | None) -> dict[str, float | None]:
-    """One metrics record: CE of the step's batch, λ·Σw², their sum, and on a fixed probe batch
-    of in-distribution sets the logit spread δ and its Prop. 3.1 bound (Figure 9)."""
-    penalty = l2_penalty(model, config.l2)
-    delta, bound = logit_spread(model, probe.x, probe.q)
-    return {
-        "step": step,
-        "ce": ce,
-        "l2": penalty,
-        "loss": None if ce is None else ce + penalty,
-        "delta": delta,
-        "bound": bound,
-    }
-
-
-def load_model(run: Path, config: Config, seed: int) -> tuple[SetAttention, dict[str, Any]]:
-    """The trained model of ``seed`` and its training record (step, metrics)."""
-    path = seed_dir(run, seed) / "model.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"seed {seed} of {run} is not trained yet ({path} is missing).")
-    model = build_model(config, seed)
-    record = load_checkpoint(path, model=model)
-    return model.eval(), record
+    return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation (Sec. 4.1, Table 1)
+# Evaluation (Sec. 4.1, Table 1): every seed at once on one shared test set per size
 # ---------------------------------------------------------------------------------------------
 
-#: Items per evaluation chunk (bounds memory: about 2·d floats per item in flight).
-_CHUNK_ITEMS = 1 << 18
+#: items per evaluation chunk of one member (activations of about 2 MB: the cache, not memory)
+_CHUNK_ITEMS = 1 << 12
+#: test sets per block: each block has its own stream, so any prefix of blocks is a test set
+BLOCK = 1000
+#: the largest test-set standard error of a cell's mean over seeds (points) the evaluation accepts
+TARGET_SE = 0.5
 
 
-def test_batches(size: int, test_sets: int):
-    """The fixed test set of ``size``: ``test_sets`` sets, yielded in memory-bounded chunks."""
-    g = torch.Generator().manual_seed(_seed_int(_TEST_SEED, size, _TEST))
-    chunk = max(1, _CHUNK_ITEMS // size)
-    for start in range(0, test_sets, chunk):
-        yield sample_max_retrieval(min(chunk, test_sets - start), size, g)
+def test_batches(size: int, block: int, sets: int = BLOCK, chunk_sets: int | None = None):
+    """Block ``block`` of the fixed test set of ``size`` (its first ``sets`` sets), in
+    memory-bounded chunks. Blocks are independent streams shared by every seed and method."""
+    g = generator(_TEST_SEED, size, _TEST, block)
+    chunk = chunk_sets or max(1, _CHUNK_ITEMS // size)
+    for start in range(0, sets, chunk):
+        yield sample_max_retrieval(min(chunk, sets - start), size, g)
 
 
 def eval_methods(config: Config) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -327,163 +350,166 @@ def eval_methods(config: Config) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
-def _eval_key(method: str, params: dict[str, Any], size: int, test_sets: int) -> str:
+def _method_key(method: str, params: dict[str, Any]) -> str:
+    """A short stable name for (method, params); coefficients by value, not by file name."""
     params = dict(params)
     if "coefficients" in params:
         params["coefficients"] = list(nz.resolve_coefficients(params["coefficients"]))
-    return json.dumps([method, params, size, test_sets], sort_keys=True)
+    text = json.dumps([method, params], sort_keys=True)
+    return f"{method}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 @torch.inference_mode()
-def accuracy(
-    model: SetAttention, size: int, test_sets: int, methods: dict[str, tuple[str, dict[str, Any]]]
-) -> dict[str, float]:
-    """Accuracy (%) of each method on the fixed test set of ``size``; embeddings are shared."""
-    correct = dict.fromkeys(methods, 0)
-    for b in test_batches(size, test_sets):
-        qkv = model._qkv(*model.embed(b.x, b.q))
-        for label, (method, params) in methods.items():
-            att = model.attention(*qkv, method, check_finite=False, **params)
-            pred = model.readout(att).argmax(-1)
-            correct[label] += int((pred == b.target).sum())
-    return {label: 100.0 * c / test_sets for label, c in correct.items()}
-
-
-def evaluate_seed(
-    run: Path,
-    config: Config,
-    seed: int,
+def correct_sets(
+    model: SetAttention,
+    size: int,
+    block: int,
     methods: dict[str, tuple[str, dict[str, Any]]],
-    progress: ProgressFn | None = None,
-) -> dict[str, dict[int, float]]:
-    """Accuracy per method and size for ``seed``, cached in its eval.json."""
-    path = seed_dir(run, seed) / "eval.json"
-    cache: dict[str, float] = read_json(path) if path.is_file() else {}
-    model = None
-    out: dict[str, dict[int, float]] = {label: {} for label in methods}
-    for i, size in enumerate(config.sizes):
-        keys = {lb: _eval_key(m, p, size, config.test_sets) for lb, (m, p) in methods.items()}
-        missing = {lb: methods[lb] for lb, k in keys.items() if k not in cache}
-        if missing:
-            if progress is not None:
-                progress(
-                    {"seed": seed, "phase": f"eval n={size}", "step": i, "total": len(config.sizes)}
-                )
-            if model is None:
-                model, _ = load_model(run, config, seed)
-            for lb, acc in accuracy(model, size, config.test_sets, missing).items():
-                cache[keys[lb]] = acc
-            write_json(path, cache)
-        for lb, k in keys.items():
-            out[lb][size] = cache[k]
-    if progress is not None:
-        progress(
-            {"seed": seed, "phase": "done", "step": len(config.sizes), "total": len(config.sizes)}
-        )
+    sets: int = BLOCK,
+) -> dict[str, Tensor]:
+    """Per method, which sets of test block ``block`` of ``size`` each member gets right:
+    ``(S, sets)`` bool. Members run one after another on chunks of about ``_CHUNK_ITEMS`` items
+    (cache-sized activations); each chunk is embedded once for every method."""
+    models = [model.member(s) for s in range(model.members)] if model.members else [model]
+    out: dict[str, list[list[Tensor]]] = {label: [[] for _ in models] for label in methods}
+    for b in test_batches(size, block, sets):
+        for i, m in enumerate(models):
+            qkv = m._qkv(*m.embed(b.x, b.q))
+            for label, (method, params) in methods.items():
+                att = m.attention(*qkv, method, check_finite=False, **params)
+                out[label][i].append(m.readout(att).argmax(-1) == b.target)
+    return {lb: torch.stack([torch.cat(c) for c in per]) for lb, per in out.items()}
+
+
+def _block_path(run: Path, seeds: list[int], size: int, block: int, key: str) -> Path:
+    return (
+        group_dir(run, seeds).parent.parent
+        / "eval"
+        / group_dir(run, seeds).name
+        / f"n{size}"
+        / f"{key}.b{block}.safetensors"
+    )
+
+
+def eval_block(
+    run: Path, config: Config, seeds: list[int], size: int, block: int, methods
+) -> dict[str, Tensor]:
+    """Correctness ``(len(seeds), BLOCK)`` per method of one group on one test block, cached
+    in RUN/eval/<group>/n<size>/ (one safetensors file per method and block)."""
+    keys = {lb: _method_key(m, p) for lb, (m, p) in methods.items()}
+    paths = {lb: _block_path(run, seeds, size, block, k) for lb, k in keys.items()}
+    todo = {lb: methods[lb] for lb, p in paths.items() if not p.is_file()}
+    if todo:
+        with threads(config.threads):
+            model = load_ensemble(run, config, seeds)
+            for lb, c in correct_sets(model, size, block, todo).items():
+                write_atomic(paths[lb], safetensors.torch.save({"correct": c.to(torch.uint8)}))
+    out = {}
+    for lb, p in paths.items():
+        try:
+            out[lb] = safetensors.torch.load_file(str(p))["correct"].bool()
+        except Exception as e:  # a damaged cache file: name it
+            raise ValueError(
+                f"{p} is damaged ({e}); delete it and run the command again."
+            ) from None
     return out
 
 
+def _eval_job(job: dict[str, Any], progress: Progress | None = None) -> dict[str, Tensor]:
+    config = Config(**job["config"])
+    methods = {lb: (m, p) for lb, (m, p) in job["methods"].items()}
+    return eval_block(Path(job["run"]), config, job["seeds"], job["size"], job["block"], methods)
+
+
+def _run(fn, jobs, config: Config, ray: str | None, progress: Progress | None):
+    if config.workers == 1 and ray is None:
+        return [fn(job, progress) for job in jobs]
+    from .sweep import run_jobs
+
+    return run_jobs(fn, jobs, workers=config.workers, ray=ray, progress=progress)
+
+
+def evaluate(
+    run: Path,
+    config: Config,
+    methods: dict[str, tuple[str, dict[str, Any]]],
+    progress: Progress | None = None,
+    ray: str | None = None,
+) -> dict[str, Any]:
+    """Accuracy (%) per method, seed and size on a test set shared by every seed and method.
+
+    The number of test sets per size is chosen so that the test-set standard error of each
+    cell's mean over seeds stays <= ``TARGET_SE`` points: a first block of ``BLOCK`` sets, then
+    as many blocks as the measured error asks for (SE² falls as 1/sets), up to
+    ``config.test_sets``. SE = std over test sets of the seeds' mean correctness / √sets.
+    """
+    seeds, max_blocks = list(range(config.seeds)), max(1, config.test_sets // BLOCK)
+    out: dict[str, Any] = {
+        "accuracy": {lb: {s: {} for s in seeds} for lb in methods},
+        "se_of_mean": {lb: {} for lb in methods},
+        "test_sets": {},
+    }
+    wire = {lb: [m, p] for lb, (m, p) in methods.items()}
+    for i, size in enumerate(config.sizes):
+        emit(progress, "evaluation", f"n={size:,}", i, len(config.sizes))
+        blocks: list[dict[str, Tensor]] = []  # per block: method -> (seeds, BLOCK)
+        want = 1
+        while len(blocks) < want:
+            jobs = [
+                {
+                    "run": str(run),
+                    "config": asdict(config),
+                    "seeds": g,
+                    "size": size,
+                    "block": k,
+                    "methods": wire,
+                }
+                for k in range(len(blocks), want)
+                for g in groups(config)
+            ]
+            results = _run(_eval_job, jobs, config, ray, progress)
+            per = len(groups(config))
+            for j in range(0, len(results), per):
+                blocks.append(
+                    {lb: torch.cat([r[lb] for r in results[j : j + per]]) for lb in methods}
+                )
+            se = max(_se(torch.cat([b[lb] for b in blocks], dim=1)) for lb in methods)
+            if se > TARGET_SE and len(blocks) == 1:
+                want = min(max_blocks, math.ceil((se / TARGET_SE) ** 2))
+        for lb in methods:
+            c = torch.cat([b[lb] for b in blocks], dim=1).double()  # (seeds, sets)
+            for s in seeds:
+                out["accuracy"][lb][s][size] = float(100 * c[s].mean())
+            out["se_of_mean"][lb][size] = _se(c)
+        out["test_sets"][size] = len(blocks) * BLOCK
+    emit(progress, "evaluation", "done", len(config.sizes), len(config.sizes))
+    return out
+
+
+def _se(correct: Tensor) -> float:
+    """Test-set standard error (points) of the seeds' mean accuracy: correctness (seeds, sets)."""
+    per_set = correct.double().mean(0)
+    return (
+        float(100 * per_set.std() / math.sqrt(per_set.numel())) if per_set.numel() > 1 else math.nan
+    )
+
+
 # ---------------------------------------------------------------------------------------------
-# Seeds in worker processes, with one progress bar per seed
+# Jobs: groups of seeds, in this process, local worker processes or Ray
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Run the block with ``n`` torch intra-op threads, then restore the previous count."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+def _group_job(job: dict[str, Any], progress: Progress | None = None) -> dict[str, Any]:
+    config = Config(**job["config"])
+    return train_group(Path(job["run"]), config, job["seeds"], progress)
 
 
-def _eval_threads(config: Config) -> int:
-    return max(1, (os.cpu_count() or 1) // config.workers)
-
-
-def _seed_job(run: str, config_dict: dict, seed: int, queue=None) -> dict[str, dict[int, float]]:
-    config = Config(**config_dict)
-    progress = queue.put if queue is not None else None
-    return _train_and_evaluate(Path(run), config, seed, progress)
-
-
-def _train_and_evaluate(run: Path, config: Config, seed: int, progress) -> dict:
-    with torch_threads(config.train_threads):
-        train_seed(run, config, seed, progress)
-    with torch_threads(_eval_threads(config)):
-        return evaluate_seed(run, config, seed, eval_methods(config), progress)
-
-
-def run_seeds(run: Path, config: Config, progress: ProgressFn | None = None) -> dict[int, dict]:
-    """Train (or resume) and evaluate every seed; ``config.workers`` processes in parallel."""
-    results: dict[int, dict] = {}
-    if config.workers == 1:
-        for seed in range(config.seeds):
-            results[seed] = _train_and_evaluate(run, config, seed, progress)
-        return results
-    import multiprocessing as mp
-    from multiprocessing.managers import SyncManager
-
-    ctx = mp.get_context("spawn")
-    manager = SyncManager(ctx=ctx)
-    manager.start(die_with_parent)
-    pool = ProcessPoolExecutor(config.workers, mp_context=ctx, initializer=die_with_parent)
-    try:
-        queue = manager.Queue()
-        futures = {
-            pool.submit(_seed_job, str(run), asdict(config), seed, queue): seed
-            for seed in range(config.seeds)
-        }
-        pending = set(futures)
-        while pending:
-            while not queue.empty():
-                msg = queue.get()
-                if progress is not None:
-                    progress(msg)
-            for f in [f for f in pending if f.done()]:
-                results[futures[f]] = f.result()  # re-raises a worker's error here
-                pending.discard(f)
-            time.sleep(0.05)
-        while not queue.empty() and progress is not None:
-            progress(queue.get())
-    except BaseException:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
-        # stop the workers now rather than wait for their seeds to finish; checkpoints resume
-        workers = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
-            proc.terminate()
-        raise
-    finally:
-        pool.shutdown(wait=True)
-        manager.shutdown()
-    return dict(sorted(results.items()))
-
-
-def die_with_parent() -> None:
-    """In a worker process: exit when the parent dies, even by ``kill -9`` (Linux asks the kernel
-    to send SIGTERM then; elsewhere a thread polls the parent's pid)."""
-    import signal
-    import sys
-
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
+def train_all(
+    run: Path, config: Config, progress: Progress | None = None, ray: str | None = None
+) -> list[dict[str, Any]]:
+    """Train (or resume) every group; ``config.workers`` local processes or Ray tasks."""
+    jobs = [{"run": str(run), "config": asdict(config), "seeds": g} for g in groups(config)]
+    return _run(_group_job, jobs, config, ray, progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,29 +518,37 @@ def die_with_parent() -> None:
 
 
 def table1(
-    results: dict[int, dict[str, dict[int, float]]], sizes, treatment: str = "adaptive"
+    accuracy: dict[str, dict[int, dict[int, float]]],
+    sizes,
+    treatment: str = "adaptive",
+    se: dict[str, dict[int, float]] | None = None,
+    sets: dict[int, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per size: ours (mean, std over seeds, paired t-test p) beside the paper's."""
-    seeds = sorted(results)
-    a = np.array([[results[s]["baseline"][n] for n in sizes] for s in seeds])
-    b = np.array([[results[s][treatment][n] for n in sizes] for s in seeds])
+    """One row per size: ours (mean, std over seeds, paired t-test p) beside the paper's.
+    ``accuracy[method][seed][size]``; ``se[method][size]``: test-set standard error of the mean."""
+    seeds = sorted(accuracy["baseline"])
+    a = np.array([[accuracy["baseline"][s][n] for n in sizes] for s in seeds])
+    b = np.array([[accuracy[treatment][s][n] for n in sizes] for s in seeds])
     cmp = paired_comparison(a, b)
     rows = []
     for j, n in enumerate(sizes):
-        rows.append(
-            {
-                "size": n,
-                "seeds": len(seeds),
-                "baseline_mean": cmp.mean_a[j],
-                "baseline_std": cmp.std_a[j],
-                f"{treatment}_mean": cmp.mean_b[j],
-                f"{treatment}_std": cmp.std_b[j],
-                "p_value": cmp.p_value[j],
-                "paper_baseline": PAPER_TABLE1["baseline"].get(n),
-                "paper_adaptive": PAPER_TABLE1["adaptive"].get(n),
-                "paper_p_value": PAPER_TABLE1["p_value"].get(n),
-            }
-        )
+        row = {
+            "size": n,
+            "seeds": len(seeds),
+            "baseline_mean": cmp.mean_a[j],
+            "baseline_std": cmp.std_a[j],
+            f"{treatment}_mean": cmp.mean_b[j],
+            f"{treatment}_std": cmp.std_b[j],
+            "p_value": cmp.p_value[j],
+            "paper_baseline": PAPER_TABLE1["baseline"].get(n),
+            "paper_adaptive": PAPER_TABLE1["adaptive"].get(n),
+            "paper_p_value": PAPER_TABLE1["p_value"].get(n),
+        }
+        if se is not None:
+            row["test_se"] = max(se["baseline"][n], se[treatment][n])
+        if sets is not None:
+            row["test_sets"] = sets[n]
+        rows.append(row)
     return rows
 
 
@@ -545,10 +579,12 @@ def write_table1(
     get a column for adaptive θ with the paper's coefficients too.
     """
     extra = treatment != "adaptive" and "adaptive_mean" in rows[0]
-    header = "| size | baseline (ours) | baseline (paper) | "
-    header += "adaptive θ (ours) | " if extra else ""
-    header += f"{label} (ours) | adaptive θ (paper) | p (ours) | p (paper) |"
-    lines = [header, "|" + "---:|" * (8 if extra else 7)]
+    se = "test_se" in rows[0]
+    header = ["size", "baseline (ours)", "baseline (paper)"]
+    header += ["adaptive θ (ours)"] if extra else []
+    header += [f"{label} (ours)", "adaptive θ (paper)", "p (ours)", "p (paper)"]
+    header += ["test sets", "test-set SE"] if se else []
+    shown = []
     for r in rows:
         cells = [
             f"{r['size']:,}",
@@ -559,24 +595,13 @@ def write_table1(
             _paper(r["paper_adaptive"]),
             _fmt_p(r["p_value"]),
             _fmt_p(r["paper_p_value"]),
+            *([f"{r.get('test_sets', 0):,}", f"{r['test_se']:.2f}"] if se else []),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    md = "\n".join(lines) + "\n"
+        shown.append(cells)
+    md = report.markdown_table(header, shown, align="r" * len(header))
     write_atomic(run / f"{name}.md", md)
     cols = list(rows[0])
-    csv = (
-        ",".join(cols)
-        + "\n"
-        + "".join(
-            ",".join(
-                "" if r[c] is None else f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c])
-                for c in cols
-            )
-            + "\n"
-            for r in rows
-        )
-    )
-    write_atomic(run / f"{name}.csv", csv)
+    write_atomic(run / f"{name}.csv", report.csv_text(cols, [[r[c] for c in cols] for r in rows]))
     write_json(run / f"{name}.json", [{k: _json_num(v) for k, v in r.items()} for r in rows])
     return md
 
@@ -592,51 +617,38 @@ def _json_num(v):
 # ---------------------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path, dpi: int = 120) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    _plt().close(fig)
-
-
 def plot_accuracy(
     path: Path, rows: list[dict[str, Any]], extra: dict[str, list[float]] | None = None
 ) -> None:
     """Accuracy vs size (log x), ours with ±std bands and the paper's curves dashed."""
-    plt = _plt()
     sizes = [r["size"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label, color in (("baseline", "baseline", "C0"), ("adaptive", "adaptive θ", "C1")):
-        mean = np.array([r[f"{key}_mean"] for r in rows])
-        std = np.nan_to_num(np.array([r[f"{key}_std"] for r in rows]))
-        ax.plot(sizes, mean, "o-", color=color, label=f"{label} (ours)")
-        ax.fill_between(sizes, mean - std, mean + std, color=color, alpha=0.2)
-        paper = [
-            (n, r[f"paper_{key}"])
-            for n, r in zip(sizes, rows, strict=True)
-            if r[f"paper_{key}"] is not None
-        ]
-        if paper:
-            ax.plot(
-                *zip(*paper, strict=True), "s--", color=color, alpha=0.6, label=f"{label} (paper)"
-            )
-    for label, values in (extra or {}).items():
-        ax.plot(sizes, values, "^-", color="C2", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("number of items n (trained on 5–16)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title("Max retrieval: accuracy vs set size")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    _save(fig, path, dpi=120)
+    with report.figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
+        for key, label, color in (("baseline", "baseline", "C0"), ("adaptive", "adaptive θ", "C1")):
+            mean = np.array([r[f"{key}_mean"] for r in rows])
+            std = np.nan_to_num(np.array([r[f"{key}_std"] for r in rows]))
+            ax.plot(sizes, mean, "o-", color=color, label=f"{label} (ours)")
+            ax.fill_between(sizes, mean - std, mean + std, color=color, alpha=0.2)
+            paper = [
+                (n, r[f"paper_{key}"])
+                for n, r in zip(sizes, rows, strict=True)
+                if r[f"paper_{key}"] is not None
+            ]
+            if paper:
+                ax.plot(
+                    *zip(*paper, strict=True),
+                    "s--",
+                    color=color,
+                    alpha=0.6,
+                    label=f"{label} (paper)",
+                )
+        for label, values in (extra or {}).items():
+            ax.plot(sizes, values, "^-", color="C2", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("number of items n (trained on 5–16)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title("Max retrieval: accuracy vs set size")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 @torch.inference_mode()
@@ -645,130 +657,119 @@ def plot_attention(
 ) -> None:
     """Figures 2 and 7: weights of ``sets`` sets over their 16 largest-priority items (max
     rightmost), one panel per size 16, 32, …, ``max_size``; softmax above, adaptive below."""
-    plt = _plt()
     sizes = [16 * 2**i for i in range(int(math.log2(max(max_size, 16) / 16)) + 1)]
-    g = torch.Generator().manual_seed(_seed_int(_TEST_SEED, _FIGURE))
+    g = generator(_TEST_SEED, _FIGURE)
     methods = eval_methods(config)
-    fig, axes = plt.subplots(2, len(sizes), figsize=(1.6 * len(sizes) + 1, 6), squeeze=False)
-    for j, n in enumerate(sizes):
-        b = sample_max_retrieval(sets, n, g)
-        top = b.priority.argsort(dim=-1)[:, -16:]  # (sets, 16), max rightmost
-        for i, (label, (method, params)) in enumerate(methods.items()):
-            _, w = model(b.x, b.q, method=method, return_weights=True, **params)
-            ax = axes[i, j]
-            ax.imshow(w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if i == 0:
-                ax.set_title(f"n = {n:,}", fontsize=9)
-            if j == 0:
-                ax.set_ylabel(
-                    "softmax"
-                    if label == "baseline" and method == "softmax"
-                    else (method if label == "baseline" else "adaptive θ")
-                )
-    fig.suptitle("Attention over the 16 largest items of 32 sets (max rightmost)")
-    _save(fig, path, dpi=110)
+    with report.figure(
+        path, 2, len(sizes), figsize=(1.6 * len(sizes) + 1, 6), squeeze=False, dpi=110
+    ) as (fig, axes):
+        for j, n in enumerate(sizes):
+            b = sample_max_retrieval(sets, n, g)
+            top = b.priority.argsort(dim=-1)[:, -16:]  # (sets, 16), max rightmost
+            for i, (label, (method, params)) in enumerate(methods.items()):
+                _, w = model(b.x, b.q, method=method, return_weights=True, **params)
+                ax = axes[i, j]
+                ax.imshow(w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i == 0:
+                    ax.set_title(f"n = {n:,}", fontsize=9)
+                if j == 0:
+                    ax.set_ylabel(
+                        "softmax"
+                        if label == "baseline" and method == "softmax"
+                        else (method if label == "baseline" else "adaptive θ")
+                    )
+        fig.suptitle("Attention over the 16 largest items of 32 sets (max rightmost)")
 
 
 def plot_entropy_landscape(path: Path, items: int = 10) -> None:
     """Figure 5: entropy of softmax_θ(a) for a_i = λ^i, i = 1…10, over (λ, θ)."""
-    plt = _plt()
     lam = torch.linspace(0.01, 2.0, 200, dtype=torch.float64)
     theta = torch.linspace(0.01, 2.0, 200, dtype=torch.float64)
     a = lam[:, None] ** torch.arange(1, items + 1, dtype=torch.float64)  # (λ, items)
     h = torch.stack(
         [nz.entropy(nz.softmax(a, temperature=float(t))) for t in theta], dim=0
     )  # (θ, λ)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    im = ax.pcolormesh(lam.numpy(), theta.numpy(), h.numpy(), shading="auto", cmap="magma")
-    fig.colorbar(im, ax=ax, label="entropy H (nats)")
-    ax.set_xlabel("λ  (logits a_i = λ^i, i = 1…10)")
-    ax.set_ylabel("temperature θ")
-    ax.set_title(
-        f"Entropy of softmax_θ over {items} logits (max log {items} = {math.log(items):.2f})"
-    )
-    _save(fig, path, dpi=120)
+    with report.figure(path, figsize=(6, 4.5), dpi=120) as (fig, ax):
+        im = ax.pcolormesh(lam.numpy(), theta.numpy(), h.numpy(), shading="auto", cmap="magma")
+        fig.colorbar(im, ax=ax, label="entropy H (nats)")
+        ax.set_xlabel("λ  (logits a_i = λ^i, i = 1…10)")
+        ax.set_ylabel("temperature θ")
+        ax.set_title(
+            f"Entropy of softmax_θ over {items} logits (max log {items} = {math.log(items):.2f})"
+        )
 
 
 def plot_logit_spread(path: Path, records: list[list[dict[str, float]]]) -> None:
     """Figure 9: logit spread δ and its Proposition 3.1 bound over training (mean ± std over seeds)."""
-    plt = _plt()
     steps = np.array([m["step"] for m in records[0]])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label, color in (
-        ("delta", "logit spread δ", "C0"),
-        ("bound", "bound 2·σmax(Q)·σmax(K)·‖y‖·max‖x_i‖ (Prop. 3.1)", "C3"),
-    ):
-        v = np.array([[m[key] for m in rec] for rec in records])
-        mean, std = v.mean(0), (v.std(0) if len(records) > 1 else np.zeros(v.shape[1]))
-        ax.plot(steps, mean, color=color, label=label)
-        ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
-    ax.set_yscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("logits (sets of 16)")
-    ax.set_title(f"Logit spread vs its upper bound ({len(records)} seed{'s' * (len(records) > 1)})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path, dpi=120)
+    with report.figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
+        for key, label, color in (
+            ("delta", "logit spread δ", "C0"),
+            ("bound", "bound 2·σmax(Q)·σmax(K)·‖y‖·max‖x_i‖ (Prop. 3.1)", "C3"),
+        ):
+            v = np.array([[m[key] for m in rec] for rec in records])
+            mean, std = v.mean(0), (v.std(0) if len(records) > 1 else np.zeros(v.shape[1]))
+            ax.plot(steps, mean, color=color, label=label)
+            ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("logits (sets of 16)")
+        ax.set_title(
+            f"Logit spread vs its upper bound ({len(records)} seed{'s' * (len(records) > 1)})"
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 # ---------------------------------------------------------------------------------------------
 # The whole reproduction
 # ---------------------------------------------------------------------------------------------
 
-
-def read_config(run: Path) -> Config:
-    path = Path(run) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run} is not a max-retrieval run folder (no config.json).")
-    data = read_json(path)
-    if not isinstance(data, dict) or data.pop("experiment", None) != "max-retrieval":
-        raise ValueError(f"{run} is not a max-retrieval run folder (its config.json is another's).")
-    return Config(**data)
-
-
 # Settings that change what a seed's training produces: a run folder keeps them fixed.
 _TRAINING = ("steps", "method", "batch", "lr", "l2", "min_items", "max_items", "log_every")
 
 
-def reproduce(out: Path, config: Config, progress: ProgressFn | None = None) -> dict[str, Any]:
+def read_config(run: Path) -> Config:
+    return Config(**read_config_json(run, "max-retrieval"))
+
+
+def reproduce(
+    out: Path, config: Config, progress: Progress | None = None, ray: str | None = None
+) -> dict[str, Any]:
     """Train and evaluate every seed (resuming what exists), then write tables, figures, report."""
-    out = Path(out)
-    if (out / "config.json").is_file():
-        old = read_config(out)
-        diff = [k for k in _TRAINING if getattr(old, k) != getattr(config, k)]
-        if diff:
-            raise ValueError(
-                f"{out} holds a run with a different {', '.join(diff)}; use another --out or the same "
-                "settings to resume it."
-            )
-    run = open_run(out, {"experiment": "max-retrieval", **asdict(config)})
+    folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING)
+    run = folder.path
     t0 = time.perf_counter()
-    results = run_seeds(run, config, progress)
-    elapsed = time.perf_counter() - t0
-    rows = table1(results, config.sizes)
+    states = train_all(run, config, progress, ray)
+    trained = time.perf_counter()
+    result = evaluate(run, config, eval_methods(config), progress, ray)
+    rows = table1(
+        result["accuracy"], config.sizes, se=result["se_of_mean"], sets=result["test_sets"]
+    )
     write_table1(run, rows)
+    evaluated = time.perf_counter()
     plot_accuracy(run / "accuracy.png", rows)
-    model, record = load_model(run, config, 0)
-    plot_attention(run / "attention.png", model, config, max(config.sizes))
+    plot_attention(run / "attention.png", load_model(run, config, 0), config, max(config.sizes))
     plot_entropy_landscape(run / "entropy_landscape.png")
-    records = [load_model(run, config, s)[1]["metrics"] for s in range(config.seeds)]
-    plot_logit_spread(run / "logit_spread.png", records)
-    summary = {"elapsed_s": elapsed, "steps_per_s": _steps_per_s(run, config)}
+    plot_logit_spread(run / "logit_spread.png", list(training_records(run, config).values()))
+    speeds = [
+        st["steps_per_s"] * len(g)
+        for st, g in zip(states, groups(config), strict=True)
+        if st.get("steps_per_s")
+    ]
+    summary = {
+        "elapsed_s": time.perf_counter() - t0,
+        "train_s": trained - t0,
+        "eval_s": evaluated - trained,
+        "steps_per_s": float(np.sum(speeds)) / config.seeds if speeds else None,
+        "group": config.group,
+        "threads": config.threads,
+    }
     write_json(run / "summary.json", summary)
     write_report(run)
     return {"run": run, "rows": rows, **summary}
-
-
-def _steps_per_s(run: Path, config: Config) -> float | None:
-    """Mean training speed (steps/s per seed) recorded in the seeds' final weights."""
-    speeds = []
-    for s in range(config.seeds):
-        rec = load_checkpoint(seed_dir(run, s) / "model.safetensors", model=build_model(config, s))
-        if rec.get("steps_per_s"):
-            speeds.append(rec["steps_per_s"])
-    return float(np.mean(speeds)) if speeds else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -819,8 +820,8 @@ def fit_temperature(
     sets: int = 256,
     degree: int = 4,
     seeds: list[int] | None = None,
-    evaluate: bool = True,
-    progress: ProgressFn | None = None,
+    evaluate_refit: bool = True,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Refit β(H) = 1/θ_opt (App. F) on the trained models of ``run``; write fit_temperature.json
     (which ``adaptive(coefficients=path)`` reads), Figure 6 and Table 1 with the refit."""
@@ -829,14 +830,12 @@ def fit_temperature(
     sizes = tuple(sizes or config.sizes)
     seeds = list(range(config.seeds)) if seeds is None else list(seeds)
     hs, betas = [], []
-    for s in seeds:
-        model, _ = load_model(run, config, s)
-        g = torch.Generator().manual_seed(_seed_int(s, _FIT))
-        h, beta = collect_fit_data(model, sizes, sets, g)
+    for i, s in enumerate(seeds):
+        emit(progress, "temperature fit", f"seed {s}", i, len(seeds))
+        h, beta = collect_fit_data(load_model(run, config, s), sizes, sets, generator(s, _FIT))
         hs.append(h)
         betas.append(beta)
-        if progress is not None:
-            progress({"seed": s, "phase": "fit", "step": 1, "total": 1})
+    emit(progress, "temperature fit", "done", len(seeds), len(seeds))
     h, beta = np.concatenate(hs), np.concatenate(betas)
     if len(h) <= degree:
         raise ValueError(
@@ -860,11 +859,12 @@ def fit_temperature(
     nz.resolve_coefficients(str(path))  # what adaptive(coefficients=path) will read
     plot_fit(run / "fit_temperature.png", h, beta, coefficients)
     out: dict[str, Any] = {"path": path, "coefficients": coefficients, "samples": len(h)}
-    if evaluate:
+    if evaluate_refit:
         methods = {**eval_methods(config), "refit": ("adaptive", {"coefficients": str(path)})}
-        results = {s: evaluate_seed(run, config, s, methods, progress) for s in range(config.seeds)}
-        rows = table1(results, config.sizes, treatment="refit")
-        for r, base in zip(rows, table1(results, config.sizes), strict=True):
+        result = evaluate(run, config, methods, progress)
+        acc, se, sets = result["accuracy"], result["se_of_mean"], result["test_sets"]
+        rows = table1(acc, config.sizes, treatment="refit", se=se, sets=sets)
+        for r, base in zip(rows, table1(acc, config.sizes, se=se, sets=sets), strict=True):
             r["adaptive_mean"], r["adaptive_std"] = base["adaptive_mean"], base["adaptive_std"]
         write_table1(run, rows, name="table1_refit", treatment="refit", label="adaptive θ, refit")
         out["rows"] = rows
@@ -874,29 +874,27 @@ def fit_temperature(
 
 def plot_fit(path: Path, h: np.ndarray, beta: np.ndarray, coefficients) -> None:
     """Figure 6: (H, 1/θ_opt) samples, our degree-4 fit and the paper's polynomial."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    rng = np.random.default_rng(0)
-    idx = rng.choice(len(h), size=min(len(h), 4000), replace=False)
-    ax.scatter(h[idx], beta[idx], s=4, alpha=0.3, color="gray", label=f"samples ({len(h):,})")
-    grid = np.linspace(0, max(float(h.max()), 1.0), 300)
-    ax.plot(grid, np.polyval(coefficients, grid), color="C0", lw=2, label="our fit")
-    ax.plot(
-        grid,
-        np.polyval(nz.COEFFICIENTS["icml"], grid),
-        "--",
-        color="C3",
-        lw=2,
-        label="paper (ICML Fig. 6)",
-    )
-    ax.axhline(1.0, color="k", lw=0.5)
-    ax.set_xlabel("entropy H of softmax(e)")
-    ax.set_ylabel("1/θ_opt")
-    ax.set_ylim(0, max(3.0, float(np.quantile(beta, 0.99))))
-    ax.set_title("Adaptive temperature: polynomial fit of 1/θ_opt against H (App. F)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    _save(fig, path, dpi=120)
+    with report.figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
+        rng = np.random.default_rng(0)
+        idx = rng.choice(len(h), size=min(len(h), 4000), replace=False)
+        ax.scatter(h[idx], beta[idx], s=4, alpha=0.3, color="gray", label=f"samples ({len(h):,})")
+        grid = np.linspace(0, max(float(h.max()), 1.0), 300)
+        ax.plot(grid, np.polyval(coefficients, grid), color="C0", lw=2, label="our fit")
+        ax.plot(
+            grid,
+            np.polyval(nz.COEFFICIENTS["icml"], grid),
+            "--",
+            color="C3",
+            lw=2,
+            label="paper (ICML Fig. 6)",
+        )
+        ax.axhline(1.0, color="k", lw=0.5)
+        ax.set_xlabel("entropy H of softmax(e)")
+        ax.set_ylabel("1/θ_opt")
+        ax.set_ylim(0, max(3.0, float(np.quantile(beta, 0.99))))
+        ax.set_title("Adaptive temperature: polynomial fit of 1/θ_opt against H (App. F)")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -910,16 +908,19 @@ def write_report(run: Path) -> Path:
     config = read_config(run)
     summary = read_json(run / "summary.json") if (run / "summary.json").is_file() else {}
     parts = [
-        "# Max retrieval (Veličković et al., *Softmax is not Enough*, App. A, Table 1)\n",
         f"{config.seeds} seed(s) × {config.steps:,} Adam steps (lr {config.lr:g}, batch {config.batch}, "
         f"n ~ U{{{config.min_items}..{config.max_items}}}, CE + {config.l2:g}·Σw²); trained normalizer "
         f"`{config.method}`; adaptive θ with coefficients `{config.coefficients}` at inference only. "
-        f"{config.test_sets:,} test sets per size; p: paired t-test over seeds (scipy `ttest_rel`).\n",
+        f"{config.test_sets:,} test sets per size, the same for every seed and method; p: paired "
+        "t-test over seeds (scipy `ttest_rel`); test-set SE: the standard error, over test sets, of "
+        "the seeds' mean accuracy (the larger of the two columns).\n",
     ]
     if summary.get("steps_per_s"):
         parts.append(
-            f"Training speed: {summary['steps_per_s']:.0f} steps/s per seed; wall time "
-            f"{summary['elapsed_s']:.0f} s for training + evaluation.\n"
+            f"Training: {config.group} seed(s) per batched ensemble, {summary['steps_per_s']:.0f} "
+            f"steps/s per seed. Wall time {summary['elapsed_s']:.0f} s: training "
+            f"{summary['train_s']:.0f} s, evaluation {summary['eval_s']:.0f} s (this invocation; "
+            "a resumed run counts only what it did).\n"
         )
     for name, title in (
         ("table1", "Table 1"),
@@ -949,7 +950,7 @@ def write_report(run: Path) -> Path:
         ("fit_temperature.png", "Figure 6: the temperature fit, ours and the paper's."),
     ):
         if (run / png).is_file():
-            parts.append(f"![{caption}]({png})\n\n*{caption}*\n")
-    path = run / "report.md"
-    write_atomic(path, "\n".join(parts))
-    return path
+            parts.append(report.image(png, caption))
+    return report.write_report(
+        run, "Max retrieval (Veličković et al., *Softmax is not Enough*, App. A, Table 1)", parts
+    )

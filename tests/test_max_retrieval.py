@@ -150,49 +150,112 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(path))
 
 
+def _final(run: Path, seeds: list[int]) -> dict[str, torch.Tensor]:
+    return _tensors(mr.group_dir(run, seeds) / "model.safetensors")
+
+
 def test_training_loss_decreases_and_prop_3_1_bound_holds(tmp_path):
-    config = mr.Config(**{**TINY, "steps": 200, "log_every": 20})
-    with mr.torch_threads(1):
-        final = mr.train_seed(tmp_path, config, 0)
-    _, record = mr.load_model(tmp_path, config, 0)
-    ce = [m["ce"] for m in record["metrics"] if m["step"] > 0]
-    assert record["step"] == 200 and final.is_file()
+    config = mr.Config(**{**TINY, "steps": 200, "log_every": 20, "group": 1})
+    state = mr.train_group(tmp_path, config, [0])
+    records = mr.training_records(tmp_path, config)[0]
+    ce = [m["ce"] for m in records if m["step"] > 0]
+    assert state["step"] == 200 and (mr.group_dir(tmp_path, [0]) / "model.safetensors").is_file()
     assert np.mean(ce[-3:]) < 0.8 * ce[0], ce  # chance level is log 10 = 2.3
-    for m in record["metrics"]:
+    for m in records:
         assert 0 <= m["delta"] <= m["bound"], m  # Proposition 3.1
         assert m["l2"] > 0
 
 
 def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
-    config = mr.Config(**TINY)
-    with mr.torch_threads(1):
-        mr.train_seed(tmp_path / "a", config, 0)  # uninterrupted
+    config = mr.Config(**{**TINY, "seeds": 2, "group": 2, "threads": 1})
+    seeds = [0, 1]
+    mr.train_group(tmp_path / "a", config, seeds)  # uninterrupted
 
-        mr.train_seed(tmp_path / "b", config, 0, stop_at=50)  # "killed" after step 50
-        sdir = mr.seed_dir(tmp_path / "b", 0)
-        assert not (sdir / "model.safetensors").exists()
-        assert (sdir / "checkpoint.safetensors").is_file()  # from step 40
+    mr.train_group(tmp_path / "b", config, seeds, stop_at=50)  # "killed" after step 50
+    gdir = mr.group_dir(tmp_path / "b", seeds)
+    assert not (gdir / "model.safetensors").exists()
+    assert (gdir / "checkpoint.safetensors").is_file()  # from step 40
 
-        def crash(msg):  # and killed again mid-way through the resumed run
-            if msg["step"] == 50:
-                raise KeyboardInterrupt
+    def crash(msg):  # and interrupted again mid-way through the resumed run
+        if msg["step"] == 50:
+            raise KeyboardInterrupt
 
-        with pytest.raises(KeyboardInterrupt):
-            mr.train_seed(tmp_path / "b", config, 0, progress=crash)
-        mr.train_seed(tmp_path / "b", config, 0)  # re-run: resumes from step 40
-    a = _tensors(mr.seed_dir(tmp_path / "a", 0) / "model.safetensors")
-    b = _tensors(mr.seed_dir(tmp_path / "b", 0) / "model.safetensors")
+    with pytest.raises(KeyboardInterrupt):
+        mr.train_group(tmp_path / "b", config, seeds, progress=crash)
+    mr.train_group(tmp_path / "b", config, seeds)  # re-run: resumes from step 50
+    a, b = _final(tmp_path / "a", seeds), _final(tmp_path / "b", seeds)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    ra = mr.load_model(tmp_path / "a", config, 0)[1]
-    rb = mr.load_model(tmp_path / "b", config, 0)[1]
-    assert ra["metrics"] == rb["metrics"]
-    assert not (sdir / "checkpoint.safetensors").exists()
+    strip = ("seconds",)
+    ra = [
+        {k: v for k, v in r.items() if k not in strip}
+        for r in mr.training_records(tmp_path / "a", config)[1]
+    ]
+    rb = [
+        {k: v for k, v in r.items() if k not in strip}
+        for r in mr.training_records(tmp_path / "b", config)[1]
+    ]
+    assert ra == rb
+    assert not (gdir / "checkpoint.safetensors").exists()
 
-    # A finished seed is never retrained.
+    # A finished group is never retrained.
     monkeypatch.setattr(mr, "sample_max_retrieval", lambda *a, **k: pytest.fail("retrained"))
-    mr.train_seed(tmp_path / "b", config, 0)
+    mr.train_group(tmp_path / "b", config, seeds)
+
+
+def test_seeds_trained_together_end_as_they_would_alone(tmp_path):
+    """Members of an ensemble (same initialisation, same batches) end with the parameters each
+    seed reaches alone, to float32 rounding; a run whose learning rate differs by 1e-3 relative
+    does not (so the tolerance can tell)."""
+    steps = 30
+    config = mr.Config(**{**TINY, "seeds": 3, "group": 3, "steps": steps, "threads": 1})
+    mr.train_group(tmp_path / "together", config, [0, 1, 2])
+    together = mr.load_ensemble(tmp_path / "together", config, [0, 1, 2])
+    alone = mr.Config(**{**asdict(config), "group": 1})
+    nudged = mr.Config(**{**asdict(alone), "lr": config.lr * (1 + 1e-3)})
+    mr.train_group(tmp_path / "nudged", nudged, [0])
+    control = mr.load_model(tmp_path / "nudged", nudged, 0)
+    for s in range(3):
+        mr.train_group(tmp_path / "alone", alone, [s])
+        single = mr.load_model(tmp_path / "alone", alone, s)
+        member = together.member(s)
+        params = zip(
+            member.named_parameters(), single.parameters(), control.parameters(), strict=True
+        )
+        for (name, p), r, c in params:
+            # bmm and mm round the batch sums of a gradient differently (ε·√n relative); Adam
+            # divides each gradient by its own running size, so a step differs by that relative
+            # error of lr, and the parameters by a few ulps of their size after `steps` steps.
+            # key.bias's gradient cancels exactly (softmax ignores the shift q̃·b_k shared by
+            # every item): what is left is weight decay 2λ·b_k plus rounding noise of the
+            # cancelled sum, of comparable size, which Adam normalises into steps of up to lr.
+            # Its two runs can differ by a fraction of its total movement (≤ steps·lr): 10%.
+            scale = float(r.abs().max())
+            tol = tolerance(torch.float32, n=steps, magnitude=scale, ulps=2)
+            if name == "key.bias":
+                tol = 0.1 * steps * config.lr
+            assert float((p - r).abs().max()) <= tol, (s, name, float((p - r).abs().max()), tol)
+            if s == 0 and name.endswith("weight"):
+                assert float((c - r).abs().max()) > 4 * tol, (name, "the control run is too close")
+
+
+def test_ensemble_forward_equals_its_members():
+    config = mr.Config(**TINY)
+    models = [mr.build_model(config, s) for s in range(3)]
+    ens = SetAttention.stack(models)
+    g = torch.Generator().manual_seed(0)
+    bs = [sample_max_retrieval(16, 9, g) for _ in range(3)]
+    x, q = torch.stack([b.x for b in bs]), torch.stack([b.q for b in bs])
+    out, w = ens(x, q, return_weights=True)
+    for s, (m, b) in enumerate(zip(models, bs, strict=True)):
+        ref, rw = m(b.x, b.q, return_weights=True)
+        # the same sums in another order (bmm vs mm): reduction length 128, logits of size ~1
+        assert_close(out[s], ref, n=128, magnitude=float(ref.abs().max()))
+        assert_close(w[s], rw, n=128)
+        single = ens.member(s)
+        for p, r in zip(single.parameters(), m.parameters(), strict=True):
+            assert torch.equal(p, r)
 
 
 def test_checkpoint_is_safetensors_and_loads_without_pickle(tmp_path, monkeypatch):
@@ -263,8 +326,8 @@ def test_paired_comparison_matches_scipy_and_the_t_formula():
 
 def test_table1_files_carry_ours_beside_the_paper(tmp_path):
     results = {
-        s: {"baseline": {16: 98.0 + s, 64: 90.0 + s}, "adaptive": {16: 98.0 + s, 64: 91.0 + 2 * s}}
-        for s in range(3)
+        "baseline": {s: {16: 98.0 + s, 64: 90.0 + s} for s in range(3)},
+        "adaptive": {s: {16: 98.0 + s, 64: 91.0 + 2 * s} for s in range(3)},
     }
     rows = mr.table1(results, (16, 64))
     assert rows[1]["baseline_mean"] == 91.0  # means of small integers: exact in float64
@@ -374,19 +437,6 @@ def test_cli_fit_temperature_on_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["fit-temperature", str(tmp_path)]) == 2
     assert main(["reproduce", "max-retrieval", "--quick", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("not a max-retrieval run") == 2
-
-
-def test_seeds_in_worker_processes_match_in_process_training(tmp_path):
-    config = mr.Config(**{**TINY, "seeds": 2, "steps": 30, "sizes": (16,), "workers": 2})
-    messages = []
-    results = mr.run_seeds(tmp_path / "par", config, messages.append)
-    assert sorted(results) == [0, 1] and {m["seed"] for m in messages} == {0, 1}
-    with mr.torch_threads(config.train_threads):
-        mr.train_seed(tmp_path / "seq", mr.Config(**{**asdict(config), "workers": 1}), 1)
-    a = _tensors(mr.seed_dir(tmp_path / "par", 1) / "model.safetensors")
-    b = _tensors(mr.seed_dir(tmp_path / "seq", 1) / "model.safetensors")
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_cli_reproduce_runs_end_to_end(tmp_path, capsys):

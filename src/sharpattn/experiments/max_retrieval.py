@@ -138,8 +138,12 @@ class Config:
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": dict(seeds=1, group=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100),
-    "paper": dict(seeds=10, group=10, steps=100_000, sizes=PAPER_SIZES, test_sets=10_000, log_every=1_000),
+    "quick": dict(
+        seeds=1, group=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100
+    ),
+    "paper": dict(
+        seeds=10, group=10, steps=100_000, sizes=PAPER_SIZES, test_sets=10_000, log_every=1_000
+    ),
 }
 
 
@@ -238,9 +242,9 @@ def trainer(
     model = SetAttention.stack([build_model(config, s) for s in seeds])
     data = [generator(s, _DATA) for s in seeds]
     sizes = generator(_TEST_SEED, _SIZES)
-    probe = _stack_batches(
-        [sample_max_retrieval(config.batch, config.max_items, generator(s, _PROBE)) for s in seeds]
-    )
+    probe: list[
+        tuple[Tensor, Tensor, Tensor]
+    ] = []  # drawn on first use (a finished run needs none)
 
     def batch(step: int):
         n = int(torch.randint(config.min_items, config.max_items + 1, (1,), generator=sizes))
@@ -255,8 +259,15 @@ def trainer(
     def on_log(step: int, losses: list[float] | None) -> dict[str, Any]:
         """CE of the step's batch, λ·Σw², their sum, and on a fixed probe batch of
         in-distribution sets the logit spread δ and its Prop. 3.1 bound (Figure 9); per member."""
+        if not probe:
+            gens = [generator(s, _PROBE) for s in seeds]
+            probe.append(
+                _stack_batches(
+                    [sample_max_retrieval(config.batch, config.max_items, g) for g in gens]
+                )
+            )
         penalty = l2_penalty(model, config.l2)
-        delta, bound = logit_spread_bound(model, probe[0], probe[1])
+        delta, bound = logit_spread_bound(model, probe[0][0], probe[0][1])
         total = None if losses is None else [c + p for c, p in zip(losses, penalty, strict=True)]
         return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound}
 
@@ -381,28 +392,30 @@ def correct_sets(
     return {lb: torch.stack([torch.cat(c) for c in per]) for lb, per in out.items()}
 
 
-def _block_path(run: Path, seeds: list[int], size: int, block: int, key: str) -> Path:
+def _block_path(run: Path, seeds: list[int], size: int, block: int, key: str, sets: int) -> Path:
     return (
         group_dir(run, seeds).parent.parent
         / "eval"
         / group_dir(run, seeds).name
         / f"n{size}"
-        / f"{key}.b{block}.safetensors"
+        / f"{key}.b{block}x{sets}.safetensors"
     )
 
 
 def eval_block(
     run: Path, config: Config, seeds: list[int], size: int, block: int, methods
 ) -> dict[str, Tensor]:
-    """Correctness ``(len(seeds), BLOCK)`` per method of one group on one test block, cached
+    """Correctness ``(len(seeds), sets)`` per method of one group on one test block of
+    ``sets = min(BLOCK, config.test_sets)`` sets, cached
     in RUN/eval/<group>/n<size>/ (one safetensors file per method and block)."""
     keys = {lb: _method_key(m, p) for lb, (m, p) in methods.items()}
-    paths = {lb: _block_path(run, seeds, size, block, k) for lb, k in keys.items()}
+    sets = min(BLOCK, config.test_sets)
+    paths = {lb: _block_path(run, seeds, size, block, k, sets) for lb, k in keys.items()}
     todo = {lb: methods[lb] for lb, p in paths.items() if not p.is_file()}
     if todo:
         with threads(config.threads):
             model = load_ensemble(run, config, seeds)
-            for lb, c in correct_sets(model, size, block, todo).items():
+            for lb, c in correct_sets(model, size, block, todo, sets).items():
                 write_atomic(paths[lb], safetensors.torch.save({"correct": c.to(torch.uint8)}))
     out = {}
     for lb, p in paths.items():
@@ -452,7 +465,7 @@ def evaluate(
     wire = {lb: [m, p] for lb, (m, p) in methods.items()}
     for i, size in enumerate(config.sizes):
         emit(progress, "evaluation", f"n={size:,}", i, len(config.sizes))
-        blocks: list[dict[str, Tensor]] = []  # per block: method -> (seeds, BLOCK)
+        blocks: list[dict[str, Tensor]] = []  # per block: method -> (seeds, sets)
         want = 1
         while len(blocks) < want:
             jobs = [
@@ -481,7 +494,7 @@ def evaluate(
             for s in seeds:
                 out["accuracy"][lb][s][size] = float(100 * c[s].mean())
             out["se_of_mean"][lb][size] = _se(c)
-        out["test_sets"][size] = len(blocks) * BLOCK
+        out["test_sets"][size] = len(blocks) * min(BLOCK, config.test_sets)
     emit(progress, "evaluation", "done", len(config.sizes), len(config.sizes))
     return out
 

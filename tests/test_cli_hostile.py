@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -157,10 +158,9 @@ def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path)
     argv += ["--test-sets", "4", "--checkpoint-every", "2", "--out", str(out)]
     assert main(argv) == 0
     capsys.readouterr()
-    seed = out / "seeds" / "seed0"
-    model = seed / "model.safetensors"
+    model = out / "train" / "seed0" / "model.safetensors"
     model.write_bytes(model.read_bytes()[:100])  # a finished model, truncated
-    (seed / "eval.json").unlink(missing_ok=True)  # so the model is read again
+    shutil.rmtree(out / "eval")  # so the model is read again
     assert main(argv) == 2
     one_sentence(capsys, str(model), "is damaged")
 

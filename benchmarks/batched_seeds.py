@@ -1,0 +1,99 @@
+"""Seeds trained together: max-retrieval training steps per second per seed, batched vs one at a time.
+
+In one process, interleaved rounds (the machine may be shared: ratios, not absolute numbers):
+  * one at a time: ``SetAttention`` seeds trained one after another on the runner's Trainer
+    (the group of one seed), with 1 and with every thread;
+  * batched: S = 1, 2, 5, 10 seeds as one ensemble (``SetAttention(members=S)``) on the same
+    Trainer, same batches per seed, with 1 and with every thread.
+Reports steps/s per seed (training steps of every seed divided by wall time), the best of the
+rounds, and the ratio to the best one-at-a-time configuration. CPU-time per seed-step is printed
+too (it does not depend on other load).
+
+    python benchmarks/batched_seeds.py [--steps 200] [--rounds 3] [--out benchmarks/results/batched_seeds.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from sharpattn.experiments import max_retrieval as mr
+from sharpattn.experiments.runner import cores
+
+
+def rate(seeds: int, group: int, threads: int, steps: int) -> tuple[float, float]:
+    """(seed-steps per wall second, seed-steps per CPU second) training ``seeds`` seeds in
+    groups of ``group``; logging every 1,000 steps as the paper profile does."""
+    config = mr.Config(
+        seeds=seeds, group=group, steps=steps, threads=threads, log_every=1000,
+        checkpoint_every=10**9, sizes=(16,), test_sets=1,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for g in mr.groups(config):
+            mr.train_group(Path(tmp), config, g)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return seeds * steps / wall, seeds * steps / cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="1,2,5,10")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    threads = sorted({1, cores()})
+    cases = [("one at a time", 1, 1, t) for t in threads]  # (label, seeds, group, threads)
+    cases += [(f"batched S={s}", s, s, t) for s in sizes for t in threads]
+    best: dict[tuple, tuple[float, float]] = {}
+    mr.train_group(
+        Path(tempfile.mkdtemp()),
+        mr.Config(seeds=1, group=1, steps=20, sizes=(16,), test_sets=1),
+        [0],
+    )  # warm-up
+    for _ in range(args.rounds):
+        for case in cases:
+            r = rate(*case[1:], steps=args.steps if case[1] > 1 else 2 * args.steps)
+            old = best.get(case, (0.0, 0.0))
+            best[case] = (max(old[0], r[0]), max(old[1], r[1]))
+    base = max(v[0] for c, v in best.items() if c[0] == "one at a time")
+    print(
+        f"max-retrieval training (batch 128, n ~ U{{5..16}}), {args.steps} steps x {args.rounds} rounds"
+    )
+    print(
+        f"torch {torch.__version__}, {cores()} cores, {platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'configuration':<18}{'threads':>8}{'steps/s per seed':>18}{'vs one at a time':>18}{'per CPU-s':>11}"
+    )
+    rows = []
+    for (label, s, _, t), (wall, cpu) in best.items():
+        print(f"{label:<18}{t:>8}{wall:>18.1f}{wall / base:>17.2f}x{cpu:>11.1f}")
+        rows.append(
+            {
+                "configuration": label,
+                "seeds": s,
+                "threads": t,
+                "steps_per_s_per_seed": wall,
+                "ratio": wall / base,
+                "per_cpu_s": cpu,
+            }
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"torch": torch.__version__, "cores": cores(), "rows": rows}, indent=2)
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The experiment runner: run folders, seeds, threads, progress events, the Trainer and its resume,
+the report kit; and max-retrieval resuming after a real ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sharpattn.experiments import report, runner
+from sharpattn.experiments.runner import MetricsLog, RunFolder, Trainer
+
+# --- run folders ------------------------------------------------------------------------------
+
+
+def test_run_folder_writes_config_once_and_refuses_another(tmp_path):
+    RunFolder(tmp_path / "r", "exp", {"steps": 10, "sizes": (1, 2), "threads": 1}, ["steps"])
+    stored = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert stored == {"experiment": "exp", "steps": 10, "sizes": [1, 2], "threads": 1}
+    # same identity, other evaluation settings: accepted, config.json records the latest
+    RunFolder(tmp_path / "r", "exp", {"steps": 10, "sizes": (4,), "threads": 2}, ["steps"])
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["sizes"] == [4]
+    with pytest.raises(ValueError, match=r"different steps \(10 there, 11 now\)") as err:
+        RunFolder(tmp_path / "r", "exp", {"steps": 11}, ["steps"])
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="holds a exp run, not a other run"):
+        RunFolder(tmp_path / "r", "other", {"steps": 10})
+    with pytest.raises(ValueError, match="different"):  # identity=None: every key counts
+        RunFolder(tmp_path / "r", "exp", {"steps": 10, "sizes": [4], "threads": 3})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot use"):
+        RunFolder(tmp_path / "file", "exp", {})
+
+
+def test_read_config_names_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a exp run folder"):
+        runner.read_config(tmp_path, "exp")
+    (tmp_path / "config.json").write_text('{"experiment": "other"}')
+    with pytest.raises(ValueError, match="another's"):
+        runner.read_config(tmp_path, "exp")
+
+
+def test_metrics_log_appends_truncates_and_survives_a_cut_line(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    assert log.read() == []
+    for s in range(5):
+        log.append({"step": s, "x": float("nan") if s == 2 else s / 2})
+    assert [r["step"] for r in log.read()] == [0, 1, 2, 3, 4]
+    assert log.read()[2]["x"] is None  # NaN written as null: strict JSON
+    assert [r["step"] for r in log.keep_until(2)] == [0, 1, 2]
+    with open(log.path, "a") as f:
+        f.write('{"step": 3, "x"')  # a crash mid-append
+    assert [r["step"] for r in log.read()] == [0, 1, 2]
+    log.path.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        log.read()
+
+
+# --- seeds, threads, events ---------------------------------------------------------------------
+
+
+def test_seeds_are_independent_per_purpose_and_reproducible():
+    a, b = runner.seed_int(0, 1), runner.seed_int(0, 2)
+    assert a != b and a == runner.seed_int(0, 1) and 0 <= a < 2**63
+    assert runner.seed_int(1, 0) != runner.seed_int(0, 1)  # the order of the key matters
+    x = torch.rand(5, generator=runner.generator(3, 4))
+    assert torch.equal(x, torch.rand(5, generator=runner.generator(3, 4)))
+    state = torch.random.get_rng_state()
+    with runner.seeded(7):
+        y = torch.rand(3)
+    with runner.seeded(7):
+        assert torch.equal(y, torch.rand(3))
+    assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is left alone
+    with pytest.raises(ValueError):
+        runner.seed_int()
+
+
+def test_threads_are_set_for_the_block_and_restored():
+    old = torch.get_num_threads()
+    with runner.threads(1) as n:
+        assert n == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == old
+    with runner.threads() as n:
+        assert n == runner.cores() and torch.get_num_threads() == n
+    assert torch.get_num_threads() == old
+
+
+def test_events_are_plain_picklable_dicts():
+    import pickle
+
+    seen = []
+    runner.emit(seen.append, "seeds 0-9", "train", 5, 10, loss=0.5)
+    runner.emit(None, "x", "y", 0, 1)  # no renderer: nothing happens
+    assert seen == [{"task": "seeds 0-9", "phase": "train", "step": 5, "total": 10, "loss": 0.5}]
+    assert pickle.loads(pickle.dumps(seen)) == seen
+
+
+# --- the Trainer ----------------------------------------------------------------------------------
+
+
+def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None) -> Trainer:
+    """A tiny regression model whose batches come from a checkpointed generator."""
+    with runner.seeded(0):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    data = runner.generator(0, 1)
+
+    def batch(step):
+        x = torch.randn(16, 4, generator=data)
+        return x, x.sum(-1, keepdim=True).sin()
+
+    def loss(m, b):
+        per = F.mse_loss(m(b[0]), b[1], reduction="none").mean()
+        return per.expand(members)  # an ensemble's vector of losses
+
+    def on_log(step, losses):
+        with torch.no_grad():
+            return {"w_norm": float(sum(p.norm() for p in model.parameters()))}
+
+    return Trainer(
+        folder, model, torch.optim.Adam(model.parameters(), lr=1e-2), steps=steps, batch=batch,
+        loss=loss, generators={"data": data}, checkpoint_every=10, log_every=5, on_log=on_log,
+        progress=progress, report_every=5,
+    )  # fmt: skip
+
+
+def test_trainer_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path):
+    with runner.threads(1):
+        full = _toy(tmp_path / "a")
+        done = full.run()
+        assert done["step"] == 40 and not full.checkpoint.exists() and full.final.is_file()
+
+        _toy(tmp_path / "b").run(stop_at=27)  # a crash after step 27: checkpoint from step 20
+        assert not (tmp_path / "b" / "model.safetensors").exists()
+        assert [r["step"] for r in MetricsLog(tmp_path / "b" / "metrics.jsonl").read()][-1] == 25
+
+        def interrupt(ev):
+            if ev["step"] == 30:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):  # Ctrl-C writes a checkpoint at step 30
+            _toy(tmp_path / "b", progress=interrupt).run()
+        resumed = _toy(tmp_path / "b")
+        resumed.run()
+    for p, r in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, r)
+    a = MetricsLog(tmp_path / "a" / "metrics.jsonl").read()
+    b = MetricsLog(tmp_path / "b" / "metrics.jsonl").read()
+    assert a == b and [r["step"] for r in a] == list(range(0, 41, 5))
+    assert a[0]["loss"] is None and len(a[1]["loss"]) == 1
+    # finished: run() loads the final weights instead of training
+    again = _toy(tmp_path / "b", steps=40)
+    state = again.run()
+    assert state["step"] == 40
+    for p, r in zip(full.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(p, r)
+
+
+def test_trainer_reports_a_non_finite_loss_in_one_sentence(tmp_path):
+    t = _toy(tmp_path)
+    t.loss = lambda m, b: torch.tensor([float("nan")], requires_grad=True)
+    with pytest.raises(FloatingPointError, match="the loss became nan at step 5"):
+        t.run()
+
+
+def test_trainer_sums_member_losses(tmp_path):
+    t = _toy(tmp_path, steps=5, members=3)
+    t.run()
+    rec = MetricsLog(tmp_path / "metrics.jsonl").read()[-1]
+    assert len(rec["loss"]) == 3 and rec["loss"][0] == rec["loss"][2]
+
+
+# --- the report kit ---------------------------------------------------------------------------------
+
+
+def test_markdown_table_csv_and_report(tmp_path):
+    md = report.markdown_table(["n", "acc"], [[16, 0.5], [1024, float("nan")]])
+    assert md.splitlines() == ["| n | acc |", "|:---|---:|", "| 16 | 0.5 |", "| 1,024 | n/a |"]
+    with pytest.raises(ValueError):
+        report.markdown_table(["a"], [[1, 2]])
+    report.write_table(tmp_path, "t", ["n", "acc"], [[16, "50%"]], raw=[[16, 0.5]])
+    assert (tmp_path / "t.csv").read_text() == "n,acc\n16,0.5\n"
+    with report.figure(tmp_path / "f.png", figsize=(2, 2)) as (fig, ax):
+        ax.plot([0, 1], [0, 1])
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(RuntimeError), report.figure(tmp_path / "g.png") as (fig, ax):
+        raise RuntimeError  # a failed drawing leaves no file
+    assert not (tmp_path / "g.png").exists()
+    path = report.write_report(tmp_path, "Title", ["a", None, report.image("f.png", "cap")])
+    assert path.read_text().startswith("# Title\n\na\n\n![cap](f.png)")
+
+
+# --- every reproduce command resumes after kill -9: max retrieval -------------------------------
+
+
+def _cli(*args) -> subprocess.Popen:
+    code = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_max_retrieval_resumes_after_kill_9(tmp_path):
+    args = ["reproduce", "max-retrieval", "--quick", "--seeds", "2", "--group", "2", "--steps",
+            "400", "--sizes", "16,64", "--test-sets", "200", "--checkpoint-every", "50",
+            "--threads", "1"]  # fmt: skip
+    assert _cli(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
+    proc = _cli(*args, "--out", str(tmp_path / "b"))
+    ckpt = tmp_path / "b" / "train" / "seeds0-1" / "checkpoint.safetensors"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-training, after a checkpoint
+    proc.wait(timeout=30)
+    assert proc.returncode == -9, "the run ended before it could be killed"
+    assert _cli(*args, "--out", str(tmp_path / "b")).wait(timeout=300) == 0  # resumes
+    a = json.loads((tmp_path / "a" / "table1.json").read_text())
+    b = json.loads((tmp_path / "b" / "table1.json").read_text())
+    assert a == b
+    ma = MetricsLog(tmp_path / "a" / "train" / "seeds0-1" / "metrics.jsonl").read()
+    mb = MetricsLog(tmp_path / "b" / "train" / "seeds0-1" / "metrics.jsonl").read()
+    assert ma == mb
+    assert np.isfinite([r["baseline_mean"] for r in a]).all()

@@ -402,11 +402,11 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
     from .experiments import max_retrieval as mr
 
-    given = dict(seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets, group=group)
+    given = dict(seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets, group=group,
+                 workers=workers, threads=threads)  # fmt: skip
     config = mr.Config(
         **{**mr.PROFILES[profile], **{k: v for k, v in given.items() if v is not None}},
         method=method, coefficients=coefficients, checkpoint_every=checkpoint_every,
-        workers=workers, threads=threads,
     )  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)

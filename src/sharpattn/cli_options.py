@@ -87,9 +87,8 @@ def cluster_options(f):
         click.option(
             "--workers",
             type=click.IntRange(min=1, max=1024),
-            default=1,
-            show_default=True,
-            help="Jobs run in parallel local processes.",
+            default=None,
+            help="Jobs run in parallel local processes (default: the command's profile, else 1).",
         ),
         click.option(
             "--ray",

@@ -141,8 +141,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": dict(
         seeds=1, group=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100
     ),
+    # two single-threaded processes of 5 seeds each: as fast as one two-threaded process of 10
+    # (benchmarks/batched_seeds.py), and no thread waits on a core another job holds
     "paper": dict(
-        seeds=10, group=10, steps=100_000, sizes=PAPER_SIZES, test_sets=10_000, log_every=1_000
+        seeds=10,
+        group=5,
+        workers=2,
+        steps=100_000,
+        sizes=PAPER_SIZES,
+        test_sets=10_000,
+        log_every=1_000,
     ),
 }
 

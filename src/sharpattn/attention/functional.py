@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ..normalizers import get
-from ..normalizers._contract import compute_dtype
+from ..normalizers._contract import causal_rows, compute_dtype
 from .chunked import chunked_attend
 from .fused import FUSED
 from .masking import Masking
@@ -53,9 +53,7 @@ def causal_mask(lq: int, lk: int, device=None) -> Tensor:
     Queries are aligned to the *end* of the keys (decoding with a cache): query i sees keys
     j <= i + (Lk − Lq). With Lq > Lk the first Lq − Lk queries see nothing (all-zero rows).
     """
-    i = torch.arange(lq, device=device).unsqueeze(-1)
-    j = torch.arange(lk, device=device)
-    return j <= i + (lk - lq)
+    return causal_rows(0, lq, lq, lk, device)
 
 
 def attend(

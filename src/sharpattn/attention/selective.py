@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..normalizers._contract import log_n
+from ..normalizers.scaled import length_scaled_beta
 from .functional import attend
 from .masking import Masking
 
@@ -97,8 +99,10 @@ def initial_theta(param: str, coefficient: float | None = None) -> float:
 
 
 def position_temperature(n: Tensor, coefficient: Tensor | float) -> Tensor:
-    """τ_pos(n) = 1 + c·log n (Sec. 3). ``n`` < 1 (a query that sees no key) counts as 1."""
-    return 1.0 + coefficient * torch.log(n.clamp(min=1))
+    """τ_pos(n) = 1 + c·log n (Sec. 3), length_scaled's inverse temperature
+    (:func:`~sharpattn.normalizers.scaled.length_scaled_beta`). ``n`` < 1 (a query that sees no
+    key) counts as 1."""
+    return length_scaled_beta(log_n(n), coefficient)
 
 
 def query_positions(

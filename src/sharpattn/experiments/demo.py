@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .. import normalizers as nz
+from ..diagnostics.metrics import logit_spread
 from .runs import check_memory, open_run, write_atomic, write_json
 
 METHODS = ("softmax", "adaptive")
@@ -73,7 +74,7 @@ def measure(
         g = torch.Generator().manual_seed(seed)
         for n in sizes:
             s = logits(n, rows, m, g)
-            delta = s.amax(-1) - s.amin(-1)  # (rows, 1): each row's logit spread
+            delta = logit_spread(s)  # (rows, 1): each row's δ = max − min logit
             for method in methods:
                 w = nz.get(method)(s)
                 # The effective inverse temperature of the row: 1 for softmax, β for adaptive.

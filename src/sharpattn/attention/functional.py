@@ -23,8 +23,6 @@ IMPLS = ("auto", "fused", "chunked", "naive")
 #: (B·H·Lq·Lk); beyond it, methods without a fused path run chunked.
 NAIVE_MAX_ELEMENTS = 2**24
 
-_FUSED = FUSED  # registry ``fused`` name -> fused implementation (see attention/fused.py)
-
 #: The one observation point of attention (used by :mod:`sharpattn.diagnostics.capture`): when
 #: set, every :func:`attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
 #: method=, params=)``, where q, k, v are what the normalizer saw (after selective temperatures)
@@ -155,7 +153,7 @@ def attend(
         else:
             full = {p.name: p.default for p in entry.params}
             full.update(params)
-            out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            out, stats = FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
             if not math.isfinite(_max_abs(out)) and math.isfinite(_max_abs(v)):
                 # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
                 # on the chunked path, which evaluates the normalizer without overflowing

@@ -342,7 +342,6 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
 #: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
 FUSED = {
     "sdpa": softmax_temperature,
-    "softmax": softmax_temperature,
     "adaptive": adaptive,
     "ssmax": ssmax,
     "length_scaled": length_scaled,

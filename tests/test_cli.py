@@ -23,6 +23,8 @@ def test_demo_writes_a_run_folder(tmp_path, capsys):
     assert "Lemma 2.1" in printed
     for name in ("config.json", "metrics.json", "report.md", "dispersion.png"):
         assert (out_dir / name).stat().st_size > 0
+    for name in ("config.json", "metrics.json", "report.md", "winner_weight.png"):
+        assert (out_dir / "dispersion" / name).stat().st_size > 0  # then every method
     rows = json.loads((out_dir / "metrics.json").read_text())
     soft = [r for r in rows if r["method"] == "softmax"]
     assert len(rows) == 2 * 2 * 3

@@ -1,4 +1,5 @@
-"""`sharpattn dispersion` (issue 3): the measured numbers, the run folder, the CLI, the README."""
+"""`sharpattn dispersion` (issue 3) and `sharpattn demo`, one module: the measured numbers, the run
+folder, the CLI, the README."""
 
 from __future__ import annotations
 
@@ -86,6 +87,36 @@ def test_bad_arguments_raise_value_error():
         disp.measure(sizes=(1,))
     with pytest.raises(ValueError, match="margin must be a finite number > 0"):
         disp.measure(sizes=(16,), margin=0)
+
+
+def test_demo_numbers_match_numpy_and_lemma_2_1():
+    rows = disp.measure_demo(sizes=(16, 256), rows=8, margin=2.0, seed=5)
+    assert [(r.setting, r.method, r.n) for r in rows[:4]] == [
+        ("bounded", "softmax", 16),
+        ("bounded", "adaptive", 16),
+        ("bounded", "softmax", 256),
+        ("bounded", "adaptive", 256),
+    ]
+    g = torch.Generator().manual_seed(5)
+    for n in (16, 256):  # the bounded setting draws its rows from a fresh generator
+        x = disp.demo_logits(n, 8, None, g)[:, 0].numpy()
+        p = np.exp(x - x.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        r = next(r for r in rows if (r.setting, r.method, r.n) == ("bounded", "softmax", n))
+        assert_close(r.max_weight, p.max(-1).mean(), dtype=torch.float64, n=n, magnitude=3 / n)
+        h = (-(p * np.log(p)).sum(-1)).mean()
+        assert_close(r.entropy, h, dtype=torch.float64, n=n, magnitude=3 * math.log(n))
+        spread = x.max(-1) - x.min(-1)
+        assert_close(r.lemma_bound, np.exp(spread).max(), dtype=torch.float64, n=n, magnitude=8.0)
+        assert math.isnan(r.winner_weight)
+    for r in rows:
+        assert r.n_max_weight <= r.lemma_bound  # Lemma 2.1 (θ = 1/β for adaptive)
+    margin = [r for r in rows if r.setting == "margin" and r.method == "softmax"]
+    assert margin[0].winner_weight > margin[1].winner_weight  # disperses as n grows
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        disp.measure_demo(sizes=(16,), rows=0)
+    with pytest.raises(ValueError, match="margin must be a finite number > 0"):
+        disp.measure_demo(sizes=(16,), margin=math.inf)
 
 
 def test_cli_writes_a_run_folder(tmp_path, capsys):

@@ -18,7 +18,9 @@ from sharpattn.attention import AttentionStats, MultiheadAttention, attend, caus
 from sharpattn.attention import fused as fused_mod
 from sharpattn.attention.fused import FUSED, softmax_entropy
 from sharpattn.attention.masking import Masking
+from sharpattn.attention.selective import query_positions
 from sharpattn.normalizers import COEFFICIENTS, Normalizer, available, get, register, unregister
+from sharpattn.normalizers import _contract as contract
 from sharpattn.normalizers import softmax as softmax_fn
 
 pytestmark = pytest.mark.numerical
@@ -548,6 +550,31 @@ def test_visible_keys_count_without_the_matrix():
                         == np_allowed((2, 4, lq, lk), mask, causal)
                     ).all()
     assert torch.equal(causal_mask(3, 5), Masking.build(None, True, 3, 5, "cpu").dense()[0, 0])
+
+
+def test_one_count_of_visible_keys_for_every_caller():
+    # n is counted in one place (normalizers._contract.visible_keys): attention's Masking,
+    # selective's query positions and the normalizers' count of a dense mask agree with NumPy,
+    # for causal masks with Lq != Lk, padding masks (one row for every query, with or without
+    # the batch and head dimensions), keys broadcast and per-query masks, in float32 and float64.
+    for lq, lk in [(9, 12), (12, 7), (3, 17), (5, 5), (1, 4), (0, 6)]:
+        pad = padding_mask(2, lk)
+        rows = row_mask(2, 4, lq, lk) if lq else torch.ones(2, 4, 0, lk, dtype=torch.bool)
+        for mask in (None, pad, pad[1, 0], torch.ones(2, 1, 1, 1, dtype=torch.bool), rows):
+            for causal in (False, True):
+                allowed = np_allowed((2, 4, lq, lk), mask, causal)
+                want = allowed.sum(-1)
+                for dtype in (torch.float32, torch.float64):
+                    m = Masking.build(mask, causal, lq, lk, "cpu")
+                    n = m.visible_keys(block=2, dtype=dtype)
+                    assert n.dtype == dtype and n.shape[-1] == 1
+                    assert (n.expand(2, 4, lq, 1).squeeze(-1).numpy() == want).all(), (lq, lk)
+                    dense = contract.visible_keys(torch.from_numpy(allowed), dtype=dtype)
+                    assert (dense.squeeze(-1).numpy() == want).all(), (lq, lk, causal)
+                q = query_positions(lq, lk, mask=mask, causal=causal)
+                assert (q.expand(2, 4, lq).numpy() == want).all(), (lq, lk, causal)
+    # the normalizers' scores may have any number of leading dimensions, or none
+    assert contract.visible_keys(torch.tensor([True, False, True])).tolist() == [2.0]
 
 
 @pytest.mark.parametrize("method", ["softmax", "adaptive"])

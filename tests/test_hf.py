@@ -254,3 +254,18 @@ def test_import_sharpattn_does_not_import_transformers():
         "assert 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_way_to_reach_sharpattn_hf_gives_the_one_module():
+    # sharpattn/hf.py is the one alias (it puts integrations.hf in sys.modules under its name);
+    # sharpattn.__getattr__ only imports it lazily for `import sharpattn; sharpattn.hf`.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sharpattn; assert 'sharpattn.integrations.hf' not in sys.modules; "
+        "a = sharpattn.hf; import sharpattn.hf as b; from sharpattn import hf as c; "
+        "import sharpattn.integrations.hf as d; assert a is b is c is d, (a, b, c, d); "
+        "assert sys.modules['sharpattn.hf'] is d"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

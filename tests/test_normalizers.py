@@ -96,6 +96,20 @@ def test_registry():
         nz.register(entry)
 
 
+def test_every_built_in_method_is_exported_under_its_registry_name():
+    import importlib
+
+    package = importlib.import_module("sharpattn.normalizers")
+    built_in = [n for n in nz.available() if nz.get(n).fn.__module__.startswith(package.__name__)]
+    assert len(built_in) >= 16
+    for name in built_in:
+        assert name.isidentifier(), name
+        assert name in package.__all__, name
+        # `from sharpattn.normalizers import <name>` gives the function, not its module
+        assert getattr(package, name) is nz.get(name).fn, name
+    assert all(hasattr(package, name) for name in package.__all__)
+
+
 # ---------------------------------------------------------------- softmax
 
 

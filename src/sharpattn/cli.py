@@ -116,9 +116,9 @@ def list_methods(markdown):
 )
 def demo(sizes, rows, margin, seed, out):
     """Softmax vs adaptive temperature as n grows: Lemma 2.1 made visible."""
-    from .experiments import demo as demo_exp
+    from .experiments import dispersion as disp
 
-    run_dir, result = demo_exp.run(out, sizes=sizes, rows=rows, margin=margin, seed=seed)
+    run_dir, result = disp.run_demo(out, sizes=sizes, rows=rows, margin=margin, seed=seed)
     for setting in ("bounded", "margin"):
         table = Table(
             title=f"{setting}: logits in [-1, 1]"
@@ -147,7 +147,7 @@ def demo(sizes, rows, margin, seed, out):
         console.print(table)
     console.print(
         "Lemma 2.1: n·max weight stays below e^{δ/θ} at every n, so every softmax weight falls as "
-        f"1/n. {demo_exp.adaptive_note()}"
+        f"1/n. {disp.adaptive_note()}"
     )
     console.print(f"wrote {run_dir}/report.md and {run_dir}/dispersion.png")
     _dispersion(Path(out) / "dispersion", None, None, margin, 16, seed)

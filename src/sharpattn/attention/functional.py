@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ..normalizers import get
-from ..normalizers._contract import compute_dtype
+from ..normalizers._contract import causal_rows, compute_dtype
 from .chunked import chunked_attend
 from .fused import FUSED
 from .masking import Masking
@@ -22,8 +22,6 @@ IMPLS = ("auto", "fused", "chunked", "naive")
 #: ``impl="auto"`` materialises the score matrix (the naive path) only up to this many entries
 #: (B·H·Lq·Lk); beyond it, methods without a fused path run chunked.
 NAIVE_MAX_ELEMENTS = 2**24
-
-_FUSED = FUSED  # registry ``fused`` name -> fused implementation (see attention/fused.py)
 
 #: The one observation point of attention (used by :mod:`sharpattn.diagnostics.capture`): when
 #: set, every :func:`attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
@@ -53,9 +51,7 @@ def causal_mask(lq: int, lk: int, device=None) -> Tensor:
     Queries are aligned to the *end* of the keys (decoding with a cache): query i sees keys
     j <= i + (Lk − Lq). With Lq > Lk the first Lq − Lk queries see nothing (all-zero rows).
     """
-    i = torch.arange(lq, device=device).unsqueeze(-1)
-    j = torch.arange(lk, device=device)
-    return j <= i + (lk - lq)
+    return causal_rows(0, lq, lq, lk, device)
 
 
 def attend(
@@ -157,7 +153,7 @@ def attend(
         else:
             full = {p.name: p.default for p in entry.params}
             full.update(params)
-            out, stats = _FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            out, stats = FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
             if not math.isfinite(_max_abs(out)) and math.isfinite(_max_abs(v)):
                 # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
                 # on the chunked path, which evaluates the normalizer without overflowing

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..normalizers._contract import compute_dtype
+from ..normalizers._contract import compute_dtype, log_n
 from ..normalizers.scaled import length_scaled_beta, ssmax_beta
 from ..normalizers.softmax import _check_temperature, beta_from_entropy, resolve_coefficients
 from .chunked import chunked_softmax_attention
@@ -220,7 +220,7 @@ def softmax_temperature(q, k, v, masking, scale, want_stats, *, temperature=1.0)
 def _log_visible(masking: Masking, q: Tensor) -> Tensor:
     """log n_i in q's compute dtype, n_i >= 1 (rows with no visible key give output 0 whatever
     their factor)."""
-    return torch.log(masking.visible_keys(dtype=compute_dtype(q.dtype)).clamp_min(1.0))
+    return log_n(masking.visible_keys(dtype=compute_dtype(q.dtype)))
 
 
 def ssmax(q, k, v, masking, scale, want_stats, *, s=0.43):
@@ -342,7 +342,6 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
 #: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
 FUSED = {
     "sdpa": softmax_temperature,
-    "softmax": softmax_temperature,
     "adaptive": adaptive,
     "ssmax": ssmax,
     "length_scaled": length_scaled,

@@ -57,7 +57,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import attend, causal_mask
+from ..normalizers._contract import log_n
+from ..normalizers.scaled import length_scaled_beta
+from .functional import attend
+from .masking import Masking
 
 Tensor = torch.Tensor
 
@@ -96,31 +99,27 @@ def initial_theta(param: str, coefficient: float | None = None) -> float:
 
 
 def position_temperature(n: Tensor, coefficient: Tensor | float) -> Tensor:
-    """τ_pos(n) = 1 + c·log n (Sec. 3). ``n`` < 1 (a query that sees no key) counts as 1."""
-    return 1.0 + coefficient * torch.log(n.clamp(min=1))
+    """τ_pos(n) = 1 + c·log n (Sec. 3), length_scaled's inverse temperature
+    (:func:`~sharpattn.normalizers.scaled.length_scaled_beta`). ``n`` < 1 (a query that sees no
+    key) counts as 1."""
+    return length_scaled_beta(log_n(n), coefficient)
 
 
 def query_positions(
     lq: int, lk: int, *, mask: Tensor | None = None, causal: bool = False, device=None
 ) -> Tensor:
-    """n for each query: how many keys it may attend to, float ``[B', H', Lq]`` (``[1, 1, Lq]``
-    without a mask). ``mask`` is boolean, broadcastable to ``[B, H, Lq, Lk]``, True = may attend;
-    ``causal`` aligns queries to the end of the keys (query i sees keys j <= i + Lk − Lq)."""
-    if mask is None:
-        if causal:
-            i = torch.arange(lq, device=device, dtype=torch.float32)
-            n = (i + (lk - lq) + 1).clamp(min=0, max=lk)
-        else:
-            n = torch.full((lq,), float(lk), device=device)
-        return n.view(1, 1, lq)
-    if mask.dtype != torch.bool:
-        raise ValueError("mask must be a boolean tensor (True = may attend).")
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    allowed = mask.expand(*mask.shape[:2], lq, lk)
-    if causal:
-        allowed = allowed & causal_mask(lq, lk, mask.device)
-    return allowed.sum(-1).to(torch.float32)
+    """n for each query: how many keys it may attend to (:meth:`Masking.visible_keys`), float
+    ``[B', H', Lq]`` (``[1, 1, Lq]`` without a mask). ``mask`` is boolean, broadcastable to
+    ``[B, H, Lq, Lk]``, True = may attend; ``causal`` aligns queries to the end of the keys
+    (query i sees keys j <= i + Lk − Lq)."""
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError("mask must be a boolean tensor (True = may attend).")
+        device = mask.device
+    elif device is None:
+        device = torch.get_default_device()
+    n = Masking.build(mask, causal, lq, lk, device).visible_keys().squeeze(-1)
+    return n.expand(*n.shape[:-1], lq)
 
 
 def key_positions(lk: int, *, key_mask: Tensor | None = None, device=None) -> Tensor:

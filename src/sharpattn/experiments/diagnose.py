@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .. import normalizers as nz
 from ..diagnostics import (
     capture,
     dispersion_horizon,
@@ -129,7 +130,7 @@ def probe(tok, net, layers: list[int], max_items: int, repeats: int, seed: int, 
                 net(**enc)
             for layer in layers:
                 w = cap[f"layers.{layer}.attn.weights"][0, :, pos].double()  # (H, Lk)
-                acc[layer] = acc[layer] + -torch.special.xlogy(w, w).sum(-1)
+                acc[layer] = acc[layer] + nz.entropy(w)
         for layer in layers:
             out[layer].append((acc[layer] / repeats).tolist())
         if tick:

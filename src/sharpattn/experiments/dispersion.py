@@ -1,8 +1,16 @@
-"""`sharpattn dispersion`: which normalizers keep a winner's weight as the number of items grows.
+"""Dispersion as n grows: `sharpattn demo` (softmax vs adaptive temperature, Lemma 2.1) and
+`sharpattn dispersion` (which normalizers keep a winner's weight).
 
-For each size n: rows of n logits uniform in [−1, 1], one of them (at a random position) replaced
-by a "winner" at 1 + margin. For each normalizer: the winner's weight, the largest |weight|, the
-entropy of the row (of |w| / Σ|w|, so unnormalised rows are comparable) and the total mass Σ|w|.
+For each size n: rows of n logits uniform in [−1, 1].
+
+`sharpattn demo` (:func:`run_demo`, the main job): those rows ("bounded"), and the same with one
+"winner" item whose logit is 1 + margin ("margin"). For softmax and adaptive temperature: mean max
+weight, entropy, the winner's weight and n·max weight, which Lemma 2.1 bounds by e^δ (δ = max − min
+logit, θ = 1); the CLI then runs the dispersion table below over every method.
+
+`sharpattn dispersion` (:func:`run`): one logit per row (at a random position) replaced by a
+winner at 1 + margin. For each normalizer: the winner's weight, the largest |weight|, the entropy
+of the row (of |w| / Σ|w|, so unnormalised rows are comparable) and the total mass Σ|w|.
 Lemma 2.1 (Veličković et al.): softmax's winner weight is at most e^{δ}/n (δ = 2 + margin, the
 row's logit spread), so it falls as 1/n; the fitted log-log slope of winner weight vs n shows
 which alternatives keep it (slope ~0) and which disperse (slope ~−1).
@@ -19,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import normalizers as nz
+from ..diagnostics.metrics import logit_spread
 from .runs import check_memory, open_run, write_atomic, write_json
 
 DEFAULT_SIZES = tuple(4**k for k in range(2, 9))  # 16, 64, ..., 65536
@@ -44,12 +53,30 @@ class Row:
     total_mass: float  # mean over rows of Σ_j |w_j|
 
 
+def uniform_logits(n: int, rows: int, generator: torch.Generator) -> torch.Tensor:
+    """``[rows, 1, n]`` float64 logits uniform in [−1, 1]."""
+    return torch.rand(rows, 1, n, generator=generator, dtype=torch.float64) * 2 - 1
+
+
+def check_sizes(sizes: Sequence[int], margin: float, rows: int) -> None:
+    """ValueError for sizes < 2, a margin that is not finite and > 0, or rows < 1; MemoryError
+    (from :func:`check_memory`) when rows × max(sizes) float64 arrays would not fit."""
+    if not sizes or any(int(n) < 2 for n in sizes):
+        raise ValueError(f"sizes must all be >= 2, got {list(sizes)}.")
+    if not (margin > 0 and math.isfinite(margin)):
+        raise ValueError(f"margin must be a finite number > 0, got {margin}.")
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}.")
+    # float64 logits, weights and a normalizer's temporaries (sorts, cumulative sums): ~8 arrays
+    check_memory(8 * 8 * rows * max(int(n) for n in sizes), f"{rows} rows of {max(sizes):,} logits")
+
+
 def logits_with_winner(
     n: int, rows: int, margin: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[rows, 1, n]`` float64 logits uniform in [−1, 1] with a winner at 1 + margin placed at a
     uniformly random position of each row; returns the logits and the winners' positions."""
-    s = torch.rand(rows, 1, n, generator=generator, dtype=torch.float64) * 2 - 1
+    s = uniform_logits(n, rows, generator)
     where = torch.randint(n, (rows,), generator=generator)
     s[torch.arange(rows), 0, where] = 1.0 + margin
     return s, where
@@ -69,14 +96,7 @@ def measure(
         nz.get(m)  # unknown names raise ValueError listing the known ones
     if not methods:
         raise ValueError("methods must name at least one normalizer.")
-    if not sizes or any(int(n) < 2 for n in sizes):
-        raise ValueError(f"sizes must all be >= 2, got {list(sizes)}.")
-    if not (margin > 0 and math.isfinite(margin)):
-        raise ValueError(f"margin must be a finite number > 0, got {margin}.")
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}.")
-    # float64 logits, weights and a normalizer's temporaries (sorts, cumulative sums): ~8 arrays
-    check_memory(8 * 8 * rows * max(int(n) for n in sizes), f"{rows} rows of {max(sizes):,} logits")
+    check_sizes(sizes, margin, rows)
     out: list[Row] = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:
@@ -143,11 +163,7 @@ def slope_text(rows: list[Row], digits: int = 2) -> dict[str, str]:
 
 def plot(rows: list[Row], path: Path, margin: float) -> None:
     """Winner weight vs n on log axes, one curve per method, with softmax's Lemma 2.1 bound."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10.5, 6))
     methods = list(dict.fromkeys(r.method for r in rows))
     cmap = plt.get_cmap("tab20")
@@ -207,9 +223,6 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         "method_params": METHOD_PARAMS,
     }
     rows = measure(on_step=on_step, **kwargs)  # validates before anything is written
-    run_dir = open_run(out, config)
-    write_json(run_dir / "metrics.json", [asdict(r) for r in rows])
-    plot(rows, run_dir / "winner_weight.png", config["margin"])
     report = (
         "# Which normalizers disperse\n\n"
         f"Logits uniform in [−1, 1], one winner at 1 + {config['margin']:g} at a random position; "
@@ -222,5 +235,168 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         "the winner, so its mean over rows is noisy and, for large n, astronomically small.\n\n"
         f"{markdown_table(rows)}\n\n![winner weight vs n](winner_weight.png)\n"
     )
+    run_dir = _write_run(
+        out, config, rows, report, lambda d: plot(rows, d / "winner_weight.png", config["margin"])
+    )
+    return run_dir, rows
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _write_run(out, config: dict, rows: list, report: str, draw: Callable[[Path], None]) -> Path:
+    """Open the run folder ``out``; write config.json, metrics.json (``rows``), the figure
+    (``draw(run_dir)``) and report.md."""
+    run_dir = open_run(out, config)
+    write_json(run_dir / "metrics.json", [asdict(r) for r in rows])
+    draw(run_dir)
     write_atomic(run_dir / "report.md", report)
+    return run_dir
+
+
+# ---------------------------------------------------------------- `sharpattn demo`
+
+DEMO_METHODS = ("softmax", "adaptive")
+DEMO_SIZES = (16, 64, 256, 1024, 4096, 16384)
+
+
+def adaptive_note(coefficients: str = "icml") -> str:
+    """Where the adaptive polynomial stops sharpening, computed from its coefficients."""
+    (to_one,) = nz.entropy_crossings(coefficients, 1.0)[-1:]
+    (to_zero,) = nz.entropy_crossings(coefficients, 0.0)[-1:]
+    h = torch.linspace(0.5, to_one, 4001, dtype=torch.float64)
+    beta_max = float(nz.polyval(nz.resolve_coefficients(coefficients), h).max())
+    return (
+        f"Adaptive temperature (θ = 1/β) sharpens small sets, but β ≤ {beta_max:.2f} and the "
+        f"{coefficients} polynomial falls below 1 at entropy H ≈ {to_one:.2f} nats (below 0 at "
+        f"H ≈ {to_zero:.2f}), from where the floor makes β = 1: at large n it disperses exactly "
+        "like softmax."
+    )
+
+
+@dataclass
+class DemoRow:
+    setting: str
+    method: str
+    n: int
+    max_weight: float
+    entropy: float
+    winner_weight: float
+    n_max_weight: float
+    lemma_bound: float  # e^{δ/θ}: Lemma 2.1's bound on n·max weight (θ = 1/β for adaptive)
+
+
+def demo_logits(
+    n: int, rows: int, margin: float | None, generator: torch.Generator
+) -> torch.Tensor:
+    """``[rows, 1, n]`` logits uniform in [−1, 1]; item 0 set to 1 + margin if margin is given."""
+    s = uniform_logits(n, rows, generator)
+    if margin is not None:
+        s[..., 0] = 1.0 + margin
+    return s
+
+
+def measure_demo(
+    sizes=DEMO_SIZES, rows: int = 256, margin: float = 2.0, seed: int = 0, methods=DEMO_METHODS
+) -> list[DemoRow]:
+    """The demo's table: one :class:`DemoRow` per (setting, method, n)."""
+    check_sizes(sizes, margin, rows)
+    out: list[DemoRow] = []
+    for setting, m in (("bounded", None), ("margin", margin)):
+        g = torch.Generator().manual_seed(seed)
+        for n in sizes:
+            s = demo_logits(n, rows, m, g)
+            delta = logit_spread(s)  # (rows, 1): each row's δ = max − min logit
+            for method in methods:
+                w = nz.get(method)(s)
+                # The effective inverse temperature of the row: 1 for softmax, β for adaptive.
+                beta = nz.adaptive_beta(s) if method == "adaptive" else torch.ones_like(s[..., :1])
+                out.append(
+                    DemoRow(
+                        setting=setting,
+                        method=method,
+                        n=n,
+                        max_weight=nz.max_weight(w).mean().item(),
+                        entropy=nz.entropy(w).mean().item(),
+                        winner_weight=w[..., 0].mean().item() if m is not None else math.nan,
+                        n_max_weight=(n * nz.max_weight(w)).max().item(),
+                        lemma_bound=torch.exp(beta.squeeze(-1) * delta).max().item(),
+                    )
+                )
+    return out
+
+
+def plot_demo(rows: list[DemoRow], path: Path) -> None:
+    """Max weight and entropy vs n (log axes), softmax vs adaptive, with Lemma 2.1's bounds."""
+    plt = _pyplot()
+    settings = sorted({r.setting for r in rows}, key=["bounded", "margin"].index)
+    fig, axes = plt.subplots(2, len(settings), figsize=(5.5 * len(settings), 8), squeeze=False)
+    for col, setting in enumerate(settings):
+        sub = [r for r in rows if r.setting == setting]
+        ns = sorted({r.n for r in sub})
+        ax, ax_h = axes[0, col], axes[1, col]
+        for method in dict.fromkeys(r.method for r in sub):
+            mr = [r for r in sub if r.method == method]
+            ax.plot(
+                [r.n for r in mr], [r.max_weight for r in mr], "o-", label=f"{method}: max weight"
+            )
+            ax_h.plot([r.n for r in mr], [r.entropy for r in mr], "o-", label=method)
+        bound = max(r.lemma_bound for r in sub if r.method == "softmax")
+        ax.plot(ns, [bound / n for n in ns], "k--", lw=1, label="Lemma 2.1 (softmax): e^δ/n")
+        ax.plot(ns, [1 / (bound * n) for n in ns], "k:", lw=1, label="Lemma 2.1 (softmax): e^-δ/n")
+        ax_h.plot(ns, [math.log(n) for n in ns], "k--", lw=1, label="log n (uniform)")
+        ax.set(xscale="log", yscale="log", xlabel="n items", ylabel="mean max weight")
+        ax.set_title(
+            f"{setting} logits"
+            + (" (one winner above by a margin)" if setting == "margin" else " in [-1, 1]")
+        )
+        ax_h.set(xscale="log", xlabel="n items", ylabel="mean entropy (nats)")
+        ax.legend(fontsize=8)
+        ax_h.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax_h.grid(True, which="both", alpha=0.3)
+    fig.suptitle(
+        "Softmax must disperse (Lemma 2.1); adaptive temperature sharpens but cannot stop it"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def demo_markdown_table(rows: list[DemoRow]) -> str:
+    lines = [
+        "| setting | method | n | max weight | entropy | winner weight | n·max weight | e^{δ/θ} bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        winner = f"{r.winner_weight:.4g}" if r.setting == "margin" else "–"  # no winner: bounded
+        lines.append(
+            f"| {r.setting} | {r.method} | {r.n} | {r.max_weight:.4g} | {r.entropy:.3f} | "
+            f"{winner} | {r.n_max_weight:.3f} | {r.lemma_bound:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_demo(out: str | Path = "runs/demo", **kwargs) -> tuple[Path, list[DemoRow]]:
+    """Measure the demo, then write config.json, metrics.json, dispersion.png and report.md into
+    ``out`` (the CLI's `sharpattn demo` then runs :func:`run` into ``out/dispersion``)."""
+    config = {"experiment": "demo", "sizes": list(kwargs.get("sizes", DEMO_SIZES)), **kwargs}
+    config["sizes"] = [int(n) for n in config["sizes"]]
+    rows = measure_demo(**kwargs)  # validates before anything is written
+    report = (
+        "# Dispersion demo\n\n"
+        "Logits uniform in [−1, 1] (`bounded`), and the same with one winner at 1 + margin "
+        "(`margin`). Lemma 2.1: every softmax_θ weight is at most e^{δ/θ}/n (δ = max − min logit "
+        "of the row), so n·max weight stays below e^{δ/θ} for all n while the max weight itself "
+        f"falls as 1/n. {adaptive_note()}\n\n"
+        f"{demo_markdown_table(rows)}\n\n![dispersion](dispersion.png)\n"
+    )
+    run_dir = _write_run(out, config, rows, report, lambda d: plot_demo(rows, d / "dispersion.png"))
     return run_dir, rows

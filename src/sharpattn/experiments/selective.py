@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import normalizers as nz
 from ..attention import SelectiveConfig, selective_attend
 from ..attention.selective import Temperature, parameter_overhead, selective_parameter_count
 from .runs import open_run, write_atomic, write_json
@@ -269,7 +270,7 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     x = model.embeddings(seqs)
     q = _project(x[:, :, -1:], model.wq, model.bq)
     tau = model.query_temperature(seqs, q)[:, :, 0]  # (N queries, E)
-    entropy = -(p_star * torch.log(p_star.clamp(min=1e-300))).sum(-1).mean().item()
+    entropy = nz.entropy(p_star).mean().item()  # H(P*)
     counts = (p_star > 0).sum(-1)
     out = []
     for i, (variant, seed) in enumerate(model.members):

@@ -1,11 +1,15 @@
 """Normalizers: scores ``[..., Lq, Lk]`` -> attention weights, all behind one contract.
 
 ``fn(scores, mask=None, **params) -> weights``; see :mod:`sharpattn.normalizers._contract`.
-Look a method up by name with :func:`get`; :func:`available` lists them.
+Look a method up by name with :func:`get`; :func:`available` lists them. Every built-in method is
+also importable under its registry name (``from sharpattn.normalizers import sparsemax``).
 """
 
 from ._contract import masked_softmax, prepare
 from .registry import Normalizer, Param, available, get, markdown_table, register, unregister
+
+# Importing a module registers its normalizers; this order is the order of `available()`.
+# isort: off
 from .softmax import (
     COEFFICIENTS,
     adaptive,
@@ -15,6 +19,14 @@ from .softmax import (
     resolve_coefficients,
     softmax,
 )
+from .scaled import length_scaled, ssmax
+from .sinks import sink
+from .unnormalised import relu, sigmoid
+from .kernels import power, signed, softpick
+from .sparse import entmax, entmax15, hardmax, sparsemax, topk
+from .stick_breaking import stick_breaking
+
+# isort: on
 from .stats import effective_support, entropy, max_weight, null_attention
 
 __all__ = [
@@ -25,20 +37,31 @@ __all__ = [
     "adaptive_beta",
     "available",
     "effective_support",
+    "entmax",
+    "entmax15",
     "entropy",
     "entropy_crossings",
     "get",
+    "hardmax",
+    "length_scaled",
     "markdown_table",
     "masked_softmax",
     "max_weight",
     "null_attention",
     "polyval",
+    "power",
     "prepare",
     "register",
+    "relu",
     "resolve_coefficients",
+    "sigmoid",
+    "signed",
+    "sink",
     "softmax",
+    "softpick",
+    "sparsemax",
+    "ssmax",
+    "stick_breaking",
+    "topk",
     "unregister",
 ]
-
-# Importing a module registers its normalizers; this order is the order of `available()`.
-from . import scaled, sinks, unnormalised, kernels, sparse, stick_breaking  # noqa: E402, F401, I001

@@ -159,17 +159,72 @@ def finish(weights: Tensor, like: Tensor) -> Tensor:
     return weights.to(like.dtype)
 
 
-def num_allowed(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """n, the number of allowed keys of each row, as ``[..., Lq, 1]`` in ``dtype``.
+def causal_rows(r0: int, r1: int, lq: int, lk: int, device=None) -> Tensor:
+    """``[r1 − r0, Lk]`` boolean, True where query i (r0 <= i < r1, of Lq) sees key j: j <= i +
+    (Lk − Lq), queries aligned to the end of the keys (decoding with a cache)."""
+    i = torch.arange(r0, r1, device=device).unsqueeze(-1)
+    return torch.arange(lk, device=device) <= i + (lk - lq)
 
-    With a causal mask this is the query's position + 1 (bottom-right aligned); 0 for empty rows.
+
+def visible_keys(
+    mask: Tensor | None,
+    lq: int | None = None,
+    lk: int | None = None,
+    *,
+    causal: bool = False,
+    dtype: torch.dtype = torch.float32,
+    block: int = 1024,
+    device=None,
+) -> Tensor:
+    """n_i, the number of keys query i may attend to, as ``dtype`` ``[..., Lq|1, 1]``: the one
+    place "n" is counted (normalizers count their ``allowed`` matrix here, attention its
+    :class:`~sharpattn.attention.masking.Masking`).
+
+    ``mask``: boolean, broadcastable to ``[..., Lq, Lk]`` (True = may attend) or None (every key;
+    then the result is ``[1, 1, Lq|1, 1]``). ``causal``: query i also sees only keys j <= i +
+    (Lk − Lq) (:func:`causal_rows`); ``lq``/``lk`` default to the mask's last two sizes. Counted
+    as integers, then converted (one rounding), and without an ``[Lq, Lk]`` matrix: a count of
+    the mask, the position for causal masks, a cumulative count of a mask that is the same for
+    every query read at the causal edge for both; a per-query mask with ``causal`` is counted
+    block by block (O(block·Lk) memory).
     """
-    return allowed.sum(dim=-1, keepdim=True).to(dtype)
+    if mask is not None:
+        lk = mask.shape[-1] if lk is None else lk
+        if mask.shape[-1] != lk:  # keys broadcast
+            mask = mask.expand(*mask.shape[:-1], lk)
+        if not causal:
+            return mask.sum(-1, keepdim=True).to(dtype)
+        if mask.dim() < 2:
+            mask = mask.unsqueeze(0)
+        lq = mask.shape[-2] if lq is None else lq
+        device = mask.device
+    if lk == 0:
+        return torch.zeros((1, 1, 1, 1), dtype=dtype, device=device)
+    if mask is None:
+        if not causal:
+            return torch.full((1, 1, 1, 1), float(lk), dtype=dtype, device=device)
+        last = torch.arange(lq, device=device) + (lk - lq)  # the last visible key of each query
+        return (last + 1).clamp(0, lk).to(dtype).view(1, 1, lq, 1)
+    if mask.shape[-2] == 1:  # the same keys for every query
+        count = mask[..., 0, :].cumsum(-1)  # (..., Lk)
+        last = torch.arange(lq, device=device) + (lk - lq)
+        n = count.index_select(-1, last.clamp(0, lk - 1))  # (..., Lq)
+        return torch.where(last >= 0, n, 0).unsqueeze(-1).to(dtype)
+    parts = [
+        (mask[..., r0 : r0 + block, :] & causal_rows(r0, min(r0 + block, lq), lq, lk, device))
+        .sum(-1, keepdim=True)
+        .to(dtype)
+        for r0 in range(0, lq, block)
+    ]
+    if not parts:  # Lq = 0
+        return torch.zeros((*mask.shape[:-2], 0, 1), dtype=dtype, device=device)
+    return torch.cat(parts, dim=-2)
 
 
-def log_num_allowed(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """log n of each row (``[..., Lq, 1]``), with n clamped to >= 1 so empty rows give 0, not −inf."""
-    return torch.log(num_allowed(allowed, dtype).clamp_min(1.0))
+def log_n(n: Tensor) -> Tensor:
+    """log n of each row's count of keys (:func:`visible_keys`), with n clamped to >= 1 so rows
+    without a key give 0, not −inf."""
+    return torch.log(n.clamp_min(1.0))
 
 
 def nonnegative(value, name: str):

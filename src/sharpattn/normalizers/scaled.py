@@ -1,14 +1,22 @@
 """Length-scaled softmax: the inverse temperature grows with log n, so a fixed logit margin keeps
 its winner as n grows (Scalable-Softmax; the position temperature of selective attention).
 
-"n" is the number of allowed keys of the row (:func:`._contract.num_allowed`).
+"n" is the number of allowed keys of the row (:func:`._contract.visible_keys`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, masked_softmax, nonnegative, normalizer, prepare
+from ._contract import (
+    finish,
+    log_n,
+    masked_softmax,
+    nonnegative,
+    normalizer,
+    prepare,
+    visible_keys,
+)
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -40,7 +48,7 @@ def ssmax(
     is uniform). A row with one key (n = 1, log n = 0) puts weight 1 on it.
     """
     x, allowed = prepare(scores, mask, check_finite)
-    beta = ssmax_beta(log_num_allowed(allowed, x.dtype), s)  # (..., Lq, 1)
+    beta = ssmax_beta(log_n(visible_keys(allowed, dtype=x.dtype)), s)  # (..., Lq, 1)
     return finish(masked_softmax(x, allowed, beta), scores)
 
 
@@ -60,7 +68,7 @@ def length_scaled(
     straight-through gradient (see :func:`._contract.nonnegative`).
     """
     x, allowed = prepare(scores, mask, check_finite)
-    beta = length_scaled_beta(log_num_allowed(allowed, x.dtype), c)  # (..., Lq, 1)
+    beta = length_scaled_beta(log_n(visible_keys(allowed, dtype=x.dtype)), c)  # (..., Lq, 1)
     return finish(masked_softmax(x, allowed, beta), scores)
 
 

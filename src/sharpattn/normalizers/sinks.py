@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, normalizer, prepare
+from ._contract import finish, log_n, normalizer, prepare, visible_keys
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -32,7 +32,7 @@ def sink(
     (all-zero weights).
     """
     x, allowed = prepare(scores, mask, check_finite)
-    b = bias + bias_log_n * log_num_allowed(allowed, x.dtype)  # (..., Lq, 1)
+    b = bias + bias_log_n * log_n(visible_keys(allowed, dtype=x.dtype))  # (..., Lq, 1)
     b = torch.as_tensor(b, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], 1)
     # softmax over [keys..., sink]: the sink column is always allowed, so no row is empty.
     logits = torch.cat([x.masked_fill(~allowed, float("-inf")), b], dim=-1)  # (..., Lq, Lk+1)

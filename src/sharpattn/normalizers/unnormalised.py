@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_num_allowed, normalizer, num_allowed, prepare
+from ._contract import finish, log_n, normalizer, prepare, visible_keys
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -29,7 +29,7 @@ def sigmoid(
     top of it, learnable per head in :class:`MultiheadAttention`. Unnormalised.
     """
     x, allowed = prepare(scores, mask, check_finite)
-    b = bias - log_num_allowed(allowed, x.dtype) if subtract_log_n else bias
+    b = bias - log_n(visible_keys(allowed, dtype=x.dtype)) if subtract_log_n else bias
     return finish(torch.sigmoid(x + b).masked_fill(~allowed, 0.0), scores)
 
 
@@ -51,7 +51,7 @@ def relu(
     """
     _check_power(p)
     x, allowed = prepare(scores, mask, check_finite)
-    n = num_allowed(allowed, x.dtype).clamp_min(1.0)
+    n = visible_keys(allowed, dtype=x.dtype).clamp_min(1.0)
     w = finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
     if check_finite and p != 1:
         bad = ~torch.isfinite(w)

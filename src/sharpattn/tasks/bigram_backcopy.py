@@ -249,10 +249,6 @@ class BigramBackcopy:
         risk[kind == KIND_BOS] = float(_entropy(self._first))
         return risk.masked_fill(kind == KIND_BACKCOPY, 0.0)
 
-    def row_entropy(self) -> Tensor:
-        """``[V]`` entropy (nats) of each bigram row."""
-        return _entropy(self._transition)
-
     def stationary_distribution(self) -> Tensor:
         """``[V]`` stationary distribution π of the bigram chain P (π = πP)."""
         evals, evecs = torch.linalg.eig(self._transition.T)

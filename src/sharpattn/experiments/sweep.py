@@ -1,0 +1,406 @@
+"""Run a sweep of independent jobs (seeds × methods × sizes) here, on a local process pool, or on
+a Ray cluster.
+
+:func:`run_jobs` is the one entry point::
+
+    results = run_jobs(train_one, jobs, workers=4, progress=bar)   # local spawn pool
+    results = run_jobs(train_one, jobs, ray="auto", progress=bar)  # the running Ray cluster
+
+``fn(job, progress)`` must be a picklable top-level function and every job a picklable object
+(a dataclass or a dict). Results come back in the order of ``jobs`` whichever backend ran them,
+so a deterministic job gives the same table everywhere.
+
+Progress events (``{"task", "phase", "step", "total"}`` plus optional ``"loss"``, ``"note"``)
+that a job sends through its ``progress`` argument reach the caller's ``progress`` callable:
+through a manager queue on the local pool, through a :class:`ray.util.queue.Queue` on Ray.
+
+Ray is optional (``pip install 'sharpattn[distributed]'``) and imported only when asked for.
+Ray Core does the scheduling and the retries; nothing here talks to sockets or nodes itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+#: Seconds the driver waits for a cluster at an address to answer (Ray's default, 30 s per
+#: attempt and 20 attempts, would hang for minutes); a failed connection takes about 3× this.
+#: Applies when sharpattn is the first to import Ray in this process.
+CONNECT_TIMEOUT_S = 5
+
+_LOCAL = "local"
+_NOT_INSTALLED = "Ray is not installed; pip install 'sharpattn[distributed]'"
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def run_jobs(
+    fn: Callable[[Any, ProgressFn], Any],
+    jobs: Sequence[Any],
+    *,
+    workers: int = 1,
+    ray: str | None = None,
+    progress: ProgressFn | None = None,
+    retries: int = 3,
+) -> list:
+    """Call ``fn(job, progress)`` for every job and return the results in the order of ``jobs``.
+
+    - ``workers == 1`` and ``ray is None``: in this process, one job after another.
+    - ``workers > 1``: a local spawn-context process pool of ``workers`` processes. The workers
+      exit with this process, even when it is killed with ``kill -9`` (:func:`die_with_parent`).
+    - ``ray`` set: one Ray Core task per job (``max_retries=retries``: a task whose worker process
+      dies is run again; an exception raised by ``fn`` is not retried). ``ray`` is
+      ``"auto"`` (the cluster this machine is part of, as ``ray start`` left it), an address
+      ``"host:port"`` or ``"ray://host:port"`` (Ray Client, needs ``ray[client]``), or
+      ``"local"`` (start a private local instance for this call). If this process is already
+      connected to Ray (``ray.init`` was called, e.g. by :func:`connect`), that connection is
+      used whatever ``ray`` says, and left open.
+
+    Same code on every worker: a local instance started here passes this interpreter's
+    ``sys.path`` to its workers through ``PYTHONPATH``; a cluster at a non-local address gets
+    the ``sharpattn`` package directory shipped as ``runtime_env={"py_modules": [...]}`` (the
+    cluster still needs torch and the other dependencies installed). ``auto`` and local
+    addresses use whatever the cluster's workers import.
+
+    ``progress`` receives every job's events in this process. Ctrl-C / SIGTERM (as
+    ``KeyboardInterrupt``) stops the local workers at once or cancels every unfinished Ray task
+    (``ray.cancel(ref, force=True)``) before re-raising. An exception raised by a job is raised
+    here with the job named; its type is kept when it can be (a ``ValueError`` stays one).
+    """
+    jobs = list(jobs)
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if retries < 0:
+        raise ValueError(f"retries must be at least 0, got {retries}")
+    if ray is not None:
+        return _run_ray(fn, jobs, ray, progress, retries)
+    if workers == 1 or len(jobs) <= 1:
+        report = progress if progress is not None else _ignore
+        results = []
+        for job in jobs:
+            try:
+                results.append(fn(job, report))
+            except Exception as exc:
+                raise _named(exc, job) from exc
+        return results
+    return _run_pool(fn, jobs, workers, progress)
+
+
+def _ignore(event: dict[str, Any]) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors name the job
+# ---------------------------------------------------------------------------------------------
+
+
+def job_label(job: Any) -> str:
+    """A short name for a job: its ``name`` if it has one, else ``key=value`` of its scalar
+    fields (a dataclass or a dict), else its ``repr``; at most 100 characters."""
+    name = job.get("name") if isinstance(job, dict) else getattr(job, "name", None)
+    if isinstance(name, str):
+        text = name
+    else:
+        if dataclasses.is_dataclass(job) and not isinstance(job, type):
+            items = [(f.name, getattr(job, f.name)) for f in dataclasses.fields(job)]
+        elif isinstance(job, dict):
+            items = list(job.items())
+        else:
+            items = None
+        if items is None:
+            text = repr(job)
+        else:
+            scalars = (str, int, float, bool, type(None))
+            text = ", ".join(f"{k}={v}" for k, v in items if isinstance(v, scalars))
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _named(exc: BaseException, job: Any) -> Exception:
+    """``exc`` again, as the same type when it takes one message, with the job in the message."""
+    message = f"{str(exc).rstrip('.')} (in job {job_label(job)})"
+    try:
+        new = type(exc)(message)
+        if str(new) == message and isinstance(new, Exception):
+            return new
+    except Exception:
+        pass
+    return RuntimeError(f"{type(exc).__name__}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Local process pool
+# ---------------------------------------------------------------------------------------------
+
+
+def _pool_call(fn: Callable, job: Any, queue: Any) -> Any:
+    return fn(job, queue.put if queue is not None else _ignore)
+
+
+def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | None) -> list:
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    ctx = mp.get_context("spawn")
+    manager = None
+    queue = None
+    if progress is not None:
+        manager = SyncManager(ctx=ctx)
+        manager.start(die_with_parent)
+    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=die_with_parent)
+    results: dict[int, Any] = {}
+    try:
+        if manager is not None:
+            queue = manager.Queue()
+        futures = {pool.submit(_pool_call, fn, job, queue): i for i, job in enumerate(jobs)}
+        pending = set(futures)
+
+        def drain() -> None:
+            while queue is not None and not queue.empty():
+                progress(queue.get())  # type: ignore[misc]
+
+        while pending:
+            drain()
+            for f in [f for f in pending if f.done()]:
+                i = futures[f]
+                pending.discard(f)
+                exc = f.exception()
+                if exc is not None:
+                    raise _named(exc, jobs[i]) from exc
+                results[i] = f.result()
+            if pending:
+                time.sleep(0.05)
+        drain()
+    except BaseException:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
+        # stop the workers now rather than wait for their jobs to finish
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        if manager is not None:
+            manager.shutdown()
+    return [results[i] for i in range(len(jobs))]
+
+
+def die_with_parent() -> None:
+    """In a worker process: exit when the parent dies, even by ``kill -9`` (Linux asks the kernel
+    to send SIGTERM then; elsewhere a thread polls the parent's pid)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+# ---------------------------------------------------------------------------------------------
+
+
+def _import_ray():
+    if "ray" in sys.modules:
+        return sys.modules["ray"]
+    # Ray reads how long a driver waits for a cluster to answer once, when it is imported
+    # (default 30 s per attempt); shorten it for this process only, unless the user set it
+    timeout = {"RAY_py_gcs_connect_timeout_s": str(CONNECT_TIMEOUT_S)}
+    try:
+        with _environ(**{k: os.environ.get(k, v) for k, v in timeout.items()}):
+            import ray
+    except ImportError:
+        raise ValueError(_NOT_INSTALLED) from None
+    return ray
+
+
+def _is_local_address(address: str) -> bool:
+    if address in ("auto", _LOCAL):
+        return True
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0"):
+        return True
+    import socket
+
+    return host in (socket.gethostname(), socket.getfqdn())
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
+    """Connect this process to Ray at ``address`` (see :func:`run_jobs`) unless it already is.
+
+    Returns True when this call made the connection (the caller shuts it down with
+    ``ray.shutdown()``), False when one existed. Raises a one-sentence ``ValueError`` when Ray is
+    not installed or no cluster answers at ``address`` within about ``3 * CONNECT_TIMEOUT_S``.
+    """
+    ray = _import_ray()
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = dict(
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+        logging_level="error",
+    )
+    env = {
+        # keep Ray's own chatter (usage notices, dedup notes) out of the user's terminal
+        "RAY_USAGE_STATS_ENABLED": os.environ.get("RAY_USAGE_STATS_ENABLED", "0"),
+        "RAY_DEDUP_LOGS": os.environ.get("RAY_DEDUP_LOGS", "0"),
+    }
+    if address == _LOCAL:
+        options["num_cpus"] = num_cpus
+        # workers of a local instance inherit this environment: give them our sys.path
+        paths = [p for p in sys.path if p] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        address_arg = None
+    else:
+        options["address"] = address
+        address_arg = address
+        # bound Ray's search for the cluster (by default it retries for minutes)
+        env["RAY_gcs_server_port_wait_time_s"] = os.environ.get(
+            "RAY_gcs_server_port_wait_time_s", "1"
+        )
+        if not _is_local_address(address):
+            import sharpattn
+
+            options["runtime_env"] = {"py_modules": [str(Path(sharpattn.__file__).parent)]}
+    # ray.init installs its own SIGTERM handler; keep ours (the CLI turns SIGTERM into Ctrl-C)
+    main = threading.current_thread() is threading.main_thread()
+    old_term = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        with _environ(**env):
+            ray.init(**options)
+    except (ConnectionError, TimeoutError, RuntimeError, OSError) as exc:
+        _shutdown_quietly(ray)
+        raise ValueError(
+            f"Could not connect to a Ray cluster at {address_arg!r}"
+            + (" (none is running on this machine)" if address == "auto" else "")
+            + "; start one with `ray start --head` or check the address"
+        ) from exc
+    except ValueError as exc:
+        _shutdown_quietly(ray)
+        if "ray[client]" in str(exc):
+            raise ValueError(
+                f"Ray Client addresses such as {address!r} need pip install 'ray[client]'"
+            ) from exc
+        raise ValueError(f"Bad Ray address {address!r}: {str(exc).splitlines()[0]}") from exc
+    finally:
+        if main and old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    return True
+
+
+def _shutdown_quietly(ray) -> None:
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+
+
+class _RayProgress:
+    """A job's progress callable on Ray: puts each event on the driver's queue."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.queue.put(event)
+
+
+def _ray_call(fn: Callable, job: Any, queue: Any) -> Any:
+    return fn(job, _RayProgress(queue) if queue is not None else _ignore)
+
+
+def _run_ray(
+    fn: Callable, jobs: list, address: str, progress: ProgressFn | None, retries: int
+) -> list:
+    ray = _import_ray()
+    started = connect(address)
+    try:
+        from ray.exceptions import RayError, RayTaskError
+        from ray.util.queue import Queue
+
+        # the queue actor takes no CPU while it runs, so it never holds up a job
+        queue = Queue(actor_options={"num_cpus": 0}) if progress is not None else None
+        task = ray.remote(max_retries=retries, num_cpus=1)(_ray_call)
+        fn_ref = ray.put(fn)
+        refs = [task.remote(fn_ref, job, queue) for job in jobs]
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+
+        def drain() -> None:
+            if queue is None:
+                return
+            n = queue.qsize()
+            if n:
+                for event in queue.get_nowait_batch(n):
+                    progress(event)  # type: ignore[misc]
+
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
+                drain()
+                for ref in done:
+                    i = index[ref]
+                    try:
+                        results[i] = ray.get(ref)
+                    except RayTaskError as exc:  # fn raised: re-raise its own exception type
+                        cause = exc.cause if exc.cause is not None else exc
+                        raise _named(cause, jobs[i]) from cause
+                    except RayError as exc:  # the worker died more often than `retries`
+                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        raise RuntimeError(
+                            f"Ray could not run job {job_label(jobs[i])} "
+                            f"({type(exc).__name__}: {first})"
+                        ) from exc
+            drain()
+        except BaseException:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), a failed job
+            for ref in pending:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            raise
+        finally:
+            if queue is not None:
+                with contextlib.suppress(Exception):
+                    queue.shutdown()
+        return [results[i] for i in range(len(jobs))]
+    finally:
+        if started:
+            _shutdown_quietly(ray)

@@ -165,9 +165,10 @@ def test_bad_arguments():
 
 def test_unreachable_address_is_one_quick_sentence(unreachable):
     proc, start = unreachable
-    out, err = proc.communicate(timeout=max(1.0, 60 - (time.monotonic() - start)))
-    # Ray alone would keep trying for minutes; we allow ~3 × CONNECT_TIMEOUT_S plus start-up
-    assert time.monotonic() - start < 60
+    out, err = proc.communicate(timeout=max(1.0, 100 - (time.monotonic() - start)))
+    # Ray alone would keep trying for ~10 minutes; ours gives up after ~3 × CONNECT_TIMEOUT_S
+    # (16 s), plus start-up on a busy machine
+    assert time.monotonic() - start < 100
     line = [s for s in out.splitlines() if s.startswith("VALUEERROR")]
     assert line, out + err
     assert "Could not connect to a Ray cluster at 'nonsense:1'" in line[0]

@@ -71,10 +71,12 @@ def run_jobs(
       used whatever ``ray`` says, and left open.
 
     Same code on every worker: a local instance started here passes this interpreter's
-    ``sys.path`` to its workers through ``PYTHONPATH``; a cluster at a non-local address gets
-    the ``sharpattn`` package directory shipped as ``runtime_env={"py_modules": [...]}`` (the
-    cluster still needs torch and the other dependencies installed). ``auto`` and local
-    addresses use whatever the cluster's workers import.
+    ``sys.path`` to its workers through ``PYTHONPATH``; an existing cluster (``auto`` or an
+    address, on this machine or not: its workers never inherit this process's environment) gets
+    this ``sharpattn`` package directory shipped as ``runtime_env={"py_modules": [...]}``. The
+    cluster's Python still needs torch and sharpattn's other dependencies, and ``fn`` must be
+    importable there (a function of ``sharpattn`` or of a script's ``__main__``, which Ray
+    pickles by value).
 
     ``progress`` receives every job's events in this process. Ctrl-C / SIGTERM (as
     ``KeyboardInterrupt``) stops the local workers at once or cancels every unfinished Ray task
@@ -239,17 +241,6 @@ def _import_ray():
     return ray
 
 
-def _is_local_address(address: str) -> bool:
-    if address in ("auto", _LOCAL):
-        return True
-    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
-    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0"):
-        return True
-    import socket
-
-    return host in (socket.gethostname(), socket.getfqdn())
-
-
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -290,6 +281,7 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
         # workers of a local instance inherit this environment: give them our sys.path
         paths = [p for p in sys.path if p] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        options["address"] = "local"  # always a new instance, never one found on this machine
         address_arg = None
     else:
         options["address"] = address
@@ -298,10 +290,11 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
         env["RAY_gcs_server_port_wait_time_s"] = os.environ.get(
             "RAY_gcs_server_port_wait_time_s", "1"
         )
-        if not _is_local_address(address):
-            import sharpattn
+        # an existing cluster's workers did not inherit our environment, even on this machine:
+        # ship this sharpattn to them
+        import sharpattn
 
-            options["runtime_env"] = {"py_modules": [str(Path(sharpattn.__file__).parent)]}
+        options["runtime_env"] = {"py_modules": [str(Path(sharpattn.__file__).parent)]}
     # ray.init installs its own SIGTERM handler; keep ours (the CLI turns SIGTERM into Ctrl-C)
     main = threading.current_thread() is threading.main_thread()
     old_term = signal.getsignal(signal.SIGTERM) if main else None
@@ -310,6 +303,11 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
             ray.init(**options)
     except (ConnectionError, TimeoutError, RuntimeError, OSError) as exc:
         _shutdown_quietly(ray)
+        if _mentions(exc, "AuthToken", "AuthenticationError"):
+            raise ValueError(
+                f"The Ray cluster at {address_arg!r} refused this process's authentication token; "
+                "set RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH as the cluster expects"
+            ) from exc
         raise ValueError(
             f"Could not connect to a Ray cluster at {address_arg!r}"
             + (" (none is running on this machine)" if address == "auto" else "")
@@ -326,6 +324,17 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
         if main and old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     return True
+
+
+def _mentions(exc: BaseException | None, *words: str) -> bool:
+    """Whether ``exc`` or an exception it was raised from mentions any of ``words``."""
+    seen = 0
+    while exc is not None and seen < 10:
+        text = f"{type(exc).__name__} {exc}"
+        if any(w in text for w in words):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _shutdown_quietly(ray) -> None:

@@ -1,10 +1,10 @@
 """Seconds per training step of each `sharpattn reproduce backcopy` run, and the projected
 running time of a profile (measured steps/s × steps).
 
-    .venv/bin/python benchmarks/backcopy_step_time.py --profile full --steps 2 --threads 2
+    .venv/bin/python benchmarks/backcopy_step_time.py --profile paper --steps 2 --threads 2
 
 Times (wall and process CPU) ``--steps`` optimizer steps (after one warm-up step) of every run of the profile, each on
-fresh samples exactly as `train` draws them, and prints s/step, the profile's steps and the
+fresh samples drawn as `train` draws them, and prints s/step, the profile's steps and the
 projected hours. Prints the machine (CPU count, load average) because the numbers depend on it.
 """
 
@@ -17,16 +17,14 @@ import platform
 import time
 
 import torch
-import torch.nn.functional as F
 
 from sharpattn.experiments import backcopy as bb
-from sharpattn.models.transformer import Transformer
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", choices=list(bb.PROFILES), default="full")
+    ap.add_argument("--profile", choices=list(bb.PROFILES), default="paper")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -43,14 +41,14 @@ def main() -> None:
     rows, total = [], 0.0
     for name in args.runs:
         cfg = bb.profile_config(args.profile, name)
-        torch.manual_seed(0)
-        model = Transformer(cfg.model_config(task))
+        model = bb.build_model(cfg, task)
         opt = bb.make_optimizer(cfg, model)
+        data = torch.Generator().manual_seed(cfg.seed)
         times, cpu = [], []
         for step in range(args.steps + 1):
             t0, c0 = time.perf_counter(), time.process_time()
-            x = task.sample(cfg.batch, cfg.seq_len + 1, seed=bb.batch_seed(cfg.seed, step))
-            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            x = task.sample(cfg.batch, cfg.seq_len + 1, generator=data)
+            loss = bb.next_token_loss(model, x)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

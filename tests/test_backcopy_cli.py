@@ -34,7 +34,7 @@ def test_a_folder_holding_another_run_is_refused(tmp_path, capsys):
     (run / "config.json").write_text('{"run": {"steps": 1}}\n')
     assert main(["reproduce", "backcopy", "--quick", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "different configuration" in err and len(err.strip().splitlines()) == 1
+    assert "not a backcopy-training run" in err and len(err.strip().splitlines()) == 1
 
 
 def test_help_lists_the_command(capsys):

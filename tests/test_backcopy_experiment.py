@@ -1,7 +1,10 @@
-"""Bigram-Backcopy experiment: measures by hand, a tiny training run, checkpoints and resume."""
+"""Bigram-Backcopy experiment: measures by hand, a tiny training run, resume after a crash."""
 
 import json
 import math
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ import torch
 
 from precision import assert_close
 from sharpattn.experiments import backcopy as bb
+from sharpattn.experiments.runner import RunFolder
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
 
 
@@ -37,7 +41,7 @@ def tiny(**kw):
         steps=8,
         eval_batch=4,
         n_measure=4,
-        n_checkpoints=3,
+        checkpoint_every=2,
         lr=3e-3,
     )
     base.update(kw)
@@ -137,35 +141,83 @@ def test_a_tiny_run_learns(task, tmp_path):
     cfg = tiny(steps=60, n_measure=6, batch=32)
     run = bb.train(tmp_path / "run", cfg, task)
     first, last = run.metrics[0], run.metrics[-1]
-    assert last["step"] == 60
+    assert run.steps_done == 60 and run.seconds > 0
     assert last["bigram_excess"] < 0.7 * first["bigram_excess"]
     assert last["backcopy_excess"] < first["backcopy_excess"]
     assert "layers.0.attn.delta_logit" in last and "layers.0.res_peak" in last
-    assert (tmp_path / "run" / "weights" / "step_000060.safetensors").exists()
+    # measured at the log-spaced steps only (the Trainer's log_at), read back from metrics.jsonl
+    assert [m["step"] for m in run.metrics] == bb.log_steps(60, 6)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [m["step"] for m in run.metrics]
+    assert [json.loads(x) for x in lines] == run.metrics
+    again = bb.train(tmp_path / "run", cfg, task)  # a finished run is loaded, not retrained
+    assert again.metrics == run.metrics and again.seconds == run.seconds
+
+
+def assert_same_run(a, b):
+    for (n, p), (_, q) in zip(
+        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(p, q), n
+    assert a.steps_done == b.steps_done
+    assert a.metrics == b.metrics  # every measure at every logged step, exactly
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_resume_gives_the_same_run(task, tmp_path, optimizer):
     cfg = tiny(optimizer=optimizer, layers="tf,tf", lr=None)
     straight = bb.train(tmp_path / "a", cfg, task)
-    part = bb.train(tmp_path / "b", cfg, task, until=3)
-    assert part.steps_done == 3
+    part = bb.train(tmp_path / "b", cfg, task, stop_at=3)  # stops after step 3: checkpoint at 2
+    assert part.steps_done == 3 and not (tmp_path / "b" / "model.safetensors").exists()
     resumed = bb.train(tmp_path / "b", cfg, task)
-    assert resumed.steps_done == 8
-    for (n, p), (_, q) in zip(
-        straight.model.state_dict().items(), resumed.model.state_dict().items(), strict=True
-    ):
-        assert torch.equal(p, q), n
-    assert [m["step"] for m in resumed.metrics] == [m["step"] for m in straight.metrics]
-    assert resumed.metrics[-1]["bigram_excess"] == straight.metrics[-1]["bigram_excess"]
+    assert_same_run(resumed, straight)
+
+
+# Kills its own process (SIGKILL: no handler, no cleanup) in the middle of the 6th AdamW step,
+# after the checkpoint of step 4 and with metrics.jsonl holding a record of step 5.
+_KILLED = """
+import json, os, signal, sys, torch
+from sharpattn.experiments import backcopy as bb
+from sharpattn.experiments.runner import RunFolder
+torch.set_num_threads(1)
+calls, step = [0], torch.optim.AdamW.step
+def dying(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 6:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self, *args, **kwargs)
+torch.optim.AdamW.step = dying
+bb.train(sys.argv[1], bb.RunConfig(**json.loads(sys.argv[2])))
+"""
+
+
+def test_a_run_killed_mid_step_resumes_to_the_same_numbers(task, tmp_path):
+    cfg = tiny(steps=9, n_measure=9, checkpoint_every=4)
+    args = [str(tmp_path / "killed"), json.dumps(cfg.to_dict())]
+    proc = subprocess.run([sys.executable, "-c", _KILLED, *args], capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert (tmp_path / "killed" / "checkpoint.safetensors").exists()
+    logged = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").open()]
+    assert max(logged) == 5  # measured after the checkpoint: dropped on resume, measured again
+    resumed = bb.train(tmp_path / "killed", cfg, task)
+    assert_same_run(resumed, bb.train(tmp_path / "straight", cfg, task))
 
 
 def test_a_folder_with_another_config_is_refused(task, tmp_path):
     bb.train(tmp_path / "r", tiny(steps=2), task)
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match=r"different steps \(2 there, 3 now\)") as err:
         bb.train(tmp_path / "r", tiny(steps=3), task)
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
+    bb.train(tmp_path / "r", tiny(steps=2, checkpoint_every=5), task)  # not part of the run
+
+
+def test_a_reproduction_folder_of_another_seed_is_refused(tmp_path):
+    bb.open_folder(tmp_path / "r", "quick", seed=0)
+    with pytest.raises(ValueError, match=r"different seed \(0 there, 1 now\)"):
+        bb.reproduce(tmp_path / "r", profile="quick", seed=1)  # before any training
+    assert not (tmp_path / "r" / "runs").exists()
+    RunFolder(tmp_path / "m", "max-retrieval", {})
+    with pytest.raises(ValueError, match="holds a max-retrieval run, not a backcopy run"):
+        bb.open_folder(tmp_path / "m", "quick", seed=0)
 
 
 def test_config_errors():
@@ -176,7 +228,7 @@ def test_config_errors():
     with pytest.raises(ValueError, match="profile"):
         bb.profile_config("huge", "1L-softmax-adam")
     assert bb.RunConfig(optimizer="sgd").learning_rate == 0.03
-    assert bb.profile_config("full", "3L-softmax-sgd").learning_rate == 0.03
+    assert bb.profile_config("paper", "3L-softmax-sgd").learning_rate == 0.03
 
 
 def test_interventions_rows(task):
@@ -187,3 +239,17 @@ def test_interventions_rows(task):
     m = Transformer(cfg.model_config(task))
     rows = bb.interventions(m, task, task.sample(4, 24, seed=0))
     assert [r["zeroed"] for r in rows] == ["none", *m.sublayers]
+
+
+def test_linear_fit_of_the_findings():
+    from sharpattn.experiments.stats import linear_fit
+
+    x = np.log(np.array([10.0, 20, 50, 100, 200]))
+    y = 2.0 * x + 1 + np.array([0.1, -0.1, 0.05, 0.0, -0.05])
+    slope, r2 = linear_fit(x, y)
+    assert_close(slope, np.polyfit(x, y, 1)[0], dtype=torch.float64, n=5)
+    assert 0.99 < r2 < 1
+    assert all(math.isnan(v) for v in linear_fit([1.0, 2.0], [3.0, 4.0]))  # < 3 points
+    assert linear_fit([1.0, 2, 3], [5.0, 5, 5])[0] == 0 and math.isnan(
+        linear_fit([1, 2, 3], [5] * 3)[1]
+    )

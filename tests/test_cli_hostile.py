@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from sharpattn.cli import main
-from sharpattn.experiments import backcopy as bb
 from sharpattn.experiments import checkpoint as ckpt
 from sharpattn.experiments.runs import write_json
 
@@ -147,9 +146,6 @@ def test_damaged_checkpoints_are_one_sentence_naming_the_file(tmp_path):
         with pytest.raises(ValueError, match="is damaged") as err:
             ckpt.load_checkpoint(path, model=model, optimizer=opt)
         assert str(path) in str(err.value) and "delete it" in str(err.value)
-        with pytest.raises(ValueError, match="is damaged") as err:
-            bb.load_checkpoint(path, model, opt)
-        assert str(path) in str(err.value)
 
 
 def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path):

@@ -107,7 +107,7 @@ def test_events_are_plain_picklable_dicts():
 # --- the Trainer ----------------------------------------------------------------------------------
 
 
-def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None) -> Trainer:
+def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None, log_at=None) -> Trainer:
     """A tiny regression model whose batches come from a checkpointed generator."""
     with runner.seeded(0):
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -128,7 +128,7 @@ def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None) -> Trai
     return Trainer(
         folder, model, torch.optim.Adam(model.parameters(), lr=1e-2), steps=steps, batch=batch,
         loss=loss, generators={"data": data}, checkpoint_every=10, log_every=5, on_log=on_log,
-        progress=progress, report_every=5,
+        progress=progress, report_every=5, log_at=log_at,
     )  # fmt: skip
 
 
@@ -169,6 +169,11 @@ def test_trainer_reports_a_non_finite_loss_in_one_sentence(tmp_path):
     t.loss = lambda m, b: torch.tensor([float("nan")], requires_grad=True)
     with pytest.raises(FloatingPointError, match="the loss became nan at step 5"):
         t.run()
+
+
+def test_trainer_logs_at_chosen_steps_when_given(tmp_path):
+    _toy(tmp_path, steps=12, log_at=[1, 3, 7, 30]).run()  # log_every=5 is then not used
+    assert [r["step"] for r in MetricsLog(tmp_path / "metrics.jsonl").read()] == [0, 1, 3, 7, 12]
 
 
 def test_trainer_sums_member_losses(tmp_path):

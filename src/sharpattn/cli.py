@@ -17,6 +17,7 @@ from .cli_options import (
     console,
     out_option,
     profile_options,
+    seed_option,
     seeds_option,
     threads_option,
 )
@@ -542,52 +543,29 @@ def reproduce_selective(quick, seed, seeds, steps, sigmas, tasks, text, lm_steps
 
 # --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
 @reproduce.command("backcopy")
-@click.option("--quick", is_flag=True, help="Small models and few steps (minutes on a CPU).")
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="torch CPU threads while training (1 is fastest on a busy small machine).",
+@profile_options(
+    "d = 64, 64 tokens, batch 16, 600-1,500 steps per run (minutes on 2 cores).",
+    "The paper's settings, App. C.1 (the default; hundreds of CPU-hours).",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Run folder (default runs/backcopy or runs/backcopy-quick); re-running resumes it.",
-)
-def reproduce_backcopy(quick, seed, threads, out):
+@seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
+@threads_option(default=1)
+@out_option(None, "Run folder (default runs/backcopy-<profile>); re-running resumes it.")
+def reproduce_backcopy(profile, seed, threads, out):
     """Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2."""
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from .experiments import backcopy as bb
 
-    out = out or ("runs/backcopy-quick" if quick else "runs/backcopy")
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
-        run_dir, findings = bb.reproduce(
-            out, quick=quick, seed=seed, threads=threads, progress=progress
-        )
+    with ProgressRenderer() as progress:
+        run, findings = bb.reproduce(
+            out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
+            progress=progress,
+        )  # fmt: skip
     table = Table(title="Bigram-Backcopy findings (Guo et al.)")
     for col in ("#", "finding", "verdict"):
         table.add_column(col)
     for f in findings:
         table.add_row(str(f.number), f.title, f.verdict)
     console.print(table)
-    console.print(f"wrote {run_dir}/report.md and its PNGs")
+    console.print(f"wrote {run}/report.md and its PNGs")
 
 
 class _Terminated(KeyboardInterrupt):

@@ -57,7 +57,7 @@ def threads_option(default: int | None = None):
         type=click.IntRange(min=1, max=1024),
         default=default,
         show_default=default is not None,
-        help="torch CPU threads (default: every core).",
+        help="torch CPU threads." + ("" if default is not None else " (default: every core)"),
     )
 
 

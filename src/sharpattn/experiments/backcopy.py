@@ -1,8 +1,9 @@
 """Bigram-Backcopy: train tiny transformers, measure sinks / drains / peaks, check the findings.
 
-Guo et al., *Active-Dormant Attention Heads*, Sections 2-3 and Appendices B-C. One run =
-one folder (config.json, metrics.jsonl, checkpoints); :func:`reproduce` trains the runs of the
-report, measures them and writes report.md with tables and PNGs.
+Guo et al., *Active-Dormant Attention Heads*, Sections 2-3 and Appendices B-C. One training run
+is one :class:`~.runner.Trainer` run in its own folder (config.json, metrics.jsonl measured at
+log-spaced steps, checkpoints, resume); :func:`reproduce` trains the runs of the report, checks
+the findings and writes report.md with tables and PNGs.
 
 Measures (small functions below, on the model's captured internals; BOS is position 0):
 
@@ -26,7 +27,6 @@ The internals come from :func:`sharpattn.diagnostics.capture`; only the task-spe
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,21 +35,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from ..diagnostics import Capture, capture
 from ..diagnostics.metrics import residual_peak, sink_mass, value_drain
 from ..models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
-from .checkpoint import damaged
-from .runs import open_run, read_json, write_atomic, write_json
+from . import report, runner
+from .runner import Progress, RunFolder, Trainer, emit, generator, seeded
+from .runs import write_json
+from .stats import linear_fit
 
 Tensor = torch.Tensor
 
 OPTIMIZERS = ("adam", "sgd")
 DEFAULT_LR = {"adam": 3e-4, "sgd": 0.03}
-EVAL_SEED_OFFSET = 10**9  # the evaluation batch never meets a training batch's seed
+_INIT, _DATA, _EVAL = range(3)  # purposes of a run seed (runner.seed_int): independent streams
 
 
 @dataclass
@@ -58,7 +58,9 @@ class RunConfig:
 
     SGD is plain (no momentum, no weight decay); AdamW uses betas (0.9, 0.99), ε = 1e-8 and
     weight decay 0.01. The model reads ``seq_len`` tokens (BOS first) and predicts the next
-    token at every position; every step draws ``batch`` fresh sequences (seeded by seed, step).
+    token at every position; every step draws ``batch`` fresh sequences from the run's data
+    stream. Measures at ``n_measure`` log-spaced steps; a checkpoint every ``checkpoint_every``
+    steps (the only setting a run folder lets change).
     """
 
     layers: str = "tf"
@@ -74,7 +76,7 @@ class RunConfig:
     seed: int = 0
     eval_batch: int = 64
     n_measure: int = 30
-    n_checkpoints: int = 12
+    checkpoint_every: int = 100
     betas: tuple[float, float] = (0.9, 0.99)
 
     def __post_init__(self):
@@ -83,7 +85,8 @@ class RunConfig:
             raise ValueError(
                 f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}."
             )
-        for name in ("batch", "steps", "seq_len", "d_model", "eval_batch", "n_measure"):
+        for name in ("batch", "steps", "seq_len", "d_model", "eval_batch", "n_measure",
+                     "checkpoint_every"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.seq_len < 3:
@@ -115,10 +118,6 @@ def log_steps(total: int, n: int) -> list[int]:
     """0 and about ``n`` log-spaced steps in [1, total], always including ``total``."""
     grid = np.unique(np.round(np.geomspace(1, max(total, 1), max(n, 2))).astype(int))
     return sorted({0, *(int(s) for s in grid if s <= total), total})
-
-
-def batch_seed(seed: int, step: int) -> int:
-    return seed * 1_000_003 + step
 
 
 # ----- measures -------------------------------------------------------------------------------
@@ -242,47 +241,20 @@ def make_optimizer(cfg: RunConfig, model: Transformer) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=cfg.learning_rate)
 
 
+def build_model(cfg: RunConfig, task: BigramBackcopy) -> Transformer:
+    """The run's freshly initialised model (seeded; the global RNG is left alone)."""
+    with seeded(cfg.seed, _INIT):
+        return Transformer(cfg.model_config(task))
+
+
 def eval_tokens(cfg: RunConfig, task: BigramBackcopy) -> Tensor:
-    return task.sample(cfg.eval_batch, cfg.seq_len, seed=EVAL_SEED_OFFSET + cfg.seed)
+    """The run's fixed evaluation sequences (a stream of their own: never a training batch)."""
+    return task.sample(cfg.eval_batch, cfg.seq_len, generator=generator(cfg.seed, _EVAL))
 
 
-def _state_tensors(model: Transformer, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
-    for idx, st in opt.state_dict()["state"].items():
-        for key, val in st.items():
-            if torch.is_tensor(val):
-                tensors[f"optim.{idx}.{key}"] = val.detach().contiguous()
-    return tensors
-
-
-def save_checkpoint(path: Path, model, opt, step: int, extra: dict | None = None) -> None:
-    """Model and optimizer state in one safetensors file (step and param groups in its
-    metadata), written atomically."""
-    groups = opt.state_dict()["param_groups"]
-    meta = {"step": str(step), "param_groups": json.dumps(groups), **(extra or {})}
-    write_atomic(path, st_save(_state_tensors(model, opt), metadata=meta))
-
-
-def load_checkpoint(path: Path, model, opt) -> int:
-    """Restore ``model`` and ``opt`` from :func:`save_checkpoint`; returns the step."""
-    from safetensors import SafetensorError, safe_open  # metadata lives in the header
-
-    try:
-        tensors = st_load(Path(path).read_bytes())
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-        if not meta or "step" not in meta or "param_groups" not in meta:
-            raise ValueError("no sharpattn metadata")
-    except (SafetensorError, OSError, ValueError) as e:
-        raise damaged(path, e) from None
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    state: dict[int, dict] = {}
-    for k, v in tensors.items():
-        if k.startswith("optim."):
-            _, idx, key = k.split(".", 2)
-            state.setdefault(int(idx), {})[key] = v
-    opt.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
-    return int(meta["step"])
+def next_token_loss(model: Transformer, x: Tensor) -> Tensor:
+    """Mean cross-entropy of the next token at every position of ``x`` ``[B, T + 1]``."""
+    return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
 
 
 @dataclass
@@ -297,102 +269,63 @@ class Run:
     steps_done: int = 0
 
 
+def trainer(
+    run_dir: str | Path,
+    cfg: RunConfig,
+    task: BigramBackcopy,
+    progress: Progress | None = None,
+    label: str = "",
+) -> Trainer:
+    """The runner's Trainer for one run: batches from the run's data stream (checkpointed), and
+    every measure on the evaluation sequences at log-spaced steps into metrics.jsonl. A folder
+    holding a run of another configuration (``checkpoint_every`` aside) is refused."""
+    config = {
+        **cfg.to_dict(),
+        "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
+    }
+    identity = [k for k in config if k != "checkpoint_every"]
+    folder = RunFolder(run_dir, "backcopy-training", config, identity=identity)
+    model = build_model(cfg, task)
+    data = generator(cfg.seed, _DATA)
+    tokens = eval_tokens(cfg, task)
+    return Trainer(
+        folder.path,
+        model,
+        make_optimizer(cfg, model),
+        steps=cfg.steps,
+        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1, generator=data),
+        loss=next_token_loss,
+        generators={"data": data},
+        checkpoint_every=cfg.checkpoint_every,
+        log_at=log_steps(cfg.steps, cfg.n_measure),
+        on_log=lambda step, losses: measure(model, task, tokens),
+        task=label or folder.path.name,
+        progress=progress,
+    )
+
+
 def train(
     run_dir: str | Path,
     cfg: RunConfig,
     task: BigramBackcopy | None = None,
     *,
-    until: int | None = None,
-    progress=None,
+    stop_at: int | None = None,
+    progress: Progress | None = None,
     label: str = "",
 ) -> Run:
-    """Train (or resume) the run in ``run_dir`` up to ``cfg.steps`` (or ``until``).
-
-    Measures at log-spaced steps (metrics.jsonl), checkpoints at log-spaced steps
-    (``ckpt/latest.safetensors``, resumable; ``weights/step_XXXXXX.safetensors``, the model at
-    that step). Re-running resumes from the latest checkpoint; same config, same numbers.
-    ``progress``: a ``rich.progress.Progress`` to show a bar in.
-    """
-    task = task or BigramBackcopy.tiny_shakespeare()
-    run_dir = Path(run_dir)
-    config = {
-        "run": cfg.to_dict(),
-        "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
-    }
-    old = run_dir / "config.json"
-    if old.exists() and read_json(old) != config:
-        raise ValueError(
-            f"{run_dir} holds a run with a different configuration; use another output folder."
-        )
-    open_run(run_dir, config)
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model_config(task))
-    opt = make_optimizer(cfg, model)
-    ckpt = run_dir / "ckpt" / "latest.safetensors"
-    metrics_path = run_dir / "metrics.jsonl"
-    step, seconds = 0, 0.0
-    metrics: list[dict] = []
-    if ckpt.exists():
-        step = load_checkpoint(ckpt, model, opt)
-        from safetensors import safe_open
-
-        with safe_open(str(ckpt), framework="pt") as f:
-            seconds = float(f.metadata().get("seconds", 0.0))
-        if metrics_path.exists():
-            metrics = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
-            metrics = [m for m in metrics if m["step"] <= step]
-    end = cfg.steps if until is None else min(until, cfg.steps)
-    measure_at = set(log_steps(cfg.steps, cfg.n_measure))
-    ckpt_at = set(log_steps(cfg.steps, cfg.n_checkpoints))
-    ev = eval_tokens(cfg, task)
-
-    def record(s: int, loss: float | None) -> None:
-        metrics.append({"step": s, "train_loss": loss, **measure(model, task, ev)})
-        write_atomic(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
-
-    def checkpoint(s: int) -> None:
-        save_checkpoint(ckpt, model, opt, s, {"seconds": repr(seconds)})
-        write_atomic(
-            run_dir / "weights" / f"step_{s:06d}.safetensors",
-            st_save({k: v.contiguous() for k, v in model.state_dict().items()}),
-        )
-
-    if step == 0 and not metrics:
-        record(0, None)
-    task_id = (
-        progress.add_task(label or run_dir.name, total=end, completed=step) if progress else None
-    )
-    loss_value = None
-    try:
-        while step < end:
-            t0 = time.perf_counter()
-            x = task.sample(cfg.batch, cfg.seq_len + 1, seed=batch_seed(cfg.seed, step))
-            logits = model(x[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            seconds += time.perf_counter() - t0
-            loss_value = float(loss.detach())
-            if step in measure_at:
-                record(step, loss_value)
-            if step in ckpt_at or step == end:
-                checkpoint(step)
-            if progress:
-                progress.update(
-                    task_id, completed=step, description=f"{label} loss {loss_value:.3f}"
-                )
-    except KeyboardInterrupt:
-        checkpoint(step)  # the state after the last complete step: re-running resumes here
-        raise
-    return Run(run_dir, cfg, model, metrics, seconds, step)
+    """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
+    steps in all, as a crash would. Same config, same numbers, interrupted or not."""
+    t = trainer(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
+    state = t.run(stop_at=stop_at)
+    return Run(t.folder, cfg, t.model, t.metrics.read(), state["seconds"], state["step"])
 
 
 # ----- the report -----------------------------------------------------------------------------
 PROFILES = {
-    # The paper's App. C.1 settings: d = 256, batch 512, N = 256, 10,000 AdamW steps.
-    "full": {"d_model": 256, "seq_len": 256, "batch": 512, "steps": 10_000, "eval_batch": 64},
+    # The paper's App. C.1 settings: d = 256, batch 512, N = 256, 10,000 AdamW steps (each step
+    # takes 13-48 CPU-seconds here: a checkpoint every 25).
+    "paper": {"d_model": 256, "seq_len": 256, "batch": 512, "steps": 10_000, "eval_batch": 64,
+              "checkpoint_every": 25},
     # Small enough for 2 shared CPU cores in minutes. A larger AdamW step compresses time: lr
     # 1e-3 for the one-layer runs, 3e-3 for the three-layer ones, whose residual-state peak
     # takes the paper ~10^4 steps. "steps" and "adam_lr" may give each run its own value.
@@ -406,7 +339,7 @@ PROFILES = {
                     "3L-relu-adam": 3e-3},
         "eval_batch": 32,
         "n_measure": 24,
-        "n_checkpoints": 6,
+        "checkpoint_every": 100,
     },
 }  # fmt: skip
 
@@ -432,16 +365,6 @@ class Finding:
 def _series(metrics: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     steps = np.array([m["step"] for m in metrics], dtype=float)
     return steps, np.array([m[key] for m in metrics], dtype=float)
-
-
-def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope and R² of y on x."""
-    if len(x) < 3:
-        return float("nan"), float("nan")
-    slope, icpt = np.polyfit(x, y, 1)
-    resid = y - (slope * x + icpt)
-    ss = ((y - y.mean()) ** 2).sum()
-    return float(slope), float(1 - (resid**2).sum() / ss) if ss > 0 else float("nan")
 
 
 def _misses(checks: list[bool], notes: list[str]) -> str:
@@ -530,7 +453,7 @@ def finding_2(run: Run) -> Finding:
     _, vb = _series(after, "layers.0.attn.val_bos")
     _, vo = _series(after, "layers.0.attn.val_other")
     _, bw = _series(after, "layers.0.attn.bos_weight")
-    slope, r2 = _fit(np.log(steps), dl)
+    slope, r2 = linear_fit(np.log(steps), dl)
     falls = float(np.mean(np.diff(vb) < 0)) if len(vb) > 1 else float("nan")
     checks = [len(steps) >= 3, slope > 0 and r2 > 0.8, vb[-1] < vb[0]]
     text = (
@@ -591,7 +514,7 @@ def finding_4(adam: Run, sgd: Run, relu: Run) -> Finding:
         steps, peak = _series(run.metrics, "layers.0.res_peak")
         _, rb = _series(run.metrics, "layers.0.res_bos")
         late = steps >= steps[-1] / 8
-        slope, r2 = _fit(steps[late], rb[late])
+        slope, r2 = linear_fit(steps[late], rb[late])
         fits[name] = (slope, r2, rb, peak)
         parts.append(
             f"{name}: ‖Res_BOS‖ at layer 0 goes {rb[0]:.2f} → {rb[-1]:.2f} (peak over the mean "
@@ -650,7 +573,7 @@ def finding_5(
     fa = gradient_flow(sm, 0.0, 0.0, t_alpha, train=("alpha",))
     late = fa.t >= t_alpha / 100
     slopes = np.array(
-        [np.polyfit(np.log(fa.t[late]), fa.alpha[late, v], 1)[0] for v in np.flatnonzero(moving)]
+        [linear_fit(np.log(fa.t[late]), fa.alpha[late, v])[0] for v in np.flatnonzero(moving)]
     )
     r = fa.alpha[1:] - 0.5 * np.log(fa.t[1:])[:, None]
     r_range = (float(r[:, moving].min()), float(r[:, moving].max()))
@@ -699,15 +622,6 @@ def finding_5(
 
 
 # ----- plots ----------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _label(task, t) -> str:
     """A tick label for a token: ⟨s⟩ for BOS, · for space, ↵ for newline."""
     if int(t) == task.bos:
@@ -717,6 +631,7 @@ def _label(task, t) -> str:
 
 @torch.no_grad()
 def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> None:
+    """Fig. 2b / 7a: the attention map of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
     w = cap["layers.0.attn.weights"][0].mean(0).numpy()
     ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
@@ -732,42 +647,19 @@ def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> Non
     ax.set_ylabel("query (triggers in red)", fontsize=8)
 
 
-def plot_attention(path, soft: Run, relu: Run, task, seq: Tensor, n: int = 32) -> None:
-    """Fig. 2b / 7a: attention maps of one sequence, softmax and ReLU."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.5))
-    _attention_panel(axes[0], soft, task, seq, n, "softmax: non-triggers sink into BOS")
-    _attention_panel(axes[1], relu, task, seq, n, "ReLU(s)/n: no sink")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 @torch.no_grad()
-def plot_value_norms(path, soft: Run, relu: Run, task, seq: Tensor, n: int = 32) -> None:
+def _value_norm_panel(ax, run: Run, task, seq: Tensor, n: int, name: str) -> None:
     """Fig. 2c: value-state norms per position of one sequence."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3))
-    for ax, run, name in ((axes[0], soft, "softmax"), (axes[1], relu, "ReLU")):
-        _, cap = internals(run.model, seq[None, :n])
-        norms = cap["layers.0.attn.values"][0].mean(0).numpy()
-        ax.bar(
-            range(n),
-            norms,
-            color=["black"]
-            + ["tab:red" if int(t) < task.n_triggers else "tab:blue" for t in seq[1:n]],
-        )
-        ax.set_xticks(range(n), [_label(task, t) for t in seq[:n]], fontsize=6)
-        ax.set_title(f"{name}: ‖Val‖ per position (BOS black, triggers red)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _, cap = internals(run.model, seq[None, :n])
+    norms = cap["layers.0.attn.values"][0].mean(0).numpy()
+    colors = ["tab:red" if int(t) < task.n_triggers else "tab:blue" for t in seq[1:n]]
+    ax.bar(range(n), norms, color=["black", *colors])
+    ax.set_xticks(range(n), [_label(task, t) for t in seq[:n]], fontsize=6)
+    ax.set_title(f"{name}: ‖Val‖ per position (BOS black, triggers red)", fontsize=9)
 
 
-def plot_interventions(path, inter: list[dict], task) -> None:
+def _interventions_panel(ax, inter: list[dict], task) -> None:
     """Fig. 4a: excess risks with a sublayer zeroed."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
     names = [r["zeroed"] for r in inter]
     x = np.arange(len(names))
     ax.bar(x - 0.2, [r["bigram_excess"] for r in inter], 0.4, label="bigram excess risk")
@@ -779,9 +671,6 @@ def plot_interventions(path, inter: list[dict], task) -> None:
     ax.set_ylabel("nats")
     ax.legend(fontsize=7)
     ax.set_title("one layer, softmax: interventions", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 def _rescale(y: np.ndarray) -> np.ndarray:
@@ -790,6 +679,7 @@ def _rescale(y: np.ndarray) -> np.ndarray:
 
 
 def _dynamics_panel(ax, run: Run, title: str) -> None:
+    """Fig. 4b / 7a: rescaled dynamics of a one-layer run."""
     for key, label in (
         ("bigram_excess", "bigram excess risk"),
         ("backcopy_excess", "backcopy excess risk"),
@@ -806,18 +696,8 @@ def _dynamics_panel(ax, run: Run, title: str) -> None:
     ax.legend(fontsize=7)
 
 
-def plot_dynamics(path, soft: Run, relu: Run) -> None:
-    """Fig. 4b / 7a: rescaled dynamics of the one-layer runs."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    _dynamics_panel(axes[0], soft, "one layer, softmax")
-    _dynamics_panel(axes[1], relu, "one layer, ReLU attention")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 def _residual_panel(ax, runs: dict[str, Run]) -> None:
+    """Fig. 7c: BOS residual peak at layer 0's output over training."""
     for (name, run), color in zip(
         runs.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False
     ):
@@ -829,16 +709,6 @@ def _residual_panel(ax, runs: dict[str, Run]) -> None:
     ax.set_ylabel("residual norm at layer 0's output")
     ax.set_title("three layers: BOS residual state (Fig. 7c)", fontsize=9)
     ax.legend(fontsize=7)
-
-
-def plot_residual(path, runs: dict[str, Run]) -> None:
-    """Fig. 7c: BOS residual peak at layer 0's output over training."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    _residual_panel(ax, runs)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 def _ode_panels(ax_a, ax_b, theory, task) -> None:
@@ -867,31 +737,37 @@ def _ode_panels(ax_a, ax_b, theory, task) -> None:
     ax_b.legend(fontsize=7)
 
 
-def plot_ode(path, theory, task) -> None:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    _ode_panels(axes[0], axes[1], theory, task)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
-def plot_summary(path, soft: Run, relu: Run, res_runs: dict[str, Run], theory, task, seq) -> None:
-    """One figure for the README: sink map, dynamics, residual peak, Theorem 2(a)."""
-    plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
-    _attention_panel(axes[0, 0], soft, task, seq, 24, "softmax attention (Fig. 2b)")
-    _dynamics_panel(axes[0, 1], soft, "one layer, softmax (Fig. 4b)")
-    _residual_panel(axes[1, 0], res_runs)
-    _ode_panels(axes[1, 1], None, theory, task)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close("all")
+def write_figures(out: Path, runs: dict[str, Run], inter, theory, task, seq: Tensor) -> None:
+    """The report's PNGs, and summary.png for the README (sink map, dynamics, residual peak,
+    Theorem 2(a))."""
+    soft, relu = runs["1L-softmax-adam"], runs["1L-relu-adam"]
+    three = {"Adam": "3L-softmax-adam", "SGD": "3L-softmax-sgd", "ReLU, Adam": "3L-relu-adam"}
+    res_runs = {label: runs[name] for label, name in three.items()}
+    with report.figure(out / "attention.png", 1, 2, figsize=(11, 5.5)) as (_, ax):
+        _attention_panel(ax[0], soft, task, seq, 32, "softmax: non-triggers sink into BOS")
+        _attention_panel(ax[1], relu, task, seq, 32, "ReLU(s)/n: no sink")
+    with report.figure(out / "value_norms.png", 1, 2, figsize=(11, 3)) as (_, ax):
+        _value_norm_panel(ax[0], soft, task, seq, 32, "softmax")
+        _value_norm_panel(ax[1], relu, task, seq, 32, "ReLU")
+    with report.figure(out / "interventions.png", figsize=(6, 3.5)) as (_, ax):
+        _interventions_panel(ax, inter, task)
+    with report.figure(out / "dynamics.png", 1, 2, figsize=(11, 3.8)) as (_, ax):
+        _dynamics_panel(ax[0], soft, "one layer, softmax")
+        _dynamics_panel(ax[1], relu, "one layer, ReLU attention")
+    with report.figure(out / "residual_peak.png", figsize=(6, 3.5)) as (_, ax):
+        _residual_panel(ax, res_runs)
+    with report.figure(out / "theorem2.png", 1, 2, figsize=(11, 3.8)) as (_, ax):
+        _ode_panels(ax[0], ax[1], theory, task)
+    with report.figure(out / "summary.png", 2, 2, figsize=(11, 9)) as (_, ax):
+        _attention_panel(ax[0, 0], soft, task, seq, 24, "softmax attention (Fig. 2b)")
+        _dynamics_panel(ax[0, 1], soft, "one layer, softmax (Fig. 4b)")
+        _residual_panel(ax[1, 0], res_runs)
+        _ode_panels(ax[1, 1], None, theory, task)
 
 
 # ----- reproduce ------------------------------------------------------------------------------
 def profile_config(profile: str, run: str, seed: int = 0) -> RunConfig:
-    """The RunConfig of ``run`` (a key of RUNS) in ``profile`` ("quick" or "full")."""
+    """The RunConfig of ``run`` (a key of RUNS) in ``profile`` ("quick" or "paper")."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}.")
     if run not in RUNS:
@@ -907,70 +783,59 @@ def profile_config(profile: str, run: str, seed: int = 0) -> RunConfig:
     return RunConfig(**spec, **settings, lr=lr, seed=seed)
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+def open_folder(
+    out: str | Path, profile: str, seed: int, threads: int | None = None
+) -> tuple[RunFolder, dict[str, RunConfig]]:
+    """The reproduction's run folder and its runs' configurations; a folder holding another
+    profile or seed (or another experiment) is refused in one sentence."""
+    cfgs = {name: profile_config(profile, name, seed) for name in RUNS}
+    record = {"profile": profile, "seed": seed, "threads": threads}
+    record["runs"] = {name: cfg.to_dict() for name, cfg in cfgs.items()}
+    return RunFolder(out, "backcopy", record, identity=("profile", "seed")), cfgs
 
 
 def reproduce(
     out: str | Path,
     *,
-    quick: bool = False,
+    profile: str = "paper",
     seed: int = 0,
     threads: int | None = 1,
-    progress=None,
+    progress: Progress | None = None,
     task: BigramBackcopy | None = None,
 ) -> tuple[Path, list[Finding]]:
     """Train the report's runs (resuming any that exist in ``out``), check the five findings
-    and write ``out/report.md`` with its PNGs. ``threads``: torch CPU threads while training
-    (1 is fastest on a busy 2-core machine; ``None`` keeps torch's setting)."""
+    and write ``out/report.md`` with its PNGs. ``threads``: torch CPU threads (1 is fastest on
+    a busy 2-core machine; ``None``: every core)."""
     task = task or BigramBackcopy.tiny_shakespeare()
-    profile = "quick" if quick else "full"
-    out = Path(out)
-    cfgs = {name: profile_config(profile, name, seed) for name in RUNS}
-    open_run(
-        out, {"profile": profile, "seed": seed, "runs": {k: c.to_dict() for k, c in cfgs.items()}}
-    )
-    old_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    folder, cfgs = open_folder(out, profile, seed, threads)
     t_start = time.perf_counter()
-    try:
+    with runner.threads(threads) as n_threads:
         runs = {
-            name: train(out / "runs" / name, cfg, task, progress=progress, label=name)
+            name: train(folder / "runs" / name, cfg, task, progress=progress, label=name)
             for name, cfg in cfgs.items()
         }
         soft, relu = runs["1L-softmax-adam"], runs["1L-relu-adam"]
         ev = eval_tokens(soft.cfg, task)
+        emit(progress, "findings", "interventions", 0, 3)
         inter = interventions(soft.model, task, ev)
-        f1 = finding_1(soft, task, ev, inter)
-        f2 = finding_2(soft)
-        f3 = finding_3(relu, soft)
-        f4 = finding_4(runs["3L-softmax-adam"], runs["3L-softmax-sgd"], runs["3L-relu-adam"])
+        emit(progress, "findings", "Theorem 2", 1, 3)
         t_ode = time.perf_counter()
         f5, theory = finding_5(task)
         ode_seconds = time.perf_counter() - t_ode
-        findings = [f1, f2, f3, f4, f5]
-        seq = ev[0]
-        plot_attention(out / "attention.png", soft, relu, task, seq)
-        plot_value_norms(out / "value_norms.png", soft, relu, task, seq)
-        plot_interventions(out / "interventions.png", inter, task)
-        plot_dynamics(out / "dynamics.png", soft, relu)
-        res_runs = {
-            "Adam": runs["3L-softmax-adam"],
-            "SGD": runs["3L-softmax-sgd"],
-            "ReLU, Adam": runs["3L-relu-adam"],
-        }
-        plot_residual(out / "residual_peak.png", res_runs)
-        plot_ode(out / "theorem2.png", theory, task)
-        plot_summary(out / "summary.png", soft, relu, res_runs, theory, task, seq)
-    finally:
-        torch.set_num_threads(old_threads)
-    wall = time.perf_counter() - t_start
+        findings = [
+            finding_1(soft, task, ev, inter),
+            finding_2(soft),
+            finding_3(relu, soft),
+            finding_4(*(runs[n] for n in ("3L-softmax-adam", "3L-softmax-sgd", "3L-relu-adam"))),
+            f5,
+        ]
+        emit(progress, "findings", "figures", 2, 3)
+        write_figures(folder.path, runs, inter, theory, task, ev[0])
+        emit(progress, "findings", "done", 3, 3)
     results = {
         "profile": profile,
-        "wall_seconds": wall,
+        "threads": n_threads,
+        "wall_seconds": time.perf_counter() - t_start,
         "ode_seconds": ode_seconds,
         "runs": {
             n: {
@@ -984,166 +849,102 @@ def reproduce(
         "interventions": inter,
         "findings": [asdict(f) for f in findings],
     }
-    write_json(out / "results.json", results)
-    write_atomic(
-        out / "report.md",
-        _report(profile, cfgs, runs, inter, findings, wall, ode_seconds, threads, task),
-    )
-    return out, findings
+    write_json(folder / "results.json", results)
+    write_report(folder.path, runs, inter, findings, results, task)
+    return folder.path, findings
 
 
-def _report(profile, cfgs, runs, inter, findings, wall, ode_seconds, threads, task) -> str:
-    c = cfgs["1L-softmax-adam"]
-    lines = [
-        "# Bigram-Backcopy: attention sinks, value drains and residual peaks",
-        "",
+def write_report(out: Path, runs: dict[str, Run], inter, findings, results, task) -> Path:
+    """report.md: settings, the runs, each finding with its verdict, numbers, table and PNGs."""
+    c, profile = runs["1L-softmax-adam"].cfg, results["profile"]
+    intro = (
         "Reproduction of Guo et al., *Active-Dormant Attention Heads* (Sections 2-3, App. B-C) "
-        "with `sharpattn reproduce backcopy" + (" --quick`." if profile == "quick" else "`."),
-        "",
+        f"with `sharpattn reproduce backcopy --{profile}`.\n\n"
         f"Profile **{profile}**: d = {c.d_model}, one head per layer, sequences of {c.seq_len} "
         f"tokens (BOS first), batch {c.batch} fresh sequences per step, steps and learning "
-        f"rates per run in the table, AdamW betas {c.betas} weight decay {c.weight_decay}, plain SGD lr "
-        f"{DEFAULT_LR['sgd']:g}; measurements on {c.eval_batch} fixed sequences at "
-        f"log-spaced steps. Task: V = {task.V} characters of tiny Shakespeare + BOS, triggers "
-        f"{', '.join(repr(task.chars[i]) for i in task.triggers)}. Torch threads: "
-        f"{threads if threads else torch.get_num_threads()}. Training time recorded in the runs: "
-        f"{sum(r.seconds for r in runs.values()):.0f} s in all; this invocation took {wall:.0f} s "
-        f"of wall time (runs already trained are resumed, not retrained; gradient-flow "
-        f"integration {ode_seconds:.1f} s).",
-        "",
-        "## Runs",
-        "",
-        _table(
-            [
-                "run",
-                "layers",
-                "attention",
-                "optimizer",
-                "lr",
-                "steps",
-                "train s",
-                "steps/s",
-                "bigram excess",
-                "backcopy excess",
-            ],
-            [
+        f"rates per run in the table, AdamW betas {c.betas} weight decay {c.weight_decay}, plain "
+        f"SGD lr {DEFAULT_LR['sgd']:g}; measurements on {c.eval_batch} fixed sequences at "
+        f"{c.n_measure} log-spaced steps. Task: V = {task.V} characters of tiny Shakespeare + BOS, "
+        f"triggers {', '.join(repr(task.chars[i]) for i in task.triggers)}. Torch threads: "
+        f"{results['threads']}. Training time recorded in the runs: "
+        f"{sum(r.seconds for r in runs.values()):.0f} s in all; this invocation took "
+        f"{results['wall_seconds']:.0f} s of wall time (runs already trained are loaded, not "
+        f"retrained; gradient-flow integration {results['ode_seconds']:.1f} s)."
+    )
+    header = ["run", "layers", "attention", "optimizer", "lr", "steps", "train s", "steps/s"]
+    rows = [
+        [n, r.cfg.layers, r.cfg.method, r.cfg.optimizer, r.cfg.learning_rate, r.steps_done]
+        + [r.seconds, r.steps_done / r.seconds if r.seconds else None]
+        + [r.metrics[-1]["bigram_excess"], r.metrics[-1]["backcopy_excess"]]
+        for n, r in runs.items()
+    ]
+    runs_table = report.markdown_table(
+        header + ["bigram excess", "backcopy excess"], rows, "l" * 4 + "r" * 6
+    )
+    risks = ("bigram_risk", "bigram_excess", "backcopy_risk", "backcopy_excess")
+    dynamics = {
+        "bigram_excess": "bigram exc.",
+        "backcopy_excess": "backcopy exc.",
+        "layers.0.attn.bos_weight": "BOS weight",
+        "layers.0.attn.delta_logit": "Δlogit",
+        "layers.0.attn.val_bos": "‖Val_BOS‖",
+        "layers.0.attn.val_other": "mean ‖Val_other‖",
+    }
+    three = [runs[n].metrics for n in ("3L-softmax-adam", "3L-softmax-sgd", "3L-relu-adam")]
+    res_keys = ("layers.0.res_bos", "layers.0.res_peak")
+    extras = {
+        1: [
+            report.markdown_table(
+                ["zeroed", *(k.replace("_", " ") for k in risks)],
+                [[r["zeroed"], *(r[k] for k in risks)] for r in inter],
+            ),
+            report.image("attention.png", "Fig. 2b / 7a: attention maps of one sequence."),
+            report.image("value_norms.png", "Fig. 2c: value-state norms per position."),
+            report.image("interventions.png", "Fig. 4a: excess risks with a sublayer zeroed."),
+        ],
+        2: [
+            report.markdown_table(
+                ["step", *dynamics.values()],
+                [[m["step"], *(m[k] for k in dynamics)] for m in runs["1L-softmax-adam"].metrics],
+            ),
+            report.image("dynamics.png", "Fig. 4b / 7a: dynamics of the one-layer runs, rescaled."),
+        ],
+        4: [
+            report.markdown_table(
+                ["step"]
+                + [f"{n} {q}" for n in ("Adam", "SGD", "ReLU Adam") for q in ("‖Res_BOS‖", "peak")],
                 [
-                    n,
-                    r.cfg.layers,
-                    r.cfg.method,
-                    r.cfg.optimizer,
-                    f"{r.cfg.learning_rate:g}",
-                    r.steps_done,
-                    f"{r.seconds:.0f}",
-                    f"{r.steps_done / r.seconds:.1f}" if r.seconds else "-",
-                    f"{r.metrics[-1]['bigram_excess']:.3f}",
-                    f"{r.metrics[-1]['backcopy_excess']:.3f}",
-                ]
-                for n, r in runs.items()
-            ],
-        ),
-        "",
-        "Excess risk = expected cross-entropy under the true next-token distribution minus the "
-        "exact Bayes risk (nats), over non-trigger (bigram) and trigger (backcopy) queries.",
-        "",
+                    [ms[0]["step"], *(m[k] for m in ms for k in res_keys)]
+                    for ms in zip(*three, strict=False)
+                ],
+            ),
+            report.image("residual_peak.png", "Fig. 7c: BOS residual state at layer 0's output."),
+        ],
+        5: [report.image("theorem2.png", "Theorem 2: the simplified model's gradient flow.")],
+    }
+    sections = [
+        intro,
+        "## Runs\n\n" + runs_table + "\nExcess risk = expected cross-entropy under the true "
+        "next-token distribution minus the exact Bayes risk (nats), over non-trigger (bigram) "
+        "and trigger (backcopy) queries.",
         "## Findings",
-        "",
     ]
     for f in findings:
-        lines += [f"### {f.number}. {f.title}: **{f.verdict}**", "", f.text, ""]
-        if f.number == 1:
-            lines += [
-                _table(
-                    ["zeroed", "bigram risk", "bigram excess", "backcopy risk", "backcopy excess"],
-                    [
-                        [
-                            r["zeroed"],
-                            f"{r['bigram_risk']:.3f}",
-                            f"{r['bigram_excess']:.3f}",
-                            f"{r['backcopy_risk']:.3f}",
-                            f"{r['backcopy_excess']:.3f}",
-                        ]
-                        for r in inter
-                    ],
-                ),
-                "",
-                "![attention maps](attention.png)",
-                "",
-                "![value norms](value_norms.png)",
-                "",
-                "![interventions](interventions.png)",
-                "",
-            ]
-        if f.number == 2:
-            keys = [
-                "bigram_excess",
-                "backcopy_excess",
-                "layers.0.attn.bos_weight",
-                "layers.0.attn.delta_logit",
-                "layers.0.attn.val_bos",
-                "layers.0.attn.val_other",
-            ]
-            lines += [
-                _table(
-                    [
-                        "step",
-                        "bigram exc.",
-                        "backcopy exc.",
-                        "BOS weight",
-                        "Δlogit",
-                        "‖Val_BOS‖",
-                        "mean ‖Val_other‖",
-                    ],
-                    [
-                        [m["step"]] + [f"{m[k]:.3f}" for k in keys]
-                        for m in runs["1L-softmax-adam"].metrics
-                    ],
-                ),
-                "",
-                "![dynamics](dynamics.png)",
-                "",
-            ]
-        if f.number == 4:
-            three = [runs[n].metrics for n in ("3L-softmax-adam", "3L-softmax-sgd", "3L-relu-adam")]
-            lines += [
-                _table(
-                    ["step"]
-                    + [
-                        f"{n} {q}"
-                        for n in ("Adam", "SGD", "ReLU Adam")
-                        for q in ("‖Res_BOS‖", "peak")
-                    ],
-                    [
-                        [ms[0]["step"]]
-                        + [
-                            f"{m[k]:{fmt}}"
-                            for m in ms
-                            for k, fmt in (
-                                ("layers.0.res_bos", ".2f"),
-                                ("layers.0.res_peak", "+.2f"),
-                            )
-                        ]
-                        for ms in zip(*three, strict=False)
-                    ],
-                ),
-                "",
-                "![residual peak](residual_peak.png)",
-                "",
-            ]
-        if f.number == 5:
-            lines += ["![Theorem 2](theorem2.png)", ""]
-    lines += [
-        "## Notes",
-        "",
-        "- Δlogit uses the scores the normalizer sees, q·k/√d_head; 'BOS weight' is averaged over "
+        sections += [
+            f"### {f.number}. {f.title}: **{f.verdict}**\n\n{f.text}",
+            *extras.get(f.number, []),
+        ]
+    notes = [
+        "Δlogit uses the scores the normalizer sees, q·k/√d_head; 'BOS weight' is averaged over "
         "non-trigger queries; for ReLU attention, whose rows do not sum to one, the finding uses "
         "BOS's share of the row total.",
-        "- The quick profile is smaller than the paper's and takes larger AdamW steps (lr per "
-        "run in the table: 1e-3 for one layer, 3e-3 for three layers, whose residual peak takes "
-        "the paper ~10^4 steps) so that the mechanisms appear within 10^3 steps on a CPU; the "
-        "full profile uses the paper's settings (AdamW lr 3e-4)."
+        "The quick profile is smaller than the paper's and takes larger AdamW steps (lr per run "
+        "in the table: 1e-3 for one layer, 3e-3 for three layers, whose residual peak takes the "
+        "paper ~10^4 steps) so that the mechanisms appear within 10^3 steps on a CPU; the paper "
+        "profile uses the paper's settings (App. C.1, AdamW lr 3e-4)."
         if profile == "quick"
-        else "- Full profile: the paper's settings (App. C.1).",
-        "",
+        else "Paper profile: the paper's settings (App. C.1).",
     ]
-    return "\n".join(lines)
+    sections.append("## Notes\n\n" + "".join(f"- {n}\n" for n in notes))
+    title = "Bigram-Backcopy: attention sinks, value drains and residual peaks"
+    return report.write_report(out, title, sections)

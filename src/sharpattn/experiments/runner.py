@@ -249,9 +249,10 @@ class Trainer:
     ``batch(step)`` returns the batch of a step, drawing only from ``generators`` (saved in every
     checkpoint, so a resumed run sees the batches an uninterrupted one would). ``loss(model,
     batch)`` returns a scalar, or one loss per ensemble member (their sum is differentiated: each
-    member's parameters get their own loss's gradient). Every ``log_every`` steps (and at steps 0
-    and ``steps``) ``on_log(step, losses)`` returns the record appended to metrics.jsonl (losses:
-    a list of floats, None at step 0). The final parameters go to ``model.safetensors``; a folder
+    member's parameters get their own loss's gradient). Every ``log_every`` steps, or at the
+    steps in ``log_at`` if given (e.g. log-spaced ones), and at steps 0 and ``steps``,
+    ``on_log(step, losses)`` returns the record appended to metrics.jsonl (losses: a list of
+    floats, None at step 0). The final parameters go to ``model.safetensors``; a folder
     that has them is not retrained (:meth:`run` loads them).
 
     ``stop_at`` stops after that many steps in total without writing the final weights, as a
@@ -271,6 +272,7 @@ class Trainer:
         checkpoint_every: int = 1000,
         log_every: int = 100,
         on_log: Callable[[int, list[float] | None], dict[str, Any]] | None = None,
+        log_at: Iterable[int] | None = None,
         task: str = "train",
         progress: Progress | None = None,
         report_every: int = 25,
@@ -286,6 +288,7 @@ class Trainer:
         self.generators = generators or {}
         self.checkpoint_every, self.log_every = checkpoint_every, log_every
         self.on_log = on_log
+        self.log_at = None if log_at is None else frozenset(int(s) for s in log_at)
         self.task, self.progress, self.report_every = task, progress, max(1, report_every)
         self.metrics = MetricsLog(self.folder / "metrics.jsonl")
 
@@ -329,7 +332,7 @@ class Trainer:
                 self.optimizer.step()
                 step += 1
                 seconds += time.perf_counter() - t0
-                if step % self.log_every == 0 or step == self.steps:
+                if self._logs(step):
                     values = losses.detach().tolist()
                     bad = [v for v in values if not math.isfinite(v)]
                     if bad:
@@ -358,6 +361,11 @@ class Trainer:
         self.checkpoint.unlink(missing_ok=True)
         emit(self.progress, self.task, "train", step, self.steps)
         return done
+
+    def _logs(self, step: int) -> bool:
+        if step == self.steps:
+            return True
+        return step % self.log_every == 0 if self.log_at is None else step in self.log_at
 
     def _log(self, step: int, losses: list[float] | None) -> None:
         record = {"step": step, "loss": losses}

@@ -1,4 +1,4 @@
-"""Statistics over seeds: mean, standard deviation and a paired t-test per column."""
+"""Statistics: over seeds (mean, standard deviation, a paired t-test per column) and linear fits."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def paired_comparison(a, b) -> PairedComparison:
         p = np.full(a.shape[1], np.nan)
         std_a = std_b = np.full(a.shape[1], np.nan)
     return PairedComparison(a.mean(axis=0), std_a, b.mean(axis=0), std_b, p)
+
+
+def linear_fit(x, y) -> tuple[float, float]:
+    """Least-squares slope of ``y`` on ``x`` and its R² (scipy ``linregress``); NaN for both with
+    fewer than three points, NaN R² when ``y`` is constant."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if len(x) < 3:
+        return float("nan"), float("nan")
+    fit = stats.linregress(x, y)
+    return float(fit.slope), float(fit.rvalue**2) if np.ptp(y) > 0 else float("nan")

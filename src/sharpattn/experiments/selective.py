@@ -41,6 +41,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -307,10 +308,21 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     return out
 
 
-def graph_trainer(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
-                  progress: Progress | None = None, checkpoint_every: int = 1000) -> Trainer:  # fmt: skip
-    """The runner's Trainer for every (variant, seed) member of one readout, as one ensemble.
-    Seed s draws its sequences from its own stream, whatever the other seeds and variants."""
+def finish(trainer: Trainer, stop_at: int | None, evaluate) -> Any:
+    """Train (or resume, or load) ``trainer``, then ``evaluate(state)`` once: the folder's
+    evaluation.json (None if ``stop_at`` stopped the training, as a crash would)."""
+    state = trainer.run(stop_at=stop_at)
+    if state.get("stopped"):
+        return None
+    return once(trainer.folder / "evaluation.json", lambda: evaluate(state))
+
+
+def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
+                progress: Progress | None = None, stop_at: int | None = None,
+                checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
+    """Train every (variant, seed) member of one readout together, as one ensemble in
+    ``folder``; one metrics dict per member. Seed s draws its sequences from its own stream,
+    whatever the other seeds and variants."""
     members = [(v, s) for v in cfg.variants for s in seeds]
     model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout)
     group = torch.tensor([seeds.index(s) for _, s in members])  # member -> its data stream
@@ -324,26 +336,13 @@ def graph_trainer(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str
     def loss(model: GraphEnsemble, b) -> torch.Tensor:  # each member's mean cross-entropy
         return F.cross_entropy(model(b[0]).transpose(1, 2), b[1], reduction="none").mean(0)
 
-    return Trainer(
+    trainer = Trainer(
         folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
         batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
         checkpoint_every=checkpoint_every, task=f"graph ({readout})", progress=progress,
     )  # fmt: skip
-
-
-def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
-                progress: Progress | None = None, stop_at: int | None = None,
-                checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
-    """Train (or resume, or load) every (variant, seed) member together in ``folder``; return one
-    metrics dict per member (None if ``stop_at`` stopped the training)."""
-    trainer = graph_trainer(folder, cfg, seeds, readout, progress, checkpoint_every)
-    if trainer.run(stop_at=stop_at).get("stopped"):
-        return None
-    p_star = graph_transition(cfg.n)
-    return once(
-        Path(folder) / "evaluation.json",
-        lambda: [dict(r, readout=readout) for r in graph_evaluate(trainer.model, p_star)],
-    )
+    return finish(trainer, stop_at, lambda state: [dict(r, readout=readout)
+                                                   for r in graph_evaluate(model, p_star)])  # fmt: skip
 
 
 # ---------------------------------------------------------------- denoising task
@@ -455,27 +454,6 @@ def _denoise_draw(cfg: DenoiseConfig, batch: int, gens: list[torch.Generator]):
     return tuple(torch.stack(parts, 2).flatten(1, 2) for parts in zip(*draws, strict=True))
 
 
-def denoise_trainer(folder: Path, cfg: DenoiseConfig, seeds: list[int],
-                    progress: Progress | None = None, checkpoint_every: int = 1000) -> Trainer:  # fmt: skip
-    """The runner's Trainer for every (variant, σ, seed) member as one ensemble."""
-    streams, members, group = _denoise_streams(cfg, seeds)
-    model = DenoiseEnsemble(cfg.k, [(v, streams[i][1]) for v, i in members])
-    data = {s: generator(s, DENOISE, _DATA) for s in seeds}
-
-    def batch(step: int):
-        x, y, _ = _denoise_draw(cfg, cfg.batch, list(data.values()))
-        return x[:, group], y[:, group]
-
-    def loss(model: DenoiseEnsemble, b) -> torch.Tensor:  # each member's mean loss
-        return denoise_loss(model(b[0]), b[1]).mean(0)
-
-    return Trainer(
-        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
-        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
-        checkpoint_every=checkpoint_every, task="denoise", progress=progress,
-    )  # fmt: skip
-
-
 @torch.no_grad()
 def denoise_evaluate(model: DenoiseEnsemble, cfg: DenoiseConfig, seeds: list[int]) -> list[dict]:
     """Every member and the naive and Bayes (oracle) estimators on ``cfg.eval_samples`` held-out
@@ -503,14 +481,25 @@ def denoise_evaluate(model: DenoiseEnsemble, cfg: DenoiseConfig, seeds: list[int
 def denoise_train(folder: Path, cfg: DenoiseConfig, seeds: list[int],
                   progress: Progress | None = None, stop_at: int | None = None,
                   checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
-    """Train (or resume, or load) every (variant, σ, seed) member together in ``folder``, then
-    evaluate; one dict per (σ, seed) (None if ``stop_at`` stopped the training)."""
-    trainer = denoise_trainer(folder, cfg, seeds, progress, checkpoint_every)
-    if trainer.run(stop_at=stop_at).get("stopped"):
-        return None
-    return once(
-        Path(folder) / "evaluation.json", lambda: denoise_evaluate(trainer.model, cfg, seeds)
-    )
+    """Train every (variant, σ, seed) member together, as one ensemble in ``folder``, then
+    evaluate; one dict per (σ, seed)."""
+    streams, members, group = _denoise_streams(cfg, seeds)
+    model = DenoiseEnsemble(cfg.k, [(v, streams[i][1]) for v, i in members])
+    data = {s: generator(s, DENOISE, _DATA) for s in seeds}
+
+    def batch(step: int):
+        x, y, _ = _denoise_draw(cfg, cfg.batch, list(data.values()))
+        return x[:, group], y[:, group]
+
+    def loss(model: DenoiseEnsemble, b) -> torch.Tensor:  # each member's mean loss
+        return denoise_loss(model(b[0]), b[1]).mean(0)
+
+    trainer = Trainer(
+        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
+        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
+        checkpoint_every=checkpoint_every, task="denoise", progress=progress,
+    )  # fmt: skip
+    return finish(trainer, stop_at, lambda state: denoise_evaluate(model, cfg, seeds))
 
 
 # ---------------------------------------------------------------- statistics, plots, report
@@ -772,10 +761,12 @@ def lm_evaluate(model, val: torch.Tensor, context: int, tokens: int, batch: int 
     return float(total) / (n * context)
 
 
-def lm_trainer(folder: Path, cfg: LMConfig, train: torch.Tensor, vocab: int, variant: str,
-               seed: int, progress: Progress | None = None, checkpoint_every: int = 1000) -> Trainer:  # fmt: skip
-    """The runner's Trainer of one (variant, seed): AdamW, linear warmup then cosine decay,
-    gradient clipping at 1; the batches depend on the seed only (paired variants)."""
+def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
+             progress: Progress | None = None, stop_at: int | None = None,
+             checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
+    """Train one (variant, seed) in ``folder``: AdamW, linear warmup then cosine decay, gradient
+    clipping at 1; the batches depend on the seed only (paired variants). Returns validation
+    losses at every eval context and the first / last training losses."""
     model = lm_model(cfg, vocab, variant, seed)
     data = generator(seed, LM, _DATA)
 
@@ -791,31 +782,20 @@ def lm_trainer(folder: Path, cfg: LMConfig, train: torch.Tensor, vocab: int, var
         warmup = min(1.0, (i + 1) / max(1, cfg.warmup))
         return warmup * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps))
 
-    return Trainer(
+    trainer = Trainer(
         folder, model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
         steps=cfg.steps, batch=batch, loss=loss, generators={"data": data},
         checkpoint_every=checkpoint_every, log_every=1, lr_schedule=schedule, clip_grad_norm=1.0,
         task=f"lm {variant} seed {seed}", progress=progress,
     )  # fmt: skip
 
-
-def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
-             progress: Progress | None = None, stop_at: int | None = None,
-             checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
-    """Train (or resume, or load) one (variant, seed) in ``folder``; return its validation losses
-    at every eval context and its training losses (None if ``stop_at`` stopped the training)."""
-    trainer = lm_trainer(folder, cfg, train, vocab, variant, seed, progress, checkpoint_every)
-    state = trainer.run(stop_at=stop_at)
-    if state.get("stopped"):
-        return None
-
-    def evaluate() -> dict:
+    def evaluate(state) -> dict:
         losses = [r["loss"][0] for r in trainer.metrics.read() if r["loss"] is not None]
         val_loss = {}
         for i, c in enumerate(cfg.eval_contexts):
             emit(progress, trainer.task, f"eval {c}", i, len(cfg.eval_contexts))
-            val_loss[str(c)] = lm_evaluate(trainer.model, val, c, cfg.eval_tokens)
-        overhead = parameter_overhead(trainer.model)
+            val_loss[str(c)] = lm_evaluate(model, val, c, cfg.eval_tokens)
+        overhead = parameter_overhead(model)
         return dict(
             variant=variant, seed=seed, val_loss=val_loss, train_seconds=state["seconds"],
             first_train_loss=float(np.mean(losses[:10])),
@@ -823,7 +803,7 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
             added_parameters=overhead.added, base_parameters=overhead.base,
         )  # fmt: skip
 
-    return once(Path(folder) / "evaluation.json", evaluate)
+    return finish(trainer, stop_at, evaluate)
 
 
 def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:

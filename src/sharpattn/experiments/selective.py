@@ -795,6 +795,7 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
         for i, c in enumerate(cfg.eval_contexts):
             emit(progress, trainer.task, f"eval {c}", i, len(cfg.eval_contexts))
             val_loss[str(c)] = lm_evaluate(model, val, c, cfg.eval_tokens)
+        emit(progress, trainer.task, "done", len(cfg.eval_contexts), len(cfg.eval_contexts))
         overhead = parameter_overhead(model)
         return dict(
             variant=variant, seed=seed, val_loss=val_loss, train_seconds=state["seconds"],

@@ -441,15 +441,16 @@ def test_denoise_data_and_estimators():
     assert t.tolist() == [[0.0, 1.0]]
 
 
-def test_ensemble_members_train_independently():
+def test_ensemble_members_train_independently(tmp_path):
     """Training members together gives each exactly the run it would have alone."""
     from sharpattn.experiments import selective as exp
 
     cfg = exp.GraphConfig(steps=4, batch=16, lr=1e-2)
-    together = exp.graph_train(cfg, [0, 1], data_seed=3)
+    together = exp.graph_train(tmp_path / "together", cfg, [0, 1])
     alone = exp.graph_train(
-        exp.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)), [0, 1], data_seed=3
-    )
+        tmp_path / "alone", exp.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
+        [0, 1],
+    )  # fmt: skip
     pick = [r for r in together if r["variant"] == "selective"]
     for a, b in zip(pick, alone, strict=True):
         assert a["seed"] == b["seed"]
@@ -460,9 +461,11 @@ def test_ensemble_members_train_independently():
         ta, tb = (list(r["tau_by_group"].values()) for r in (a, b))
         assert_close(ta, tb, dtype=torch.float32, n=4 * 16, ulps=64)
     dc = exp.DenoiseConfig(steps=3, batch=8, sigmas=(0.2,), eval_samples=64, lr=1e-2)
-    both = exp.denoise_train(dc, [0], data_seed=5)
+    both = exp.denoise_train(tmp_path / "both", dc, [0])
     one = exp.denoise_train(
-        exp.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}), [0], 5
+        tmp_path / "one",
+        exp.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}),
+        [0],
     )
     key = "selective (learned: feature)"
     assert_close(both[0][key], one[0][key], dtype=torch.float32, n=3 * 8, ulps=64)  # as above

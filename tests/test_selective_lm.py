@@ -70,9 +70,9 @@ def test_paired_models_start_identical_and_run_at_4x_context(corpus):
         assert rel < 1e-4, (variant, rel)
 
 
-def test_a_tiny_training_run_learns(corpus):
+def test_a_tiny_training_run_learns(corpus, tmp_path):
     train, val, vocab = corpus
-    out = exp.lm_train(tiny(), train, val, len(vocab), "qv · both", seed=0)
+    out = exp.lm_train(tmp_path, tiny(), train, val, len(vocab), "qv · both", seed=0)
     assert out["first_train_loss"] > 3.8  # ≈ ln 65 = 4.17 at the start
     assert out["last_train_loss"] < out["first_train_loss"] - 0.8
     assert set(out["val_loss"]) == {"32", "64", "128"}

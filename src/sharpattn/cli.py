@@ -447,9 +447,12 @@ def fit_temperature(run, sizes, sets, no_eval):
 
 
 @reproduce.command("selective")
-@click.option("--quick", is_flag=True, help="The quick profile (a few minutes on 2 CPU cores).")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="First seed.")
-@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Seeds per setting.")
+@profile_options(
+    "3 seeds, few steps, 4 LM variants (a few minutes on 2 CPU cores).",
+    "The full profile (the default; hours on 2 cores).",
+)
+@seed_option("First seed.")
+@seeds_option("Seeds per setting (overrides the profile).")
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
@@ -478,60 +481,27 @@ def fit_temperature(run, sizes, sets, no_eval):
     help="LM variants, e.g. vanilla,q:both,qv:token (default: all ten; --quick: four).",
 )
 @click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default="runs/selective",
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=500,
     show_default=True,
-    help="Run folder to write.",
+    help="Steps between checkpoints; re-running the command resumes from the last one.",
 )
-def reproduce_selective(quick, seed, seeds, steps, sigmas, tasks, text, lm_steps, lm_variants, out):
+@threads_option(default=1)
+@out_option(None, "Run folder (default runs/selective-<profile>); re-running resumes it.")
+def reproduce_selective(profile, out, **options):
     """Selective attention (Zhang et al., NeurIPS 2024): graph next-token task, denoising and a
     character language model (ours) at 1x, 2x and 4x its training context."""
-    import dataclasses
-
-    from rich.progress import Progress
-
     from .experiments import selective as exp
 
-    config = exp.quick_config(seed) if quick else exp.ReproduceConfig(seed=seed)
-    g, d = config.graph, config.denoise
-    if seeds is not None:
-        g, d = dataclasses.replace(g, seeds=seeds), dataclasses.replace(d, seeds=seeds)
-    if steps is not None:
-        g, d = dataclasses.replace(g, steps=steps), dataclasses.replace(d, steps=steps)
-    if sigmas is not None:
-        d = dataclasses.replace(d, sigmas=tuple(sigmas), main_sigma=sigmas[0])
-    lm = config.lm
-    if seeds is not None:
-        lm = dataclasses.replace(lm, seeds=seeds)
-    lm_steps = steps if lm_steps is None else lm_steps
-    if lm_steps is not None:
-        lm = dataclasses.replace(lm, steps=lm_steps, warmup=min(lm.warmup, lm_steps))
-    if lm_variants is not None:
-        names = [v for v in lm_variants.split(",") if v.strip()]
-        lm = dataclasses.replace(lm, variants=tuple(dict.fromkeys(map(exp.lm_variant, names))))
-    if text is not None:
-        lm = dataclasses.replace(lm, text=text)
-    parts = tuple(dict.fromkeys(t.strip() for t in tasks.split(",") if t.strip()))
-    config = dataclasses.replace(config, graph=g, denoise=d, lm=lm, tasks=parts)
-    with Progress(console=console, transient=True) as bar:
-
-        def progress(total):
-            task = bar.add_task(f"training ({', '.join(parts)})", total=total)
-            return lambda: bar.advance(task)
-
-        run_dir, result = exp.run(out, config, progress)
-    tables = (
-        ("graph", "Graph next-token task (Sec. 4.1, Table 1)", lambda: exp.graph_markdown(result["graph"])),
-        ("denoise", "Denoising (Sec. 4.3, Table 2)", lambda: exp.denoise_markdown(result["denoise"], d.main_sigma)),
-        ("lm", "Character LM on tiny Shakespeare (ours, not the paper's numbers)", lambda: exp.lm_markdown(result["lm"], lm.eval_contexts)),
-        ("overhead", "Parameter overhead (Sec. 3)", lambda: exp.overhead_markdown(result["overhead"])),
-    )  # fmt: skip
-    for key, title, table in tables:
-        if key not in result:
-            continue
-        console.print(f"[bold]{title}[/bold]")
-        console.print(table(), markup=False, highlight=False, soft_wrap=True)
+    config = exp.make_config(profile, **options)
+    with ProgressRenderer(transient=True) as progress:
+        run_dir, result = exp.run(out or f"runs/selective-{profile}", config, progress)
+    for name, title in exp.TABLE_TITLES.items():
+        if (run_dir / f"{name}.md").is_file() and (name in result or name == "overhead"):
+            console.print(f"[bold]{title}[/bold]")
+            text = (run_dir / f"{name}.md").read_text()
+            console.print(text, markup=False, highlight=False, soft_wrap=True)
     console.print(
         f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see {run_dir}/report.md "
         "for what each column means and why some of the paper's numbers cannot be compared."

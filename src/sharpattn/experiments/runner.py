@@ -13,10 +13,12 @@ here (minGPT's ``Trainer`` for the loop and its callbacks, nanoGPT's resume):
   plus optional ``"loss"`` / ``"note"``, which one CLI renderer draws and worker processes can
   pickle.
 * :class:`Trainer` — one training loop: batches from generators it checkpoints, the loss of one
-  model or of an ensemble (a vector, one loss per member, summed for the backward pass), logging
-  callbacks into ``metrics.jsonl``, atomic safetensors checkpoints every ``checkpoint_every``
-  steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues from the last
-  checkpoint and ends with the same numbers as an uninterrupted run.
+  model or of an ensemble (a vector, one loss per member, summed for the backward pass), an
+  optional learning-rate schedule (a function of the step, so nothing to checkpoint) and gradient
+  clipping, logging callbacks into ``metrics.jsonl``, atomic safetensors checkpoints every
+  ``checkpoint_every`` steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues
+  from the last checkpoint and ends with the same numbers as an uninterrupted run.
+* :func:`once` — a JSON result computed once per run folder (an evaluation of trained weights).
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class RunFolder:
     ``identity`` names the configuration keys that define what the run computes (its training
     settings); a folder whose config.json differs in any of them, or holds another experiment,
     is refused. Other keys (evaluation sizes, threads, ...) may change between invocations;
-    config.json then records the latest. ``identity=None`` means every key.
+    config.json then records the latest. ``identity=None`` means every key; a dotted key
+    ("lm.steps") names a key of a nested configuration.
     """
 
     def __init__(
@@ -150,9 +153,11 @@ class RunFolder:
                     "use another --out."
                 )
             keys = record.keys() | old.keys() if identity is None else set(identity)
-            diff = sorted(k for k in keys if k != "experiment" and old.get(k) != record.get(k))
+            diff = sorted(k for k in keys if k != "experiment" and _get(old, k) != _get(record, k))
             if diff:
-                what = ", ".join(f"{k} ({old.get(k)!r} there, {record.get(k)!r} now)" for k in diff)
+                what = ", ".join(
+                    f"{k} ({_get(old, k)!r} there, {_get(record, k)!r} now)" for k in diff
+                )
                 raise ValueError(
                     f"{self.path} holds a {experiment} run with a different {what}; use another "
                     "--out or the same settings to resume it."
@@ -172,6 +177,13 @@ class RunFolder:
         p = self.path.joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)
         return p
+
+
+def _get(config: dict[str, Any], key: str) -> Any:
+    """``config[key]``, following dots into nested dicts (None where a level is missing)."""
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
 
 
 def read_config(out: str | Path, experiment: str) -> dict[str, Any]:
@@ -255,6 +267,10 @@ class Trainer:
     floats, None at step 0). The final parameters go to ``model.safetensors``; a folder
     that has them is not retrained (:meth:`run` loads them).
 
+    ``lr_schedule(step)`` multiplies each parameter group's initial learning rate at that step
+    (0-based, as ``LambdaLR``); ``clip_grad_norm`` clips the gradients' global norm before each
+    optimizer step.
+
     ``stop_at`` stops after that many steps in total without writing the final weights, as a
     crash would (tests); Ctrl-C writes a checkpoint first.
     """
@@ -276,6 +292,8 @@ class Trainer:
         task: str = "train",
         progress: Progress | None = None,
         report_every: int = 25,
+        lr_schedule: Callable[[int], float] | None = None,
+        clip_grad_norm: float | None = None,
     ):
         if steps < 0 or checkpoint_every < 1 or log_every < 1:
             raise ValueError(
@@ -291,6 +309,9 @@ class Trainer:
         self.log_at = None if log_at is None else frozenset(int(s) for s in log_at)
         self.task, self.progress, self.report_every = task, progress, max(1, report_every)
         self.metrics = MetricsLog(self.folder / "metrics.jsonl")
+        self.lr_schedule, self.clip_grad_norm = lr_schedule, clip_grad_norm
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
 
     @property
     def final(self) -> Path:
@@ -329,6 +350,11 @@ class Trainer:
                 losses = self.loss(self.model, self.batch(step)).reshape(-1)
                 self.optimizer.zero_grad(set_to_none=True)
                 losses.sum().backward()
+                if self.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+                if self.lr_schedule is not None:
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = group["initial_lr"] * self.lr_schedule(step)
                 self.optimizer.step()
                 step += 1
                 seconds += time.perf_counter() - t0
@@ -383,6 +409,17 @@ class Trainer:
         )
 
 
+def once(path: str | Path, compute: Callable[[], Any]) -> Any:
+    """The JSON value at ``path``; if it is missing, ``compute()`` written there atomically first
+    (evaluations of finished weights: a re-run reuses them, a crash before the write redoes it)."""
+    path = Path(path)
+    if path.is_file():
+        return read_json(path)
+    value = _jsonable(compute())
+    write_json(path, value)
+    return value
+
+
 def read_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
     """Load final weights written by :class:`Trainer` into ``model``; return their state."""
     path = Path(path)
@@ -400,6 +437,7 @@ __all__ = [
     "emit",
     "event",
     "generator",
+    "once",
     "read_config",
     "read_json",
     "read_weights",

@@ -26,14 +26,22 @@ computed exactly from the N sequences "all other tokens, then q".
    token term, the position term or both; validation loss at 256, 512 and 1024 characters. The
    text is read from ``--text`` (default ``../shared/data/tinyshakespeare.txt`` beside the
    source checkout); it is not shipped with the package (1 MB).
+
+Everything runs on :mod:`.runner`: RUN/config.json (a folder of another configuration is
+refused), one resumable Trainer run per ensemble or model (RUN/graph/<readout>/, RUN/denoise/,
+RUN/lm/<variant>/seed<s>/, each with metrics.jsonl, checkpoints and an evaluation.json), seeds
+from ``runner.seed_int`` keyed by (seed, task, purpose), so re-running after ``kill -9`` ends with
+the numbers of an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +51,10 @@ from torch import nn
 from .. import normalizers as nz
 from ..attention import SelectiveConfig, selective_attend
 from ..attention.selective import Temperature, parameter_overhead, selective_parameter_count
-from .runs import open_run, write_atomic, write_json
+from . import report
+from .runner import Progress, RunFolder, Trainer, emit, generator, once, seeded, threads
+from .runs import write_atomic, write_json
+from .stats import paired_comparison
 
 # The paper's numbers, printed beside ours.
 PAPER = {  # as printed in the paper
@@ -58,6 +69,10 @@ PAPER = {  # as printed in the paper
 
 GRAPH_EDGES = ((0, 1), (0, 2), (0, 3), (1, 4), (2, 5), (3, 6))
 TASKS = ("graph", "denoise", "lm")
+
+# Seeds: runner.seed_int(seed, task, purpose, ...) — one stream per seed, task and purpose.
+GRAPH, DENOISE, LM = 1, 2, 3
+_INIT, _DATA, _TEST = range(3)
 
 
 # ---------------------------------------------------------------- parameter overhead
@@ -99,10 +114,10 @@ def paper_scale_overhead() -> list[dict]:
 # ---------------------------------------------------------------- ensembles of one-head models
 
 
-def _uniform(e: int, fan_in: int, *shape: int, seeds) -> nn.Parameter:
-    """Per-member nn.Linear-style init U(±1/√fan_in), member i drawn from its own seed."""
+def _uniform(fan_in: int, *shape: int, keys) -> nn.Parameter:
+    """Per-member nn.Linear-style init U(±1/√fan_in), member i drawn from ``generator(*keys[i])``."""
     bound = 1 / math.sqrt(fan_in)
-    rows = [torch.rand(*shape, generator=torch.Generator().manual_seed(s)) for s in seeds]
+    rows = [torch.rand(*shape, generator=generator(*k)) for k in keys]
     return nn.Parameter((torch.stack(rows) * 2 - 1) * bound)
 
 
@@ -119,17 +134,15 @@ class OneHeadEnsemble(nn.Module):
     seed start from the same weights and see the same data, so comparisons are paired.
     """
 
-    def __init__(self, d_in: int, d: int, members: list[tuple[str, int]], seed_offset: int):
+    def __init__(self, d_in: int, d: int, members: list[tuple[str, int]], task: int):
         super().__init__()
-        self.members = members
-        seeds = [seed_offset + 1000 * s for _, s in members]
-        e = len(members)
-        self.wq, self.wk, self.wv = (
-            _uniform(e, d_in, d_in, d, seeds=[s + i for s in seeds]) for i in range(3)
-        )
-        self.bq, self.bk, self.bv = (
-            _uniform(e, d_in, d, seeds=[s + 3 + i for s in seeds]) for i in range(3)
-        )
+        self.members, self.task = members, task
+        self.wq, self.wk, self.wv = (_uniform(d_in, d_in, d, keys=self.keys(i)) for i in range(3))
+        self.bq, self.bk, self.bv = (_uniform(d_in, d, keys=self.keys(3 + i)) for i in range(3))
+
+    def keys(self, i: int) -> list[tuple[int, ...]]:
+        """The seed keys of parameter ``i``, one per member: members of one seed start alike."""
+        return [(s, self.task, _INIT, i) for _, s in self.members]
 
     def block(self, variant: str) -> slice:
         """The members of ``variant`` (members are ordered variant by variant)."""
@@ -196,15 +209,14 @@ class GraphEnsemble(OneHeadEnsemble):
     """
 
     def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier"):
-        super().__init__(d, d, members, seed_offset=1)
+        super().__init__(d, d, members, task=GRAPH)
         if readout not in ("classifier", "pointer"):
             raise ValueError(f"readout must be 'classifier' or 'pointer', got {readout!r}.")
         self.readout = readout
-        e, seeds = len(members), [1000 * s for _, s in members]
-        gen = [torch.Generator().manual_seed(s + 7) for s in seeds]
-        self.embed = nn.Parameter(torch.stack([torch.randn(n, d, generator=g) for g in gen]))
-        self.wc = _uniform(e, d, d, n, seeds=[s + 8 for s in seeds])
-        self.bc = _uniform(e, d, n, seeds=[s + 9 for s in seeds])
+        embed = [torch.randn(n, d, generator=generator(*k)) for k in self.keys(7)]
+        self.embed = nn.Parameter(torch.stack(embed))
+        self.wc = _uniform(d, d, n, keys=self.keys(8))
+        self.bc = _uniform(d, n, keys=self.keys(9))
         counts = (graph_transition(n) > 0).sum(-1)  # neighbours incl. self, per token
         self.groups = sorted(set(counts.tolist()))
         onehot = F.one_hot(torch.tensor([self.groups.index(c) for c in counts.tolist()]))
@@ -296,27 +308,41 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     return out
 
 
-def graph_train(
-    cfg: GraphConfig, seeds: list[int], data_seed: int, readout: str = "classifier", tick=None
-) -> list[dict]:
-    """Train every (variant, seed) member together; returns one metrics dict per member."""
+def finish(trainer: Trainer, stop_at: int | None, evaluate) -> Any:
+    """Train (or resume, or load) ``trainer``, then ``evaluate(state)`` once: the folder's
+    evaluation.json (None if ``stop_at`` stopped the training, as a crash would)."""
+    state = trainer.run(stop_at=stop_at)
+    if state.get("stopped"):
+        return None
+    return once(trainer.folder / "evaluation.json", lambda: evaluate(state))
+
+
+def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
+                progress: Progress | None = None, stop_at: int | None = None,
+                checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
+    """Train every (variant, seed) member of one readout together, as one ensemble in
+    ``folder``; one metrics dict per member. Seed s draws its sequences from its own stream,
+    whatever the other seeds and variants."""
     members = [(v, s) for v in cfg.variants for s in seeds]
     model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout)
     group = torch.tensor([seeds.index(s) for _, s in members])  # member -> its data stream
     p_star = graph_transition(cfg.n)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    g = torch.Generator().manual_seed(data_seed)
-    for _ in range(cfg.steps):
-        seqs, y = graph_batch(cfg.batch, len(seeds), p_star, g)
-        logits = model(seqs[:, group])  # (B, E, N)
-        # sum over members of each member's mean cross-entropy: member gradients stay separate
-        loss = F.cross_entropy(logits.transpose(1, 2), y[:, group], reduction="none").mean(0).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if tick is not None:
-            tick()
-    return [dict(r, readout=readout) for r in graph_evaluate(model, p_star)]
+    data = {s: generator(s, GRAPH, _DATA) for s in seeds}
+
+    def batch(step: int):
+        seqs, y = zip(*(graph_batch(cfg.batch, 1, p_star, g) for g in data.values()), strict=True)
+        return torch.cat(seqs, 1)[:, group], torch.cat(y, 1)[:, group]  # (B, E, N), (B, E)
+
+    def loss(model: GraphEnsemble, b) -> torch.Tensor:  # each member's mean cross-entropy
+        return F.cross_entropy(model(b[0]).transpose(1, 2), b[1], reduction="none").mean(0)
+
+    trainer = Trainer(
+        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
+        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
+        checkpoint_every=checkpoint_every, task=f"graph ({readout})", progress=progress,
+    )  # fmt: skip
+    return finish(trainer, stop_at, lambda state: [dict(r, readout=readout)
+                                                   for r in graph_evaluate(model, p_star)])  # fmt: skip
 
 
 # ---------------------------------------------------------------- denoising task
@@ -324,16 +350,17 @@ def graph_train(
 
 def denoise_batch(batch: int, k: int, length: int, sigmas: torch.Tensor,
                   generator: torch.Generator, alpha: float = 0.25):  # fmt: skip
-    """X ``[B, G, L, K]``, y ``[B, G, K]`` and the signal mask S ``[B, G, L]`` (Sec. 4.3), one
-    stream per noise level σ_g in ``sigmas`` ``[G]``."""
+    """X ``[B, G, L, K]``, y ``[B, G, K]`` and the signal mask S ``[B, G, L]`` (Sec. 4.3) at each
+    noise level σ_g in ``sigmas`` ``[G]``: the same q, S and unit noise z for every σ (common
+    random numbers), so a σ's samples do not depend on the other σ's and σ's compare paired."""
     groups = sigmas.shape[0]
-    q = torch.randint(k, (batch, groups), generator=generator)
-    y = F.one_hot(q, k).float()
-    signal = torch.rand(batch, groups, length, generator=generator) < alpha
+    q = torch.randint(k, (batch, 1), generator=generator)
+    y = F.one_hot(q, k).float()  # (B, 1, K)
+    signal = torch.rand(batch, 1, length, generator=generator) < alpha
     signal[..., -1] = True  # x_L = e_q + z_L
-    z = torch.randn(batch, groups, length, k, generator=generator) * sigmas.view(1, -1, 1, 1)
-    x = z + signal.unsqueeze(-1) * y.unsqueeze(2)
-    return x, y, signal
+    z = torch.randn(batch, 1, length, k, generator=generator) * sigmas.view(1, -1, 1, 1)
+    x = z + signal.unsqueeze(-1) * y.unsqueeze(2)  # (B, G, L, K)
+    return x, y.expand(-1, groups, -1), signal.expand(-1, groups, -1)
 
 
 def threshold_temperature(x: torch.Tensor) -> torch.Tensor:
@@ -367,7 +394,7 @@ class DenoiseEnsemble(OneHeadEnsemble):
     """
 
     def __init__(self, k: int, members: list[tuple[str, int]]):
-        super().__init__(k, k, members, seed_offset=2)
+        super().__init__(k, k, members, task=DENOISE)
         shared = max(1, self.count("selective (learned: weight sharing)"))
         self.tau_shared = Temperature(
             k, shared, k, SelectiveConfig("v", sharing=True, terms="token")
@@ -412,31 +439,34 @@ class DenoiseConfig:
     variants: tuple[str, ...] = DENOISE_VARIANTS
 
 
-def denoise_train(cfg: DenoiseConfig, seeds: list[int], data_seed: int, tick=None) -> list[dict]:
-    """Train every (variant, σ, seed) member together, then evaluate all of them and the naive and
-    Bayes estimators on held-out samples; returns one dict per (σ, seed)."""
+def _denoise_streams(cfg: DenoiseConfig, seeds: list[int]):
+    """Streams (σ, seed), σ-major; members (variant, stream), variant-major; member -> stream."""
     streams = [(sigma, s) for sigma in cfg.sigmas for s in seeds]
     members = [(v, i) for v in cfg.variants for i in range(len(streams))]
-    model = DenoiseEnsemble(cfg.k, [(v, streams[i][1]) for v, i in members])
-    group = torch.tensor([i for _, i in members])  # member -> its (σ, seed) stream
-    sigmas = torch.tensor([sigma for sigma, _ in streams])
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    g = torch.Generator().manual_seed(data_seed)
-    for _ in range(cfg.steps):
-        x, y, _ = denoise_batch(cfg.batch, cfg.k, cfg.length, sigmas, g)
-        loss = denoise_loss(model(x[:, group]), y[:, group]).mean(0).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if tick is not None:
-            tick()
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(data_seed + 1)
-        x, y, signal = denoise_batch(cfg.eval_samples, cfg.k, cfg.length, sigmas, g)
-        per_member = denoise_loss(model(x[:, group]), y[:, group]).mean(0)  # (E,)
-        naive = denoise_loss(x.mean(2), y).mean(0)
-        s = signal.unsqueeze(-1).float()
-        bayes = denoise_loss((x * s).sum(2) / s.sum(2), y).mean(0)
+    return streams, members, torch.tensor([i for _, i in members])
+
+
+def _denoise_draw(cfg: DenoiseConfig, batch: int, gens: list[torch.Generator]):
+    """One draw per seed's generator at every σ: X ``[B, σ·seeds, L, K]`` (σ-major, as the
+    streams), y and the signal mask alike."""
+    sigmas = torch.tensor(cfg.sigmas)
+    draws = [denoise_batch(batch, cfg.k, cfg.length, sigmas, g) for g in gens]
+    return tuple(torch.stack(parts, 2).flatten(1, 2) for parts in zip(*draws, strict=True))
+
+
+@torch.no_grad()
+def denoise_evaluate(model: DenoiseEnsemble, cfg: DenoiseConfig, seeds: list[int]) -> list[dict]:
+    """Every member and the naive and Bayes (oracle) estimators on ``cfg.eval_samples`` held-out
+    samples per seed; one dict per (σ, seed)."""
+    streams, members, group = _denoise_streams(cfg, seeds)
+    gens = [generator(s, DENOISE, _TEST) for s in seeds]
+    x, y, signal = _denoise_draw(cfg, cfg.eval_samples, gens)
+    chunks = zip(x.split(1024), y.split(1024), strict=True)  # members × samples: bounded memory
+    per_member = torch.cat([denoise_loss(model(xc[:, group]), yc[:, group]) for xc, yc in chunks])
+    per_member = per_member.mean(0)  # (E,)
+    naive = denoise_loss(x.mean(2), y).mean(0)
+    s = signal.unsqueeze(-1).float()
+    bayes = denoise_loss((x * s).sum(2) / s.sum(2), y).mean(0)
     out = []
     for i, (sigma, seed) in enumerate(streams):
         row = dict(sigma=sigma, seed=seed)
@@ -448,40 +478,59 @@ def denoise_train(cfg: DenoiseConfig, seeds: list[int], data_seed: int, tick=Non
     return out
 
 
+def denoise_train(folder: Path, cfg: DenoiseConfig, seeds: list[int],
+                  progress: Progress | None = None, stop_at: int | None = None,
+                  checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
+    """Train every (variant, σ, seed) member together, as one ensemble in ``folder``, then
+    evaluate; one dict per (σ, seed)."""
+    streams, members, group = _denoise_streams(cfg, seeds)
+    model = DenoiseEnsemble(cfg.k, [(v, streams[i][1]) for v, i in members])
+    data = {s: generator(s, DENOISE, _DATA) for s in seeds}
+
+    def batch(step: int):
+        x, y, _ = _denoise_draw(cfg, cfg.batch, list(data.values()))
+        return x[:, group], y[:, group]
+
+    def loss(model: DenoiseEnsemble, b) -> torch.Tensor:  # each member's mean loss
+        return denoise_loss(model(b[0]), b[1]).mean(0)
+
+    trainer = Trainer(
+        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
+        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
+        checkpoint_every=checkpoint_every, task="denoise", progress=progress,
+    )  # fmt: skip
+    return finish(trainer, stop_at, lambda state: denoise_evaluate(model, cfg, seeds))
+
+
 # ---------------------------------------------------------------- statistics, plots, report
 
 
-def mean_sd(values) -> tuple[float, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+def _compare(values, baseline) -> list[tuple[float, float, float]]:
+    """Per column of ``values`` ``[seeds, columns]``: (mean, sd (0 for one seed), paired p-value
+    against ``baseline`` of the same shape, NaN where undefined)."""
+    c = paired_comparison(baseline, values)
+    return [(float(m), float(np.nan_to_num(sd)), float(p))
+            for m, sd, p in zip(c.mean_b, c.std_b, c.p_value, strict=True)]  # fmt: skip
 
 
-def paired_p(a, b) -> float:
-    """Two-sided paired t-test p-value (NaN with fewer than 2 pairs or no variance)."""
-    from scipy.stats import ttest_rel
-
-    if len(a) < 2:
-        return math.nan
-    with np.errstate(all="ignore"):
-        p = ttest_rel(a, b).pvalue
-    return float(p) if np.isfinite(p) else math.nan
+GRAPH_METRICS = ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_sum")
 
 
 def summarize_graph(runs: list[dict], variants) -> list[dict]:
+    """Per variant: mean ± sd over seeds, paired p-value against vanilla, mean τ_q per group."""
     rows = []
+    table = lambda rs: [[r[k] for k in GRAPH_METRICS] for r in rs]  # noqa: E731
     vanilla = [r for r in runs if r["variant"] == "vanilla"]
     for v in variants:
         rs = [r for r in runs if r["variant"] == v]
+        base = vanilla if len(vanilla) == len(rs) else rs
         row = dict(variant=v, seeds=len(rs))
-        for key in ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_sum"):
-            row[key], row[key + "_sd"] = mean_sd([r[key] for r in rs])
-            row[key + "_p"] = (
-                paired_p([r[key] for r in rs], [r[key] for r in vanilla])
-                if v != "vanilla" and len(rs) == len(vanilla)
-                else math.nan
-            )
-        groups = sorted(rs[0]["tau_by_group"])
-        row["tau_by_group"] = {c: mean_sd([r["tau_by_group"][c] for r in rs])[0] for c in groups}
+        for key, (m, sd, p) in zip(GRAPH_METRICS, _compare(table(rs), table(base)), strict=True):
+            row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+        groups = sorted(rs[0]["tau_by_group"], key=int)
+        row["tau_by_group"] = {
+            int(c): float(np.mean([r["tau_by_group"][c] for r in rs])) for c in groups
+        }
         rows.append(row)
     return rows
 
@@ -491,70 +540,54 @@ def summarize_denoise(runs: list[dict]) -> list[dict]:
     rows = []
     for sigma in sorted({r["sigma"] for r in runs}):
         rs = sorted((r for r in runs if r["sigma"] == sigma), key=lambda r: r["seed"])
-        vanilla = [r["vanilla"] for r in rs]
+        vanilla = [[r["vanilla"]] for r in rs]
         for method in (k for k in rs[0] if k not in ("sigma", "seed")):
-            vals = [r[method] for r in rs]
-            m, sd = mean_sd(vals)
-            p = paired_p(vals, vanilla) if method != "vanilla" else math.nan
+            [(m, sd, p)] = _compare([[r[method]] for r in rs], vanilla)
             rows.append(dict(sigma=sigma, method=method, loss=m, sd=sd, p=p, seeds=len(rs)))
     return rows
 
 
 def plot_graph(summary, p_star, example_maps, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     mats = [("P* (ground truth)", np.asarray(p_star))] + [
         (f"P̂ {v}", np.asarray(m)) for v, m in example_maps.items()
     ]
-    fig, axes = plt.subplots(1, len(mats) + 1, figsize=(3.6 * (len(mats) + 1), 3.6))
-    for ax, (title, m) in zip(axes, mats, strict=False):
-        ax.imshow(m, vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("key token")
-        ax.set_ylabel("query token")
-    ax = axes[-1]
-    for row in summary:
-        if row["variant"] == "vanilla":
-            continue
-        groups = sorted(row["tau_by_group"])
-        ax.plot(groups, [1 / row["tau_by_group"][c] for c in groups], "o-", label=row["variant"])
-    paper = PAPER["graph"]["temperature"]
-    ax.plot(list(paper), [float(t) for t in paper.values()], "k--", label="paper Table 1")
-    ax.set(yscale="log", xlabel="neighbours (incl. self)", ylabel="temperature 1/τ_q")
-    ax.set_title("learned query temperature", fontsize=9)
-    _save(fig, ax, path)
+    size = (3.6 * (len(mats) + 1), 3.6)
+    with report.figure(path, 1, len(mats) + 1, figsize=size, dpi=110) as (fig, axes):
+        for ax, (title, m) in zip(axes, mats, strict=False):
+            ax.imshow(m, vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("key token")
+            ax.set_ylabel("query token")
+        ax = axes[-1]
+        for row in summary:
+            if row["variant"] == "vanilla":
+                continue
+            groups = sorted(row["tau_by_group"])
+            taus = [1 / row["tau_by_group"][c] for c in groups]
+            ax.plot(groups, taus, "o-", label=row["variant"])
+        paper = PAPER["graph"]["temperature"]
+        ax.plot(list(paper), [float(t) for t in paper.values()], "k--", label="paper Table 1")
+        ax.set(yscale="log", xlabel="neighbours (incl. self)", ylabel="temperature 1/τ_q")
+        ax.set_title("learned query temperature", fontsize=9)
+        ax.legend(fontsize=7)
 
 
 def plot_denoise(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        rs = [r for r in rows if r["method"] == method]
-        ax.errorbar([r["sigma"] for r in rs], [r["loss"] for r in rs],
-                    yerr=[r["sd"] for r in rs], marker="o", capsize=3, label=method)  # fmt: skip
-    ax.axhline(2.0, color="grey", lw=0.8, ls=":", label="random unit vector (= 2)")
-    ax.set(xlabel="noise σ", ylabel="E‖y − ŷ/‖ŷ‖‖²", yscale="log")
-    ax.set_title("Denoising (Sec. 4.3): loss against noise σ (mean ± sd over seeds)", fontsize=9)
-    _save(fig, ax, path)
-
-
-def _save(fig, ax, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with report.figure(path, figsize=(6.5, 4.2), dpi=110) as (fig, ax):
+        for method in dict.fromkeys(r["method"] for r in rows):
+            rs = [r for r in rows if r["method"] == method]
+            ax.errorbar([r["sigma"] for r in rs], [r["loss"] for r in rs],
+                        yerr=[r["sd"] for r in rs], marker="o", capsize=3, label=method)  # fmt: skip
+        ax.axhline(2.0, color="grey", lw=0.8, ls=":", label="random unit vector (= 2)")
+        ax.set(xlabel="noise σ", ylabel="E‖y − ŷ/‖ŷ‖‖²", yscale="log")
+        ax.set_title(
+            "Denoising (Sec. 4.3): loss against noise σ (mean ± sd over seeds)", fontsize=9
+        )
+        ax.legend(fontsize=7)
 
 
 def _fmt(m, sd=None, p=None) -> str:
+    """A table cell: mean (± sd where there is one) (p=... where defined)."""
     s = f"{m:.4f}" + (f" ± {sd:.4f}" if sd else "")
     if p is not None and not math.isnan(p):
         s += f" (p={p:.2g})"
@@ -563,64 +596,48 @@ def _fmt(m, sd=None, p=None) -> str:
 
 def graph_markdown(rows) -> str:
     paper = PAPER["graph"]
-    lines = [
-        "| readout | variant | seeds | cross-entropy | excess CE (CE − H(P*)) "
-        "| err_map E_q‖P̂_q − P*_q‖₁ | err_map Σ‖P̂ − P*‖₁ | paper CE | paper err_map |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    header = ["readout", "variant", "seeds", "cross-entropy", "excess CE (CE − H(P*))",
+              "err_map E_q‖P̂_q − P*_q‖₁", "err_map Σ‖P̂ − P*‖₁", "paper CE", "paper err_map"]  # fmt: skip
+    main = []
     for r in rows:
         key = "vanilla" if r["variant"] == "vanilla" else "selective"
-        lines.append(
-            f"| {r['readout']} | {r['variant']} | {r['seeds']} "
-            f"| {_fmt(r['cross_entropy'], r['cross_entropy_sd'])} "
-            f"| {_fmt(r['excess_cross_entropy'], r['excess_cross_entropy_sd'], r['excess_cross_entropy_p'])} "
-            f"| {_fmt(r['err_map'], r['err_map_sd'], r['err_map_p'])} "
-            f"| {_fmt(r['err_map_sum'], r['err_map_sum_sd'], r['err_map_sum_p'])} "
-            f"| {paper['cross_entropy'][key]} | {paper['err_map'][key]} |"
-        )
+        cells = [_fmt(r[k], r[k + "_sd"], r[k + "_p"] if k != "cross_entropy" else None)
+                 for k in GRAPH_METRICS]  # fmt: skip
+        main.append([r["readout"], r["variant"], r["seeds"], *cells,
+                     paper["cross_entropy"][key], paper["err_map"][key]])  # fmt: skip
     sel_rows = [r for r in rows if r["variant"] != "vanilla"]
-    lines += [
-        "",
-        "| neighbours (incl. self) | nodes | paper temperature | "
-        + " | ".join(f"{r['variant']} ({r['readout']}): τ_q / 1/τ_q" for r in sel_rows)
-        + " |",
-        "|---:|---|---:|" + "---:|" * len(sel_rows),
-    ]
     nodes = {1: "7", 2: "4,5,6", 3: "1,2,3", 4: "0"}
-    for c in sorted(paper["temperature"]):
-        cells = [f"{r['tau_by_group'][c]:.3f} / {1 / r['tau_by_group'][c]:.3f}" for r in sel_rows]
-        lines.append(
-            f"| {c} | {nodes[c]} | {paper['temperature'][c]} | " + " | ".join(cells) + " |"
-        )
-    return "\n".join(lines)
+    temperature = [
+        [c, nodes[c], paper["temperature"][c]]
+        + [f"{r['tau_by_group'][c]:.3f} / {1 / r['tau_by_group'][c]:.3f}" for r in sel_rows]
+        for c in sorted(paper["temperature"])
+    ]
+    tau_header = ["neighbours (incl. self)", "nodes", "paper temperature"] + [
+        f"{r['variant']} ({r['readout']}): τ_q / 1/τ_q" for r in sel_rows
+    ]
+    return (
+        report.markdown_table(header, main, "ll" + "r" * 7)
+        + "\n"
+        + report.markdown_table(tau_header, temperature, "rlr" + "r" * len(sel_rows))
+    )
 
 
 def denoise_markdown(rows, main_sigma: float) -> str:
     paper = PAPER["denoise"]
-    lines = [
-        "| σ | method | seeds | loss E‖y − ŷ/‖ŷ‖‖² (mean ± sd, paired p vs vanilla) | paper (σ unstated) |",
-        "|---:|---|---:|---:|---:|",
-    ]
-    for r in rows:
-        ref = paper.get(r["method"], "") if r["sigma"] == main_sigma else ""
-        lines.append(
-            f"| {r['sigma']:g} | {r['method']} | {r['seeds']} | {_fmt(r['loss'], r['sd'], r['p'])} "
-            f"| {ref} |"
-        )
-    return "\n".join(lines)
+    header = ["σ", "method", "seeds", "loss E‖y − ŷ/‖ŷ‖‖² (mean ± sd, paired p vs vanilla)",
+              "paper (σ unstated)"]  # fmt: skip
+    body = [[f"{r['sigma']:g}", r["method"], r["seeds"], _fmt(r["loss"], r["sd"], r["p"]),
+             paper.get(r["method"], "") if r["sigma"] == main_sigma else ""]
+            for r in rows]  # fmt: skip
+    return report.markdown_table(header, body, "rlrrr")
 
 
 def overhead_markdown(rows) -> str:
-    lines = [
-        "| model | variant (q + v, token + position) | base parameters | added | overhead | paper |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['variant']} | {r['base_parameters']:,} | {r['added']:,} "
-            f"| {100 * r['fraction']:.3g}% | {r['paper']} |"
-        )
-    return "\n".join(lines)
+    header = ["model", "variant (q + v, token + position)", "base parameters", "added",
+              "overhead", "paper"]  # fmt: skip
+    body = [[r["model"], r["variant"], r["base_parameters"], r["added"],
+             f"{100 * r['fraction']:.3g}%", r["paper"]] for r in rows]  # fmt: skip
+    return report.markdown_table(header, body, "llrrrl")
 
 
 # ---------------------------------------------------------------- character language model
@@ -644,8 +661,6 @@ LM_VARIANTS = ("vanilla",) + tuple(
 
 def lm_variant(name: str) -> str:
     """``"vanilla"`` or "targets · terms" from "qv·both", "qv:both", "qv-both" or "qv both"."""
-    import re
-
     parts = [p for p in re.split(r"[\s·:\-/]+", name.strip()) if p]
     canonical = (
         " · ".join(parts) if len(parts) == 2 else "vanilla" if parts == ["vanilla"] else None
@@ -713,14 +728,14 @@ def lm_model(cfg: LMConfig, vocab: int, variant: str, seed: int):
     from ..models.transformer import Transformer, TransformerConfig
 
     def build(selective=None, terms="both"):
-        torch.manual_seed(seed)
-        return Transformer(
-            TransformerConfig(
-                vocab_size=vocab, n_out=vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                layers=cfg.layers, positions="rotary", selective=selective,
-                selective_terms=terms, sharing=cfg.sharing,
-            )
-        )  # fmt: skip
+        with seeded(seed, LM, _INIT):
+            return Transformer(
+                TransformerConfig(
+                    vocab_size=vocab, n_out=vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                    layers=cfg.layers, positions="rotary", selective=selective,
+                    selective_terms=terms, sharing=cfg.sharing,
+                )
+            )  # fmt: skip
 
     if variant == "vanilla":
         return build()
@@ -746,93 +761,90 @@ def lm_evaluate(model, val: torch.Tensor, context: int, tokens: int, batch: int 
     return float(total) / (n * context)
 
 
-def lm_train(cfg: LMConfig, train, val, vocab: int, variant: str, seed: int, tick=None) -> dict:
-    """Train one (variant, seed): AdamW, linear warmup then cosine decay, gradient clipping at 1;
-    the batches depend on the seed only. Returns validation losses at every eval context."""
+def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
+             progress: Progress | None = None, stop_at: int | None = None,
+             checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
+    """Train one (variant, seed) in ``folder``: AdamW, linear warmup then cosine decay, gradient
+    clipping at 1; the batches depend on the seed only (paired variants). Returns validation
+    losses at every eval context and the first / last training losses."""
     model = lm_model(cfg, vocab, variant, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda i: min(1.0, (i + 1) / max(1, cfg.warmup))
-        * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps)),
-    )  # fmt: skip
-    g = torch.Generator().manual_seed(10_000 + seed)
-    t0 = time.perf_counter()
-    losses = []
-    for _ in range(cfg.steps):
-        start = torch.randint(len(train) - cfg.context - 1, (cfg.batch,), generator=g)
-        chunk = torch.stack([train[s : s + cfg.context + 1] for s in start.tolist()])
+    data = generator(seed, LM, _DATA)
+
+    def batch(step: int) -> torch.Tensor:
+        start = torch.randint(len(train) - cfg.context - 1, (cfg.batch,), generator=data)
+        return torch.stack([train[s : s + cfg.context + 1] for s in start.tolist()])
+
+    def loss(model, chunk: torch.Tensor) -> torch.Tensor:
         logits = model(chunk[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if tick is not None:
-            tick()
-    train_seconds = time.perf_counter() - t0
-    val_loss = {str(c): lm_evaluate(model, val, c, cfg.eval_tokens) for c in cfg.eval_contexts}
-    overhead = parameter_overhead(model)
-    return dict(
-        variant=variant, seed=seed, val_loss=val_loss, train_seconds=train_seconds,
-        first_train_loss=float(np.mean(losses[:10])), last_train_loss=float(np.mean(losses[-50:])),
-        added_parameters=overhead.added, base_parameters=overhead.base,
+        return F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten())
+
+    def schedule(i: int) -> float:
+        warmup = min(1.0, (i + 1) / max(1, cfg.warmup))
+        return warmup * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps))
+
+    trainer = Trainer(
+        folder, model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
+        steps=cfg.steps, batch=batch, loss=loss, generators={"data": data},
+        checkpoint_every=checkpoint_every, log_every=1, lr_schedule=schedule, clip_grad_norm=1.0,
+        task=f"lm {variant} seed {seed}", progress=progress,
     )  # fmt: skip
+
+    def evaluate(state) -> dict:
+        losses = [r["loss"][0] for r in trainer.metrics.read() if r["loss"] is not None]
+        val_loss = {}
+        for i, c in enumerate(cfg.eval_contexts):
+            emit(progress, trainer.task, f"eval {c}", i, len(cfg.eval_contexts))
+            val_loss[str(c)] = lm_evaluate(model, val, c, cfg.eval_tokens)
+        emit(progress, trainer.task, "done", len(cfg.eval_contexts), len(cfg.eval_contexts))
+        overhead = parameter_overhead(model)
+        return dict(
+            variant=variant, seed=seed, val_loss=val_loss, train_seconds=state["seconds"],
+            first_train_loss=float(np.mean(losses[:10])),
+            last_train_loss=float(np.mean(losses[-50:])),
+            added_parameters=overhead.added, base_parameters=overhead.base,
+        )  # fmt: skip
+
+    return finish(trainer, stop_at, evaluate)
 
 
 def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
     """Per variant and context: mean ± sd over seeds, paired p-value against vanilla."""
     rows = []
+    vanilla = sorted((r for r in runs if r["variant"] == "vanilla"), key=lambda r: r["seed"])
+    table = lambda rs: [[r["val_loss"][str(c)] for c in contexts] for r in rs]  # noqa: E731
     for v in variants:
         rs = sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])
-        vanilla = sorted((r for r in runs if r["variant"] == "vanilla"), key=lambda r: r["seed"])
         row = dict(variant=v, seeds=len(rs), added_parameters=rs[0]["added_parameters"],
                    base_parameters=rs[0]["base_parameters"])  # fmt: skip
-        for c in contexts:
-            vals = [r["val_loss"][str(c)] for r in rs]
-            row[f"loss_{c}"], row[f"sd_{c}"] = mean_sd(vals)
-            paired = v != "vanilla" and [r["seed"] for r in rs] == [r["seed"] for r in vanilla]
-            row[f"p_{c}"] = (
-                paired_p(vals, [r["val_loss"][str(c)] for r in vanilla]) if paired else math.nan
-            )
+        paired = [r["seed"] for r in rs] == [r["seed"] for r in vanilla]
+        for c, (m, sd, p) in zip(contexts, _compare(table(rs), table(vanilla if paired else rs)),
+                                 strict=True):  # fmt: skip
+            row[f"loss_{c}"], row[f"sd_{c}"], row[f"p_{c}"] = m, sd, p
         rows.append(row)
     return rows
 
 
 def lm_markdown(rows, contexts) -> str:
-    head = " | ".join(f"val loss @ {c}" for c in contexts)
-    lines = [
-        f"| variant (targets · terms) | seeds | added params | {head} | paper ppl Pythia / GPT-2 |",
-        "|---|---:|---:|" + "---:|" * len(contexts) + "---:|",
-    ]
-    for r in rows:
-        paper = " / ".join(PAPER_LM.get(r["variant"], ("–", "–")))
-        cells = " | ".join(_fmt(r[f"loss_{c}"], r[f"sd_{c}"], r[f"p_{c}"]) for c in contexts)
-        lines.append(
-            f"| {r['variant']} | {r['seeds']} | {r['added_parameters']:,} | {cells} | {paper} |"
-        )
-    return "\n".join(lines)
+    header = ["variant (targets · terms)", "seeds", "added params"]
+    header += [f"val loss @ {c}" for c in contexts] + ["paper ppl Pythia / GPT-2"]
+    body = [[r["variant"], r["seeds"], r["added_parameters"]]
+            + [_fmt(r[f"loss_{c}"], r[f"sd_{c}"], r[f"p_{c}"]) for c in contexts]
+            + [" / ".join(PAPER_LM.get(r["variant"], ("–", "–")))] for r in rows]  # fmt: skip
+    return report.markdown_table(header, body)
 
 
 def plot_lm(rows, contexts, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for r in rows:
-        style = "ko-" if r["variant"] == "vanilla" else "o-"
-        ax.errorbar(contexts, [r[f"loss_{c}"] for c in contexts],
-                    yerr=[r[f"sd_{c}"] for c in contexts], fmt=style, capsize=3,
-                    label=r["variant"], lw=2 if r["variant"] == "vanilla" else 1)  # fmt: skip
-    ax.set(xscale="log", xlabel="evaluation context (trained at the first)",
-           ylabel="validation loss (nats / char)")  # fmt: skip
-    ax.set_xticks(contexts, [str(c) for c in contexts])
-    ax.set_title("Tiny Shakespeare characters: ours, not the paper's (mean ± sd)", fontsize=9)
-    _save(fig, ax, path)
+    with report.figure(path, figsize=(6.5, 4.2), dpi=110) as (fig, ax):
+        for r in rows:
+            style = "ko-" if r["variant"] == "vanilla" else "o-"
+            ax.errorbar(contexts, [r[f"loss_{c}"] for c in contexts],
+                        yerr=[r[f"sd_{c}"] for c in contexts], fmt=style, capsize=3,
+                        label=r["variant"], lw=2 if r["variant"] == "vanilla" else 1)  # fmt: skip
+        ax.set(xscale="log", xlabel="evaluation context (trained at the first)",
+               ylabel="validation loss (nats / char)")  # fmt: skip
+        ax.set_xticks(contexts, [str(c) for c in contexts])
+        ax.set_title("Tiny Shakespeare characters: ours, not the paper's (mean ± sd)", fontsize=9)
+        ax.legend(fontsize=7)
 
 
 # ---------------------------------------------------------------- the command's entry point
@@ -846,6 +858,20 @@ class ReproduceConfig:
     tasks: tuple[str, ...] = TASKS
     seed: int = 0
     quick: bool = False
+    threads: int | None = 1  # tiny models: a second thread only adds overhead on a shared CPU
+    checkpoint_every: int = 500
+
+
+# What a run folder keeps fixed: everything that changes a trained model or an evaluation.json.
+# Tasks, threads and checkpoints may change between invocations; LM variants and seeds each have
+# their own folder, so a run can gain some.
+_FREE = {"tasks", "quick", "threads", "checkpoint_every", "lm.variants", "lm.seeds"}
+
+
+def _identity(config: ReproduceConfig) -> list[str]:
+    keys = [f"{part}.{f.name}" for part in ("graph", "denoise", "lm")
+            for f in fields(getattr(config, part))] + [f.name for f in fields(config)]  # fmt: skip
+    return [k for k in keys if k not in _FREE and k not in ("graph", "denoise", "lm")]
 
 
 # The --quick LM: the same model and context, few steps, one seed and the q/v/qv "both" rows
@@ -867,11 +893,49 @@ def quick_config(seed: int = 0) -> ReproduceConfig:
     )
 
 
-def run(out: str | Path, config: ReproduceConfig, progress=None) -> tuple[Path, dict]:
-    """Train and evaluate everything; write config.json, metrics.json, plots and report.md.
+def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = None,
+                steps: int | None = None, sigmas=None, tasks: str = ",".join(TASKS),
+                text: str | None = None, lm_steps: int | None = None, lm_variants: str | None = None,
+                threads: int | None = 1, checkpoint_every: int = 500) -> ReproduceConfig:  # fmt: skip
+    """The configuration of a profile ("quick" or "paper") with the command's overrides: seeds
+    and steps apply to every part (``lm_steps`` overrides the LM's), ``sigmas[0]`` becomes the
+    main σ, ``lm_variants`` and ``tasks`` are comma-separated."""
+    config = quick_config(seed) if profile == "quick" else ReproduceConfig(seed=seed)
+    g, d, lm = config.graph, config.denoise, config.lm
+    if seeds is not None:
+        g, d, lm = (replace(c, seeds=seeds) for c in (g, d, lm))
+    if steps is not None:
+        g, d = replace(g, steps=steps), replace(d, steps=steps)
+    if sigmas is not None:
+        d = replace(d, sigmas=tuple(sigmas), main_sigma=sigmas[0])
+    lm_steps = steps if lm_steps is None else lm_steps
+    if lm_steps is not None:
+        lm = replace(lm, steps=lm_steps, warmup=min(lm.warmup, lm_steps))
+    if lm_variants is not None:
+        names = [v for v in lm_variants.split(",") if v.strip()]
+        lm = replace(lm, variants=tuple(dict.fromkeys(map(lm_variant, names))))
+    if text is not None:
+        lm = replace(lm, text=text)
+    parts = tuple(dict.fromkeys(t.strip() for t in tasks.split(",") if t.strip()))
+    return replace(config, graph=g, denoise=d, lm=lm, tasks=parts, threads=threads,
+                   checkpoint_every=checkpoint_every)  # fmt: skip
 
-    ``progress(total)`` is called once with the number of training steps and returns a function
-    to call after each step (or pass None).
+
+TABLE_TITLES = {  # RUN/<name>.md: what the command prints, in this order
+    "graph": "Graph next-token task (Sec. 4.1, Table 1)",
+    "denoise": "Denoising (Sec. 4.3, Table 2)",
+    "lm": "Character LM on tiny Shakespeare (ours, not the paper's numbers)",
+    "overhead": "Parameter overhead (Sec. 3)",
+}
+
+
+def run(out: str | Path, config: ReproduceConfig, progress: Progress | None = None,
+        stop_at: int | None = None) -> tuple[Path, dict | None]:  # fmt: skip
+    """Train (resuming what exists) and evaluate everything; write the tables, metrics.json,
+    plots and report.md into the run folder ``out``.
+
+    ``progress`` receives the runner's events. ``stop_at`` stops every training at that step as
+    a crash would (tests): the result is then None and re-running resumes.
     """
     bad = sorted(set(config.tasks) - set(TASKS))
     if bad or not config.tasks:
@@ -879,47 +943,50 @@ def run(out: str | Path, config: ReproduceConfig, progress=None) -> tuple[Path, 
             f"tasks must be some of {', '.join(TASKS)}, got {', '.join(bad) or 'none'}."
         )
     text = load_text(config.lm.text) if "lm" in config.tasks else None  # fail before training
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: a second thread only adds overhead on a shared CPU
-    try:
-        return _run(out, config, progress, text)
-    finally:
-        torch.set_num_threads(threads)
+    folder = RunFolder(out, "reproduce selective", asdict(config), identity=_identity(config))
+    with threads(config.threads):
+        return folder.path, _run(folder.path, config, progress, text, stop_at)
 
 
-def _run(out, config: ReproduceConfig, progress, text) -> tuple[Path, dict]:
+def _slug(variant: str) -> str:
+    """A folder name for an LM variant: "qv · both" -> "qv-both"."""
+    return re.sub(r"[^a-z]+", "-", variant).strip("-")
+
+
+def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dict | None:
     gc, dc, lc, tasks = config.graph, config.denoise, config.lm, config.tasks
-    run_dir = open_run(out, {"experiment": "reproduce selective", **asdict(config)})
-    total = (  # optimizer steps (graph and denoising steps each train an ensemble)
-        gc.steps * len(gc.readouts) * ("graph" in tasks)
-        + dc.steps * ("denoise" in tasks)
-        + lc.steps * lc.seeds * len(lc.variants) * ("lm" in tasks)
-    )
-    tick = progress(total) if progress is not None else None
+    every = dict(progress=progress, stop_at=stop_at, checkpoint_every=config.checkpoint_every)
     t0 = time.perf_counter()
     result = dict(tasks=list(tasks), overhead=paper_scale_overhead(), paper=PAPER)
+    tables = {"overhead": overhead_markdown(result["overhead"])}
 
     if "graph" in tasks:
         graph_seeds = [config.seed + i for i in range(gc.seeds)]
         graph_runs, graph_rows = [], []
         p_star = graph_transition(gc.n)
         for readout in gc.readouts:
-            runs = graph_train(gc, graph_seeds, config.seed, readout, tick)
+            runs = graph_train(run_dir / "graph" / readout, gc, graph_seeds, readout, **every)
+            if runs is None:
+                return None
             rows = [dict(r, readout=readout) for r in summarize_graph(runs, gc.variants)]
             example = {r["variant"]: r["p_hat"] for r in runs if r["seed"] == graph_seeds[0]}
             plot_graph(rows, p_star.tolist(), example, run_dir / f"graph_{readout}.png")
             graph_runs += runs
             graph_rows += rows
         result.update(graph=graph_rows, graph_runs=graph_runs)
-    result["graph_seconds"] = time.perf_counter() - t0
+        tables["graph"] = graph_markdown(graph_rows)
+        result["graph_seconds"] = time.perf_counter() - t0
 
     if "denoise" in tasks:
         t1 = time.perf_counter()
         denoise_seeds = [config.seed + i for i in range(dc.seeds)]
-        denoise_runs = denoise_train(dc, denoise_seeds, data_seed=config.seed + 100, tick=tick)
+        denoise_runs = denoise_train(run_dir / "denoise", dc, denoise_seeds, **every)
+        if denoise_runs is None:
+            return None
         denoise_rows = summarize_denoise(denoise_runs)
         plot_denoise(denoise_rows, run_dir / "denoise.png")
         result.update(denoise=denoise_rows, denoise_runs=denoise_runs)
+        tables["denoise"] = denoise_markdown(denoise_rows, dc.main_sigma)
         result["denoise_seconds"] = time.perf_counter() - t1
 
     if "lm" in tasks:
@@ -928,26 +995,31 @@ def _run(out, config: ReproduceConfig, progress, text) -> tuple[Path, dict]:
         lm_runs = []
         for seed in range(config.seed, config.seed + lc.seeds):
             for variant in lc.variants:
-                lm_runs.append(lm_train(lc, train, val, len(vocab), variant, seed, tick))
-                write_json(run_dir / "lm_runs.json", lm_runs)  # partial results survive a stop
+                folder = run_dir / "lm" / _slug(variant) / f"seed{seed}"
+                r = lm_train(folder, lc, train, val, len(vocab), variant, seed, **every)
+                if r is None:
+                    return None
+                lm_runs.append(r)
         lm_rows = summarize_lm(lm_runs, lc.variants, lc.eval_contexts)
         plot_lm(lm_rows, list(lc.eval_contexts), run_dir / "lm.png")
         result.update(lm=lm_rows, lm_runs=lm_runs, lm_vocab=len(vocab), paper_lm=PAPER_LM,
                       lm_train_chars=len(train), lm_val_chars=len(val))  # fmt: skip
+        tables["lm"] = lm_markdown(lm_rows, lc.eval_contexts)
         result["lm_seconds"] = time.perf_counter() - t1
 
+    for name, md in tables.items():
+        write_atomic(run_dir / f"{name}.md", md)
     result["seconds"] = time.perf_counter() - t0
     write_json(run_dir / "metrics.json", result)
-    write_atomic(run_dir / "report.md", report(result, config))
-    return run_dir, result
+    write_report(run_dir, result, config)
+    return result
 
 
-def report(result: dict, config: ReproduceConfig) -> str:
+def write_report(run_dir: Path, result: dict, config: ReproduceConfig) -> Path:
+    """RUN/report.md: each part's settings, table, caveats and figure."""
     gc, dc, lc = config.graph, config.denoise, config.lm
     parts = [
-        f"""# Selective attention: reproductions (Zhang et al., NeurIPS 2024)
-
-Profile: {"quick" if config.quick else "full"}; tasks {", ".join(result["tasks"])};
+        f"""Profile: {"quick" if config.quick else "full"}; tasks {", ".join(result["tasks"])};
 {result["seconds"]:.0f} s. These are our numbers from our runs; the paper's are printed beside
 them.
 """
@@ -972,8 +1044,7 @@ The paper's Table 1 reports a "temperature" that falls with fewer neighbours; sp
 larger inverse temperature τ, so we list τ_q and 1/τ_q. The paper does not say how its values are
 scaled.
 
-{" ".join(f"![graph {ro}](graph_{ro}.png)" for ro in gc.readouts)}
-""")
+{"".join(report.image(f"graph_{ro}.png", f"{ro} readout: P* and P̂, learned 1/τ_q") for ro in gc.readouts)}""")
     if "denoise" in result:
         parts.append(f"""## Denoising (Sec. 4.3, Table 2)
 
@@ -991,8 +1062,7 @@ cheap form; it can push τ_v toward 0 only through GELU's small negative dip), `
 thresholds). Our vanilla attention is read at x_L, which carries e_q, so it can already prefer
 signal tokens by their similarity to x_L; that is why it is far below the paper's 1.390 here.
 
-![denoise](denoise.png)
-""")
+{report.image("denoise.png", "Denoising: loss against noise σ")}""")
     if "lm" in result:
         parts.append(lm_report(result, lc))
     parts.append(f"""## Parameter overhead (Sec. 3, App. B.2)
@@ -1000,9 +1070,9 @@ signal tokens by their similarity to x_L; that is why it is far below the paper'
 Temperatures on q and v with token and position terms, at the paper's model shapes (MLP hidden
 width d/2, our choice: the paper does not give it).
 
-{overhead_markdown(result["overhead"])}
-""")
-    return "\n".join(parts)
+{overhead_markdown(result["overhead"])}""")
+    title = "Selective attention: reproductions (Zhang et al., NeurIPS 2024)"
+    return report.write_report(run_dir, title, parts)
 
 
 def lm_report(result: dict, lc: LMConfig) -> str:
@@ -1024,5 +1094,4 @@ context); contexts above {lc.context} were never seen in training.
 
 {lm_markdown(result["lm"], contexts)}
 
-![language model](lm.png)
-"""
+{report.image("lm.png", "Validation loss against evaluation context (mean ± sd over seeds)")}"""

@@ -125,7 +125,7 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
     ref = _one_head_at_a_time(net, enc, heads, causal)
     with torch.no_grad():
         logits = net(**enc).logits if causal else None
-    for batch in (4, 3):  # 4: one layer per pass; 3: passes that span both layers
+    for batch, workers in ((4, 1), (3, 1), (3, 2)):  # 3: passes that span both layers
         seen = {0: [], 1: []}  # batch sizes each layer's attention ran with
         hooks = [
             m.register_forward_pre_hook(
@@ -137,7 +137,7 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
         try:
             got = head_ablation(
                 net, diagnose._loss_fn("causal-lm" if causal else "encoder", net), {"a": [enc]},
-                heads, batch=batch, reuse_prefix=True,
+                heads, batch=batch, reuse_prefix=True, workers=workers,
             )["a"]  # fmt: skip
         finally:
             for h in hooks:
@@ -146,8 +146,10 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
         # first ablated layer does not run again: it replays the intact pass (batch 1)
         if batch == 4:
             assert seen == {0: [1, 4], 1: [1, 4, 4]}
-        else:  # heads (0,0..2) | (0,3),(1,0),(1,1) | (1,2),(1,3)
+        elif workers == 1:  # heads (0,0..2) | (0,3),(1,0),(1,1) | (1,2),(1,3)
             assert seen == {0: [1, 3, 3], 1: [1, 3, 3, 2]}
+        else:  # the same passes, two at a time (the copy of `net` has the hooks too)
+            assert {k: sorted(v) for k, v in seen.items()} == {0: [1, 3, 3], 1: [1, 2, 3, 3]}
         for head in heads:
             if causal:
                 # a difference of two float32 next-token losses: each is a mean over positions of

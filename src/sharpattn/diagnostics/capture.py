@@ -29,8 +29,11 @@ Every hook and patch is removed when the ``with`` block ends, also on error.
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -314,6 +317,7 @@ def head_ablation(
     *,
     batch: int = 1,
     reuse_prefix: bool = False,
+    workers: int = 1,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Active/dormant test: loss(head (L, h) zeroed) − loss(intact), mean over each domain's inputs.
 
@@ -334,12 +338,36 @@ def head_ablation(
       once, in layer order, and a block's output depends only on its arguments (no KV cache being
       filled: call Hugging Face models with ``use_cache=False``). Where the intact pass shows
       otherwise (a block not called, or called twice), the full passes are run instead.
+    * ``workers > 1``: that many passes run at once, in threads, each on its own copy of the model
+      (``copy.deepcopy``), taking the next pass when done. Meant for one torch intra-op thread
+      (``torch.set_num_threads(1)``): no thread then waits for another inside an operation, so a
+      core taken by other work slows the test down to one core's speed, not below it.
     """
     heads = sorted({(int(a), int(b)) for a, b in heads})
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}.")
     # passes: groups of heads in layer order, so a group's heads share a long intact prefix
     groups = [heads[i : i + batch] for i in range(0, len(heads), batch)]
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}.")
+    models = [model] + [copy.deepcopy(model) for _ in range(min(workers, len(groups)) - 1)]
+
+    def _ablated(replica, group, x, prefix) -> list[float]:
+        """The losses of one pass: row r of ``x``'s copies has head ``group[r]`` zeroed."""
+        copies = _repeat(x, len(group)) if batch > 1 else x
+        start = min(layer for layer, _ in group) if prefix else 0
+        with (
+            capture(replica, layers=(), ablate_rows=[{head} for head in group]) as cap,
+            _replay(cap.blocks, prefix, start, len(group)),
+        ):
+            loss = loss_fn(replica, copies).reshape(-1)
+        if loss.numel() != len(group):
+            raise ValueError(
+                f"loss_fn returned {loss.numel()} losses for {len(group)} rows; with batch > 1 "
+                "it must return one loss per row of its input."
+            )
+        return loss.tolist()
+
     out: dict[str, dict[tuple[int, int], float]] = {}
     with torch.inference_mode():
         for domain, inputs in domains.items():
@@ -357,26 +385,37 @@ def head_ablation(
                 layers = list(range(len(cap.blocks)))
                 if reuse_prefix and calls == layers and sorted(cap.blocks) == layers:
                     prefix = outs
-                for group in groups:
-                    start = min(layer for layer, _ in group) if prefix else 0
-                    copies = _repeat(x, len(group)) if batch > 1 else x
-                    rows = [{head} for head in group]
-                    with (
-                        capture(model, layers=(), ablate_rows=rows) as cap,
-                        _replay(cap.blocks, prefix, start, len(group)),
-                    ):
-                        loss = loss_fn(model, copies)
-                    loss = loss.reshape(-1)
-                    if loss.numel() != len(group):
-                        raise ValueError(
-                            f"loss_fn returned {loss.numel()} losses for {len(group)} rows; with "
-                            "batch > 1 it must return one loss per row of its input."
-                        )
-                    for head, value in zip(group, loss.tolist(), strict=True):
+                passes = [(group, x, prefix) for group in groups]
+                for group, loss in zip(groups, side_by_side(_ablated, passes, models), strict=True):
+                    for head, value in zip(group, loss, strict=True):
                         total[head] += value
             base /= len(inputs)
             out[domain] = {head: total[head] / len(inputs) - base for head in heads}
     return out
+
+
+def side_by_side(fn: Callable, items: list[tuple], models: list[nn.Module]) -> list:
+    """``[fn(model, *item) for item in items]``, the items shared out among ``models`` (one thread
+    each, every thread taking the next item when done); exceptions propagate."""
+    if len(models) == 1:
+        return [fn(models[0], *item) for item in items]
+    results: list = [None] * len(items)
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work(replica):
+        with torch.inference_mode():  # thread-local, like grad mode
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                results[i] = fn(replica, *items[i])
+
+    with ThreadPoolExecutor(len(models)) as pool:
+        for job in [pool.submit(work, m) for m in models]:
+            job.result()
+    return results
 
 
 def _rows(x) -> int:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..diagnostics import (
     head_ablation,
     head_logit_spread,
     residual_peak,
+    side_by_side,
     sink_mass,
     sink_tokens,
     value_drain,
@@ -340,19 +342,23 @@ def run(
     """Run the four diagnostics and write report.md, PNGs and metrics.json into ``out``.
 
     ``ablation=False`` skips the active/dormant test (one forward pass per head and domain, a
-    layer's heads side by side in one batch). ``threads``: torch CPU threads while it runs
-    (default: every core; the time goes into the ablation's batched passes, large matrix
-    products that use them all).
+    layer's heads side by side in one batch). ``threads``: CPU threads (default: every core). The
+    ablation's passes and the two domains' extreme-token passes run that many at a time, each in
+    its own thread on its own copy of the model with one torch thread: on cores shared with
+    other work no thread waits for a descheduled one inside a matrix product (intra-op threads
+    do), so a busy core costs its share, not the whole run.
     """
+    from .runner import cores
     from .runner import threads as torch_threads
 
-    with torch_threads(threads):
+    workers = cores() if threads is None else max(1, int(threads))
+    with torch_threads(1):
         return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
-                    ablation, progress, method_params, ablation_tokens)  # fmt: skip
+                    ablation, progress, method_params, ablation_tokens, workers)  # fmt: skip
 
 
 def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
-         progress, method_params, ablation_tokens=256):  # fmt: skip
+         progress, method_params, ablation_tokens=256, workers=1):  # fmt: skip
     from .. import normalizers as nz
     from ..integrations import hf
 
@@ -378,11 +384,19 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     # (b), (c)
     step = tick("extreme tokens", 2)
     extreme, encoded = {}, {}
-    for domain, text in domain_texts().items():
-        extreme[domain], encoded[domain] = extreme_tokens(tok, net, text, kind == "causal-lm")
-        # the active/dormant test runs one forward pass per head: on the first ablation_tokens
-        encoded[domain] = {k: v[:, :ablation_tokens] for k, v in encoded[domain].items()}
+    texts = domain_texts()
+    copies = [net] + [copy.deepcopy(net) for _ in range(min(workers, len(texts)) - 1)]
+
+    def measure(replica, text):
+        result = extreme_tokens(tok, replica, text, kind == "causal-lm")
         step()
+        return result
+
+    results = side_by_side(measure, [(t,) for t in texts.values()], copies)
+    del copies
+    for domain, (extreme[domain], enc) in zip(texts, results, strict=True):
+        # the active/dormant test runs one forward pass per head: on the first ablation_tokens
+        encoded[domain] = {k: v[:, :ablation_tokens] for k, v in enc.items()}
     heads = [
         (layer, h)
         for layer in range(n_layers)
@@ -396,7 +410,7 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         # by side (batch), and the layers before it are not recomputed (reuse_prefix)
         per_layer = max(h for _, h in heads) + 1
         deltas = head_ablation(net, loss_fn, {d: [e] for d, e in encoded.items()}, heads,
-                               batch=per_layer, reuse_prefix=True)  # fmt: skip
+                               batch=per_layer, reuse_prefix=True, workers=workers)  # fmt: skip
         step()
         ablation = {
             d: [[deltas[d][(layer, h)] for h in range(len(extreme[d]["layers"][layer]["spread"]))]

@@ -10,7 +10,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from precision import tolerance  # noqa: E402
+from precision import assert_close, tolerance  # noqa: E402
 from sharpattn.cli import main  # noqa: E402
 from sharpattn.experiments import diagnose  # noqa: E402
 
@@ -78,3 +78,113 @@ def test_diagnose_bad_layers_and_method(capsys):
     assert "out of range" in capsys.readouterr().err
     assert main(["diagnose", "--method", "nope"]) == 2
     assert "unknown attention method" in capsys.readouterr().err
+
+
+def _tiny(arch):
+    import tiny_hf
+
+    torch.manual_seed(0)
+    net = getattr(tiny_hf, arch)().eval()
+    net.set_attn_implementation("eager")
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, net.config.vocab_size, (1, 40), generator=g)
+    return net, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _one_head_at_a_time(net, enc, heads, causal):
+    """The active/dormant test as first written: the intact loss with the model's own attention,
+    then one forward pass per head with only that head zeroed."""
+    from sharpattn.diagnostics import capture
+
+    def loss():
+        if causal:  # transformers' next-token loss
+            return float(net(**enc, labels=enc["input_ids"]).loss)
+        return net(**enc).last_hidden_state[0].mean(0)
+
+    with torch.no_grad():
+        base = loss()
+        out = {}
+        for head in heads:
+            with capture(net, ablate={head}, layers=()):
+                cut = loss()
+            if causal:
+                out[head] = cut - base
+            else:  # 1 − cos(mean-pooled output, the intact model's)
+                out[head] = float(1 - torch.nn.functional.cosine_similarity(cut, base, dim=0))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_batched_ablation_equals_one_head_at_a_time(arch):
+    from sharpattn.diagnostics import head_ablation
+    from sharpattn.integrations import hf
+
+    net, enc = _tiny(arch)
+    causal = arch == "llama"
+    heads = [(layer, h) for layer in range(2) for h in range(4)]
+    ref = _one_head_at_a_time(net, enc, heads, causal)
+    with torch.no_grad():
+        logits = net(**enc).logits if causal else None
+    for batch, workers in ((4, 1), (3, 1), (3, 2)):  # 3: passes that span both layers
+        seen = {0: [], 1: []}  # batch sizes each layer's attention ran with
+        hooks = [
+            m.register_forward_pre_hook(
+                lambda _m, a, kw, s=seen[i]: s.append((a or (kw["hidden_states"],))[0].shape[0]),
+                with_kwargs=True,
+            )
+            for i, m in enumerate(hf.attention_modules(net))
+        ]
+        try:
+            got = head_ablation(
+                net, diagnose._loss_fn("causal-lm" if causal else "encoder", net), {"a": [enc]},
+                heads, batch=batch, reuse_prefix=True, workers=workers,
+            )["a"]  # fmt: skip
+        finally:
+            for h in hooks:
+                h.remove()
+        # every head still has a pass of its own (one row of a batch), and a layer below a pass's
+        # first ablated layer does not run again: it replays the intact pass (batch 1)
+        if batch == 4:
+            assert seen == {0: [1, 4], 1: [1, 4, 4]}
+        elif workers == 1:  # heads (0,0..2) | (0,3),(1,0),(1,1) | (1,2),(1,3)
+            assert seen == {0: [1, 3, 3], 1: [1, 3, 3, 2]}
+        else:  # the same passes, two at a time (the copy of `net` has the hooks too)
+            assert {k: sorted(v) for k, v in seen.items()} == {0: [1, 3, 3], 1: [1, 2, 3, 3]}
+        for head in heads:
+            if causal:
+                # a difference of two float32 next-token losses: each is a mean over positions of
+                # log-sum-exp(logits) − the target's logit, so its error is at most two logits'
+                # (ulps 16), a logit being a width-d reduction of magnitude max|logit|
+                slack = dict(n=net.config.hidden_size, magnitude=float(logits.abs().max()), ulps=16)
+            else:
+                # 1 − cos of two width-d float32 vectors: terms of magnitude 1
+                slack = dict(n=net.config.hidden_size, magnitude=1.0)
+            assert_close(got[head], ref[head], dtype=torch.float32, msg=str(head), **slack)
+
+
+def test_capture_stop_early_records_the_same_and_skips_later_layers():
+    from sharpattn.diagnostics import capture
+    from sharpattn.integrations import hf
+
+    net, enc = _tiny("llama")
+    ran = []
+    hooks = [
+        m.register_forward_hook(lambda *_a, i=i: ran.append(i))
+        for i, m in enumerate(hf.attention_modules(net))
+    ]
+    try:
+        with torch.no_grad():
+            with capture(net, layers=[0]) as full:
+                net(**enc)
+            assert ran == [0, 1]
+            with capture(net, layers=[0], stop_early=True) as cap:
+                net(**enc)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == [0, 1, 0]  # layer 1 never ran
+    for name in ("weights", "scores", "values"):
+        key = f"layers.0.attn.{name}"
+        assert torch.equal(cap[key], full[key]), key  # the same computation
+    with pytest.raises(ValueError, match="stop_early"):
+        capture(net, stop_early=True)

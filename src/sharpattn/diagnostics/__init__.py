@@ -1,6 +1,6 @@
 """Diagnostics: capture attention internals and measure dispersion and extreme tokens."""
 
-from .capture import Capture, capture, head_ablation
+from .capture import Capture, capture, head_ablation, side_by_side
 from .metrics import (
     classify_heads,
     dispersion_horizon,
@@ -25,6 +25,7 @@ __all__ = [
     "norm_ratio",
     "residual_peak",
     "weight_stats",
+    "side_by_side",
     "sink_mass",
     "sink_tokens",
     "value_drain",

@@ -18,14 +18,23 @@ index instead, and every entry's output is recorded as its residual, attention o
   computed a block of queries at a time: ``layers.{L}.attn.{entropy,max_weight,support,spread}``
   (B, H, Lq) and ``layers.{L}.attn.sink_mass`` (B, H, Lk).
 
-``ablate={(L, h), ...}`` zeroes head h's output in layer L (the active/dormant test). Every hook
-and patch is removed when the ``with`` block ends, also on error.
+``ablate={(L, h), ...}`` zeroes head h's output in layer L (the active/dormant test);
+``ablate_rows=[heads of row 0, heads of row 1, ...]`` zeroes heads per batch row instead, so one
+forward pass over copies of an input runs several single-head ablations side by side.
+``stop_early=True`` ends the forward pass once the last layer in ``layers`` has recorded its
+attention (the model's output is then never computed, nor that layer's ``resid_post``; the
+exception that stops it ends at the ``with`` block, so write nothing after the call inside it).
+Every hook and patch is removed when the ``with`` block ends, also on error.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -50,11 +59,22 @@ class Capture:
         ablate=(),
         query_block: int = 256,
         keep: str = "last",
+        ablate_rows: Sequence[Iterable[tuple[int, int]]] | None = None,
+        stop_early: bool = False,
     ):
         self.model = model
         self.layers = None if layers is None else {int(x) for x in layers}
         self.full_until = int(full_until)
         self.ablate = {(int(a), int(b)) for a, b in ablate}
+        self.ablate_rows = (
+            None
+            if ablate_rows is None
+            else [{(int(a), int(b)) for a, b in row} for row in ablate_rows]
+        )
+        if stop_early and not self.layers:
+            raise ValueError("stop_early needs the layers to record (layers=[...], not empty).")
+        self.stop_early = bool(stop_early)
+        self.blocks: dict[int, nn.Module] = {}  # layer index -> the block holding its attention
         self.query_block = int(query_block)
         if keep not in ("last", "all"):
             raise ValueError(f"keep must be 'last' or 'all', got {keep!r}.")
@@ -98,8 +118,9 @@ class Capture:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> bool:
         self._remove()
+        return exc_type is _Stop  # stop_early: the forward pass ended on purpose
 
     def _remove(self) -> None:
         while self._undo:
@@ -125,6 +146,13 @@ class Capture:
         else:  # layer L = the L-th attention module in model order
             self._index = {id(m): i for i, m in enumerate(modules)}
             blocks = _blocks(self.model, modules)
+        self.blocks = dict(blocks)
+        if self.stop_early:
+            last = max(self.layers)
+            for m in modules:
+                if self._index[id(m)] == last:
+                    h = m.register_forward_hook(_raise_stop)
+                    self._undo.append(h.remove)
         for m in modules:
             self._out_weight[id(m)] = _output_projection(self.model, m)
             self.values_projected[self._index[id(m)]] = self._out_weight[id(m)] is not None
@@ -170,12 +198,22 @@ class Capture:
 
     def _zero_heads(self, layer: int, out: Tensor, head_dim: int) -> Tensor:
         heads = [h for lay, h in self.ablate if lay == layer]
-        if not heads:
+        rows = [
+            (r, h) for r, row in enumerate(self.ablate_rows or ()) for lay, h in row if lay == layer
+        ]
+        if not heads and not rows:
             return out
-        keep = torch.ones(out.shape[head_dim], dtype=out.dtype, device=out.device)
-        keep[heads] = 0
+        if self.ablate_rows is not None and out.shape[0] != len(self.ablate_rows):
+            raise ValueError(
+                f"ablate_rows has {len(self.ablate_rows)} rows but the batch has {out.shape[0]}."
+            )
+        # keep[b, h] = 0 for the heads zeroed in row b (all rows for `ablate`), else 1
+        keep = torch.ones(out.shape[0], out.shape[head_dim], dtype=out.dtype, device=out.device)
+        keep[:, heads] = 0
+        for r, h in rows:
+            keep[r, h] = 0
         shape = [1] * out.dim()
-        shape[head_dim] = -1
+        shape[0], shape[head_dim] = out.shape[0], out.shape[head_dim]
         return out * keep.view(shape)
 
     def _resid_hook(self, layer: int):
@@ -263,30 +301,191 @@ def capture(model: nn.Module, **kwargs) -> Capture:
     return Capture(model, **kwargs)
 
 
+class _Stop(Exception):
+    """Raised by ``stop_early`` after the last recorded layer; swallowed by ``Capture.__exit__``."""
+
+
+def _raise_stop(_module, _args, _output):
+    raise _Stop
+
+
 def head_ablation(
     model: torch.nn.Module,
     loss_fn: Callable[[torch.nn.Module, object], Tensor],
     domains: Mapping[str, Iterable],
     heads: Iterable[tuple[int, int]],
+    *,
+    batch: int = 1,
+    reuse_prefix: bool = False,
+    workers: int = 1,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Active/dormant test: loss(head (L, h) zeroed) − loss(intact), mean over each domain's inputs.
 
-    ``loss_fn(model, x)`` returns a scalar loss for one input ``x``; zeroing uses
-    :func:`sharpattn.diagnostics.capture` (``ablate``). A head whose removal barely changes the
-    loss on a domain is dormant there, one whose removal hurts is active (Guo et al., §3.1).
+    ``loss_fn(model, x)`` returns the loss of input ``x``; zeroing uses
+    :func:`sharpattn.diagnostics.capture` (``ablate``), and the intact loss is measured under the
+    same capture. A head whose removal barely changes the loss on a domain is dormant there, one
+    whose removal hurts is active (Guo et al., §3.1).
+
+    Faster, measuring the same thing (every head still gets its own forward pass with only that
+    head zeroed; the results differ only by float rounding):
+
+    * ``batch > 1``: up to ``batch`` heads per forward pass, each on its own copy of ``x`` along
+      the batch dimension (``ablate_rows``). Every input then has batch size 1 (tensors, or
+      mappings of tensors such as a tokenizer's output, with first dimension 1) and ``loss_fn``
+      returns one loss per row of its input, shape ``(rows,)``.
+    * ``reuse_prefix``: the blocks before a pass's first ablated layer are not run again; they
+      return the outputs recorded in the intact pass. Only valid when ``loss_fn`` runs every block
+      once, in layer order, and a block's output depends only on its arguments (no KV cache being
+      filled: call Hugging Face models with ``use_cache=False``). Where the intact pass shows
+      otherwise (a block not called, or called twice), the full passes are run instead.
+    * ``workers > 1``: that many passes run at once, in threads, each on its own copy of the model
+      (``copy.deepcopy``), taking the next pass when done. Meant for one torch intra-op thread
+      (``torch.set_num_threads(1)``): no thread then waits for another inside an operation, so a
+      core taken by other work slows the test down to one core's speed, not below it.
     """
-    heads = [(int(a), int(b)) for a, b in heads]
+    heads = sorted({(int(a), int(b)) for a, b in heads})
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}.")
+    # passes: groups of heads in layer order, so a group's heads share a long intact prefix
+    groups = [heads[i : i + batch] for i in range(0, len(heads), batch)]
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}.")
+    models = [model] + [copy.deepcopy(model) for _ in range(min(workers, len(groups)) - 1)]
+
+    def _ablated(replica, group, x, prefix) -> list[float]:
+        """The losses of one pass: row r of ``x``'s copies has head ``group[r]`` zeroed."""
+        copies = _repeat(x, len(group)) if batch > 1 else x
+        start = min(layer for layer, _ in group) if prefix else 0
+        with (
+            capture(replica, layers=(), ablate_rows=[{head} for head in group]) as cap,
+            _replay(cap.blocks, prefix, start, len(group)),
+        ):
+            loss = loss_fn(replica, copies).reshape(-1)
+        if loss.numel() != len(group):
+            raise ValueError(
+                f"loss_fn returned {loss.numel()} losses for {len(group)} rows; with batch > 1 "
+                "it must return one loss per row of its input."
+            )
+        return loss.tolist()
+
     out: dict[str, dict[tuple[int, int], float]] = {}
-    with torch.no_grad():
+    with torch.inference_mode():
         for domain, inputs in domains.items():
             inputs = list(inputs)
-            base = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
-            out[domain] = {}
-            for head in heads:
-                with capture(model, ablate={head}, layers=()):
-                    loss = sum(float(loss_fn(model, x)) for x in inputs) / len(inputs)
-                out[domain][head] = loss - base
+            total = dict.fromkeys(heads, 0.0)
+            base = 0.0
+            for x in inputs:
+                if batch > 1 and _rows(x) != 1:
+                    raise ValueError(
+                        f"batch > 1 needs inputs of batch size 1, got {_rows(x)} rows."
+                    )
+                prefix: dict[int, Tensor] = {}
+                with capture(model, layers=()) as cap, _record_blocks(cap.blocks) as (calls, outs):
+                    base += float(loss_fn(model, x))
+                layers = list(range(len(cap.blocks)))
+                if reuse_prefix and calls == layers and sorted(cap.blocks) == layers:
+                    prefix = outs
+                passes = [(group, x, prefix) for group in groups]
+                for group, loss in zip(groups, side_by_side(_ablated, passes, models), strict=True):
+                    for head, value in zip(group, loss, strict=True):
+                        total[head] += value
+            base /= len(inputs)
+            out[domain] = {head: total[head] / len(inputs) - base for head in heads}
     return out
+
+
+def side_by_side(fn: Callable, items: list[tuple], models: list[nn.Module]) -> list:
+    """``[fn(model, *item) for item in items]``, the items shared out among ``models`` (one thread
+    each, every thread taking the next item when done); exceptions propagate."""
+    if len(models) == 1:
+        return [fn(models[0], *item) for item in items]
+    results: list = [None] * len(items)
+    todo = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work(replica):
+        with torch.inference_mode():  # thread-local, like grad mode
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                results[i] = fn(replica, *items[i])
+
+    with ThreadPoolExecutor(len(models)) as pool:
+        for job in [pool.submit(work, m) for m in models]:
+            job.result()
+    return results
+
+
+def _rows(x) -> int:
+    """The batch size of an input: a tensor's first dimension, or its tensors' in a mapping."""
+    if torch.is_tensor(x):
+        return int(x.shape[0])
+    sizes = (
+        {int(v.shape[0]) for v in x.values() if torch.is_tensor(v)}
+        if isinstance(x, Mapping)
+        else set()
+    )
+    if len(sizes) != 1:
+        raise ValueError(
+            "batch > 1 needs a tensor input or a mapping of tensors of one batch size."
+        )
+    return sizes.pop()
+
+
+def _repeat(x, n: int):
+    """``n`` copies of a batch-size-1 input along the batch dimension (mappings: every tensor)."""
+    if torch.is_tensor(x):
+        return x.expand(n, *x.shape[1:]).contiguous()
+    return {k: _repeat(v, n) if torch.is_tensor(v) else v for k, v in x.items()}
+
+
+@contextmanager
+def _record_blocks(blocks: Mapping[int, nn.Module]):
+    """Yield ``(calls, outputs)``: the layer order in which ``blocks`` ran, and a copy of each
+    block's output tensor (a block whose output is not one tensor is left out of ``calls``)."""
+    calls: list[int] = []
+    outputs: dict[int, Tensor] = {}
+    handles = []
+
+    def hook(layer):
+        def record(_module, _args, output):
+            calls.append(layer if torch.is_tensor(output) else -1)
+            if torch.is_tensor(output):
+                outputs[layer] = output.clone()
+
+        return record
+
+    try:
+        handles = [block.register_forward_hook(hook(layer)) for layer, block in blocks.items()]
+        yield calls, outputs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def _replay(blocks: Mapping[int, nn.Module], outputs: Mapping[int, Tensor], upto: int, n: int):
+    """Blocks ``0 … upto−1`` skip their computation and return their recorded (batch-1) output,
+    repeated ``n`` times along the batch dimension."""
+    patched = []
+    try:
+        for layer in range(upto):
+            block, recorded = blocks[layer], outputs[layer]
+
+            def forward(*_args, _recorded=recorded, **_kwargs):
+                return _recorded.expand(n, *_recorded.shape[1:]).contiguous()
+
+            patched.append((block, block.__dict__.get("forward")))
+            block.forward = forward  # an instance attribute: nn.Module.__call__ runs it
+        yield
+    finally:
+        for block, previous in patched:
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
 
 
 def _hf_attention_modules(model: nn.Module) -> list[nn.Module]:

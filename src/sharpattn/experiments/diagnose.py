@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..diagnostics import (
     head_ablation,
     head_logit_spread,
     residual_peak,
+    side_by_side,
     sink_mass,
     sink_tokens,
     value_drain,
@@ -126,7 +128,8 @@ def probe(tok, net, layers: list[int], max_items: int, repeats: int, seed: int, 
             enc = _encode(tok, PROMPT.format(seq=seq), _max_len(tok, net))
             pos = _answer_position(tok, enc["input_ids"])
             tokens.append(pos + 1)
-            with torch.no_grad(), capture(net, layers=layers) as cap:
+            # only the probed layers run: the pass stops once the last of them is recorded
+            with torch.inference_mode(), capture(net, layers=layers, stop_early=True) as cap:
                 net(**enc)
             for layer in layers:
                 w = cap[f"layers.{layer}.attn.weights"][0, :, pos].double()  # (H, Lk)
@@ -167,7 +170,7 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
     Sink mass Ā_j averages over queries i >= j in causal models (Guo et al.), over every query
     in bidirectional ones."""
     enc = _encode(tok, text, _max_len(tok, net))
-    with torch.no_grad(), capture(net) as cap:
+    with torch.inference_mode(), capture(net) as cap:
         net(**enc)
     tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
     layers = []
@@ -206,21 +209,33 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
 
 
 def _loss_fn(kind: str, net) -> Callable:
+    """``loss(model, enc)``: one loss per row of ``enc`` (the rows are copies of one sequence in
+    :func:`head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
+    on its input (``head_ablation(reuse_prefix=True)``)."""
     if kind == "causal-lm":
 
         def lm_loss(model, enc):
-            return model(**enc, labels=enc["input_ids"]).loss
+            # next-token cross-entropy, mean over positions: transformers' loss for labels=input_ids
+            logits = model(**enc, use_cache=False).logits
+            ids = enc["input_ids"]
+            return torch.stack(
+                [
+                    torch.nn.functional.cross_entropy(logits[b, :-1].float(), ids[b, 1:])
+                    for b in range(ids.shape[0])
+                ]
+            )
 
         return lm_loss
-    reference: dict[int, torch.Tensor] = {}
+    reference: dict[tuple[int, ...], torch.Tensor] = {}
 
     def embedding_shift(model, enc):
-        # 1 − cos(mean-pooled output, the intact model's) : 0 for the intact model
-        h = model(**enc).last_hidden_state[0].mean(0)
-        key = id(enc)
+        # 1 − cos(mean-pooled output, the intact model's) : 0 for the intact model, which
+        # head_ablation runs first on every input (its first call on a sequence sets the reference)
+        h = model(**enc).last_hidden_state.mean(1)  # (rows, d)
+        key = tuple(enc["input_ids"][0].tolist())
         if key not in reference:
-            reference[key] = h
-        return 1 - torch.nn.functional.cosine_similarity(h, reference[key], dim=0)
+            reference[key] = h[0]
+        return 1 - torch.nn.functional.cosine_similarity(h, reference[key][None], dim=-1)
 
     return embedding_shift
 
@@ -319,7 +334,7 @@ def run(
     repeats: int = 3,
     seed: int = 0,
     dormant_threshold: float = 0.01,
-    threads: int | None = 1,
+    threads: int | None = None,
     ablation: bool = True,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
     ablation_tokens: int = 256,
@@ -327,22 +342,24 @@ def run(
 ) -> tuple[Path, dict[str, Any]]:
     """Run the four diagnostics and write report.md, PNGs and metrics.json into ``out``.
 
-    ``ablation=False`` skips the active/dormant test (one forward pass per head and domain).
-    ``threads``: torch CPU threads while it runs (1 by default: a small model's many short forward
-    passes run several times faster on one thread than on cores shared with other work).
+    ``ablation=False`` skips the active/dormant test (one forward pass per head and domain, a
+    layer's heads side by side in one batch). ``threads``: CPU threads (default: every core). The
+    ablation's passes and the two domains' extreme-token passes run that many at a time, each in
+    its own thread on its own copy of the model with one torch thread: on cores shared with
+    other work no thread waits for a descheduled one inside a matrix product (intra-op threads
+    do), so a busy core costs its share, not the whole run.
     """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    from .runner import cores
+    from .runner import threads as torch_threads
+
+    workers = cores() if threads is None else max(1, int(threads))
+    with torch_threads(1):
         return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
-                    ablation, progress, method_params, ablation_tokens)  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
+                    ablation, progress, method_params, ablation_tokens, workers)  # fmt: skip
 
 
 def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
-         progress, method_params, ablation_tokens=256):  # fmt: skip
+         progress, method_params, ablation_tokens=256, workers=1):  # fmt: skip
     from .. import normalizers as nz
     from ..integrations import hf
 
@@ -368,11 +385,19 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     # (b), (c)
     step = tick("extreme tokens", 2)
     extreme, encoded = {}, {}
-    for domain, text in domain_texts().items():
-        extreme[domain], encoded[domain] = extreme_tokens(tok, net, text, kind == "causal-lm")
-        # the active/dormant test runs one forward pass per head: on the first ablation_tokens
-        encoded[domain] = {k: v[:, :ablation_tokens] for k, v in encoded[domain].items()}
+    texts = domain_texts()
+    copies = [net] + [copy.deepcopy(net) for _ in range(min(workers, len(texts)) - 1)]
+
+    def measure(replica, text):
+        result = extreme_tokens(tok, replica, text, kind == "causal-lm")
         step()
+        return result
+
+    results = side_by_side(measure, [(t,) for t in texts.values()], copies)
+    del copies
+    for domain, (extreme[domain], enc) in zip(texts, results, strict=True):
+        # the active/dormant test runs one forward pass per head: on the first ablation_tokens
+        encoded[domain] = {k: v[:, :ablation_tokens] for k, v in enc.items()}
     heads = [
         (layer, h)
         for layer in range(n_layers)
@@ -382,7 +407,11 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     if ablate:
         step = tick("head ablation", 1)
         loss_fn = _loss_fn(kind, net)
-        deltas = head_ablation(net, loss_fn, {d: [e] for d, e in encoded.items()}, heads)
+        # each head still gets its own forward pass with only it zeroed; one layer's heads run side
+        # by side (batch), and the layers before it are not recomputed (reuse_prefix)
+        per_layer = max(h for _, h in heads) + 1
+        deltas = head_ablation(net, loss_fn, {d: [e] for d, e in encoded.items()}, heads,
+                               batch=per_layer, reuse_prefix=True, workers=workers)  # fmt: skip
         step()
         ablation = {
             d: [[deltas[d][(layer, h)] for h in range(len(extreme[d]["layers"][layer]["spread"]))]

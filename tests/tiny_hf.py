@@ -3,11 +3,12 @@
 import transformers
 
 
-def llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+def llama(**overrides):
+    cfg = transformers.LlamaConfig(**{
+        "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        **overrides,
+    })  # fmt: skip
     return transformers.LlamaForCausalLM(cfg)
 
 

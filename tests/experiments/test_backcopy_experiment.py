@@ -11,18 +11,10 @@ import pytest
 import torch
 
 from precision import assert_close
+from reference import transformer_internals
 from sharpattn.experiments import backcopy as bb
 from sharpattn.experiments.runner import RunFolder
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models: many small ops, which two threads slow down badly on a shared 2-core machine.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +22,8 @@ def task():
     return BigramBackcopy.tiny_shakespeare()
 
 
-pytestmark = pytest.mark.numerical
+# tiny models: many small ops, which two threads slow down badly on a shared 2-core machine
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny(**kw):
@@ -69,8 +62,6 @@ def test_measures_by_hand():
 def test_measure_equals_a_direct_computation(task, method):
     """measure() on a two-layer model (+ an MLP-only layer) against float64 NumPy from the
     model's own weights: norms, drains, peaks, sink mass, Δlogit, weights by kind of query."""
-    from test_transformer import direct_internals
-
     cfg = tiny(layers="tf,tf,mlp", method=method)
     torch.manual_seed(0)
     model = bb.Transformer(cfg.model_config(task)).double()
@@ -78,7 +69,7 @@ def test_measure_equals_a_direct_computation(task, method):
         p.data.add_(0.3 * torch.randn_like(p))
     x = task.sample(3, cfg.seq_len, seed=5)
     got = bb.measure(model, task, x)
-    ref, _ = direct_internals(model, x)
+    ref, _ = transformer_internals(model, x)
     kind = task.position_kind(x).numpy()
     bigram = kind == bb.KIND_BIGRAM
     copy = kind == bb.KIND_BACKCOPY

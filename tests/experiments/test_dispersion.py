@@ -17,7 +17,7 @@ from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import dispersion as disp
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 SIZES = (16, 64, 256, 1024)
 
 pytestmark = pytest.mark.numerical

@@ -18,7 +18,7 @@ from sharpattn.tasks.bigram_backcopy import (
     packaged_counts,
 )
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
 pytestmark = pytest.mark.numerical
 

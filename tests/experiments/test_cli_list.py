@@ -26,21 +26,15 @@ def test_list_keeps_square_brackets_of_the_formulas(monkeypatch):
         assert e.citation in out, name
 
 
-def test_list_prints_markup_like_text_of_a_user_method_literally(monkeypatch):
-    def fn(scores, mask=None, *, check_finite=True):
-        return nz.softmax(scores, mask, check_finite=check_finite)
-
-    nz.register(
+def test_list_prints_markup_like_text_of_a_user_method_literally(monkeypatch, register_normalizer):
+    register_normalizer(
         nz.Normalizer(
             name="bracketed",
-            fn=fn,
+            fn=nz.softmax,
             formula="[bold]s[/bold] [red]",
             citation="[link=x]me[/link]",
             sums_to_one=True,
         )
     )
-    try:
-        out = _list_output(monkeypatch)
-    finally:
-        nz.unregister("bracketed")
+    out = _list_output(monkeypatch)
     assert "[bold]s[/bold] [red]" in out and "[link=x]me[/link]" in out

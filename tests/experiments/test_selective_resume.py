@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from sharpattn.cli import main
 from sharpattn.experiments import selective as exp
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 SRC = Path(exp.__file__).resolve().parents[2]  # the checkout's src/, for the subprocess
 TIMING = {"seconds", "graph_seconds", "denoise_seconds", "lm_seconds", "train_seconds"}
 TABLES = ("graph.md", "denoise.md", "lm.md", "overhead.md")

@@ -1,12 +1,11 @@
 """The tiny pre-LN transformer: shapes, causality, captured internals, interventions."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from precision import assert_close
+from reference import transformer_internals
 from sharpattn import MultiheadAttention
 from sharpattn.diagnostics import capture
 from sharpattn.models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
@@ -67,53 +66,6 @@ def test_parameter_count_and_no_biases():
     assert sum(p.numel() for p in m.parameters()) == linear + emb + ln
 
 
-def direct_internals(m, x):
-    """Every layer's internals computed by hand in float64 NumPy from the model's weights:
-    {L: (scores with -inf above the diagonal, weights, value vectors O_h·V_h·LN(h) [B, H, T, d],
-    residual after the layer)}."""
-    cfg = m.cfg
-    w_ = {n: p.detach().double().numpy() for n, p in m.named_parameters()}
-    b, t = x.shape
-    d, heads = cfg.d_model, cfg.n_heads
-    hd = d // heads
-
-    def ln(h, name):
-        mu = h.mean(-1, keepdims=True)
-        var = h.var(-1, keepdims=True)
-        return (h - mu) / np.sqrt(var + 1e-5) * w_[name + ".weight"] + w_[name + ".bias"]
-
-    h = w_["tok_emb.weight"][x.numpy()] + w_["pos_emb.weight"][:t]
-    causal = np.tril(np.ones((t, t), dtype=bool))
-    out = {}
-    for i, kind in enumerate(cfg.layers):
-        pre = f"layers.{i}"
-        rec = {}
-        if kind in ("tf", "attn"):
-            a = ln(h, f"{pre}.ln_attn")
-
-            def proj(n, a=a, pre=pre):
-                return (a @ w_[f"{pre}.attn.{n}_proj.weight"].T).reshape(b, t, heads, hd)
-
-            q, k, v = (proj(n).transpose(0, 2, 1, 3) for n in "qkv")  # (B, H, T, hd)
-            s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)
-            s = np.where(causal, s, -np.inf)
-            if cfg.method == "softmax":
-                e = np.exp(s - s.max(-1, keepdims=True))
-                wts = e / e.sum(-1, keepdims=True)
-            else:  # relu: ReLU(s) / (number of visible keys)
-                wts = np.where(causal, np.maximum(s, 0), 0) / np.arange(1, t + 1)[:, None]
-            o = w_[f"{pre}.attn.out_proj.weight"].reshape(d, heads, hd)
-            vals = np.einsum("bhjk,mhk->bhjm", v, o)  # O_h·V_h·LN(h)_j
-            h = h + np.einsum("bhij,bhjm->bim", wts, vals)
-            rec.update(scores=s, weights=wts, values=vals)
-        if kind in ("tf", "mlp"):
-            a = ln(h, f"{pre}.ln_mlp")
-            h = h + np.maximum(a @ w_[f"{pre}.mlp.fc.weight"].T, 0) @ w_[f"{pre}.mlp.proj.weight"].T
-        rec["resid_post"] = h
-        out[i] = rec
-    return out, h
-
-
 @pytest.mark.parametrize("method", ["softmax", "relu"])
 @pytest.mark.parametrize(("layers", "heads"), [("attn", 1), ("mlp,tf,mlp", 2), ("tf,tf", 2)])
 def test_capture_equals_a_direct_computation(method, layers, heads):
@@ -126,7 +78,7 @@ def test_capture_equals_a_direct_computation(method, layers, heads):
     with capture(m) as cap:
         logits = m(x)
     assert torch.equal(logits, plain)  # capture changes nothing
-    ref, h_last = direct_internals(m, x)
+    ref, h_last = transformer_internals(m, x)
     names = {f"layers.{i}.resid_post" for i in ref}
     names |= {f"layers.{i}.attn.{n}" for i, r in ref.items() for n in r if n != "resid_post"}
     assert set(cap.names()) == names

@@ -279,24 +279,14 @@ def test_head_ablation_matches_numpy():
         assert not m._forward_hooks and not m._forward_pre_hooks
 
 
-def test_capture_learnable_normalizer_params_reach_weights():
-    def scaled_softmax(scores, mask=None, *, gain=1.0, check_finite=True):
-        return nz.softmax(scores * gain, mask, check_finite=check_finite)
-
-    nz.register(
-        nz.Normalizer("test-cap-gain", scaled_softmax, "softmax(g·s)", "test", True,
-                      (nz.Param("gain", 1.0, "gain", learnable=True),))
-    )  # fmt: skip
-    try:
-        torch.manual_seed(2)
-        mha = MultiheadAttention(8, 2, "test-cap-gain", gain=3.0)
-        x = torch.randn(1, 4, 8)
-        with capture(mha) as cap:
-            mha(x)
-        _, ref = mha(x, return_weights=True)
-        assert torch.equal(cap["layers.0.attn.weights"], ref.detach())  # one computation, observed
-    finally:
-        nz.unregister("test-cap-gain")
+def test_capture_learnable_normalizer_params_reach_weights(gain_normalizer):
+    torch.manual_seed(2)
+    mha = MultiheadAttention(8, 2, gain_normalizer, gain=3.0)
+    x = torch.randn(1, 4, 8)
+    with capture(mha) as cap:
+        mha(x)
+    _, ref = mha(x, return_weights=True)
+    assert torch.equal(cap["layers.0.attn.weights"], ref.detach())  # one computation, observed
 
 
 @pytest.mark.parametrize("targets", ["q", "v", "qv", "kqv"])

@@ -132,24 +132,23 @@ def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None, log_at=
     )  # fmt: skip
 
 
-def test_trainer_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path):
-    with runner.threads(1):
-        full = _toy(tmp_path / "a")
-        done = full.run()
-        assert done["step"] == 40 and not full.checkpoint.exists() and full.final.is_file()
+def test_trainer_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path, one_thread):
+    full = _toy(tmp_path / "a")
+    done = full.run()
+    assert done["step"] == 40 and not full.checkpoint.exists() and full.final.is_file()
 
-        _toy(tmp_path / "b").run(stop_at=27)  # a crash after step 27: checkpoint from step 20
-        assert not (tmp_path / "b" / "model.safetensors").exists()
-        assert [r["step"] for r in MetricsLog(tmp_path / "b" / "metrics.jsonl").read()][-1] == 25
+    _toy(tmp_path / "b").run(stop_at=27)  # a crash after step 27: checkpoint from step 20
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert [r["step"] for r in MetricsLog(tmp_path / "b" / "metrics.jsonl").read()][-1] == 25
 
-        def interrupt(ev):
-            if ev["step"] == 30:
-                raise KeyboardInterrupt
+    def interrupt(ev):
+        if ev["step"] == 30:
+            raise KeyboardInterrupt
 
-        with pytest.raises(KeyboardInterrupt):  # Ctrl-C writes a checkpoint at step 30
-            _toy(tmp_path / "b", progress=interrupt).run()
-        resumed = _toy(tmp_path / "b")
-        resumed.run()
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C writes a checkpoint at step 30
+        _toy(tmp_path / "b", progress=interrupt).run()
+    resumed = _toy(tmp_path / "b")
+    resumed.run()
     for p, r in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, r)
     a = MetricsLog(tmp_path / "a" / "metrics.jsonl").read()

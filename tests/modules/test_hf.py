@@ -150,34 +150,13 @@ def test_generate_works(kind):
     assert ada.shape == ref.shape
 
 
-@pytest.fixture
-def gain_method():
-    """A test-registered method with a learnable per-head parameter (identity at gain = 1)."""
-
-    def scaled_softmax(scores, mask=None, *, gain=1.0, check_finite=True):
-        return nz.softmax(scores * gain, mask, check_finite=check_finite)
-
-    nz.register(
-        nz.Normalizer(
-            name="test-hf-gain",
-            fn=scaled_softmax,
-            formula="softmax(g·s)",
-            citation="test",
-            sums_to_one=True,
-            params=(nz.Param("gain", 1.0, "per-head gain", learnable=True),),
-        )
-    )
-    yield "test-hf-gain"
-    nz.unregister("test-hf-gain")
-
-
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
-def test_learnable_parameters_identity_train_and_roundtrip(kind, gain_method, tmp_path):
+def test_learnable_parameters_identity_train_and_roundtrip(kind, gain_normalizer, tmp_path):
     ids, mask = _inputs()
     model = _model(kind)
     with torch.no_grad():
         ref = _out(model, ids, mask)
-    hf.apply(model, gain_method)
+    hf.apply(model, gain_normalizer)
     learned = dict(hf.learnable_parameters(model))
     assert len(learned) == 2 and all(p.shape == (4,) and p.requires_grad for p in learned.values())
     with torch.no_grad():  # initialised to compute what the model computed before
@@ -198,7 +177,7 @@ def test_learnable_parameters_identity_train_and_roundtrip(kind, gain_method, tm
         want = _out(model, ids, mask)
     model.save_pretrained(tmp_path)
     loaded = hf.from_pretrained(tmp_path, type(model)).eval()
-    assert loaded.config._attn_implementation == f"sharpattn:{gain_method}"
+    assert loaded.config._attn_implementation == f"sharpattn:{gain_normalizer}"
     for k, v in hf.learnable_parameters(loaded):
         torch.testing.assert_close(v, learned[k].detach())
     with torch.no_grad():

@@ -16,7 +16,7 @@ broadcast masks. Each case asserts:
 
 Deterministic for CI (``derandomize=True``, 60 examples per method and test, about 15 s on one
 core); the seed of the random tensors is drawn, not the floats, so every example is cheap. To
-explore further: ``ADV_RANDOM=1 ADV_EXAMPLES=500 pytest tests/test_adversarial.py``.
+explore further: ``ADV_RANDOM=1 ADV_EXAMPLES=500 pytest tests/contract/test_adversarial.py``.
 """
 
 from __future__ import annotations

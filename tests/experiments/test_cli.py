@@ -68,7 +68,7 @@ def test_readme_quick_start_runs():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     assert len(code.strip().splitlines()) <= 11
     exec(compile(code, "README quick start", "exec"), {})

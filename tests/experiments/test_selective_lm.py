@@ -4,22 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from sharpattn.cli import main
 from sharpattn.experiments import selective as exp
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
-pytestmark = pytest.mark.numerical
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

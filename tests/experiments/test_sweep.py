@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sharpattn.experiments import sweep
+from sharpattn.experiments.runner import threads
 from sharpattn.experiments.sweep import run_jobs
 
 SRC = Path(sweep.__file__).resolve().parents[2]
@@ -29,31 +30,31 @@ def train_tiny(job: dict, progress) -> dict:
     """Fit one attention layer for a few steps from a seed: deterministic on CPU, one thread."""
     from sharpattn import normalizers as nz
 
-    torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(job["seed"])
-    x = torch.randn(8, job["size"], 6, generator=g)
-    target = x.max(dim=1).values
-    q = torch.nn.Parameter(torch.randn(6, generator=g) * 0.1)
-    w = torch.nn.Parameter(torch.randn(6, 6, generator=g) * 0.1)
-    opt = torch.optim.SGD([q, w], lr=0.1)
-    steps = 5
-    for step in range(steps):
-        weights = nz.get(job["method"])(x @ q)
-        out = torch.einsum("bn,bnd->bd", weights, x @ w)
-        loss = ((out - target) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        progress(
-            {
-                "task": f"{job['method']}/{job['seed']}/{job['size']}",
-                "phase": "train",
-                "step": step + 1,
-                "total": steps,
-                "loss": float(loss.detach()),
-            }
-        )
-    return {**job, "loss": float(loss.detach()), "q0": float(q.detach()[0])}
+    with threads(1):  # restored after: in-process jobs run in the test's own process
+        g = torch.Generator().manual_seed(job["seed"])
+        x = torch.randn(8, job["size"], 6, generator=g)
+        target = x.max(dim=1).values
+        q = torch.nn.Parameter(torch.randn(6, generator=g) * 0.1)
+        w = torch.nn.Parameter(torch.randn(6, 6, generator=g) * 0.1)
+        opt = torch.optim.SGD([q, w], lr=0.1)
+        steps = 5
+        for step in range(steps):
+            weights = nz.get(job["method"])(x @ q)
+            out = torch.einsum("bn,bnd->bd", weights, x @ w)
+            loss = ((out - target) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            progress(
+                {
+                    "task": f"{job['method']}/{job['seed']}/{job['size']}",
+                    "phase": "train",
+                    "step": step + 1,
+                    "total": steps,
+                    "loss": float(loss.detach()),
+                }
+            )
+        return {**job, "loss": float(loss.detach()), "q0": float(q.detach()[0])}
 
 
 def die_once(job: dict, progress) -> dict:

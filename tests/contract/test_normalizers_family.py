@@ -34,7 +34,8 @@ NEW = [
 CAUSAL_ONLY = {"stick_breaking"}
 H = 3  # heads in the test tensors
 
-pytestmark = pytest.mark.numerical
+# tiny tensors run faster (and steadier on a shared machine) on one thread
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
 
 
 def close_weights(w, expect, s, *, n=None, values=None, msg=None):
@@ -46,15 +47,6 @@ def close_weights(w, expect, s, *, n=None, values=None, msg=None):
     if values is not None:
         mag *= float(values.abs().max())
     assert_close(w, expect, n=n or s.shape[-1], magnitude=mag, msg=msg)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors run faster (and steadier on a shared machine) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------

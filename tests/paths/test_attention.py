@@ -8,7 +8,6 @@ import torch.nn.functional as F
 import reference as ref
 from precision import assert_close
 from sharpattn import MultiheadAttention, attend, causal_mask
-from sharpattn import normalizers as nz
 
 pytestmark = pytest.mark.numerical
 
@@ -244,45 +243,28 @@ def test_mha_dtype_cross_attention_and_errors():
         mha(q, kv_k, kv_v, key_mask=torch.ones(2, 9))
 
 
-def test_mha_learnable_normalizer_parameters():
+def test_mha_learnable_normalizer_parameters(gain_normalizer):
     """A learnable registry parameter becomes a per-head nn.Parameter that receives gradients."""
-
-    def scaled_softmax(scores, mask=None, *, gain=1.0, check_finite=True):
-        return nz.softmax(scores * gain, mask, check_finite=check_finite)
-
-    nz.register(
-        nz.Normalizer(
-            name="test-gain",
-            fn=scaled_softmax,
-            formula="softmax(g·s)",
-            citation="test",
-            sums_to_one=True,
-            params=(nz.Param("gain", 1.0, "per-head gain", learnable=True),),
-        )
-    )
-    try:
-        torch.manual_seed(0)
-        mha = MultiheadAttention(8, 2, method="test-gain", gain=2.0)
-        assert mha.normalizer_params["gain"].shape == (2,)
-        assert torch.all(mha.normalizer_params["gain"] == 2.0)
-        x = torch.randn(3, 5, 8)
-        mha(x).pow(2).sum().backward()
-        assert mha.normalizer_params["gain"].grad.abs().sum() > 0
-        assert "normalizer_params.gain" in mha.state_dict()
-        # equals softmax attention with the per-head gain folded into the temperature
-        ref_mha = MultiheadAttention(8, 2)
-        ref_mha.load_state_dict({k: v for k, v in mha.state_dict().items() if "gain" not in k})
-        theta = (1 / mha.normalizer_params["gain"].detach()).view(1, 2, 1, 1)
-        with torch.no_grad():
-            q = ref_mha.q_proj(x).view(3, 5, 2, 4).transpose(1, 2)
-            k = ref_mha.k_proj(x).view(3, 5, 2, 4).transpose(1, 2)
-            v = ref_mha.v_proj(x).view(3, 5, 2, 4).transpose(1, 2)
-            o = attend(q, k, v, temperature=theta).transpose(1, 2).reshape(3, 5, 8)
-            # float32 scores·gain (naive) vs scores/θ (fused): the same projections, scores of
-            # width 4, a 5-key sum and the output projection (width 8), chained
-            assert_close(mha(x), ref_mha.out_proj(o), n=4 * 5 * 8)
-    finally:
-        nz.unregister("test-gain")
+    torch.manual_seed(0)
+    mha = MultiheadAttention(8, 2, method=gain_normalizer, gain=2.0)
+    assert mha.normalizer_params["gain"].shape == (2,)
+    assert torch.all(mha.normalizer_params["gain"] == 2.0)
+    x = torch.randn(3, 5, 8)
+    mha(x).pow(2).sum().backward()
+    assert mha.normalizer_params["gain"].grad.abs().sum() > 0
+    assert "normalizer_params.gain" in mha.state_dict()
+    # equals softmax attention with the per-head gain folded into the temperature
+    ref_mha = MultiheadAttention(8, 2)
+    ref_mha.load_state_dict({k: v for k, v in mha.state_dict().items() if "gain" not in k})
+    theta = (1 / mha.normalizer_params["gain"].detach()).view(1, 2, 1, 1)
+    with torch.no_grad():
+        q = ref_mha.q_proj(x).view(3, 5, 2, 4).transpose(1, 2)
+        k = ref_mha.k_proj(x).view(3, 5, 2, 4).transpose(1, 2)
+        v = ref_mha.v_proj(x).view(3, 5, 2, 4).transpose(1, 2)
+        o = attend(q, k, v, temperature=theta).transpose(1, 2).reshape(3, 5, 8)
+        # float32 scores·gain (naive) vs scores/θ (fused): the same projections, scores of
+        # width 4, a 5-key sum and the output projection (width 8), chained
+        assert_close(mha(x), ref_mha.out_proj(o), n=4 * 5 * 8)
 
 
 def test_mha_trains():

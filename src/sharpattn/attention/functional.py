@@ -90,7 +90,7 @@ def attend(
 
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
-    Hostile input, the same on every path (``tests/test_adversarial.py``): B, Lq or Lk = 0 give
+    Hostile input, the same on every path (``tests/contract/test_adversarial.py``): B, Lq or Lk = 0 give
     an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
     D = 0 raise ValueError. NaN or ±inf anywhere in q, k or v raises ValueError naming the
     position, before any path runs, whether or not a mask hides it. Scores are computed in

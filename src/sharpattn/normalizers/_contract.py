@@ -8,7 +8,7 @@
 * ``-inf`` scores count as masked. NaN or ``+inf`` at an allowed position raise ``ValueError``
   naming the position (``check_finite=False`` skips that check, for speed).
 * Weights come back in the dtype of ``scores``; half-precision inputs are computed in float32.
-* Hostile input (the adversarial suite, ``tests/test_adversarial.py``, holds every method to it):
+* Hostile input (the adversarial suite, ``tests/contract/test_adversarial.py``, holds every method to it):
   an empty ``scores`` (any dimension 0, e.g. Lk = 0) gives an empty result of the same shape and
   dtype (``mask`` and the parameters are still checked); finite scores of any size give finite
   weights — softmax-type maps are evaluated as softmax(β·(s − max s)), the sparse maps on

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from . import normalizers as nz
 from .cli_options import (
-    SEED,
     ProgressRenderer,
     cluster_options,
     console,

@@ -233,3 +233,46 @@ def test_max_retrieval_resumes_after_kill_9(tmp_path):
     mb = MetricsLog(tmp_path / "b" / "train" / "seeds0-1" / "metrics.jsonl").read()
     assert ma == mb
     assert np.isfinite([r["baseline_mean"] for r in a]).all()
+
+
+_SIGINT_CHILD = """
+import sys, torch
+sys.path[:0] = [{tests!r}]
+from test_runner import _toy
+from sharpattn.experiments import runner
+torch.set_num_threads(1)
+said = []
+def ready(ev):  # training has started
+    if not said:
+        said.append(print("ready", flush=True))
+try:
+    _toy(__import__("pathlib").Path({folder!r}), steps=100000, progress=ready).run()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.7, 1.1])
+def test_ctrl_c_at_any_moment_checkpoints_a_state_an_uninterrupted_run_passes(tmp_path, delay):
+    """SIGINT is held during a training step, so the checkpoint Ctrl-C writes is the state after
+    a whole step: resuming it to step N gives the uninterrupted run's numbers at step N."""
+    folder = tmp_path / "killed"
+    code = _SIGINT_CHILD.format(tests=str(Path(__file__).parent), folder=str(folder))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    state = json.loads(
+        __import__("safetensors")
+        .safe_open(str(folder / "checkpoint.safetensors"), "pt")
+        .metadata()["sharpattn.state"]
+    )["state"]
+    steps = state["step"] + 7  # resume a few steps past the interrupt
+    with runner.threads(1):
+        resumed = _toy(folder, steps=steps)
+        resumed.run()
+        clean = _toy(tmp_path / "clean", steps=steps)
+        clean.run()
+    for p, r in zip(clean.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, r)

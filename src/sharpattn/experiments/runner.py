@@ -27,6 +27,8 @@ import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -347,16 +349,17 @@ class Trainer:
                 if stop_at is not None and step >= stop_at:
                     return {"step": step, "seconds": seconds, "stopped": True}
                 t0 = time.perf_counter()
-                losses = self.loss(self.model, self.batch(step)).reshape(-1)
-                self.optimizer.zero_grad(set_to_none=True)
-                losses.sum().backward()
-                if self.clip_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-                if self.lr_schedule is not None:
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = group["initial_lr"] * self.lr_schedule(step)
-                self.optimizer.step()
-                step += 1
+                with _whole_step():  # Ctrl-C lands between steps, never inside one
+                    losses = self.loss(self.model, self.batch(step)).reshape(-1)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    losses.sum().backward()
+                    if self.clip_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+                    if self.lr_schedule is not None:
+                        for group in self.optimizer.param_groups:
+                            group["lr"] = group["initial_lr"] * self.lr_schedule(step)
+                    self.optimizer.step()
+                    step += 1
                 seconds += time.perf_counter() - t0
                 if self._logs(step):
                     values = losses.detach().tolist()
@@ -407,6 +410,35 @@ class Trainer:
             generators=self.generators,
             state={"step": step, "seconds": seconds},
         )
+
+
+@contextlib.contextmanager
+def _whole_step() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then act on them as their handlers would. A
+    training step draws from the generators and updates weights, optimizer state and the step
+    count: a Ctrl-C inside it would checkpoint a state no uninterrupted run passes through (a
+    batch drawn but not learned, weights updated but the step not counted). The handlers are
+    swapped rather than the signals blocked, so a signal Python has noted but not yet acted on
+    is held too. Only the main thread receives signals: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    old = {s: signal.signal(s, lambda n, f: held.append((n, f))) for s in _HELD}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for signum, frame in held[:1]:
+            handler = old[signum]
+            if callable(handler):
+                handler(signum, frame)  # Python's SIGINT handler raises KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)  # the default action, now
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def once(path: str | Path, compute: Callable[[], Any]) -> Any:

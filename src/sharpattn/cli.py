@@ -13,6 +13,7 @@ from . import normalizers as nz
 from .cli_options import (
     ProgressRenderer,
     cluster_options,
+    compose,
     console,
     out_option,
     profile_options,
@@ -475,6 +476,70 @@ def reproduce_backcopy(profile, seed, threads, out):
         table.add_row(str(f.number), f.title, f.verdict)
     console.print(table)
     console.print(f"wrote {run}/report.md and its PNGs")
+
+
+# --- sequence tasks: reproduce clrs and the leaderboard (issue 14) -----------------------------
+def _names(ctx, param, value):
+    return None if value is None else tuple(x for x in value.replace(" ", "").split(",") if x)
+
+
+def _sequence_options(f):
+    """The options ``reproduce clrs`` and ``leaderboard`` share."""
+    return compose(
+        click.option("--tasks", callback=_names, help="Comma-separated tasks (see --list)."),
+        seed_option("First seed."),
+        seeds_option(),
+        click.option("--steps", type=click.IntRange(min=1), help="Training steps per run."),
+        click.option(
+            "--eval-factor",
+            type=click.IntRange(min=1),
+            help="Evaluate up to this multiple of the largest training size (overrides the profile).",
+        ),
+        cluster_options,
+        threads_option(default=1),
+    )(f)
+
+
+def _sequence_run(module, name, profile, out, ray_address, methods=None, **options):
+    config = module.make_config(profile, methods=methods, **options)
+    with ProgressRenderer(transient=True) as progress:
+        result = module.run(out or f"runs/{name}-{profile}", config, progress, ray_address)
+    return result
+
+
+@reproduce.command("clrs")
+@profile_options(
+    "2 seeds, 500 steps per algorithm and method (under 10 minutes on 2 cores).",
+    "5 seeds, 4,000 steps, sizes to 64x the training sizes (the default; hours on 2 cores).",
+)
+@_sequence_options
+@out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
+def reproduce_clrs(profile, out, ray_address, **options):
+    """Softmax is not Enough, Fig. 8 in small: CLRS-Text-style algorithms, softmax vs adaptive
+    temperature in training, accuracy in and beyond the training sizes."""
+    from .experiments import clrs
+
+    result = _sequence_run(clrs, "clrs", profile, out, ray_address, **options)
+    console.print((result["run"] / "clrs.md").read_text(), markup=False, highlight=False)
+    console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
+
+
+@cli.command("leaderboard")
+@profile_options(
+    "One task, every method, 2 seeds x 400 steps (under 10 minutes on 2 cores).",
+    "Every synthetic task, every method, 3 seeds (the default; many CPU-hours: see README).",
+)
+@click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
+@_sequence_options
+@out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")
+def leaderboard(profile, out, ray_address, **options):
+    """Every attention method on the same sequence tasks, seeds and budget, ranked by accuracy
+    from the training sizes to 64x beyond (area under accuracy against log size)."""
+    from .experiments import leaderboard as lb
+
+    result = _sequence_run(lb, "leaderboard", profile, out, ray_address, **options)
+    console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)
+    console.print(f"wrote {result['run']}/report.md, leaderboard.csv and leaderboard.png")
 
 
 class _Terminated(KeyboardInterrupt):

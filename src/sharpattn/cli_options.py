@@ -22,7 +22,7 @@ console = Console(width=shutil.get_terminal_size((140, 24)).columns)
 SEED = click.IntRange(0, 2**63 - 1)
 
 
-def _compose(*decorators):
+def compose(*decorators):
     def apply(f):
         for d in reversed(decorators):
             f = d(f)
@@ -73,7 +73,7 @@ def profile_options(quick_help: str, paper_help: str):
                 raise click.UsageError("--quick and --paper exclude each other: choose one.")
             return f(*args, profile="quick" if quick else "paper", **kwargs)
 
-        return _compose(
+        return compose(
             click.option("--quick", is_flag=True, help=quick_help),
             click.option("--paper", is_flag=True, help=paper_help),
         )(wrapper)
@@ -83,7 +83,7 @@ def profile_options(quick_help: str, paper_help: str):
 
 def cluster_options(f):
     """``--workers`` (local processes) and ``--ray`` (a Ray cluster) for sweeps."""
-    return _compose(
+    return compose(
         click.option(
             "--workers",
             type=click.IntRange(min=1, max=1024),

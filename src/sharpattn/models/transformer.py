@@ -22,7 +22,8 @@ index in ``model.layers`` (an "mlp" layer has a residual but no attention).
 Options beyond the paper's model (defaults keep it exactly): ``positions="rotary"`` drops the
 position table and rotates q and k in every attention layer instead
 (:mod:`sharpattn.attention.rotary`), so the model runs at any length (``max_len`` is then
-unused); ``selective="q" | "v" | "qv"`` with ``selective_terms`` ("both", "token", "position")
+unused); ``positions="none"`` has no position signal at all (NoPE: the causal mask alone
+tells positions apart; Kazemnejad et al. 2023); ``selective="q" | "v" | "qv"`` with ``selective_terms`` ("both", "token", "position")
 and ``sharing`` gives every attention layer selective temperatures (Zhang et al.; identity at
 initialisation, see :mod:`sharpattn.attention.selective`).
 """
@@ -41,7 +42,7 @@ from ..normalizers import get
 Tensor = torch.Tensor
 
 LAYER_KINDS = ("tf", "attn", "mlp")
-POSITIONS = ("learned", "rotary")
+POSITIONS = ("learned", "rotary", "none")
 
 
 def parse_layers(spec: str | int | Iterable[str]) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class TransformerConfig:
     method_params: dict = field(default_factory=dict)  # fixed normalizer parameters
     mlp_ratio: int = 4
     init_std: float = 0.02
-    positions: str = "learned"  # "learned" (a table of max_len) or "rotary" (RoPE on q, k)
+    positions: str = "learned"  # "learned" (a table of max_len), "rotary" (RoPE on q, k), "none"
     selective: str | None = None  # selective temperatures on "q", "v", "qv", ...
     selective_terms: str = "both"  # "both", "token" or "position"
     sharing: bool = False  # weight-sharing token temperature instead of the MLP

@@ -1,0 +1,498 @@
+"""Size generalisation on sequence tasks: a tiny decoder per task × method × seed, trained at small
+sizes and evaluated at sizes up to 64× larger.
+
+The engine of ``sharpattn reproduce clrs`` (*Softmax is not Enough* §4.2 / Fig. 8 in small:
+softmax against adaptive temperature applied in training and at inference, on CLRS-Text-style
+algorithm tasks) and of ``sharpattn leaderboard`` (every trainable normalizer of the registry,
+and the module options, on the same tasks, seeds and budget).
+
+One **job** is (task, training recipe, seed): it trains one decoder on the runner
+(:class:`~sharpattn.experiments.runner.Trainer`: resume, checkpoints, seeded batches) and
+evaluates it with every method that shares the recipe (``adaptive (inference)`` is the softmax
+model evaluated with adaptive temperature, so it costs no training). Jobs run here, on a local
+process pool or on Ray (:func:`~sharpattn.experiments.sweep.run_jobs`).
+
+Evaluation is teacher-forced exact match: a sequence counts as solved when every answer token is
+the model's most likely next token (for a deterministic answer that is what greedy decoding
+produces), measured on the same test sequences for every method and seed (paired tests). Long
+inputs go through ``attend(impl="auto")``: the fused or chunked paths, never a full score matrix
+beyond the chunk size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..normalizers import available, get
+from . import runner
+from .runner import Progress, RunFolder, emit
+
+#: seeds of the data streams (runner.generator(seed, purpose, ...))
+_INIT, _DATA, _TEST = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the leaderboard: how its decoder is trained and how it is evaluated.
+
+    ``train``: the registry normalizer in every attention layer during training; ``evaluate``:
+    the normalizer at evaluation (None: the same); ``params``: fixed normalizer parameters;
+    ``length_params``: parameters set to the longest training sequence (methods whose formula
+    names the training length); ``selective`` / ``gate``: module options
+    (:class:`~sharpattn.models.transformer.TransformerConfig`)."""
+
+    name: str
+    train: str
+    evaluate: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+    length_params: tuple[str, ...] = ()
+    selective: str | None = None
+    gate: str | None = None
+
+    @property
+    def recipe(self) -> str:
+        """The training recipe: methods with the same recipe share one trained model."""
+        parts = [self.train, *(f"{k}={v}" for k, v in self.params)]
+        parts += [f"selective={self.selective}"] if self.selective else []
+        parts += [f"gate={self.gate}"] if self.gate else []
+        return ",".join(parts)
+
+
+#: registry methods that cannot be trained by gradient descent, and why
+UNTRAINABLE = {"hardmax": "argmax has zero gradient almost everywhere"}
+#: fixed parameters whose value is the longest training sequence (see :class:`Method`)
+LENGTH_PARAMS = {"logn": ("train_length",), "llama4_temperature": ("floor_scale",)}
+
+
+def methods() -> dict[str, Method]:
+    """Every method of the leaderboard: each trainable registry normalizer, adaptive temperature
+    at inference only (on the softmax model), selective temperatures and gated attention."""
+    out: dict[str, Method] = {}
+    for name in available():
+        if name in UNTRAINABLE:
+            continue
+        out[name] = Method(name, name, length_params=LENGTH_PARAMS.get(name, ()))
+    out["adaptive (inference)"] = Method("adaptive (inference)", "softmax", evaluate="adaptive")
+    for which in ("q", "v", "qv"):
+        out[f"selective_{which}"] = Method(f"selective_{which}", "softmax", selective=which)
+    if _has_gate():
+        out["gated"] = Method("gated", "softmax", gate="headwise")
+    return out
+
+
+def _has_gate() -> bool:
+    from ..models.transformer import TransformerConfig
+
+    return "gate" in TransformerConfig.__dataclass_fields__
+
+
+def resolve(names: list[str] | tuple[str, ...] | None) -> list[Method]:
+    """The methods called ``names`` (None: every one); unknown names: one sentence."""
+    known = methods()
+    if names is None:
+        return list(known.values())
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(
+            f"unknown leaderboard method(s) {', '.join(map(repr, bad))}; known: "
+            f"{', '.join(known)}."
+        )
+    return [known[n] for n in names]
+
+
+@dataclass
+class SequenceConfig:
+    """One sweep: tasks × methods × seeds, the decoder, its training and its evaluation."""
+
+    tasks: tuple[str, ...]
+    methods: tuple[str, ...]
+    seeds: int = 3
+    seed: int = 0
+    steps: int = 2000
+    batch: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: int = 100
+    d_model: int = 64
+    heads: int = 4
+    layers: int = 2
+    positions: str = "rotary"
+    eval_factor: int = 64  # evaluate up to this multiple of the largest training size
+    eval_sets: int = 128  # test sequences per size (the same for every method and seed)
+    eval_batch: int = 16
+    eval_sizes: dict[str, list[int]] = field(default_factory=dict)  # task -> sizes (override)
+    checkpoint_every: int = 500
+    workers: int = 1
+    threads: int = 1
+
+    def __post_init__(self):
+        self.tasks, self.methods = tuple(self.tasks), tuple(self.methods)
+        if not self.tasks or not self.methods:
+            raise ValueError("a sweep needs at least one task and one method.")
+        for name in ("seeds", "steps", "batch", "d_model", "heads", "layers", "eval_factor",
+                     "eval_sets", "eval_batch", "checkpoint_every", "workers", "threads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: what defines the trained models (a folder of another value of these is refused)
+IDENTITY = ("seed", "steps", "batch", "lr", "weight_decay", "warmup", "d_model", "heads",
+            "layers", "positions")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks, sizes, the model
+# ---------------------------------------------------------------------------------------------
+
+
+def task(name: str):
+    from ..tasks import sequence
+
+    return sequence.get(name)
+
+
+def sizes_of(cfg: SequenceConfig, name: str) -> list[int]:
+    """Evaluation sizes of a task: the configured ones, else the task's own up to
+    ``eval_factor`` × its largest training size."""
+    if name in cfg.eval_sizes:
+        return sorted({int(s) for s in cfg.eval_sizes[name]})
+    t = task(name)
+    top = cfg.eval_factor * t.train_sizes[1]
+    return sorted({s for s in t.eval_sizes if s <= top})
+
+
+def train_length(t) -> int:
+    """The longest sequence the decoder sees in training (tokens)."""
+    return max(t.length(s) for s in range(t.train_sizes[0], t.train_sizes[1] + 1))
+
+
+def method_params(m: Method, t) -> dict[str, Any]:
+    params = dict(m.params)
+    for p in m.length_params:
+        params[p] = train_length(t)
+    return params
+
+
+def build_model(cfg: SequenceConfig, m: Method, t, seed: int):
+    """The decoder of one run, initialised from its seed."""
+    from ..models.transformer import Transformer, TransformerConfig
+
+    options: dict[str, Any] = {}
+    if m.gate is not None:
+        options["gate"] = m.gate
+    tc = TransformerConfig(
+        vocab_size=t.vocab_size,
+        n_out=t.vocab_size,
+        d_model=cfg.d_model,
+        n_heads=cfg.heads,
+        layers=("tf",) * cfg.layers,
+        method=m.train,
+        method_params=method_params(m, t),
+        positions=cfg.positions,
+        selective=m.selective,
+        **options,
+    )
+    with runner.seeded(seed, _INIT):
+        return Transformer(tc)
+
+
+def switch(model: torch.nn.Module, method: str, **params) -> None:
+    """Evaluate ``model`` with another normalizer (one without learnable parameters, e.g.
+    ``adaptive`` on a softmax-trained model)."""
+    from ..attention import MultiheadAttention
+
+    entry = get(method)
+    if entry.learnable:
+        raise ValueError(f"cannot switch a trained model to {method!r}: it has learnable params.")
+    for module in model.modules():
+        if isinstance(module, MultiheadAttention):
+            if len(module.normalizer_params):
+                raise ValueError("cannot switch a model whose normalizer has learnable params.")
+            module.method, module.method_params = entry.name, dict(params)
+
+
+def loss_fn(model, b) -> torch.Tensor:
+    logits = model(b.tokens)
+    return torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), b.targets.flatten(), ignore_index=-100
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# One job: train one decoder, evaluate it with every method of its recipe
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    root: str
+    task: str
+    methods: tuple[Method, ...]  # same recipe
+    seed: int  # the run seed (cfg.seed + index)
+    config: dict[str, Any]
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.root) / "train" / self.task / _slug(self.methods[0].recipe) / f"seed{self.seed}"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text)
+
+
+def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size."""
+    cfg = SequenceConfig(**job.config)
+    t = task(job.task)
+    m0 = job.methods[0]
+    label = f"{job.task}/{m0.recipe} s{job.seed}"
+    with runner.threads(cfg.threads):
+        model = build_model(cfg, m0, t, job.seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        data = runner.generator(job.seed, _DATA)
+        lo, hi = t.train_sizes
+
+        def batch(step: int):
+            size = int(torch.randint(lo, hi + 1, (1,), generator=data))
+            return t.batch(size, cfg.batch, data)
+
+        def schedule(step: int) -> float:  # linear warm-up, then cosine to 10%
+            if step < cfg.warmup:
+                return (step + 1) / cfg.warmup
+            x = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+            return 0.1 + 0.45 * (1 + math.cos(math.pi * x))
+
+        trainer = runner.Trainer(
+            job.folder,
+            model,
+            optimizer,
+            steps=cfg.steps,
+            batch=batch,
+            loss=loss_fn,
+            generators={"data": data},
+            checkpoint_every=cfg.checkpoint_every,
+            log_every=max(1, cfg.steps // 20),
+            task=label,
+            progress=progress,
+            lr_schedule=schedule,
+            clip_grad_norm=1.0,
+        )
+        state = trainer.run()
+        rows = []
+        sizes = sizes_of(cfg, job.task)
+        for m in job.methods:
+            if m.evaluate is not None:
+                switch(model, m.evaluate)
+            for i, size in enumerate(sizes):
+                emit(progress, label, f"eval {m.name} n={size}", i, len(sizes))
+                path = job.folder / "eval" / _slug(m.evaluate or m.train) / f"n{size}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg, job.config))
+                rows.append({"task": job.task, "method": m.name, "seed": job.seed, "size": size,
+                             **result, "train_seconds": state.get("seconds")})  # fmt: skip
+            if m.evaluate is not None:
+                switch(model, m.train, **method_params(m, t))
+        emit(progress, label, "done", len(sizes), len(sizes))
+    return rows
+
+
+def test_sets(t, size: int, cfg: SequenceConfig):
+    """The test sequences of a size, in batches: the same for every method and seed."""
+    gen = runner.generator(cfg.seed, _TEST, _task_key(t.name), size)
+    left = cfg.eval_sets
+    while left > 0:
+        n = min(cfg.eval_batch, left)
+        left -= n
+        yield t.batch(size, n, gen)
+
+
+def _task_key(name: str) -> int:
+    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1
+
+
+@torch.inference_mode()
+def evaluate(model, t, size: int, cfg: SequenceConfig, _config=None) -> dict[str, float]:
+    """Exact-match accuracy (every answer token right) and answer-token accuracy at one size."""
+    model.eval()
+    solved = tokens = right = seqs = 0
+    for b in test_sets(t, size, cfg):
+        pred = model(b.tokens).argmax(-1)
+        scored = b.targets != -100
+        ok = (pred == b.targets) | ~scored
+        solved += int(ok.all(-1).sum())
+        seqs += b.tokens.shape[0]
+        right += int((ok & scored).sum())
+        tokens += int(scored.sum())
+    model.train()
+    return {"acc": solved / seqs, "token_acc": right / max(1, tokens), "sets": seqs,
+            "length": int(t.length(size))}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
+    chosen = resolve(cfg.methods)
+    recipes: dict[str, list[Method]] = {}
+    for m in chosen:
+        recipes.setdefault(m.recipe, []).append(m)
+    out = []
+    for name in cfg.tasks:
+        task(name)  # unknown task: one sentence before any work
+        for group in recipes.values():
+            for s in range(cfg.seeds):
+                out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict()))
+    return out
+
+
+def sweep(
+    out: str | Path,
+    experiment: str,
+    cfg: SequenceConfig,
+    progress: Progress | None = None,
+    ray: str | None = None,
+) -> tuple[RunFolder, list[dict[str, Any]]]:
+    """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows."""
+    folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
+    from .sweep import run_jobs
+
+    todo = jobs(folder.path, cfg)
+    results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=progress)
+    rows = [r for rs in results for r in rs]
+    return folder, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Measures over seeds
+# ---------------------------------------------------------------------------------------------
+
+
+def area(sizes: list[int], acc: list[float]) -> float:
+    """Normalised area under accuracy against log size (1 = solved at every size): the
+    trapezoid rule on log2 size, divided by the log2 range. One size: its accuracy."""
+    if len(sizes) == 1:
+        return float(acc[0])
+    x = np.log2(np.asarray(sizes, dtype=float))
+    y = np.asarray(acc, dtype=float)
+    return float(np.trapezoid(y, x) / (x[-1] - x[0]))
+
+
+def per_seed(rows, key) -> dict[tuple, dict[int, float]]:
+    """{(task, method): {seed: key(rows of that task, method, seed)}}."""
+    groups: dict[tuple, dict[int, list]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["method"]), {}).setdefault(r["seed"], []).append(r)
+    return {k: {s: key(sorted(v, key=lambda r: r["size"])) for s, v in g.items()}
+            for k, g in groups.items()}  # fmt: skip
+
+
+def auc_of(rows) -> float:
+    return area([r["size"] for r in rows], [r["acc"] for r in rows])
+
+
+__all__ = ["Method", "SequenceConfig", "area", "jobs", "methods", "resolve", "run_job", "sweep"]
+
+
+def measures(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """{(task, method): {seed: measures}} with ``auc`` (:func:`area` of accuracy over the
+    evaluated sizes), ``id`` (mean accuracy at the sizes inside the task's training range),
+    ``ood`` (mean accuracy beyond it) and ``largest`` (accuracy at the largest size)."""
+    out: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["method"], r["seed"]), []).append(r)
+    for (name, method, seed), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["size"])
+        hi = task(name).train_sizes[1]
+        inside = [r["acc"] for r in rs if r["size"] <= hi]
+        beyond = [r["acc"] for r in rs if r["size"] > hi]
+        out.setdefault((name, method), {})[seed] = {
+            "auc": area([r["size"] for r in rs], [r["acc"] for r in rs]),
+            "id": float(np.mean(inside)) if inside else float("nan"),
+            "ood": float(np.mean(beyond)) if beyond else float("nan"),
+            "largest": rs[-1]["acc"],
+        }
+    return out
+
+
+def compare(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str):
+    """Mean ± sd of ``key`` over seeds and the paired t-test p-value against ``base`` (seeds
+    both have; NaN with fewer than two)."""
+    from .stats import paired_comparison
+
+    seeds = sorted(set(per) & set(base))
+    a = np.array([[base[s][key]] for s in seeds]) if seeds else np.zeros((0, 1))
+    b = np.array([[per[s][key]] for s in seeds]) if seeds else np.zeros((0, 1))
+    values = np.array([per[s][key] for s in sorted(per)])
+    sd = float(values.std(ddof=1)) if len(values) > 1 else float("nan")
+    p = float(paired_comparison(a, b).p_value[0]) if len(seeds) >= 2 else float("nan")
+    return float(values.mean()), sd, p
+
+
+def curves(rows, name: str) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """{method: (sizes, mean accuracy, sd)} of one task, over seeds."""
+    by: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        if r["task"] == name:
+            by.setdefault(r["method"], {}).setdefault(r["size"], []).append(r["acc"])
+    out = {}
+    for method, d in by.items():
+        sizes = sorted(d)
+        out[method] = (
+            sizes,
+            [float(np.mean(d[s])) for s in sizes],
+            [float(np.std(d[s], ddof=1)) if len(d[s]) > 1 else 0.0 for s in sizes],
+        )
+    return out
+
+
+def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str) -> None:
+    """One panel per task: accuracy against size (log scale), a line per method, the training
+    range shaded (the shape of *Softmax is not Enough* Fig. 8)."""
+    from .report import figure
+
+    cols = min(4, len(names))
+    nrows = math.ceil(len(names) / cols)
+    with figure(path, nrows, cols, figsize=(3.6 * cols, 2.9 * nrows + 0.6), squeeze=False) as (
+        fig,
+        axes,
+    ):
+        cmap = fig.colormaps["tab20"] if hasattr(fig, "colormaps") else None
+        for i, name in enumerate(names):
+            ax = axes[i // cols][i % cols]
+            lo, hi = task(name).train_sizes
+            ax.axvspan(lo, hi, color="0.9", zorder=0)
+            data = curves(rows, name)
+            for j, method in enumerate(methods_):
+                if method not in data:
+                    continue
+                sizes, mean, sd = data[method]
+                color = cmap(j % 20) if cmap is not None else None
+                ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color)
+                lo_band = [m - s for m, s in zip(mean, sd, strict=True)]
+                hi_band = [m + s for m, s in zip(mean, sd, strict=True)]
+                ax.fill_between(sizes, lo_band, hi_band, alpha=0.12, color=color)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("size", fontsize=8)
+            ax.set_ylabel("exact-match accuracy", fontsize=8)
+        for k in range(len(names), nrows * cols):
+            axes[k // cols][k % cols].axis("off")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7)
+        fig.suptitle(title, fontsize=10)
+        fig.subplots_adjust(bottom=0.2)

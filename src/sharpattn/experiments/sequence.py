@@ -460,17 +460,20 @@ def curves(rows, name: str) -> dict[str, tuple[list[int], list[float], list[floa
 
 
 def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str) -> None:
-    """One panel per task: accuracy against size (log scale), a line per method, the training
-    range shaded (the shape of *Softmax is not Enough* Fig. 8)."""
+    """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
+    as a band when there are at most four methods), the training range shaded (the shape of
+    *Softmax is not Enough* Fig. 8); the legend has a panel of its own."""
     from .report import figure
 
-    cols = min(4, len(names))
-    nrows = math.ceil(len(names) / cols)
-    with figure(path, nrows, cols, figsize=(3.6 * cols, 2.9 * nrows + 0.6), squeeze=False) as (
-        fig,
-        axes,
-    ):
-        cmap = fig.colormaps["tab20"] if hasattr(fig, "colormaps") else None
+    panels = len(names) + 1
+    cols = min(4, panels)
+    nrows = math.ceil(panels / cols)
+    size = (3.8 * cols, 3.0 * nrows + 0.4)
+    with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
+        import matplotlib
+
+        cmap = matplotlib.colormaps["tab20"]
+        bands = len(methods_) <= 4
         for i, name in enumerate(names):
             ax = axes[i // cols][i % cols]
             lo, hi = task(name).train_sizes
@@ -480,11 +483,12 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
                 if method not in data:
                     continue
                 sizes, mean, sd = data[method]
-                color = cmap(j % 20) if cmap is not None else None
+                color = cmap(j % 20)
                 ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color)
-                lo_band = [m - s for m, s in zip(mean, sd, strict=True)]
-                hi_band = [m + s for m, s in zip(mean, sd, strict=True)]
-                ax.fill_between(sizes, lo_band, hi_band, alpha=0.12, color=color)
+                if bands:
+                    low = [m - s for m, s in zip(mean, sd, strict=True)]
+                    high = [m + s for m, s in zip(mean, sd, strict=True)]
+                    ax.fill_between(sizes, low, high, alpha=0.12, color=color, lw=0)
             ax.set_xscale("log", base=2)
             ax.set_ylim(-0.03, 1.03)
             ax.set_title(name, fontsize=9)
@@ -493,6 +497,6 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
         for k in range(len(names), nrows * cols):
             axes[k // cols][k % cols].axis("off")
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7)
-        fig.suptitle(title, fontsize=10)
-        fig.subplots_adjust(bottom=0.2)
+        spare = axes[len(names) // cols][len(names) % cols]
+        spare.legend(handles, labels, loc="center", fontsize=7, ncol=1 + len(labels) // 14,
+                     title=title, title_fontsize=8, frameon=False)  # fmt: skip

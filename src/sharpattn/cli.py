@@ -187,7 +187,36 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
             f"{r.total_mass:.4g}",
         )
     console.print(last)
+    _print_smith(run_dir)
     console.print(f"wrote {run_dir}/report.md and {run_dir}/winner_weight.png")
+
+
+def _print_smith(run_dir: Path) -> None:
+    """Smith's two toys, from the run folder's smith.json (written by the dispersion run)."""
+    import json
+
+    data = json.loads((Path(run_dir) / "smith.json").read_text())
+    toy = Table(
+        title="Smith's ten scores (rebuilt from the blog's quoted shares): weight per token"
+    )
+    toy.add_column("normalisation")
+    for i in range(len(data["toy"]["scores"])):
+        toy.add_column(str(i), justify="right")
+    for name in ("sum", "softmax", "x^3"):
+        toy.add_row(name, *(f"{100 * v:.1f}%" for v in data["toy"][name]))
+    console.print(toy)
+    gauss = Table(title="Smith's Gaussian logits N(0, 1) under softmax (mean ± SE over rows)")
+    for col in ("n", "max weight", "entropy (nats)", "log n", "1/Σp²"):
+        gauss.add_column(col, justify="right")
+    for r in data["gaussian"]:
+        gauss.add_row(
+            f"{r['n']:,}",
+            f"{r['max_weight']:.4f} ± {r['max_weight_se']:.4f}",
+            f"{r['entropy']:.3f} ± {r['entropy_se']:.3f}",
+            f"{r['log_n']:.3f}",
+            f"{r['effective_support']:.2f}",
+        )
+    console.print(gauss)
 
 
 @cli.command()

@@ -411,6 +411,24 @@ def fit_temperature(run, sizes, sets, no_eval):
         console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
 
 
+@cli.command("corollary-b1")
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--pairs", type=click.IntRange(min=1), default=200, show_default=True,
+    help="Pairs (v_a, v_b) from the task distribution, the same for every seed.",
+)  # fmt: skip
+@click.option("--seeds", callback=_csv(int, lambda v: v >= 0, "seeds"), default=None,
+              help="Comma-separated seeds (default: all of the run's).")  # fmt: skip
+def corollary_b1(run, pairs, seeds):
+    """Corollary B.1 on a trained max-retrieval RUN: the n at which {v_a, v_b, ..., v_b} is
+    misclassified, with softmax and adaptive temperature, beside the proof's bound e^{δ/θ}/ε."""
+    from .experiments import corollary_b1 as cb
+
+    with ProgressRenderer() as progress:
+        cb.run(run, pairs=pairs, seeds=seeds, progress=progress)
+    console.print((Path(run) / "corollary_b1.md").read_text(), markup=False, highlight=False)
+
+
 # ---- reproduce selective (issue 8) ------------------------------------------------------------
 
 

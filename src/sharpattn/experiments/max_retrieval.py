@@ -957,6 +957,11 @@ def write_report(run: Path) -> Path:
             f"(paper: {list(nz.COEFFICIENTS['icml'])}); file `fit_temperature.json`, usable as "
             "`adaptive(coefficients=path)`.\n"
         )
+    if (run / "corollary_b1.md").is_file():
+        parts.append(
+            "## Corollary B.1: {v_a, v_b, …, v_b} is misclassified once n is large\n\n"
+            + (run / "corollary_b1.md").read_text()
+        )
     for png, caption in (
         ("accuracy.png", "Accuracy vs set size, ours (±std) and the paper's."),
         (

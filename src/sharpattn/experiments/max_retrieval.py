@@ -1029,7 +1029,13 @@ def write_report(run: Path) -> Path:
         + report.markdown_table(
             ["region", "logits / temperature", "mean H", "min H", "max H"],
             [
-                [r["region"], r["what"], f"{r['mean']:.3f}", f"{r['min'] + 0.0:.3f}", f"{r['max']:.3f}"]
+                [
+                    r["region"],
+                    r["what"],
+                    f"{r['mean']:.3f}",
+                    f"{r['min'] + 0.0:.3f}",
+                    f"{r['max']:.3f}",
+                ]
                 for r in regions
             ],
         )  # fmt: skip

@@ -188,7 +188,36 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
             f"{r.total_mass:.4g}",
         )
     console.print(last)
+    _print_smith(run_dir)
     console.print(f"wrote {run_dir}/report.md and {run_dir}/winner_weight.png")
+
+
+def _print_smith(run_dir: Path) -> None:
+    """Smith's two toys, from the run folder's smith.json (written by the dispersion run)."""
+    import json
+
+    data = json.loads((Path(run_dir) / "smith.json").read_text())
+    toy = Table(
+        title="Smith's ten scores (rebuilt from the blog's quoted shares): weight per token"
+    )
+    toy.add_column("normalisation")
+    for i in range(len(data["toy"]["scores"])):
+        toy.add_column(str(i), justify="right")
+    for name in ("sum", "softmax", "x^3"):
+        toy.add_row(name, *(f"{100 * v:.1f}%" for v in data["toy"][name]))
+    console.print(toy)
+    gauss = Table(title="Smith's Gaussian logits N(0, 1) under softmax (mean ± SE over rows)")
+    for col in ("n", "max weight", "entropy (nats)", "log n", "1/Σp²"):
+        gauss.add_column(col, justify="right")
+    for r in data["gaussian"]:
+        gauss.add_row(
+            f"{r['n']:,}",
+            f"{r['max_weight']:.4f} ± {r['max_weight_se']:.4f}",
+            f"{r['entropy']:.3f} ± {r['entropy_se']:.3f}",
+            f"{r['log_n']:.3f}",
+            f"{r['effective_support']:.2f}",
+        )
+    console.print(gauss)
 
 
 @cli.command()
@@ -381,6 +410,24 @@ def fit_temperature(run, sizes, sets, no_eval):
     )
     if "rows" in result:
         console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
+
+
+@cli.command("corollary-b1")
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--pairs", type=click.IntRange(min=1), default=200, show_default=True,
+    help="Pairs (v_a, v_b) from the task distribution, the same for every seed.",
+)  # fmt: skip
+@click.option("--seeds", callback=_csv(int, lambda v: v >= 0, "seeds"), default=None,
+              help="Comma-separated seeds (default: all of the run's).")  # fmt: skip
+def corollary_b1(run, pairs, seeds):
+    """Corollary B.1 on a trained max-retrieval RUN: the n at which {v_a, v_b, ..., v_b} is
+    misclassified, with softmax and adaptive temperature, beside the proof's bound e^{δ/θ}/ε."""
+    from .experiments import corollary_b1 as cb
+
+    with ProgressRenderer() as progress:
+        cb.run(run, pairs=pairs, seeds=seeds, progress=progress)
+    console.print((Path(run) / "corollary_b1.md").read_text(), markup=False, highlight=False)
 
 
 # ---- reproduce selective (issue 8) ------------------------------------------------------------

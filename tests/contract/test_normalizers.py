@@ -163,20 +163,99 @@ def test_temperature_must_be_positive():
         nz.softmax(torch.zeros(2, 3), temperature=torch.tensor([[1.0], [0.0]]))
 
 
-@given(scores_and_mask(max_rows=1, max_keys=40), st.floats(0.05, 10), st.floats(0.05, 10))
-def test_proposition_3_2_entropy_never_increases_with_beta(data, b1, b2):
+# ---------------------------------------------------------------- Proposition 3.2
+# Prop. 3.2 (Veličković et al., proof in App. E): for logits e ∈ Rⁿ and the Boltzmann
+# distribution p_i ∝ exp(−β·e_i), β ∈ R, the entropy H(β) = −Σ p_i·log p_i is monotonically
+# non-increasing in |β| on each half-line, because dH/dβ = −β·Var_p(e) (≤ 0 for β ≥ 0, ≥ 0 for
+# β ≤ 0). Extremes (the proof's first paragraph): β = 0 is the uniform row, H = log n, the
+# maximum; β → +∞ puts all mass on the minimal logits and β → −∞ on the maximal ones. The proof
+# calls that limit zero entropy; with k tied extreme logits it is log k (ties share the mass).
+# β reaches the library as softmax_θ: β > 0 is softmax(−e) at θ = 1/β, β < 0 softmax(e) at
+# θ = 1/|β|, β = 0 the θ = ∞ (uniform) row; β = ±1e300 is θ = 1e-300, the arg-max limit.
+
+BETA_EXTREME = 1e300
+# logits with frequent ties (small integers) as well as arbitrary floats
+tied_or_not = st.one_of(finite, st.integers(-3, 3).map(float))
+betas = st.one_of(
+    st.floats(-50, 50, allow_nan=False),
+    st.sampled_from([0.0, 1e-300, -1e-300, 1e-3, -1e-3, BETA_EXTREME, -BETA_EXTREME]),
+)
+
+
+def boltzmann(e: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """p ∝ exp(−β·e) over the allowed keys, through the library's softmax_θ."""
+    if beta == 0:
+        return nz.softmax(e, mask, temperature=math.inf)
+    return nz.softmax(-math.copysign(1.0, beta) * e, mask, temperature=1.0 / abs(beta))
+
+
+def entropy_slack(n: int) -> float:
+    """Rounding of H = −Σ p·log p in float64, whatever β: p_i = e^{−x_i}/Z with x_i = |β|·|e_i −
+    extreme| ≥ 0 rounded relatively (error ε·x_i), which moves the term x_i·e^{−x_i} by at most
+    ε·x_i²·e^{−x_i} ≤ 0.6·ε; Z's relative rounding moves H by ε·log n."""
+    return tolerance(torch.float64, n=n, magnitude=math.log(max(n, 2)) + 4)
+
+
+@given(scores_and_mask(max_rows=1, max_keys=40, elements=tied_or_not), betas, betas)
+def test_proposition_3_2_entropy_non_increasing_in_abs_beta(data, b1, b2):
+    """On each half-line (both β ≥ 0 or both β ≤ 0), |β₁| ≤ |β₂| ⟹ H(β₂) ≤ H(β₁)."""
     s, mask = data
     assume(mask.any())
-    lo, hi = sorted((b1, b2))
     s, mask = torch.from_numpy(s), torch.from_numpy(mask)
-    h_lo = nz.entropy(nz.softmax(s, mask, temperature=1 / lo))
-    h_hi = nz.entropy(nz.softmax(s, mask, temperature=1 / hi))
-    # equal entropies (e.g. one key) may differ by the rounding of two sums of n terms ≤ 1/e
+    sign = 1.0 if b1 >= 0 else -1.0  # both on b1's half-line
+    lo, hi = sorted((abs(b1), abs(b2)))
+    h_lo = nz.entropy(boltzmann(s, mask, sign * lo))
+    h_hi = nz.entropy(boltzmann(s, mask, sign * hi))
+    assert torch.all(h_hi <= h_lo + entropy_slack(int(mask.sum())))
+
+
+@given(scores_and_mask(max_rows=1, max_keys=40, elements=tied_or_not), betas)
+def test_proposition_3_2_beta_zero_is_uniform_and_the_maximum(data, beta):
+    s, mask = data
+    assume(mask.any())
+    s, mask = torch.from_numpy(s), torch.from_numpy(mask)
     n = int(mask.sum())
-    slack = tolerance(
-        torch.float64, n=n, magnitude=math.log(max(n, 2)) * (1 + float(s.abs().max()) * hi)
-    )
-    assert torch.all(h_hi <= h_lo + slack)
+    h0 = nz.entropy(boltzmann(s, mask, 0.0))
+    assert_close(h0, np.full(h0.shape, math.log(n)), n=n, magnitude=math.log(max(n, 2)))
+    assert torch.all(nz.entropy(boltzmann(s, mask, beta)) <= h0 + entropy_slack(n))
+
+
+@given(scores_and_mask(max_rows=1, max_keys=40, elements=tied_or_not))
+def test_proposition_3_2_extreme_beta_is_log_of_the_tied_extremes(data):
+    """β → +∞: all mass on the minimal logits, β → −∞: on the maximal ones; H = log k for k tied
+    extremes (0 without ties)."""
+    s, mask = data
+    assume(mask.any())
+    allowed = s[mask]
+    n_min = int((allowed == allowed.min()).sum())  # exact ties, counted in NumPy
+    n_max = int((allowed == allowed.max()).sum())
+    s_t, mask_t = torch.from_numpy(s), torch.from_numpy(mask)
+    for beta, k in ((BETA_EXTREME, n_min), (-BETA_EXTREME, n_max)):
+        h = nz.entropy(boltzmann(s_t, mask_t, beta))
+        assert_close(h, np.full(h.shape, math.log(k)), n=k, magnitude=math.log(max(k, 2)))
+
+
+@given(
+    hnp.arrays(np.float64, st.integers(1, 40), elements=st.floats(-5, 5, width=64)),
+    st.floats(-20, 20, allow_nan=False),
+)
+def test_proposition_3_2_derivative_is_minus_beta_times_variance(e, beta):
+    """App. E's identity dH/dβ = −β·Var_p(e): autograd through the library's softmax and entropy
+    against the variance under p computed in NumPy float64."""
+    b = torch.tensor(beta, dtype=torch.float64, requires_grad=True)
+    h = nz.entropy(nz.softmax(-b * torch.from_numpy(e)))
+    (grad,) = torch.autograd.grad(h, b)
+    x = -beta * e
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    expect = -beta * (p @ e**2 - (p @ e) ** 2)
+    # the derivative's terms are β·p_i·e_i² (≤ 25·|β|), each p_i with relative error
+    # ε·(1 + |β|·δ) from rounding its exponent (δ ≤ 10, the logits' spread)
+    delta = float(e.max() - e.min())
+    mag = max(1.0, abs(beta)) * (1 + float(np.abs(e).max())) ** 2 * (1 + abs(beta) * delta)
+    assert_close(grad, expect, n=e.size, magnitude=mag)
+    # the sign: H falls as |β| grows on either half-line
+    assert grad.item() * beta <= tolerance(torch.float64, n=e.size, magnitude=mag) * abs(beta)
 
 
 # ---------------------------------------------------------------- adaptive

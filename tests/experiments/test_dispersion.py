@@ -183,3 +183,84 @@ def test_readme_normalizer_table_is_the_generated_one():
     )
     assert "docs/dispersion.png" in section.group(1)
     assert (README.parent / "docs" / "dispersion.png").is_file()
+
+
+# ---------------------------------------------------------------- Smith's toys (issue 15, item 10)
+
+
+def _np_softmax(x: np.ndarray) -> np.ndarray:
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def test_smith_scores_reproduce_the_blogs_quoted_shares():
+    s = disp.smith_scores()
+    shifted = s - s.min()
+    share = shifted / shifted.sum()
+    for token, quoted in disp.SMITH_QUOTED["sum"].items():
+        # shares of 10 float64 terms of size ≤ 11 (a few ε)
+        assert_close(share[token], quoted, dtype=torch.float64, n=10)
+    # brentq stops at xtol = 1e-12 on the scale c ≈ 36; d(share)/dc ≤ 0.3·0.01: error ≪ 1e-12
+    assert abs(_np_softmax(s)[disp.SMITH_WINNER] - 0.99) < 1e-12
+    others = [i for i in range(1, 10) if i not in disp.SMITH_QUOTED["sum"]]
+    assert np.all(share[others] == share[others[0]])  # the rest shared equally ("and so on")
+    assert s.min() == 0.0 and np.argmin(s) == 0
+    with pytest.raises(ValueError, match="rest"):
+        disp.smith_scores({6: 0.7, 7: 0.3})
+
+
+@pytest.mark.parametrize("seed", [None, 0, 1])
+def test_smith_toy_rows_match_numpy(seed):
+    """The sum, softmax and x³ rows against NumPy float64, on the rebuilt scores and on random
+    ones (both signs)."""
+    s = disp.smith_scores() if seed is None else np.random.default_rng(seed).normal(0, 3, 10)
+    toy = disp.smith_toy(s)
+    u = s - s.min()
+    expect = {"sum": u / u.sum(), "softmax": _np_softmax(s), "x^3": u**3 / (u**3).sum()}
+    mag = 1 + float(np.abs(s).max())  # the rounding of exp(s − max s) is relative ε·|s|
+    for name, row in expect.items():
+        assert_close(toy[name], row, dtype=torch.float64, n=10, magnitude=mag)
+
+
+def test_gaussian_dispersion_matches_numpy():
+    sizes, rows, seed = (2, 5, 25, 1000), 400, 5
+    got = disp.gaussian_dispersion(sizes, rows=rows, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    for r, n in zip(got, sizes, strict=True):
+        p = _np_softmax(disp.gaussian_logits(n, rows, g).numpy())
+        top, h = p.max(-1), -(p * np.log(p)).sum(-1)
+        # float64 means of `rows` values, each a reduction over n terms of logits |s| ≲ 5
+        kw = dict(dtype=torch.float64, n=n * rows)
+        assert_close(r.max_weight, top.mean(), **kw)
+        assert_close(r.max_weight_se, top.std(ddof=1) / math.sqrt(rows), **kw)
+        assert_close(r.entropy, h.mean(), magnitude=6 * math.log(n), **kw)
+        assert_close(r.entropy_se, h.std(ddof=1) / math.sqrt(rows), magnitude=6 * math.log(n), **kw)
+        assert_close(r.effective_support, (1 / (p**2).sum(-1)).mean(), magnitude=n, **kw)
+        assert r.log_n == math.log(n)
+    assert [r.max_weight for r in got] == sorted((r.max_weight for r in got), reverse=True)
+    assert all(r.entropy < r.log_n for r in got)
+
+
+def test_gaussian_dispersion_at_two_items_matches_the_integral():
+    """At n = 2 the max weight is σ(|x₁ − x₂|), x₁ − x₂ ~ N(0, 2): its mean by quadrature, and
+    the Monte-Carlo mean within 5 standard errors of it (fails by chance with p ≈ 6e-7)."""
+    from scipy import integrate, stats
+
+    (r,) = disp.gaussian_dispersion((2,), rows=4000, seed=11)
+    d = stats.norm(scale=math.sqrt(2))
+    mean_top = 2 * integrate.quad(lambda t: d.pdf(t) / (1 + math.exp(-t)), 0, np.inf)[0]
+    assert abs(r.max_weight - mean_top) < 5 * r.max_weight_se
+
+    def h2(t):
+        p = 1 / (1 + math.exp(-t))
+        return -(p * math.log(p) + (1 - p) * math.log1p(-p)) if 0 < p < 1 else 0.0
+
+    mean_h = 2 * integrate.quad(lambda t: d.pdf(t) * h2(t), 0, 40)[0]
+    assert abs(r.entropy - mean_h) < 5 * r.entropy_se
+
+
+def test_gaussian_dispersion_bad_arguments():
+    with pytest.raises(ValueError, match="sizes"):
+        disp.gaussian_dispersion((0,))
+    with pytest.raises(ValueError, match="rows"):
+        disp.gaussian_dispersion((2,), rows=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import struct
@@ -448,3 +450,73 @@ def test_cli_reproduce_runs_end_to_end(tmp_path, capsys):
     assert [r["size"] for r in rows] == [16, 32] and json.loads((out / "config.json").read_text())[
         "steps"
     ] == 20
+
+
+# --- Figure 5's four regions (issue 15, item 9d) ----------------------------------------------
+
+
+@pytest.mark.parametrize("items", [2, 3, 10, 17])
+@pytest.mark.parametrize("floor", [None, 0.5, 2.0])
+def test_fig5_boundaries_come_from_the_formulas(items, floor):
+    lam, theta = mr.fig5_boundaries(items, floor)
+    a = lam ** np.arange(1, items + 1)  # NumPy: at λ* every logit λ^i is the same
+    # np.roots' eigenvalue error is a few ε·items; λ^i amplifies it by i
+    assert np.ptp(a) <= 64 * items**2 * np.finfo(np.float64).eps
+    for eps in (1e-3, 1e-1):  # a_items − a_1 changes sign there: falling logits below, rising above
+        assert (lam - eps) ** items < lam - eps and (lam + eps) ** items > lam + eps
+    assert theta == 1.0 / (1.0 if floor is None else floor)
+
+
+def test_fig5_theta_boundary_follows_the_registry_floor(monkeypatch):
+    """θ* is 1/floor of the registered adaptive normalizer, not a constant."""
+    entry = nz.get("adaptive")
+    params = tuple(
+        dataclasses.replace(p, default=4.0) if p.name == "floor" else p for p in entry.params
+    )
+    patched = dataclasses.replace(entry, params=params)
+    get = nz.get
+    monkeypatch.setattr(nz, "get", lambda name: patched if name == "adaptive" else get(name))
+    assert mr.fig5_boundaries(10) == pytest.approx((1.0, 0.25))
+
+
+def test_fig5_plot_draws_the_computed_boundaries(tmp_path, monkeypatch):
+    monkeypatch.setattr(mr, "fig5_boundaries", lambda items=10, floor=None: (0.7, 0.3))
+    drawn = {}
+    real = mr.report.figure
+
+    @contextlib.contextmanager
+    def spy(*args, **kwargs):
+        with real(*args, **kwargs) as (fig, ax):
+            yield fig, ax
+            drawn["x"] = [ln.get_xdata()[0] for ln in ax.lines]
+            drawn["y"] = [ln.get_ydata()[0] for ln in ax.lines]
+
+    monkeypatch.setattr(mr.report, "figure", spy)
+    assert mr.plot_entropy_landscape(tmp_path / "f5.png") == (0.7, 0.3)
+    assert 0.7 in drawn["x"] and 0.3 in drawn["y"]
+    assert (tmp_path / "f5.png").is_file()
+
+
+def test_fig5_region_entropies_match_numpy():
+    got = mr.region_entropies(items=10, points=40)
+    lam = np.linspace(0.01, 2.0, 40)
+    theta = np.linspace(0.01, 2.0, 40)
+    a = lam[:, None] ** np.arange(1, 11)
+    h = np.empty((40, 40))
+    for t, th in enumerate(theta):
+        x = a / th
+        p = np.exp(x - x.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        h[t] = -(p * np.log(np.where(p > 0, p, 1))).sum(-1)
+    sel = {True: lam < 1, False: lam > 1}, {True: theta < 1, False: theta > 1}
+    for r, (lo_l, lo_t) in zip(
+        got, ((True, True), (False, True), (True, False), (False, False)), strict=True
+    ):
+        block = h[np.ix_(sel[1][lo_t], sel[0][lo_l])]
+        # entropies of 10 float64 terms; logits up to 2^10/0.01 make exp's argument ~1e5·ε
+        for key, value in (("mean", block.mean()), ("min", block.min()), ("max", block.max())):
+            assert_close(r[key], value, dtype=torch.float64, n=10 * block.size, magnitude=1e5)
+    with pytest.raises(ValueError, match="items"):
+        mr.fig5_boundaries(1)
+    with pytest.raises(ValueError, match="floor"):
+        mr.fig5_boundaries(10, 0.0)

@@ -704,22 +704,87 @@ def plot_attention(
         fig.suptitle("Attention over the 16 largest items of 32 sets (max rightmost)")
 
 
-def plot_entropy_landscape(path: Path, items: int = 10) -> None:
-    """Figure 5: entropy of softmax_θ(a) for a_i = λ^i, i = 1…10, over (λ, θ)."""
-    lam = torch.linspace(0.01, 2.0, 200, dtype=torch.float64)
-    theta = torch.linspace(0.01, 2.0, 200, dtype=torch.float64)
+def fig5_boundaries(items: int = 10, floor: float | None = None) -> tuple[float, float]:
+    """(λ*, θ*): the lines that split Figure 5 into its four regions.
+
+    λ*: the λ > 0 where the logits a_i = λ^i (i = 1…items) are all equal (the caption's
+    degenerate case), the positive real root of λ^(items−1) = 1: below it the logits fall with i
+    and lie in (0, λ) (spread λ − λ^items < 1), above it they grow with i and their spread
+    λ^items − λ explodes. θ*: the largest temperature adaptive temperature applies, 1/floor
+    (Fig. 4: θ = 1/max(poly(H), floor), floor = 1 by default, the registry's): below it
+    softmax_θ sharpens the logits, above it flattens them.
+    """
+    if items < 2:
+        raise ValueError(f"items must be >= 2 (one logit has no spread), got {items}.")
+    if floor is None:
+        floor = next(p.default for p in nz.get("adaptive").params if p.name == "floor")
+    if not floor > 0:
+        raise ValueError(f"floor must be > 0, got {floor}.")
+    roots = np.roots([1.0] + [0.0] * (items - 2) + [-1.0])  # λ^(items−1) − 1
+    (lam,) = [r.real for r in roots if abs(r.imag) < 1e-9 and r.real > 0]
+    return float(lam), 1.0 / float(floor)
+
+
+#: The four regions of Figure 5 (λ below/above λ*, θ below/above θ*).
+FIG5_REGIONS = (
+    ("λ < λ*, θ < θ*", "small spread, sharpened"),
+    ("λ > λ*, θ < θ*", "growing spread, sharpened"),
+    ("λ < λ*, θ > θ*", "small spread, flattened"),
+    ("λ > λ*, θ > θ*", "growing spread, flattened"),
+)
+
+
+def entropy_landscape(items: int = 10, points: int = 200, top: float = 2.0):
+    """(λ, θ, H): Figure 5's grid, H[θ, λ] the entropy of softmax_θ(a), a_i = λ^i, i = 1…items."""
+    lam = torch.linspace(0.01, top, points, dtype=torch.float64)
+    theta = torch.linspace(0.01, top, points, dtype=torch.float64)
     a = lam[:, None] ** torch.arange(1, items + 1, dtype=torch.float64)  # (λ, items)
-    h = torch.stack(
-        [nz.entropy(nz.softmax(a, temperature=float(t))) for t in theta], dim=0
-    )  # (θ, λ)
-    with report.figure(path, figsize=(6, 4.5), dpi=120) as (fig, ax):
-        im = ax.pcolormesh(lam.numpy(), theta.numpy(), h.numpy(), shading="auto", cmap="magma")
+    h = torch.stack([nz.entropy(nz.softmax(a, temperature=float(t))) for t in theta], dim=0)
+    return lam.numpy(), theta.numpy(), h.numpy()
+
+
+def region_entropies(items: int = 10, points: int = 200) -> list[dict[str, Any]]:
+    """Mean, min and max entropy of Figure 5's grid in each of its four regions."""
+    lam, theta, h = entropy_landscape(items, points)
+    lam_star, theta_star = fig5_boundaries(items)
+    out = []
+    for (name, what), (lo_l, lo_t) in zip(
+        FIG5_REGIONS, ((True, True), (False, True), (True, False), (False, False)), strict=True
+    ):
+        sel_l = lam < lam_star if lo_l else lam > lam_star
+        sel_t = theta < theta_star if lo_t else theta > theta_star
+        block = h[np.ix_(sel_t, sel_l)]
+        out.append(
+            {"region": name, "what": what, "mean": float(block.mean()),
+             "min": float(block.min()), "max": float(block.max())}
+        )  # fmt: skip
+    return out
+
+
+def plot_entropy_landscape(path: Path, items: int = 10) -> tuple[float, float]:
+    """Figure 5: entropy of softmax_θ(a) for a_i = λ^i, i = 1…10, over (λ, θ), with its four
+    regions marked by the lines λ = λ* and θ = θ* of :func:`fig5_boundaries` (returned)."""
+    lam, theta, h = entropy_landscape(items)
+    lam_star, theta_star = fig5_boundaries(items)
+    with report.figure(path, figsize=(6.5, 5), dpi=120) as (fig, ax):
+        im = ax.pcolormesh(lam, theta, h, shading="auto", cmap="magma")
         fig.colorbar(im, ax=ax, label="entropy H (nats)")
-        ax.set_xlabel("λ  (logits a_i = λ^i, i = 1…10)")
-        ax.set_ylabel("temperature θ")
+        ax.axvline(lam_star, color="cyan", lw=1.2, ls="--")
+        ax.axhline(theta_star, color="cyan", lw=1.2, ls="--")
+        spots = (
+            ((lam[0] + lam_star) / 2, (theta[0] + theta_star) / 2),
+            ((lam_star + lam[-1]) / 2, (theta[0] + theta_star) / 2),
+            ((lam[0] + lam_star) / 2, (theta_star + theta[-1]) / 2),
+            ((lam_star + lam[-1]) / 2, (theta_star + theta[-1]) / 2),
+        )
+        for (name, what), (x, y) in zip(FIG5_REGIONS, spots, strict=True):
+            ax.text(x, y, f"{name}\n{what}", color="cyan", ha="center", va="center", fontsize=7)
+        ax.set_xlabel(f"λ  (logits a_i = λ^i, i = 1…{items}); λ* = {lam_star:g}: all equal")
+        ax.set_ylabel(f"temperature θ; θ* = {theta_star:g}: adaptive θ's largest")
         ax.set_title(
             f"Entropy of softmax_θ over {items} logits (max log {items} = {math.log(items):.2f})"
         )
+    return lam_star, theta_star
 
 
 def plot_logit_spread(path: Path, records: list[list[dict[str, float]]]) -> None:
@@ -957,13 +1022,40 @@ def write_report(run: Path) -> Path:
             f"(paper: {list(nz.COEFFICIENTS['icml'])}); file `fit_temperature.json`, usable as "
             "`adaptive(coefficients=path)`.\n"
         )
+    regions = region_entropies()
+    lam_star, theta_star = fig5_boundaries()
+    parts.append(
+        f"## Figure 5's four regions (λ* = {lam_star:g}, θ* = {theta_star:g})\n\n"
+        + report.markdown_table(
+            ["region", "logits / temperature", "mean H", "min H", "max H"],
+            [
+                [
+                    r["region"],
+                    r["what"],
+                    f"{r['mean']:.3f}",
+                    f"{r['min'] + 0.0:.3f}",
+                    f"{r['max']:.3f}",
+                ]
+                for r in regions
+            ],
+        )  # fmt: skip
+    )
+    if (run / "corollary_b1.md").is_file():
+        parts.append(
+            "## Corollary B.1: {v_a, v_b, …, v_b} is misclassified once n is large\n\n"
+            + (run / "corollary_b1.md").read_text()
+        )
     for png, caption in (
         ("accuracy.png", "Accuracy vs set size, ours (±std) and the paper's."),
         (
             "attention.png",
             "Figures 2/7: attention over the 16 largest items of 32 sets; softmax above, adaptive θ below.",
         ),
-        ("entropy_landscape.png", "Figure 5: entropy of softmax_θ over 10 logits a_i = λ^i."),
+        (
+            "entropy_landscape.png",
+            "Figure 5: entropy of softmax_θ over 10 logits a_i = λ^i, its four regions split at "
+            "λ* (all logits equal) and θ* (the largest θ adaptive temperature applies).",
+        ),
         (
             "logit_spread.png",
             "Figure 9: logit spread δ and the Proposition 3.1 bound during training.",

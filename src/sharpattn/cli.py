@@ -542,6 +542,18 @@ def _sequence_options(f):
             type=click.IntRange(min=1),
             help="Evaluate up to this multiple of the largest training size (overrides the profile).",
         ),
+        click.option(
+            "--eval-sets",
+            type=click.IntRange(min=1),
+            help="Test sequences per size, the same for every method and seed (overrides the profile).",
+        ),
+        click.option(
+            "--checkpoint-every",
+            type=click.IntRange(min=1),
+            default=500,
+            show_default=True,
+            help="Steps between checkpoints; re-running the command resumes from the last one.",
+        ),
         cluster_options,
         threads_option(default=1),
     )(f)

@@ -262,7 +262,9 @@ def test_lm_loss_in_output_layer_blocks_equals_transformers_loss():
     float32 rounding (sums of ~150 terms of size ~log V: a few ulps of the mean), and a model
     whose logits are not its output layer of the last hidden state falls back to its logits."""
     net, _ = _tiny("llama")
-    ids = torch.randint(0, net.config.vocab_size, (2, 150), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(
+        0, net.config.vocab_size, (2, 150), generator=torch.Generator().manual_seed(2)
+    )
     enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     loss_fn = diagnose._loss_fn("causal-lm", net)
     with torch.no_grad():

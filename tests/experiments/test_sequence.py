@@ -4,7 +4,6 @@ resume, and both commands end to end on a tiny configuration."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -14,7 +13,7 @@ from scipy import stats
 
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
-from sharpattn.experiments import clrs, leaderboard
+from sharpattn.experiments import leaderboard
 from sharpattn.experiments import sequence as seq
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,3 +50,110 @@ def test_compare_is_scipys_paired_t_test():
     assert p == pytest.approx(stats.ttest_rel(vb, [0.1, 0.3, 0.2]).pvalue, rel=1e-9)
     one = seq.compare({0: {"auc": 0.5}}, {0: {"auc": 0.1}}, "auc")
     assert one[0] == 0.5 and math.isnan(one[1]) and math.isnan(one[2])
+
+
+# --- one job, and the commands end to end ------------------------------------------------------
+
+TINY = ["--seeds", "2", "--steps", "30", "--eval-factor", "2", "--eval-sets", "8",
+        "--workers", "1"]  # fmt: skip
+
+
+def test_adaptive_at_inference_is_the_softmax_model_evaluated_with_adaptive(tmp_path):
+    """One training per recipe: `adaptive (inference)` evaluates the softmax job's model with
+    adaptive temperature, on the same test sequences (paired), and differs from softmax only
+    there; every accuracy is a fraction of the test sequences."""
+    cfg = leaderboard.make_config("quick", methods=("softmax", "adaptive (inference)"),
+                                  steps=30, eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
+    job = seq.jobs(tmp_path, cfg)[0]
+    assert [m.name for m in job.methods] == ["softmax", "adaptive (inference)"]
+    rows = seq.run_job(job)
+    t = seq.task(job.task)
+    model = seq.build_model(cfg, job.methods[0], t, job.seed)
+    from sharpattn.experiments.runner import read_weights
+
+    read_weights(job.folder / "model.safetensors", model)
+    for size in seq.sizes_of(cfg, job.task):
+        got = {r["method"]: r for r in rows if r["size"] == size}
+        assert got["softmax"]["acc"] == seq.evaluate(model, t, size, cfg)["acc"]
+        seq.switch(model, "adaptive")
+        assert got["adaptive (inference)"]["acc"] == seq.evaluate(model, t, size, cfg)["acc"]
+        seq.switch(model, "softmax")
+        for r in got.values():
+            assert r["acc"] * r["sets"] == round(r["acc"] * r["sets"]) and 0 <= r["acc"] <= 1
+    # the test sequences depend on the task and size only
+    a = next(seq.test_sets(t, 32, cfg))
+    b = next(seq.test_sets(t, 32, seq.SequenceConfig(**{**cfg.to_dict(), "methods": ("sink",)})))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
+
+
+def test_leaderboard_command_writes_ranked_tables_and_plots(tmp_path):
+    out = tmp_path / "lb"
+    args = ["leaderboard", "--quick", "--methods", "softmax,sink", *TINY, "--out", str(out)]
+    assert main(args) == 0
+    for name in ("leaderboard.md", "leaderboard.csv", "accuracy.md", "leaderboard.png",
+                 "report.md"):  # fmt: skip
+        assert (out / name).is_file(), name
+    lines = (out / "leaderboard.csv").read_text().splitlines()
+    assert lines[0].startswith("rank,method,score") and len(lines) == 3
+    scores = [float(line.split(",")[2]) for line in lines[1:]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    assert main(args) == 0  # re-running loads every finished job: same table
+    assert (out / "leaderboard.csv").read_text().splitlines() == lines
+
+
+def test_reproduce_clrs_command(tmp_path):
+    out = tmp_path / "clrs"
+    args = ["reproduce", "clrs", "--quick", "--tasks", "minimum,insertion_sort", *TINY,
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    table = (out / "clrs.csv").read_text().splitlines()
+    assert len(table) == 1 + 2 * 2  # two algorithms x (softmax, adaptive)
+    assert (out / "fig8.png").is_file() and (out / "bars.png").is_file()
+    assert "softmax vs adaptive" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["leaderboard", "--quick", "--methods", "softmax,nope"], "unknown leaderboard method"),
+        (["leaderboard", "--quick", "--tasks", "nope"], "unknown task"),
+        (["reproduce", "clrs", "--quick", "--tasks", "flip_flopp"], "unknown task"),
+    ],
+)
+def test_mistakes_are_one_sentence_exit_2(tmp_path, capsys, args, words):
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert words in err.lower() and "Traceback" not in err
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+def test_leaderboard_resumes_after_kill_9_with_the_same_numbers(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def cli(out):
+        code = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
+        args = ["leaderboard", "--quick", "--methods", "softmax", "--seeds", "1", "--steps", "300",
+                "--checkpoint-every", "40", "--eval-factor", "2", "--eval-sets", "8",
+                "--workers", "1", "--out", str(out)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    assert cli(tmp_path / "a").wait(timeout=300) == 0
+    proc = cli(tmp_path / "b")
+    ckpt = tmp_path / "b" / "train" / "flip_flop" / "softmax" / "seed0" / "checkpoint.safetensors"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-training, after a checkpoint
+    proc.wait(timeout=30)
+    assert proc.returncode == -9, "the run ended before it could be killed"
+    assert cli(tmp_path / "b").wait(timeout=300) == 0  # resumes
+    for name in ("leaderboard.csv", "accuracy.md"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    metrics = "train/flip_flop/softmax/seed0/metrics.jsonl"
+    assert (tmp_path / "a" / metrics).read_text() == (tmp_path / "b" / metrics).read_text()

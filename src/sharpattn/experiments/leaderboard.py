@@ -124,8 +124,11 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         f"d = {cfg.d_model}, {cfg.heads} heads, positions {cfg.positions}; AdamW lr {cfg.lr}, "
         f"{cfg.steps} steps of batch {cfg.batch}; {cfg.eval_sets} test sequences per size, the "
         "same for every method and seed. Sizes: "
-        + "; ".join(f"{t} trained at {seq.task(t).train_sizes[0]}–{seq.task(t).train_sizes[1]}, "
-                    f"evaluated at {', '.join(map(str, s))}" for t, s in sizes.items())  # fmt: skip
+        + "; ".join(
+            f"{t} trained at {seq.task(t).train_sizes[0]}–{seq.task(t).train_sizes[1]}, "
+            f"evaluated at {', '.join(map(str, s))}"
+            for t, s in sizes.items()
+        )  # fmt: skip
         + ".\n\nScore: the normalised area under exact-match accuracy against log2 size (1 = "
         "every test sequence solved at every size); the overall score is the mean over tasks. "
         "p: two-sided paired t-test against softmax over seeds (– with fewer than two seeds)."

@@ -100,8 +100,7 @@ def resolve(names: list[str] | tuple[str, ...] | None) -> list[Method]:
     bad = [n for n in names if n not in known]
     if bad:
         raise ValueError(
-            f"unknown leaderboard method(s) {', '.join(map(repr, bad))}; known: "
-            f"{', '.join(known)}."
+            f"unknown leaderboard method(s) {', '.join(map(repr, bad))}; known: {', '.join(known)}."
         )
     return [known[n] for n in names]
 
@@ -244,7 +243,13 @@ class Job:
 
     @property
     def folder(self) -> Path:
-        return Path(self.root) / "train" / self.task / _slug(self.methods[0].recipe) / f"seed{self.seed}"
+        return (
+            Path(self.root)
+            / "train"
+            / self.task
+            / _slug(self.methods[0].recipe)
+            / f"seed{self.seed}"
+        )
 
 
 def _slug(text: str) -> str:
@@ -366,13 +371,32 @@ def sweep(
     ray: str | None = None,
 ) -> tuple[RunFolder, list[dict[str, Any]]]:
     """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows."""
-    folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     from .sweep import run_jobs
 
-    todo = jobs(folder.path, cfg)
-    results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=progress)
+    todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
+    folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
+    results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=_overall(
+        progress, experiment, len(todo)))  # fmt: skip
     rows = [r for rs in results for r in rs]
     return folder, rows
+
+
+def _overall(progress: Progress | None, name: str, total: int) -> Progress | None:
+    """One bar for a sweep of many jobs: jobs done out of ``total``, the latest event of any job
+    as its note (a bar per job would be dozens of lines)."""
+    if progress is None:
+        return None
+    done = [0]
+    emit(progress, name, "jobs", 0, total)
+
+    def forward(ev: dict[str, Any]) -> None:
+        if ev.get("phase") == "done":
+            done[0] += 1
+        loss = f" loss {ev['loss']:.3f}" if ev.get("loss") is not None else ""
+        note = f"{ev.get('task')} {ev.get('phase')} {ev.get('step')}/{ev.get('total')}{loss}"
+        emit(progress, name, "jobs", done[0], total, note=note)
+
+    return forward
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..attention import MultiheadAttention, SelectiveConfig
+from ..attention.mha import GATES
 from ..normalizers import get
 
 Tensor = torch.Tensor
@@ -98,6 +99,7 @@ class TransformerConfig:
     selective: str | None = None  # selective temperatures on "q", "v", "qv", ...
     selective_terms: str = "both"  # "both", "token" or "position"
     sharing: bool = False  # weight-sharing token temperature instead of the MLP
+    gate: str | None = None  # gated attention: None, "headwise" or "elementwise" (Qiu et al. 2025)
 
     def __post_init__(self):
         self.layers = parse_layers(self.layers)
@@ -106,6 +108,10 @@ class TransformerConfig:
                 f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}."
             )
         self.selective_config()  # validates the selective options
+        if self.gate not in GATES:
+            raise ValueError(
+                f"gate must be one of {', '.join(map(repr, GATES))}, got {self.gate!r}."
+            )
         get(self.method)  # unknown names fail here, with the list of known ones
         if self.d_model % self.n_heads:
             raise ValueError(
@@ -153,6 +159,7 @@ class Layer(nn.Module):
                 check_finite=False,
                 rotary=cfg.positions == "rotary",
                 selective=cfg.selective_config(),
+                gate=cfg.gate,
                 **cfg.method_params,
             )
         if kind in ("tf", "mlp"):

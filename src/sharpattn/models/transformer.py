@@ -188,7 +188,11 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.n_out, bias=False)
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear | nn.Embedding) and ".selective." not in name:
+            # (not the selective temperatures nor the zero-initialised query-dependent maps of
+            # a normalizer's parameters, ASEntmax's: both start at their module's own init)
+            if isinstance(module, nn.Linear | nn.Embedding) and not (
+                ".selective." in name or ".normalizer_projections." in name
+            ):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
 
     @property

@@ -14,6 +14,9 @@ Learnable normalizer parameters (registry ``Param(learnable=True)``) become per-
 ``nn.Parameter``s ``[H]`` in ``attn_module.sharpattn_params`` (so they are in ``state_dict`` and
 ``save_pretrained``); the method and its fixed parameters are written to ``config.sharpattn`` so
 :func:`from_pretrained` restores the patched model.
+The linear maps of the query's input that :class:`~sharpattn.attention.MultiheadAttention` adds
+to a method's ``query_dependent`` parameters (ASEntmax's β and γ) are not added here: inside a
+transformers attention function those parameters stay per layer and head.
 
 Selective attention (Zhang et al., NeurIPS 2024; :mod:`sharpattn.attention.selective`):
 

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import sharpattn  # noqa: E402
 from precision import assert_close  # noqa: E402
+from sharpattn import attend  # noqa: E402
 from sharpattn import normalizers as nz  # noqa: E402
 from tiny_hf import bert as _bert  # noqa: E402
 from tiny_hf import gpt2 as _gpt2  # noqa: E402
@@ -268,3 +269,37 @@ def test_every_method_trains_through_apply(method):
         assert p.grad is not None and torch.isfinite(p.grad).all() and (p.grad != 0).any(), name
     grads = [p.grad for n, p in model.named_parameters() if "q_proj" in n]
     assert grads and all(g is not None and (g != 0).any() for g in grads)
+
+
+def test_llama4_temperature_equals_transformers_llama4_nope_attention():
+    # the installed transformers' own Llama4TextAttention on a NoPE layer (temperature tuning on)
+    # against attend(method="llama4_temperature"); floor_scale 2 so that β steps within 11 keys
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    cfg = Llama4TextConfig(
+        hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+        num_hidden_layers=1, no_rope_layers=[0], attn_temperature_tuning=True,
+        floor_scale=2, attn_scale=0.5, attention_bias=True,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    module = Llama4TextAttention(cfg, 0).double().eval()
+    assert not module.use_rope  # a NoPE layer: the temperature applies
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    causal = torch.full((11, 11), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = module(x, position_embeddings=None, attention_mask=causal)
+        q = module.q_proj(x).view(2, 11, 4, 4).transpose(1, 2)
+        k = module.k_proj(x).view(2, 11, 2, 4).transpose(1, 2)
+        v = module.v_proj(x).view(2, 11, 2, 4).transpose(1, 2)
+        for impl in ("naive", "fused"):
+            y = attend(q, k, v, "llama4_temperature", causal=True, impl=impl,
+                       floor_scale=2, attn_scale=0.5)  # fmt: skip
+            got = module.o_proj(y.transpose(1, 2).reshape(2, 11, 16))
+            # transformers computes β in float32 (positions.float()): its relative error ε32
+            # moves β·s by ε32·|β·s| (β ≤ 1 + 0.5·log 6), each weight by that times itself, the
+            # output by that times |v| and |W_o| (a sum over 16)
+            s_max = float((q @ k.repeat_interleave(2, 1).transpose(-1, -2)).abs().max()) / 2
+            mag = float(v.abs().max()) * (1 + 2 * s_max) * float(module.o_proj.weight.abs().max())
+            assert_close(got, want, dtype=torch.float32, n=11 * 16, magnitude=mag, msg=impl)

@@ -264,7 +264,9 @@ def test_every_method_trains_through_apply(method):
     assert torch.isfinite(out[real]).all()
     out[real].pow(2).mean().backward()
     learned = dict(hf.learnable_parameters(model))
-    assert len(learned) == 2 * len(nz.get(method).learnable)  # per layer (2 layers)
+    entry = nz.get(method)
+    # per layer (2 layers): the per-head parameters and the query-dependent ones' maps
+    assert len(learned) == 2 * (len(entry.learnable) + len(entry.query_dependent))
     for name, p in learned.items():
         assert p.grad is not None and torch.isfinite(p.grad).all() and (p.grad != 0).any(), name
     grads = [p.grad for n, p in model.named_parameters() if "q_proj" in n]
@@ -303,3 +305,66 @@ def test_llama4_temperature_equals_transformers_llama4_nope_attention():
             s_max = float((q @ k.repeat_interleave(2, 1).transpose(-1, -2)).abs().max()) / 2
             mag = float(v.abs().max()) * (1 + 2 * s_max) * float(module.o_proj.weight.abs().max())
             assert_close(got, want, dtype=torch.float32, n=11 * 16, magnitude=mag, msg=impl)
+
+
+def test_asentmax_query_dependent_parameters_through_apply(tmp_path):
+    # ASEntmax's β, γ per query in a transformers model: p_h + w_h·x_i with x_i the attention
+    # module's input; w = 0 at apply() (per head), trained, saved and restored
+    ids, mask = _inputs()
+    model = _model("llama")
+    hf.apply(model, "asentmax")
+    layer = hf.attention_modules(model)[0]
+    maps = getattr(layer, hf.PROJ_ATTR)
+    assert sorted(maps) == ["beta_pre", "gamma_pre"]
+    assert all(torch.equal(m.weight, torch.zeros(4, 32)) for m in maps.values())
+    seen = {}
+
+    def spy(module, args, kwargs):  # the layer input the hook hands to the attention function
+        seen["x"] = kwargs["hidden_states"].detach()
+
+    handle = layer.register_forward_pre_hook(spy, with_kwargs=True)
+    with torch.no_grad():
+        for m in maps.values():
+            torch.nn.init.normal_(m.weight, std=0.3)
+        _out(model, ids, mask)
+    handle.remove()
+    # the same layer computed by hand: q, k, v of the spied input, per-query β, γ
+    x = seen["x"]
+    cfg = model.config
+    pos = torch.arange(ids.shape[1])[None].expand(2, -1)
+    cos, sin = model.model.rotary_emb(x, pos)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q = layer.q_proj(x).view(2, 9, 4, 8).transpose(1, 2)
+    k = layer.k_proj(x).view(2, 9, 2, 8).transpose(1, 2)
+    v = layer.v_proj(x).view(2, 9, 2, 8).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    params = {
+        n: getattr(layer, hf.PARAMS_ATTR)[n].view(1, 4, 1, 1)
+        + maps[n](x).transpose(1, 2).unsqueeze(-1)
+        for n in maps
+    }
+    key_mask = mask.bool()[:, None, None, :]
+    with torch.no_grad():
+        want = attend(q, k, v, "asentmax", mask=key_mask, causal=True, **params)
+        got = {}
+        h2 = layer.register_forward_hook(
+            lambda mod, a, kw, out: got.setdefault("out", out[0]), with_kwargs=True
+        )
+        _out(model, ids, mask)
+        h2.remove()
+    ref = layer.o_proj(want.transpose(1, 2).reshape(2, 9, 32)).detach()
+    real = mask.bool()
+    assert cfg.num_attention_heads == 4
+    close_out(got["out"][real], ref[real])
+    # gradients reach the maps; saved and restored with the model
+    model.train()
+    _out(model, ids, mask)[real].pow(2).mean().backward()
+    assert all((m.weight.grad != 0).any() for m in maps.values())
+    model.eval()
+    with torch.no_grad():
+        before = _out(model, ids, mask)
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(tmp_path, type(model)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(_out(loaded, ids, mask), before)

@@ -197,3 +197,18 @@ def test_asentmax_in_multihead_attention_trains():
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
     assert (mha.normalizer_params["beta_pre"].detach() != 0).all()  # the scale itself was trained
+
+
+def test_transformer_keeps_the_zero_init_of_query_dependent_maps():
+    # the model's normal(0, 0.02) init of every Linear skips ASEntmax's maps (per head at start)
+    torch.manual_seed(0)
+    model = Transformer(
+        TransformerConfig(d_model=16, n_heads=2, method="asentmax", gate="headwise")
+    )
+    attn = model.layers[0].attn
+    assert all(
+        torch.equal(m.weight, torch.zeros(2, 16)) for m in attn.normalizer_projections.values()
+    )
+    assert attn.gate_proj.weight.std() > 0  # the gate is initialised as the model's other linears
+    model(torch.randint(0, 65, (2, 9))).pow(2).mean().backward()
+    assert all((m.weight.grad != 0).any() for m in attn.normalizer_projections.values())

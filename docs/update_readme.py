@@ -40,8 +40,10 @@ the total mass, a table and this plot. Softmax's winner weight falls as 1/n (Lem
 Veličković et al.), and so does every method that keeps an exp or a 1/n without a length-dependent
 sharpening (sink, sigmoid with its −log n bias, ReLU/n, signed, softpick; the cubic kernel more
 slowly). ssmax and log-n-scaled softmax keep the winner, as do the sparse maps (top-k, hardmax,
-sparsemax, entmax) once the margin exceeds their threshold. Stick-breaking prefers the nearest
-keys, so a winner far from the query gets almost nothing.
+sparsemax, entmax, asentmax) once the margin exceeds their threshold. Llama 4's temperature and
+Qwen's log-n scaling are softmax up to their lengths (8192 and 2048 keys by default) and disperse
+more slowly beyond (their β grows with log n, while the 1/n it must offset grows faster). Stick-breaking
+prefers the nearest keys, so a winner far from the query gets almost nothing.
 
 ![winner weight vs n, one curve per normalizer](docs/dispersion.png)
 {end}"""

@@ -238,6 +238,9 @@ BAD_PARAMS = {
     "power": {"p": 0.5},
     "topk": {"top_k": 0},
     "entmax": {"alpha": 1.0},
+    "llama4_temperature": {"floor_scale": -1},
+    "logn": {"train_length": 0.5},
+    "asentmax": {"delta": -1.0},
 }
 
 

@@ -15,22 +15,9 @@ from precision import assert_close, tolerance
 from sharpattn import normalizers as nz
 from sharpattn.attention import MultiheadAttention, attend, causal_mask
 
-NEW = [
-    "ssmax",
-    "length_scaled",
-    "sink",
-    "sigmoid",
-    "relu",
-    "power",
-    "signed",
-    "topk",
-    "hardmax",
-    "sparsemax",
-    "entmax15",
-    "entmax",
-    "stick_breaking",
-    "softpick",
-]
+# every registered method but softmax and adaptive (test_normalizers.py's): new registry entries
+# are picked up here, and fail test_every_method_has_a_reference until REFS and CASES cover them
+NEW = [m for m in nz.available() if m not in ("softmax", "adaptive")]
 CAUSAL_ONLY = {"stick_breaking"}
 H = 3  # heads in the test tensors
 
@@ -96,6 +83,31 @@ def _sink_ref(x, b):
     return np.exp(x - m) / (np.exp(b - m) + np.exp(x - m).sum())
 
 
+def _llama4_ref(x, p):
+    """transformers' Llama4TextAttention: attn_scales = log1p(floor((position + 1) / floor_scale))
+    · attn_scale + 1 on the queries, position + 1 = n (the row's keys)."""
+    n = len(x)
+    beta = math.log1p(math.floor(n / p.get("floor_scale", 8192))) * p.get("attn_scale", 0.1) + 1
+    return _softmax(beta * x)
+
+
+def _logn_ref(x, p):
+    """Qwen's modeling_qwen.py: logn_list = [math.log(i, L) if i > L else 1 for i in 1..],
+    the query at position p scaled by logn_list[p], p + 1 = n."""
+    n, length = len(x), p.get("train_length", 2048)
+    return _softmax((math.log(n, length) if n > length else 1.0) * x)
+
+
+def _asentmax_ref(x, p):
+    """deep-spin/asentmax sparse_gemma.py (adapt-softplus-tanh): θ = δ + softplus(b)·
+    log(position + 2)^{γ_max·tanh(c)}, position + 2 = n + 1; α-entmax of θ·scores."""
+    n = len(x)
+    beta = np.logaddexp(0.0, p.get("beta_pre", 0.0))  # softplus
+    gamma = p.get("gamma_max", 2.0) * math.tanh(p.get("gamma_pre", 0.0))
+    theta = p.get("delta", 1.0) + beta * math.log(n + 1) ** gamma
+    return _entmax_ref(theta * (x - x.max()), p.get("alpha", 1.5))
+
+
 def _softpick_ref(x):
     d = np.exp(x) - 1.0
     total = np.abs(d).sum()
@@ -136,6 +148,9 @@ REFS = {
     "entmax": lambda x, p: _entmax_ref(x, p.get("alpha", 1.5)),
     "stick_breaking": lambda x, p: _stick_ref(x),
     "softpick": lambda x, p: _softpick_ref(x),
+    "llama4_temperature": _llama4_ref,
+    "logn": _logn_ref,
+    "asentmax": _asentmax_ref,
 }
 
 
@@ -186,8 +201,25 @@ CASES = {
     "entmax": [{}, {"alpha": 2.0}, {"alpha": 1.2}, {"alpha": per_head(1.1, 1.5, 3.0)}],
     "stick_breaking": [{}, {"attend_current": True}],
     "softpick": [{}],
+    # small floor_scale / train_length so that β(n) varies across the rows of a causal mask
+    "llama4_temperature": [
+        {},
+        {"floor_scale": 3, "attn_scale": 0.5},
+        {"floor_scale": 2, "attn_scale": 2.0},
+    ],
+    "logn": [{}, {"train_length": 3}, {"train_length": 2}],
+    "asentmax": [
+        {},
+        {"beta_pre": 1.0, "gamma_pre": 0.5},
+        {"beta_pre": per_head(-1.0, 0.5, 2.0), "gamma_pre": per_head(-2.0, 0.0, 1.5)},
+        {"alpha": 2.0, "delta": 0.5, "gamma_max": 1.0, "beta_pre": 0.3, "gamma_pre": -0.7},
+    ],
 }
 ALL_CASES = [(m, p) for m in CASES for p in CASES[m]]
+
+
+def test_every_method_has_a_reference():
+    assert sorted(REFS) == sorted(CASES) == sorted(["softmax", *NEW])
 
 
 def case_id(case):
@@ -345,6 +377,9 @@ SHIFT_INVARIANT = {
     "sparsemax",
     "entmax15",
     "entmax",
+    "llama4_temperature",
+    "logn",
+    "asentmax",
 }
 
 
@@ -453,6 +488,11 @@ def test_length_scaled_learnable_c_straight_through_below_zero():
         ("topk", {"top_k": 0}, "top_k must be an integer >= 1"),
         ("topk", {"top_k": 2.5}, "top_k must be an integer >= 1"),
         ("entmax", {"alpha": 1.0}, "alpha must be > 1"),
+        ("llama4_temperature", {"floor_scale": 0}, "floor_scale must be a number > 0"),
+        ("llama4_temperature", {"attn_scale": math.inf}, "attn_scale must be a finite number"),
+        ("logn", {"train_length": 1}, "train_length must be a number > 1"),
+        ("asentmax", {"delta": -0.5}, "delta must be a finite number >= 0"),
+        ("asentmax", {"alpha": 1.0}, "alpha must be > 1"),
     ],
 )
 def test_bad_parameters_raise_one_sentence(method, params, match):
@@ -513,6 +553,7 @@ def test_the_issue_learnable_parameters():
         "length_scaled": ["c"],
         "sink": ["bias", "bias_log_n"],
         "sigmoid": ["bias"],
+        "asentmax": ["beta_pre", "gamma_pre"],
     }
 
 

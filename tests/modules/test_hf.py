@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import sharpattn  # noqa: E402
 from precision import assert_close  # noqa: E402
+from sharpattn import attend  # noqa: E402
 from sharpattn import normalizers as nz  # noqa: E402
 from tiny_hf import bert as _bert  # noqa: E402
 from tiny_hf import gpt2 as _gpt2  # noqa: E402
@@ -248,3 +249,122 @@ def test_every_way_to_reach_sharpattn_hf_gives_the_one_module():
         "assert sys.modules['sharpattn.hf'] is d"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("method", nz.available())
+def test_every_method_trains_through_apply(method):
+    # every registry method (issue 14's new ones included) on a tiny Llama: forward and backward
+    # in training mode, finite, and every learnable per-head parameter gets a gradient
+    ids, mask = _inputs()
+    model = _model("llama").train()
+    params = {"straight_through": True} if method == "hardmax" else {}
+    hf.apply(model, method, **params)
+    out = _out(model, ids, mask)
+    real = mask.bool()
+    assert torch.isfinite(out[real]).all()
+    out[real].pow(2).mean().backward()
+    learned = dict(hf.learnable_parameters(model))
+    entry = nz.get(method)
+    # per layer (2 layers): the per-head parameters and the query-dependent ones' maps
+    assert len(learned) == 2 * (len(entry.learnable) + len(entry.query_dependent))
+    for name, p in learned.items():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and (p.grad != 0).any(), name
+    grads = [p.grad for n, p in model.named_parameters() if "q_proj" in n]
+    assert grads and all(g is not None and (g != 0).any() for g in grads)
+
+
+def test_llama4_temperature_equals_transformers_llama4_nope_attention():
+    # the installed transformers' own Llama4TextAttention on a NoPE layer (temperature tuning on)
+    # against attend(method="llama4_temperature"); floor_scale 2 so that β steps within 11 keys
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    cfg = Llama4TextConfig(
+        hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+        num_hidden_layers=1, no_rope_layers=[0], attn_temperature_tuning=True,
+        floor_scale=2, attn_scale=0.5, attention_bias=True,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    module = Llama4TextAttention(cfg, 0).double().eval()
+    assert not module.use_rope  # a NoPE layer: the temperature applies
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    causal = torch.full((11, 11), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = module(x, position_embeddings=None, attention_mask=causal)
+        q = module.q_proj(x).view(2, 11, 4, 4).transpose(1, 2)
+        k = module.k_proj(x).view(2, 11, 2, 4).transpose(1, 2)
+        v = module.v_proj(x).view(2, 11, 2, 4).transpose(1, 2)
+        for impl in ("naive", "fused"):
+            y = attend(q, k, v, "llama4_temperature", causal=True, impl=impl,
+                       floor_scale=2, attn_scale=0.5)  # fmt: skip
+            got = module.o_proj(y.transpose(1, 2).reshape(2, 11, 16))
+            # transformers computes β in float32 (positions.float()): its relative error ε32
+            # moves β·s by ε32·|β·s| (β ≤ 1 + 0.5·log 6), each weight by that times itself, the
+            # output by that times |v| and |W_o| (a sum over 16)
+            s_max = float((q @ k.repeat_interleave(2, 1).transpose(-1, -2)).abs().max()) / 2
+            mag = float(v.abs().max()) * (1 + 2 * s_max) * float(module.o_proj.weight.abs().max())
+            assert_close(got, want, dtype=torch.float32, n=11 * 16, magnitude=mag, msg=impl)
+
+
+def test_asentmax_query_dependent_parameters_through_apply(tmp_path):
+    # ASEntmax's β, γ per query in a transformers model: p_h + w_h·x_i with x_i the attention
+    # module's input; w = 0 at apply() (per head), trained, saved and restored
+    ids, mask = _inputs()
+    model = _model("llama")
+    hf.apply(model, "asentmax")
+    layer = hf.attention_modules(model)[0]
+    maps = getattr(layer, hf.PROJ_ATTR)
+    assert sorted(maps) == ["beta_pre", "gamma_pre"]
+    assert all(torch.equal(m.weight, torch.zeros(4, 32)) for m in maps.values())
+    seen = {}
+
+    def spy(module, args, kwargs):  # the layer input the hook hands to the attention function
+        seen["x"] = kwargs["hidden_states"].detach()
+
+    handle = layer.register_forward_pre_hook(spy, with_kwargs=True)
+    with torch.no_grad():
+        for m in maps.values():
+            torch.nn.init.normal_(m.weight, std=0.3)
+        _out(model, ids, mask)
+    handle.remove()
+    # the same layer computed by hand: q, k, v of the spied input, per-query β, γ
+    x = seen["x"]
+    cfg = model.config
+    pos = torch.arange(ids.shape[1])[None].expand(2, -1)
+    cos, sin = model.model.rotary_emb(x, pos)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q = layer.q_proj(x).view(2, 9, 4, 8).transpose(1, 2)
+    k = layer.k_proj(x).view(2, 9, 2, 8).transpose(1, 2)
+    v = layer.v_proj(x).view(2, 9, 2, 8).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    params = {
+        n: getattr(layer, hf.PARAMS_ATTR)[n].view(1, 4, 1, 1)
+        + maps[n](x).transpose(1, 2).unsqueeze(-1)
+        for n in maps
+    }
+    key_mask = mask.bool()[:, None, None, :]
+    with torch.no_grad():
+        want = attend(q, k, v, "asentmax", mask=key_mask, causal=True, **params)
+        got = {}
+        h2 = layer.register_forward_hook(
+            lambda mod, a, kw, out: got.setdefault("out", out[0]), with_kwargs=True
+        )
+        _out(model, ids, mask)
+        h2.remove()
+    ref = layer.o_proj(want.transpose(1, 2).reshape(2, 9, 32)).detach()
+    real = mask.bool()
+    assert cfg.num_attention_heads == 4
+    close_out(got["out"][real], ref[real])
+    # gradients reach the maps; saved and restored with the model
+    model.train()
+    _out(model, ids, mask)[real].pow(2).mean().backward()
+    assert all((m.weight.grad != 0).any() for m in maps.values())
+    model.eval()
+    with torch.no_grad():
+        before = _out(model, ids, mask)
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(tmp_path, type(model)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(_out(loaded, ids, mask), before)

@@ -624,3 +624,49 @@ def test_sink_bfloat16():
     # bfloat16 against float32 from the same (rounded) inputs: bfloat16's precision
     close_out(got[0], want[0], vb)
     close_grads(got[1:], want[1:], qb, kb)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama 4's and Qwen's query scalings: pure β(n) factors, on the fused query-scaling path
+
+#: (parameters, NumPy float64 β(n)): small floor_scale / train_length so that β varies across the
+#: rows of every case (causal rows, padding, Lq != Lk); transcriptions of the model codes' lines
+NP_QUERY_SCALINGS = {
+    # transformers Llama4TextAttention: log1p(floor((position + 1) / floor_scale)) * attn_scale + 1
+    "llama4_temperature": (
+        {"floor_scale": 3, "attn_scale": 0.5},
+        lambda n: np.log1p(np.floor(n / 3.0)) * 0.5 + 1.0,
+    ),
+    # Qwen modeling_qwen.py: math.log(i, seq_length) if i > seq_length else 1, i = position + 1
+    "logn": (
+        {"train_length": 3},
+        lambda n: np.where(n > 3, np.log(np.maximum(n, 1.0)) / np.log(3.0), 1.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method", list(NP_QUERY_SCALINGS))
+def test_llama4_and_qwen_scalings_match_numpy_on_every_path(method, case):
+    q, k, v, mask, causal = case_inputs(case, gain=2.0)
+    params, beta = NP_QUERY_SCALINGS[method]
+    assert get(method).fused == method  # auto takes the fused path: O(n) memory
+    s = np_scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    allowed = np_allowed(s.shape, mask, causal)
+    n = allowed.sum(-1, keepdims=True).astype(np.float64)
+    ref = np_output(np_softmax(beta(n) * s, allowed), v, q.shape[1])
+    naive_out, naive_grads = _run(method, "naive", q, k, v, mask, causal, params)
+    for impl in ("naive", "chunked", "fused", "auto"):
+        out, grads = _run(method, impl, q, k, v, mask, causal, params)
+        # β ≤ 1.7 here: a weight's error is that of β·s, the output a sum over Lk keys of |v|
+        close_out(out, ref, v, msg=impl)
+        close_grads(grads, naive_grads, q, k, msg=impl)
+
+
+@pytest.mark.parametrize("method", list(NP_QUERY_SCALINGS))
+def test_llama4_and_qwen_scalings_are_softmax_within_their_length(method):
+    # the defaults (floor_scale 8192, train_length 2048): β = 1 for every row of a 300-key causal
+    # mask, so the result is softmax's bit for bit on the naive path
+    q, k, v = make_qkv(b=1, h=2, hkv=2, lq=300, lk=300, dtype=torch.float64)
+    got = attend(q, k, v, method, causal=True, impl="naive")
+    assert torch.equal(got, attend(q, k, v, "softmax", causal=True, impl="naive"))

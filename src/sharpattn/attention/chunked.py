@@ -94,7 +94,9 @@ def chunked_attend(
     (entropy, mass), each ``[B, H, Lq, 1]``.
 
     A ``positional`` normalizer, whose rows depend on the query's key position (it takes
-    ``query_offset``, as ``stick_breaking`` does), is told where each block starts.
+    ``query_offset``, as ``stick_breaking`` does), is told where each block starts. A per-query
+    tensor parameter ``[B|1, H|1, Lq, 1]`` (Lq > 1; e.g. ASEntmax's in MultiheadAttention) is cut
+    into the block's rows.
     """
     lq, lk = q.shape[2], k.shape[2]
 
@@ -102,11 +104,24 @@ def chunked_attend(
         extra = (
             {"query_offset": r0 + lk - lq} if positional and "query_offset" not in params else {}
         )
-        w = fn(scores, mask, check_finite=check_finite, **params, **extra)
+        rows = _block_rows(params, lq, r0, r0 + scores.shape[-2])
+        w = fn(scores, mask, check_finite=check_finite, **rows, **extra)
         return (w, *stats_from_weights(w)) if want_stats else (w,)
 
     out, *extras = run_blocks(q, k, v, masking, scale, block_size, weigh)
     return out, (tuple(extras) if want_stats else None)
+
+
+def _block_rows(params: dict, lq: int, r0: int, r1: int) -> dict:
+    """``params`` with every per-query tensor ``[.., Lq, 1]`` (Lq > 1) cut to rows r0..r1."""
+    if lq <= 1:
+        return params
+    return {
+        name: value[..., r0:r1, :]
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[-2] == lq
+        else value
+        for name, value in params.items()
+    }
 
 
 def chunked_softmax_attention(

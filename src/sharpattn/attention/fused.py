@@ -4,7 +4,7 @@ Each path runs torch's flash-attention kernel and moves the normalizer's maths o
 extra memory is O(n):
 
 * **query scaling** — softmax(f_i·s_ij) for a per-row/per-head factor f (1/θ, s·log n,
-  1 + c·log n): multiply row i of q by f_i, one fused call.
+  1 + c·log n, Llama 4's and Qwen's β(n)): multiply row i of q by f_i, one fused call.
 * **adaptive temperature** (Veličković et al., App. G, done with fused kernels) — the entropy of
   row i is H_i = lse_i − Σ_j p_ij·s_ij, and Σ_j p_ij·s_ij = scale·q_i·(Σ_j p_ij·k_j) is the
   attention output with V = K. One fused pass with V = K that also returns lse gives every H_i;
@@ -34,7 +34,14 @@ import torch
 import torch.nn.functional as F
 
 from ..normalizers._contract import compute_dtype, log_n
-from ..normalizers.scaled import length_scaled_beta, ssmax_beta
+from ..normalizers.scaled import (
+    check_llama4,
+    check_train_length,
+    length_scaled_beta,
+    llama4_beta,
+    logn_beta,
+    ssmax_beta,
+)
 from ..normalizers.softmax import _check_temperature, beta_from_entropy, resolve_coefficients
 from .chunked import chunked_softmax_attention
 from .masking import Masking
@@ -235,6 +242,22 @@ def length_scaled(q, k, v, masking, scale, want_stats, *, c=0.0):
     return query_scaled(q, k, v, masking, scale, beta, want_stats)
 
 
+def llama4_temperature(q, k, v, masking, scale, want_stats, *, floor_scale=8192, attn_scale=0.1):
+    """Llama 4's temperature tuning: softmax(β(n)·scores), β(n) = 1 + a·log(1 + ⌊n / F⌋)."""
+    check_llama4(floor_scale, attn_scale)
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+    return query_scaled(
+        q, k, v, masking, scale, llama4_beta(n, floor_scale, attn_scale), want_stats
+    )
+
+
+def logn(q, k, v, masking, scale, want_stats, *, train_length=2048):
+    """Qwen's log-n scaling: softmax(max(1, log n / log L)·scores)."""
+    check_train_length(train_length)
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+    return query_scaled(q, k, v, masking, scale, logn_beta(n, train_length), want_stats)
+
+
 # ---------------------------------------------------------------------------------------------
 # Adaptive temperature
 
@@ -345,5 +368,7 @@ FUSED = {
     "adaptive": adaptive,
     "ssmax": ssmax,
     "length_scaled": length_scaled,
+    "llama4_temperature": llama4_temperature,
+    "logn": logn,
     "sink": sink,
 }

@@ -18,6 +18,9 @@ from .selective import (
 
 Tensor = torch.Tensor
 
+#: the gated-attention options of :class:`MultiheadAttention` (Qiu et al. 2025)
+GATES = (None, "headwise", "elementwise")
+
 
 class MultiheadAttention(nn.Module):
     """Multi-head (and grouped-query) attention with any registered normalizer.
@@ -42,9 +45,19 @@ class MultiheadAttention(nn.Module):
             τ_tok sees the unrotated projection; scaling a row commutes with rotating it). Keys
             are at positions 0..Lk−1 and queries at the last Lq of them (a cache's offset).
         rotary_base: the RoPE base (θ_i = base^{−2i/D}).
+        gate: gated attention (Qiu et al. 2025, *Gated Attention for Large Language Models:
+            Non-linearity, Sparsity, and Attention-Sink-Free*, the gate at position G1): the
+            attention output of head h at query i, Y_{h,i}, is multiplied by σ(x_i·W_θ) before the
+            output projection, x_i the query's layer input. ``"elementwise"`` (their best
+            variant): one gate per output dimension, W_θ ``[d, H·head_dim]``; ``"headwise"``: one
+            per head, W_θ ``[d, H]``; both without bias (Y' = Y ⊙ σ(XW_θ), their Eq.), default
+            ``nn.Linear`` initialisation, in ``self.gate_proj``. None (default): no gate.
         **method_params: normalizer parameters. Learnable ones (see the registry) become
             per-head ``nn.Parameter``s in ``self.normalizer_params``, initialised to the value given
-            here or the registry default; the others are passed as given.
+            here or the registry default; the others are passed as given. The learnable ones the
+            registry marks ``query_dependent`` (ASEntmax's) also get a linear map of the query's
+            input, p_{h,i} = p_h + w_h·x_i (``self.normalizer_projections``, w initialised to 0,
+            so p starts per head).
 
     Masks follow the library's single convention: True = may attend / is a real token.
     """
@@ -65,6 +78,7 @@ class MultiheadAttention(nn.Module):
         sharing: bool | None = None,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        gate: str | None = None,
         device=None,
         dtype=None,
         **method_params,
@@ -111,8 +125,23 @@ class MultiheadAttention(nn.Module):
                 for p in entry.learnable
             }
         )
+        self.normalizer_projections = nn.ModuleDict(
+            {
+                name: nn.Linear(embed_dim, num_heads, bias=False, **factory)
+                for name in entry.query_dependent
+                if name in self.normalizer_params
+            }
+        )
+        for proj in self.normalizer_projections.values():
+            nn.init.zeros_(proj.weight)
         self.method_params = method_params  # fixed (non-learnable) normalizer parameters
         self.selective = self._selective(selective, sharing, factory)
+        if gate not in GATES:
+            raise ValueError(f"gate must be one of {', '.join(map(repr, GATES))}, got {gate!r}.")
+        self.gate = gate
+        if gate is not None:
+            width = num_heads * head_dim if gate == "elementwise" else num_heads
+            self.gate_proj = nn.Linear(embed_dim, width, bias=False, **factory)
 
     def forward(
         self,
@@ -163,6 +192,9 @@ class MultiheadAttention(nn.Module):
         params = dict(self.method_params)
         for name, p in self.normalizer_params.items():
             params[name] = p.view(1, h, 1, 1)
+            if name in self.normalizer_projections:  # per query: p_h + w_h·x_i, [B, H, Lq, 1]
+                w = self.normalizer_projections[name](query).transpose(1, 2).unsqueeze(-1)
+                params[name] = params[name] + w
         causal = self.causal if causal is None else causal
         if self.selective is not None:  # τ_q, τ_k, τ_v: [B, heads, L] each
             if self_attention and key_features is None:
@@ -193,7 +225,11 @@ class MultiheadAttention(nn.Module):
             **params,
         )
         out, weights = result if return_weights else (result, None)
-        out = self.out_proj(out.transpose(1, 2).reshape(b, lq, h * hd))  # (B, Lq, d)
+        out = out.transpose(1, 2)  # (B, Lq, H, hd)
+        if self.gate is not None:  # Y ⊙ σ(x·W_θ), per head or per output dimension
+            g = torch.sigmoid(self.gate_proj(query)).view(b, lq, h, -1)  # (B, Lq, H, 1|hd)
+            out = out * g.to(out.dtype)
+        out = self.out_proj(out.reshape(b, lq, h * hd))  # (B, Lq, d)
         return (out, weights) if return_weights else out
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -254,4 +290,5 @@ class MultiheadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, method={self.method!r}"
             + (f", rotary_base={self.rotary_base:g}" if self.rotary else "")
+            + (f", gate={self.gate!r}" if self.gate is not None else "")
         )

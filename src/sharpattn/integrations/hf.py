@@ -14,6 +14,11 @@ Learnable normalizer parameters (registry ``Param(learnable=True)``) become per-
 ``nn.Parameter``s ``[H]`` in ``attn_module.sharpattn_params`` (so they are in ``state_dict`` and
 ``save_pretrained``); the method and its fixed parameters are written to ``config.sharpattn`` so
 :func:`from_pretrained` restores the patched model.
+A method's ``query_dependent`` parameters (ASEntmax's β and γ) also get, as in
+:class:`~sharpattn.attention.MultiheadAttention`, a linear map of the query's layer input x_i,
+p_{h,i} = p_h + w_h·x_i (``attn_module.sharpattn_projections``, w initialised to 0, so the patched
+model starts with per-head values); x is read by a forward pre-hook on the attention module (its
+``hidden_states``), whose rows are the queries' also with a KV cache.
 
 Selective attention (Zhang et al., NeurIPS 2024; :mod:`sharpattn.attention.selective`):
 
@@ -71,6 +76,7 @@ from ..attention.selective import parameter_overhead as _parameter_overhead
 Tensor = torch.Tensor
 PREFIX = "sharpattn:"
 PARAMS_ATTR = "sharpattn_params"  # ParameterDict of learnable per-head parameters
+PROJ_ATTR = "sharpattn_projections"  # ModuleDict: query-dependent parameter -> Linear(d, H)
 FIXED_ATTR = "sharpattn_fixed"  # dict of fixed normalizer parameters
 SELECTIVE_ATTR = "sharpattn_selective"  # ModuleDict "q"/"k"/"v" -> Temperature
 _X_ATTR = "_sharpattn_x"  # the attention module's input during its forward (MLP temperatures)
@@ -177,6 +183,17 @@ def _make_attention(method: str):
                         f"{name} has {p.shape[0]} heads but the layer has {h}; re-run apply()."
                     )
                 params[name] = p.view(1, h, 1, 1).to(query.dtype)
+        projections = getattr(module, PROJ_ATTR, None)
+        if projections:  # p_{h,i} = p_h + w_h·x_i: [B, H, Lq, 1]
+            x = getattr(module, _X_ATTR, None)
+            if x is None or x.shape[1] != query.shape[2]:
+                raise ValueError(
+                    f"sharpattn:{entry_name}'s query-dependent parameters did not get the layer "
+                    "input of the queries; re-run sharpattn.hf.apply(model, ...)."
+                )
+            for name, proj in projections.items():
+                w = proj(x.to(proj.weight.dtype)).transpose(1, 2).unsqueeze(-1)
+                params[name] = params[name] + w.to(query.dtype)
         scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else float(scaling)
         temperatures = getattr(module, SELECTIVE_ATTR, None)
         if temperatures is not None:  # selective attention: scale rows of q, k, v (scale stays)
@@ -243,9 +260,11 @@ def _forget_input(module, args, kwargs, output):
 
 
 def _remove_selective(module: nn.Module) -> None:
+    """Drop what apply() attached beyond the per-head parameters: selective temperatures,
+    query-dependent maps and the input hooks."""
     for handle in getattr(module, _HOOKS_ATTR, ()):
         handle.remove()
-    for attr in (SELECTIVE_ATTR, _HOOKS_ATTR, _X_ATTR):
+    for attr in (SELECTIVE_ATTR, PROJ_ATTR, _HOOKS_ATTR, _X_ATTR):
         if hasattr(module, attr):
             delattr(module, attr)
 
@@ -309,8 +328,8 @@ def _apply_selective(
             }
         )
         setattr(module, SELECTIVE_ATTR, temperatures)
-        hooks = []
-        if config.token_form == "mlp":
+        hooks = getattr(module, _HOOKS_ATTR, [])  # apply()'s, for query-dependent parameters
+        if config.token_form == "mlp" and not hooks:
             hooks.append(module.register_forward_pre_hook(_remember_input, with_kwargs=True))
             hooks.append(
                 module.register_forward_hook(_forget_input, with_kwargs=True, always_call=True)
@@ -392,6 +411,21 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
             ),
         )
         setattr(module, FIXED_ATTR, dict(params))
+        dependent = [n for n in entry.query_dependent if n in learnable]
+        if dependent:
+            d = int(module.config.hidden_size)
+            maps = nn.ModuleDict({n: nn.Linear(d, h, bias=False, **factory) for n in dependent})
+            for proj in maps.values():
+                nn.init.zeros_(proj.weight)
+            setattr(module, PROJ_ATTR, maps)
+            setattr(
+                module,
+                _HOOKS_ATTR,
+                [
+                    module.register_forward_pre_hook(_remember_input, with_kwargs=True),
+                    module.register_forward_hook(_forget_input, with_kwargs=True, always_call=True),
+                ],
+            )
     name = implementation_name(entry.name)
     model.set_attn_implementation(name)
     if model.config._attn_implementation != name:
@@ -423,7 +457,7 @@ def learnable_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]
 
 
 def _is_sharpattn_key(name: str) -> bool:
-    return f".{PARAMS_ATTR}." in f".{name}" or f".{SELECTIVE_ATTR}." in f".{name}"
+    return any(f".{attr}." in f".{name}" for attr in (PARAMS_ATTR, SELECTIVE_ATTR, PROJ_ATTR))
 
 
 def from_pretrained(path: str | Path, model_class=None, **kwargs) -> nn.Module:

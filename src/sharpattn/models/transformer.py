@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..attention import MultiheadAttention, SelectiveConfig
+from ..attention.mha import GATES
 from ..normalizers import get
 
 Tensor = torch.Tensor
@@ -99,6 +100,7 @@ class TransformerConfig:
     selective: str | None = None  # selective temperatures on "q", "v", "qv", ...
     selective_terms: str = "both"  # "both", "token" or "position"
     sharing: bool = False  # weight-sharing token temperature instead of the MLP
+    gate: str | None = None  # gated attention: None, "headwise" or "elementwise" (Qiu et al. 2025)
 
     def __post_init__(self):
         self.layers = parse_layers(self.layers)
@@ -107,6 +109,10 @@ class TransformerConfig:
                 f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}."
             )
         self.selective_config()  # validates the selective options
+        if self.gate not in GATES:
+            raise ValueError(
+                f"gate must be one of {', '.join(map(repr, GATES))}, got {self.gate!r}."
+            )
         get(self.method)  # unknown names fail here, with the list of known ones
         if self.d_model % self.n_heads:
             raise ValueError(
@@ -154,6 +160,7 @@ class Layer(nn.Module):
                 check_finite=False,
                 rotary=cfg.positions == "rotary",
                 selective=cfg.selective_config(),
+                gate=cfg.gate,
                 **cfg.method_params,
             )
         if kind in ("tf", "mlp"):
@@ -182,7 +189,11 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.n_out, bias=False)
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear | nn.Embedding) and ".selective." not in name:
+            # (not the selective temperatures nor the zero-initialised query-dependent maps of
+            # a normalizer's parameters, ASEntmax's: both start at their module's own init)
+            if isinstance(module, nn.Linear | nn.Embedding) and not (
+                ".selective." in name or ".normalizer_projections." in name
+            ):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
 
     @property

@@ -19,11 +19,11 @@ from .softmax import (
     resolve_coefficients,
     softmax,
 )
-from .scaled import length_scaled, ssmax
+from .scaled import length_scaled, llama4_temperature, logn, ssmax
 from .sinks import sink
 from .unnormalised import relu, sigmoid
 from .kernels import power, signed, softpick
-from .sparse import entmax, entmax15, hardmax, sparsemax, topk
+from .sparse import asentmax, entmax, entmax15, hardmax, sparsemax, topk
 from .stick_breaking import stick_breaking
 
 # isort: on
@@ -35,6 +35,7 @@ __all__ = [
     "Param",
     "adaptive",
     "adaptive_beta",
+    "asentmax",
     "available",
     "effective_support",
     "entmax",
@@ -44,6 +45,8 @@ __all__ = [
     "get",
     "hardmax",
     "length_scaled",
+    "llama4_temperature",
+    "logn",
     "markdown_table",
     "masked_softmax",
     "max_weight",

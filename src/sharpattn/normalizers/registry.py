@@ -36,6 +36,9 @@ class Normalizer:
     sums_to_one: bool
     params: tuple[Param, ...] = field(default_factory=tuple)
     fused: str | None = None  # the fused attention path that exists for it, if any
+    #: learnable parameters that MultiheadAttention also makes a linear function of the query's
+    #: input: p_{h,i} = p_h + w_h·x_i, per head h and query i (w initialised to 0)
+    query_dependent: tuple[str, ...] = ()
 
     @property
     def learnable(self) -> tuple[Param, ...]:

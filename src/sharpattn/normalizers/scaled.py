@@ -1,10 +1,16 @@
 """Length-scaled softmax: the inverse temperature grows with log n, so a fixed logit margin keeps
-its winner as n grows (Scalable-Softmax; the position temperature of selective attention).
+its winner as n grows (Scalable-Softmax; the position temperature of selective attention; the
+query scalings of Llama 4 and Qwen).
 
-"n" is the number of allowed keys of the row (:func:`._contract.visible_keys`).
+"n" is the number of allowed keys of the row (:func:`._contract.visible_keys`); under a causal
+mask without padding it is the query's position + 1, the quantity the model codes below use.
+Every β here is a per-row factor on the scores, so the fused attention path multiplies the rows of
+q by it (:mod:`sharpattn.attention.fused`), calling the same β function.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -25,6 +31,41 @@ Tensor = torch.Tensor
 def ssmax_beta(log_n: Tensor, s: float | Tensor) -> Tensor:
     """SSMax's inverse temperature of a row, s·log n (shared with the fused query-scaling path)."""
     return s * log_n
+
+
+def llama4_beta(n: Tensor, floor_scale: float, attn_scale: float) -> Tensor:
+    """Llama 4's attention temperature of a row with n keys, 1 + a·log(1 + ⌊n / F⌋) (shared with the
+    fused query-scaling path). Computed in float64 (n is an exact count, so ⌊n / F⌋ is exact) and
+    returned in n's dtype."""
+    steps = torch.floor(n.to(torch.float64) / float(floor_scale))
+    return (1.0 + float(attn_scale) * torch.log1p(steps)).to(n.dtype)
+
+
+def logn_beta(n: Tensor, train_length: float) -> Tensor:
+    """Qwen's log-n query scale of a row with n keys, max(1, log n / log L) (shared with the fused
+    query-scaling path): 1 up to the training length L, log_L n beyond it. Computed in float64 and
+    returned in n's dtype; rows without a key get 1."""
+    log_l = math.log(float(train_length))
+    return (torch.log(n.to(torch.float64).clamp_min(1.0)) / log_l).clamp_min(1.0).to(n.dtype)
+
+
+def check_llama4(floor_scale, attn_scale) -> None:
+    """floor_scale: a number > 0; attn_scale: a finite number (ValueError otherwise)."""
+    if isinstance(floor_scale, bool) or not isinstance(floor_scale, (int, float)):
+        raise ValueError(f"floor_scale must be a number > 0, got {floor_scale!r}.")
+    if not (math.isfinite(floor_scale) and floor_scale > 0):
+        raise ValueError(f"floor_scale must be a number > 0, got {floor_scale!r}.")
+    if isinstance(attn_scale, bool) or not isinstance(attn_scale, (int, float)):
+        raise ValueError(f"attn_scale must be a finite number, got {attn_scale!r}.")
+    if not math.isfinite(attn_scale):
+        raise ValueError(f"attn_scale must be a finite number, got {attn_scale!r}.")
+
+
+def check_train_length(train_length) -> None:
+    """train_length: a number > 1 (log L is the divisor; ValueError otherwise)."""
+    ok = not isinstance(train_length, bool) and isinstance(train_length, (int, float))
+    if not (ok and math.isfinite(train_length) and train_length > 1):
+        raise ValueError(f"train_length must be a number > 1, got {train_length!r}.")
 
 
 def length_scaled_beta(log_n: Tensor, c: float | Tensor) -> Tensor:
@@ -72,6 +113,56 @@ def length_scaled(
     return finish(masked_softmax(x, allowed, beta), scores)
 
 
+@normalizer
+def llama4_temperature(
+    scores: Tensor,
+    mask: Tensor | None = None,
+    *,
+    floor_scale: float = 8192,
+    attn_scale: float = 0.1,
+    check_finite: bool = True,
+) -> Tensor:
+    """Llama 4's attention temperature tuning: softmax(β(n)·scores), β(n) = 1 + attn_scale·log(1 +
+    ⌊n / floor_scale⌋).
+
+    As Hugging Face transformers' ``Llama4TextAttention`` defines it (``attn_temperature_tuning``,
+    applied to the queries of the NoPE layers): ``attn_scales = log1p(floor((cache_position + 1) /
+    floor_scale)) * attn_scale + 1``, defaults floor_scale = 8192, attn_scale = 0.1 (transformers
+    5.23, ``models/llama4``). There the count is the absolute position + 1 (padding included); here
+    it is n, the row's allowed keys, which is the same under a causal mask without padding.
+    β = 1 for n < floor_scale: the method is softmax up to 8192 keys by default.
+    """
+    check_llama4(floor_scale, attn_scale)
+    x, allowed = prepare(scores, mask, check_finite)
+    beta = llama4_beta(visible_keys(allowed, dtype=x.dtype), floor_scale, attn_scale)
+    return finish(masked_softmax(x, allowed, beta), scores)
+
+
+@normalizer
+def logn(
+    scores: Tensor,
+    mask: Tensor | None = None,
+    *,
+    train_length: float = 2048,
+    check_finite: bool = True,
+) -> Tensor:
+    """Qwen's log-n attention scaling: softmax(β(n)·scores), β(n) = max(1, log n / log L),
+    L = ``train_length``.
+
+    As Qwen(-1)'s Hugging Face model code defines it (``modeling_qwen.py``, ``use_logn_attn``):
+    ``logn_list = [math.log(i, seq_length) if i > seq_length else 1 for i in range(1, 32768)]``,
+    the query at absolute position p multiplied by ``logn_list[p]`` = log_L(p + 1) beyond the
+    training length ``seq_length`` (``QWenConfig`` default 2048), 1 within it. Qwen applies it at
+    inference only (``not self.training``); this normalizer applies it whenever it is called, which
+    changes nothing for rows with n <= L. n is the row's allowed keys (= p + 1 under a causal mask
+    without padding).
+    """
+    check_train_length(train_length)
+    x, allowed = prepare(scores, mask, check_finite)
+    beta = logn_beta(visible_keys(allowed, dtype=x.dtype), train_length)
+    return finish(masked_softmax(x, allowed, beta), scores)
+
+
 register(
     Normalizer(
         name="ssmax",
@@ -94,5 +185,30 @@ register(
             Param("c", 0.0, "log-length coefficient c >= 0 (c = 0 is softmax)", learnable=True),
         ),
         fused="length_scaled",
+    )
+)
+register(
+    Normalizer(
+        name="llama4_temperature",
+        fn=llama4_temperature,
+        formula="softmax over β(n)·s_j, β(n) = 1 + a·log(1 + ⌊n / F⌋) (F = floor_scale, a = attn_scale)",
+        citation="Meta Llama 4 (Hugging Face transformers Llama4TextAttention, attn_temperature_tuning)",
+        sums_to_one=True,
+        params=(
+            Param("floor_scale", 8192, "F: keys per step of the temperature (8192 in Llama 4)"),
+            Param("attn_scale", 0.1, "a: strength of the temperature (0.1 in Llama 4)"),
+        ),
+        fused="llama4_temperature",
+    )
+)
+register(
+    Normalizer(
+        name="logn",
+        fn=logn,
+        formula="softmax over max(1, log n / log L)·s_j (L = train_length)",
+        citation="Qwen (Bai et al. 2023; Qwen-7B modeling_qwen.py, use_logn_attn)",
+        sums_to_one=True,
+        params=(Param("train_length", 2048, "L: the training length (Qwen's seq_length)"),),
+        fused="logn",
     )
 )

@@ -10,10 +10,20 @@ maximum (rows summing to 1/2); on s − max s neither happens.
 
 from __future__ import annotations
 
+import math
+
 import entmax as _entmax
 import torch
+import torch.nn.functional as F
 
-from ._contract import finish, masked_softmax, normalizer, prepare, shift_to_row_max
+from ._contract import (
+    finish,
+    masked_softmax,
+    normalizer,
+    prepare,
+    shift_to_row_max,
+    visible_keys,
+)
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -126,6 +136,83 @@ def entmax15(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool =
     return finish(_zero_disallowed(p, allowed), scores)
 
 
+def asentmax_scale(
+    n: Tensor,
+    beta_pre: float | Tensor,
+    gamma_pre: float | Tensor,
+    delta: float = 1.0,
+    gamma_max: float = 2.0,
+) -> Tensor:
+    """ASEntmax's scale of a row with n keys: θ = δ + softplus(beta_pre)·log(n + 1)^γ,
+    γ = gamma_max·tanh(gamma_pre) (Vasylenko et al. 2026; see :func:`asentmax`).
+
+    ``n`` ``[..., Lq|1, 1]``; the parameters are numbers or tensors broadcastable to it (per head,
+    or per query and head). Rows without a key (n = 0) are given n = 1 (they are zeroed anyway).
+    """
+    dtype = n.dtype
+    b = torch.as_tensor(beta_pre, dtype=dtype, device=n.device)
+    g = torch.as_tensor(gamma_pre, dtype=dtype, device=n.device)
+    log_n1 = torch.log1p(n.clamp_min(1.0))  # >= log 2 > 0, so any real power is finite
+    return delta + F.softplus(b) * torch.pow(log_n1, gamma_max * torch.tanh(g))
+
+
+def _check_asentmax(delta, gamma_max) -> None:
+    for name, value in (("delta", delta), ("gamma_max", gamma_max)):
+        ok = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not (ok and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+
+
+@normalizer
+def asentmax(
+    scores: Tensor,
+    mask: Tensor | None = None,
+    *,
+    beta_pre: float | Tensor = 0.0,
+    gamma_pre: float | Tensor = 0.0,
+    delta: float = 1.0,
+    gamma_max: float = 2.0,
+    alpha: float = 1.5,
+    n_iter: int = 50,
+    check_finite: bool = True,
+) -> Tensor:
+    """Adaptive-Scalable Entmax (Vasylenko, Pitorro, Martins & Treviso, ICLR 2026): α-entmax of
+    θ·scores, θ = δ + β·log(n + 1)^γ, β = softplus(beta_pre), γ = gamma_max·tanh(gamma_pre).
+
+    As the authors' code defines it (deep-spin/asentmax, ``synthetic/src/models/architectures/
+    sparse_gemma.py``, ``attn_scale_type="adapt-softplus-tanh"``, the README's ASEntmax recipe):
+    α = 1.5, δ = ``attn_scale_delta`` = 1, the range of γ ``attn_scale_gamma_range`` = 2, and the
+    query rows multiplied by θ before q·kᵀ/√d. Their log term is log(position + 2) ("positions
+    start at log 2", position 0-based), i.e. log(n + 1) with n the keys a causal query sees; here n
+    is the row's allowed keys (:func:`._contract.visible_keys`), the same without padding.
+
+    There β and γ come from the layer input x_i of query i by a linear map with bias, per head:
+    β_{h,i} = softplus(w_h·x_i + b_h). Here ``beta_pre`` / ``gamma_pre`` are those pre-activations:
+    numbers, per-head tensors ``[1, H, 1, 1]`` (the biases b_h) or per-query tensors
+    ``[B, H, Lq, 1]``. :class:`~sharpattn.attention.MultiheadAttention` makes them per head and
+    adds the linear map of the query's input (``Normalizer.query_dependent``). Defaults 0:
+    β = log 2, γ = 0 (θ = 1 + log 2, no length dependence until trained).
+
+    α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α > 1 by bisection.
+    """
+    _check_alpha(alpha)
+    _check_asentmax(delta, gamma_max)
+    x, allowed = prepare(scores, mask, check_finite)
+    theta = asentmax_scale(
+        visible_keys(allowed, dtype=x.dtype), beta_pre, gamma_pre, delta, gamma_max
+    )
+    big = torch.finfo(x.dtype).max
+    # θ·(s − max s): entmax is shift-invariant, and every entry is <= 0 (θ > 0), so θ·s cannot
+    # overflow; the support threshold is then max − 1/(α − 1) = −1/(α − 1)
+    z = (theta * shift_to_row_max(x, allowed)).clamp(-big, big)
+    z = torch.where(allowed, z, -1.0 / (alpha - 1.0) - 1.0)
+    if not torch.is_tensor(alpha) and alpha == 1.5:
+        p = _entmax.entmax15(z, dim=-1)
+    else:
+        p = _entmax.entmax_bisect(z, alpha, -1, n_iter)
+    return finish(_zero_disallowed(p, allowed), scores)
+
+
 def _zero_disallowed(p: Tensor, allowed: Tensor) -> Tensor:
     return p.masked_fill(~allowed, 0.0).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
 
@@ -179,5 +266,26 @@ register(
             Param("alpha", 1.5, "α > 1 (α → 1: softmax, α = 2: sparsemax)"),
             Param("n_iter", 50, "bisection steps"),
         ),
+    )
+)
+register(
+    Normalizer(
+        name="asentmax",
+        fn=asentmax,
+        formula=(
+            "α-entmax over θ·s_j, θ = δ + softplus(b)·log(n + 1)^{γ_max·tanh(c)} "
+            "(b = beta_pre, c = gamma_pre; per query in MultiheadAttention)"
+        ),
+        citation="Vasylenko, Pitorro, Martins & Treviso, ICLR 2026 (ASEntmax; deep-spin/asentmax)",
+        sums_to_one=True,
+        params=(
+            Param("beta_pre", 0.0, "b: pre-softplus scale β = softplus(b)", learnable=True),
+            Param("gamma_pre", 0.0, "c: pre-tanh exponent γ = γ_max·tanh(c)", learnable=True),
+            Param("delta", 1.0, "δ >= 0: the scale's offset (1 in the paper's code)"),
+            Param("gamma_max", 2.0, "γ_max >= 0: the range of γ (2 in the paper's code)"),
+            Param("alpha", 1.5, "α > 1 (1.5 in the paper)"),
+            Param("n_iter", 50, "bisection steps (α != 1.5 only)"),
+        ),
+        query_dependent=("beta_pre", "gamma_pre"),
     )
 )

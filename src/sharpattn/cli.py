@@ -568,8 +568,8 @@ def _sequence_run(module, name, profile, out, ray_address, methods=None, **optio
 
 @reproduce.command("clrs")
 @profile_options(
-    "2 seeds, 500 steps per algorithm and method (under 10 minutes on 2 cores).",
-    "5 seeds, 4,000 steps, sizes to 64x the training sizes (the default; hours on 2 cores).",
+    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x (under 10 minutes on 2 cores).",
+    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes (the default; hours).",
 )
 @_sequence_options
 @out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
@@ -585,7 +585,7 @@ def reproduce_clrs(profile, out, ray_address, **options):
 
 @cli.command("leaderboard")
 @profile_options(
-    "One task, every method, 2 seeds x 400 steps (under 10 minutes on 2 cores).",
+    "flip_flop, every method, 2 seeds x 600 steps, sizes to 16x (under 10 minutes on 2 cores).",
     "Every synthetic task, every method, 3 seeds (the default; many CPU-hours: see README).",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")

@@ -430,10 +430,15 @@ def auc_of(rows) -> float:
 __all__ = ["Method", "SequenceConfig", "area", "jobs", "methods", "resolve", "run_job", "sweep"]
 
 
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
 def measures(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
     """{(task, method): {seed: measures}} with ``auc`` (:func:`area` of accuracy over the
     evaluated sizes), ``id`` (mean accuracy at the sizes inside the task's training range),
-    ``ood`` (mean accuracy beyond it) and ``largest`` (accuracy at the largest size)."""
+    ``ood`` (mean accuracy beyond it), ``largest`` (accuracy at the largest size), and
+    ``id_token`` / ``ood_token`` (the same means of answer-token accuracy)."""
     out: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -443,11 +448,15 @@ def measures(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict
         hi = task(name).train_sizes[1]
         inside = [r["acc"] for r in rs if r["size"] <= hi]
         beyond = [r["acc"] for r in rs if r["size"] > hi]
+        tok_in = [r["token_acc"] for r in rs if r["size"] <= hi]
+        tok_out = [r["token_acc"] for r in rs if r["size"] > hi]
         out.setdefault((name, method), {})[seed] = {
             "auc": area([r["size"] for r in rs], [r["acc"] for r in rs]),
-            "id": float(np.mean(inside)) if inside else float("nan"),
-            "ood": float(np.mean(beyond)) if beyond else float("nan"),
+            "id": _mean(inside),
+            "ood": _mean(beyond),
             "largest": rs[-1]["acc"],
+            "id_token": _mean(tok_in),
+            "ood_token": _mean(tok_out),
         }
     return out
 

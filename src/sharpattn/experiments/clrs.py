@@ -87,7 +87,8 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             *(e[k][0] for k in keys[2:]), e["ood_token"][2]] for e in table]  # fmt: skip
     md = write_table(folder, "clrs", header, shown, raw)
     seq.plot_curves(folder / "fig8.png", rows, list(cfg.tasks), methods,
-                    "Accuracy against problem size (shaded: training sizes)")  # fmt: skip
+                    "Accuracy against problem size (shaded: training sizes)",
+                    colors={"softmax": "tab:blue", "adaptive": "tab:red"})  # fmt: skip
     plot_bars(folder / "bars.png", table, list(cfg.tasks), methods)
     wins = [
         (t, m)

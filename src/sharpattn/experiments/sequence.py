@@ -162,13 +162,16 @@ def task(name: str):
 
 
 def sizes_of(cfg: SequenceConfig, name: str) -> list[int]:
-    """Evaluation sizes of a task: the configured ones, else the task's own up to
+    """Evaluation sizes of a task: the configured ones, else the powers of two inside its training
+    range and the task's own evaluation sizes up to the first power of two at or above
     ``eval_factor`` × its largest training size."""
     if name in cfg.eval_sizes:
         return sorted({int(s) for s in cfg.eval_sizes[name]})
     t = task(name)
-    top = cfg.eval_factor * t.train_sizes[1]
-    return sorted({s for s in t.eval_sizes if s <= top})
+    lo, hi = t.train_sizes
+    top = 1 << (cfg.eval_factor * hi - 1).bit_length()  # at least eval_factor x, a power of two
+    inside = {2**k for k in range(max(0, lo - 1).bit_length(), hi.bit_length()) if lo <= 2**k <= hi}
+    return sorted({s for s in t.eval_sizes if s <= top} | inside)
 
 
 def train_length(t) -> int:
@@ -492,7 +495,8 @@ def curves(rows, name: str) -> dict[str, tuple[list[int], list[float], list[floa
     return out
 
 
-def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str) -> None:
+def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str,
+                colors: dict[str, str] | None = None) -> None:  # fmt: skip
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
     *Softmax is not Enough* Fig. 8); the legend has a panel of its own."""
@@ -505,7 +509,7 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
         import matplotlib
 
-        cmap = matplotlib.colormaps["tab20"]
+        cmap = matplotlib.colormaps["tab10" if len(methods_) <= 10 else "tab20"]
         bands = len(methods_) <= 4
         for i, name in enumerate(names):
             ax = axes[i // cols][i % cols]
@@ -516,7 +520,7 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
                 if method not in data:
                     continue
                 sizes, mean, sd = data[method]
-                color = cmap(j % 20)
+                color = (colors or {}).get(method, cmap(j % cmap.N))
                 ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color)
                 if bands:
                     low = [m - s for m, s in zip(mean, sd, strict=True)]

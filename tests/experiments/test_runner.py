@@ -4,7 +4,6 @@ the report kit; and max-retrieval resuming after a real ``kill -9``."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from processes import kill_9_once_written, sharpattn
 from sharpattn.experiments import report, runner
 from sharpattn.experiments.runner import MetricsLog, RunFolder, Trainer
 
@@ -205,27 +205,14 @@ def test_markdown_table_csv_and_report(tmp_path):
 # --- every reproduce command resumes after kill -9: max retrieval -------------------------------
 
 
-def _cli(*args) -> subprocess.Popen:
-    code = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
 def test_max_retrieval_resumes_after_kill_9(tmp_path):
     args = ["reproduce", "max-retrieval", "--quick", "--seeds", "2", "--group", "2", "--steps",
             "400", "--sizes", "16,64", "--test-sets", "200", "--checkpoint-every", "50",
             "--threads", "1"]  # fmt: skip
-    assert _cli(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
-    proc = _cli(*args, "--out", str(tmp_path / "b"))
-    ckpt = tmp_path / "b" / "train" / "seeds0-1" / "checkpoint.safetensors"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)  # mid-training, after a checkpoint
-    proc.wait(timeout=30)
-    assert proc.returncode == -9, "the run ended before it could be killed"
-    assert _cli(*args, "--out", str(tmp_path / "b")).wait(timeout=300) == 0  # resumes
+    assert sharpattn(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
+    proc = sharpattn(*args, "--out", str(tmp_path / "b"))
+    kill_9_once_written(proc, tmp_path / "b" / "train" / "seeds0-1" / "checkpoint.safetensors")
+    assert sharpattn(*args, "--out", str(tmp_path / "b")).wait(timeout=300) == 0  # resumes
     a = json.loads((tmp_path / "a" / "table1.json").read_text())
     b = json.loads((tmp_path / "b" / "table1.json").read_text())
     assert a == b

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
+from processes import kill_9_once_written, sharpattn
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import leaderboard
@@ -128,32 +129,13 @@ def test_mistakes_are_one_sentence_exit_2(tmp_path, capsys, args, words):
 
 
 def test_leaderboard_resumes_after_kill_9_with_the_same_numbers(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    def cli(out):
-        code = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
-        args = ["leaderboard", "--quick", "--methods", "softmax", "--seeds", "1", "--steps", "300",
-                "--checkpoint-every", "40", "--eval-factor", "2", "--eval-sets", "8",
-                "--workers", "1", "--out", str(out)]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-    assert cli(tmp_path / "a").wait(timeout=300) == 0
-    proc = cli(tmp_path / "b")
-    ckpt = tmp_path / "b" / "train" / "flip_flop" / "softmax" / "seed0" / "checkpoint.safetensors"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)  # mid-training, after a checkpoint
-    proc.wait(timeout=30)
-    assert proc.returncode == -9, "the run ended before it could be killed"
-    assert cli(tmp_path / "b").wait(timeout=300) == 0  # resumes
-    for name in ("leaderboard.csv", "accuracy.md"):
+    args = ["leaderboard", "--quick", "--methods", "softmax", "--seeds", "1", "--steps", "300",
+            "--checkpoint-every", "40", "--eval-factor", "2", "--eval-sets", "8",
+            "--workers", "1"]  # fmt: skip
+    assert sharpattn(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
+    proc = sharpattn(*args, "--out", str(tmp_path / "b"))
+    run = "train/flip_flop/softmax/seed0"
+    kill_9_once_written(proc, tmp_path / "b" / run / "checkpoint.safetensors")
+    assert sharpattn(*args, "--out", str(tmp_path / "b")).wait(timeout=300) == 0  # resumes
+    for name in ("leaderboard.csv", "accuracy.md", f"{run}/metrics.jsonl"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
-    metrics = "train/flip_flop/softmax/seed0/metrics.jsonl"
-    assert (tmp_path / "a" / metrics).read_text() == (tmp_path / "b" / metrics).read_text()

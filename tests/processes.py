@@ -1,0 +1,32 @@
+"""The `sharpattn` command in a real process, killed with SIGKILL mid-run: the resume tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_MAIN = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def sharpattn(*args: str) -> subprocess.Popen:
+    """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", _MAIN, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:
+    """``kill -9`` ``proc`` as soon as ``path`` exists (a checkpoint: mid-run, after it); fails
+    if the process ended first or never wrote it."""
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    assert proc.returncode == -9, f"the run ended before it could be killed: {err}"
+    assert Path(path).exists(), "killed before it wrote a checkpoint"

@@ -6,8 +6,9 @@
    (self included) are 4, 3, 3, 3, 2, 2, 2, 1. Model: unit-norm token embeddings, one attention
    layer with one head, a linear classifier on the last position; Adam, lr 1e-4, cross-entropy.
    Vanilla vs query temperature (App. A: "a scaling parameter to each group of nodes that share
-   the same number of neighbors": τ_q = 1 + tanh(γ_g), the feature-based token temperature on the
-   one-hot group feature) and the base SSA query temperature (MLP token term).
+   the same number of neighbors": τ_q = e^{γ_g}, the feature-based token temperature on the
+   one-hot group feature with the uncapped "exp" activation; ``query_activation="tanh"`` gives
+   the capped τ_q = 1 + tanh(γ_g) ∈ (0, 2) of before) and the weight-sharing query temperature.
 2. Denoising (Sec. 4.3, Table 2). d = K = 8, q ~ U[K], y = e_q; x_i = e_q + z_i with probability
    1/4 else z_i (i < L), x_L = e_q + z_L, z ~ N(0, σ²I); loss E‖y − ŷ/‖ŷ‖‖². One attention layer,
    one head, read at the last token. Vanilla vs value-selective (the paper's proxy
@@ -51,6 +52,7 @@ from torch import nn
 from .. import normalizers as nz
 from ..attention import SelectiveConfig, selective_attend
 from ..attention.selective import Temperature, parameter_overhead, selective_parameter_count
+from ..diagnostics import qk_operator_norm, spikiness
 from . import report
 from .runner import Progress, RunFolder, Trainer, emit, generator, once, seeded, threads
 from .runs import write_atomic, write_json
@@ -204,11 +206,14 @@ class GraphEnsemble(OneHeadEnsemble):
 
     Variants: ``vanilla``; ``selective``: App. A's "scaling parameter for each group of nodes
     that share the same number of neighbors", i.e. the feature-based query temperature
-    τ_q = 1 + tanh(γ·onehot(group)); ``selective (weight sharing)``: the paper's weight-sharing
-    query temperature τ_q = 1 + tanh(w·GELU(q)). No position term: every query is at position N.
+    τ_q = 1 + act(γ·onehot(group)); ``selective (weight sharing)``: the paper's weight-sharing
+    query temperature τ_q = 1 + act(w·GELU(q)). No position term: every query is at position N.
+    ``activation`` "exp" (default): 1 + act(f) = e^f, an unrestricted positive scale, 1 at
+    initialisation (γ = 0); "tanh": the paper's Sec. 3 form, τ_q ∈ (0, 2).
     """
 
-    def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier"):
+    def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier",
+                 activation: str = "exp"):  # fmt: skip
         super().__init__(d, d, members, task=GRAPH)
         if readout not in ("classifier", "pointer"):
             raise ValueError(f"readout must be 'classifier' or 'pointer', got {readout!r}.")
@@ -221,11 +226,12 @@ class GraphEnsemble(OneHeadEnsemble):
         self.groups = sorted(set(counts.tolist()))
         onehot = F.one_hot(torch.tensor([self.groups.index(c) for c in counts.tolist()]))
         self.register_buffer("group_features", onehot.float())  # [N, groups]
-        cfg = SelectiveConfig("q", token="feature", num_features=len(self.groups), terms="token")
+        cfg = SelectiveConfig("q", token="feature", num_features=len(self.groups), terms="token",
+                              activation=activation)  # fmt: skip
         self.tau_group = Temperature(d, max(1, self.count("selective")), d, cfg)
         heads = max(1, self.count("selective (weight sharing)"))
         self.tau_shared = Temperature(
-            d, heads, d, SelectiveConfig("q", sharing=True, terms="token")
+            d, heads, d, SelectiveConfig("q", sharing=True, terms="token", activation=activation)
         )
 
     def embeddings(self, seqs: torch.Tensor) -> torch.Tensor:
@@ -270,6 +276,8 @@ class GraphConfig:
     seeds: int = 5
     variants: tuple[str, ...] = GRAPH_VARIANTS
     readouts: tuple[str, ...] = ("classifier", "pointer")
+    # τ_q = e^γ (uncapped, App. A's unrestricted per-group scale) or 1 + tanh(γ) ∈ (0, 2)
+    query_activation: str = "exp"
 
 
 @torch.no_grad()
@@ -284,6 +292,8 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     tau = model.query_temperature(seqs, q)[:, :, 0]  # (N queries, E)
     entropy = nz.entropy(p_star).mean().item()  # H(P*)
     counts = (p_star > 0).sum(-1)
+    spiky = spikiness(w)  # (N queries, E): Fig. 2's ‖s‖₁ / (‖s‖₂²·L), L = N keys
+    w_norm = qk_operator_norm(model.wq, model.wk)  # (E,): ‖W_q·W_kᵀ‖₂ (biases not included)
     out = []
     for i, (variant, seed) in enumerate(model.members):
         logp = torch.log_softmax(logits[:, i].double(), -1)
@@ -303,6 +313,9 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
                     int(c): tau[counts == c, i].mean().item() for c in sorted(set(counts.tolist()))
                 },
                 p_hat=p_hat.tolist(),
+                spikiness=spiky[:, i].mean().item(),  # mean over the N queries
+                qk_norm=w_norm[i].item(),
+                effective_qk_norm=(tau[:, i].double() * w_norm[i]).mean().item(),  # E_q τ_q·‖W‖
             )
         )
     return out
@@ -324,7 +337,7 @@ def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str =
     ``folder``; one metrics dict per member. Seed s draws its sequences from its own stream,
     whatever the other seeds and variants."""
     members = [(v, s) for v in cfg.variants for s in seeds]
-    model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout)
+    model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout, activation=cfg.query_activation)
     group = torch.tensor([seeds.index(s) for _, s in members])  # member -> its data stream
     p_star = graph_transition(cfg.n)
     data = {s: generator(s, GRAPH, _DATA) for s in seeds}
@@ -761,6 +774,62 @@ def lm_evaluate(model, val: torch.Tensor, context: int, tokens: int, batch: int 
     return float(total) / (n * context)
 
 
+@torch.no_grad()
+def lm_fig2(model, val: torch.Tensor, context: int, tokens: int = 1000) -> dict:
+    """Fig. 2's two measures on the first ``tokens`` validation characters (windows of
+    ``context``, as the paper's "first 1000 tokens of Wikitext"), mean over layers:
+
+    - spikiness ‖s‖₁/(‖s‖₂²·n) of every causal attention row (n = keys the row sees), mean over
+      rows, heads and windows (1 = uniform, 1/n = one-hot; the paper: 0.39 vanilla, 0.26 SSA);
+    - ‖W‖ = ‖W_q,h·W_k,hᵀ‖₂ per head (q_proj, k_proj rows of head h; without biases, rotation
+      and the 1/√d_head scale, which every variant shares), mean over heads, and the effective
+      τ_q·‖W‖ per query token (Sec. 4.1: W_a = τ(a)·W), mean over tokens and heads (paper:
+      ‖W‖ about 3× smaller with query temperatures).
+    """
+    from ..attention import MultiheadAttention
+    from ..diagnostics import capture
+
+    n = max(1, math.ceil(tokens / context))
+    windows = torch.stack([val[i * context : (i + 1) * context] for i in range(n)])
+    attn = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    taus: dict[int, torch.Tensor] = {}
+    hooks = [
+        m.selective["q"].register_forward_hook(lambda _m, _a, out, i=i: taus.__setitem__(i, out))
+        for i, m in enumerate(attn)
+        if m.selective is not None and "q" in m.selective
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        with capture(model) as cap:
+            model(windows)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    layers = sorted(int(k.split(".")[1]) for k in cap.names() if k.endswith(".attn.weights"))
+    if len(layers) != len(attn):
+        raise ValueError("lm_fig2 needs one attention module per layer.")
+    visible = torch.arange(1, context + 1, dtype=torch.float64)
+    spiky, norms, effective = [], [], []
+    for i, m in enumerate(attn):
+        w = cap[f"layers.{layers[i]}.attn.weights"]  # (B, H, L, L), 0 above the diagonal
+        spiky.append(spikiness(w, visible).mean().item())
+        h, hd = m.num_heads, m.head_dim
+        wq = m.q_proj.weight.view(h, hd, -1).transpose(1, 2)  # (H, d, hd)
+        wk = m.k_proj.weight.view(m.num_kv_heads, hd, -1).transpose(1, 2)
+        wk = wk.repeat_interleave(h // m.num_kv_heads, dim=0)
+        norm = qk_operator_norm(wq, wk)  # (H,)
+        norms.append(norm.mean().item())
+        tau = taus.get(i)
+        tau = torch.ones(1, h, 1, dtype=torch.float64) if tau is None else tau.double()
+        effective.append((tau * norm.view(1, h, 1)).mean().item())
+    return dict(spikiness=float(np.mean(spiky)), qk_norm=float(np.mean(norms)),
+                effective_qk_norm=float(np.mean(effective)), spikiness_by_layer=spiky,
+                qk_norm_by_layer=norms, effective_qk_norm_by_layer=effective,
+                tokens=n * context)  # fmt: skip
+
+
 def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
              progress: Progress | None = None, stop_at: int | None = None,
              checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
@@ -802,6 +871,7 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
             first_train_loss=float(np.mean(losses[:10])),
             last_train_loss=float(np.mean(losses[-50:])),
             added_parameters=overhead.added, base_parameters=overhead.base,
+            fig2=lm_fig2(model, val, cfg.context),
         )  # fmt: skip
 
     return finish(trainer, stop_at, evaluate)

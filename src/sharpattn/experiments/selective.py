@@ -67,6 +67,10 @@ PAPER = {  # as printed in the paper
     },
     "denoise": {"vanilla": "1.390", "selective (threshold)": "0.071", "naive mean": "2.058",
                 "Bayes (oracle)": "0.003"},
+    # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
+    # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
+    "fig2": {"spikiness": {"vanilla": "0.39", "selective": "0.26"},
+             "norm_ratio": "≈ 3 (vanilla / SSA)"},
 }  # fmt: skip
 
 GRAPH_EDGES = ((0, 1), (0, 2), (0, 3), (1, 4), (2, 5), (3, 6))
@@ -527,6 +531,7 @@ def _compare(values, baseline) -> list[tuple[float, float, float]]:
 
 
 GRAPH_METRICS = ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_sum")
+FIG2_METRICS = ("spikiness", "qk_norm", "effective_qk_norm")
 
 
 def summarize_graph(runs: list[dict], variants) -> list[dict]:
@@ -540,6 +545,10 @@ def summarize_graph(runs: list[dict], variants) -> list[dict]:
         row = dict(variant=v, seeds=len(rs))
         for key, (m, sd, p) in zip(GRAPH_METRICS, _compare(table(rs), table(base)), strict=True):
             row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+        if all(k in r for r in rs + base for k in FIG2_METRICS):  # runs before Fig. 2 lack them
+            fig2 = lambda rs: [[r[k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
+            for key, (m, sd, p) in zip(FIG2_METRICS, _compare(fig2(rs), fig2(base)), strict=True):
+                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
         groups = sorted(rs[0]["tau_by_group"], key=int)
         row["tau_by_group"] = {
             int(c): float(np.mean([r["tau_by_group"][c] for r in rs])) for c in groups
@@ -625,6 +634,14 @@ def graph_markdown(rows) -> str:
         + [f"{r['tau_by_group'][c]:.3f} / {1 / r['tau_by_group'][c]:.3f}" for r in sel_rows]
         for c in sorted(paper["temperature"])
     ]
+    # τ_q trades against ‖W‖ (only τ_q·W_q·W_kᵀ enters the scores), so the scale-free comparison
+    # is each group's temperature relative to the 4-neighbour group's
+    p4 = float(paper["temperature"][4])
+    temperature += [
+        [c, "ratio to the 4-neighbour group", f"{float(paper['temperature'][c]) / p4:.3g}"]
+        + [f"{r['tau_by_group'][4] / r['tau_by_group'][c]:.3g}" for r in sel_rows]
+        for c in sorted(paper["temperature"])
+    ]
     tau_header = ["neighbours (incl. self)", "nodes", "paper temperature"] + [
         f"{r['variant']} ({r['readout']}): τ_q / 1/τ_q" for r in sel_rows
     ]
@@ -632,7 +649,27 @@ def graph_markdown(rows) -> str:
         report.markdown_table(header, main, "ll" + "r" * 7)
         + "\n"
         + report.markdown_table(tau_header, temperature, "rlr" + "r" * len(sel_rows))
+        + ("\n" + fig2_markdown(rows, "graph") if all("spikiness" in r for r in rows) else "")
     )
+
+
+def fig2_markdown(rows, task: str) -> str:
+    """Fig. 2's measures per variant (mean ± sd over seeds, paired p against vanilla)."""
+    paper = PAPER["fig2"]
+    header = (["readout"] if task == "graph" else []) + [
+        "variant", "spikiness ‖s‖₁/(‖s‖₂²·L)", "‖W_q·W_kᵀ‖₂", "τ_q·‖W_q·W_kᵀ‖₂",
+        "vanilla / this ‖W‖", "paper spikiness"]  # fmt: skip
+    body = []
+    for r in rows:
+        van = next(
+            v for v in rows if v["variant"] == "vanilla" and v.get("readout") == r.get("readout")
+        )
+        key = "vanilla" if r["variant"] == "vanilla" else "selective"
+        cells = [_fmt(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
+        body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
+                    f"{van['effective_qk_norm'] / r['effective_qk_norm']:.2f}",
+                    paper["spikiness"][key]])  # fmt: skip
+    return report.markdown_table(header, body)
 
 
 def denoise_markdown(rows, main_sigma: float) -> str:
@@ -890,6 +927,11 @@ def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
         for c, (m, sd, p) in zip(contexts, _compare(table(rs), table(vanilla if paired else rs)),
                                  strict=True):  # fmt: skip
             row[f"loss_{c}"], row[f"sd_{c}"], row[f"p_{c}"] = m, sd, p
+        if all("fig2" in r for r in rs + vanilla):  # runs before Fig. 2 lack it
+            fig2 = lambda rs: [[r["fig2"][k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
+            base = vanilla if paired else rs
+            for key, (m, sd, p) in zip(FIG2_METRICS, _compare(fig2(rs), fig2(base)), strict=True):
+                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
         rows.append(row)
     return rows
 
@@ -1075,6 +1117,8 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
         result.update(lm=lm_rows, lm_runs=lm_runs, lm_vocab=len(vocab), paper_lm=PAPER_LM,
                       lm_train_chars=len(train), lm_val_chars=len(val))  # fmt: skip
         tables["lm"] = lm_markdown(lm_rows, lc.eval_contexts)
+        if all("spikiness" in r for r in lm_rows):
+            tables["lm"] += "\n" + fig2_markdown(lm_rows, "lm")
         result["lm_seconds"] = time.perf_counter() - t1
 
     for name, md in tables.items():
@@ -1110,9 +1154,18 @@ makes the attention map itself the prediction (g = P̂_q), so training pulls P̂
 
 {graph_markdown(result["graph"])}
 
-The paper's Table 1 reports a "temperature" that falls with fewer neighbours; sparser rows need a
-larger inverse temperature τ, so we list τ_q and 1/τ_q. The paper does not say how its values are
-scaled.
+Query temperature per neighbour group: τ_q = {"e^γ (uncapped; γ = 0 at initialisation)" if gc.query_activation == "exp" else "1 + tanh(γ) ∈ (0, 2) (capped)"}.
+The paper's Table 1 reports a "temperature" that falls with fewer neighbours ("lower temperatures
+... receive a sparser attention map"), i.e. the temperature 1/τ of the softmax, not the inverse
+temperature τ that multiplies the scores; we list τ_q and 1/τ_q. Only τ_q·W_q·W_kᵀ enters the
+scores, so τ_q's overall scale trades against ‖W‖; the ratio rows (each group's 1/τ_q divided by
+the 4-neighbour group's) are the scale-free comparison. Adam moves γ by about lr per step, so
+after S steps e^γ is within e^(±lr·S) of 1 (here e^(±{gc.lr * gc.steps:g})).
+
+Fig. 2's measures on the same models: spikiness ‖s‖₁/(‖s‖₂²·L) of the attention rows (mean over the
+N queries; 1 = uniform, 1/N = one-hot; P* itself scores 0.3125), ‖W_q·W_kᵀ‖₂ and the effective
+τ_q·‖W_q·W_kᵀ‖₂ (Sec. 4.1: W_a = τ(a)·W; mean over queries). The paper's Fig. 2 (0.39 vs 0.26,
+‖W‖ ≈ 3× smaller with SSA) is measured on Pythia, not on this task.
 
 {"".join(report.image(f"graph_{ro}.png", f"{ro} readout: P* and P̂, learned 1/τ_q") for ro in gc.readouts)}""")
     if "denoise" in result:
@@ -1163,5 +1216,13 @@ mean over every position of non-overlapping windows (about {lc.eval_tokens:,} ch
 context); contexts above {lc.context} were never seen in training.
 
 {lm_markdown(result["lm"], contexts)}
+
+Fig. 2's measures (the paper: Pythia pre-trained from scratch, the first 1000 Wikitext tokens;
+spikiness 0.39 vanilla vs 0.26 SSA, ‖W‖ ≈ 3× smaller with SSA), on the first 1,024 validation
+characters (windows of {lc.context}): spikiness ‖s‖₁/(‖s‖₂²·n) of every causal attention row (n =
+keys it sees), ‖W_q,h·W_k,hᵀ‖₂ per head and the effective τ_q·‖W‖ per query token, means over
+rows / tokens, heads and layers (rotation and the 1/√d_head scale left out: every variant has them).
+
+{fig2_markdown(result["lm"], "lm") if all("spikiness" in r for r in result["lm"]) else "(not recorded by these runs)"}
 
 {report.image("lm.png", "Validation loss against evaluation context (mean ± sd over seeds)")}"""

@@ -417,7 +417,7 @@ def fit_temperature(run, sizes, sets, no_eval):
 @click.option(
     "--lm-variants",
     default=None,
-    help="LM variants, e.g. vanilla,q:both,qv:token (default: all ten; --quick: four).",
+    help="LM variants, e.g. vanilla,q:both,qv:token (default: all twelve, k:both and kqv:both included; --quick: four).",
 )
 @click.option(
     "--checkpoint-every",

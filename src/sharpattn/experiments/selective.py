@@ -658,7 +658,7 @@ def fig2_markdown(rows, task: str) -> str:
     paper = PAPER["fig2"]
     header = (["readout"] if task == "graph" else []) + [
         "variant", "spikiness ‖s‖₁/(‖s‖₂²·L)", "‖W_q·W_kᵀ‖₂", "τ_q·‖W_q·W_kᵀ‖₂",
-        "vanilla / this ‖W‖", "paper spikiness"]  # fmt: skip
+        "vanilla / this: ‖W‖ (τ_q·‖W‖)", "paper spikiness"]  # fmt: skip
     body = []
     for r in rows:
         van = next(
@@ -667,7 +667,8 @@ def fig2_markdown(rows, task: str) -> str:
         key = "vanilla" if r["variant"] == "vanilla" else "selective"
         cells = [_fmt(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
         body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
-                    f"{van['effective_qk_norm'] / r['effective_qk_norm']:.2f}",
+                    f"{van['qk_norm'] / r['qk_norm']:.2f} "
+                    f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
                     paper["spikiness"][key]])  # fmt: skip
     return report.markdown_table(header, body)
 
@@ -702,10 +703,15 @@ PAPER_LM = {  # variant: (Pythia ppl, GPT-2 ppl)
     "v · both": ("27.980", "35.857"), "v · position": ("28.342", "36.320"),
     "v · token": ("27.975", "35.617"),
     "qv · both": ("26.514", "34.618"),
+    "k · both": ("28.715", "36.443"), "kqv · both": ("26.603", "34.609"),  # Table 5
 }  # fmt: skip
 
-LM_VARIANTS = ("vanilla",) + tuple(
-    f"{t} · {terms}" for t in ("q", "v", "qv") for terms in ("both", "token", "position")
+# Table 6's q / v × terms grid, then Table 5's key rows (key temperatures "similar to, or even
+# worse than" vanilla; K, Q, V together about as good as Q, V)
+LM_VARIANTS = (
+    ("vanilla",)
+    + tuple(f"{t} · {terms}" for t in ("q", "v", "qv") for terms in ("both", "token", "position"))
+    + ("k · both", "kqv · both")
 )
 
 
@@ -717,8 +723,8 @@ def lm_variant(name: str) -> str:
     )
     if canonical not in LM_VARIANTS:
         raise ValueError(
-            f"unknown language-model variant {name!r}: use vanilla or q|v|qv:both|token|position "
-            "(e.g. qv:both)."
+            f"unknown language-model variant {name!r}: use vanilla, q|v|qv:both|token|position, "
+            "k:both or kqv:both (e.g. qv:both)."
         )
     return canonical
 

@@ -24,7 +24,8 @@ computed exactly from the N sequences "all other tokens, then q".
    are Wikitext fine-tuning perplexities of Pythia-160m / GPT-2): tiny Shakespeare characters,
    the tiny transformer of :mod:`sharpattn.models.transformer` with 4 layers, d = 128, rotary
    positions, trained at context 256; vanilla vs selective temperatures on q, v, qv with the
-   token term, the position term or both; validation loss at 256, 512 and 1024 characters. The
+   token term, the position term or both, and on k and k, q, v with both (Table 5); validation
+   loss at 256, 512 and 1024 characters, and Fig. 2's spikiness and ‖W_q·W_kᵀ‖. The
    text is read from ``--text`` (default ``../shared/data/tinyshakespeare.txt`` beside the
    source checkout); it is not shipped with the package (1 MB).
 
@@ -662,12 +663,13 @@ def fig2_markdown(rows, task: str) -> str:
     body = []
     for r in rows:
         van = next(
-            v for v in rows if v["variant"] == "vanilla" and v.get("readout") == r.get("readout")
+            (v for v in rows if v["variant"] == "vanilla" and v.get("readout") == r.get("readout")),
+            None,
         )
         key = "vanilla" if r["variant"] == "vanilla" else "selective"
         cells = [_fmt(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
         body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
-                    f"{van['qk_norm'] / r['qk_norm']:.2f} "
+                    "–" if van is None else f"{van['qk_norm'] / r['qk_norm']:.2f} "
                     f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
                     paper["spikiness"][key]])  # fmt: skip
     return report.markdown_table(header, body)

@@ -220,7 +220,7 @@ def test_graph_task_default_is_the_uncapped_scale(tmp_path):
     capped = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
     with torch.no_grad():
         capped.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
-    assert float(capped.query_temperature(seqs, torch.zeros(8, 1, 1, 8)).max()) < 2
+    assert float(capped.query_temperature(seqs, torch.zeros(8, 1, 1, 8)).detach().max()) < 2
     cfg = exp.ReproduceConfig(tasks=("graph",))
     exp.RunFolder(
         tmp_path / "r", "reproduce selective", exp.asdict(cfg), identity=exp._identity(cfg)

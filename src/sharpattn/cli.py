@@ -465,7 +465,7 @@ def corollary_b1(run, pairs, seeds):
 @click.option(
     "--lm-variants",
     default=None,
-    help="LM variants, e.g. vanilla,q:both,qv:token (default: all ten; --quick: four).",
+    help="LM variants, e.g. vanilla,q:both,qv:token (default: all twelve, k:both and kqv:both included; --quick: four).",
 )
 @click.option(
     "--checkpoint-every",

@@ -40,8 +40,9 @@ def test_default_text_path_is_the_shared_corpus():
 def test_variants_parse():
     assert exp.lm_variant("qv:both") == exp.lm_variant("qv · both") == "qv · both"
     assert exp.lm_variant(" vanilla ") == "vanilla"
-    assert len(exp.LM_VARIANTS) == 10
-    for bad in ("k:both", "q", "qv:tok", "q:both:x"):
+    assert exp.lm_variant("kqv:both") == "kqv · both" and exp.lm_variant("k-both") == "k · both"
+    assert len(exp.LM_VARIANTS) == 12  # vanilla, q/v/qv × both/token/position, k and kqv · both
+    for bad in ("k:token", "q", "qv:tok", "q:both:x", "vk:both"):
         with pytest.raises(ValueError, match="variant"):
             exp.lm_variant(bad)
 
@@ -52,7 +53,7 @@ def test_paired_models_start_identical_and_run_at_4x_context(corpus):
     idx = train[: 4 * cfg.context].view(1, -1)  # 4x the training context
     vanilla = exp.lm_model(cfg, len(vocab), "vanilla", seed=3)(idx)
     assert vanilla.shape == (1, 4 * cfg.context, len(vocab))
-    for variant in ("q · both", "v · position", "qv · token"):
+    for variant in ("q · both", "v · position", "qv · token", "k · both", "kqv · both"):
         model = exp.lm_model(cfg, len(vocab), variant, seed=3)
         assert exp.parameter_overhead(model).added > 0
         # identical weights; at init τ − 1 = c₀·log n ≈ 5.1e-6·log 128 (a model difference, not
@@ -91,4 +92,4 @@ def test_cli_missing_text_exits_2(tmp_path, capsys):
     assert "no text file" in err and str(missing) in err and "\n" not in err
     assert not (tmp_path / "run").exists()  # failed before creating the run folder
     assert main(["reproduce", "selective", "--tasks", "lm,x", "--out", str(tmp_path / "r")]) == 2
-    assert main(["reproduce", "selective", "--lm-variants", "k:both"]) == 2
+    assert main(["reproduce", "selective", "--lm-variants", "k:token"]) == 2

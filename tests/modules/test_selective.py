@@ -171,6 +171,66 @@ def test_token_temperatures_match_numpy():
     assert out[0, :, 0].tolist() == [1.0, -1.0, 0.0]
 
 
+def test_exp_activation_is_uncapped_and_identity_at_init():
+    """activation="exp": τ_tok = e^f − 1, so with terms="token" τ = e^f (any positive value, the
+    graph task's unrestricted per-group scale); τ = 1 at f = 0; "tanh" stays below 2."""
+    g = torch.Generator().manual_seed(3)
+    phi = torch.randn(2, 5, 3, generator=g, dtype=torch.float64) * 4
+    gamma = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    f = np.einsum("blf,hf->bhl", phi.numpy(), gamma.numpy())
+    got = sel.token_temperature_feature(phi, gamma, "exp")
+    # expm1 of a 3-term dot product: relative error of the sum times |f| (up to ~30 here)
+    assert_close(got, np.expm1(f), n=3, magnitude=float(np.abs(f).max()) * float(np.exp(f).max()))
+    cfg = SelectiveConfig("q", token="feature", num_features=3, terms="token", activation="exp")
+    t = sel.Temperature(4, 2, 2, cfg, dtype=torch.float64)
+    n = torch.ones(1, 1, 1, dtype=torch.float64)
+    assert torch.equal(t(n, features=phi), torch.ones(2, 2, 5, dtype=torch.float64))  # γ = 0
+    with torch.no_grad():
+        t.gamma.copy_(gamma)
+    tau = t(n, features=phi).detach()
+    assert_close(tau, np.exp(f), n=3, magnitude=float(np.abs(f).max()) * float(np.exp(f).max()))
+    assert float(tau.max()) > 2 and float(tau.min()) > 0  # beyond tanh's cap, still positive
+    with torch.no_grad():  # the capped form: τ = 1 + tanh(f) < 2 whatever f
+        capped = sel.Temperature(
+            4,
+            2,
+            2,
+            SelectiveConfig("q", token="feature", num_features=3, terms="token"),
+            dtype=torch.float64,
+        )
+        capped.gamma.copy_(gamma * 100)
+    assert float(capped(n, features=phi).detach().max()) <= 2.0
+    with pytest.raises(ValueError, match="activation must be one of"):
+        SelectiveConfig("q", activation="relu")
+
+
+def test_graph_task_default_is_the_uncapped_scale(tmp_path):
+    """GraphConfig's default query temperature is e^γ per group (1 at initialisation); the capped
+    1 + tanh(γ) form stays available; the two are different run configurations."""
+    from sharpattn.experiments import selective as exp
+
+    assert exp.GraphConfig().query_activation == "exp"
+    model = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
+    with torch.no_grad():
+        model.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
+    seqs = exp.canonical_sequences(8).unsqueeze(1)
+    tau = model.query_temperature(seqs, torch.zeros(8, 1, 1, 8))[:, 0, 0]
+    groups = [model.groups.index(int(c)) for c in (exp.graph_transition(8) > 0).sum(-1)]
+    assert_close(tau, np.exp([[6.0, 3.0, 1.0, 0.0][g] for g in groups]), dtype=torch.float32)
+    capped = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
+    with torch.no_grad():
+        capped.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
+    assert float(capped.query_temperature(seqs, torch.zeros(8, 1, 1, 8)).detach().max()) < 2
+    cfg = exp.ReproduceConfig(tasks=("graph",))
+    exp.RunFolder(
+        tmp_path / "r", "reproduce selective", exp.asdict(cfg), identity=exp._identity(cfg)
+    )
+    other = exp.replace(cfg, graph=exp.replace(cfg.graph, query_activation="tanh"))
+    with pytest.raises(ValueError):
+        exp.RunFolder(tmp_path / "r", "reproduce selective", exp.asdict(other),
+                      identity=exp._identity(other))  # fmt: skip
+
+
 @pytest.mark.parametrize("impl", ["auto", "naive"])
 @pytest.mark.parametrize(
     "case",

@@ -8,7 +8,8 @@ Principled Context Control* (NeurIPS 2024), Definition 1 and Sec. 3:
 with one scalar τ per token and head (rows of Q, K, V are scaled), and
 
     τ(x_n)      = τ_tok(x_n) + τ_pos(n)
-    τ_tok(x)    = tanh(f(x))
+    τ_tok(x)    = tanh(f(x))        (activation "tanh", the paper's σ; τ_tok ∈ (−1, 1))
+                = e^{f(x)} − 1      (activation "exp", uncapped: with terms="token", τ = e^{f(x)})
     τ_pos(n)    = 1 + c·log n,   c = σ(α) (paper) or c = e^{−e^β} (the authors' code)
 
 ``f`` comes in three forms (``token=``):
@@ -65,6 +66,7 @@ from .masking import Masking
 Tensor = torch.Tensor
 
 TOKEN_FORMS = ("mlp", "shared", "feature")
+ACTIVATIONS = ("tanh", "exp")
 TERMS = ("both", "token", "position")
 POSITION_PARAMS = ("exp", "sigmoid")
 # Initial position coefficient c₀ = e^{−e^β₀}: ours (β₀ = 2.5) and the authors' code's (β = 2).
@@ -130,26 +132,40 @@ def key_positions(lk: int, *, key_mask: Tensor | None = None, device=None) -> Te
     return key_mask.to(torch.float32).cumsum(-1).unsqueeze(1)
 
 
-def token_temperature_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None):
+def token_activation(f: Tensor, activation: str = "tanh") -> Tensor:
+    """τ_tok from f: tanh(f) (the paper's, in (−1, 1): 1 + τ_tok < 2, so 1/τ > 1/2) or
+    e^f − 1 (``"exp"``: 1 + τ_tok = e^f takes any positive value; both are 0 at f = 0)."""
+    if activation == "tanh":
+        return torch.tanh(f)
+    if activation == "exp":
+        return torch.expm1(f)
+    raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}.")
+
+
+def token_temperature_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None,
+                          activation: str = "tanh"):  # fmt: skip
     """τ_tok = tanh(W₂·GELU(W₁x + b₁) + b₂): x ``[B, L, d]`` -> ``[B, heads, L]``."""
     f = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)  # (B, L, heads)
-    return torch.tanh(f).transpose(1, 2)
+    return token_activation(f, activation).transpose(1, 2)
 
 
-def token_temperature_shared(proj: Tensor, w: Tensor) -> Tensor:
+def token_temperature_shared(proj: Tensor, w: Tensor, activation: str = "tanh") -> Tensor:
     """τ_tok = tanh(w_h·GELU(x·W_h)) with the head's own projection: proj ``[B, heads, L, hd]``,
     w ``[heads, hd]`` -> ``[B, heads, L]``."""
-    return torch.tanh(torch.einsum("bhld,hd->bhl", F.gelu(proj), w.to(proj.dtype)))
+    f = torch.einsum("bhld,hd->bhl", F.gelu(proj), w.to(proj.dtype))
+    return token_activation(f, activation)
 
 
-def token_temperature_feature(features: Tensor, gamma: Tensor) -> Tensor:
+def token_temperature_feature(features: Tensor, gamma: Tensor, activation: str = "tanh") -> Tensor:
     """τ_tok = tanh(γ_h·φ): features ``[B, L]``, ``[B, L, F]`` or per head ``[B, heads, L, F]``,
     γ ``[heads, F]`` -> ``[B, heads, L]``."""
     if features.dim() == 2:
         features = features.unsqueeze(-1)
     if features.dim() == 4:
-        return torch.tanh(torch.einsum("bhlf,hf->bhl", features.to(gamma.dtype), gamma))
-    return torch.tanh(torch.einsum("blf,hf->bhl", features.to(gamma.dtype), gamma))
+        f = torch.einsum("bhlf,hf->bhl", features.to(gamma.dtype), gamma)
+    else:
+        f = torch.einsum("blf,hf->bhl", features.to(gamma.dtype), gamma)
+    return token_activation(f, activation)
 
 
 def selective_attend(
@@ -209,6 +225,8 @@ class SelectiveConfig:
     position_param: "exp" (c = e^{−e^β}, the authors' code) or "sigmoid" (c = σ(α), the paper).
     position_init: initial position coefficient c₀ (default e^{−e^2.5} ≈ 5.1e-6; the authors'
         code: ``AUTHORS_C0`` = e^{−e²} ≈ 6.2e-4).
+    activation: τ_tok = tanh(f) ("tanh", the paper's) or e^f − 1 ("exp": no upper cap, so with
+        terms="token" τ = e^f is any positive number); both give τ_tok = 0 at f = 0.
     """
 
     targets: str = "qv"
@@ -219,6 +237,7 @@ class SelectiveConfig:
     num_features: int = 1
     position_param: str = "exp"
     position_init: float | None = None
+    activation: str = "tanh"
 
     def __post_init__(self):
         t = self.targets
@@ -236,6 +255,10 @@ class SelectiveConfig:
             raise ValueError(
                 f"position_param must be one of {', '.join(POSITION_PARAMS)}, "
                 f"got {self.position_param!r}."
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}."
             )
         if self.hidden is not None and self.hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}.")
@@ -274,6 +297,7 @@ class Temperature(nn.Module):
         config = SelectiveConfig() if config is None else config
         factory = {"device": device, "dtype": dtype}
         self.token, self.position_param = config.token_form, config.position_param
+        self.activation = config.activation
         self.num_heads = num_heads
         if self.token == "mlp":
             hidden = config.hidden or max(1, embed_dim // 2)
@@ -311,20 +335,20 @@ class Temperature(nn.Module):
             if x is None:
                 raise ValueError("the MLP token temperature needs the layer input x [B, L, d].")
             return token_temperature_mlp(
-                x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+                x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation
             )
         if self.token == "shared":
             if proj is None:
                 raise ValueError(
                     "the shared token temperature needs the projections [B, H, L, hd]."
                 )
-            return token_temperature_shared(proj, self.w)
+            return token_temperature_shared(proj, self.w, self.activation)
         if self.token == "feature":
             if features is None:
                 raise ValueError(
                     "the feature-based token temperature needs token_features [B, L(, F)]."
                 )
-            return token_temperature_feature(features, self.gamma)
+            return token_temperature_feature(features, self.gamma, self.activation)
         return None
 
     def forward(self, n: Tensor, x=None, proj=None, features=None) -> Tensor:

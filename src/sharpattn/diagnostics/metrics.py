@@ -6,8 +6,11 @@ Extreme tokens (Guo et al., Active-Dormant Attention Heads, Fig. 25 and §1): si
 Ā_j = (1/(n−j)) Σ_{i≥j} A_ij, sink tokens = the top-2 by Ā, value-state drain
 ‖Val_sink‖ / mean ‖Val_other‖, residual-state peak ‖Res_sink‖ / mean ‖Res_other‖, and active vs
 dormant heads by the change in loss when a head's output is zeroed (that test runs the model:
-:func:`sharpattn.diagnostics.capture.head_ablation`). Pure functions of tensors; nothing here
-imports the capture machinery.
+:func:`sharpattn.diagnostics.capture.head_ablation`).
+Selective attention (Zhang et al., Sec. 4.1, Fig. 2): spikiness ‖s‖₁ / (‖s‖₂²·L) of a weight row
+over its L visible keys (1 = uniform, 1/L = one-hot) and the operator norm of the combined
+query-key matrix W = W_q·W_kᵀ per head. Pure functions of tensors; nothing here imports the
+capture machinery.
 """
 
 from __future__ import annotations
@@ -85,6 +88,34 @@ def sink_mass(weights: Tensor, queries: str = "after") -> Tensor:
     total = (weights.double() * lower).sum(dim=-2)
     count = torch.arange(n, 0, -1, device=weights.device, dtype=torch.float64)  # n − j
     return total / count
+
+
+def spikiness(weights: Tensor, visible: Tensor | int | None = None) -> Tensor:
+    """‖s‖₁ / (‖s‖₂²·L) per row ``[..., Lq]`` of weights ``[..., Lq, Lk]`` (Zhang et al., Fig. 2):
+    1 for a uniform row over its L keys, 1/L for a one-hot row; smaller is spikier.
+
+    ``visible``: L per row (broadcastable to ``[..., Lq]``, e.g. ``arange(1, Lq + 1)`` under a
+    causal mask, where masked weights are 0); default ``Lk``. Computed in float64.
+    """
+    w = weights.double()
+    n = weights.shape[-1] if visible is None else torch.as_tensor(visible, device=w.device)
+    if bool((torch.as_tensor(n) < 1).any()):
+        raise ValueError("spikiness needs at least one visible key per row.")
+    return w.abs().sum(-1) / (w.square().sum(-1) * n)
+
+
+def qk_operator_norm(wq: Tensor, wk: Tensor) -> Tensor:
+    """‖W_q,h·W_k,hᵀ‖₂ (largest singular value) per head (Zhang et al., Lemma 1 / Fig. 2).
+
+    ``wq``, ``wk``: ``[..., d, hd]`` (columns = one head's query / key features, e.g. a
+    ``nn.Linear`` weight's rows of head h, transposed) -> ``[...]``, float64.
+    """
+    if wq.shape != wk.shape:
+        raise ValueError(
+            f"W_q and W_k must have one shape, got {tuple(wq.shape)} and {tuple(wk.shape)}."
+        )
+    w = wq.double() @ wk.double().transpose(-1, -2)  # (..., d, d)
+    return torch.linalg.matrix_norm(w, ord=2)
 
 
 def sink_tokens(mass: Tensor, k: int = 2) -> Tensor:

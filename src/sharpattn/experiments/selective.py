@@ -6,8 +6,9 @@
    (self included) are 4, 3, 3, 3, 2, 2, 2, 1. Model: unit-norm token embeddings, one attention
    layer with one head, a linear classifier on the last position; Adam, lr 1e-4, cross-entropy.
    Vanilla vs query temperature (App. A: "a scaling parameter to each group of nodes that share
-   the same number of neighbors": τ_q = 1 + tanh(γ_g), the feature-based token temperature on the
-   one-hot group feature) and the base SSA query temperature (MLP token term).
+   the same number of neighbors": τ_q = e^{γ_g}, the feature-based token temperature on the
+   one-hot group feature with the uncapped "exp" activation; ``query_activation="tanh"`` gives
+   the capped τ_q = 1 + tanh(γ_g) ∈ (0, 2) of before) and the weight-sharing query temperature.
 2. Denoising (Sec. 4.3, Table 2). d = K = 8, q ~ U[K], y = e_q; x_i = e_q + z_i with probability
    1/4 else z_i (i < L), x_L = e_q + z_L, z ~ N(0, σ²I); loss E‖y − ŷ/‖ŷ‖‖². One attention layer,
    one head, read at the last token. Vanilla vs value-selective (the paper's proxy
@@ -23,7 +24,8 @@ computed exactly from the N sequences "all other tokens, then q".
    are Wikitext fine-tuning perplexities of Pythia-160m / GPT-2): tiny Shakespeare characters,
    the tiny transformer of :mod:`sharpattn.models.transformer` with 4 layers, d = 128, rotary
    positions, trained at context 256; vanilla vs selective temperatures on q, v, qv with the
-   token term, the position term or both; validation loss at 256, 512 and 1024 characters. The
+   token term, the position term or both, and on k and k, q, v with both (Table 5); validation
+   loss at 256, 512 and 1024 characters, and Fig. 2's spikiness and ‖W_q·W_kᵀ‖. The
    text is read from ``--text`` (default ``../shared/data/tinyshakespeare.txt`` beside the
    source checkout); it is not shipped with the package (1 MB).
 
@@ -51,6 +53,7 @@ from torch import nn
 from .. import normalizers as nz
 from ..attention import SelectiveConfig, selective_attend
 from ..attention.selective import Temperature, parameter_overhead, selective_parameter_count
+from ..diagnostics import qk_operator_norm, spikiness
 from . import report
 from .runner import Progress, RunFolder, Trainer, emit, generator, once, seeded, threads
 from .runs import write_atomic, write_json
@@ -65,6 +68,10 @@ PAPER = {  # as printed in the paper
     },
     "denoise": {"vanilla": "1.390", "selective (threshold)": "0.071", "naive mean": "2.058",
                 "Bayes (oracle)": "0.003"},
+    # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
+    # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
+    "fig2": {"spikiness": {"vanilla": "0.39", "selective": "0.26"},
+             "norm_ratio": "≈ 3 (vanilla / SSA)"},
 }  # fmt: skip
 
 GRAPH_EDGES = ((0, 1), (0, 2), (0, 3), (1, 4), (2, 5), (3, 6))
@@ -204,11 +211,14 @@ class GraphEnsemble(OneHeadEnsemble):
 
     Variants: ``vanilla``; ``selective``: App. A's "scaling parameter for each group of nodes
     that share the same number of neighbors", i.e. the feature-based query temperature
-    τ_q = 1 + tanh(γ·onehot(group)); ``selective (weight sharing)``: the paper's weight-sharing
-    query temperature τ_q = 1 + tanh(w·GELU(q)). No position term: every query is at position N.
+    τ_q = 1 + act(γ·onehot(group)); ``selective (weight sharing)``: the paper's weight-sharing
+    query temperature τ_q = 1 + act(w·GELU(q)). No position term: every query is at position N.
+    ``activation`` "exp" (default): 1 + act(f) = e^f, an unrestricted positive scale, 1 at
+    initialisation (γ = 0); "tanh": the paper's Sec. 3 form, τ_q ∈ (0, 2).
     """
 
-    def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier"):
+    def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier",
+                 activation: str = "exp"):  # fmt: skip
         super().__init__(d, d, members, task=GRAPH)
         if readout not in ("classifier", "pointer"):
             raise ValueError(f"readout must be 'classifier' or 'pointer', got {readout!r}.")
@@ -221,11 +231,12 @@ class GraphEnsemble(OneHeadEnsemble):
         self.groups = sorted(set(counts.tolist()))
         onehot = F.one_hot(torch.tensor([self.groups.index(c) for c in counts.tolist()]))
         self.register_buffer("group_features", onehot.float())  # [N, groups]
-        cfg = SelectiveConfig("q", token="feature", num_features=len(self.groups), terms="token")
+        cfg = SelectiveConfig("q", token="feature", num_features=len(self.groups), terms="token",
+                              activation=activation)  # fmt: skip
         self.tau_group = Temperature(d, max(1, self.count("selective")), d, cfg)
         heads = max(1, self.count("selective (weight sharing)"))
         self.tau_shared = Temperature(
-            d, heads, d, SelectiveConfig("q", sharing=True, terms="token")
+            d, heads, d, SelectiveConfig("q", sharing=True, terms="token", activation=activation)
         )
 
     def embeddings(self, seqs: torch.Tensor) -> torch.Tensor:
@@ -270,6 +281,8 @@ class GraphConfig:
     seeds: int = 5
     variants: tuple[str, ...] = GRAPH_VARIANTS
     readouts: tuple[str, ...] = ("classifier", "pointer")
+    # τ_q = e^γ (uncapped, App. A's unrestricted per-group scale) or 1 + tanh(γ) ∈ (0, 2)
+    query_activation: str = "exp"
 
 
 @torch.no_grad()
@@ -284,6 +297,8 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     tau = model.query_temperature(seqs, q)[:, :, 0]  # (N queries, E)
     entropy = nz.entropy(p_star).mean().item()  # H(P*)
     counts = (p_star > 0).sum(-1)
+    spiky = spikiness(w)  # (N queries, E): Fig. 2's ‖s‖₁ / (‖s‖₂²·L), L = N keys
+    w_norm = qk_operator_norm(model.wq, model.wk)  # (E,): ‖W_q·W_kᵀ‖₂ (biases not included)
     out = []
     for i, (variant, seed) in enumerate(model.members):
         logp = torch.log_softmax(logits[:, i].double(), -1)
@@ -303,6 +318,9 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
                     int(c): tau[counts == c, i].mean().item() for c in sorted(set(counts.tolist()))
                 },
                 p_hat=p_hat.tolist(),
+                spikiness=spiky[:, i].mean().item(),  # mean over the N queries
+                qk_norm=w_norm[i].item(),
+                effective_qk_norm=(tau[:, i].double() * w_norm[i]).mean().item(),  # E_q τ_q·‖W‖
             )
         )
     return out
@@ -324,7 +342,7 @@ def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str =
     ``folder``; one metrics dict per member. Seed s draws its sequences from its own stream,
     whatever the other seeds and variants."""
     members = [(v, s) for v in cfg.variants for s in seeds]
-    model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout)
+    model = GraphEnsemble(cfg.n, cfg.d, members, readout=readout, activation=cfg.query_activation)
     group = torch.tensor([seeds.index(s) for _, s in members])  # member -> its data stream
     p_star = graph_transition(cfg.n)
     data = {s: generator(s, GRAPH, _DATA) for s in seeds}
@@ -514,6 +532,7 @@ def _compare(values, baseline) -> list[tuple[float, float, float]]:
 
 
 GRAPH_METRICS = ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_sum")
+FIG2_METRICS = ("spikiness", "qk_norm", "effective_qk_norm")
 
 
 def summarize_graph(runs: list[dict], variants) -> list[dict]:
@@ -527,6 +546,10 @@ def summarize_graph(runs: list[dict], variants) -> list[dict]:
         row = dict(variant=v, seeds=len(rs))
         for key, (m, sd, p) in zip(GRAPH_METRICS, _compare(table(rs), table(base)), strict=True):
             row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+        if all(k in r for r in rs + base for k in FIG2_METRICS):  # runs before Fig. 2 lack them
+            fig2 = lambda rs: [[r[k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
+            for key, (m, sd, p) in zip(FIG2_METRICS, _compare(fig2(rs), fig2(base)), strict=True):
+                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
         groups = sorted(rs[0]["tau_by_group"], key=int)
         row["tau_by_group"] = {
             int(c): float(np.mean([r["tau_by_group"][c] for r in rs])) for c in groups
@@ -612,6 +635,14 @@ def graph_markdown(rows) -> str:
         + [f"{r['tau_by_group'][c]:.3f} / {1 / r['tau_by_group'][c]:.3f}" for r in sel_rows]
         for c in sorted(paper["temperature"])
     ]
+    # τ_q trades against ‖W‖ (only τ_q·W_q·W_kᵀ enters the scores), so the scale-free comparison
+    # is each group's temperature relative to the 4-neighbour group's
+    p4 = float(paper["temperature"][4])
+    temperature += [
+        [c, "ratio to the 4-neighbour group", f"{float(paper['temperature'][c]) / p4:.3g}"]
+        + [f"{r['tau_by_group'][4] / r['tau_by_group'][c]:.3g}" for r in sel_rows]
+        for c in sorted(paper["temperature"])
+    ]
     tau_header = ["neighbours (incl. self)", "nodes", "paper temperature"] + [
         f"{r['variant']} ({r['readout']}): τ_q / 1/τ_q" for r in sel_rows
     ]
@@ -619,7 +650,29 @@ def graph_markdown(rows) -> str:
         report.markdown_table(header, main, "ll" + "r" * 7)
         + "\n"
         + report.markdown_table(tau_header, temperature, "rlr" + "r" * len(sel_rows))
+        + ("\n" + fig2_markdown(rows, "graph") if all("spikiness" in r for r in rows) else "")
     )
+
+
+def fig2_markdown(rows, task: str) -> str:
+    """Fig. 2's measures per variant (mean ± sd over seeds, paired p against vanilla)."""
+    paper = PAPER["fig2"]
+    header = (["readout"] if task == "graph" else []) + [
+        "variant", "spikiness ‖s‖₁/(‖s‖₂²·L)", "‖W_q·W_kᵀ‖₂", "τ_q·‖W_q·W_kᵀ‖₂",
+        "vanilla / this: ‖W‖ (τ_q·‖W‖)", "paper spikiness"]  # fmt: skip
+    body = []
+    for r in rows:
+        van = next(
+            (v for v in rows if v["variant"] == "vanilla" and v.get("readout") == r.get("readout")),
+            None,
+        )
+        key = "vanilla" if r["variant"] == "vanilla" else "selective"
+        cells = [_fmt(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
+        body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
+                    "–" if van is None else f"{van['qk_norm'] / r['qk_norm']:.2f} "
+                    f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
+                    paper["spikiness"][key]])  # fmt: skip
+    return report.markdown_table(header, body)
 
 
 def denoise_markdown(rows, main_sigma: float) -> str:
@@ -652,10 +705,15 @@ PAPER_LM = {  # variant: (Pythia ppl, GPT-2 ppl)
     "v · both": ("27.980", "35.857"), "v · position": ("28.342", "36.320"),
     "v · token": ("27.975", "35.617"),
     "qv · both": ("26.514", "34.618"),
+    "k · both": ("28.715", "36.443"), "kqv · both": ("26.603", "34.609"),  # Table 5
 }  # fmt: skip
 
-LM_VARIANTS = ("vanilla",) + tuple(
-    f"{t} · {terms}" for t in ("q", "v", "qv") for terms in ("both", "token", "position")
+# Table 6's q / v × terms grid, then Table 5's key rows (key temperatures "similar to, or even
+# worse than" vanilla; K, Q, V together about as good as Q, V)
+LM_VARIANTS = (
+    ("vanilla",)
+    + tuple(f"{t} · {terms}" for t in ("q", "v", "qv") for terms in ("both", "token", "position"))
+    + ("k · both", "kqv · both")
 )
 
 
@@ -667,8 +725,8 @@ def lm_variant(name: str) -> str:
     )
     if canonical not in LM_VARIANTS:
         raise ValueError(
-            f"unknown language-model variant {name!r}: use vanilla or q|v|qv:both|token|position "
-            "(e.g. qv:both)."
+            f"unknown language-model variant {name!r}: use vanilla, q|v|qv:both|token|position, "
+            "k:both or kqv:both (e.g. qv:both)."
         )
     return canonical
 
@@ -761,6 +819,62 @@ def lm_evaluate(model, val: torch.Tensor, context: int, tokens: int, batch: int 
     return float(total) / (n * context)
 
 
+@torch.no_grad()
+def lm_fig2(model, val: torch.Tensor, context: int, tokens: int = 1000) -> dict:
+    """Fig. 2's two measures on the first ``tokens`` validation characters (windows of
+    ``context``, as the paper's "first 1000 tokens of Wikitext"), mean over layers:
+
+    - spikiness ‖s‖₁/(‖s‖₂²·n) of every causal attention row (n = keys the row sees), mean over
+      rows, heads and windows (1 = uniform, 1/n = one-hot; the paper: 0.39 vanilla, 0.26 SSA);
+    - ‖W‖ = ‖W_q,h·W_k,hᵀ‖₂ per head (q_proj, k_proj rows of head h; without biases, rotation
+      and the 1/√d_head scale, which every variant shares), mean over heads, and the effective
+      τ_q·‖W‖ per query token (Sec. 4.1: W_a = τ(a)·W), mean over tokens and heads (paper:
+      ‖W‖ about 3× smaller with query temperatures).
+    """
+    from ..attention import MultiheadAttention
+    from ..diagnostics import capture
+
+    n = max(1, math.ceil(tokens / context))
+    windows = torch.stack([val[i * context : (i + 1) * context] for i in range(n)])
+    attn = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    taus: dict[int, torch.Tensor] = {}
+    hooks = [
+        m.selective["q"].register_forward_hook(lambda _m, _a, out, i=i: taus.__setitem__(i, out))
+        for i, m in enumerate(attn)
+        if m.selective is not None and "q" in m.selective
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        with capture(model) as cap:
+            model(windows)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    layers = sorted(int(k.split(".")[1]) for k in cap.names() if k.endswith(".attn.weights"))
+    if len(layers) != len(attn):
+        raise ValueError("lm_fig2 needs one attention module per layer.")
+    visible = torch.arange(1, context + 1, dtype=torch.float64)
+    spiky, norms, effective = [], [], []
+    for i, m in enumerate(attn):
+        w = cap[f"layers.{layers[i]}.attn.weights"]  # (B, H, L, L), 0 above the diagonal
+        spiky.append(spikiness(w, visible).mean().item())
+        h, hd = m.num_heads, m.head_dim
+        wq = m.q_proj.weight.view(h, hd, -1).transpose(1, 2)  # (H, d, hd)
+        wk = m.k_proj.weight.view(m.num_kv_heads, hd, -1).transpose(1, 2)
+        wk = wk.repeat_interleave(h // m.num_kv_heads, dim=0)
+        norm = qk_operator_norm(wq, wk)  # (H,)
+        norms.append(norm.mean().item())
+        tau = taus.get(i)
+        tau = torch.ones(1, h, 1, dtype=torch.float64) if tau is None else tau.double()
+        effective.append((tau * norm.view(1, h, 1)).mean().item())
+    return dict(spikiness=float(np.mean(spiky)), qk_norm=float(np.mean(norms)),
+                effective_qk_norm=float(np.mean(effective)), spikiness_by_layer=spiky,
+                qk_norm_by_layer=norms, effective_qk_norm_by_layer=effective,
+                tokens=n * context)  # fmt: skip
+
+
 def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
              progress: Progress | None = None, stop_at: int | None = None,
              checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
@@ -802,6 +916,7 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
             first_train_loss=float(np.mean(losses[:10])),
             last_train_loss=float(np.mean(losses[-50:])),
             added_parameters=overhead.added, base_parameters=overhead.base,
+            fig2=lm_fig2(model, val, cfg.context),
         )  # fmt: skip
 
     return finish(trainer, stop_at, evaluate)
@@ -820,6 +935,11 @@ def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
         for c, (m, sd, p) in zip(contexts, _compare(table(rs), table(vanilla if paired else rs)),
                                  strict=True):  # fmt: skip
             row[f"loss_{c}"], row[f"sd_{c}"], row[f"p_{c}"] = m, sd, p
+        if all("fig2" in r for r in rs + vanilla):  # runs before Fig. 2 lack it
+            fig2 = lambda rs: [[r["fig2"][k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
+            base = vanilla if paired else rs
+            for key, (m, sd, p) in zip(FIG2_METRICS, _compare(fig2(rs), fig2(base)), strict=True):
+                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
         rows.append(row)
     return rows
 
@@ -1005,6 +1125,8 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
         result.update(lm=lm_rows, lm_runs=lm_runs, lm_vocab=len(vocab), paper_lm=PAPER_LM,
                       lm_train_chars=len(train), lm_val_chars=len(val))  # fmt: skip
         tables["lm"] = lm_markdown(lm_rows, lc.eval_contexts)
+        if all("spikiness" in r for r in lm_rows):
+            tables["lm"] += "\n" + fig2_markdown(lm_rows, "lm")
         result["lm_seconds"] = time.perf_counter() - t1
 
     for name, md in tables.items():
@@ -1040,9 +1162,18 @@ makes the attention map itself the prediction (g = P̂_q), so training pulls P̂
 
 {graph_markdown(result["graph"])}
 
-The paper's Table 1 reports a "temperature" that falls with fewer neighbours; sparser rows need a
-larger inverse temperature τ, so we list τ_q and 1/τ_q. The paper does not say how its values are
-scaled.
+Query temperature per neighbour group: τ_q = {"e^γ (uncapped; γ = 0 at initialisation)" if gc.query_activation == "exp" else "1 + tanh(γ) ∈ (0, 2) (capped)"}.
+The paper's Table 1 reports a "temperature" that falls with fewer neighbours ("lower temperatures
+... receive a sparser attention map"), i.e. the temperature 1/τ of the softmax, not the inverse
+temperature τ that multiplies the scores; we list τ_q and 1/τ_q. Only τ_q·W_q·W_kᵀ enters the
+scores, so τ_q's overall scale trades against ‖W‖; the ratio rows (each group's 1/τ_q divided by
+the 4-neighbour group's) are the scale-free comparison. Adam moves γ by about lr per step, so
+after S steps e^γ is within e^(±lr·S) of 1 (here e^(±{gc.lr * gc.steps:g})).
+
+Fig. 2's measures on the same models: spikiness ‖s‖₁/(‖s‖₂²·L) of the attention rows (mean over the
+N queries; 1 = uniform, 1/N = one-hot; P* itself scores 0.3125), ‖W_q·W_kᵀ‖₂ and the effective
+τ_q·‖W_q·W_kᵀ‖₂ (Sec. 4.1: W_a = τ(a)·W; mean over queries). The paper's Fig. 2 (0.39 vs 0.26,
+‖W‖ ≈ 3× smaller with SSA) is measured on Pythia, not on this task.
 
 {"".join(report.image(f"graph_{ro}.png", f"{ro} readout: P* and P̂, learned 1/τ_q") for ro in gc.readouts)}""")
     if "denoise" in result:
@@ -1093,5 +1224,13 @@ mean over every position of non-overlapping windows (about {lc.eval_tokens:,} ch
 context); contexts above {lc.context} were never seen in training.
 
 {lm_markdown(result["lm"], contexts)}
+
+Fig. 2's measures (the paper: Pythia pre-trained from scratch, the first 1000 Wikitext tokens;
+spikiness 0.39 vanilla vs 0.26 SSA, ‖W‖ ≈ 3× smaller with SSA), on the first 1,024 validation
+characters (windows of {lc.context}): spikiness ‖s‖₁/(‖s‖₂²·n) of every causal attention row (n =
+keys it sees), ‖W_q,h·W_k,hᵀ‖₂ per head and the effective τ_q·‖W‖ per query token, means over
+rows / tokens, heads and layers (rotation and the 1/√d_head scale left out: every variant has them).
+
+{fig2_markdown(result["lm"], "lm") if all("spikiness" in r for r in result["lm"]) else "(not recorded by these runs)"}
 
 {report.image("lm.png", "Validation loss against evaluation context (mean ± sd over seeds)")}"""

@@ -499,12 +499,12 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
                 colors: dict[str, str] | None = None) -> None:  # fmt: skip
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
-    *Softmax is not Enough* Fig. 8); the legend has a panel of its own."""
+    *Softmax is not Enough* Fig. 8); the legend has a panel of its own where the grid has one free."""
     from .report import figure
 
-    panels = len(names) + 1
-    cols = min(4, panels)
-    nrows = math.ceil(panels / cols)
+    cols = min(4, len(names))
+    nrows = math.ceil(len(names) / cols)
+    spare_panel = len(names) % cols != 0  # the legend's own panel, else on the first one
     size = (3.8 * cols, 3.0 * nrows + 0.4)
     with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
         import matplotlib
@@ -534,6 +534,11 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
         for k in range(len(names), nrows * cols):
             axes[k // cols][k % cols].axis("off")
         handles, labels = axes[0][0].get_legend_handles_labels()
-        spare = axes[len(names) // cols][len(names) % cols]
-        spare.legend(handles, labels, loc="center", fontsize=7, ncol=1 + len(labels) // 14,
-                     title=title, title_fontsize=8, frameon=False)  # fmt: skip
+        if spare_panel:
+            spare = axes[len(names) // cols][len(names) % cols]
+            spare.legend(handles, labels, loc="center", fontsize=7, ncol=1 + len(labels) // 14,
+                         title=title, title_fontsize=8, frameon=False)  # fmt: skip
+        else:
+            axes[0][0].legend(handles, labels, loc="upper right", fontsize=6,
+                              ncol=1 + len(labels) // 14)  # fmt: skip
+            fig.suptitle(title, fontsize=9)

@@ -224,7 +224,7 @@ def test_max_retrieval_resumes_after_kill_9(tmp_path):
 
 _SIGINT_CHILD = """
 import sys, torch
-sys.path[:0] = [{tests!r}]
+sys.path[:0] = [{tests!r}, {helpers!r}]
 from test_runner import _toy
 from sharpattn.experiments import runner
 torch.set_num_threads(1)
@@ -244,7 +244,8 @@ def test_ctrl_c_at_any_moment_checkpoints_a_state_an_uninterrupted_run_passes(tm
     """SIGINT is held during a training step, so the checkpoint Ctrl-C writes is the state after
     a whole step: resuming it to step N gives the uninterrupted run's numbers at step N."""
     folder = tmp_path / "killed"
-    code = _SIGINT_CHILD.format(tests=str(Path(__file__).parent), folder=str(folder))
+    here = Path(__file__).parent  # test_runner, and the helpers beside conftest (processes.py)
+    code = _SIGINT_CHILD.format(tests=str(here), helpers=str(here.parent), folder=str(folder))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(delay)

@@ -1,0 +1,145 @@
+"""Issue 15 items 5-8 on Bigram-Backcopy: the studies, Prop. B.0, sink-logit concentration,
+interventions on layer 0, SGD momentum and the medium profile."""
+
+import numpy as np
+import pytest
+import torch
+
+from precision import assert_close
+from sharpattn.cli import main
+from sharpattn.experiments import backcopy as bb
+from sharpattn.experiments import backcopy_studies as bs
+from sharpattn.experiments.backcopy_theory import prop_b0_gradient, prop_b0_simulation
+from sharpattn.models.transformer import Transformer
+from sharpattn.tasks.bigram_backcopy import BigramBackcopy
+
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
+
+
+@pytest.fixture(scope="module")
+def task():
+    return BigramBackcopy.tiny_shakespeare()
+
+
+def np_prop_b0(optimizer, steps, lr=0.3, m0=1.0, b1=0.9, b2=0.999, wd=1e-8, eps=1e-8):
+    """Adam with decoupled weight decay (Loshchilov & Hutter) and SGD written out in float64."""
+    m, mom, var = m0, 0.0, 0.0
+    out = [m0]
+    for t in range(1, steps + 1):
+        g = -np.log(t) / (np.sqrt(t) * m**3)
+        if optimizer == "sgd":
+            m = m - lr * g
+        else:
+            m = m * (1 - lr * wd)
+            mom = b1 * mom + (1 - b1) * g
+            var = b2 * var + (1 - b2) * g * g
+            m = m - lr * (mom / (1 - b1**t)) / (np.sqrt(var / (1 - b2**t)) + eps)
+        out.append(m)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_prop_b0_simulation_matches_numpy(optimizer):
+    # float64, 300 steps of a handful of operations each: rounding grows to ~300·10·eps·|m|
+    # (|m| ≤ 100), far below 1e-9 relative
+    got = prop_b0_simulation(optimizer, 300)
+    want = np_prop_b0(optimizer, 300)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
+    assert prop_b0_gradient(2.0, 1) == 0.0  # log 1 = 0
+    assert_close(prop_b0_gradient(2.0, 4), -np.log(4) / (2 * 8), dtype=torch.float64, n=3)
+
+
+def test_prop_b0_adam_outgrows_sgd():
+    # the claim of Fig. 15, at 2,000 steps: SGD moves m by lr·log t/(√t m³) (m⁴ ~ √t log t),
+    # Adam by about lr·g/√(mean g²), which keeps m growing: 13.5 vs 5.0 here
+    adam, sgd = prop_b0_simulation("adam", 2000), prop_b0_simulation("sgd", 2000)
+    assert adam[-1] > 2 * sgd[-1] and np.all(np.diff(adam[1:]) > 0)
+    f, curves = bb.finding_7(steps=2000, fit_from=200)
+    assert f.number == 7 and f.verdict in ("reproduced", "partly reproduced")
+    np.testing.assert_array_equal(curves["adam"], adam)
+    with pytest.raises(ValueError, match="optimizer"):
+        prop_b0_simulation("lion", 10)
+
+
+def test_sink_logit_stats_by_hand():
+    # one sequence, T = 4; queries 1, 2, 3 all selected; tokens 7, 9, 7 at positions 1..3
+    s = torch.tensor(
+        [[[0.0, 0, 0, 0], [3.0, 1.0, 0, 0], [5.0, 1.0, 3.0, 0], [4.0, 0.0, 2.0, 1.0]]]
+    )
+    tokens = torch.tensor([[64, 7, 9, 7]])
+    q = torch.tensor([[True, True, True, True]])  # position 0 is dropped whatever it says
+    # token 7: BOS logits 3, 4 → 3.5; Δ: 3 − 1 = 2, 4 − 1 = 3 → 2.5. token 9: BOS 5, Δ 5 − 2 = 3
+    c = bb.sink_logit_stats(s, tokens, q)
+    assert c["tokens"] == 2
+    assert_close(c["bos_logit_mean"], 4.25, dtype=torch.float64, n=4)
+    assert_close(c["bos_logit_std"], 0.75, dtype=torch.float64, n=4)
+    assert_close(c["delta_mean"], 2.75, dtype=torch.float64, n=4)
+    assert_close(c["rel_spread"], 0.75 / 2.75, dtype=torch.float64, n=4)
+    # keys after the query stored as -inf (as capture does) change nothing
+    masked = s.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), -np.inf)
+    assert bb.sink_logit_stats(masked, tokens, q) == c
+
+
+def test_zeroing_layer_0_leaves_the_embeddings_as_its_output(task):
+    torch.manual_seed(0)
+    cfg = bb.RunConfig(layers="attn+mlp+attn+mlp+mlp", d_model=16, seq_len=12, n_measure=2)
+    m = Transformer(cfg.model_config(task))
+    x = task.sample(3, 12, seed=1)
+    zero = ("layers.0.attn", "layers.0.mlp")
+    got = bb.measure(m, task, x, zero)
+    assert "layers.0.attn.delta_logit" not in got and "layers.1.attn.delta_logit" in got
+    h = (m.tok_emb.weight[x] + m.pos_emb.weight[:12]).detach().double().norm(dim=-1)  # (B, T)
+    # float32 embeddings of 16 entries: norm relative error ≲ 16·eps32
+    assert_close(got["layers.0.res_bos"], float(h[:, 0].mean()), dtype=torch.float32, n=16)
+    assert_close(got["layers.0.res_other"], float(h[:, 1:].mean()), dtype=torch.float32, n=16)
+    full = bb.measure(m, task, x)
+    assert full["layers.0.res_bos"] != got["layers.0.res_bos"]
+
+
+def test_sgd_momentum(task):
+    cfg = bb.RunConfig(optimizer="sgd", momentum=0.9, d_model=16, seq_len=8)
+    opt = bb.make_optimizer(cfg, bb.build_model(cfg, task))
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.03
+    plain = bb.make_optimizer(bb.RunConfig(optimizer="sgd", d_model=16), torch.nn.Linear(2, 2))
+    assert plain.param_groups[0]["momentum"] == 0
+    with pytest.raises(ValueError, match="momentum applies to SGD only"):
+        bb.RunConfig(momentum=0.9)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        bb.RunConfig(optimizer="sgd", momentum=1.0)
+    # an old run's config (no momentum key) keeps its identity: the default is None
+    assert bb.RunConfig(optimizer="sgd").to_dict()["momentum"] is None
+
+
+def test_medium_profile_and_flags(capsys):
+    c = bb.profile_config("medium", "3L-softmax-adam")
+    assert (c.d_model, c.seq_len, c.batch, c.steps, c.learning_rate) == (128, 128, 32, 10_000, 3e-4)
+    assert bb.profile_config("medium", "3L-softmax-sgd").learning_rate == 0.03
+    assert main(["reproduce", "backcopy", "--quick", "--medium"]) == 2
+    err = capsys.readouterr().err
+    assert "--quick and --medium exclude each other" in err and len(err.strip().splitlines()) == 1
+
+
+def test_study_configs_change_one_factor():
+    cfgs = bs.study_configs("relu-peak")
+    base = cfgs["relu-lr3e-3-s0"].to_dict()
+    for name, c in cfgs.items():
+        diff = {k for k, v in c.to_dict().items() if v != base[k]}
+        assert diff <= {"method", "lr", "steps", "weight_decay", "layers", "batch", "seed"}, name
+    assert {c.seed for c in cfgs.values()} == {0, 1}
+    assert set(bs.study_configs("sgd", seeds=2)) >= {"sgd-0.3-s0", "sgd-0.3-s1"}
+    with pytest.raises(ValueError, match="study must be one of"):
+        bs.study_configs("nope")
+
+
+def test_run_study_writes_its_report(task, tmp_path, monkeypatch):
+    tiny = dict(d_model=16, seq_len=12, batch=4, steps=6, eval_batch=4, n_measure=3,
+                checkpoint_every=3, lr=3e-3, layers="attn+mlp+attn+mlp+mlp")  # fmt: skip
+    study = bs.Study("tiny", tiny, {"a": {}, "b": {"method": "relu"}}, seeds=(0,))
+    monkeypatch.setitem(bs.STUDIES, "fig7b", study)
+    path, res = bs.run_study(tmp_path / "s", "fig7b", task=task)
+    text = (path / "report.md").read_text()
+    assert "a-s0" in text and "b-s0" in text and "layer 0 zeroed" in text
+    assert (path / "residual.png").is_file()
+    run = bb.train(tmp_path / "s" / "runs" / "a-s0", bb.RunConfig(**tiny, seed=0), task)
+    assert res["runs"]["a-s0"]["res_bos"] == run.metrics[-1]["layers.0.res_bos"]
+    assert [r["zeroed"] for r in res["fig7b"]] == ["none", "layer 0"] * 2

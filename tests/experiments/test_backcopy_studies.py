@@ -124,7 +124,8 @@ def test_study_configs_change_one_factor():
     base = cfgs["relu-lr3e-3-s0"].to_dict()
     for name, c in cfgs.items():
         diff = {k for k, v in c.to_dict().items() if v != base[k]}
-        assert diff <= {"method", "lr", "steps", "weight_decay", "layers", "batch", "seed"}, name
+        changed = {"method", "lr", "steps", "weight_decay", "layers", "batch", "loss_from", "seed"}
+        assert diff <= changed, name
     assert {c.seed for c in cfgs.values()} == {0, 1}
     assert set(bs.study_configs("sgd", seeds=2)) >= {"sgd-0.3-s0", "sgd-0.3-s1"}
     with pytest.raises(ValueError, match="study must be one of"):
@@ -143,3 +144,26 @@ def test_run_study_writes_its_report(task, tmp_path, monkeypatch):
     run = bb.train(tmp_path / "s" / "runs" / "a-s0", bb.RunConfig(**tiny, seed=0), task)
     assert res["runs"]["a-s0"]["res_bos"] == run.metrics[-1]["layers.0.res_bos"]
     assert [r["zeroed"] for r in res["fig7b"]] == ["none", "layer 0"] * 2
+
+
+def test_loss_from_drops_the_first_positions(task):
+    torch.manual_seed(0)
+    cfg = bb.RunConfig(d_model=16, seq_len=10, loss_from=1)
+    m = bb.build_model(cfg, task)
+    x = task.sample(3, 11, seed=2)
+    with torch.no_grad():
+        logits = m(x[:, :-1]).double().numpy()  # (B, T, V)
+    # independent: log-softmax in float64, mean over positions 1..T-1 of −log q(next)
+    z = logits - logits.max(-1, keepdims=True)
+    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    nxt = x[:, 1:].numpy()
+    ce = -np.take_along_axis(logq, nxt[..., None], -1)[..., 0]  # (B, T)
+    # float32 logits of a 64-way softmax, mean of 27 terms: ~64·eps32 relative
+    with torch.no_grad():
+        got1 = float(bb.next_token_loss(m, x, 1))
+        got0 = float(bb.next_token_loss(m, x))
+    assert_close(got1, ce[:, 1:].mean(), dtype=torch.float32, n=64)
+    assert_close(got0, ce.mean(), dtype=torch.float32, n=64)
+    assert abs(got1 - got0) > 1e-4
+    with pytest.raises(ValueError, match="loss_from"):
+        bb.RunConfig(seq_len=10, loss_from=10)

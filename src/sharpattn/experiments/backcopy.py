@@ -80,6 +80,7 @@ class RunConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     # Options beyond App. C.1; None keeps the paper's setting (and the identity of older runs).
     momentum: float | None = None  # SGD (heavy-ball) momentum; None = plain SGD
+    loss_from: int | None = None  # first query position in the loss; None = 0 (BOS's too)
 
     def __post_init__(self):
         self.layers = layers_name(parse_layers(self.layers))
@@ -94,6 +95,8 @@ class RunConfig:
         if self.seq_len < 3:
             raise ValueError(f"seq_len must be >= 3, got {self.seq_len}.")
         self.betas = tuple(self.betas)
+        if self.loss_from is not None and not 0 <= self.loss_from < self.seq_len:
+            raise ValueError(f"loss_from must be in [0, seq_len), got {self.loss_from}.")
         if self.momentum is not None:
             if self.optimizer != "sgd":
                 raise ValueError("momentum applies to SGD only: leave it None with adam.")
@@ -263,9 +266,11 @@ def eval_tokens(cfg: RunConfig, task: BigramBackcopy) -> Tensor:
     return task.sample(cfg.eval_batch, cfg.seq_len, generator=generator(cfg.seed, _EVAL))
 
 
-def next_token_loss(model: Transformer, x: Tensor) -> Tensor:
-    """Mean cross-entropy of the next token at every position of ``x`` ``[B, T + 1]``."""
-    return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+def next_token_loss(model: Transformer, x: Tensor, loss_from: int = 0) -> Tensor:
+    """Mean cross-entropy of the next token at every position of ``x`` ``[B, T + 1]`` from
+    position ``loss_from`` on (1: BOS's own prediction of the first token does not count)."""
+    logits = model(x[:, :-1])[:, loss_from:]
+    return F.cross_entropy(logits.flatten(0, 1), x[:, 1 + loss_from :].flatten())
 
 
 @dataclass
@@ -305,7 +310,7 @@ def trainer(
         make_optimizer(cfg, model),
         steps=cfg.steps,
         batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1, generator=data),
-        loss=next_token_loss,
+        loss=lambda m, x: next_token_loss(m, x, cfg.loss_from or 0),
         generators={"data": data},
         checkpoint_every=cfg.checkpoint_every,
         log_at=log_steps(cfg.steps, cfg.n_measure),

@@ -10,7 +10,8 @@ Studies (issue 15):
 
 * ``relu-peak`` (item 5): why ReLU attention grows ‖Res_BOS‖ in the quick profile although
   Fig. 7c shows it flat: learning rate (3e-3 vs the paper's 3e-4, the latter also for 10× the
-  steps: the paper's schedule), weight decay, layer 0's MLP, batch size; softmax beside it.
+  steps: the paper's schedule), weight decay, layer 0's MLP, batch size, BOS's own
+  next-token loss (``loss_from=1``); softmax beside it.
 * ``sgd`` (item 6): SGD learning rates and momentum until backcopy is learned.
 * ``fig7b`` (item 7): attn+mlp+attn+mlp+mlp with Adam; measures with layer 0 zeroed.
 * ``structures`` (item 7, Fig. 11): which stacks of attn / mlp / TF layers form a BOS peak.
@@ -59,6 +60,8 @@ STUDIES: dict[str, Study] = {
             "relu-lr3e-3-wd0": {"method": "relu", "weight_decay": 0.0},
             "relu-lr3e-4": {"method": "relu", "lr": 3e-4},
             "relu-lr3e-3-batch64": {"method": "relu", "batch": 64},
+            "relu-lr3e-3-loss1": {"method": "relu", "loss_from": 1},
+            "softmax-lr3e-3-loss1": {"loss_from": 1},
             "relu-lr3e-4-10k": {"method": "relu", "lr": 3e-4, "steps": 10_000},
             "softmax-lr3e-4-10k": {"lr": 3e-4, "steps": 10_000},
         },

@@ -479,7 +479,7 @@ def reproduce_backcopy(profile, seed, threads, out):
 
 
 @reproduce.command("backcopy-study")
-@click.argument("study", type=click.Choice(["relu-peak", "sgd", "fig7b", "structures"]))
+@click.argument("study", type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures"]))
 @seeds_option("Seeds per variant (default: the study's own).")
 @threads_option(default=1)
 @out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")

@@ -167,3 +167,39 @@ def test_loss_from_drops_the_first_positions(task):
     assert abs(got1 - got0) > 1e-4
     with pytest.raises(ValueError, match="loss_from"):
         bb.RunConfig(seq_len=10, loss_from=10)
+
+
+def test_key_class_weights_by_hand(task):
+    # T = 3 without BOS: tokens [a, ' ', '.'] → first, trigger (space is id 0), delimiter
+    ids = {c: i for i, c in enumerate(task.chars)}
+    tokens = torch.tensor([[ids["a"], ids[" "], ids["."]]])
+    w = torch.tensor([[[1.0, 0, 0], [0.6, 0.4, 0], [0.5, 0.3, 0.2]]])
+    q = torch.tensor([[True, False, True]])  # queries 0 and 2
+    got = bb.key_class_weights(w, tokens, q, task)
+    # pairs: (0,0) 1.0 first; (2,0) 0.5 first; (2,1) 0.3 trigger; (2,2) 0.2 delimiter
+    # (float32 weights: means of ≤ 4 of them, within a few float32 ulps)
+    assert_close(got["first"], 0.75, dtype=torch.float32, n=2)
+    assert_close(got["trigger"], 0.3, dtype=torch.float32)
+    assert_close(got["delimiter"], 0.2, dtype=torch.float32)
+    assert np.isnan(got["other"])
+    assert_close(got["uniform"], (1 + 3 * (1 / 3)) / 4, dtype=torch.float64, n=4)
+
+
+def test_a_run_without_bos(task, tmp_path):
+    cfg = bb.RunConfig(d_model=16, seq_len=12, batch=4, steps=4, eval_batch=4, n_measure=2,
+                       checkpoint_every=2, lr=3e-3, bos=False)  # fmt: skip
+    run = bb.train(tmp_path / "r", cfg, task)
+    last = run.metrics[-1]
+    assert "layers.0.attn.weight_first" in last and "layers.0.res_bos" not in last
+    # the risks are those of the model reading the evaluation sequences without their BOS
+    ev = bb.eval_tokens(cfg, task)
+    with torch.no_grad():
+        want = bb.risks(run.model.eval()(ev[:, 1:]), task, ev, drop=1)
+    assert last["bigram_excess"] == want["bigram_excess"]
+    # the training batches hold no BOS: the model never reads one
+    seen = []
+    t = bb.trainer(tmp_path / "s", cfg, task)
+    orig = t.batch
+    t.batch = lambda step: seen.append(orig(step)) or seen[-1]
+    t.run()
+    assert seen and all(bool((b != task.bos).all()) and b.shape[1] == 13 for b in seen)

@@ -81,6 +81,7 @@ class RunConfig:
     # Options beyond App. C.1; None keeps the paper's setting (and the identity of older runs).
     momentum: float | None = None  # SGD (heavy-ball) momentum; None = plain SGD
     loss_from: int | None = None  # first query position in the loss; None = 0 (BOS's too)
+    bos: bool | None = None  # False: the task without BOS (App. C.4); None = with BOS
 
     def __post_init__(self):
         self.layers = layers_name(parse_layers(self.layers))
@@ -131,14 +132,15 @@ def log_steps(total: int, n: int) -> list[int]:
 
 
 # ----- measures -------------------------------------------------------------------------------
-def risks(logits: Tensor, task: BigramBackcopy, tokens: Tensor) -> dict[str, float]:
+def risks(logits: Tensor, task: BigramBackcopy, tokens: Tensor, drop: int = 0) -> dict[str, float]:
     """Bigram and backcopy risk (expected cross-entropy under the true next-token distribution)
-    and excess risk (that minus the exact Bayes risk = mean KL) over the positions of each kind."""
-    p = task.next_token_distribution(tokens)  # (B, T, V) float64
+    and excess risk (that minus the exact Bayes risk = mean KL) over the positions of each kind.
+    ``drop``: the model read ``tokens[:, drop:]`` (1: the sequences without BOS of App. C.4)."""
+    p = task.next_token_distribution(tokens)[:, drop:]  # (B, T, V) float64
     logq = torch.log_softmax(logits.double(), dim=-1)
     ce = -(p * logq).sum(-1)
-    bayes = task.bayes_risk(tokens)
-    kind = task.position_kind(tokens)
+    bayes = task.bayes_risk(tokens)[:, drop:]
+    kind = task.position_kind(tokens)[:, drop:]
     out = {}
     for name, k in (("bigram", KIND_BIGRAM), ("backcopy", KIND_BACKCOPY)):
         sel = kind == k
@@ -230,6 +232,56 @@ def measure(
     return out
 
 
+#: characters that end or separate words and clauses (App. C.4's "delimiter tokens")
+DELIMITERS = frozenset("\n.,;:!?-'")
+
+
+def key_class_weights(weights: Tensor, tokens: Tensor, query: Tensor, task) -> dict[str, float]:
+    """App. C.4 (the task without BOS): the mean attention weight a key of each class receives
+    from the selected queries, over every visible (query, key) pair with key ≤ query: the first
+    position ("first"), triggers, delimiters (:data:`DELIMITERS`, not triggers) and the other
+    tokens at positions ≥ 1; and "uniform", the same mean for weights 1/(n+1) (no preference).
+    ``weights`` ``[B, T, T]`` (heads averaged), ``tokens`` and ``query`` ``[B, T]``."""
+    t = weights.shape[-1]
+    vis = torch.ones(t, t, dtype=torch.bool, device=weights.device).tril()
+    pairs = query[:, :, None] & vis[None]  # (B, Tq, Tk)
+    trig = task.is_trigger(tokens)
+    delim = torch.tensor([c in DELIMITERS for c in task.chars] + [False])[tokens] & ~trig
+    first = torch.zeros_like(trig)
+    first[:, 0] = True
+    rest = ~first
+    classes = {"first": first, "trigger": trig & rest, "delimiter": delim & rest,
+               "other": rest & ~trig & ~delim}  # fmt: skip
+    w = weights.double()
+    out = {}
+    for name, keys in classes.items():
+        sel = pairs & keys[:, None, :]
+        out[name] = float(w[sel].mean()) if bool(sel.any()) else float("nan")
+    n = torch.arange(1, t + 1, dtype=torch.float64)[None, :, None].expand_as(w)
+    out["uniform"] = float((1.0 / n)[pairs].mean())
+    return out
+
+
+@torch.no_grad()
+def measure_no_bos(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> dict[str, float]:
+    """The measures of a run on the task without BOS (App. C.4): the model reads
+    ``tokens[:, 1:]`` (``tokens`` sampled with BOS, which is dropped); risks, and per layer the
+    :func:`key_class_weights` of the non-trigger queries and the value-state norms per class."""
+    x = tokens[:, 1:]
+    logits, cap = internals(model, x)
+    out = risks(logits, task, tokens, drop=1)
+    q = _query_mask(task, x, KIND_BIGRAM)
+    for i, kind in enumerate(model.cfg.layers):
+        if kind in ("tf", "attn"):
+            w = cap[f"layers.{i}.attn.weights"].mean(1)
+            for name, v in key_class_weights(w, x, q, task).items():
+                out[f"layers.{i}.attn.weight_{name}"] = v
+            val = cap[f"layers.{i}.attn.values"].mean(1)  # (B, T)
+            out[f"layers.{i}.attn.val_first"] = float(val[:, 0].mean())
+            out[f"layers.{i}.attn.val_other"] = float(val[:, 1:].mean())
+    return out
+
+
 @torch.no_grad()
 def interventions(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> list[dict]:
     """Risks with nothing zeroed and with each attn / mlp sublayer's output zeroed (Fig. 4a)."""
@@ -303,18 +355,21 @@ def trainer(
     folder = RunFolder(run_dir, "backcopy-training", config, identity=identity)
     model = build_model(cfg, task)
     data = generator(cfg.seed, _DATA)
+    drop = 0 if cfg.bos is None or cfg.bos else 1  # App. C.4: sequences without BOS
     tokens = eval_tokens(cfg, task)
     return Trainer(
         folder.path,
         model,
         make_optimizer(cfg, model),
         steps=cfg.steps,
-        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1, generator=data),
+        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1 + drop, generator=data)[:, drop:],
         loss=lambda m, x: next_token_loss(m, x, cfg.loss_from or 0),
         generators={"data": data},
         checkpoint_every=cfg.checkpoint_every,
         log_at=log_steps(cfg.steps, cfg.n_measure),
-        on_log=lambda step, losses: measure(model, task, tokens),
+        on_log=lambda step, losses: (
+            measure(model, task, tokens) if drop == 0 else measure_no_bos(model, task, tokens)
+        ),
         task=label or folder.path.name,
         progress=progress,
     )

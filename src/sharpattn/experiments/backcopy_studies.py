@@ -66,7 +66,7 @@ STUDIES: dict[str, Study] = {
             "softmax-lr3e-4-10k": {"lr": 3e-4, "steps": 10_000},
         },
         seeds=(0,),
-        seeds_of={"relu-lr3e-3": (0, 1), "softmax-lr3e-3": (0, 1)},
+        seeds_of={"relu-lr3e-3": (0, 1), "softmax-lr3e-3": (0, 1), "relu-lr3e-3-loss1": (0, 1)},
     ),
     "sgd": Study(
         "Item 6: an SGD run that learns backcopy (three layers, softmax), beside Adam. (Plain "
@@ -78,6 +78,7 @@ STUDIES: dict[str, Study] = {
             "sgd-0.03-m0.9": {"momentum": 0.9},
             "sgd-0.1-m0.9": {"lr": 0.1, "momentum": 0.9},
             "sgd-0.3-m0.9": {"lr": 0.3, "momentum": 0.9},
+            "sgd-0.3-4k": {"lr": 0.3, "steps": 4000},
             "adam-3e-3": {"optimizer": "adam", "lr": 3e-3},
         },
         seeds=(0,),
@@ -87,6 +88,12 @@ STUDIES: dict[str, Study] = {
         {**QUICK_3L, "layers": "attn+mlp+attn+mlp+mlp"},
         {"adam-lr3e-3": {}},
         seeds=(0, 1),
+    ),
+    "no-bos": Study(
+        "App. C.4: the one-layer model on the task without BOS (quick profile's 1L softmax run).",
+        {**QUICK_3L, "layers": "tf", "lr": 1e-3, "steps": 1500},
+        {"with-bos": {}, "no-bos": {"bos": False}},
+        seeds=(0,),
     ),
     "structures": Study(
         "Fig. 11: the minimal stack that forms a BOS residual peak at layer 0's output.",
@@ -124,6 +131,11 @@ def residual_summary(run: Run, layer: int = 0) -> dict[str, float]:
     other tokens' mean, and the least-squares slope (per 1,000 steps) and R² of ‖Res_BOS‖ over
     the measurements at steps ≥ last/8 (as finding 4)."""
     m = run.metrics
+    if f"layers.{layer}.res_bos" not in m[-1]:  # a run without BOS (App. C.4)
+        keys = ("res_bos_0", "res_bos", "res_other", "res_peak", "slope_per_1k", "r2")
+        return {**dict.fromkeys(keys, float("nan")),
+                "bigram_excess": m[-1]["bigram_excess"],
+                "backcopy_excess": m[-1]["backcopy_excess"]}  # fmt: skip
     steps = np.array([r["step"] for r in m], dtype=float)
     bos = np.array([r[f"layers.{layer}.res_bos"] for r in m])
     late = steps >= steps[-1] / 8
@@ -228,6 +240,21 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
         "measurements at steps ≥ last/8.",
         report.image("residual.png", "‖Res_BOS‖ at layer 0's output over training."),
     ]
+    no_bos = {k: r for k, r in runs.items() if r.cfg.bos is False}
+    if no_bos:
+        cls = ("first", "trigger", "delimiter", "other", "uniform")
+        sections.append(
+            "## App. C.4: the task without BOS\n\n"
+            + report.markdown_table(
+                ["run", "step", *(f"weight per {c} key" for c in cls)],
+                [[k, r.metrics[-1]["step"], *(r.metrics[-1][f"layers.0.attn.weight_{c}"]
+                                             for c in cls)] for k, r in no_bos.items()],
+            )  # fmt: skip
+            + "\nMean attention weight a key of each class receives from non-trigger queries "
+            "(every visible query-key pair); 'uniform' is the same mean for weights 1/n. The "
+            "paper (Fig. 19): the zeroth token is not a sink; triggers and delimiters become "
+            "sinks."
+        )
     if fig7b is not None:
         sections.append(
             "## Fig. 7b: layer 0 zeroed\n\n"

@@ -64,6 +64,7 @@ STUDIES: dict[str, Study] = {
             "softmax-lr3e-3-loss1": {"loss_from": 1},
             "relu-lr3e-4-10k": {"method": "relu", "lr": 3e-4, "steps": 10_000},
             "softmax-lr3e-4-10k": {"lr": 3e-4, "steps": 10_000},
+            "softmax-lr3e-4-10k-loss1": {"lr": 3e-4, "steps": 10_000, "loss_from": 1},
         },
         seeds=(0,),
         seeds_of={"relu-lr3e-3": (0, 1), "softmax-lr3e-3": (0, 1), "relu-lr3e-3-loss1": (0, 1)},

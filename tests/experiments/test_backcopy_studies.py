@@ -63,9 +63,7 @@ def test_prop_b0_adam_outgrows_sgd():
 
 def test_sink_logit_stats_by_hand():
     # one sequence, T = 4; queries 1, 2, 3 all selected; tokens 7, 9, 7 at positions 1..3
-    s = torch.tensor(
-        [[[0.0, 0, 0, 0], [3.0, 1.0, 0, 0], [5.0, 1.0, 3.0, 0], [4.0, 0.0, 2.0, 1.0]]]
-    )
+    s = torch.tensor([[[0.0, 0, 0, 0], [3.0, 1.0, 0, 0], [5.0, 1.0, 3.0, 0], [4.0, 0.0, 2.0, 1.0]]])
     tokens = torch.tensor([[64, 7, 9, 7]])
     q = torch.tensor([[True, True, True, True]])  # position 0 is dropped whatever it says
     # token 7: BOS logits 3, 4 → 3.5; Δ: 3 − 1 = 2, 4 − 1 = 3 → 2.5. token 9: BOS 5, Δ 5 − 2 = 3

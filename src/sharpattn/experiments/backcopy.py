@@ -198,9 +198,7 @@ def internals(model: Transformer, tokens: Tensor, zero=()) -> tuple[Tensor, Capt
 
 
 @torch.no_grad()
-def measure(
-    model: Transformer, task: BigramBackcopy, tokens: Tensor, zero=()
-) -> dict[str, float]:
+def measure(model: Transformer, task: BigramBackcopy, tokens: Tensor, zero=()) -> dict[str, float]:
     """Every measure of the module docstring on the sequences ``tokens`` ``[B, T]`` (with the
     sublayers named in ``zero`` zeroed: the interventions of Fig. 7b)."""
     logits, cap = internals(model, tokens, zero)

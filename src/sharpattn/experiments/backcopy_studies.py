@@ -20,7 +20,7 @@ Studies (issue 15):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -248,8 +248,14 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
             "## App. C.4: the task without BOS\n\n"
             + report.markdown_table(
                 ["run", "step", *(f"weight per {c} key" for c in cls)],
-                [[k, r.metrics[-1]["step"], *(r.metrics[-1][f"layers.0.attn.weight_{c}"]
-                                             for c in cls)] for k, r in no_bos.items()],
+                [
+                    [
+                        k,
+                        r.metrics[-1]["step"],
+                        *(r.metrics[-1][f"layers.0.attn.weight_{c}"] for c in cls),
+                    ]
+                    for k, r in no_bos.items()
+                ],
             )  # fmt: skip
             + "\nMean attention weight a key of each class receives from non-trigger queries "
             "(every visible query-key pair); 'uniform' is the same mean for weights 1/n. The "

@@ -264,11 +264,13 @@ def key_class_weights(weights: Tensor, tokens: Tensor, query: Tensor, task) -> d
 def measure_no_bos(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> dict[str, float]:
     """The measures of a run on the task without BOS (App. C.4): the model reads
     ``tokens[:, 1:]`` (``tokens`` sampled with BOS, which is dropped); risks, and per layer the
-    :func:`key_class_weights` of the non-trigger queries and the value-state norms per class."""
+    :func:`key_class_weights` of the non-trigger queries at positions ≥ 1 and the value-state
+    norms of the first position and of the others."""
     x = tokens[:, 1:]
     logits, cap = internals(model, x)
     out = risks(logits, task, tokens, drop=1)
     q = _query_mask(task, x, KIND_BIGRAM)
+    q[:, 0] = False  # the first query sees only itself: no choice to measure
     for i, kind in enumerate(model.cfg.layers):
         if kind in ("tf", "attn"):
             w = cap[f"layers.{i}.attn.weights"].mean(1)

@@ -224,6 +224,8 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
         )  # fmt: skip
     with report.figure(out / "residual.png", figsize=(7, 4)) as (_, ax):
         for k, r in runs.items():
+            if r.cfg.bos is False:  # no BOS, no BOS residual
+                continue
             steps = [m["step"] for m in r.metrics]
             ax.plot(steps, [m["layers.0.res_bos"] for m in r.metrics], marker=".", label=k)
         ax.set_xlabel("step")

@@ -229,6 +229,7 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
             steps = [m["step"] for m in r.metrics]
             ax.plot(steps, [m["layers.0.res_bos"] for m in r.metrics], marker=".", label=k)
         ax.set_xlabel("step")
+        ax.set_yscale("log")
         ax.set_ylabel("‖Res_BOS‖ at layer 0's output")
         ax.set_title(f"study {name}", fontsize=9)
         ax.legend(fontsize=6)

@@ -223,6 +223,7 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
              s["r2"], s["bigram_excess"], s["backcopy_excess"], r.seconds]
         )  # fmt: skip
     with report.figure(out / "residual.png", figsize=(7, 4)) as (_, ax):
+        ax.set_prop_cycle(color=report.pyplot().get_cmap("tab20").colors)
         for k, r in runs.items():
             if r.cfg.bos is False:  # no BOS, no BOS residual
                 continue
@@ -237,7 +238,9 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
         f"{st.what}\n\nBase: {st.base}. `sharpattn reproduce backcopy-study {name}`. The paper "
         "(Fig. 7c, App. C.1: d = 256, N = 256, batch 512, AdamW 3e-4 or SGD 0.03, 10,000 steps): "
         "with softmax + Adam ‖Res_BOS‖ at layer 0 grows linearly; with SGD or with ReLU attention "
-        f"it stays flat. Converged = both excess risks < {CONVERGED} nats.",
+        f"it stays flat. Converged = both excess risks < {CONVERGED} nats."
+        if name != "no-bos"
+        else f"{st.what}\n\nBase: {st.base}. `sharpattn reproduce backcopy-study {name}`.",
         "## Runs\n\n"
         + report.markdown_table(header, rows, "llllrrrrr" + "r" * 9)
         + "\nSlope and R²: least squares of ‖Res_BOS‖ (layer 0) on the step over the "

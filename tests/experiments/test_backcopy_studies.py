@@ -115,6 +115,10 @@ def test_medium_profile_and_flags(capsys):
     assert main(["reproduce", "backcopy", "--quick", "--medium"]) == 2
     err = capsys.readouterr().err
     assert "--quick and --medium exclude each other" in err and len(err.strip().splitlines()) == 1
+    assert main(["reproduce", "backcopy", "--help"]) == 0
+    assert "--medium" in capsys.readouterr().out
+    assert main(["reproduce", "max-retrieval", "--medium"]) == 2  # only backcopy has it
+    assert "--medium" in capsys.readouterr().err
 
 
 def test_study_configs_change_one_factor():

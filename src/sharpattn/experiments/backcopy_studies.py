@@ -67,8 +67,13 @@ STUDIES: dict[str, Study] = {
             "softmax-lr3e-4-10k-loss1": {"lr": 3e-4, "steps": 10_000, "loss_from": 1},
         },
         seeds=(0,),
-        seeds_of={"relu-lr3e-3": (0, 1), "softmax-lr3e-3": (0, 1), "relu-lr3e-3-loss1": (0, 1),
-                  "relu-lr3e-4-10k": (0, 1), "softmax-lr3e-4-10k": (0, 1)},  # fmt: skip
+        seeds_of={
+            "relu-lr3e-3": (0, 1),
+            "softmax-lr3e-3": (0, 1),
+            "relu-lr3e-3-loss1": (0, 1),
+            "relu-lr3e-4-10k": (0, 1),
+            "softmax-lr3e-4-10k": (0, 1),
+        },  # fmt: skip
     ),
     "sgd": Study(
         "Item 6: an SGD run that learns backcopy (three layers, softmax), beside Adam. (Plain "

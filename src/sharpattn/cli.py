@@ -503,6 +503,7 @@ def reproduce_selective(profile, out, **options):
 @profile_options(
     "d = 64, 64 tokens, batch 16, 600-1,500 steps per run (minutes on 2 cores).",
     "The paper's settings, App. C.1 (the default; hundreds of CPU-hours).",
+    "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps (hours on 1 core).",
 )
 @seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
 @threads_option(default=1)
@@ -523,6 +524,31 @@ def reproduce_backcopy(profile, seed, threads, out):
         table.add_row(str(f.number), f.title, f.verdict)
     console.print(table)
     console.print(f"wrote {run}/report.md and its PNGs")
+
+
+@reproduce.command("backcopy-study")
+@click.argument("study", type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures"]))
+@seeds_option("Seeds per variant (default: the study's own).")
+@threads_option(default=1)
+@out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")
+def reproduce_backcopy_study(study, seeds, threads, out):
+    """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, structures."""
+    from .experiments import backcopy_studies as bs
+
+    with ProgressRenderer() as progress:
+        run, results = bs.run_study(
+            out or f"runs/backcopy-study-{study}", study, seeds=seeds, threads=threads,
+            progress=progress,
+        )  # fmt: skip
+    table = Table(title=f"Bigram-Backcopy study {study}: ‖Res_BOS‖ at layer 0")
+    for col in ("run", "start", "end", "peak", "slope /1k", "R²", "bigram exc.", "backcopy exc."):
+        table.add_column(col)
+    keys = ("res_bos_0", "res_bos", "res_peak", "slope_per_1k", "r2", "bigram_excess",
+            "backcopy_excess")  # fmt: skip
+    for name, r in results["runs"].items():
+        table.add_row(name, *(f"{r[k]:.3g}" for k in keys))
+    console.print(table)
+    console.print(f"wrote {run}/report.md")
 
 
 # --- sequence tasks: reproduce clrs and the leaderboard (issue 14) -----------------------------

@@ -61,22 +61,27 @@ def threads_option(default: int | None = None):
     )
 
 
-def profile_options(quick_help: str, paper_help: str):
+def profile_options(quick_help: str, paper_help: str, medium_help: str | None = None):
     """``--quick`` / ``--paper``: the command's two profiles (the default is ``--paper`` unless
     the command says otherwise); together they are refused. Adds ``profile`` ("quick" or
-    "paper") to the command's keyword arguments instead of the two flags."""
+    "paper") to the command's keyword arguments instead of the two flags. A command with an
+    intermediate profile passes ``medium_help``: ``--medium`` then gives ``profile="medium"``
+    and excludes the other two as they exclude each other."""
 
     def decorate(f):
         @functools.wraps(f)
-        def wrapper(*args, quick: bool, paper: bool, **kwargs):
-            if quick and paper:
-                raise click.UsageError("--quick and --paper exclude each other: choose one.")
-            return f(*args, profile="quick" if quick else "paper", **kwargs)
+        def wrapper(*args, quick: bool, paper: bool, medium: bool = False, **kwargs):
+            chosen = [n for n, on in (("quick", quick), ("medium", medium), ("paper", paper)) if on]
+            if len(chosen) > 1:
+                flags = " and ".join(f"--{n}" for n in chosen)
+                raise click.UsageError(f"{flags} exclude each other: choose one.")
+            return f(*args, profile=chosen[0] if chosen else "paper", **kwargs)
 
-        return compose(
-            click.option("--quick", is_flag=True, help=quick_help),
-            click.option("--paper", is_flag=True, help=paper_help),
-        )(wrapper)
+        flags = [click.option("--quick", is_flag=True, help=quick_help)]
+        if medium_help is not None:
+            flags.append(click.option("--medium", is_flag=True, help=medium_help))
+        flags.append(click.option("--paper", is_flag=True, help=paper_help))
+        return compose(*flags)(wrapper)
 
     return decorate
 

@@ -196,3 +196,40 @@ def gradient_flow(
     if not sol.success:
         raise RuntimeError(f"the gradient-flow integration failed: {sol.message}")
     return Flow(t=np.expm1(sol.t), alpha=sol.y[:v].T, beta=sol.y[v:].T)
+
+
+def prop_b0_gradient(m: float, t: int) -> float:
+    """Prop. B.0 / Fig. 15: the loss gradient of the residual-norm scalar m at step t ≥ 1,
+    −log t / (√t·m³) (the paper's dm = log t / [√t m³] is the direction m moves in)."""
+    return -np.log(t) / (np.sqrt(t) * m**3)
+
+
+def prop_b0_simulation(
+    optimizer: str = "adam",
+    steps: int = 10_000,
+    lr: float = 0.3,
+    m0: float = 1.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 1e-8,
+) -> np.ndarray:
+    """``[steps + 1]`` trajectory of m trained by torch's AdamW (``optimizer="adam"``, the
+    paper's betas, ε = 1e-8, weight decay 1e-8) or plain SGD on the gradient of
+    :func:`prop_b0_gradient`, in float64 (App. B.3: lr 0.3 for both)."""
+    import torch
+
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}.")
+    if steps < 1 or not m0 > 0:
+        raise ValueError(f"need steps >= 1 and m0 > 0, got {steps} and {m0}.")
+    m = torch.tensor([float(m0)], dtype=torch.float64, requires_grad=True)
+    if optimizer == "adam":
+        opt = torch.optim.AdamW([m], lr=lr, betas=betas, eps=1e-8, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.SGD([m], lr=lr)
+    out = np.empty(steps + 1)
+    out[0] = m0
+    for t in range(1, steps + 1):
+        m.grad = torch.tensor([prop_b0_gradient(float(m.detach()), t)], dtype=torch.float64)
+        opt.step()
+        out[t] = float(m.detach())
+    return out

@@ -600,8 +600,8 @@ def _sequence_run(module, name, profile, out, ray_address, methods=None, **optio
 @_sequence_options
 @out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
 def reproduce_clrs(profile, out, ray_address, **options):
-    """Softmax is not Enough, Fig. 8 in small: CLRS-Text-style algorithms, softmax vs adaptive
-    temperature in training, accuracy in and beyond the training sizes."""
+    """CLRS-Text-style algorithms, softmax vs adaptive temperature in training (Softmax is not
+    Enough's Figure 8 in small): accuracy in and beyond the training sizes."""
     from .experiments import clrs
 
     result = _sequence_run(clrs, "clrs", profile, out, ray_address, **options)
@@ -611,7 +611,7 @@ def reproduce_clrs(profile, out, ray_address, **options):
 
 @cli.command("leaderboard")
 @profile_options(
-    "flip_flop, every method, 2 seeds x 600 steps, sizes to 16x (under 10 minutes on 2 cores).",
+    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x (under 10 minutes on 2 cores).",
     "Every synthetic task, every method, 3 seeds (the default; many CPU-hours: see README).",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")

@@ -21,8 +21,8 @@ from .runner import Progress
 
 #: the profiles: --quick (minutes on 2 cores) and the full one
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 600, "batch": 32, "eval_sets": 64,
-              "eval_factor": 16, "workers": 2},
+    "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 500, "batch": 32, "eval_sets": 48,
+              "eval_factor": 8, "workers": 2},
     "paper": {"tasks": None, "seeds": 3, "steps": 3000, "batch": 32, "eval_sets": 256,
               "eval_factor": 64, "workers": 2},
 }  # fmt: skip

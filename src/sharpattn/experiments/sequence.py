@@ -357,10 +357,13 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
     recipes: dict[str, list[Method]] = {}
     for m in chosen:
         recipes.setdefault(m.recipe, []).append(m)
+    # the slowest recipes first (normalizers without a fused path, e.g. entmax's bisection), so
+    # the last jobs of a pool are short ones and its workers finish together
+    groups = sorted(recipes.values(), key=lambda g: get(g[0].train).fused is not None)
     out = []
     for name in cfg.tasks:
         task(name)  # unknown task: one sentence before any work
-        for group in recipes.values():
+        for group in groups:
             for s in range(cfg.seeds):
                 out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict()))
     return out

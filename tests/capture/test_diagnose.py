@@ -4,7 +4,6 @@ folder and tiny Hugging Face models."""
 import json
 import math
 import os
-import types
 
 import pytest
 import torch
@@ -190,8 +189,6 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
     ref = _one_head_at_a_time(net, enc, heads, causal)
     with torch.no_grad():
         logits = net(**enc).logits if causal else None
-    # built before the hooks below: it checks its split of the output layer with a forward pass
-    loss_fn = diagnose._loss_fn("causal-lm" if causal else "encoder", net)
     for batch, workers in ((4, 1), (3, 1), (3, 2)):  # 3: passes that span both layers
         seen = {0: [], 1: []}  # batch sizes each layer's attention ran with
         hooks = [
@@ -203,7 +200,8 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
         ]
         try:
             got = head_ablation(
-                net, loss_fn, {"a": [enc]}, heads, batch=batch, reuse_prefix=True, workers=workers,
+                net, diagnose._loss_fn("causal-lm" if causal else "encoder", net), {"a": [enc]},
+                heads, batch=batch, reuse_prefix=True, workers=workers,
             )["a"]  # fmt: skip
         finally:
             for h in hooks:
@@ -254,41 +252,3 @@ def test_capture_stop_early_records_the_same_and_skips_later_layers():
         assert torch.equal(cap[key], full[key]), key  # the same computation
     with pytest.raises(ValueError, match="stop_early"):
         capture(net, stop_early=True)
-
-
-def test_lm_loss_in_output_layer_blocks_equals_transformers_loss():
-    """The ablation's loss applies the output layer 64 positions at a time (no [T, vocabulary]
-    logit matrix per pass); over several blocks it is transformers' own next-token loss to
-    float32 rounding (sums of ~150 terms of size ~log V: a few ulps of the mean), and a model
-    whose logits are not its output layer of the last hidden state falls back to its logits."""
-    net, _ = _tiny("llama")
-    ids = torch.randint(
-        0, net.config.vocab_size, (2, 150), generator=torch.Generator().manual_seed(2)
-    )
-    enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    loss_fn = diagnose._loss_fn("causal-lm", net)
-    with torch.no_grad():
-        got = loss_fn(net, enc)
-        want = [float(net(**{k: v[b : b + 1] for k, v in enc.items()}, labels=ids[b : b + 1]).loss)
-                for b in range(2)]  # fmt: skip
-    assert got.tolist() == pytest.approx(want, rel=1e-5)
-    assert diagnose._split_head(net) is not None
-
-    class Scaled(torch.nn.Module):  # logits = scale · head(h): split only when scale is 1
-        def __init__(self, inner, scale):
-            super().__init__()
-            self.model, self.lm_head, self.config = inner.model, inner.lm_head, inner.config
-            self.scale = scale
-
-        def get_decoder(self):
-            return self.model
-
-        def get_output_embeddings(self):
-            return self.lm_head
-
-        def forward(self, **kw):
-            h = self.model(**kw).last_hidden_state
-            return types.SimpleNamespace(logits=self.lm_head(h) * self.scale)
-
-    assert diagnose._split_head(Scaled(net, 1.0)) is not None
-    assert diagnose._split_head(Scaled(net, 2.0)) is None

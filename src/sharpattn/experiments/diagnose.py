@@ -221,69 +221,22 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
     }, enc
 
 
-#: positions per output-layer block in :func:`_chunked_ce` (a block's logits stay ~12 MB)
-_CE_BLOCK = 64
-
-
-def _chunked_ce(head, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``head(h)`` against ``targets``, the output layer applied
-    ``_CE_BLOCK`` positions at a time: the same sum, without a [positions, vocabulary] logit
-    matrix (hundreds of MB per ablation pass for a 49k-token vocabulary, re-allocated and
-    page-faulted on every pass)."""
-    total = h.new_zeros((), dtype=torch.float32)
-    for i in range(0, h.shape[0], _CE_BLOCK):
-        logits = head(h[i : i + _CE_BLOCK]).float()
-        total = total + torch.nn.functional.cross_entropy(
-            logits, targets[i : i + _CE_BLOCK], reduction="sum"
-        )
-    return total / h.shape[0]
-
-
-def _split_head(net) -> Callable | None:
-    """``split(model) -> (decoder, output layer)`` when the model's logits are exactly its output
-    layer applied to its decoder's last hidden state (checked here on a short input, to float32
-    rounding), else None (models that scale or soft-cap their logits): then the loss is taken
-    from the model's own logits."""
-    try:
-        decoder, head = net.get_decoder(), net.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        return None
-    if decoder is None or head is None or decoder is net:
-        return None
-    ids = torch.arange(8)[None] % max(2, int(getattr(net.config, "vocab_size", 2)))
-    with torch.inference_mode():
-        logits = net(input_ids=ids, use_cache=False).logits.float()
-        mine = head(decoder(input_ids=ids, use_cache=False).last_hidden_state).float()
-    if mine.shape != logits.shape or not torch.allclose(mine, logits, rtol=1e-5, atol=1e-5):
-        return None
-    names = [n for n, m in net.named_children() if m is decoder]
-    heads = [n for n, m in net.named_children() if m is head]
-    if not names or not heads:
-        return None
-    return lambda model: (getattr(model, names[0]), getattr(model, heads[0]))
-
-
 def _loss_fn(kind: str, net) -> Callable:
     """``loss(model, enc)``: one loss per row of ``enc`` (the rows are copies of one sequence in
     :func:`head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
     on its input (``head_ablation(reuse_prefix=True)``)."""
     if kind == "causal-lm":
-        split = _split_head(net)
 
         def lm_loss(model, enc):
             # next-token cross-entropy, mean over positions: transformers' loss for labels=input_ids
+            logits = model(**enc, use_cache=False).logits
             ids = enc["input_ids"]
-            if split is None:
-                logits = model(**enc, use_cache=False).logits
-                return torch.stack(
-                    [
-                        torch.nn.functional.cross_entropy(logits[b, :-1].float(), ids[b, 1:])
-                        for b in range(ids.shape[0])
-                    ]
-                )
-            decoder, head = split(model)
-            h = decoder(**enc, use_cache=False).last_hidden_state
-            return torch.stack([_chunked_ce(head, h[b, :-1], ids[b, 1:]) for b in range(len(ids))])
+            return torch.stack(
+                [
+                    torch.nn.functional.cross_entropy(logits[b, :-1].float(), ids[b, 1:])
+                    for b in range(ids.shape[0])
+                ]
+            )
 
         return lm_loss
     reference: dict[tuple[int, ...], torch.Tensor] = {}

@@ -310,7 +310,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                 emit(progress, label, f"eval {m.name} n={size}", i, len(sizes))
                 path = job.folder / "eval" / _slug(m.evaluate or m.train) / f"n{size}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg, job.config))
+                result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg))
                 rows.append({"task": job.task, "method": m.name, "seed": job.seed, "size": size,
                              **result, "train_seconds": state.get("seconds")})  # fmt: skip
             if m.evaluate is not None:
@@ -330,11 +330,13 @@ def test_sets(t, size: int, cfg: SequenceConfig):
 
 
 def _task_key(name: str) -> int:
+    """A seed key from the task's name (its first 8 bytes: the current names differ there; two
+    names that did not would share test-set streams, not test sets, as their tasks differ)."""
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1
 
 
 @torch.inference_mode()
-def evaluate(model, t, size: int, cfg: SequenceConfig, _config=None) -> dict[str, float]:
+def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, float]:
     """Exact-match accuracy (every answer token right) and answer-token accuracy at one size."""
     model.eval()
     solved = tokens = right = seqs = 0

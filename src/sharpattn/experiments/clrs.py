@@ -23,24 +23,17 @@ from .runner import Progress
 
 METHODS = ("softmax", "adaptive")
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"tasks": ("minimum", "binary_search", "insertion_sort", "naive_string_matcher"),
-              "seeds": 2, "steps": 1500, "batch": 32, "eval_sets": 64, "eval_factor": 16,
-              "workers": 2},
-    "paper": {"tasks": None, "seeds": 5, "steps": 5000, "batch": 32, "eval_sets": 256,
-              "eval_factor": 64, "workers": 2},
+    "quick": {"methods": METHODS, "seeds": 2, "steps": 1500, "batch": 32, "eval_sets": 64,
+              "eval_factor": 16, "workers": 2,
+              "tasks": ("minimum", "binary_search", "insertion_sort", "naive_string_matcher")},
+    "paper": {"methods": METHODS, "tasks": None, "seeds": 5, "steps": 5000, "batch": 32,
+              "eval_sets": 256, "eval_factor": 64, "workers": 2},
 }  # fmt: skip
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> seq.SequenceConfig:
-    from ..tasks import sequence as tasks
-
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}.")
-    values = {"methods": METHODS, **PROFILES[profile]}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("tasks") is None:
-        values["tasks"] = tuple(tasks.available("clrs"))
-    return seq.SequenceConfig(**values)
+    """The configuration of a profile (softmax and adaptive), with ``overrides``."""
+    return seq.profile_config(PROFILES, profile, "clrs", overrides)
 
 
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,

@@ -30,17 +30,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 def make_config(profile: str = "quick", **overrides: Any) -> seq.SequenceConfig:
     """The configuration of a profile, with ``overrides`` (None values ignored)."""
-    from ..tasks import sequence as tasks
-
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}.")
-    values = dict(PROFILES[profile])
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("tasks") is None:
-        values["tasks"] = tuple(tasks.available("synthetic"))
-    if values.get("methods") is None:
-        values["methods"] = tuple(seq.methods())
-    return seq.SequenceConfig(**values)
+    return seq.profile_config(PROFILES, profile, "synthetic", overrides)
 
 
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,

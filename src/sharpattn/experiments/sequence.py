@@ -149,6 +149,23 @@ class SequenceConfig:
         return asdict(self)
 
 
+def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: str,
+                   overrides: dict[str, Any]) -> SequenceConfig:  # fmt: skip
+    """A command's configuration: its ``profile`` (a key of ``profiles``), then ``overrides``
+    (None values ignored); no tasks given means every task of ``family``, no methods every
+    method of the leaderboard."""
+    from ..tasks import sequence as tasks
+
+    if profile not in profiles:
+        raise ValueError(f"unknown profile {profile!r}; profiles: {', '.join(profiles)}.")
+    values = {**profiles[profile], **{k: v for k, v in overrides.items() if v is not None}}
+    if values.get("tasks") is None:
+        values["tasks"] = tuple(tasks.available(family))
+    if values.get("methods") is None:
+        values["methods"] = tuple(methods())
+    return SequenceConfig(**values)
+
+
 #: what defines the trained models (a folder of another value of these is refused)
 IDENTITY = ("seed", "steps", "batch", "lr", "weight_decay", "warmup", "d_model", "heads",
             "layers", "positions")  # fmt: skip

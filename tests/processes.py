@@ -12,11 +12,20 @@ from pathlib import Path
 _MAIN = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """A child's ``preexec_fn``: SIGINT with its default action, as a shell's foreground job has
+    it, whatever the test runner inherited (``nohup`` and background jobs of a non-interactive
+    shell ignore SIGINT, and a child inherits that, so Ctrl-C tests could not interrupt it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sharpattn(*args: str) -> subprocess.Popen:
-    """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped)."""
+    """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped),
+    Ctrl-C reaching it as at a terminal."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", _MAIN, *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
 
 
 def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from processes import sharpattn
 from sharpattn.cli import main
 from sharpattn.experiments import checkpoint as ckpt
 from sharpattn.experiments.runs import write_json
@@ -164,20 +164,10 @@ def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path)
 # ---------------------------------------------------------------- item 13
 
 
-def _sharpattn(*args):
-    code = "import sys; from sharpattn.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
                                              (signal.SIGTERM, 143, "terminated")])  # fmt: skip
 def test_signals_exit_with_the_shell_convention(sig, code, word, tmp_path):
-    proc = _sharpattn("dispersion", "--sizes", "65536", "--rows", "64", "--out", str(tmp_path))
+    proc = sharpattn("dispersion", "--sizes", "65536", "--rows", "64", "--out", str(tmp_path))
     time.sleep(4.0)  # past start-up, inside the work
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -227,7 +217,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 def _start_workers(tmp_path):
     args = ["reproduce", "max-retrieval", "--quick", "--seeds", "2", "--workers", "2"]
-    proc = _sharpattn(*args, "--steps", "100000", "--sizes", "16", "--out", str(tmp_path))
+    proc = sharpattn(*args, "--steps", "100000", "--sizes", "16", "--out", str(tmp_path))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(_children(proc.pid)) < 3:  # manager + 2 workers
         time.sleep(0.5)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from processes import kill_9_once_written, sharpattn
+from processes import ctrl_c_as_at_a_terminal, kill_9_once_written, sharpattn
 from sharpattn.experiments import report, runner
 from sharpattn.experiments.runner import MetricsLog, RunFolder, Trainer
 
@@ -246,11 +246,17 @@ def test_ctrl_c_at_any_moment_checkpoints_a_state_an_uninterrupted_run_passes(tm
     folder = tmp_path / "killed"
     here = Path(__file__).parent  # test_runner, and the helpers beside conftest (processes.py)
     code = _SIGINT_CHILD.format(tests=str(here), helpers=str(here.parent), folder=str(folder))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:  # a failed test leaves no trainer of 100,000 steps running
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     state = json.loads(
         __import__("safetensors")
         .safe_open(str(folder / "checkpoint.safetensors"), "pt")

@@ -325,7 +325,9 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                 switch(model, m.evaluate)
             for i, size in enumerate(sizes):
                 emit(progress, label, f"eval {m.name} n={size}", i, len(sizes))
-                path = job.folder / "eval" / _slug(m.evaluate or m.train) / f"n{size}.json"
+                # cached per test-set count: --eval-sets may change between invocations
+                name = f"n{size}.sets{cfg.eval_sets}.json"
+                path = job.folder / "eval" / _slug(m.evaluate or m.train) / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg))
                 rows.append({"task": job.task, "method": m.name, "seed": job.seed, "size": size,

@@ -495,6 +495,39 @@ def reproduce_selective(profile, out, **options):
     )
 
 
+@reproduce.command("selective-llm")
+@profile_options(
+    "20 steps, 4 held-out windows at 1x and 2x the context (a few minutes on 2 cores).",
+    "200 steps, 16 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
+)
+@click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="AdamW steps.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Learning rate of the temperatures [default: 1e-3].")  # fmt: skip
+@click.option("--context", type=click.IntRange(min=2), default=None,
+              help="Training window in tokens [default: 256].")  # fmt: skip
+@click.option("--targets", default=None, help="Temperatures on q, k and/or v [default: qv].")
+@click.option("--sharing", is_flag=True, default=None,
+              help="The paper's weight sharing instead of base SSA's MLP token term.")  # fmt: skip
+@click.option("--eval-windows", type=click.IntRange(min=1), default=None,
+              help="Held-out windows per length (overrides the profile).")  # fmt: skip
+@seed_option("Seed of the training windows.")
+@threads_option(default=None)
+@out_option(None, "Run folder (default runs/selective-llm-<profile>); re-running resumes it.")
+def reproduce_selective_llm(profile, out, **options):
+    """Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out
+    perplexity at 1x, 2x and 4x the fine-tuning context against the unpatched model (Zhang et
+    al.'s Table 3 in small)."""
+    from .experiments import selective_llm as exp
+
+    config = exp.make_config(profile, **options)
+    with ProgressRenderer(transient=True) as progress:
+        run_dir, _ = exp.run(out or f"runs/selective-llm-{profile}", config, progress)
+    console.print((run_dir / "report.md").read_text(encoding="utf-8"), markup=False,
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(f"wrote {run_dir}/report.md, metrics.json and perplexity.png")
+
+
 # ---- end reproduce selective ------------------------------------------------------------------
 
 

@@ -1,0 +1,92 @@
+"""Selective temperatures fine-tuned on a frozen decoder (``reproduce selective-llm``), on a tiny
+random Llama: the identity at initialisation, a frozen base, resume after an interruption with
+the numbers of an uninterrupted run, and one-sentence errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tiny_hf
+from sharpattn.experiments import selective_llm as sl
+from sharpattn.experiments.runner import Trainer
+
+
+def _net():
+    torch.manual_seed(0)
+    return tiny_hf.llama().eval()
+
+
+def _ids(n: int = 800) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    # a repeating pattern with noise: something the temperatures can lower the loss on
+    base = torch.arange(n) % 13 + 3
+    noise = torch.randint(3, 97, (n,), generator=g)
+    return torch.where(torch.rand(n, generator=g) < 0.2, noise, base)
+
+
+def _cfg(**kw) -> sl.Config:
+    return sl.Config(**{"steps": 6, "context": 8, "factors": (1, 2, 4), "batch": 2, "lr": 3e-2,
+                        "eval_windows": 3, "checkpoint_every": 2, "threads": 1, **kw})  # fmt: skip
+
+
+def test_fine_tunes_only_the_temperatures_from_an_identity(tmp_path):
+    net = _net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    run, m = sl.run(tmp_path / "r", _cfg(), net=net, ids=_ids())
+    # τ = 1 + c₀·log n with c₀ = e^{−e^{2.5}} ≈ 5.1e-6 and n ≤ 8: q and v move by a relative
+    # 1.1e-5 at most, so the NLL (O(1) logits of a random model) moves by ~1e-5; float32
+    # rounding of the two forward passes is ~1e-6
+    assert abs(m["step0_nll_change"]) < 1e-4
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the base stayed frozen
+    assert m["trainable_parameters"] > 0 and m["model_parameters"] == sum(
+        v.numel() for v in before.values()
+    )
+    assert [r["length"] for r in m["rows"]] == [8, 16, 32]
+    for r in m["rows"]:
+        assert r["windows"] == 3 and r["ppl_base"] > 1 and r["ppl_selective"] > 1
+    losses = [r["loss"] for r in m["training_curve"]]
+    assert len(losses) >= 2 and all(torch.isfinite(torch.tensor(x)).all() for x in losses)
+    for name in ("report.md", "table3_small.md", "table3_small.csv", "perplexity.png"):
+        assert (run / name).is_file()
+
+
+def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    _, whole = sl.run(tmp_path / "whole", _cfg(), net=_net(), ids=_ids())
+
+    class Interrupted(Trainer):  # Ctrl-C during step 4: the Trainer checkpoints step 3
+        def __init__(self, *a, batch, **kw):
+            def stop(step):
+                if step == 3:
+                    raise KeyboardInterrupt
+                return batch(step)
+
+            super().__init__(*a, batch=stop, **kw)
+
+    monkeypatch.setattr(sl, "Trainer", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sl.run(tmp_path / "cut", _cfg(), net=_net(), ids=_ids())
+    assert (tmp_path / "cut" / "train" / "checkpoint.safetensors").is_file()
+    monkeypatch.setattr(sl, "Trainer", Trainer)
+    _, resumed = sl.run(tmp_path / "cut", _cfg(), net=_net(), ids=_ids())
+    assert resumed["rows"] == whole["rows"]
+    assert resumed["position_coefficient"] == whole["position_coefficient"]
+    steps = [json.loads(line)["step"] for line in
+             (tmp_path / "cut" / "train" / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    assert steps == sorted(set(steps))  # no step logged twice after the resume
+
+
+def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
+    with pytest.raises(ValueError, match="beyond the model's context"):
+        sl.run(tmp_path / "a", _cfg(context=32), net=_net(), ids=_ids(2000))
+    with pytest.raises(ValueError, match="held-out text has"):
+        sl.run(tmp_path / "b", _cfg(eval_windows=50), net=_net(), ids=_ids())
+    with pytest.raises(ValueError, match="targets"):
+        _cfg(targets="qx")
+    with pytest.raises(ValueError, match="lr"):
+        _cfg(lr=float("nan"))
+    with pytest.raises(ValueError, match="unknown profile"):
+        sl.make_config("huge")

@@ -593,6 +593,12 @@ def _sequence_options(f):
     """The options ``reproduce clrs`` and ``leaderboard`` share."""
     return compose(
         click.option("--tasks", callback=_names, help="Comma-separated tasks (see --list)."),
+        click.option(
+            "--list",
+            "list_",
+            is_flag=True,
+            help="Print the command's tasks (sizes as configured) and methods, then exit.",
+        ),
         seed_option("First seed."),
         seeds_option(),
         click.option("--steps", type=click.IntRange(min=1), help="Training steps per run."),
@@ -618,11 +624,29 @@ def _sequence_options(f):
     )(f)
 
 
-def _sequence_run(module, name, profile, out, ray_address, methods=None, **options):
+def _sequence_run(module, name, profile, out, ray_address, methods=None, list_=False, **options):
     config = module.make_config(profile, methods=methods, **options)
+    if list_:
+        _sequence_list(module.catalogue(config))
+        return None
     with ProgressRenderer(transient=True) as progress:
         result = module.run(out or f"runs/{name}-{profile}", config, progress, ray_address)
     return result
+
+
+def _sequence_list(catalogue) -> None:
+    """``--list``: the tasks (* = run by the command as given) and the methods."""
+    table = Table(title="tasks (* = run as given)")
+    for col in ("task", "trained at", "evaluated at", "what"):
+        table.add_column(col)
+    for r in catalogue["tasks"]:
+        lo, hi = r["train_sizes"]
+        sizes = ", ".join(map(str, r["eval_sizes"]))
+        star = "*" if r["chosen"] else " "
+        table.add_row(f"{star} {r['task']}", f"{lo}-{hi}", sizes, escape(r["about"]))
+    console.print(table)
+    names = [("*" if m["chosen"] else "") + m["method"] for m in catalogue["methods"]]
+    console.print("methods (* = run as given): " + ", ".join(names), markup=False)
 
 
 @reproduce.command("clrs")
@@ -638,6 +662,8 @@ def reproduce_clrs(profile, out, ray_address, **options):
     from .experiments import clrs
 
     result = _sequence_run(clrs, "clrs", profile, out, ray_address, **options)
+    if result is None:
+        return
     console.print((result["run"] / "clrs.md").read_text(), markup=False, highlight=False)
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
 
@@ -656,6 +682,8 @@ def leaderboard(profile, out, ray_address, **options):
     from .experiments import leaderboard as lb
 
     result = _sequence_run(lb, "leaderboard", profile, out, ray_address, **options)
+    if result is None:
+        return
     console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)
     console.print(f"wrote {result['run']}/report.md, leaderboard.csv and leaderboard.png")
 

@@ -113,6 +113,34 @@ def test_reproduce_clrs_command(tmp_path):
     assert "softmax vs adaptive" in (out / "report.md").read_text()
 
 
+def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch):
+    """`--list` (both commands): every task of the command's family with its training sizes and
+    the evaluation sizes the options give, the chosen ones starred, and the methods; no run."""
+    import io
+
+    from rich.console import Console
+
+    from sharpattn import cli
+
+    def listed(*args: str) -> list[str]:
+        buf = io.StringIO()
+        monkeypatch.setattr(cli, "console", Console(file=buf, width=2000, color_system=None))
+        assert main([*args, "--list", "--out", str(tmp_path / "x")]) == 0
+        return buf.getvalue().splitlines()
+
+    out = listed("leaderboard", "--tasks", "passkey", "--methods", "softmax,selective_qv",
+                 "--eval-factor", "8")  # fmt: skip
+    row = next(line for line in out if " passkey " in line)
+    assert "* passkey" in row and "16-48" in row and "16, 32, 64, 128, 256, 512 " in row
+    assert "* flip_flop" not in "\n".join(out) and " flip_flop " in "\n".join(out)
+    methods = next(line for line in out if line.startswith("methods"))
+    assert "*softmax" in methods and "*selective_qv" in methods and " selective_q," in methods
+    out = listed("reproduce", "clrs", "--quick")
+    assert any("* minimum" in line for line in out) and any(" bfs " in line for line in out)
+    assert not any("passkey" in line for line in out)
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from sharpattn.tasks import clrs_text as ct
 from sharpattn.tasks import length_suite as ls
@@ -296,6 +297,40 @@ def check_two_back(task, inputs, labels, size):
     assert lab == [src[i - k] if i >= k else 0 for i in range(len(src))]
 
 
+def passkey_row(key: str, before: int, size: int, pattern: int) -> list[int]:
+    """The passkey prompt written out from its definition (Landmark attention's generate_prompt,
+    one token per filler sentence and per digit): filler cut from the start of the repeated
+    pattern, the key line, filler cut from the start again, the question."""
+    words = [ls.FILLER0 + (i % pattern) for i in range(size)]  # the repeated text
+    key_line = [ls.KEY] + [ls.DIGIT0 + int(c) for c in key]
+    return words[:before] + key_line + words[: size - before] + [ls.QUERY]
+
+
+def parse_passkey(prompt: list[int], digits: int) -> tuple[str, int]:
+    """(the key as a string of digits, filler tokens before it), read from the tokens alone."""
+    assert prompt[-1] == ls.QUERY and prompt.count(ls.QUERY) == 1
+    assert prompt.count(ls.KEY) == 1
+    k = prompt.index(ls.KEY)
+    names = {ls.DIGIT0 + d: str(d) for d in range(10)}
+    key = "".join(names[t] for t in prompt[k + 1 : k + 1 + digits])
+    others = prompt[:k] + prompt[k + 1 + digits : -1]
+    assert not set(others) & set(names), "digits only in the key"
+    return key, k
+
+
+def check_passkey(task, prompt, answer, size):
+    key, before = parse_passkey(prompt, task.digits)
+    assert len(key) == task.digits and key[0] != "0"  # five digits, no leading zero
+    assert 0 <= before <= size
+    assert prompt == passkey_row(key, before, size, task.pattern)
+    names = {ls.DIGIT0 + d: str(d) for d in range(10)}
+    assert "".join(names[t] for t in answer) == key  # the answer is the key, nothing else
+    PASSKEYS.append((size, before, key))
+
+
+PASSKEYS: list[tuple[int, int, str]] = []  # (size, position, key) of every checked row
+
+
 REFERENCE = {
     "insertion_sort": check_insertion_sort,
     "bubble_sort": check_insertion_sort,
@@ -312,6 +347,7 @@ REFERENCE = {
     "flip_flop": check_flip_flop,
     "local_count": check_local_count,
     "two_back": check_two_back,
+    "passkey": check_passkey,
 }
 
 
@@ -476,6 +512,7 @@ def test_registry_and_bad_input():
         "local_count",
         "two_back",
         "flip_flop",
+        "passkey",
     }
     assert sorted(CLRS + SYNTHETIC) == NAMES and set(NAMES) <= set(sq.TASKS)
     one_sentence = re.compile(r"^[^\n]+\.$")
@@ -498,6 +535,10 @@ def test_registry_and_bad_input():
         (lambda: sq.get("flip_flop", write_prob=1.0), "write_prob must be in"),
         (lambda: sq.get("mqar", kv_fraction=0), "kv_fraction must be in"),
         (lambda: sq.get("naive_string_matcher", alphabet=1), "alphabet must be an integer >= 2"),
+        (lambda: sq.get("passkey", digits=0), "digits must be an integer >= 1"),
+        (lambda: sq.get("passkey", digits=19), "digits must be at most 18"),
+        (lambda: sq.get("passkey", pattern=0), "pattern must be an integer >= 1"),
+        (lambda: sq.get("passkey").batch(0, 2, gen(0)), "passkey needs size >= 1, got 0"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError) as err:
@@ -556,6 +597,14 @@ def test_text_of_the_synthetic_suite():
     ff = sq.get("flip_flop")
     b = ff.batch(6, 1, gen(0))
     assert re.fullmatch(r"flip_flop:\nsrc: w [01] [wi] [01] r\ntrg: [01]\n", ff.text(b.tokens[0]))
+    pk = sq.get("passkey")
+    row = pk.batch(7, 1, gen(0)).tokens[0]
+    m = re.fullmatch(r"passkey:\nsrc: ([a-z ]*)key (\d) (\d) (\d) (\d) (\d) ([a-z ]*)\?\n"
+                     r"trg: (\d \d \d \d \d)\n", pk.text(row))  # fmt: skip
+    assert m, pk.text(row)
+    assert m[8] == " ".join(m.group(2, 3, 4, 5, 6))
+    words = (m[1] + m[7]).split()
+    assert len(words) == 7 and set(words) <= set(ls.FILLER_WORDS)
 
 
 # --- distributions (light sanity) -----------------------------------------------------------------
@@ -578,3 +627,50 @@ def test_generators_spread_their_draws():
         for r in range(256)
     ]
     assert min(first) < 5 and max(first) > 40  # the needle is planted anywhere
+
+
+# --- passkey retrieval ------------------------------------------------------------------------------
+
+
+def test_passkey_position_and_digits_are_uniform():
+    """Position uniform on 0..size (chi-square over the size + 1 places, at fixed seeds so the
+    test is deterministic), each digit uniform (the first on 1..9), positions at both ends."""
+    task = sq.get("passkey")
+    for size, rows in ((15, 3200), (63, 6400)):
+        PASSKEYS.clear()
+        for seed in range(4):
+            check_batch(task, size, rows=rows // 4, seed=seed)
+        where = [p for _, p, _ in PASSKEYS]
+        counts = [where.count(i) for i in range(size + 1)]
+        assert counts[0] > 0 and counts[-1] > 0
+        assert stats.chisquare(counts).pvalue > 0.01, counts
+        for i in range(task.digits):
+            digit = [int(k[i]) for _, _, k in PASSKEYS]
+            seen = [digit.count(d) for d in range(1 if i == 0 else 0, 10)]
+            assert sum(seen) == rows and stats.chisquare(seen).pvalue > 0.01, (i, seen)
+    # the rows of a batch are independent draws: many different keys and places
+    b = task.batch(40, 64, gen(0))
+    assert len({tuple(r) for r in b.targets.tolist()}) > 60
+
+
+def test_passkey_seeded_sizes_and_options():
+    task = sq.get("passkey")
+    assert task.family == "synthetic" and task.layout == "seq2seq"
+    assert task.train_sizes == (16, 48) and task.eval_sizes[-1] >= 64 * 48
+    assert task.vocab_size == sq.N_SPECIAL + 10 + 2 + 5  # specials, digits, key, ?, filler
+    a, b, c = (task.batch(30, 5, gen(s)) for s in (11, 11, 12))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(a.targets, c.targets)
+    for size in (1, 16, 48, 3072, 4096):  # up to 64x (and 85x) the longest training filler
+        assert task.length(size) == size + 14
+        PASSKEYS.clear()
+        batch = check_batch(task, size, rows=2, seed=size)
+        assert int(batch.scored.sum()) == 2 * 6  # five digits and EOS per row, nothing else
+        assert [s for s, _, _ in PASSKEYS] == [size, size]
+    other = sq.get("passkey", digits=3, pattern=2)
+    assert other.options == {"digits": 3, "pattern": 2} and other.vocab_size == sq.N_SPECIAL + 14
+    for size in (1, 2, 9, 100):
+        check_batch(other, size, rows=8, seed=size)
+    assert other.length(9) == 9 + 2 * 3 + 4
+    one = sq.get("passkey", digits=1, pattern=1)
+    check_batch(one, 5, rows=16, seed=0)

@@ -31,9 +31,17 @@ PROFILES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+FAMILY = "clrs"  # the tasks this command runs
+
+
 def make_config(profile: str = "quick", **overrides: Any) -> seq.SequenceConfig:
     """The configuration of a profile (softmax and adaptive), with ``overrides``."""
-    return seq.profile_config(PROFILES, profile, "clrs", overrides)
+    return seq.profile_config(PROFILES, profile, FAMILY, overrides)
+
+
+def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
+    """``--list``: the clrs tasks and the methods, those ``cfg`` runs marked."""
+    return seq.catalogue(cfg, FAMILY, METHODS)
 
 
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,

@@ -28,9 +28,17 @@ PROFILES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+FAMILY = "synthetic"  # the tasks this command runs
+
+
 def make_config(profile: str = "quick", **overrides: Any) -> seq.SequenceConfig:
     """The configuration of a profile, with ``overrides`` (None values ignored)."""
-    return seq.profile_config(PROFILES, profile, "synthetic", overrides)
+    return seq.profile_config(PROFILES, profile, FAMILY, overrides)
+
+
+def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
+    """``--list``: the synthetic tasks and the methods, those ``cfg`` runs marked."""
+    return seq.catalogue(cfg, FAMILY, tuple(seq.methods()))
 
 
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,

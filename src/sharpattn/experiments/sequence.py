@@ -22,6 +22,7 @@ beyond the chunk size.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,23 @@ def sizes_of(cfg: SequenceConfig, name: str) -> list[int]:
     top = 1 << (cfg.eval_factor * hi - 1).bit_length()  # at least eval_factor x, a power of two
     inside = {2**k for k in range(max(0, lo - 1).bit_length(), hi.bit_length()) if lo <= 2**k <= hi}
     return sorted({s for s in t.eval_sizes if s <= top} | inside)
+
+
+def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """What a command's ``--list`` shows: every task of ``family`` (its one-line description,
+    training sizes, and the evaluation sizes ``cfg`` would use) and the methods ``known``, each
+    marked ``chosen`` when ``cfg`` runs it."""
+    from ..tasks import sequence as tasks
+
+    rows = []
+    for name in tasks.available(family):
+        t = task(name)
+        doc = " ".join((type(t).__doc__ or "").split())
+        first = re.match(r"(.+?\.)(?:\s|$)", doc)  # its first sentence
+        rows.append({"task": name, "chosen": name in cfg.tasks, "train_sizes": t.train_sizes,
+                     "eval_sizes": sizes_of(cfg, name), "about": first[1] if first else doc})  # fmt: skip
+    methods_ = [{"method": m, "chosen": m in cfg.methods} for m in known]
+    return {"tasks": rows, "methods": methods_}
 
 
 def train_length(t) -> int:

@@ -36,6 +36,11 @@ it, as in every seq2seq task). local_count and two_back are token classification
 keeps that (targets are labels, not next tokens; the trailing EOS, never scored, is dropped);
 ``layout="seq2seq"`` gives ``BOS, src, SEP, labels, EOS`` instead.
 
+With them, ``passkey`` (not ASEntmax's: Mohtashami & Jaggi's passkey retrieval, Selective
+Attention's Table 4): a five-digit key, one token per digit, hidden at a uniform place in
+``size`` tokens of a repeated filler pattern, then a question; the answer is the key (see
+:class:`Passkey`).
+
 Training sizes default to 16..48 (their 48 ± 16 halved in the middle, for CPU budgets) and
 evaluation sizes to 32, 64, …, 4096 (≥ 64× the largest training size).
 """
@@ -418,3 +423,78 @@ class FlipFlop(_Synthetic):
     def _name(self, t: int) -> str:
         names = {WRITE: "w", IGNORE_CMD: "i", READ: "r", BIT0: "0", BIT0 + 1: "1"}
         return names.get(t, SPECIAL_NAMES.get(t, f"?{t}"))
+
+
+# --- passkey retrieval -------------------------------------------------------------------------------
+
+DIGIT0 = N_SPECIAL  # digit d is token DIGIT0 + d
+KEY, QUERY = N_SPECIAL + 10, N_SPECIAL + 11
+FILLER0 = N_SPECIAL + 12  # the filler pattern's word w is token FILLER0 + w
+FILLER_WORDS = ("grass", "sky", "sun", "here", "there")  # the five sentences of the original
+
+
+@register
+class Passkey(_Synthetic):
+    """Passkey retrieval (Mohtashami & Jaggi's landmark-attention test, used by YaRN and by
+    Selective Attention's Table 4), reduced to tokens: find a five-digit key hidden in filler.
+
+    The original prompt is a task description, ``The grass is green. The sky is blue. The sun is
+    yellow. Here we go. There and back again.`` repeated, ``The pass key is 12345. Remember it.
+    12345 is the pass key.`` at a uniformly random place, more filler, and ``What is the pass key?
+    The pass key is``. Here each of its five filler sentences is one token (``pattern`` = 5 words
+    repeated in a fixed cycle, so the filler carries no information), the key line is ``KEY d1 …
+    d5`` with one token per digit, and the question is one token ``?``:
+
+    ``BOS, filler[:p], KEY, d1 … d5, filler[:size - p], ?, SEP, d1 … d5, EOS``
+
+    ``size`` is the number of filler tokens (as ``copy``'s size is its list's length); the filler
+    before and after the key both start the pattern afresh, as the original cuts its prefix and
+    suffix from the start of the same repeated text. ``p`` (filler tokens before the key) is
+    uniform on ``0..size`` (the original's ``randint(0, n_garbage)``); the key is uniform on
+    ``10^(digits-1) .. 10^digits - 1`` (five digits, no leading zero; the original draws
+    ``randint(1, 50000)``). Only the ``digits`` answer tokens and EOS are scored. A sequence has
+    ``size + 2 * digits + 4`` tokens; any size can be made.
+    """
+
+    name = "passkey"
+
+    def __init__(self, *, digits: int = 5, pattern: int = 5, train_sizes=None, eval_sizes=None):
+        super().__init__(train_sizes=train_sizes, eval_sizes=eval_sizes)
+        _check_int(self.name, "digits", digits, 1)
+        if digits > 18:
+            raise ValueError(f"passkey: digits must be at most 18 (int64 keys), got {digits}.")
+        _check_int(self.name, "pattern", pattern, 1)
+        self.digits, self.pattern = digits, pattern
+        self.vocab_size = FILLER0 + pattern
+        if digits != 5:
+            self.options["digits"] = digits
+        if pattern != 5:
+            self.options["pattern"] = pattern
+        self._validate_sizes()
+
+    def _length(self, size: int) -> int:
+        return size + 2 * self.digits + 4
+
+    def _batch(self, size: int, batch: int, g: torch.Generator) -> SequenceBatch:
+        device, d = g.device, self.digits
+        key = torch.randint(10 ** (d - 1), 10**d, (batch, 1), generator=g, device=device)
+        key_digits = key // 10 ** torch.arange(d - 1, -1, -1, device=device) % 10  # [B, d]
+        before = _randint(g, size + 1, (batch, 1))  # filler tokens before the key: 0..size
+        j = torch.arange(size + d + 1, device=device).expand(batch, -1)
+        offset = j - before  # 0 at KEY, 1..d at the digits
+        in_key = (offset >= 0) & (offset <= d)
+        word = torch.where(offset < 0, j, offset - (d + 1)) % self.pattern  # each part restarts
+        key_part = torch.where(
+            offset == 0, KEY, DIGIT0 + key_digits.gather(1, (offset - 1).clamp(0, d - 1))
+        )
+        context = torch.where(in_key, key_part, FILLER0 + word)
+        question = torch.full((batch, 1), QUERY, dtype=torch.long, device=device)
+        return assemble(torch.cat((context, question), dim=1), DIGIT0 + key_digits)
+
+    def _name(self, t: int) -> str:
+        if t >= FILLER0:
+            w = t - FILLER0
+            return FILLER_WORDS[w] if self.pattern <= len(FILLER_WORDS) else f"w{w}"
+        if t >= DIGIT0 and t < DIGIT0 + 10:
+            return str(t - DIGIT0)
+        return {KEY: "key", QUERY: "?"}.get(t, SPECIAL_NAMES.get(t, f"?{t}"))

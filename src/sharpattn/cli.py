@@ -509,6 +509,10 @@ def reproduce_selective(profile, out, **options):
 @click.option("--targets", default=None, help="Temperatures on q, k and/or v [default: qv].")
 @click.option("--sharing", is_flag=True, default=None,
               help="The paper's weight sharing instead of base SSA's MLP token term.")  # fmt: skip
+@click.option("--terms", type=click.Choice(["both", "token", "position"]), default=None,
+              help="Token and position terms, or one of them [default: both].")  # fmt: skip
+@click.option("--position-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Learning rate of the position parameter [default: 3e-2].")  # fmt: skip
 @click.option("--eval-windows", type=click.IntRange(min=1), default=None,
               help="Held-out windows per length (overrides the profile).")  # fmt: skip
 @seed_option("Seed of the training windows.")

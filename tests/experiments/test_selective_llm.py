@@ -54,6 +54,18 @@ def test_fine_tunes_only_the_temperatures_from_an_identity(tmp_path):
         assert (run / name).is_file()
 
 
+def test_the_position_only_control_trains_one_coefficient_per_head(tmp_path):
+    from sharpattn.attention.selective import initial_theta, position_coefficient
+
+    _, m = sl.run(tmp_path / "p", _cfg(terms="position"), net=_net(), ids=_ids())
+    # tiny_hf.llama: 2 layers, 4 query heads, 2 key/value heads
+    assert m["trainable_parameters"] == 2 * (4 + 2)
+    c0 = float(position_coefficient(torch.tensor(initial_theta("exp")), "exp"))
+    moved = [abs(c / c0 - 1) for cs in m["position_coefficient"].values() for c in cs]
+    # 6 Adam steps at 3e-2 move β by up to 0.18, so c = e^{−e^β} by up to a factor e^{±2}
+    assert max(moved) > 0.1
+
+
 def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path, monkeypatch):
     _, whole = sl.run(tmp_path / "whole", _cfg(), net=_net(), ids=_ids())
 
@@ -88,5 +100,9 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
         _cfg(targets="qx")
     with pytest.raises(ValueError, match="lr"):
         _cfg(lr=float("nan"))
+    with pytest.raises(ValueError, match="position_lr"):
+        _cfg(position_lr=0.0)
+    with pytest.raises(ValueError, match="terms"):
+        _cfg(terms="all")
     with pytest.raises(ValueError, match="unknown profile"):
         sl.make_config("huge")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +48,18 @@ class Config:
     context: int = 256  # training window (tokens)
     factors: tuple[int, ...] = (1, 2, 4)  # evaluation lengths, multiples of the context
     batch: int = 1
-    lr: float = 1e-3
+    lr: float = 1e-3  # the token term's
+    position_lr: float = 3e-2  # the position parameter's (β of c = e^{−e^β}: Adam moves it by
+    # about its learning rate per step, so at 1e-3 it would stay at its identity value)
     targets: str = "qv"
     sharing: bool = False  # False: base SSA (MLP token term); True: weight sharing
+    terms: str = "both"  # "both", "token" or "position" (τ = 1 + c·log n alone: the control
+    # that cannot adapt to the text's tokens, only to lengths)
     eval_windows: int = 16
     train_fraction: float = 0.8
     seed: int = 0
     checkpoint_every: int = 50
     threads: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # selective options (hidden, terms, ...)
 
     def __post_init__(self):
         self.factors = tuple(int(f) for f in self.factors)
@@ -65,8 +68,11 @@ class Config:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not self.factors or min(self.factors) < 1:
             raise ValueError(f"factors must be positive integers, got {list(self.factors)}.")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}.")
+        for name in ("lr", "position_lr"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}.")
+        if self.terms not in ("both", "token", "position"):
+            raise ValueError(f"terms must be both, token or position, got {self.terms!r}.")
         if not 0 < self.train_fraction < 1:
             raise ValueError(f"train_fraction must be in (0, 1), got {self.train_fraction}.")
         if not self.targets or set(self.targets) - set("kqv"):
@@ -83,8 +89,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 #: what a run computes; threads and the evaluation window count may change between invocations
-IDENTITY = ("model", "steps", "context", "batch", "lr", "targets", "sharing", "train_fraction",
-            "seed", "extra")  # fmt: skip
+IDENTITY = ("model", "steps", "context", "batch", "lr", "position_lr", "targets", "sharing",
+            "terms", "train_fraction", "seed")  # fmt: skip
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> Config:
@@ -136,6 +142,16 @@ def temperatures(net: nn.Module) -> nn.ModuleDict:
     return nn.ModuleDict(mods)
 
 
+def optimizer(holder: nn.Module, cfg: Config) -> torch.optim.AdamW:
+    """AdamW over the temperatures: the position parameters at ``position_lr``, the token terms
+    at ``lr``."""
+    named = list(holder.named_parameters())
+    pos = [p for n, p in named if n.rsplit(".", 1)[-1] in ("beta", "alpha")]
+    tok = [p for n, p in named if n.rsplit(".", 1)[-1] not in ("beta", "alpha")]
+    groups = [{"params": g, "lr": lr} for g, lr in ((tok, cfg.lr), (pos, cfg.position_lr)) if g]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
 def position_coefficients(holder: nn.ModuleDict) -> dict[str, list[float]]:
     """Per target (q, k, v): the mean over heads of c (τ_pos = 1 + c·log n), per layer."""
     out: dict[str, list[float]] = {}
@@ -182,7 +198,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
 
         base = runner.once(folder / f"base_w{cfg.eval_windows}.json", lambda: evaluate("unpatched"))
 
-        hf.apply(net, "selective", targets=cfg.targets, sharing=cfg.sharing, **cfg.extra)
+        hf.apply(net, "selective", targets=cfg.targets, sharing=cfg.sharing, terms=cfg.terms)
         holder = temperatures(net)
         # the identity at initialisation: the patched model before training
         start = window_nll(net, windows[:1], cfg.context)[0]
@@ -199,7 +215,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
 
         net.eval()  # no dropout; only the temperatures have gradients
         trainer = Trainer(
-            folder.sub("train"), holder, torch.optim.AdamW(holder.parameters(), lr=cfg.lr),
+            folder.sub("train"), holder, optimizer(holder, cfg),
             steps=cfg.steps, batch=batch, loss=loss, generators={"data": data},
             checkpoint_every=cfg.checkpoint_every, log_every=max(1, cfg.steps // 20),
             task="temperatures", progress=progress,
@@ -262,10 +278,14 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         ax.set_ylabel("perplexity (held-out)")
         ax.legend(fontsize=8)
     coef = m["position_coefficient"]
-    form = "weight sharing" if cfg.sharing else "base SSA (MLP token term)"
+    form = {"position": "position term only: τ = 1 + c·log n",
+            "token": "token term only, " + ("weight sharing" if cfg.sharing else "MLP"),
+            "both": "weight sharing" if cfg.sharing else "base SSA: MLP token term + position term",
+            }[cfg.terms]  # fmt: skip
     sections = [
         f"{cfg.model}, frozen; selective temperatures on {cfg.targets} ({form}) trained for "
-        f"{cfg.steps} AdamW steps (lr {cfg.lr:g}) on {cfg.batch}×{cfg.context}-token windows: "
+        f"{cfg.steps} AdamW steps (lr {cfg.lr:g}, position {cfg.position_lr:g}) on "
+        f"{cfg.batch}×{cfg.context}-token windows: "
         f"{m['trainable_parameters']:,} trainable parameters "
         f"({100 * m['trainable_parameters'] / m['model_parameters']:.2f}% of the model). "
         f"Perplexity on {rows[0]['windows']} held-out windows, the same for both models; p from "

@@ -498,7 +498,7 @@ def reproduce_selective(profile, out, **options):
 @reproduce.command("selective-llm")
 @profile_options(
     "20 steps, 4 held-out windows at 1x and 2x the context (a few minutes on 2 cores).",
-    "200 steps, 16 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
+    "100 steps, 8 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="AdamW steps.")

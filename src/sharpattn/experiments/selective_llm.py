@@ -85,7 +85,7 @@ class Config:
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"steps": 20, "eval_windows": 4, "factors": (1, 2)},
-    "paper": {"steps": 200, "eval_windows": 16, "factors": (1, 2, 4)},
+    "paper": {"steps": 100, "eval_windows": 8, "factors": (1, 2, 4)},
 }
 
 #: what a run computes; threads and the evaluation window count may change between invocations

@@ -5,11 +5,16 @@ the numbers of an uninterrupted run, and one-sentence errors."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import tiny_hf
+from processes import kill_9_once_written
 from sharpattn.experiments import selective_llm as sl
 from sharpattn.experiments.runner import Trainer
 
@@ -106,3 +111,25 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
         _cfg(terms="all")
     with pytest.raises(ValueError, match="unknown profile"):
         sl.make_config("huge")
+
+
+_RUN = """
+import sys
+sys.path.insert(0, {tests!r}); sys.path.insert(0, {here!r})
+import test_selective_llm as t
+from sharpattn.experiments import selective_llm as sl
+sl.run({out!r}, t._cfg(steps=120), net=t._net(), ids=t._ids())
+"""
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path):
+    here = Path(__file__).resolve().parent
+    out = tmp_path / "killed"
+    script = _RUN.format(tests=str(here.parent), here=str(here), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    kill_9_once_written(proc, out / "train" / "checkpoint.safetensors", timeout=120)
+    _, resumed = sl.run(out, _cfg(steps=120), net=_net(), ids=_ids())
+    _, whole = sl.run(tmp_path / "whole", _cfg(steps=120), net=_net(), ids=_ids())
+    assert resumed["rows"] == whole["rows"]
+    assert resumed["position_coefficient"] == whole["position_coefficient"]

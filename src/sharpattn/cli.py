@@ -553,15 +553,17 @@ def reproduce_backcopy_study(study, seeds, steps, threads, out):
             progress=progress, steps=steps,
         )  # fmt: skip
     if study == "simplified":
+        from .experiments.report import cell
+
         table = Table(title="App. C.3: the simplified model trained by Adam")
         for col in ("run", "steps", "bigram exc.", "backcopy exc.", "BOS weight", "Δlogit",
                     "‖Oβ‖", "mean ‖Val_other‖", "log fit slope", "R²"):  # fmt: skip
             table.add_column(col)
         for name, r in results["runs"].items():
             fit = r["log_fit"]
-            table.add_row(name, str(r["steps"]), *(f"{r[k]:.3g}" for k in (
+            table.add_row(name, str(r["steps"]), *(cell(r[k]) for k in (
                 "bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos",
-                "val_other")), f"{fit['slope']:.3g}", f"{fit['r2']:.3g}")  # fmt: skip
+                "val_other")), cell(fit["slope"]), cell(fit["r2"]))  # fmt: skip
         console.print(table)
         console.print(f"wrote {run}/report.md")
         return

@@ -221,6 +221,9 @@ def test_the_study_writes_its_report_and_resumes(task, tmp_path):
     assert (path / "dynamics.png").is_file() and (path / "statics.png").is_file()
     s0 = res["runs"]["seed0"]
     assert s0["steps"] == 9 and s0["log_fit"]["points"] == 3  # steps 4, 6, 9
+    # nothing measured from step 1,000 on: None, not NaN (results.json stays strict JSON)
+    assert s0["log_fit_late"]["slope"] is None and s0["max_excess_late"] == [None, None]
+    json.loads((path / "results.json").read_text(), parse_constant=pytest.fail)
     run = bsm.train(tmp_path / "s" / "runs" / "seed0", tiny(), task)
     assert s0["delta_logit"] == run.metrics[-1]["delta_logit"]
     assert json.loads((path / "results.json").read_text())["runs"]["seed0"] == s0

@@ -564,19 +564,46 @@ def reproduce_backcopy(profile, seed, threads, out):
 
 
 @reproduce.command("backcopy-study")
-@click.argument("study", type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures"]))
-@seeds_option("Seeds per variant (default: the study's own).")
+@click.argument(
+    "study",
+    type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures", "simplified"]),
+)
+@seeds_option("Seeds per variant (default: the study's own; simplified: 1).")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Training steps of the simplified study (default 5,000).",
+)
 @threads_option(default=1)
 @out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")
-def reproduce_backcopy_study(study, seeds, threads, out):
-    """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, structures."""
+def reproduce_backcopy_study(study, seeds, steps, threads, out):
+    """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, no-bos,
+    structures; and simplified, App. C.3's simplified model of Theorem 2 trained by Adam."""
     from .experiments import backcopy_studies as bs
 
+    if steps is not None and study != "simplified":
+        raise click.UsageError("--steps applies to the simplified study only.")
     with ProgressRenderer() as progress:
         run, results = bs.run_study(
             out or f"runs/backcopy-study-{study}", study, seeds=seeds, threads=threads,
-            progress=progress,
+            progress=progress, steps=steps,
         )  # fmt: skip
+    if study == "simplified":
+        from .experiments.report import cell
+
+        table = Table(title="App. C.3: the simplified model trained by Adam")
+        for col in ("run", "steps", "bigram exc.", "backcopy exc.", "BOS weight", "Δlogit",
+                    "‖Oβ‖", "mean ‖Val_other‖", "log fit slope", "R²"):  # fmt: skip
+            table.add_column(col)
+        for name, r in results["runs"].items():
+            fit = r["log_fit"]
+            table.add_row(name, str(r["steps"]), *(cell(r[k]) for k in (
+                "bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos",
+                "val_other")), cell(fit["slope"]), cell(fit["r2"]))  # fmt: skip
+        console.print(table)
+        console.print(f"wrote {run}/report.md")
+        return
     table = Table(title=f"Bigram-Backcopy study {study}: ‖Res_BOS‖ at layer 0")
     for col in ("run", "start", "end", "peak", "slope /1k", "R²", "bigram exc.", "backcopy exc."):
         table.add_column(col)

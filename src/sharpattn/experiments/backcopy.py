@@ -127,8 +127,7 @@ class RunConfig:
 
 def log_steps(total: int, n: int) -> list[int]:
     """0 and about ``n`` log-spaced steps in [1, total], always including ``total``."""
-    grid = np.unique(np.round(np.geomspace(1, max(total, 1), max(n, 2))).astype(int))
-    return sorted({0, *(int(s) for s in grid if s <= total), total})
+    return runner.log_steps(total, n)
 
 
 # ----- measures -------------------------------------------------------------------------------

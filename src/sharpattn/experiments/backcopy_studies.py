@@ -15,6 +15,8 @@ Studies (issue 15):
 * ``sgd`` (item 6): SGD learning rates and momentum until backcopy is learned.
 * ``fig7b`` (item 7): attn+mlp+attn+mlp+mlp with Adam; measures with layer 0 zeroed.
 * ``structures`` (item 7, Fig. 11): which stacks of attn / mlp / TF layers form a BOS peak.
+* ``simplified`` (item 7, App. C.3): not a transformer study; the simplified model of Theorem 2
+  trained by Adam, in :mod:`.backcopy_simplified` (one run per seed, its own report).
 """
 
 from __future__ import annotations
@@ -121,11 +123,15 @@ STUDIES: dict[str, Study] = {
 }
 
 
+#: every study ``run_study`` knows: the transformer studies above and App. C.3's simplified model
+NAMES = (*STUDIES, "simplified")
+
+
 def study_configs(name: str, seeds: int | None = None) -> dict[str, RunConfig]:
     """``{run name: RunConfig}`` of study ``name`` (``seeds``: the first that many seeds of
     every variant instead of the study's own)."""
     if name not in STUDIES:
-        raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {name!r}.")
+        raise ValueError(f"study must be one of {', '.join(NAMES)}, got {name!r}.")
     st = STUDIES[name]
     out = {}
     for variant, changes in st.variants.items():
@@ -190,9 +196,20 @@ def run_study(
     threads: int | None = 1,
     progress: Progress | None = None,
     task: BigramBackcopy | None = None,
+    steps: int | None = None,
 ) -> tuple[Path, dict]:
     """Train (or resume) every run of study ``name`` in ``out`` and write ``out/report.md``,
-    ``out/results.json`` and ``out/residual.png``; returns the folder and the results."""
+    ``out/results.json`` and ``out/residual.png``; returns the folder and the results.
+    ``simplified`` is :func:`.backcopy_simplified.run` (``steps``: its training steps; the
+    transformer studies fix theirs per variant)."""
+    if name == "simplified":
+        from . import backcopy_simplified
+
+        return backcopy_simplified.run(
+            out, seeds=seeds, steps=steps, threads=threads, progress=progress, task=task
+        )
+    if steps is not None:
+        raise ValueError("--steps applies to the simplified study only.")
     task = task or BigramBackcopy.tiny_shakespeare()
     cfgs = study_configs(name, seeds)
     record = {"study": name, "runs": {k: c.to_dict() for k, c in cfgs.items()}}

@@ -157,6 +157,27 @@ def emit(progress: Progress | None, task: str, phase: str, step: int, total: int
 
 
 # ---------------------------------------------------------------------------------------------
+# When to measure
+# ---------------------------------------------------------------------------------------------
+
+
+def log_steps(total: int, n: int, linear_until: int = 0, linear_every: int = 1) -> list[int]:
+    """Steps to measure at (``Trainer(log_at=...)``): 0, every ``linear_every`` steps up to
+    ``linear_until``, then about ``n`` log-spaced steps from ``max(linear_until, 1)`` to
+    ``total``; always ``total``. ``linear_until=0``: log-spaced from step 1 (Fig. 4b's axis);
+    ``linear_until=400``: a linear axis to 400 and a log one after it (Fig. 18's)."""
+    if total < 0 or n < 1 or linear_until < 0 or linear_every < 1:
+        raise ValueError(
+            f"need total >= 0, n >= 1, linear_until >= 0 and linear_every >= 1, got {total}, "
+            f"{n}, {linear_until} and {linear_every}."
+        )
+    start = min(max(linear_until, 1), max(total, 1))
+    grid = np.unique(np.round(np.geomspace(start, max(total, 1), max(n, 2))).astype(int))
+    linear = range(0, min(linear_until, total) + 1, linear_every)
+    return sorted({0, *linear, *(int(s) for s in grid if s <= total), total})
+
+
+# ---------------------------------------------------------------------------------------------
 # Run folders
 # ---------------------------------------------------------------------------------------------
 
@@ -506,6 +527,7 @@ __all__ = [
     "emit",
     "event",
     "generator",
+    "log_steps",
     "once",
     "read_config",
     "read_json",

@@ -326,7 +326,8 @@ def next_token_loss(model: Transformer, x: Tensor, loss_from: int = 0) -> Tensor
 
 @dataclass
 class Run:
-    """A trained (or partly trained) run: its folder, config, model and measurements."""
+    """A trained (or partly trained) run: its folder, config, model and measurements (also the
+    simplified model's runs, :mod:`.backcopy_simplified`)."""
 
     dir: Path
     cfg: RunConfig
@@ -386,6 +387,11 @@ def train(
     """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
     steps in all, as a crash would. Same config, same numbers, interrupted or not."""
     t = trainer(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
+    return run_trainer(t, cfg, stop_at)
+
+
+def run_trainer(t: Trainer, cfg, stop_at: int | None = None) -> Run:
+    """Run (or resume, or load) the Trainer ``t`` of a run of configuration ``cfg``; its Run."""
     state = t.run(stop_at=stop_at)
     return Run(t.folder, cfg, t.model, t.metrics.read(), state["seconds"], state["step"])
 

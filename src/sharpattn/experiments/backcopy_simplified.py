@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +47,7 @@ from torch import nn
 
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import report, runner
-from .backcopy import CONVERGED, attention_on, delta_logit, risks
+from .backcopy import CONVERGED, Run, attention_on, delta_logit, risks, run_trainer
 from .runner import Progress, RunFolder, Trainer, emit, generator, seeded
 from .runs import write_json
 from .stats import linear_fit
@@ -327,16 +327,6 @@ def measure(model: SimplifiedModel, task: BigramBackcopy, tokens: Tensor) -> dic
 
 
 # ----- training -------------------------------------------------------------------------------
-@dataclass
-class Run:
-    dir: Path
-    cfg: SimplifiedConfig
-    model: SimplifiedModel
-    metrics: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
-    steps_done: int = 0
-
-
 def trainer(
     run_dir: str | Path,
     cfg: SimplifiedConfig,
@@ -386,8 +376,7 @@ def train(
     """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
     steps in all, as a crash would. Same config, same numbers, interrupted or not."""
     t = trainer(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
-    state = t.run(stop_at=stop_at)
-    return Run(t.folder, cfg, t.model, t.metrics.read(), state["seconds"], state["step"])
+    return run_trainer(t, cfg, stop_at)
 
 
 # ----- analysis -------------------------------------------------------------------------------

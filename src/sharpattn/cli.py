@@ -563,6 +563,10 @@ def reproduce_backcopy(profile, seed, threads, out):
     console.print(f"wrote {run}/report.md and its PNGs")
 
 
+def _names(ctx, param, value):
+    return None if value is None else tuple(x for x in value.replace(" ", "").split(",") if x)
+
+
 @reproduce.command("backcopy-study")
 @click.argument(
     "study",
@@ -575,19 +579,26 @@ def reproduce_backcopy(profile, seed, threads, out):
     default=None,
     help="Training steps of the simplified study (default 5,000).",
 )
+@click.option("--variants", callback=_names, default=None,
+              help="Only these of the study's variants, comma-separated (runs already in the "
+              "folder are kept; the report covers the ones asked for).")  # fmt: skip
+@cluster_options
 @threads_option(default=1)
 @out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")
-def reproduce_backcopy_study(study, seeds, steps, threads, out):
+def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address, threads, out):
     """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, no-bos,
     structures; and simplified, App. C.3's simplified model of Theorem 2 trained by Adam."""
     from .experiments import backcopy_studies as bs
 
     if steps is not None and study != "simplified":
         raise click.UsageError("--steps applies to the simplified study only.")
+    if study == "simplified" and (variants or workers or ray_address):
+        raise click.UsageError("--variants, --workers and --ray apply to the transformer studies.")
     with ProgressRenderer() as progress:
         run, results = bs.run_study(
             out or f"runs/backcopy-study-{study}", study, seeds=seeds, threads=threads,
-            progress=progress, steps=steps,
+            progress=progress, steps=steps, variants=variants, workers=workers or 1,
+            ray=ray_address,
         )  # fmt: skip
     if study == "simplified":
         from .experiments.report import cell
@@ -616,10 +627,6 @@ def reproduce_backcopy_study(study, seeds, steps, threads, out):
 
 
 # --- sequence tasks: reproduce clrs and the leaderboard (issue 14) -----------------------------
-def _names(ctx, param, value):
-    return None if value is None else tuple(x for x in value.replace(" ", "").split(",") if x)
-
-
 def _sequence_options(f):
     """The options ``reproduce clrs`` and ``leaderboard`` share."""
     return compose(

@@ -205,3 +205,20 @@ def test_a_run_without_bos(task, tmp_path):
     t.batch = lambda step: seen.append(orig(step)) or seen[-1]
     t.run()
     assert seen and all(bool((b != task.bos).all()) and b.shape[1] == 13 for b in seen)
+
+
+def test_chosen_variants_in_a_process_pool_give_the_sequential_numbers(task, tmp_path, monkeypatch):
+    tiny = dict(d_model=16, seq_len=12, batch=4, steps=6, eval_batch=4, n_measure=3,
+                checkpoint_every=3, lr=3e-3)  # fmt: skip
+    study = bs.Study("tiny", tiny, {"a": {}, "b": {"method": "relu"}, "c": {"lr": 1e-3}},
+                     seeds=(0,))  # fmt: skip
+    monkeypatch.setitem(bs.STUDIES, "relu-peak", study)
+    _, pooled = bs.run_study(tmp_path / "p", "relu-peak", task=task, variants=("a", "c"),
+                             workers=2)  # fmt: skip
+    assert set(pooled["runs"]) == {"a-s0", "c-s0"}
+    _, alone = bs.run_study(tmp_path / "s", "relu-peak", task=task, variants=("a", "c"))
+    for name in ("a-s0", "c-s0"):
+        for key in ("res_bos", "bigram_excess", "backcopy_excess"):
+            assert pooled["runs"][name][key] == alone["runs"][name][key]
+    with pytest.raises(ValueError, match="has no variant 'd'"):
+        bs.study_configs("relu-peak", variants=("d",))

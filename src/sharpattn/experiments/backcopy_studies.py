@@ -22,6 +22,7 @@ Studies (issue 15):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,14 +128,23 @@ STUDIES: dict[str, Study] = {
 NAMES = (*STUDIES, "simplified")
 
 
-def study_configs(name: str, seeds: int | None = None) -> dict[str, RunConfig]:
+def study_configs(
+    name: str, seeds: int | None = None, variants: Sequence[str] | None = None
+) -> dict[str, RunConfig]:
     """``{run name: RunConfig}`` of study ``name`` (``seeds``: the first that many seeds of
-    every variant instead of the study's own)."""
+    every variant instead of the study's own; ``variants``: only these of the study's)."""
     if name not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(NAMES)}, got {name!r}.")
     st = STUDIES[name]
+    unknown = [v for v in variants or () if v not in st.variants]
+    if unknown:
+        raise ValueError(
+            f"study {name} has no variant {unknown[0]!r}; its variants: {', '.join(st.variants)}."
+        )
     out = {}
     for variant, changes in st.variants.items():
+        if variants is not None and variant not in variants:
+            continue
         own = (st.seeds_of or {}).get(variant, st.seeds)
         for seed in own if seeds is None else range(seeds):
             out[f"{variant}-s{seed}"] = RunConfig(**{**st.base, **changes, "seed": seed})
@@ -197,11 +207,17 @@ def run_study(
     progress: Progress | None = None,
     task: BigramBackcopy | None = None,
     steps: int | None = None,
+    variants: Sequence[str] | None = None,
+    workers: int = 1,
+    ray: str | None = None,
 ) -> tuple[Path, dict]:
-    """Train (or resume) every run of study ``name`` in ``out`` and write ``out/report.md``,
-    ``out/results.json`` and ``out/residual.png``; returns the folder and the results.
-    ``simplified`` is :func:`.backcopy_simplified.run` (``steps``: its training steps; the
-    transformer studies fix theirs per variant)."""
+    """Train (or resume) every run of study ``name`` (``variants``: only those) in ``out`` and
+    write ``out/report.md``, ``out/results.json`` and ``out/residual.png``; returns the folder and
+    the results. The runs are independent: ``workers`` > 1 trains them in a local process pool,
+    ``ray`` as Ray tasks (:func:`.sweep.run_jobs`), then this process loads them. A folder keeps
+    the runs of earlier invocations, so variants can be trained a few at a time; the report covers
+    the ones asked for. ``simplified`` is :func:`.backcopy_simplified.run` (``steps``: its
+    training steps; the transformer studies fix theirs per variant)."""
     if name == "simplified":
         from . import backcopy_simplified
 
@@ -211,12 +227,17 @@ def run_study(
     if steps is not None:
         raise ValueError("--steps applies to the simplified study only.")
     task = task or BigramBackcopy.tiny_shakespeare()
-    cfgs = study_configs(name, seeds)
+    cfgs = study_configs(name, seeds, variants)
     record = {"study": name, "runs": {k: c.to_dict() for k, c in cfgs.items()}}
     folder = RunFolder(out, "backcopy-study", record, identity=("study",))
     t0 = time.perf_counter()
     runs: dict[str, Run] = {}
-    with runner.threads(threads):
+    if workers > 1 or ray is not None:
+        from .sweep import run_jobs
+
+        jobs = [(folder / "runs" / n, n, c, task, threads) for n, c in cfgs.items()]
+        run_jobs(_train_job, jobs, workers=workers, ray=ray, progress=progress)
+    with runner.threads(threads):  # trains here with one worker; else loads what the jobs trained
         for i, (run_name, cfg) in enumerate(cfgs.items()):
             emit(progress, name, "runs", i, len(cfgs), note=run_name)
             runs[run_name] = train(
@@ -231,6 +252,13 @@ def run_study(
     write_json(folder / "results.json", results)
     _write(folder.path, name, runs, summary, fig7b)
     return folder.path, results
+
+
+def _train_job(job: tuple, progress: Progress | None) -> float:
+    """A sweep job: train (or resume) one run of a study in its folder; its training seconds."""
+    path, run_name, cfg, task, threads = job
+    with runner.threads(threads):
+        return train(path, cfg, task, progress=progress, label=run_name).seconds
 
 
 def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> Path:

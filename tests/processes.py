@@ -39,3 +39,18 @@ def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300
     err = proc.stderr.read() if proc.stderr is not None else ""
     assert proc.returncode == -9, f"the run ended before it could be killed: {err}"
     assert Path(path).exists(), "killed before it wrote a checkpoint"
+
+
+def wait_until_in_main(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until the ``sharpattn`` child is inside ``cli.main`` — it has installed its SIGTERM
+    handler (bit 15 of ``SigCgt`` in /proc/PID/status), so imports are over — however long a
+    loaded machine takes to start it. A signal sent earlier would meet Python's start-up, not the
+    program."""
+    deadline = time.monotonic() + timeout
+    status = Path(f"/proc/{proc.pid}/status")
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in status.read_text().splitlines():
+            if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"the child did not reach cli.main in {timeout} s (exit {proc.poll()})")

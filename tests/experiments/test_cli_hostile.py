@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from processes import sharpattn
+from processes import sharpattn, wait_until_in_main
 from sharpattn.cli import main
 from sharpattn.experiments import checkpoint as ckpt
 from sharpattn.experiments.runs import write_json
@@ -168,7 +168,8 @@ def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path)
                                              (signal.SIGTERM, 143, "terminated")])  # fmt: skip
 def test_signals_exit_with_the_shell_convention(sig, code, word, tmp_path):
     proc = sharpattn("dispersion", "--sizes", "65536", "--rows", "64", "--out", str(tmp_path))
-    time.sleep(4.0)  # past start-up, inside the work
+    wait_until_in_main(proc)  # past start-up however loaded the machine is
+    time.sleep(1.0)  # inside the work
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err

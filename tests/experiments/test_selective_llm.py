@@ -101,6 +101,7 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
         sl.run(tmp_path / "a", _cfg(context=32), net=_net(), ids=_ids(2000))
     with pytest.raises(ValueError, match="held-out text has"):
         sl.run(tmp_path / "b", _cfg(eval_windows=50), net=_net(), ids=_ids())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing written
     with pytest.raises(ValueError, match="targets"):
         _cfg(targets="qx")
     with pytest.raises(ValueError, match="lr"):

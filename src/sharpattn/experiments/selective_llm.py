@@ -171,8 +171,6 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
 
     t0, c0 = time.time(), time.process_time()
     with runner.threads(cfg.threads) as n_threads:
-        folder = RunFolder(out, "selective-llm", {**asdict(cfg), "threads": n_threads},
-                           identity=IDENTITY)  # fmt: skip
         if net is None:
             from ..integrations.pretrained import load_pretrained
             from .llm import heldout_text
@@ -185,6 +183,9 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
         if limit is not None and max(cfg.lengths) > int(limit):
             raise ValueError(f"length {max(cfg.lengths)} is beyond the model's context ({limit}).")
         train_ids, windows = split(ids, cfg)
+        # written once the inputs are known to fit: a refused run leaves no folder behind
+        folder = RunFolder(out, "selective-llm", {**asdict(cfg), "threads": n_threads},
+                           identity=IDENTITY)  # fmt: skip
         for p in net.parameters():
             p.requires_grad_(False)
         total = len(cfg.lengths)

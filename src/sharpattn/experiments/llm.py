@@ -177,6 +177,17 @@ def heldout_text() -> str:
     return "\n\n".join(docs)
 
 
+@torch.no_grad()
+def window_nll(net: torch.nn.Module, windows: list[torch.Tensor], length: int) -> list[float]:
+    """Mean next-token negative log-likelihood (nats) of the first ``length`` tokens of each
+    window, one value per window."""
+    out = []
+    for w in windows:
+        x = w[:length][None]
+        out.append(float(net(input_ids=x, labels=x).loss))
+    return out
+
+
 def perplexity_study(
     net, tok, lengths: list[int], windows: int, methods=None, progress: Progress | None = None
 ) -> dict[str, Any]:
@@ -190,6 +201,7 @@ def perplexity_study(
     need = max(lengths) * windows
     if ids.numel() < need:
         raise ValueError(f"the held-out text has {ids.numel()} tokens; {need} are needed.")
+    chunks = [ids[w * max(lengths) : (w + 1) * max(lengths)] for w in range(windows)]
     out: dict[str, dict[int, float]] = {}
     cpu = {}
     total = len(methods) * len(lengths)
@@ -198,11 +210,7 @@ def perplexity_study(
         start = time.process_time()
         out[label] = {}
         for i, length in enumerate(lengths):
-            losses = []
-            for w in range(windows):
-                x = ids[w * max(lengths) : w * max(lengths) + length][None]
-                with torch.no_grad():
-                    losses.append(float(net(input_ids=x, labels=x).loss))
+            losses = window_nll(net, chunks, length)
             out[label][length] = math.exp(sum(losses) / len(losses))
             emit(
                 progress, "perplexity", f"{label} {length} tokens", m * len(lengths) + i + 1, total

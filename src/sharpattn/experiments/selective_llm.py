@@ -34,6 +34,7 @@ from torch import nn
 
 from . import report as kit
 from . import runner
+from .llm import heldout_text, window_nll
 from .runner import Progress, RunFolder, Trainer, emit, generator
 from .runs import write_json
 from .stats import paired_comparison
@@ -119,17 +120,6 @@ def split(ids: torch.Tensor, cfg: Config) -> tuple[torch.Tensor, list[torch.Tens
     return train, [held[i * longest : (i + 1) * longest] for i in range(cfg.eval_windows)]
 
 
-@torch.no_grad()
-def window_nll(net: nn.Module, windows: list[torch.Tensor], length: int) -> list[float]:
-    """Mean next-token negative log-likelihood (nats) of the first ``length`` tokens of each
-    window, one value per window."""
-    out = []
-    for w in windows:
-        x = w[:length][None]
-        out.append(float(net(input_ids=x, labels=x).loss))
-    return out
-
-
 def temperatures(net: nn.Module) -> nn.ModuleDict:
     """The selective temperatures :func:`sharpattn.hf.apply` attached, in one module (what the
     Trainer trains and checkpoints)."""
@@ -173,7 +163,6 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     with runner.threads(cfg.threads) as n_threads:
         if net is None:
             from ..integrations.pretrained import load_pretrained
-            from .llm import heldout_text
 
             net, tok = load_pretrained(cfg.model)
             ids = tok(heldout_text(), return_tensors="pt")["input_ids"][0]

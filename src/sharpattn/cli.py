@@ -543,16 +543,17 @@ def reproduce_selective_llm(profile, out, **options):
     "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps (hours on 1 core).",
 )
 @seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
+@cluster_options
 @threads_option(default=1)
 @out_option(None, "Run folder (default runs/backcopy-<profile>); re-running resumes it.")
-def reproduce_backcopy(profile, seed, threads, out):
+def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     """Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2."""
     from .experiments import backcopy as bb
 
     with ProgressRenderer() as progress:
         run, findings = bb.reproduce(
             out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
-            progress=progress,
+            progress=progress, workers=workers or 1, ray=ray_address,
         )  # fmt: skip
     table = Table(title="Bigram-Backcopy findings (Guo et al.)")
     for col in ("#", "finding", "verdict"):

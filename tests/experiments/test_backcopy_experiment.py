@@ -244,3 +244,26 @@ def test_linear_fit_of_the_findings():
     assert linear_fit([1.0, 2, 3], [5.0, 5, 5])[0] == 0 and math.isnan(
         linear_fit([1, 2, 3], [5] * 3)[1]
     )
+
+
+def test_runs_trained_in_a_process_pool_longest_first_give_the_sequential_numbers(
+    task, tmp_path, monkeypatch
+):
+    from sharpattn.experiments import sweep
+
+    cfgs = {"short": tiny(steps=4), "deep": tiny(layers="tf+tf", steps=4), "long": tiny(steps=6)}
+    order = []
+    real = sweep.run_jobs
+    monkeypatch.setattr(sweep, "run_jobs", lambda fn, jobs, **kw: order.extend(j[1] for j in jobs)
+                        or real(fn, jobs, **kw))  # fmt: skip
+    folder = RunFolder(tmp_path / "p", "backcopy", {})
+    bb.train_runs(folder, cfgs, task, threads=1, workers=2)
+    assert order == ["deep", "long", "short"]  # by blocks × steps × batch × tokens × width
+    for name, cfg in cfgs.items():
+        pooled = bb.train(tmp_path / "p" / "runs" / name, cfg, task)  # loads: nothing to train
+        alone = bb.train(tmp_path / "s" / name, cfg, task)
+        assert pooled.steps_done == alone.steps_done == cfg.steps
+        assert pooled.metrics == alone.metrics
+    before = len(order)
+    bb.train_runs(folder, cfgs, task, threads=1, workers=1)  # one worker: the caller trains
+    assert len(order) == before

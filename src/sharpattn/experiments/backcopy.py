@@ -390,6 +390,38 @@ def train(
     return run_trainer(t, cfg, stop_at)
 
 
+def train_job(job: tuple, progress: Progress | None) -> float:
+    """A sweep job ``(folder, label, cfg, task, threads)``: train (or resume) one run in its
+    folder; its training seconds."""
+    path, label, cfg, task, threads = job
+    with runner.threads(threads):
+        return train(path, cfg, task, progress=progress, label=label).seconds
+
+
+def train_runs(
+    folder: RunFolder,
+    cfgs: dict[str, RunConfig],
+    task: BigramBackcopy,
+    threads: int | None,
+    workers: int = 1,
+    ray: str | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """With ``workers`` > 1 or ``ray``: train the runs ``cfgs`` under ``folder/runs`` as parallel
+    jobs, the most expensive first (blocks × steps × batch × tokens × width); else nothing (the
+    caller trains them in order, which resumes or loads each)."""
+    if workers <= 1 and ray is None:
+        return
+    from .sweep import run_jobs
+
+    def cost(c: RunConfig) -> int:
+        return len(parse_layers(c.layers)) * c.steps * c.batch * c.seq_len * c.d_model
+
+    order = sorted(cfgs, key=lambda n: -cost(cfgs[n]))
+    jobs = [(folder / "runs" / n, n, cfgs[n], task, threads) for n in order]
+    run_jobs(train_job, jobs, workers=workers, ray=ray, progress=progress)
+
+
 def run_trainer(t: Trainer, cfg, stop_at: int | None = None) -> Run:
     """Run (or resume, or load) the Trainer ``t`` of a run of configuration ``cfg``; its Run."""
     state = t.run(stop_at=stop_at)
@@ -968,13 +1000,18 @@ def reproduce(
     threads: int | None = 1,
     progress: Progress | None = None,
     task: BigramBackcopy | None = None,
+    workers: int = 1,
+    ray: str | None = None,
 ) -> tuple[Path, list[Finding]]:
     """Train the report's runs (resuming any that exist in ``out``), check the five findings
-    and write ``out/report.md`` with its PNGs. ``threads``: torch CPU threads (1 is fastest on
-    a busy 2-core machine; ``None``: every core)."""
+    and write ``out/report.md`` with its PNGs. ``threads``: torch CPU threads per run (1 is
+    fastest on a busy 2-core machine; ``None``: every core). The runs are independent:
+    ``workers`` > 1 trains them in a local process pool, ``ray`` as Ray tasks
+    (:func:`.sweep.run_jobs`), longest first; then this process loads them."""
     task = task or BigramBackcopy.tiny_shakespeare()
     folder, cfgs = open_folder(out, profile, seed, threads)
     t_start = time.perf_counter()
+    train_runs(folder, cfgs, task, threads, workers, ray, progress)
     with runner.threads(threads) as n_threads:
         runs = {
             name: train(folder / "runs" / name, cfg, task, progress=progress, label=name)

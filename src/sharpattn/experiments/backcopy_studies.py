@@ -30,7 +30,7 @@ import numpy as np
 
 from ..tasks.bigram_backcopy import BigramBackcopy
 from . import report, runner
-from .backcopy import CONVERGED, Run, RunConfig, eval_tokens, measure, train
+from .backcopy import CONVERGED, Run, RunConfig, eval_tokens, measure, train, train_runs
 from .runner import Progress, RunFolder, emit
 from .runs import write_json
 from .stats import linear_fit
@@ -232,11 +232,7 @@ def run_study(
     folder = RunFolder(out, "backcopy-study", record, identity=("study",))
     t0 = time.perf_counter()
     runs: dict[str, Run] = {}
-    if workers > 1 or ray is not None:
-        from .sweep import run_jobs
-
-        jobs = [(folder / "runs" / n, n, c, task, threads) for n, c in cfgs.items()]
-        run_jobs(_train_job, jobs, workers=workers, ray=ray, progress=progress)
+    train_runs(folder, cfgs, task, threads, workers, ray, progress)
     with runner.threads(threads):  # trains here with one worker; else loads what the jobs trained
         for i, (run_name, cfg) in enumerate(cfgs.items()):
             emit(progress, name, "runs", i, len(cfgs), note=run_name)
@@ -252,13 +248,6 @@ def run_study(
     write_json(folder / "results.json", results)
     _write(folder.path, name, runs, summary, fig7b)
     return folder.path, results
-
-
-def _train_job(job: tuple, progress: Progress | None) -> float:
-    """A sweep job: train (or resume) one run of a study in its folder; its training seconds."""
-    path, run_name, cfg, task, threads = job
-    with runner.threads(threads):
-        return train(path, cfg, task, progress=progress, label=run_name).seconds
 
 
 def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> Path:

@@ -10,6 +10,12 @@ rounds, and the ratio to the best one-at-a-time configuration. CPU-time per seed
 too (it does not depend on other load), and the kernel's share of it (page faults: the runner's
 allocator policy, ``runner.keep_freed_memory``, keeps it near zero).
 
+The ceiling: the matrix-product FLOPs of one seed's training step (forward and backward, counted
+by ``torch.utils.flop_counter.FlopCounterMode`` and averaged over n = 5..16; the optimizer's
+elementwise work is not counted) and this machine's float32 matrix-product rate (a 1024³
+``torch.mm`` with 1 and with every thread) give the most steps per second per seed that any
+batching could reach; the table prints each configuration's GFLOP/s against it.
+
     python benchmarks/batched_seeds.py [--steps 200] [--rounds 3] [--out benchmarks/results/batched_seeds.json]
 """
 
@@ -24,9 +30,12 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from sharpattn.experiments import max_retrieval as mr
 from sharpattn.experiments.runner import cores
+from sharpattn.tasks import sample_max_retrieval
 
 
 def rate(seeds: int, group: int, threads: int, steps: int) -> tuple[float, float, float]:
@@ -45,6 +54,39 @@ def rate(seeds: int, group: int, threads: int, steps: int) -> tuple[float, float
         wall = time.perf_counter() - t0
         user, system = c1.user - c0.user, c1.system - c0.system
     return seeds * steps / wall, seeds * steps / (user + system), system / (user + system)
+
+
+def flops_per_seed_step(config: mr.Config | None = None) -> float:
+    """Matrix-product FLOPs of one seed's training step (forward + backward of the cross-entropy
+    on a batch), averaged over the step's item counts n = min_items..max_items."""
+    config = config or mr.Config(seeds=1, group=1, sizes=(16,), test_sets=1)
+    model = mr.build_model(config, 0)
+    gen = torch.Generator().manual_seed(0)
+    counts = []
+    for n in range(config.min_items, config.max_items + 1):
+        b = sample_max_retrieval(config.batch, n, gen)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            F.cross_entropy(model(b.x, b.q, check_finite=False), b.target).backward()
+        counts.append(counter.get_total_flops())
+    return sum(counts) / len(counts)
+
+
+def matmul_rate(threads: int, size: int = 1024, repeats: int = 20) -> float:
+    """float32 FLOP/s of a ``size``³ ``torch.mm`` on ``threads`` threads (best of ``repeats``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * size**3 / best
 
 
 def main() -> None:
@@ -70,6 +112,8 @@ def main() -> None:
             old = best.get(case, (0.0, 0.0, 1.0))
             best[case] = (max(old[0], r[0]), max(old[1], r[1]), min(old[2], r[2]))
     base = max(v[0] for c, v in best.items() if c[0] == "one at a time")
+    flops = flops_per_seed_step()
+    peak = {t: matmul_rate(t) for t in threads}
     print(
         f"max-retrieval training (batch 128, n ~ U{{5..16}}), {args.steps} steps x {args.rounds} rounds"
     )
@@ -77,11 +121,14 @@ def main() -> None:
         f"torch {torch.__version__}, {cores()} cores, {platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'configuration':<18}{'threads':>8}{'steps/s per seed':>18}{'vs one at a time':>18}{'per CPU-s':>11}{'kernel':>8}"
+        f"{'configuration':<18}{'threads':>8}{'steps/s per seed':>18}{'vs one at a time':>18}{'per CPU-s':>11}{'kernel':>8}{'GFLOP/s':>9}"
     )
     rows = []
     for (label, s, _, t), (wall, cpu, kernel) in best.items():
-        print(f"{label:<18}{t:>8}{wall:>18.1f}{wall / base:>17.2f}x{cpu:>11.1f}{kernel:>7.1%}")
+        print(
+            f"{label:<18}{t:>8}{wall:>18.1f}{wall / base:>17.2f}x{cpu:>11.1f}{kernel:>7.1%}"
+            f"{wall * flops / 1e9:>9.1f}"
+        )
         rows.append(
             {
                 "configuration": label,
@@ -91,11 +138,27 @@ def main() -> None:
                 "ratio": wall / base,
                 "per_cpu_s": cpu,
                 "kernel_share": kernel,
+                "gflop_per_s": wall * flops / 1e9,
             }
+        )
+    print(f"matrix-product FLOPs per seed-step: {flops / 1e6:.0f} M (forward + backward)")
+    for t, rate_ in peak.items():
+        print(
+            f"1024^3 torch.mm on {t} thread(s): {rate_ / 1e9:.0f} GFLOP/s -> at most "
+            f"{rate_ / flops:.0f} steps/s per seed, {rate_ / flops / base:.2f}x the best one at a time"
         )
     if args.out:
         Path(args.out).write_text(
-            json.dumps({"torch": torch.__version__, "cores": cores(), "rows": rows}, indent=2)
+            json.dumps(
+                {
+                    "torch": torch.__version__,
+                    "cores": cores(),
+                    "flops_per_seed_step": flops,
+                    "matmul_flop_per_s": {str(t): r for t, r in peak.items()},
+                    "rows": rows,
+                },
+                indent=2,
+            )
             + "\n"
         )
 

@@ -11,7 +11,7 @@ import torch
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
 from .chunked import chunked_attend
-from .fused import FUSED
+from .fast import FAST
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
 
@@ -153,7 +153,7 @@ def attend(
         else:
             full = {p.name: p.default for p in entry.params}
             full.update(params)
-            out, stats = FUSED[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            out, stats = FAST[entry.fused](q, k, v, masking, scale, return_stats, **full)
             if not math.isfinite(_max_abs(out)) and math.isfinite(_max_abs(v)):
                 # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
                 # on the chunked path, which evaluates the normalizer without overflowing

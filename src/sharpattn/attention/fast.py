@@ -9,5 +9,6 @@ normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backwa
 from __future__ import annotations
 
 from .fused import FUSED
+from .tiled import TILED
 
-FAST = dict(FUSED)
+FAST = {**FUSED, **TILED}

@@ -59,7 +59,8 @@ class Grid:
     """The tiles of one attention call: inputs laid out once, scores made tile by tile.
 
     ``q`` ``[B, H, Lq, D]``, ``k`` ``[B, Hkv, Lk, D]``, ``v`` ``[B, Hkv, Lk, Dv]``. Every tensor
-    the grid hands out is in the compute dtype (float32 for 16-bit inputs).
+    the grid hands out is in the compute dtype (float32 for 16-bit inputs). ``bq``/``bk``
+    override :func:`tile_sizes`.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class Grid:
         scale: float,
         bq: int | None = None,
         bk: int | None = None,
+        fold_scale: bool = False,
     ):
         b, h, lq, d = q.shape
         hkv, lk = k.shape[1], k.shape[2]
@@ -81,6 +83,11 @@ class Grid:
         auto_q, auto_k = tile_sizes(b * h, lq, lk)
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
+        #: ``fold_scale``: q carries the scale (one pass over q instead of one per tile); then
+        #: :attr:`q` is scale·q and :meth:`scores` multiplies by nothing
+        self.folded = fold_scale
+        if fold_scale:
+            self.q = self.q * scale
         self.k = k.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, D)
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
 
@@ -125,7 +132,9 @@ class Grid:
     def scores(self, qb: Tensor, t: Tile) -> Tensor:
         """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`)."""
         s = torch.matmul(qb, self.k[..., t.c0 : t.c1, :].transpose(-2, -1))
-        return s.mul_(self.scale).view(self.b, self.h, t.r1 - t.r0, t.c1 - t.c0)
+        if not self.folded:
+            s.mul_(self.scale)
+        return s.view(self.b, self.h, t.r1 - t.r0, t.c1 - t.c0)
 
     def weigh(self, w: Tensor, t: Tile) -> Tensor:
         """w·v for a ``[B, H, r, c]`` weight tile: ``[B, Hkv, G, r, Dv]``."""

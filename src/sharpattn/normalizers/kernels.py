@@ -84,6 +84,7 @@ register(
         formula="ReLU(s_i)^p / Σ_j ReLU(s_j)^p (0 if no s_j > 0)",
         citation="Smith (blog), Softmax Attention is a Fluke",
         sums_to_one=False,
+        fused="power",
         params=(Param("p", 3.0, "power p >= 1"),),
     )
 )
@@ -94,6 +95,7 @@ register(
         formula="sign(s_i)·exp(|s_i|) / Σ_j exp(|s_j|)  (Σ_j |w_j| = 1)",
         citation="Smith (blog), Softmax Attention is a Fluke",
         sums_to_one=False,
+        fused="signed",
     )
 )
 register(
@@ -103,5 +105,6 @@ register(
         formula="ReLU(e^{s_i} − 1) / Σ_j |e^{s_j} − 1|",
         citation="Zuhri et al. 2025, Softpick: rectified softmax",
         sums_to_one=False,
+        fused="softpick",
     )
 )

@@ -234,6 +234,7 @@ register(
         formula="one-hot(argmax_j s_j), ties: first",
         citation="zero-temperature limit of softmax (Veličković et al. 2025, §3)",
         sums_to_one=True,
+        fused="hardmax",
         params=(Param("straight_through", False, "backward pass of softmax (straight-through)"),),
     )
 )

@@ -76,6 +76,7 @@ register(
         formula="σ(s_i + b − log n), b learnable per head (default 0)",
         citation="Ramapuram et al. 2024, Theory, Analysis, and Best Practices for Sigmoid Self-Attention",
         sums_to_one=False,
+        fused="sigmoid",
         params=(
             Param("bias", 0.0, "offset b added to −log n", learnable=True),
             Param("subtract_log_n", True, "include −log n in the bias"),
@@ -89,6 +90,7 @@ register(
         formula="ReLU(s_i)^p / n",
         citation="Guo et al. 2024, Active-Dormant Attention Heads",
         sums_to_one=False,
+        fused="relu",
         params=(Param("p", 1.0, "power p >= 1"),),
     )
 )

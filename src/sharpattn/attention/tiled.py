@@ -1,0 +1,461 @@
+"""Tiled fast paths of the element-wise and row-sum-normalised methods, and hardmax.
+
+One pass over key tiles (:class:`~.tiles.Grid`), never the ``[Lq, Lk]`` score matrix, with a
+backward that recomputes each tile (5 matrix products per tile in all, as flash attention's):
+
+* **element-wise** (``sigmoid``: σ(s + b − log n); ``relu``: ReLU(s)^p / n): each weight depends
+  on its own score and its row only, so out_i = Σ_j w_ij·v_j accumulates directly; dL/ds_ij =
+  dP_ij·w'(s_ij) with dP_ij = dO_i·v_j.
+* **normalised by a row sum** (``power``, ``signed``, ``softpick``): w_ij = u_ij / Z_i with
+  Z_i = Σ_j a_ij; u and a are taken relative to a running row reference m_i (the largest ReLU(s)
+  for power, |s| for signed, max(0, s) for softpick), and the accumulators are rescaled when m
+  grows, as flash attention does for softmax, so nothing overflows at any score size.
+  dL/du_ij = (dP_ij − D_i)/Z_i-type terms with D_i = dO_i·out_i (one number per row).
+* **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
+  query; its straight-through backward is softmax attention's, from the flash kernel.
+
+Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels.py``,
+``sparse.py``); the tests hold these paths to the naive one within precision, with gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..normalizers._contract import log_n
+from .fused import softmax_output
+from .masking import Masking
+from .stats import AttentionStats, row_stats
+from .tiles import Grid, row_slice
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels: the maths of each method on one tile of scores
+
+
+_LOG2E = 1.4426950408889634
+
+
+def _exp_(x: Tensor) -> Tensor:
+    """e^x in place as 2^(x·log2 e): 64 µs per 2^18 float32 entries here against 157 µs for
+    ``torch.exp`` (relative error |x|·ε more, as the scores' own rounding)."""
+    return x.mul_(_LOG2E).exp2_()
+
+
+class _Kernel:
+    """A method's maths on one tile ``s`` ``[B, H, r, c]`` of scores (disallowed entries 0,
+    ``mask`` the tile's mask or None). Both methods may overwrite ``s``.
+
+    * ``weights(s, ref, mask)``: element-wise kernels return w (``ref`` the row tensor);
+      normalised ones return (u, Σ_j a_j) relative to the row reference ``ref`` = m.
+    * ``grad(s, dp, ref, mask[, d, z])``: (dL/ds, w) given dP = dO·vᵀ (and D = dO·out, Z).
+
+    Normalised kernels also give ``ref_of(s)`` (the tile's candidate for m) and ``factor(m_old,
+    m_new)``, the rescaling of sums taken relative to m_old.
+    """
+
+    normalised = False
+
+    def __init__(self, **params):
+        self.params = params
+
+
+class _Sigmoid(_Kernel):
+    """w = σ(s + b), b = bias − log n per row (the row tensor)."""
+
+    def weights(self, s, row, mask):
+        return _masked_(s.add_(row).sigmoid_(), mask)
+
+    def grad(self, s, dp, row, mask):
+        w = self.weights(s, row, mask)
+        return w.neg().add_(1.0).mul_(w).mul_(dp), w  # σ' = w·(1 − w)
+
+
+class _Relu(_Kernel):
+    """w = ReLU(s)^p / n, n per row (the row tensor, >= 1)."""
+
+    def weights(self, s, row, mask):
+        p = self.params["p"]
+        r = s.relu_()
+        return (r if p == 1 else r.pow_(p)).div_(row)  # disallowed scores are 0: weight 0
+
+    def grad(self, s, dp, row, mask):
+        p = self.params["p"]
+        if p == 1:  # 1[s > 0] as sign(ReLU(s)): boolean masks are slow here (see _masked_)
+            ds = torch.relu(s).sign_().mul_(dp).div_(row)
+        else:
+            ds = torch.relu(s).pow_(p - 1).mul_(dp).mul_(p / row)
+        return ds, self.weights(s, row, mask)
+
+
+class _Power(_Kernel):
+    """u = (ReLU(s)/m)^p, a = u, m the row's largest ReLU(s) (1 while it is 0)."""
+
+    normalised = True
+
+    def ref_of(self, s):
+        return s.amax(-1, keepdim=True).clamp_min_(0.0)
+
+    def factor(self, m_old, m_new):
+        ratio = m_old / torch.where(m_new > 0, m_new, torch.ones_like(m_new))
+        return ratio ** self.params["p"]  # m_old = 0: the sums were 0 (no positive score yet)
+
+    def weights(self, s, m, mask):
+        m1 = torch.where(m > 0, m, torch.ones_like(m))
+        u = s.relu_().div_(m1).pow_(self.params["p"])  # disallowed scores are 0: u = 0
+        return u, u.sum(-1, keepdim=True)
+
+    def grad(self, s, dp, m, mask, d, z):
+        # w = u/Z: dL/du = (dP − D)/Z; du/ds = p·(r/m)^{p−1}/m for s > 0
+        p = self.params["p"]
+        m1 = torch.where(m > 0, m, torch.ones_like(m))
+        r = s.relu_().div_(m1)  # r/m in [0, 1]
+        slope = r.pow(p - 1) if p != 1 else torch.sign(r)
+        ds = dp.sub(d).mul_(slope).mul_(p / (m1 * z))
+        return ds, r.pow_(p).div_(z)
+
+
+class _Signed(_Kernel):
+    """u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the row's largest |s|."""
+
+    normalised = True
+
+    def ref_of(self, s):
+        return s.abs().amax(-1, keepdim=True)
+
+    def factor(self, m_old, m_new):
+        return torch.exp(m_old - m_new)
+
+    def weights(self, s, m, mask):
+        sign = torch.sign(s)
+        a = _masked_(_exp_(s.abs_().sub_(m)), mask)
+        total = a.sum(-1, keepdim=True)
+        return a.mul_(sign), total
+
+    def grad(self, s, dp, m, mask, d, z):
+        # w = sign·p, p = softmax(|s|): dL/ds = sign·p·(sign·dP − D) = w·(sign·dP − D)
+        sign = torch.sign(s)
+        w = _masked_(_exp_(s.abs_().sub_(m)), mask).div_(z).mul_(sign)
+        return dp.mul(sign).sub_(d).mul_(w), w
+
+
+class _Softpick(_Kernel):
+    """d = e^{−m}(e^{s} − 1), u = ReLU(d), a = |d|, m = max(0, max s).
+
+    Per row, d = A·expm1(s − c) + B with c = 0 where m <= 60 (A = e^{−m}, B = 0: e^{−m}·expm1(s),
+    exact near s = 0 and finite as s <= m <= 60) and c = m beyond (A = 1, B = 1 − e^{−m}: the
+    cancellation near s = 0 costs ε against a row sum >= 1 − e^{−60}).
+    """
+
+    normalised = True
+    SHIFT_ABOVE = 60.0
+
+    def ref_of(self, s):
+        return s.amax(-1, keepdim=True).clamp_min_(0.0)
+
+    def factor(self, m_old, m_new):
+        return torch.exp(m_old - m_new)
+
+    def _d(self, s, m, mask):
+        far = m > self.SHIFT_ABOVE
+        c = torch.where(far, m, torch.zeros_like(m))
+        a = torch.exp(c - m)
+        b = torch.where(far, -torch.expm1(-m), torch.zeros_like(m))
+        return _masked_(s.sub_(c).expm1_().mul_(a).add_(b), mask), a, b
+
+    def weights(self, s, m, mask):
+        d, _, _ = self._d(s, m, mask)
+        total = d.abs().sum(-1, keepdim=True)  # (vector_norm(d, 1) is 7× slower here)
+        return d.relu_(), total
+
+    def grad(self, s, dp, m, mask, d, z):
+        # w = ReLU(d)/Σ|d|: dL/dd = (1[d > 0]·dP − sign(d)·D)/Z, dd/ds = e^{s − m} = d + A − B
+        dd, a, b = self._d(s, m, mask)
+        ds = torch.relu(dd).sign_().mul_(dp).sub_(torch.sign(dd).mul_(d))
+        ds.mul_(dd + (a - b)).div_(z)
+        return ds, dd.relu_().div_(z)
+
+
+KERNELS = {
+    "sigmoid": _Sigmoid,
+    "relu": _Relu,
+    "power": _Power,
+    "signed": _Signed,
+    "softpick": _Softpick,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# One pass over the tiles, forward and backward
+
+
+def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
+    """x with the tile's disallowed entries set to 0, in place: ``keep`` is the tile's mask as
+    0/1 in x's dtype (a product: 30× faster here than ``masked_fill`` with a boolean mask, which
+    ran at 800 µs per 2^18 entries; x is finite, as every score below the range check is)."""
+    return x if keep is None else x.mul_(keep)
+
+
+def _keep(grid: Grid, t) -> Tensor | None:
+    return None if t.mask is None else t.mask.to(grid.dtype)
+
+
+def _grid(q, k, v, masking, scale, blocks) -> Grid:
+    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True)
+
+
+def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
+    """(output ``[B, Hkv, G, Lq, Dv]``, m, Z) — m and Z ``[B, H, Lq, 1]`` for normalised kernels."""
+    out = grid.empty_out()
+    shape = (grid.b, grid.h, grid.lq, 1)
+    m = torch.zeros(shape, dtype=grid.dtype, device=out.device) if kernel.normalised else None
+    z = torch.zeros_like(m) if kernel.normalised else None
+    for r0, r1 in grid.row_blocks():
+        qb, rb = grid.q_rows(r0, r1), row_slice(row, grid.lq, r0, r1)
+        acc = out[..., r0:r1, :]
+        if kernel.normalised:
+            mb, zb = m[..., r0:r1, :], z[..., r0:r1, :]
+        for t in grid.tiles(r0, r1):
+            keep = _keep(grid, t)
+            s = _masked_(grid.scores(qb, t), keep)  # disallowed scores 0: no overflow there
+            if not kernel.normalised:
+                acc += grid.weigh(kernel.weights(s, rb, keep), t)
+                continue
+            m_new = torch.maximum(mb, kernel.ref_of(s))
+            f = kernel.factor(mb, m_new)
+            u, total = kernel.weights(s, m_new, keep)
+            zb.mul_(f).add_(total)
+            acc.mul_(grid.grouped(f)).add_(grid.weigh(u, t))
+            mb.copy_(m_new)
+        if kernel.normalised:
+            acc.div_(grid.grouped(torch.where(zb > 0, zb, torch.ones_like(zb))))
+    return out, m, z
+
+
+def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
+    dq = torch.zeros_like(grid.q)
+    dk = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
+    dv = torch.zeros(grid.v.shape[:2] + grid.v.shape[3:], dtype=grid.dtype, device=dq.device)
+    drow = torch.zeros(grid.b, grid.h, grid.lq, 1, dtype=grid.dtype, device=dq.device)
+    d_all = None
+    if kernel.normalised:  # D_i = dO_i·out_i
+        d_all = grid.heads((g5 * out5).sum(-1, keepdim=True))
+    for r0, r1 in grid.row_blocks():
+        qb, gb = grid.q_rows(r0, r1), g5[..., r0:r1, :]
+        rb = row_slice(row, grid.lq, r0, r1)
+        if kernel.normalised:
+            mb, zb, db = m[..., r0:r1, :], z[..., r0:r1, :], d_all[..., r0:r1, :]
+            zb = torch.where(zb > 0, zb, torch.ones_like(zb))
+        dqb = dq[..., r0:r1, :]
+        for t in grid.tiles(r0, r1):
+            keep = _keep(grid, t)
+            s = _masked_(grid.scores(qb, t), keep)
+            vt = grid.v[..., t.c0 : t.c1, :]
+            dp = grid.heads(torch.matmul(gb, vt.transpose(-2, -1)))  # dO_i·v_j (B, H, r, c)
+            if kernel.normalised:
+                ds, w = kernel.grad(s, dp, mb, keep, db, zb)
+            else:
+                ds, w = kernel.grad(s, dp, rb, keep)
+            ds = _masked_(ds, keep)
+            if want_row:
+                drow[..., r0:r1, :] += ds.sum(-1, keepdim=True)
+            ds5, w5 = grid.grouped(ds), grid.grouped(w)
+            kt = grid.k[..., t.c0 : t.c1, :]
+            dqb.add_(torch.matmul(ds5, kt), alpha=grid.scale)
+            # q carries the scale (fold_scale), so dk = Σ_i ds_ij·(scale·q_i)
+            dk[..., t.c0 : t.c1, :] += torch.matmul(ds5.transpose(-2, -1), qb).sum(2)
+            dv[..., t.c0 : t.c1, :] += torch.matmul(w5.transpose(-2, -1), gb).sum(2)
+    return dq, dk, dv, (drow if want_row else None)
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
+        grid = _grid(q, k, v, masking, scale, blocks)
+        out5, m, z = _forward(grid, kernel, row)
+        ctx.save_for_backward(q, k, v, row, out5, m, z)
+        ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks
+        return grid.heads(out5).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, row, out5, m, z = ctx.saved_tensors
+        grid = _grid(q, k, v, ctx.masking, ctx.scale, ctx.blocks)
+        want_row = ctx.needs_input_grad[3]
+        dq, dk, dv, drow = _backward(
+            grid, ctx.kernel, row, m, z, out5, grid.grouped(g.to(grid.dtype)), want_row
+        )
+        if want_row:
+            drow = drow.sum_to_size(row.shape)
+        return (
+            grid.heads(dq).to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            drow,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _stats(grid: Grid, kernel: _Kernel, row, m, z) -> tuple[Tensor, Tensor]:
+    """(entropy −Σ|w|·log|w|, mass Σ w) per row, ``[B, H, Lq, 1]``: one more pass, no matrix."""
+    ent = torch.zeros(grid.b, grid.h, grid.lq, 1, dtype=grid.dtype, device=grid.q.device)
+    mass = torch.zeros_like(ent)
+    with torch.no_grad():
+        for r0, r1 in grid.row_blocks():
+            qb, rb = grid.q_rows(r0, r1), row_slice(row, grid.lq, r0, r1)
+            for t in grid.tiles(r0, r1):
+                keep = _keep(grid, t)
+                s = _masked_(grid.scores(qb, t), keep)
+                if kernel.normalised:
+                    zb = z[..., r0:r1, :]
+                    u, _ = kernel.weights(s, m[..., r0:r1, :], keep)
+                    w = u / torch.where(zb > 0, zb, torch.ones_like(zb))
+                else:
+                    w = kernel.weights(s, rb, keep)
+                ent[..., r0:r1, :] -= torch.special.xlogy(w.abs(), w.abs()).sum(-1, keepdim=True)
+                mass[..., r0:r1, :] += w.sum(-1, keepdim=True)
+    return ent, mass
+
+
+def empty_result(q, k, v, masking: Masking, want_stats: bool):
+    """The result of a call with nothing to attend to (B, Lq or Lk = 0, or empty values): zeros
+    ``[B, H, Lq, Dv]``, connected to the graph, and zero statistics."""
+    out = q.new_zeros(*q.shape[:3], v.shape[-1]) + 0.0 * (q.sum() + k.sum() + v.sum())
+    if not want_stats:
+        return out, None
+    zero = torch.zeros(q.shape[:3] + (1,), dtype=torch.float32, device=q.device)
+    return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=zero, mass=zero)
+
+
+def tiled_attention(
+    name: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    want_stats: bool,
+    row: Tensor,
+    blocks: tuple[int | None, int | None] = (None, None),
+    **params,
+) -> tuple[Tensor, AttentionStats | None]:
+    """Attention with kernel ``name`` over tiles; ``row`` a per-row tensor ``[B|1, H|1, Lq|1,
+    1]`` the kernel reads (sigmoid's bias, relu's n), differentiable."""
+    kernel = KERNELS[name](**params)
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return empty_result(q, k, v, masking, want_stats)
+    out = _TiledAttention.apply(q, k, v, row, kernel, masking, scale, blocks)
+    if not want_stats:
+        return out, None
+    grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks)
+    m = z = None
+    if kernel.normalised:
+        with torch.no_grad():
+            _, m, z = _forward(grid, kernel, row.detach())
+    ent, mass = _stats(grid, kernel, row.detach(), m, z)
+    return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=ent, mass=mass)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry's fast paths
+
+
+def _row(x, q: Tensor) -> Tensor:
+    """A number or tensor parameter as a ``[B|1, H|1, Lq|1, 1]`` tensor in the compute dtype."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    t = torch.as_tensor(x, dtype=dtype, device=q.device)
+    return t.reshape(torch.broadcast_shapes(t.shape, (1, 1, 1, 1)))
+
+
+def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=True, blocks=None):
+    """σ(s + bias − log n) attention over tiles (``normalizers.sigmoid``)."""
+    b = _row(bias, q)
+    if subtract_log_n:
+        b = b - log_n(masking.visible_keys(dtype=b.dtype))
+    return tiled_attention("sigmoid", q, k, v, masking, scale, want_stats, b, blocks or (None,) * 2)
+
+
+def relu(q, k, v, masking, scale, want_stats, *, p=1.0, blocks=None):
+    """ReLU(s)^p / n attention over tiles (``normalizers.relu``)."""
+    from ..normalizers.unnormalised import _check_power
+
+    _check_power(p)
+    n = masking.visible_keys(dtype=_row(0.0, q).dtype).clamp_min(1.0)
+    return tiled_attention(
+        "relu", q, k, v, masking, scale, want_stats, n, blocks or (None,) * 2, p=p
+    )
+
+
+def power(q, k, v, masking, scale, want_stats, *, p=3.0, blocks=None):
+    """ReLU(s)^p / Σ ReLU(s)^p attention over tiles (``normalizers.power``)."""
+    from ..normalizers.unnormalised import _check_power
+
+    _check_power(p)
+    return tiled_attention(
+        "power", q, k, v, masking, scale, want_stats, _row(0.0, q), blocks or (None,) * 2, p=p
+    )
+
+
+def signed(q, k, v, masking, scale, want_stats, *, blocks=None):
+    """sign(s)·e^{|s|} / Σ e^{|s|} attention over tiles (``normalizers.signed``)."""
+    return tiled_attention(
+        "signed", q, k, v, masking, scale, want_stats, _row(0.0, q), blocks or (None,) * 2
+    )
+
+
+def softpick(q, k, v, masking, scale, want_stats, *, blocks=None):
+    """ReLU(e^s − 1) / Σ|e^s − 1| attention over tiles (``normalizers.softpick``)."""
+    return tiled_attention(
+        "softpick", q, k, v, masking, scale, want_stats, _row(0.0, q), blocks or (None,) * 2
+    )
+
+
+def hardmax(q, k, v, masking, scale, want_stats, *, straight_through=False, blocks=None):
+    """One-hot arg-max attention (ties: the first key): a running (max, arg-max) over the tiles,
+    then the chosen value row per query; ``straight_through`` adds softmax attention's gradient
+    for q and k (its forward value cancels)."""
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return empty_result(q, k, v, masking, want_stats)
+    grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, *(blocks or (None, None)))
+    shape = (grid.b, grid.h, grid.lq, 1)
+    best = torch.full(shape, float("-inf"), dtype=grid.dtype, device=q.device)
+    idx = torch.zeros(shape, dtype=torch.long, device=q.device)
+    with torch.no_grad():
+        for r0, r1 in grid.row_blocks():
+            qb = grid.q_rows(r0, r1)
+            bb, ib = best[..., r0:r1, :], idx[..., r0:r1, :]
+            for t in grid.tiles(r0, r1):
+                s = grid.scores(qb, t)
+                if t.mask is not None:
+                    s = s.masked_fill(~t.mask, float("-inf"))
+                top, at = s.max(-1, keepdim=True)  # the first maximum of the tile
+                better = top > bb  # strictly: an earlier tile keeps a tie
+                ib.copy_(torch.where(better, at + t.c0, ib))
+                bb.copy_(torch.where(better, top, bb))
+    seen = best > float("-inf")  # rows that see a key
+    idx5 = grid.grouped(idx).expand(*grid.grouped(idx).shape[:-1], grid.dv)
+    vg = v.unsqueeze(2).expand(grid.b, grid.hkv, grid.g, grid.lk, grid.dv)
+    out = grid.heads(torch.gather(vg, 3, idx5)) * seen.to(v.dtype)
+    if straight_through:
+        soft = softmax_output(q, k, v.detach(), masking, scale)
+        out = out + (soft - soft.detach()).to(out.dtype)
+    if not want_stats:
+        return out, None
+    one = seen.to(grid.dtype)
+    stats = row_stats(q.shape[:3], masking.visible_keys(), entropy=torch.zeros_like(one), mass=one)
+    return out, stats
+
+
+TILED = {
+    "sigmoid": sigmoid,
+    "relu": relu,
+    "power": power,
+    "signed": signed,
+    "softpick": softpick,
+    "hardmax": hardmax,
+}

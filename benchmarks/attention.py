@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from sharpattn.attention import attend
-from sharpattn.attention.fused import FUSED
+from sharpattn.attention.fast import FAST as FUSED
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers import available, get
 

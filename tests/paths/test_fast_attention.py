@@ -16,7 +16,8 @@ import torch
 from precision import assert_close
 from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask
 from sharpattn.attention import fused as fused_mod
-from sharpattn.attention.fused import FUSED, softmax_entropy
+from sharpattn.attention.fast import FAST as FUSED
+from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.selective import query_positions
 from sharpattn.normalizers import COEFFICIENTS, Normalizer, available, get
@@ -184,10 +185,24 @@ def test_every_path_gives_the_naive_output_and_gradients(method, case):
             with pytest.raises(ValueError):
                 _run(method, impl, q, k, v, mask, causal, params)
         return
+    # softpick's gradient is a difference of two terms of size |dP|·e^{s−m}/Z, Z = Σ_j |d_j|,
+    # which can be << 1 (one key with s = 0.005: Z = 0.005): each path's rounding moves it by
+    # ε·|dP|/Z, so the bound grows by 1/Z (the tiled path cancels exactly where naive does not)
+    ulps = 8.0 * (_softpick_conditioning(q, k, mask, causal) if method == "softpick" else 1.0)
     for impl in paths:
         out, grads = _run(method, impl, q, k, v, mask, causal, params)
         close_out(out, ref_out, v, msg=impl)
-        close_grads(grads, ref_grads, q, k, msg=impl)
+        close_grads(grads, ref_grads, q, k, msg=impl, ulps=ulps)
+
+
+def _softpick_conditioning(q, k, mask, causal) -> float:
+    """max(1, 1 / min Z) over rows with a positive score, Z = Σ_j |e^{s_j − m} − e^{−m}|."""
+    s = np_scores(q, k, 1 / math.sqrt(q.shape[-1]))
+    allowed = np_allowed(s.shape, mask, causal)
+    m = np.maximum(np.where(allowed, s, -np.inf).max(-1, keepdims=True), 0.0)
+    z = np.where(allowed, np.abs(np.exp(s - m) - np.exp(-m)), 0.0).sum(-1)
+    positive = (allowed & (s > 0)).any(-1)
+    return max(1.0, 1.0 / z[positive].min()) if positive.any() else 1.0
 
 
 @pytest.mark.parametrize("method", available())

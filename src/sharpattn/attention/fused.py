@@ -46,6 +46,7 @@ from ..normalizers.softmax import _check_temperature, beta_from_entropy, resolve
 from .chunked import chunked_softmax_attention
 from .masking import Masking
 from .stats import AttentionStats, row_stats
+from .tiles import Grid
 
 Tensor = torch.Tensor
 
@@ -155,26 +156,110 @@ def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: flo
     return out
 
 
-def softmax_entropy(q: Tensor, k: Tensor, masking: Masking, scale: float) -> tuple[Tensor, Tensor]:
+def softmax_entropy(
+    q: Tensor, k: Tensor, masking: Masking, scale: float, blocks=(None, None)
+) -> tuple[Tensor, Tensor]:
     """Streamed entropy of p = softmax(scale·q·kᵀ) per row, and its lse, each ``[B, H, Lq, 1]``.
 
-    H_i = lse_i − scale·q_i·(Σ_j p_ij·k_j) (App. G), from one fused pass with V = K; computed in
-    float32 for 16-bit inputs, clamped at 0 (rounding can push a one-hot row slightly below).
-    Gradient: dH_i/ds_ij = −p_ij·(s_ij − Σ_l p_il·s_il), exactly: the lse term's gradient cancels
-    the terms of q_i·(Σ_j p_ij·k_j) through q_i and through V = K, so those are detached and only
-    the path through p keeps its gradient.
+    One pass over key tiles that keeps, per row, a running maximum m, Z = Σ_j e^{s_j − m} and
+    A = Σ_j e^{s_j − m}·(s_j − m) (App. G's statistics without p·V): H = log Z − A/Z, a sum of
+    two non-negative terms (no cancellation), lse = m + log Z. Computed in base 2 (the scale
+    folded into q carries log₂ e) in float32 for 16-bit inputs. The backward recomputes each
+    tile: dH_i/ds_ij = −p_ij·(log p_ij + H_i) (3 matrix products per tile, against the flash
+    backward's 5). lse carries no gradient; it is 0 for rows with no visible key (as the flash
+    kernel's; :class:`AttentionStats` reports −inf there).
 
     It is the exact entropy −Σ p·log p; the reference code's −Σ p·log(p + ε), ε = 1e-9, is below
-    it by Σ_j p_j·log(1 + ε/p_j) ∈ [0, n·ε] (n visible keys; 3.3e-5 at n = 32k). In float32 the
-    subtraction costs ≈ 1e-6·max(1, max_j |s_ij|) (measured up to n = 32k), so β(H) agrees with
-    the reference to ~1e-5 for ordinary logits; near-one-hot rows with huge logits have H ≈ 0,
-    far below the threshold, where β = 1 either way.
+    it by Σ_j p_j·log(1 + ε/p_j) ∈ [0, n·ε] (n visible keys; 3.3e-5 at n = 32k).
     """
-    cd = compute_dtype(q.dtype)
-    q, k = q.to(cd), k.to(cd)
-    u, lse = softmax_attention(q, k, k.detach(), masking, scale)  # u_i = Σ_j p_ij·k_j
-    h = lse.detach() - scale * (q.detach() * u).sum(-1, keepdim=True)
-    return h.clamp_min(0.0), lse
+    if q.numel() == 0 or k.numel() == 0:
+        zero = torch.zeros(*q.shape[:3], 1, dtype=compute_dtype(q.dtype), device=q.device)
+        return zero + 0.0 * (q.sum() + k.sum()), zero
+    h, lse = _EntropyPass.apply(q, k, masking, scale, blocks)
+    return h, lse
+
+
+_LN2, _LOG2E = 0.6931471805599453, 1.4426950408889634
+
+
+def _entropy_forward(grid: Grid):
+    """Per row (B, H, Lq, 1): the shift m (base 2), Z and a = A/Z, from one pass over the tiles."""
+    shape = (grid.b, grid.h, grid.lq, 1)
+    big = torch.finfo(grid.dtype).max
+    m = torch.full(shape, -big, dtype=grid.dtype, device=grid.q.device)  # -big: no key yet
+    z = torch.zeros_like(m)
+    a = torch.zeros_like(m)
+    for r0, r1 in grid.row_blocks():
+        qb, mb, zb, ab = grid.q_rows(r0, r1), m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :]
+        for t in grid.tiles(r0, r1):
+            s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
+            keep = None if t.mask is None else t.mask.to(grid.dtype)
+            if keep is None:
+                top = s.amax(-1, keepdim=True)
+            else:  # disallowed scores -> 0, then −big for the maximum only
+                s.mul_(keep)
+                top = (s + (keep - 1.0) * big).amax(-1, keepdim=True)
+            m_new = torch.maximum(mb, top)
+            seen_old, seen = mb > -big, m_new > -big
+            shift = torch.where(seen, m_new, torch.zeros_like(m_new))
+            delta = torch.where(seen_old, m_new - mb, torch.zeros_like(mb))  # >= 0
+            f = torch.where(seen_old, torch.exp2(-delta), torch.zeros_like(mb))
+            x = s.sub_(shift)  # <= 0 at allowed keys
+            e = torch.exp2(x)
+            if keep is not None:
+                e.mul_(keep)
+            ab.sub_(delta * zb).mul_(f).add_(torch.linalg.vecdot(e, x).unsqueeze(-1))
+            zb.mul_(f).add_(e.sum(-1, keepdim=True))
+            mb.copy_(m_new)
+    empty = z == 0
+    z1 = torch.where(empty, torch.ones_like(z), z)
+    return torch.where(empty, torch.zeros_like(m), m), z1, a / z1, empty
+
+
+class _EntropyPass(torch.autograd.Function):
+    """(H, lse) of softmax(scale·q·kᵀ) per row from tiles; the backward recomputes them."""
+
+    @staticmethod
+    def forward(ctx, q, k, masking, scale, blocks):
+        grid = Grid(q, k, k, masking, scale * _LOG2E, *blocks, fold_scale=True)
+        m, z, a, empty = _entropy_forward(grid)
+        log2z = torch.log2(z)
+        h = (_LN2 * (log2z - a)).masked_fill_(empty, 0.0)  # nats; >= 0 up to rounding
+        lse = (_LN2 * (m + log2z)).masked_fill_(empty, 0.0)
+        ctx.save_for_backward(q, k, m, z, a)
+        ctx.masking, ctx.scale, ctx.blocks = masking, scale, blocks
+        ctx.mark_non_differentiable(lse)
+        return h.clamp_min_(0.0), lse
+
+    @staticmethod
+    def backward(ctx, gh, _glse):
+        q, k, m, z, a = ctx.saved_tensors
+        grid = Grid(q, k, k, ctx.masking, ctx.scale * _LOG2E, *ctx.blocks, fold_scale=True)
+        dq = torch.zeros_like(grid.q)
+        dk = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
+        # dH/ds_j = −p_j·(log p_j + H) = −ln2·p_j·(x_j − a), x = s₂ − m (base 2), p = 2^x/Z
+        coef = gh.to(grid.dtype) * (-_LN2) / z
+        for r0, r1 in grid.row_blocks():
+            qb, dqb = grid.q_rows(r0, r1), dq[..., r0:r1, :]
+            mb, ab, cb = m[..., r0:r1, :], a[..., r0:r1, :], coef[..., r0:r1, :]
+            for t in grid.tiles(r0, r1):
+                s = grid.scores(qb, t)
+                keep = None if t.mask is None else t.mask.to(grid.dtype)
+                if keep is not None:
+                    s.mul_(keep)
+                x = s.sub_(mb)
+                p = torch.exp2(x)
+                if keep is not None:
+                    p.mul_(keep)
+                ds = x.sub_(ab).mul_(p).mul_(cb)  # dL/ds (natural-log scores)
+                ds5 = grid.grouped(ds)
+                kt = grid.k[..., t.c0 : t.c1, :]
+                dqb.add_(torch.matmul(ds5, kt), alpha=ctx.scale)
+                # q carries scale·log₂ e: dk = Σ_i ds_ij·scale·q_i
+                dk[..., t.c0 : t.c1, :].add_(
+                    torch.matmul(ds5.transpose(-2, -1), qb).sum(2), alpha=1.0 / _LOG2E
+                )
+        return grid.heads(dq).to(q.dtype), dk.to(k.dtype), None, None, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -100,6 +100,8 @@ def test_item2_huge_finite_scores_are_not_nan_on_fused_paths(method):
     for impl, out in outs.items():
         assert bool(torch.isfinite(out).all()), impl
         assert_close(out, outs["naive"], n=2, magnitude=float(v.abs().max()), msg=impl)
+        if not out.requires_grad:  # hardmax: piecewise constant in q and k, no graph
+            continue
         gq, gk = torch.autograd.grad(out.sum(), (q, k))
         assert not bool(gq.isnan().any() or gk.isnan().any()), impl
 
@@ -290,8 +292,9 @@ def test_item7_lse_is_minus_inf_on_rows_without_keys(method, dv):
     q, k = torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g)
     v = torch.randn(1, 2, 5, dv, generator=g)
     _, st = attend(q, k, v, method, mask=mask, impl="fused", return_stats=True)
-    assert torch.equal(st.lse[..., 1], torch.full((1, 2), float("-inf")))
-    assert bool(torch.isfinite(st.lse[..., [0, 2]]).all())
+    if st.lse is not None:  # the softmax family's paths (lse is theirs only)
+        assert torch.equal(st.lse[..., 1], torch.full((1, 2), float("-inf")))
+        assert bool(torch.isfinite(st.lse[..., [0, 2]]).all())
     assert torch.equal(st.entropy[..., 1], torch.zeros(1, 2))
     assert torch.equal(st.mass[..., 1], torch.zeros(1, 2))
 

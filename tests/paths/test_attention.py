@@ -131,7 +131,7 @@ def test_temperature_through_both_paths():
         attend(q, k, v, "softmax", temperature=0.0)
 
 
-def test_return_weights_and_impl_errors():
+def test_return_weights_and_impl_errors(gain_normalizer):
     q, k, v = qkv()
     out, w = attend(q, k, v, "adaptive", return_weights=True)
     assert w.shape == (2, 4, 5, 7)
@@ -143,7 +143,7 @@ def test_return_weights_and_impl_errors():
     mag = float(v.abs().max()) * (1 + smax)
     assert_close(out2, attend(q, k, v, "softmax"), n=lk * d, magnitude=mag)
     with pytest.raises(ValueError, match="no fused path"):
-        attend(q, k, v, "relu", impl="fused")
+        attend(q, k, v, gain_normalizer, impl="fused")
     with pytest.raises(ValueError, match="impl"):
         attend(q, k, v, impl="fast")
     with pytest.raises(ValueError, match="unknown attention method"):

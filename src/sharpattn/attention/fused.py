@@ -205,6 +205,8 @@ def _entropy_forward(grid: Grid):
             delta = torch.where(seen_old, m_new - mb, torch.zeros_like(mb))  # >= 0
             f = torch.where(seen_old, torch.exp2(-delta), torch.zeros_like(mb))
             x = s.sub_(shift)  # <= 0 at allowed keys
+            if keep is not None:  # a disallowed key's 0 − shift can be > 0: no overflow there
+                x.clamp_max_(0.0)
             e = torch.exp2(x)
             if keep is not None:
                 e.mul_(keep)
@@ -248,6 +250,8 @@ class _EntropyPass(torch.autograd.Function):
                 if keep is not None:
                     s.mul_(keep)
                 x = s.sub_(mb)
+                if keep is not None:
+                    x.clamp_max_(0.0)
                 p = torch.exp2(x)
                 if keep is not None:
                     p.mul_(keep)

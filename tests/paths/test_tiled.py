@@ -1,0 +1,234 @@
+"""The tiled fast paths (sigmoid, relu, power, signed, softpick, hardmax; adaptive's entropy pass)
+against independent float64 NumPy transcriptions, with tiles small enough that every row crosses
+several of them (running maxima rescaled, causal tiles skipped, diagonal tiles masked), and a
+float64 gradcheck of every backward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from precision import assert_close
+from sharpattn.attention.fast import FAST
+from sharpattn.attention.fused import softmax_entropy
+from sharpattn.attention.masking import Masking
+
+pytestmark = pytest.mark.numerical
+
+BLOCKS = (16, 8)  # query rows, key columns per tile
+
+
+def _sigmoid(s, a, p):
+    n = a.sum()
+    return 1 / (1 + np.exp(-(s + p.get("bias", 0.0) - np.log(n))))
+
+
+def _relu(s, a, p):
+    return np.maximum(s, 0) ** p.get("p", 1.0) / a.sum()
+
+
+def _power(s, a, p):
+    r = np.maximum(s, 0) ** p.get("p", 3.0)
+    return r / r.sum() if r.sum() > 0 else r
+
+
+def _signed(s, a, p):
+    e = np.exp(np.abs(s) - np.abs(s).max())
+    return np.sign(s) * e / e.sum()
+
+
+def _softpick(s, a, p):
+    d = np.expm1(s)  # scores here are O(1): e^s − 1 directly
+    return np.maximum(d, 0) / np.abs(d).sum()
+
+
+def _hardmax(s, a, p):
+    w = np.zeros_like(s)
+    w[np.argmax(s)] = 1.0
+    return w
+
+
+ROWS = {
+    "sigmoid": _sigmoid,
+    "relu": _relu,
+    "power": _power,
+    "signed": _signed,
+    "softpick": _softpick,
+    "hardmax": _hardmax,
+}
+PARAMS = {
+    "sigmoid": [{}, {"bias": 0.7}],
+    "relu": [{}, {"p": 2.0}],
+    "power": [{}, {"p": 1.0}],
+    "signed": [{}],
+    "softpick": [{}],
+    "hardmax": [{}],
+}
+
+# (name, lq, lk, hkv, mask, causal)
+CASES = [
+    ("plain", 37, 45, 2, None, False),
+    ("gqa_causal_prefix", 29, 45, 1, None, True),  # Lq < Lk: rows see Lk − Lq more keys
+    ("causal_lq_gt_lk", 40, 27, 2, None, True),  # the first 13 rows see nothing
+    ("padding", 33, 41, 2, "pad", False),
+    ("rows_causal", 35, 35, 2, "rows", True),  # per-row mask with an empty row
+]
+
+
+def inputs(case, dtype=torch.float64, seed=0):
+    _, lq, lk, hkv, kind, causal = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, lq, 8, generator=g, dtype=dtype)
+    k = torch.randn(2, hkv, lk, 8, generator=g, dtype=dtype)
+    v = torch.randn(2, hkv, lk, 5, generator=g, dtype=dtype)
+    mask = None
+    if kind == "pad":
+        mask = torch.rand(2, 1, 1, lk, generator=g) < 0.7
+    elif kind == "rows":
+        mask = torch.rand(2, 2, lq, lk, generator=g) < 0.6
+        mask[:, :, 4] = False
+    return q, k, v, mask, causal
+
+
+def small(q, k, v, mask, causal):
+    """12 queries, 20 keys of a case (Lq != Lk), requiring grad: for gradcheck."""
+    q, (k, v) = q[:1, :, :12], (t[:1, :, :20] for t in (k, v))
+    if mask is not None:
+        mask = mask[:1, :, :12, :20] if mask.shape[-2] > 1 else mask[:1, ..., :20]
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    return q, k, v, mask, causal
+
+
+def np_weights(method, params, q, k, mask, causal):
+    """(weights [B, H, Lq, Lk], allowed) from the row formulas, float64."""
+    qn, kn = q.double().numpy(), k.double().numpy()
+    kn = np.repeat(kn, qn.shape[1] // kn.shape[1], axis=1)
+    s = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(qn.shape[-1])
+    lq, lk = s.shape[-2:]
+    allowed = np.ones(s.shape, dtype=bool)
+    if mask is not None:
+        allowed &= np.broadcast_to(mask.numpy(), s.shape)
+    if causal:
+        allowed &= np.arange(lk)[None, :] <= np.arange(lq)[:, None] + (lk - lq)
+    w = np.zeros_like(s)
+    for idx in np.ndindex(s.shape[:-1]):
+        a = allowed[idx]
+        if a.any():
+            w[idx][a] = ROWS[method](s[idx][a], a, params)
+    return w, allowed
+
+
+def run_fast(method, params, q, k, v, mask, causal, want_stats=False):
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
+    return FAST[method](
+        q, k, v, masking, 1 / math.sqrt(q.shape[-1]), want_stats, blocks=BLOCKS, **params
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "method,params", [(m, p) for m, ps in PARAMS.items() for p in ps], ids=str
+)
+def test_tiled_path_equals_the_float64_formula(method, params, case):
+    q, k, v, mask, causal = inputs(case, dtype=torch.float32)
+    out, st = run_fast(method, params, q, k, v, mask, causal, want_stats=True)
+    w, allowed = np_weights(method, params, q, k, mask, causal)
+    vn = np.repeat(v.double().numpy(), q.shape[1] // v.shape[1], axis=1)
+    lk = k.shape[2]
+    # scores are rounded in float32 (|s| <= ~10 here) and the weights' slope is <= ~1·|w| per
+    # unit of score (relu p = 2: 2·|s|), so the magnitude is |v|·(1 + |s|)
+    smax = float(np.abs(q.numpy()).max() * np.abs(k.numpy()).max()) * math.sqrt(8)
+    mag = float(v.abs().max()) * (1 + smax) * (1 + smax if params.get("p", 1) > 1 else 1)
+    assert out.dtype == q.dtype
+    assert_close(out, w @ vn, n=lk, magnitude=mag, ulps=16)
+    absw = np.abs(w)
+    ent = -(np.where(absw > 0, absw * np.log(np.where(absw > 0, absw, 1)), 0)).sum(-1)
+    assert_close(st.entropy, ent, n=lk, magnitude=(1 + smax) * math.log(lk), ulps=32)
+    assert_close(st.mass, w.sum(-1), n=lk, magnitude=1 + smax, ulps=16)
+    assert torch.equal(st.visible, torch.from_numpy(allowed.sum(-1)).to(st.visible.dtype))
+    empty = ~allowed.any(-1)
+    assert (out.detach().numpy()[empty] == 0).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "method,params",
+    [(m, p) for m, ps in PARAMS.items() for p in ps if m != "hardmax"],
+    ids=str,
+)
+def test_tiled_backward_gradcheck_float64(method, params, case):
+    q, k, v, mask, causal = small(*inputs(case))
+    extra = {}
+    if method == "sigmoid":  # the learnable per-head bias, as MultiheadAttention passes it
+        extra["bias"] = torch.tensor([0.3, -0.5], dtype=torch.float64).view(1, 2, 1, 1)
+        extra["bias"].requires_grad_()
+
+    def f(q, k, v, *bias):
+        p = dict(params, **({"bias": bias[0]} if bias else {}))
+        return run_fast(method, p, q, k, v, mask, causal)[0]
+
+    args = (q, k, v, *extra.values())
+    assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-7)
+
+
+def test_hardmax_first_maximum_across_tiles_and_value_gradient():
+    # ties across tile edges: keys 3 and 11 (different tiles of 8) hold the same largest score
+    q = torch.ones(1, 1, 2, 4, dtype=torch.float64)
+    k = torch.zeros(1, 1, 16, 4, dtype=torch.float64)
+    k[0, 0, [3, 11]] = 1.0
+    v = torch.randn(1, 1, 16, 3, dtype=torch.float64, requires_grad=True)
+    out, _ = run_fast("hardmax", {}, q, k, v, None, False)
+    assert torch.equal(out.detach(), v.detach()[:, :, [3, 3]])
+    (gv,) = torch.autograd.grad(out.sum(), v)
+    expect = torch.zeros_like(gv)
+    expect[0, 0, 3] = 2.0
+    assert torch.equal(gv, expect)
+
+
+def test_hardmax_straight_through_has_softmax_gradients():
+    q, k, v, mask, causal = inputs(CASES[1])
+    q, k = q.requires_grad_(), k.requires_grad_()
+    out, _ = run_fast("hardmax", {"straight_through": True}, q, k, v, mask, causal)
+    soft = FAST["sdpa"](q, k, v, Masking.build(mask, causal, 29, 45, "cpu"), 8**-0.5, False)[0]
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k), g)
+    want = torch.autograd.grad(soft, (q, k), g)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, n=45 * 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# adaptive's entropy pass
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_entropy_pass_equals_the_float64_entropy(case):
+    q, k, _, mask, causal = inputs(case, dtype=torch.float32)
+    q = q * 3  # sharper rows too
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    h, lse = softmax_entropy(q, k, masking, 1 / math.sqrt(8), blocks=BLOCKS)
+    qn, kn = q.double().numpy(), np.repeat(k.double().numpy(), 2 // k.shape[1], axis=1)
+    s = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(8)
+    _, allowed = np_weights("signed", {}, q, k, mask, causal)
+    z = np.where(allowed, s, -np.inf)
+    m = np.where(allowed.any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)
+    e = np.where(allowed, np.exp(z - m), 0.0)
+    tot = e.sum(-1, keepdims=True)
+    p = e / np.where(tot > 0, tot, 1)
+    ent = -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)).sum(-1)
+    ref_lse = np.where(tot[..., 0] > 0, m[..., 0] + np.log(np.where(tot > 0, tot, 1))[..., 0], 0)
+    smax = float(np.abs(s).max())
+    assert_close(h.squeeze(-1), ent, n=k.shape[2], magnitude=1 + smax)
+    assert_close(lse.squeeze(-1), ref_lse, n=k.shape[2], magnitude=1 + smax)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_entropy_pass_gradcheck_float64(case):
+    q, k, _, mask, causal = small(*inputs(case))
+    masking = Masking.build(mask, causal, 12, 20, "cpu")
+    assert torch.autograd.gradcheck(
+        lambda q, k: softmax_entropy(q, k, masking, 0.35, blocks=(8, 8))[0], (q, k), eps=1e-6
+    )

@@ -79,11 +79,12 @@ def hardmax(
     return finish(hard, scores)
 
 
-def _check_alpha(alpha, check_finite: bool = True) -> None:
-    """alpha > 1. A tensor alpha is read on the host (a sync) only with ``check_finite``;
-    without it, its values are not checked."""
+def _check_alpha(alpha, check_values: bool = False) -> None:
+    """alpha > 1. A tensor alpha's values are read on the host (a sync) only with
+    ``check_values``: the normalizers pass their ``check_finite``; a fast path does not
+    (``attend`` checks tensor parameters through the normalizer when ``check_finite``)."""
     if torch.is_tensor(alpha):
-        bad = check_finite and bool((alpha <= 1).any())
+        bad = check_values and bool((alpha <= 1).any())
     else:
         bad = not alpha > 1
     if bad:

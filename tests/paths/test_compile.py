@@ -121,6 +121,28 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
     _close(got, want, what)
 
 
+@pytest.mark.parametrize("method", [m for m in nz.available() if nz.get(m).fused])
+def test_fast_path_statistics_compile_whole(method):
+    """``return_stats=True`` on each fast path (its own entropy and mass code) in one graph."""
+    q, k, v, mask = _inputs()
+
+    def run(q, k, v, mask, check_finite=False):
+        out, stats = attend(
+            q, k, v, method, mask=mask, causal=True, impl="fused", return_stats=True,
+            check_finite=check_finite,
+        )  # fmt: skip
+        return out, stats.entropy, stats.mass
+
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(run, fullgraph=True, backend="eager")(q, k, v, mask)
+    except torch._dynamo.exc.TorchDynamoException as err:
+        pytest.fail(_broke(f"attend({method!r}, impl='fused', return_stats=True)", err))
+    want = run(q, k, v, mask, check_finite=True)
+    for name, g, w in zip(("output", "entropy", "mass"), got, want, strict=True):
+        assert_close(g, w, n=LK, msg=f"attend({method!r}, fused) stats: {name}")
+
+
 @pytest.mark.parametrize(
     ("method", "impl", "params"),
     [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -32,17 +33,31 @@ NAIVE_MAX_ELEMENTS = 2**24
 _observer: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
     "sharpattn_attend_observer", default=None
 )
+#: How many :func:`observe` calls have not been undone yet, in any context. While it is 0,
+#: :func:`attend` does not read the ContextVar at all: ``torch.compile`` cannot trace
+#: ``ContextVar.get`` (a graph break), but it guards on this module global (a compiled attend
+#: recompiles when observing starts, and breaks its graph there while it lasts). A context copied
+#: from an observing one (a thread, an asyncio task) sees the observer only until that one stops.
+_observing = 0
+_observing_lock = threading.Lock()
 
 
 def observe(observer: Callable | None) -> contextvars.Token:
     """Install ``observer`` for :func:`attend` calls in this context; returns the token for
     :func:`stop_observing`."""
-    return _observer.set(observer)
+    global _observing
+    token = _observer.set(observer)
+    with _observing_lock:
+        _observing += 1
+    return token
 
 
 def stop_observing(token: contextvars.Token) -> None:
     """Restore the observer that was active before :func:`observe` returned ``token``."""
+    global _observing
     _observer.reset(token)
+    with _observing_lock:
+        _observing = max(0, _observing - 1)
 
 
 def causal_mask(lq: int, lk: int, device=None) -> Tensor:
@@ -103,10 +118,19 @@ def attend(
     (float32: 4e9), so products of up to four of them are finite; beyond, and wherever the
     kernel's output is not finite (β·s overflowing inside it, e.g. a tiny temperature),
     ``attend`` computes the result on the chunked path, which evaluates the normalizer without
-    overflow (the stats then lack the fused-only fields lse and β). An output that is still not finite (unnormalised weights such
-    as ``relu``'s beyond float16) raises ValueError. ``check_finite=False`` skips these checks
-    (and the normalizer's) for speed; the kernel's NaN is then still recomputed, but huge
-    inputs may give non-finite gradients on the fused paths.
+    overflow (the stats then lack the fused-only fields lse and β). An output that is still not
+    finite (unnormalised weights such as ``relu``'s beyond float16) raises ValueError.
+
+    ``check_finite=False`` skips every check that reads tensor values, for speed and so that
+    ``attend`` never waits for the device (no host synchronisation: ``torch.compile(attend,
+    fullgraph=True)`` captures every method and path in one graph). Skipped then: the input and
+    range checks above, the normalizer's checks (NaN/+inf scores, the values of tensor
+    parameters such as a per-head θ > 0 or α > 1, relu's overflow, stick_breaking's causal
+    check: a mask reaching past the query's position is then cut to the causal one), the
+    output check, and the fused paths' recompute: where the kernel overflows (β·s beyond the
+    dtype, e.g. a tiny temperature on huge scores) the output is NaN, and huge inputs may give
+    non-finite gradients on the fused paths. Use ``impl="chunked"`` or ``"naive"`` for such
+    inputs, or keep ``check_finite=True``.
 
     Returns the output; with ``return_weights=True`` also the weights ``[B, H, Lq, Lk]`` (naive
     only); with ``return_stats=True`` also an :class:`~sharpattn.attention.stats.AttentionStats`
@@ -151,12 +175,19 @@ def attend(
         if sizes is not None and max(sizes) >= torch.finfo(cd).max ** 0.25:
             impl = "chunked"  # the kernel's backward could overflow: the exact block path
         else:
+            if check_finite and any(torch.is_tensor(p) for p in params.values()):
+                # fast paths read no tensor value (no host sync): the normalizer checks the
+                # values of tensor parameters (a per-head θ > 0), on one masked key per row
+                nothing = torch.zeros((1, 1, 1, 1), dtype=torch.bool, device=q.device)
+                entry.fn(q.new_zeros((b, h, lq, 1)), nothing, **params)
             full = {p.name: p.default for p in entry.params}
             full.update(params)
             out, stats = FAST[entry.fused](q, k, v, masking, scale, return_stats, **full)
-            if not math.isfinite(_max_abs(out)) and math.isfinite(_max_abs(v)):
-                # the kernel overflowed on finite inputs (β·s beyond the dtype: NaN): recompute
-                # on the chunked path, which evaluates the normalizer without overflowing
+            if check_finite and not math.isfinite(_max_abs(out)):
+                # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
+                # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
+                # evaluates the normalizer without overflowing. Reading max |out| is a host
+                # sync, so check_finite=False skips it (and the recompute).
                 impl, stats = "chunked", None
     if impl == "chunked":
         out, pieces = chunked_attend(
@@ -189,7 +220,7 @@ def attend(
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
     if check_finite:
         _check_output(out, entry.name)
-    observer = _observer.get()
+    observer = _observer.get() if _observing else None  # no ContextVar read while unused
     if observer is not None:
         out = observer(
             q, k, v, out, mask=mask, causal=causal, scale=scale, method=entry.name, params=params

@@ -123,8 +123,11 @@ def _boolean_mask(*args, allow_is_causal_skip: bool = True, dtype=None, config=N
     return sdpa_mask(*args, allow_is_causal_skip=False, **kwargs)
 
 
-def _allowed(attention_mask, query: Tensor, key: Tensor, causal: bool):
-    """transformers' mask -> boolean mask broadcastable to [B, H, Lq, Lk] (True = attend)."""
+def _allowed(attention_mask, query: Tensor, key: Tensor, causal: bool, check_finite: bool = True):
+    """transformers' mask -> boolean mask broadcastable to [B, H, Lq, Lk] (True = attend).
+
+    An additive float mask is checked to hold only 0 and very negative values (no biases) with
+    ``check_finite`` only: the check reads the mask on the host (a sync)."""
     lq, lk = query.shape[2], key.shape[2]
     if attention_mask is None:
         return None, causal and lq > 1
@@ -142,7 +145,7 @@ def _allowed(attention_mask, query: Tensor, key: Tensor, causal: bool):
         return mask, False
     # An additive float mask (e.g. a user-made 4-D mask): 0 = attend, very negative = masked.
     blocked = mask <= torch.finfo(mask.dtype).min / 2
-    if bool(((mask != 0) & ~blocked).any()):
+    if check_finite and bool(((mask != 0) & ~blocked).any()):
         raise ValueError(
             "sharpattn attention supports only 0/-inf additive masks, not additive biases "
             "(ALiBi, relative position biases); use the model's own attention for those."
@@ -172,8 +175,9 @@ def _make_attention(method: str):
                     "use the model's own attention implementation."
                 )
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-        mask, causal = _allowed(attention_mask, query, key, bool(causal))
         params = dict(getattr(module, FIXED_ATTR, {}) or {})
+        check_finite = params.get("check_finite", True)
+        mask, causal = _allowed(attention_mask, query, key, bool(causal), check_finite)
         learned = getattr(module, PARAMS_ATTR, None)
         if learned is not None:
             h = query.shape[1]
@@ -369,7 +373,9 @@ def _num_heads(module: nn.Module) -> int:
 def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
     """Switch a loaded transformers model to sharpattn ``method`` in place; returns the model.
 
-    ``params`` go to the normalizer. Learnable ones become per-layer, per-head trainable
+    ``params`` go to the normalizer (and ``check_finite=False`` to :func:`sharpattn.attend`: no
+    check reads tensor values, so the attention never waits for the device and
+    ``torch.compile`` captures it whole). Learnable ones become per-layer, per-head trainable
     ``nn.Parameter``s initialised to the given value or the registry default (the default leaves
     the model computing what it did, where the method allows).
 
@@ -382,7 +388,7 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
         return _apply_selective(model, **params)
     entry = nz.get(method)
     register_all()
-    known = {p.name for p in entry.params}
+    known = {p.name for p in entry.params} | {"check_finite"}
     unknown = sorted(set(params) - known)
     if unknown:
         raise ValueError(

@@ -7,6 +7,11 @@
 * Masked entries of the result are exactly 0; a row with no allowed key is all zeros (never NaN).
 * ``-inf`` scores count as masked. NaN or ``+inf`` at an allowed position raise ``ValueError``
   naming the position (``check_finite=False`` skips that check, for speed).
+* Every check that reads tensor values on the host (the one above, tensor parameters' ranges,
+  ``relu``'s overflow, ``stick_breaking``'s causal check) runs only with ``check_finite=True``:
+  with ``check_finite=False`` a normalizer never synchronises with the device (no ``.item()``,
+  ``bool(tensor)``, ``.nonzero()`` or Python branch on a tensor value), so ``torch.compile``
+  captures it whole (``tests/paths/test_compile.py``). Checks of Python numbers always run.
 * Weights come back in the dtype of ``scores``; half-precision inputs are computed in float32.
 * Hostile input (the adversarial suite, ``tests/contract/test_adversarial.py``, holds every method to it):
   an empty ``scores`` (any dimension 0, e.g. Lk = 0) gives an empty result of the same shape and

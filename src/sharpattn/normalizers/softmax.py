@@ -43,7 +43,7 @@ def softmax(
     or 1e-39, whose 1/θ is beyond float32) gives the arg-max limit, one-hot with ties shared,
     and θ = inf the uniform row; never NaN.
     """
-    _check_temperature(temperature)
+    _check_temperature(temperature, check_finite)
     s, allowed = prepare(scores, mask, check_finite)
     return finish(masked_softmax(s, allowed, 1.0 / temperature), scores)
 
@@ -171,9 +171,12 @@ def adaptive(
     return finish(masked_softmax(s, allowed, beta), scores)
 
 
-def _check_temperature(temperature) -> None:
+def _check_temperature(temperature, check_values: bool = False) -> None:
+    """θ > 0. A tensor θ's values are read on the host (a sync) only with ``check_values``: the
+    normalizer passes its ``check_finite``; the fused path does not (``attend`` checks tensor
+    parameters through the normalizer when ``check_finite``)."""
     if torch.is_tensor(temperature):
-        if bool((temperature <= 0).any()):
+        if check_values and bool((temperature <= 0).any()):
             raise ValueError("temperature must be > 0 (θ <= 0 is not a softmax temperature).")
     elif not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}.")

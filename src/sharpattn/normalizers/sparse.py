@@ -1,6 +1,7 @@
 """Sparse normalizers: exact zeros outside a support (top-k, arg-max, sparsemax / entmax).
 
-sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins). They take
+sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins), through
+:mod:`._entmax` (the same computations as Functions ``torch.compile`` can trace). They take
 no mask, so disallowed keys get a finite logit low enough that the mapping gives them exactly
 zero weight (below max − 1/(α−1), see :func:`_fill_for_entmax`), and are zeroed again after.
 Both are shift-invariant, so they are given s − max s: at |s| = 1e8 in float32 the bisection's
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-import entmax as _entmax
 import torch
 import torch.nn.functional as F
 
+from . import _entmax  # the entmax package's functions in a form torch.compile can trace
 from ._contract import (
     finish,
     masked_softmax,
@@ -78,8 +79,14 @@ def hardmax(
     return finish(hard, scores)
 
 
-def _check_alpha(alpha) -> None:
-    bad = bool((alpha <= 1).any()) if torch.is_tensor(alpha) else not alpha > 1
+def _check_alpha(alpha, check_values: bool = False) -> None:
+    """alpha > 1. A tensor alpha's values are read on the host (a sync) only with
+    ``check_values``: the normalizers pass their ``check_finite``; a fast path does not
+    (``attend`` checks tensor parameters through the normalizer when ``check_finite``)."""
+    if torch.is_tensor(alpha):
+        bad = check_values and bool((alpha <= 1).any())
+    else:
+        bad = not alpha > 1
     if bad:
         raise ValueError(f"alpha must be > 1 (alpha = 1 is softmax), got {alpha!r}.")
 
@@ -111,7 +118,7 @@ def entmax(
     such that Σ p = 1. α > 1; α → 1 is softmax, α = 2 is sparsemax. ``alpha`` may be a tensor
     broadcastable to ``[..., Lq, 1]`` (e.g. per head).
     """
-    _check_alpha(alpha)
+    _check_alpha(alpha, check_finite)
     x, allowed = prepare(scores, mask, check_finite)
     if torch.is_tensor(alpha):
         alpha = alpha.to(x.dtype)
@@ -195,7 +202,7 @@ def asentmax(
 
     α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α > 1 by bisection.
     """
-    _check_alpha(alpha)
+    _check_alpha(alpha, check_finite)
     _check_asentmax(delta, gamma_max)
     x, allowed = prepare(scores, mask, check_finite)
     theta = asentmax_scale(

@@ -27,7 +27,9 @@ def stick_breaking(
     Causal only: each key, from the nearest back, takes the fraction σ(s_ij) of what the nearer
     keys left of the stick. Query i sits at key position i + (Lk − Lq) (bottom-right aligned, as
     ``attend(causal=True)``); a row whose allowed keys reach past that position raises
-    ``ValueError``, so a missing causal mask is an error, not a silent result. As in the paper
+    ``ValueError``, so a missing causal mask is an error, not a silent result (with
+    ``check_finite=False`` this check, which reads the mask, is skipped: keys past the query's
+    position then take no share, as under the causal mask). As in the paper
     ("for each token before the current") the query's own key is excluded and the first query
     of a causal sequence is an all-zero row; ``attend_current=True`` includes it as the first
     piece of the stick (then j <= i and the product runs over j < k <= i). ``query_offset`` is the
@@ -48,7 +50,7 @@ def stick_breaking(
     i = torch.arange(lq, device=x.device).unsqueeze(-1)
     j = torch.arange(lk, device=x.device)
     current = i + (lk - lq if query_offset is None else query_offset)  # (Lq, 1): key position
-    if bool((allowed & (j > current)).any()):
+    if check_finite and bool((allowed & (j > current)).any()):  # a host sync: checks only
         raise ValueError(
             "stick_breaking is causal only: query i may attend only to keys j <= i + (Lk − Lq); "
             "pass causal=True (or a mask inside the causal one)."

@@ -9,6 +9,8 @@ normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backwa
 from __future__ import annotations
 
 from .fused import FUSED
+from .stick_tiled import STICK
 from .tiled import TILED
 
 FAST = {**FUSED, **TILED}
+FAST.update(STICK)

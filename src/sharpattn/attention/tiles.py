@@ -60,7 +60,10 @@ class Grid:
 
     ``q`` ``[B, H, Lq, D]``, ``k`` ``[B, Hkv, Lk, D]``, ``v`` ``[B, Hkv, Lk, Dv]``. Every tensor
     the grid hands out is in the compute dtype (float32 for 16-bit inputs). ``bq``/``bk``
-    override :func:`tile_sizes`.
+    override :func:`tile_sizes`. ``diagonal``: row i sees only keys j <= i + ``diagonal`` (the
+    walk stops there and tile masks hold it); default Lk − Lq when ``masking.causal``, else no
+    limit. A path whose rows end elsewhere (stick-breaking's j < i + Lk − Lq) passes its own;
+    ``masking.causal`` is then not read.
     """
 
     def __init__(
@@ -73,12 +76,16 @@ class Grid:
         bq: int | None = None,
         bk: int | None = None,
         fold_scale: bool = False,
+        diagonal: int | None = None,
     ):
         b, h, lq, d = q.shape
         hkv, lk = k.shape[1], k.shape[2]
         self.b, self.h, self.hkv, self.g = b, h, hkv, h // hkv
         self.lq, self.lk, self.d, self.dv = lq, lk, d, v.shape[-1]
         self.masking, self.scale = masking, scale
+        if diagonal is None and masking.causal:
+            diagonal = masking.offset
+        self.diagonal = diagonal
         self.dtype = compute_dtype(q.dtype)
         auto_q, auto_k = tile_sizes(b * h, lq, lk)
         self.bq, self.bk = bq or auto_q, bk or auto_k
@@ -99,10 +106,10 @@ class Grid:
 
     def key_end(self, r0: int, r1: int) -> int:
         """One past the last key any row of ``r0:r1`` may see (causal: row i sees j <= i + Lk −
-        Lq); 0 when none does."""
-        if not self.masking.causal:
+        Lq, or :attr:`diagonal`); 0 when none does."""
+        if self.diagonal is None:
             return self.lk
-        return max(0, min(self.lk, r1 + self.masking.offset))
+        return max(0, min(self.lk, r1 + self.diagonal))
 
     def tiles(self, r0: int, r1: int) -> Iterator[Tile]:
         """The key tiles of query rows ``r0:r1`` that some row may see, in key order."""
@@ -117,9 +124,10 @@ class Grid:
             mask = m.mask[..., r0:r1, :] if m.per_row else m.mask
             if mask.shape[-1] != 1:  # a mask broadcast over the keys stays as it is
                 mask = mask[..., c0:c1]
-        if m.causal and c1 - 1 > r0 + m.offset:  # some key of the tile is after some row
+        diag = self.diagonal
+        if diag is not None and c1 - 1 > r0 + diag:  # some key of the tile is after some row
             i = torch.arange(r0, r1, device=m.device).unsqueeze(-1)
-            causal = torch.arange(c0, c1, device=m.device) <= i + m.offset
+            causal = torch.arange(c0, c1, device=m.device) <= i + diag
             mask = causal if mask is None else mask & causal
         return mask
 

@@ -72,6 +72,7 @@ register(
         formula="σ(s_ij)·Π_{j<k<i}(1 − σ(s_ik)), j < i (causal only)",
         citation="Tan et al. 2025, Scaling Stick-Breaking Attention",
         sums_to_one=False,
+        fused="stick_breaking",
         params=(
             Param("attend_current", False, "let query i take a share for its own key i"),
             Param("query_offset", None, "key position of the first query row (default Lk − Lq)"),

@@ -1,0 +1,241 @@
+"""Stick-breaking attention over tiles: O(n) memory, forward and backward.
+
+The normalizer (:func:`sharpattn.normalizers.stick_breaking`) gives query i, at key position
+c_i = i + offset, the weights
+
+    log w_ij = log σ(s_ij) + Σ_{j<k, k allowed} log σ(−s_ik)
+
+over its allowed keys j < c_i (j <= c_i with ``attend_current``, the sum then running to c_i).
+The sum is what the nearer keys took of the stick, so each query block walks its key tiles
+(:class:`~.tiles.Grid`, with the row's last key as the grid's ``diagonal``) from the nearest back,
+carrying Σ log σ(−s) of the tiles already done: inside a tile the exclusive sum from the right is
+one cumulative sum, the blockwise log-space scan of the stick-breaking attention kernels.
+
+Keys and values are laid out once in reversed order, so that a tile's scores come out of the
+product with the nearest key first and the sum from the right is a plain ``cumsum`` along the
+row, started from the carry (no flip of the scores, no subtraction: the running sum is added in
+the order the naive path adds it).
+
+Backward (recomputing the tiles, the same walk): with g_ij = dO_i·v_j and D_i = dO_i·out_i =
+Σ_j w_ij·g_ij,
+
+    dL/ds_ik = w_ik·g_ik·σ(−s_ik) − σ(s_ik)·Σ_{j<k} w_ij·g_ij = w_ik·g_ik − σ(s_ik)·A_ik,
+    A_ik = Σ_{j<=k} w_ij·g_ij = D_i − Σ_{j>k} w_ij·g_ij,
+
+the last sum carried from the right like the forward's (5 matrix products per tile, as flash
+attention's backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .masking import Masking
+from .stats import AttentionStats, row_stats
+from .tiled import _exp_, empty_result
+from .tiles import Grid, Tile
+
+Tensor = torch.Tensor
+
+#: the naive normalizer's words (``normalizers/stick_breaking.py``)
+CAUSAL_ERROR = (
+    "stick_breaking is causal only: query i may attend only to keys j <= i + (Lk − Lq); "
+    "pass causal=True (or a mask inside the causal one)."
+)
+
+#: rows per block when a user mask is checked against the causal one (O(rows·Lk) booleans)
+CHECK_ELEMENTS = 2**22
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """What the forward and backward need besides q, k and v to lay out the same tiles."""
+
+    masking: Masking
+    scale: float
+    blocks: tuple[int | None, int | None]
+    diagonal: int  # row i's last key is i + diagonal
+
+    def grid(self, q: Tensor, k: Tensor, v: Tensor):
+        """(grid, k and v with the keys reversed, ``[B, Hkv, 1, Lk, ·]``)."""
+        grid = Grid(
+            q, k, v, self.masking, self.scale, *self.blocks, fold_scale=True, diagonal=self.diagonal
+        )
+        return grid, grid.k.flip(-2), grid.v.flip(-2)
+
+
+def _tile(grid: Grid, krev: Tensor, qb: Tensor, t: Tile):
+    """(scores, keep) of tile ``t`` with its keys reversed (nearest first), ``[B, H, r, c]``:
+    disallowed scores 0 (finite arithmetic), ``keep`` the mask as 0/1 or None."""
+    a, b = grid.lk - t.c1, grid.lk - t.c0
+    s = torch.matmul(qb, krev[..., a:b, :].transpose(-2, -1))
+    s = s.view(grid.b, grid.h, t.r1 - t.r0, t.c1 - t.c0)
+    keep = None
+    if t.mask is not None:
+        keep = t.mask.flip(-1).to(grid.dtype)
+        s.mul_(keep)  # a product, not masked_fill: 30× faster here (see tiled._masked_)
+    return s, keep
+
+
+def _log_weights(s: Tensor, keep: Tensor | None, carry: Tensor) -> tuple[Tensor, Tensor]:
+    """(log w of the tile, the carry for the next tile to the left).
+
+    ``carry`` ``[B, H, r, 1]``: Σ log σ(−s) over the allowed keys of the tiles to the right.
+    log w_j = log σ(s_j) + carry + Σ_{k before j in the reversed tile} log σ(−s_k): one
+    cumulative sum of [carry, log σ(−s)], whose last entry is the next carry.
+    """
+    c = s.shape[-1]
+    log_pos = F.logsigmoid(s)
+    log_neg = log_pos - s  # log σ(−s) = log σ(s) − s, exact where either is tiny
+    if keep is not None:
+        log_neg.mul_(keep)
+    run = torch.cat((carry, log_neg), dim=-1).cumsum_(-1)
+    return log_pos.add_(run[..., :c]), run[..., c:]
+
+
+def _forward(walk: _Walk, q, k, v, want_stats: bool):
+    """(output ``[B, Hkv, G, Lq, Dv]``, entropy, mass ``[B, H, Lq, 1]`` or empty tensors)."""
+    grid, krev, vrev = walk.grid(q, k, v)
+    out = grid.empty_out()
+    rows = (grid.b, grid.h, grid.lq, 1)
+    ent = torch.zeros(rows if want_stats else 0, dtype=grid.dtype, device=out.device)
+    mass = torch.zeros_like(ent)
+    for r0, r1 in grid.row_blocks():
+        qb, acc = grid.q_rows(r0, r1), out[..., r0:r1, :]
+        carry = torch.zeros(grid.b, grid.h, r1 - r0, 1, dtype=grid.dtype, device=out.device)
+        for t in reversed(list(grid.tiles(r0, r1))):
+            s, keep = _tile(grid, krev, qb, t)
+            log_w, carry = _log_weights(s, keep, carry)
+            if want_stats:
+                w = torch.exp(log_w)
+                if keep is not None:
+                    w.mul_(keep)
+                ent[..., r0:r1, :] -= (w * log_w).sum(-1, keepdim=True)
+                mass[..., r0:r1, :] += w.sum(-1, keepdim=True)
+            else:
+                w = _exp_(log_w)
+                if keep is not None:
+                    w.mul_(keep)
+            w5 = grid.grouped(w)
+            acc += torch.matmul(w5, vrev[..., grid.lk - t.c1 : grid.lk - t.c0, :])
+    return out, ent, mass
+
+
+def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
+    grid, krev, vrev = walk.grid(q, k, v)
+    g5 = grid.grouped(g.to(grid.dtype))
+    dq = torch.zeros_like(grid.q)
+    dkr = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
+    dvr = torch.zeros(grid.v.shape[:2] + grid.v.shape[3:], dtype=grid.dtype, device=dq.device)
+    total = grid.heads((g5 * out5).sum(-1, keepdim=True))  # D_i = dO_i·out_i = Σ_j w_ij·g_ij
+    for r0, r1 in grid.row_blocks():
+        qb, gb, dqb = grid.q_rows(r0, r1), g5[..., r0:r1, :], dq[..., r0:r1, :]
+        db = total[..., r0:r1, :]
+        carry = torch.zeros(grid.b, grid.h, r1 - r0, 1, dtype=grid.dtype, device=dq.device)
+        later = torch.zeros_like(carry)  # Σ w·g over the keys of the tiles to the right
+        for t in reversed(list(grid.tiles(r0, r1))):
+            a, b, c = grid.lk - t.c1, grid.lk - t.c0, t.c1 - t.c0
+            s, keep = _tile(grid, krev, qb, t)
+            log_w, carry = _log_weights(s, keep, carry)
+            w = _exp_(log_w)
+            if keep is not None:
+                w.mul_(keep)
+            vt = vrev[..., a:b, :]
+            wg = grid.heads(torch.matmul(gb, vt.transpose(-2, -1))).mul_(w)  # w_ij·g_ij
+            run = torch.cat((later, wg), dim=-1).cumsum_(-1)  # Σ_{j>k} w·g, then the carry
+            later = run[..., c:]
+            # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
+            ds = torch.sigmoid(s).mul_(run[..., :c].neg_().add_(db)).neg_().add_(wg)
+            if keep is not None:
+                ds.mul_(keep)
+            ds5, w5 = grid.grouped(ds), grid.grouped(w)
+            dqb.add_(torch.matmul(ds5, krev[..., a:b, :]), alpha=grid.scale)
+            # q carries the scale (fold_scale), so dk = Σ_i ds_ij·(scale·q_i)
+            dkr[..., a:b, :] += torch.matmul(ds5.transpose(-2, -1), qb).sum(2)
+            dvr[..., a:b, :] += torch.matmul(w5.transpose(-2, -1), gb).sum(2)
+    return grid.heads(dq), dkr.flip(-2), dvr.flip(-2)
+
+
+class _StickAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, walk, want_stats):
+        out5, ent, mass = _forward(walk, q, k, v, want_stats)
+        ctx.save_for_backward(q, k, v, out5)
+        ctx.walk = walk
+        ctx.mark_non_differentiable(ent, mass)
+        b, h, lq, _ = q.shape
+        return out5.reshape(b, h, lq, out5.shape[-1]).to(q.dtype), ent, mass
+
+    @staticmethod
+    def backward(ctx, g, _ent, _mass):
+        q, k, v, out5 = ctx.saved_tensors
+        dq, dk, dv = _backward(ctx.walk, q, k, v, out5, g)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _sees_past_itself(masking: Masking, offset: int) -> bool:
+    """Whether some query i may see a key j > i + ``offset`` (its own position): the naive
+    normalizer's ValueError. Decided from the sizes alone when ``causal=True`` (the causal mask
+    keeps every row at or before its position) or there is no user mask; otherwise the mask is
+    read, and the answer costs one host synchronisation."""
+    lq, lk = masking.lq, masking.lk
+    if masking.causal and offset >= masking.offset:
+        return False
+    if masking.mask is None:  # row i sees keys 0..last(i); the first row that sees any decides
+        i = max(0, -masking.offset) if masking.causal else 0
+        last = min(lk - 1, i + masking.offset) if masking.causal else lk - 1
+        return i < lq and last > i + offset
+    step = max(1, CHECK_ELEMENTS // max(1, lk))
+    j = torch.arange(lk, device=masking.device)
+    bad = torch.zeros((), dtype=torch.bool, device=masking.device)
+    for r0 in range(0, lq, step):
+        r1 = min(r0 + step, lq)
+        late = j > torch.arange(r0, r1, device=masking.device).unsqueeze(-1) + offset
+        bad = bad | (masking.rows(r0, r1) & late).any()
+    return bool(bad)
+
+
+def stick_breaking(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    want_stats: bool,
+    *,
+    attend_current: bool = False,
+    query_offset: int | None = None,
+    blocks: tuple[int | None, int | None] | None = None,
+) -> tuple[Tensor, AttentionStats | None]:
+    """Stick-breaking attention (``normalizers.stick_breaking``) over tiles, O(n) memory.
+
+    ``query_offset``: the key position of query row 0 (default Lk − Lq, as ``causal=True``).
+    A mask that lets a query see a key after its own position raises the naive path's
+    ValueError; with ``causal=True`` (and the default offset) that cannot happen and nothing is
+    checked (no host synchronisation); without it the sizes decide, or, with a user mask, one
+    reading of the mask. ``blocks``: (rows, keys) per tile, default :func:`.tiles.tile_sizes`.
+    """
+    lq, lk = masking.lq, masking.lk
+    offset = lk - lq if query_offset is None else int(query_offset)
+    if q.shape[0] == 0 or lq == 0 or lk == 0:  # no score at all: nothing to check (as naive)
+        return empty_result(q, k, v, masking, want_stats)
+    if _sees_past_itself(masking, offset):
+        raise ValueError(CAUSAL_ERROR)
+    if v.numel() == 0:
+        return empty_result(q, k, v, masking, want_stats)
+    # the last key of row i: i + offset with attend_current, else the one before; the user mask
+    # is inside it (checked above), and inside the causal one when causal=True
+    diagonal = offset if attend_current else offset - 1
+    if masking.causal:
+        diagonal = min(diagonal, masking.offset)
+    walk = _Walk(masking, scale, tuple(blocks or (None, None)), diagonal)
+    out, ent, mass = _StickAttention.apply(q, k, v, walk, want_stats)
+    if not want_stats:
+        return out, None
+    return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=ent, mass=mass)
+
+
+STICK = {"stick_breaking": stick_breaking}

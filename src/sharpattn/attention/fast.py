@@ -9,6 +9,8 @@ normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backwa
 from __future__ import annotations
 
 from .fused import FUSED
+from .sparse_tiled import SPARSE_TILED
 from .tiled import TILED
 
 FAST = {**FUSED, **TILED}
+FAST.update(SPARSE_TILED)

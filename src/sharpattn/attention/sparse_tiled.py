@@ -358,7 +358,13 @@ class _EntmaxAttention(torch.autograd.Function):
 def _keep(s: Tensor, tau: Tensor, need: Tensor) -> Tensor:
     """The kept keys: s > τ, and the first ``need`` keys (in key order) with s = τ."""
     eq = s == tau
-    return (s > tau) | (eq & (eq.cumsum(-1) <= need))
+    rank = eq.cumsum(-1, dtype=torch.int32)
+    return (s > tau) | (eq & (rank <= need.to(torch.int32)))
+
+
+def _kept_exp(x: Tensor, keep: Tensor) -> Tensor:
+    """exp(x) on the kept keys, 0 elsewhere (exp of −inf is ~5x slower than of a finite x)."""
+    return torch.where(keep, x, 0.0).exp_().mul_(keep)
 
 
 class _TopkAttention(torch.autograd.Function):
@@ -376,12 +382,12 @@ class _TopkAttention(torch.autograd.Function):
             s = walk.masked_scores(t)
             vals = s.topk(min(top_k, t.c1), dim=-1, sorted=True).values
             tau = vals[..., -1:]  # −inf where the row has fewer allowed keys: keep them all
-            need = vals.shape[-1] - (s > tau).sum(-1, keepdim=True).to(s.dtype)
+            need = (vals == tau).sum(-1, keepdim=True).to(s.dtype)  # the ties among the top k
             m = vals[..., :1]
             live = _row_any(m)
             m = torch.where(live > 0, m, 0.0)
             keep = _keep(s, tau, need)
-            p = torch.where(keep, s.sub_(m), float("-inf")).exp_()
+            p = _kept_exp(s.sub_(m), keep)
             total = p.sum(-1, keepdim=True)
             inv = live / torch.where(live > 0, total, 1.0)
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
@@ -411,7 +417,7 @@ class _TopkAttention(torch.autograd.Function):
             r0, r1 = t.r0, t.r1
             s = walk.masked_scores(t)
             keep = _keep(s, tau_all[..., r0:r1, :], need_all[..., r0:r1, :])
-            p = torch.where(keep, s.sub_(lse_all[..., r0:r1, :]), float("-inf")).exp_()
+            p = _kept_exp(s.sub_(lse_all[..., r0:r1, :]), keep)
             g = walk.g_scores(go, t)
             ds = g.sub_(delta[..., r0:r1, :]).mul_(p).mul_(ctx.scale)  # p·(g − Δ)
             walk.accumulate(t, ds, p, go, dq, dk, dv)

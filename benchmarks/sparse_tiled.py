@@ -112,9 +112,10 @@ def main() -> None:
                             )  # fmt: skip
 
                     best_s = best_p = float("inf")
+                    inputs = (q, k, v, backward)
                     for _ in range(args.rounds):
-                        best_s = min(best_s, cpu(lambda: step(sdpa, q, k, v, backward)))
-                        best_p = min(best_p, cpu(lambda fn=fn: step(fn, q, k, v, backward)))
+                        best_s = min(best_s, cpu(lambda a=inputs: step(sdpa, *a)))
+                        best_p = min(best_p, cpu(lambda fn=fn, a=inputs: step(fn, *a)))
                     pas = "fwd+bwd" if backward else "fwd"
                     row = dict(
                         n=n, method=label, causal=causal, pass_=pas, sdpa=best_s, path=best_p

@@ -61,9 +61,17 @@ METHODS = [
 ]
 
 
+@pytest.fixture
+def two_row_blocks(monkeypatch):
+    """Query blocks of 2 rows: the backward accumulates dk, dv over blocks and cuts per-row
+    parameters (per-query θ) at block edges."""
+    monkeypatch.setattr(st, "SLAB_ELEMENTS", 1)
+    monkeypatch.setattr(st, "MIN_BLOCK_ROWS", 2)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("method,params", METHODS, ids=lambda x: str(x))
-def test_gradcheck_of_the_tiled_backward(method, params, case):
+def test_gradcheck_of_the_tiled_backward(two_row_blocks, method, params, case):
     _, lq, lk, hkv, kind, causal = case
     q, k, v = qkv(lq=lq, lk=lk, hkv=hkv, gain=2.0)
     mask = masks(kind, 2, 4, lq, lk)
@@ -76,7 +84,7 @@ def test_gradcheck_of_the_tiled_backward(method, params, case):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("per", ["head", "query"])
-def test_gradcheck_asentmax_parameters(per, case):
+def test_gradcheck_asentmax_parameters(two_row_blocks, per, case):
     _, lq, lk, hkv, kind, causal = case
     q, k, v = qkv(lq=lq, lk=lk, hkv=hkv, gain=2.0)
     mask = masks(kind, 2, 4, lq, lk)

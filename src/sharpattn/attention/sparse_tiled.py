@@ -48,6 +48,8 @@ Tensor = torch.Tensor
 #: B = 1, H = 4, one thread): bq from 16 to 128 within noise; fewer, larger blocks cut Python's
 #: per-op overhead, which dominates below ~16 rows at n = 16k.
 SLAB_ELEMENTS = 2**20
+#: The fewest query rows per block (fewer make the GEMMs and Python's per-op overhead dominate).
+MIN_BLOCK_ROWS = 8
 #: Candidates per row (the maxima of as many chunks of keys) whose exact threshold starts the
 #: solver: a lower bound of the row's τ (the τ of any subset of the keys is), exact when every
 #: key of the support is the largest of its chunk (always when Lk' < 2·CANDIDATES). 32, not 64:
@@ -74,9 +76,11 @@ CANDIDATE_STEPS = 12
 FLOOR = -2.0
 
 
-def block_rows(bh: int, lq: int, lk: int, budget: int = SLAB_ELEMENTS) -> int:
-    """Query rows per block: about ``budget`` score entries, at least 8 rows (1 if fewer)."""
-    return max(1, min(max(lq, 1), max(8, budget // max(1, bh * max(lk, 1)))))
+def block_rows(bh: int, lq: int, lk: int, budget: int | None = None) -> int:
+    """Query rows per block: about ``budget`` (default :data:`SLAB_ELEMENTS`) score entries, at
+    least 8 rows (1 if fewer)."""
+    budget = SLAB_ELEMENTS if budget is None else budget
+    return max(1, min(max(lq, 1), max(MIN_BLOCK_ROWS, budget // max(1, bh * max(lk, 1)))))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,12 +44,16 @@ from .tiles import Grid, Tile, row_slice
 
 Tensor = torch.Tensor
 
-#: Score entries per query block (B·H·bq·Lk'): 2^20 float32 = 4 MiB. Measured (n = 4,096,
-#: B = 1, H = 4, one thread): bq from 16 to 128 within noise; fewer, larger blocks cut Python's
-#: per-op overhead, which dominates below ~16 rows at n = 16k.
+#: Score entries per query block (B·H·bq·Lk'): 2^20 float32 = 4 MiB, but at least
+#: :data:`MIN_BLOCK_ROWS` rows while that stays under :data:`SLAB_MAX`. Measured (B = 1, H = 4,
+#: one thread, forward CPU time / SDPA's): n = 4,096: bq = 64 (2^20) 1.84x sparsemax, 2.65x
+#: topk, bq = 128 (2^21) 2.46x, 2.81x; n = 16,384: bq = 16 (2^20) 2.50x, 3.19x, bq = 32 (2^21)
+#: 2.10x, 2.82x: fewer than ~32 rows make the q·kᵀ GEMM (M = bq) and Python's per-op overhead
+#: dominate, more than ~4 MiB spill the elementwise passes out of cache.
 SLAB_ELEMENTS = 2**20
-#: The fewest query rows per block (fewer make the GEMMs and Python's per-op overhead dominate).
-MIN_BLOCK_ROWS = 8
+#: The fewest query rows per block, unless that slab would exceed :data:`SLAB_MAX` entries.
+MIN_BLOCK_ROWS = 32
+SLAB_MAX = 2**22
 #: Candidates per row (the maxima of as many chunks of keys) whose exact threshold starts the
 #: solver: a lower bound of the row's τ (the τ of any subset of the keys is), exact when every
 #: key of the support is the largest of its chunk (always when Lk' < 2·CANDIDATES). 32, not 64:
@@ -77,10 +81,12 @@ FLOOR = -2.0
 
 
 def block_rows(bh: int, lq: int, lk: int, budget: int | None = None) -> int:
-    """Query rows per block: about ``budget`` (default :data:`SLAB_ELEMENTS`) score entries, at
-    least 8 rows (1 if fewer)."""
-    budget = SLAB_ELEMENTS if budget is None else budget
-    return max(1, min(max(lq, 1), max(MIN_BLOCK_ROWS, budget // max(1, bh * max(lk, 1)))))
+    """Query rows per block: about ``budget`` (default :data:`SLAB_ELEMENTS`) score entries,
+    at least :data:`MIN_BLOCK_ROWS` while the slab stays under :data:`SLAB_MAX`, at least 1."""
+    per_row = max(1, bh * max(lk, 1))
+    rows = (SLAB_ELEMENTS if budget is None else budget) // per_row
+    rows = max(rows, min(MIN_BLOCK_ROWS, SLAB_MAX // per_row))
+    return max(1, min(max(lq, 1), rows))
 
 
 # ---------------------------------------------------------------------------------------------

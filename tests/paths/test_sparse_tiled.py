@@ -47,7 +47,9 @@ CASES = [
     ("gqa_row_causal", 6, 6, 1, "row", True),
 ]
 
-PER_HEAD_ALPHA = torch.tensor([1.3, 1.5, 2.0, 2.6], dtype=torch.float64).view(1, 4, 1, 1)
+PER_HEAD_ALPHA = torch.tensor([1.3, 1.5, 1.8, 2.0], dtype=torch.float64).view(1, 4, 1, 1)
+#: a head with α > 2: the query-block path (eagerly)
+PER_HEAD_ALPHA_ABOVE_2 = torch.tensor([1.3, 1.5, 2.0, 2.6], dtype=torch.float64).view(1, 4, 1, 1)
 
 # (method, params) whose backward is checked by gradcheck
 METHODS = [
@@ -56,6 +58,7 @@ METHODS = [
     ("entmax", {"alpha": 1.3}),
     ("entmax", {"alpha": 2.5}),  # the query-block path
     ("entmax", {"alpha": PER_HEAD_ALPHA}),
+    ("entmax", {"alpha": PER_HEAD_ALPHA_ABOVE_2}),
     ("topk", {"top_k": 3}),
     ("asentmax", {}),
 ]
@@ -134,6 +137,7 @@ FAST_METHODS = [
     ("entmax15", {}),
     ("entmax", {"alpha": 1.3}),
     ("entmax", {"alpha": PER_HEAD_ALPHA.float()}),
+    ("entmax", {"alpha": PER_HEAD_ALPHA_ABOVE_2.float()}),
     ("topk", {"top_k": 5}),
     ("asentmax", {"beta_pre": torch.tensor([0.3, -0.2, 0.0, 1.0]).view(1, 4, 1, 1)}),
 ]
@@ -299,3 +303,24 @@ def test_huge_scores_give_the_arg_max():
 def test_fused_is_the_auto_path_of_the_sparse_methods():
     for method in ("sparsemax", "entmax15", "entmax", "asentmax", "topk"):
         assert get(method).fused == f"{method}_tiled"
+
+
+def test_which_alpha_takes_the_tiled_path(monkeypatch):
+    """α in (1, 2] (numbers or tensors) runs the tiled solver; a learnable α or any α > 2 the
+    query-block path (exact bisection, gradient in α)."""
+    calls = []
+    real = st._EntmaxAttention.apply
+    monkeypatch.setattr(st._EntmaxAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    q, k, v = qkv(lq=4, lk=6)
+    cases = [
+        (1.3, True),
+        (2.0, True),
+        (PER_HEAD_ALPHA, True),
+        (2.5, False),
+        (PER_HEAD_ALPHA_ABOVE_2, False),
+        (PER_HEAD_ALPHA.clone().requires_grad_(), False),
+    ]
+    for alpha, tiled in cases:
+        calls.clear()
+        attend(q, k, v, "entmax", alpha=alpha, impl="fused")
+        assert bool(calls) == tiled, alpha

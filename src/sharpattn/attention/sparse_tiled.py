@@ -70,9 +70,9 @@ CANDIDATES = 32
 #: n = 2,000; each step costs a ``pow`` pass (~0.6x SDPA's forward at n = 4,096).
 #: Rows are renormalised, so an unconverged row has a slightly wide support, never a wrong sum.
 NEWTON_STEPS = {"sparsemax": 4, "entmax15": 5, "entmax": 4}
-#: Steps for a tensor α (per head), whose heads may have α > 2 (see :func:`_newton`): 12
-#: reached float64 rounding for α = 2.6 (n = 300 to 2,000); a float α > 2 takes the query-block
-#: path instead (:func:`entmax`).
+#: Steps for a tensor α (per head), whose heads may have α > 2 under ``torch.compile`` (see
+#: :func:`_newton`, :func:`_needs_blocks`): 12 reached float64 rounding for α = 2.6 (n = 300 to
+#: 2,000); eagerly, any α > 2 takes the query-block path instead (:func:`entmax`).
 TENSOR_ALPHA_STEPS = 12
 #: Newton steps on the candidates for α other than 1.5 and 2 (no sort formula).
 CANDIDATE_STEPS = 12
@@ -461,10 +461,14 @@ def _check_alpha(alpha) -> None:
 
 
 def _needs_blocks(alpha) -> bool:
-    """A learnable α (the gradient in α is the naive normalizer's) or a number α > 2 (where
-    Newton's steps converge slowly, see :func:`_newton`) take the query-block path."""
+    """A learnable α (the gradient in α is the naive normalizer's) or α > 2 (where Newton's
+    steps converge slowly, see :func:`_newton`) take the query-block path. A tensor α is looked
+    at eagerly (as :func:`_check_alpha` does); under ``torch.compile`` it stays here, with
+    :data:`TENSOR_ALPHA_STEPS` steps (float64 rounding for α up to ~2.6, not beyond)."""
     if torch.is_tensor(alpha):
-        return alpha.requires_grad
+        if alpha.requires_grad:
+            return True
+        return not torch.compiler.is_compiling() and bool((alpha > 2).any())
     return alpha > 2.0
 
 
@@ -510,10 +514,11 @@ def entmax15(q, k, v, masking: Masking, scale: float, want_stats: bool):
 def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1.5, n_iter=50):
     """α-entmax attention, α a number or a tensor (per head) > 1. ``n_iter`` (the naive path's
     bisection steps) is not used here: the threshold comes from the candidates and Newton steps.
-    A learnable α (a tensor that requires grad) and a number α > 2 take the query-block path
-    (:func:`~sharpattn.attention.chunked.chunked_attend`: O(block·Lk) memory, the naive
-    normalizer's bisection and autograd), which differentiates in α and converges for α > 2; a
-    tensor α runs here with :data:`TENSOR_ALPHA_STEPS` steps."""
+    A learnable α (a tensor that requires grad) and α > 2 (a number, or any head of a tensor;
+    see :func:`_needs_blocks`) take the query-block path (:func:`~sharpattn.attention.chunked.
+    chunked_attend`: O(block·Lk) memory, the naive normalizer's bisection and autograd), which
+    differentiates in α and converges for α > 2; a tensor α in (1, 2] runs here with
+    :data:`TENSOR_ALPHA_STEPS` steps."""
     _check_alpha(alpha)
     if _needs_blocks(alpha):
         params = dict(alpha=alpha, n_iter=n_iter)

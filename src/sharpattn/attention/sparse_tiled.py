@@ -1,7 +1,7 @@
 """O(n)-memory attention for the sparse normalizers: sparsemax, 1.5-entmax, α-entmax, ASEntmax
 and top-k, forward and backward, without an ``[Lq, Lk]`` score matrix.
 
-Mechanism (chosen by measurement, see the README's table): queries are cut into blocks of ``bq``
+Mechanism (chosen by measurement; costs in the README and ``benchmarks/sparse_tiled.py``): queries are cut into blocks of ``bq``
 rows, and the block's scores over every key it may see, a ``[B, H, bq, Lk']`` slab of about
 :data:`SLAB_ELEMENTS` entries, are made once (a causal block stops at its last visible key, as in
 :class:`~.tiles.Grid`) and normalised in place:
@@ -10,14 +10,16 @@ rows, and the block's scores over every key it may see, a ``[B, H, bq, Lk']`` sl
   every y < −1 has weight exactly 0 (p_max <= 1 gives τ >= −1), so masked keys and rows without
   a key (made uniform, then zeroed) need no special case and no value is ever −inf or NaN;
 * τ with Σ_j [y_j − τ]_+^{1/(α−1)} = 1, in a fixed number of steps and no host synchronisation:
-  the exact threshold of the row's top-K candidates (``torch.topk``; the sort formula for
-  sparsemax and 1.5-entmax, Newton from the bound max_k (c_k − k^{1−α}) for other α) is a lower
-  bound of the row's τ (the row's Σ is at least the candidates'), and is exact whenever the
-  support has at most K keys; then :data:`NEWTON_STEPS` Newton steps on the whole row, which on
-  this convex, decreasing function converge monotonically from the left (for sparsemax a step
-  is Michelot's projection step). The weights are finally divided by their sum, so every row
-  sums to one even where the steps have not converged (a support far larger than K, e.g.
-  near-uniform rows of thousands of keys; measured error in the tests and the benchmark);
+  the exact threshold of :data:`CANDIDATES` candidates, the maxima of as many chunks of keys
+  (the sort formula for sparsemax and 1.5-entmax, safeguarded Newton from the bound
+  max_k (c_k − k^{1−α}) for other α), is a lower bound of the row's τ (the τ of any subset of
+  the keys is), exact when each key of the support is the largest of its chunk; then
+  :data:`NEWTON_STEPS` safeguarded Newton steps on the whole row (:func:`_newton`), which from
+  the left converge monotonically for α <= 2 (for sparsemax a step is Michelot's projection
+  step). ``torch.topk`` of the row would be a better start but costs ~40 elementwise passes.
+  The weights are finally divided by their sum, so every row sums to one even where the steps
+  have not converged (measured errors at :data:`NEWTON_STEPS`). α > 2 (slow convergence) and a
+  learnable α take the query-block path (:func:`entmax`);
 * output = p·v; per row, only (max s, τ, 1/Σp) are kept for the backward.
 
 The backward (a :class:`torch.autograd.Function`) recomputes the block's scores and applies the

@@ -129,9 +129,7 @@ def run_fast(method, params, q, k, v, mask, causal, want_stats=False):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize(
-    "method,params", [(m, p) for m, ps in PARAMS.items() for p in ps], ids=str
-)
+@pytest.mark.parametrize("method,params", [(m, p) for m, ps in PARAMS.items() for p in ps], ids=str)
 def test_tiled_path_equals_the_float64_formula(method, params, case):
     q, k, v, mask, causal = inputs(case, dtype=torch.float32)
     out, st = run_fast(method, params, q, k, v, mask, causal, want_stats=True)

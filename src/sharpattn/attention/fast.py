@@ -9,8 +9,10 @@ normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backwa
 from __future__ import annotations
 
 from .fused import FUSED
+from .sparse_tiled import SPARSE_TILED
 from .stick_tiled import STICK
 from .tiled import TILED
 
 FAST = {**FUSED, **TILED}
 FAST.update(STICK)
+FAST.update(SPARSE_TILED)

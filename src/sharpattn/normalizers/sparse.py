@@ -41,16 +41,20 @@ def topk(
     """softmax over the ``top_k`` largest allowed scores of each row, 0 elsewhere.
 
     Rows with fewer than ``top_k`` allowed keys keep them all (plain softmax). Ties at the k-th
-    place are broken by :func:`torch.topk`. (Named ``top_k`` because ``k`` is the key tensor of
-    :func:`attend`.)
+    place are broken deterministically, in key order: every score above the k-th largest is
+    kept, then the first keys (lowest index) whose score equals it, until ``top_k`` are kept.
+    (Named ``top_k`` because ``k`` is the key tensor of :func:`attend`.)
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}.")
     x, allowed = prepare(scores, mask, check_finite)
     kk = min(top_k, x.shape[-1])
     logits = x.masked_fill(~allowed, float("-inf"))
-    idx = logits.topk(kk, dim=-1).indices  # (..., Lq, kk)
-    keep = torch.zeros_like(allowed).scatter(-1, idx, True) & allowed
+    tau = logits.topk(kk, dim=-1).values[..., -1:]  # the k-th largest (−inf: keep all allowed)
+    above = logits > tau
+    tie = (logits == tau) & allowed
+    need = kk - above.sum(-1, keepdim=True)  # how many of the ties at τ are kept, in key order
+    keep = above | (tie & (tie.cumsum(-1) <= need))
     return finish(masked_softmax(x, keep), scores)
 
 
@@ -228,6 +232,7 @@ register(
     Normalizer(
         name="topk",
         fn=topk,
+        fused="topk_tiled",
         formula="softmax over the top_k largest s_j, 0 elsewhere",
         citation="—",
         sums_to_one=True,
@@ -249,6 +254,7 @@ register(
     Normalizer(
         name="sparsemax",
         fn=sparsemax,
+        fused="sparsemax_tiled",
         formula="[s_i − τ]_+, Σ = 1",
         citation="Martins & Astudillo 2016, From Softmax to Sparsemax",
         sums_to_one=True,
@@ -258,6 +264,7 @@ register(
     Normalizer(
         name="entmax15",
         fn=entmax15,
+        fused="entmax15_tiled",
         formula="[s_i/2 − τ]_+², Σ = 1",
         citation="Peters, Niculae & Martins 2019, Sparse Sequence-to-Sequence Models",
         sums_to_one=True,
@@ -267,6 +274,7 @@ register(
     Normalizer(
         name="entmax",
         fn=entmax,
+        fused="entmax_tiled",
         formula="[(α−1)s_i − τ]_+^{1/(α−1)}, Σ = 1",
         citation="Peters, Niculae & Martins 2019; Correia et al. 2019",
         sums_to_one=True,
@@ -280,6 +288,7 @@ register(
     Normalizer(
         name="asentmax",
         fn=asentmax,
+        fused="asentmax_tiled",
         formula=(
             "α-entmax over θ·s_j, θ = δ + softplus(b)·log(n + 1)^{γ_max·tanh(c)} "
             "(b = beta_pre, c = gamma_pre; per query in MultiheadAttention)"

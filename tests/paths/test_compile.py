@@ -98,6 +98,19 @@ def _close(got, want, what):
         assert_close(g, r, n=LK * D, msg=f"{what}: gradient {i}")
 
 
+def _compiled_equals_eager(run, what, q, k, v, mask, params):
+    """``run`` compiled whole (forward and backward) equals ``run`` eager with every check on:
+    skipping the checks changes no number."""
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    try:
+        got = _forward_backward(compiled, q, k, v, mask, params)
+    except torch._dynamo.exc.TorchDynamoException as err:
+        pytest.fail(_broke(what, err))
+    want = _forward_backward(lambda *a: run(*a, check_finite=True), q, k, v, mask, params)
+    _close(got, want, what)
+
+
 @pytest.mark.parametrize(("method", "impl", "causal"), CASES)
 def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
     q, k, v, mask = _inputs()
@@ -110,15 +123,7 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
         )  # fmt: skip
 
     what = f"attend({method!r}, impl={impl!r}, causal={causal})"
-    torch._dynamo.reset()
-    compiled = torch.compile(run, fullgraph=True, backend="eager")
-    try:
-        got = _forward_backward(compiled, q, k, v, mask, params)
-    except torch._dynamo.exc.TorchDynamoException as err:
-        pytest.fail(_broke(what, err))
-    # the eager result with every check on: skipping the checks changes no number
-    want = _forward_backward(lambda *a: run(*a, check_finite=True), q, k, v, mask, params)
-    _close(got, want, what)
+    _compiled_equals_eager(run, what, q, k, v, mask, params)
 
 
 @pytest.mark.parametrize("method", [m for m in nz.available() if nz.get(m).fused])
@@ -167,14 +172,7 @@ def test_tensor_parameters_are_not_read_on_the_host(method, impl, params):
         )  # fmt: skip
 
     what = f"attend({method!r}, impl={impl!r}) with tensor {', '.join(params)}"
-    torch._dynamo.reset()
-    compiled = torch.compile(run, fullgraph=True, backend="eager")
-    try:
-        got = _forward_backward(compiled, q, k, v, mask, params)
-    except torch._dynamo.exc.TorchDynamoException as err:
-        pytest.fail(_broke(what, err))
-    want = _forward_backward(lambda *a: run(*a, check_finite=True), q, k, v, mask, params)
-    _close(got, want, what)
+    _compiled_equals_eager(run, what, q, k, v, mask, params)
     bad = {
         n: -p if torch.is_tensor(p) else p for n, p in params.items()
     }  # θ < 0, α < 1: still refused when checked

@@ -193,7 +193,7 @@ def _entropy_forward(grid: Grid):
         qb, mb, zb, ab = grid.q_rows(r0, r1), m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :]
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
-            keep = None if t.mask is None else t.mask.to(grid.dtype)
+            keep = grid.keep(t)
             if keep is None:
                 top = s.amax(-1, keepdim=True)
             else:  # disallowed scores -> 0, then −big for the maximum only
@@ -246,7 +246,7 @@ class _EntropyPass(torch.autograd.Function):
             mb, ab, cb = m[..., r0:r1, :], a[..., r0:r1, :], coef[..., r0:r1, :]
             for t in grid.tiles(r0, r1):
                 s = grid.scores(qb, t)
-                keep = None if t.mask is None else t.mask.to(grid.dtype)
+                keep = grid.keep(t)
                 if keep is not None:
                     s.mul_(keep)
                 x = s.sub_(mb)

@@ -133,6 +133,12 @@ class Grid:
 
     # -- tensors of a tile -------------------------------------------------------------------
 
+    def keep(self, t: Tile) -> Tensor | None:
+        """The tile's mask as 0/1 in the compute dtype (None: every key visible). Masking by a
+        product: ``masked_fill``/``where`` with a boolean mask ran at ~800 µs per 2^18 entries on
+        the 2-core AMD EPYC, a product at ~30 µs (the scores it multiplies are finite)."""
+        return None if t.mask is None else t.mask.to(self.dtype)
+
     def q_rows(self, r0: int, r1: int) -> Tensor:
         """``[B, Hkv, G, r, D]`` query rows."""
         return self.q[..., r0:r1, :]

@@ -41,12 +41,19 @@ from sharpattn.normalizers import available, get
 
 B, H, D = 1, 4, 64
 GLIBC_DYNAMIC = False  # set by --glibc-dynamic
-TARGETS_16K = {  # issue 4: targets at n = 16k, as ratios to SDPA
-    "adaptive": {"fwd": 2.0, "fwdbwd": 2.2},
-    "query scaling": {"fwd": 1.1, "fwdbwd": 1.1},
-    "sink": {"fwd": 1.2, "fwdbwd": 1.2},
-    "memory": 1.3,
+#: targets at n = 4k and 16k, causal or not, as CPU-time ratios to SDPA (forward, fwd+bwd), by
+#: family; peak resident memory of every method at 16k at most MEMORY_TARGET x SDPA's
+TARGET_GROUPS = {
+    (1.1, 1.1): "softmax ssmax length_scaled llama4_temperature logn sink",
+    (1.5, 1.8): "adaptive",
+    (1.5, 2.0): "sigmoid relu power signed softpick hardmax",
+    (3.0, 4.0): "sparsemax entmax15 entmax entmax@alpha=1.3 asentmax topk stick_breaking",
 }
+TARGETS = {m: t for t, names in TARGET_GROUPS.items() for m in names.split()}
+MEMORY_TARGET = 1.3
+
+#: extra cases: a method with non-default parameters, named "<method>@<param>=<value>"
+EXTRA = ["entmax@alpha=1.3"]
 
 
 #: methods that refuse a query seeing a later key: measured in the causal cases only
@@ -62,6 +69,7 @@ def cases(sizes_n: int, naive_max: int, chunked_max: int) -> list[str]:
         if get(m).fused:
             fused_used.add(get(m).fused)
     names += [f"fn:{f}" for f in ("ssmax", "length_scaled", "sink") if f not in fused_used]
+    names += [f"{m}:auto" for m in EXTRA if m.split("@")[0] in available()]
     if sizes_n <= chunked_max and "adaptive" in available():
         names.append("adaptive:chunked")
     if sizes_n <= naive_max:
@@ -84,7 +92,14 @@ def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
     if kind == "fn":
         masking = Masking.build(None, causal, q.shape[2], k.shape[2], q.device)
         return lambda: FUSED[name](q, k, v, masking, D**-0.5, False)[0]
-    return lambda: attend(q, k, v, kind, causal=causal, impl=name, block_size=block_size)
+    method, _, param = kind.partition("@")
+    params = {}
+    if param:
+        key, value = param.split("=")
+        params[key] = float(value)
+    return lambda: attend(
+        q, k, v, method, causal=causal, impl=name, block_size=block_size, **params
+    )
 
 
 def run_once(fn, mode: str, q, k, v) -> tuple[float, float]:
@@ -150,7 +165,7 @@ def bench_size(n, causal, args) -> list[dict]:
         names = [c for c in names if c.split(":")[0] not in CAUSAL_ONLY]
     if args.methods:  # keep SDPA (the reference) and the cases of the chosen methods
         keep = set(args.methods.split(","))
-        names = [c for c in names if c == "sdpa" or c.split(":")[0] in keep]
+        names = [c for c in names if c == "sdpa" or c.split(":")[0].split("@")[0] in keep]
     q, k, v = make_inputs(n)
     fns = {c: runner(c, q, k, v, causal) for c in names}
     rows = {c: {"case": c, "n": n, "causal": causal} for c in names}
@@ -234,6 +249,49 @@ def table(rows, modes, memory) -> str:
     return "\n".join(lines)
 
 
+def summary(rows, sizes=(4096, 16384)) -> str:
+    """One line per method on its ``auto`` path: CPU-time ratios (non-causal / causal) at each
+    size, peak RSS at the largest size, the targets, and which cells miss them."""
+    by = {(r["case"], r["n"], r["causal"]): r for r in rows}
+    methods = [r["case"] for r in rows if r["case"].endswith(":auto")]
+    methods = list(dict.fromkeys(methods))
+    big = max(sizes)
+    head = ["method", "path"]
+    for n in sizes:
+        head += [f"fwd {n // 1024}k", f"fwd+bwd {n // 1024}k"]
+    head += [f"peak RSS {big // 1024}k (fwd / fwd+bwd)", "target (fwd / fwd+bwd)", "misses"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def pair(case, n, field):
+        vals = [by.get((case, n, c), {}).get(field) for c in (False, True)]
+        return " / ".join(fmt(v) for v in vals), vals
+
+    for case in methods:
+        method = case.split(":")[0]
+        entry = get(method.split("@")[0])
+        target = TARGETS.get(method)
+        cells, misses = [method, entry.fused or "chunked"], []
+        for n in sizes:
+            for mode, t in zip(("fwd", "fwdbwd"), target or (None, None), strict=True):
+                text, vals = pair(case, n, f"{mode}_ratio")
+                cells.append(text)
+                for c, v in zip(("", " causal"), vals, strict=True):
+                    if t is not None and v is not None and v > t:
+                        misses.append(f"{mode} {n // 1024}k{c} {v:.2f}")
+        peaks = []
+        for mode in ("fwd", "fwdbwd"):
+            vals = [by.get((case, big, c), {}).get(f"{mode}_rss_ratio") for c in (False, True)]
+            vals = [v for v in vals if v is not None]
+            peaks.append(max(vals) if vals else None)
+            if vals and max(vals) > MEMORY_TARGET:
+                misses.append(f"{mode} memory {max(vals):.2f}")
+        cells.append(" / ".join(fmt(v) for v in peaks))
+        cells.append("–" if target is None else f"{target[0]} / {target[1]}")
+        cells.append("; ".join(misses) or "none")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -272,6 +330,11 @@ def main(argv=None) -> None:
     )
     p.add_argument("--append", action="store_true", help="merge into an existing --out JSON")
     p.add_argument("--table", action="store_true", help="print the table of --out and exit")
+    p.add_argument(
+        "--summary",
+        action="store_true",
+        help="print one line per method (ratios, peak memory, targets) from --out and exit",
+    )
     p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global GLIBC_DYNAMIC
@@ -281,6 +344,11 @@ def main(argv=None) -> None:
         child(case, int(n), bool(int(causal)), mode, int(lq) or None, int(block) or None)
         return
     args.modes = args.modes.split(",")
+    if args.summary:
+        data = json.loads(Path(args.out).read_text())
+        print(f"machine: {data['machine']}\n")
+        print(summary(data["rows"]))
+        return
     if args.table:
         data = json.loads(Path(args.out).read_text())
         print(f"machine: {data['machine']}\n")
@@ -341,7 +409,8 @@ def write(out: Path, rows, sweep, args) -> None:
         "rounds": args.rounds,
         "rows": rows,
         "block_sweep": sweep or old.get("block_sweep", []),
-        "targets_16k": TARGETS_16K,
+        "targets": {m: list(t) for m, t in TARGETS.items()},
+        "memory_target": MEMORY_TARGET,
     }
     out.write_text(json.dumps(data, indent=2))
 

@@ -552,6 +552,33 @@ def test_chunked_equals_unchunked(block_size):
         close_grads(g, ref_g, q, k, msg=method)
 
 
+@pytest.mark.parametrize("lq,lk", [(10, 10), (3, 10), (10, 4), (7, 1)])
+def test_chunked_causal_blocks_stop_at_their_causal_edge(lq, lk):
+    # keys hidden from every row of a causal query block are never scored: each block's scores
+    # end at its last row's causal edge (at least one key), and the output still equals the
+    # whole-matrix path, with a per-row user mask and GQA
+    from sharpattn.attention.chunked import run_blocks
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, lq, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, lk, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, lk, 8, generator=g, dtype=torch.float64)
+    mask = row_mask(2, 4, lq, lk)
+    masking = Masking.build(mask, True, lq, lk, "cpu")
+    widths = []
+
+    def weigh(scores, m, r0):
+        widths.append(scores.shape[-1])
+        assert m.shape[-1] == scores.shape[-1]
+        return (contract.masked_softmax(scores, m.expand_as(scores)),)
+
+    out = run_blocks(q, k, v, masking, 8**-0.5, 4, weigh)[0]
+    want = [min(lk, max(1, min(r0 + 4, lq) + lk - lq)) for r0 in range(0, lq, 4)]
+    assert widths == want
+    ref = attend(q, k, v, mask=mask, causal=True, impl="naive")
+    assert_close(out, ref, n=lk, magnitude=v.abs().max())
+
+
 def test_visible_keys_count_without_the_matrix():
     for lq, lk in [(9, 12), (12, 7), (3, 17), (5, 5)]:
         for mask in (None, padding_mask(2, lk), row_mask(2, 4, lq, lk)):

@@ -2,7 +2,8 @@
 
 Rows of attention are independent (a normalizer sees one row of scores at a time), so the
 queries are cut into blocks; each block's scores ``[B, H, block, Lk]`` are made, normalised,
-multiplied by v and dropped. In training each block is recomputed in the backward pass
+multiplied by v and dropped. Under a causal mask a block's scores stop at its last row's causal
+edge: keys hidden from every row of the block are never computed. In training each block is recomputed in the backward pass
 (activation checkpointing), so the backward's memory is O(block·Lk) too.
 """
 
@@ -56,10 +57,12 @@ def run_blocks(
     vg = v.unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
 
     def block(qb: Tensor, r0: int, r1: int) -> tuple[Tensor, ...]:
-        scores = torch.matmul(qb, kt).mul(scale).view(b, h, r1 - r0, lk)  # (B, H, blk, Lk)
-        weights, *extras = weigh(scores, masking.rows(r0, r1), r0)
-        w = weights.to(v.dtype).reshape(b, hkv, g, r1 - r0, lk)
-        out = torch.matmul(w, vg).reshape(b, h, r1 - r0, v.shape[-1])  # (B, H, blk, Dv)
+        # keys past the block's causal edge are hidden from every row: never computed
+        e = masking.key_end(r1)
+        scores = torch.matmul(qb, kt[..., :e]).mul(scale).view(b, h, r1 - r0, e)  # (B,H,blk,e)
+        weights, *extras = weigh(scores, masking.rows(r0, r1, e), r0)
+        w = weights.to(v.dtype).reshape(b, hkv, g, r1 - r0, e)
+        out = torch.matmul(w, vg[..., :e, :]).reshape(b, h, r1 - r0, v.shape[-1])  # (B,H,blk,Dv)
         return (out, *extras)
 
     recompute = torch.is_grad_enabled() and block_size < lq

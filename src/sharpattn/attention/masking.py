@@ -41,15 +41,29 @@ class Masking:
         """True when the user mask differs between queries (its query dimension is not 1)."""
         return self.mask is not None and self.mask.shape[-2] != 1
 
-    def rows(self, r0: int, r1: int) -> Tensor | None:
-        """The dense boolean mask of query rows [r0, r1): ``[B|1, H|1, r1−r0 | 1, Lk]``."""
+    def rows(self, r0: int, r1: int, key_end: int | None = None) -> Tensor | None:
+        """The dense boolean mask of query rows [r0, r1) and keys [0, key_end) (default: every
+        key): ``[B|1, H|1, r1−r0 | 1, key_end | 1]``."""
         m = self.mask
-        if m is not None and self.per_row:
-            m = m[..., r0:r1, :]
+        key_end = self.lk if key_end is None else key_end
+        if m is not None:
+            if self.per_row:
+                m = m[..., r0:r1, :]
+            if m.shape[-1] != 1:
+                m = m[..., :key_end]
         if self.causal:
-            c = causal_rows(r0, r1, self.lq, self.lk, self.device).view(1, 1, r1 - r0, self.lk)
+            c = causal_rows(r0, r1, self.lq, self.lk, self.device)[:, :key_end]
+            c = c.view(1, 1, r1 - r0, key_end)
             m = c if m is None else m & c
         return m
+
+    def key_end(self, r1: int) -> int:
+        """Keys [0, key_end) hold every key that query rows before r1 may see: with ``causal``,
+        the last row's causal edge (at least one key, so no row is empty of keys unless Lk
+        is); otherwise Lk."""
+        if not self.causal:
+            return self.lk
+        return min(self.lk, max(1, r1 + self.offset))
 
     def dense(self) -> Tensor | None:
         """The whole combined mask (``[.., Lq, Lk]`` when causal or per-row): O(Lq·Lk) memory."""

@@ -37,7 +37,7 @@ lint: install-dev
 
 # The documentation site, strictly: a broken link, image, anchor or API reference fails it.
 docs: install-dev
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The whole suite on this CPU's own code path, then the tests marked `numerical` again under
 # the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.

@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip install --constraint constraints.txt
 
-.PHONY: demo test lint install install-dev clean
+.PHONY: demo test lint docs install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -35,9 +35,13 @@ lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
+# The documentation site, strictly: a broken link, image, anchor or API reference fails it.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # The whole suite on this CPU's own code path, then the tests marked `numerical` again under
 # the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.
-test: install-dev lint
+test: install-dev lint docs
 	$(PY) -m pytest -q
 	$(PY) tests/cpu_paths.py
 

@@ -2,7 +2,7 @@
 
 For each causal flag and mode (forward, forward+backward): SDPA and each method run alternately,
 the minimum process CPU time over ``--rounds`` rounds each; B = 1, H = 4, D = 64, float32,
-``check_finite=False``. The README's table of the tiled paths came from
+``check_finite=False``. The table of the tiled paths in docs/performance.md came from
 
     python benchmarks/fast_paths.py --methods sigmoid,relu,power,signed,softpick,adaptive --n 4096
 

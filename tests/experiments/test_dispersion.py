@@ -1,5 +1,5 @@
 """`sharpattn dispersion` (issue 3) and `sharpattn demo`, one module: the measured numbers, the run
-folder, the CLI, the README."""
+folder, the CLI, the documentation's normalizer table."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import dispersion as disp
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 SIZES = (16, 64, 256, 1024)
 
 pytestmark = pytest.mark.numerical
@@ -174,15 +174,16 @@ def test_markdown_table_covers_every_normalizer_and_escapes_pipes():
         assert len(re.findall(r"(?<!\\)\|", line)) == 7  # 6 columns, pipes in formulas escaped
 
 
-def test_readme_normalizer_table_is_the_generated_one():
-    text = README.read_text()
+def test_docs_normalizer_table_is_the_generated_one():
+    text = (DOCS / "normalizers.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- normalizers:start -->(.*?)<!-- normalizers:end -->", text, re.S)
-    assert section, "README lacks the normalizers section markers"
+    assert section, "docs/normalizers.md lacks the normalizers section markers"
     assert nz.markdown_table() in section.group(1), (
-        "README's normalizer table is stale: regenerate it with `sharpattn list --markdown`."
+        "docs/normalizers.md's table is stale: regenerate it with "
+        "`python docs/update_normalizers.py --table`."
     )
-    assert "docs/dispersion.png" in section.group(1)
-    assert (README.parent / "docs" / "dispersion.png").is_file()
+    assert "(dispersion.png)" in section.group(1)
+    assert (DOCS / "dispersion.png").is_file()
 
 
 # ---------------------------------------------------------------- Smith's toys (issue 15, item 10)

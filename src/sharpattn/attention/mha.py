@@ -31,7 +31,8 @@ class MultiheadAttention(nn.Module):
         method: normalizer name (``sharpattn.normalizers.available()``).
         num_kv_heads: key/value heads (grouped-query attention); must divide ``num_heads``.
         head_dim: per-head size; default ``embed_dim // num_heads``.
-        kdim, vdim: widths of key / value inputs (default ``embed_dim``).
+        kdim: width of the key input (default ``embed_dim``).
+        vdim: width of the value input (default ``embed_dim``).
         bias: biases in the four projections.
         causal: default causal masking for :meth:`forward`.
         selective: selective attention (Zhang et al., NeurIPS 2024): per-token temperatures on

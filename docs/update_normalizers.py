@@ -1,10 +1,10 @@
-"""Regenerate the README's normalizer section and docs/dispersion.png.
+"""Regenerate the normalizer section of docs/normalizers.md and docs/dispersion.png.
 
-    .venv/bin/python docs/update_readme.py            # table + plot (runs `sharpattn dispersion`)
-    .venv/bin/python docs/update_readme.py --table    # table only
+    .venv/bin/python docs/update_normalizers.py            # table + plot (runs `sharpattn dispersion`)
+    .venv/bin/python docs/update_normalizers.py --table    # table only
 
-The table comes from the registry (`sharpattn list --markdown`); tests/test_dispersion.py fails
-when the README's copy is stale.
+The table comes from the registry (`sharpattn list --markdown`);
+tests/experiments/test_dispersion.py fails when the page's copy is stale.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- normalizers:start -->", "<!-- normalizers:end -->"
 
 SECTION = """{start}
-## Normalizers
-
 Every method is a pure function `fn(scores, mask=None, **params) -> weights` behind one contract
-(masked entries exactly 0, empty rows all zeros, NaN/+inf at allowed positions raise), usable as
-`attend(q, k, v, method=name, ...)` and `MultiheadAttention(d, heads, method=name)`, where the
-learnable parameters become per-head `nn.Parameter`s. "n" is the number of allowed keys of a row
-(with a causal mask: the position + 1). Table generated from the registry by
-`sharpattn list --markdown` (`python docs/update_readme.py` rewrites this section):
+(masked entries exactly 0, empty rows all zeros, NaN/+inf at allowed positions raise; see the
+[API guide](guide.md#the-normalizer-contract)), usable as `attend(q, k, v, method=name, ...)` and
+`MultiheadAttention(d, heads, method=name)`, where the learnable parameters become per-head
+`nn.Parameter`s. "n" is the number of allowed keys of a row (with a causal mask: the position + 1).
+The table is generated from the registry by `sharpattn list --markdown`
+(`python docs/update_normalizers.py` rewrites this page's section and its figure).
 
 {table}
 
@@ -45,7 +44,7 @@ Qwen's log-n scaling are softmax up to their lengths (8192 and 2048 keys by defa
 more slowly beyond (their β grows with log n, while the 1/n it must offset grows faster). Stick-breaking
 prefers the nearest keys, so a winner far from the query gets almost nothing.
 
-![winner weight vs n, one curve per normalizer](docs/dispersion.png)
+![winner weight vs n, one curve per normalizer](dispersion.png)
 {end}"""
 
 
@@ -54,15 +53,15 @@ def section() -> str:
 
 
 def main(argv: list[str]) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "normalizers.md"
+    text = page.read_text()
     if START in text and END in text:
         text = re.sub(
             re.escape(START) + ".*?" + re.escape(END), lambda _: section(), text, flags=re.S
         )
     else:
         text = text.rstrip("\n") + "\n\n" + section() + "\n"
-    readme.write_text(text)
+    page.write_text(text)
     if "--table" not in argv:
         from sharpattn.experiments import dispersion
 

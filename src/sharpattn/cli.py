@@ -9,6 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from . import extras
 from . import normalizers as nz
 from .cli_options import (
     ProgressRenderer,
@@ -768,6 +769,12 @@ def _run(argv) -> int:
         return 2
     except (ValueError, FileNotFoundError, OverflowError) as e:
         click.echo(f"sharpattn: error: {e}", err=True)
+        return 2
+    except ImportError as e:  # an optional module a command needs: name its extra
+        message = extras.missing_module_message(e)
+        if message is None:
+            raise
+        click.echo(f"sharpattn: error: {message}", err=True)
         return 2
     except OSError as e:  # a path that cannot be read or written: say which and why
         where = f" {e.filename!s}" if e.filename else ""

@@ -1,7 +1,8 @@
-"""``sharpattn.hf``: the Hugging Face integration, :mod:`sharpattn.integrations.hf` (``hf`` extra)."""
+"""``sharpattn.hf``, the Hugging Face integration (``hf`` extra): the public name of the module
+implemented in :mod:`sharpattn.integrations.hf`, one module object under both names."""
 
 import sys
 
 from .integrations import hf as _hf
 
-sys.modules[__name__] = _hf  # one module object under both names
+sys.modules[__name__] = _hf

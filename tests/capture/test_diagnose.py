@@ -180,8 +180,8 @@ def _one_head_at_a_time(net, enc, heads, causal):
 
 @pytest.mark.parametrize("arch", ["llama", "bert"])
 def test_batched_ablation_equals_one_head_at_a_time(arch):
+    import sharpattn.hf as hf
     from sharpattn.diagnostics import head_ablation
-    from sharpattn.integrations import hf
 
     net, enc = _tiny(arch)
     causal = arch == "llama"
@@ -227,8 +227,8 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
 
 
 def test_capture_stop_early_records_the_same_and_skips_later_layers():
+    import sharpattn.hf as hf
     from sharpattn.diagnostics import capture
-    from sharpattn.integrations import hf
 
     net, enc = _tiny("llama")
     ran = []

@@ -1,6 +1,7 @@
 """Diagnostics: metrics against independent NumPy float64 computations; capture on sharpattn and
 Hugging Face models."""
 
+import importlib
 import math
 import os
 
@@ -317,6 +318,7 @@ def test_capture_selective_module_sees_the_temperatures(targets, sharing):
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
+import sharpattn.hf  # noqa: E402, F401  (lets capture record Hugging Face models)
 
 
 def _gpt2():
@@ -380,7 +382,9 @@ def test_capture_hf_grouped_query_attention():
     assert cap["layers.0.attn.values"].shape == (2, 4, 7)
 
 
-def test_capture_long_inputs_keep_row_stats_only():
+def test_capture_long_inputs_record_attends_row_stats():
+    """Beyond ``full_until`` keys: no score or weight matrix, only what
+    ``attend(return_stats=True)`` gives per row, equal to the statistics of the full weights."""
     model = _gpt2()
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -388,28 +392,33 @@ def test_capture_long_inputs_keep_row_stats_only():
             model(ids)
         with capture(model, full_until=16, query_block=7) as short:
             model(ids)
-    assert "layers.0.attn.weights" not in short and "layers.0.attn.scores" not in short
     w = full["layers.1.attn.weights"]
-    st = weight_stats(w)
-    # the same float32 attention computed in query blocks vs whole: the row statistics are sums
-    # over the 40 keys of float32 weights (entropy: terms ≤ 1/e, magnitude log n)
     n = ids.shape[1]
+    assert "layers.0.attn.weights" not in short and "layers.0.attn.scores" not in short
+    assert set(short.names()) >= {f"layers.1.attn.{s}" for s in ("entropy", "mass", "visible")}
+    for gone in ("max_weight", "support", "spread", "sink_mass"):  # need the weight matrix
+        assert f"layers.1.attn.{gone}" not in short
+    # the same float32 attention computed two ways: sums over the 40 keys of float32 weights
+    # (entropy: terms ≤ 1/e, magnitude log n)
     assert_close(
         short["layers.1.attn.entropy"],
-        st["entropy"],
+        weight_stats(w)["entropy"],
         dtype=torch.float32,
         n=n,
         magnitude=math.log(n),
     )
-    assert_close(
-        short["layers.1.attn.max_weight"], st["max_weight"], dtype=torch.float32, magnitude=1.0
-    )
-    assert_close(short["layers.1.attn.support"], st["support"], dtype=torch.float32, n=n)
-    assert_close(
-        short["layers.1.attn.spread"],
-        logit_spread(full["layers.1.attn.scores"]),
-        dtype=torch.float32,
-    )
-    assert_close(
-        short["layers.1.attn.sink_mass"], sink_mass(w), dtype=torch.float32, n=n, magnitude=1.0
-    )
+    assert_close(short["layers.1.attn.mass"], w.sum(-1), dtype=torch.float32, n=n)
+    assert short["layers.1.attn.visible"][0, 0].tolist() == list(range(1, n + 1))
+    assert torch.equal(short["layers.0.attn.values"], full["layers.0.attn.values"])
+
+
+def test_capture_of_a_model_no_integration_knows_says_what_to_import(monkeypatch):
+    """Capture imports no integration: a Hugging Face model is captured through the model kind
+    ``sharpattn.hf`` adds when imported, and without it capture says to import it."""
+    capture_module = importlib.import_module("sharpattn.diagnostics.capture")
+    monkeypatch.setattr(capture_module, "_KINDS", [])
+    model = _gpt2()
+    with pytest.raises(ValueError, match=r"import sharpattn\.hf first") as info:
+        capture(model).__enter__()
+    assert "\n" not in str(info.value)
+    assert model.config._attn_implementation == "eager"  # nothing left switched

@@ -14,9 +14,12 @@ index instead, and every entry's output is recorded as its residual, attention o
 * ``layers.{L}.attn.values``  (B, H, Lk) value-state norms ‖O_h·V_h·x_j‖ (O_h: head h's slice of the
   output projection; ‖V_h·x_j‖ where the model has none we can find, see ``values_projected``)
 * ``layers.{L}.resid_post``   (B, L, d) residual states after layer L's block
-* for inputs longer than ``full_until`` keys, instead of scores/weights only row statistics,
-  computed a block of queries at a time: ``layers.{L}.attn.{entropy,max_weight,support,spread}``
-  (B, H, Lq) and ``layers.{L}.attn.sink_mass`` (B, H, Lk).
+* for inputs longer than ``full_until`` keys, instead of scores/weights, the per-row statistics
+  :func:`~sharpattn.attend` returns with ``return_stats=True`` (O(Lk) memory per row, see
+  :class:`~sharpattn.attention.AttentionStats`), each (B, H, Lq):
+  ``layers.{L}.attn.{entropy,mass,visible}``, and ``lse``, ``beta``, ``softmax_entropy`` where
+  the method's path gives them. Metrics of whole weight matrices (``sink_mass``, ...) need
+  ``full_until`` at least the input's length.
 
 ``ablate={(L, h), ...}`` zeroes head h's output in layer L (the active/dormant test);
 ``ablate_rows=[heads of row 0, heads of row 1, ...]`` zeroes heads per batch row instead, so one
@@ -25,6 +28,11 @@ forward pass over copies of an input runs several single-head ablations side by 
 attention (the model's output is then never computed, nor that layer's ``resid_post``; the
 exception that stops it ends at the ``with`` block, so write nothing after the call inside it).
 Every hook and patch is removed when the ``with`` block ends, also on error.
+
+Models whose attention is not sharpattn's ``MultiheadAttention`` are captured through a model kind
+that an integration adds with :func:`add_model_kind` when it is imported: ``import sharpattn.hf``
+adds Hugging Face models (switched to sharpattn's softmax while captured, which calls
+``attend``). Nothing here imports an integration.
 """
 
 from __future__ import annotations
@@ -35,16 +43,40 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .. import normalizers as nz
-from ..attention import MultiheadAttention
+from ..attention import MultiheadAttention, attend
 from ..attention.functional import causal_mask, observe, stop_observing
-from .metrics import logit_spread, weight_stats
 
 Tensor = torch.Tensor
+
+
+class ModelKind(NamedTuple):
+    """How :class:`Capture` records a kind of model built without sharpattn's attention modules.
+
+    ``modules(model)``: the model's attention modules in model order, ``[]`` if it is not of this
+    kind. ``route(model)``: make those modules compute through :func:`~sharpattn.attend` (the one
+    observation point); returns the function that undoes it.
+    """
+
+    modules: Callable[[nn.Module], list[nn.Module]]
+    route: Callable[[nn.Module], Callable[[], None]]
+
+
+_KINDS: list[ModelKind] = []
+
+
+def add_model_kind(modules: Callable, route: Callable) -> ModelKind:
+    """Let :func:`capture` record another kind of model (see :class:`ModelKind`); integrations call
+    it when imported. Adding the same pair twice adds it once."""
+    kind = ModelKind(modules, route)
+    if kind not in _KINDS:
+        _KINDS.append(kind)
+    return kind
 
 
 class Capture:
@@ -57,7 +89,7 @@ class Capture:
         layers=None,
         full_until: int = 2048,
         ablate=(),
-        query_block: int = 256,
+        query_block: int | None = None,
         keep: str = "last",
         ablate_rows: Sequence[Iterable[tuple[int, int]]] | None = None,
         stop_early: bool = False,
@@ -75,7 +107,7 @@ class Capture:
             raise ValueError("stop_early needs the layers to record (layers=[...], not empty).")
         self.stop_early = bool(stop_early)
         self.blocks: dict[int, nn.Module] = {}  # layer index -> the block holding its attention
-        self.query_block = int(query_block)
+        self.query_block = None if query_block is None else int(query_block)
         if keep not in ("last", "all"):
             raise ValueError(f"keep must be 'last' or 'all', got {keep!r}.")
         self.keep = keep
@@ -128,14 +160,17 @@ class Capture:
 
     def _install(self) -> None:
         own = [m for m in self.model.modules() if isinstance(m, MultiheadAttention)]
-        hf_modules = []
-        if not own:
-            hf_modules = _hf_attention_modules(self.model)
-        modules = own or hf_modules
+        kind, modules = None, own
+        for candidate in [] if own else _KINDS:
+            modules = candidate.modules(self.model)
+            if modules:
+                kind = candidate
+                break
         if not modules:
             raise ValueError(
-                f"{type(self.model).__name__} has no sharpattn MultiheadAttention and no Hugging Face "
-                "attention module to capture."
+                f"{type(self.model).__name__} has no sharpattn MultiheadAttention and no attention "
+                "module of a kind an integration added (for a Hugging Face model, import "
+                "sharpattn.hf first)."
             )
         stack = _layer_stack(self.model, own)
         if stack is not None:  # layer L = entry L of the model's `layers` ModuleList
@@ -160,25 +195,13 @@ class Capture:
             h1 = m.register_forward_pre_hook(self._enter_module)
             h2 = m.register_forward_hook(self._leave_module, always_call=True)
             self._undo += [h1.remove, h2.remove]
-        if not own:
-            self._use_sharpattn_attention()
+        if kind is not None:
+            self._undo.append(kind.route(self.model))
         token = observe(self._observe)  # the one observation point: the end of attend()
         self._undo.append(lambda: stop_observing(token))
         for layer, block in blocks.items():
             h = block.register_forward_hook(self._resid_hook(layer))
             self._undo.append(h.remove)
-
-    def _use_sharpattn_attention(self) -> None:
-        """Hugging Face models: eager / sdpa / flash all compute softmax attention; switch to
-        sharpattn's (which calls attend) while capturing."""
-        from ..integrations import hf
-
-        hf.register_all()
-        config = self.model.config
-        previous = config._attn_implementation
-        if not str(previous).startswith(hf.PREFIX):
-            self.model.set_attn_implementation(hf.implementation_name("softmax"))
-            self._undo.append(lambda: self.model.set_attn_implementation(previous))
 
     # ---- hooks --------------------------------------------------------------------------------
     def _enter_module(self, module, _args):
@@ -239,51 +262,43 @@ class Capture:
         if self.layers is not None and layer not in self.layers:
             return
         q, k, v = q.detach(), k.detach(), v.detach()
+        params = {n: (p.detach() if torch.is_tensor(p) else p) for n, p in params.items()}
+        name = f"layers.{layer}.attn"
         b, h, lq, _ = q.shape
         lk = k.shape[2]
+        if lk > self.full_until:  # long input: attend's per-row statistics, no weight matrix
+            stats = self._row_stats(q, k, v, mask, causal, scale, method, params)
+            for key, value in vars(stats).items():
+                if value is not None:
+                    self._put(f"{name}.{key}", value)
         rep = h // k.shape[1]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        self._put(f"{name}.values", self._value_norms(module, v))
+        if lk > self.full_until:
+            return
         allowed = torch.ones(b, h, lq, lk, dtype=torch.bool, device=q.device)
         if mask is not None:
             allowed = allowed & mask
         if causal:
             allowed = allowed & causal_mask(lq, lk, q.device)
-        params = {
-            n: (p.detach() if torch.is_tensor(p) else p)
-            for n, p in params.items()
-            if n != "check_finite"
-        }
-        entry = nz.get(method)
-        name = f"layers.{layer}.attn"
-        self._put(f"{name}.values", self._value_norms(module, v))
-        if lk <= self.full_until:
-            scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            self._put(f"{name}.scores", scores)
-            self._put(f"{name}.weights", entry.fn(scores, allowed, **params))
-            return
-        # Long input: row statistics only, a block of queries at a time (memory O(block·Lk)).
-        stats = defaultdict(list)
-        column = torch.zeros(b, h, lk, dtype=torch.float32, device=q.device)
-        for start in range(0, lq, self.query_block):
-            sl = slice(start, start + self.query_block)
-            s = ((q[:, :, sl] @ k.transpose(-1, -2)) * scale).masked_fill(
-                ~allowed[:, :, sl], float("-inf")
-            )
-            w = entry.fn(s, allowed[:, :, sl], **params)
-            for key, val in weight_stats(w).items():
-                stats[key].append(val)
-            stats["spread"].append(logit_spread(s))
-            # Ā_j numerator: Σ_{i >= j} A_ij (query i's position among the keys: i + Lk − Lq)
-            i = torch.arange(start, start + s.shape[2], device=q.device) + (lk - lq)
-            below = i[:, None] >= torch.arange(lk, device=q.device)[None, :]
-            column += (w.float() * below).sum(dim=2)
-        for key, val in stats.items():
-            self._put(f"{name}.{key}", torch.cat(val, dim=-1))
-        j = torch.arange(lk, device=q.device)
-        count = (lq - (j - (lk - lq)).clamp_min(0)).clamp_min(1)  # queries i >= j
-        self._put(f"{name}.sink_mass", column / count)
+        scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        self._put(f"{name}.scores", scores)
+        params.pop("check_finite", None)
+        self._put(f"{name}.weights", nz.get(method).fn(scores, allowed, **params))
+
+    def _row_stats(self, q, k, v, mask, causal, scale, method, params):
+        """:func:`~sharpattn.attend`'s statistics of this call, computed again unobserved."""
+        token = observe(None)  # this attend call is capture's own, not the model's
+        try:
+            _, stats = attend(
+                q, k, v, method, mask=mask, causal=causal, scale=scale, return_stats=True,
+                block_size=self.query_block, **params,
+            )  # fmt: skip
+        finally:
+            stop_observing(token)
+        return stats
 
     def _value_norms(self, module, v: Tensor) -> Tensor:
         """‖O_h·v_{h,j}‖ per head and token (B, H, Lk); ‖v_{h,j}‖ without an output projection."""
@@ -486,14 +501,6 @@ def _replay(blocks: Mapping[int, nn.Module], outputs: Mapping[int, Tensor], upto
                 del block.forward
             else:
                 block.forward = previous
-
-
-def _hf_attention_modules(model: nn.Module) -> list[nn.Module]:
-    if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
-        return []
-    from ..integrations.hf import attention_modules
-
-    return attention_modules(model)
 
 
 def _linear_weight(lin: nn.Module) -> Tensor | None:

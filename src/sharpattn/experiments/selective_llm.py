@@ -123,7 +123,7 @@ def split(ids: torch.Tensor, cfg: Config) -> tuple[torch.Tensor, list[torch.Tens
 def temperatures(net: nn.Module) -> nn.ModuleDict:
     """The selective temperatures :func:`sharpattn.hf.apply` attached, in one module (what the
     Trainer trains and checkpoints)."""
-    from ..integrations import hf
+    from .. import hf
 
     mods = {f"layer{i}": getattr(m, hf.SELECTIVE_ATTR)
             for i, m in enumerate(hf.attention_modules(net)) if hasattr(m, hf.SELECTIVE_ATTR)}  # fmt: skip
@@ -157,7 +157,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     """Train the temperatures (or resume), evaluate both models, write the report. ``net`` /
     ``ids``: a causal LM and its token ids (tests); by default ``cfg.model`` and its tokenizer on
     :func:`.llm.heldout_text`."""
-    from ..integrations import hf
+    from .. import hf
 
     t0, c0 = time.time(), time.process_time()
     with runner.threads(cfg.threads) as n_threads:

@@ -1,1 +1,5 @@
-"""Integrations with other libraries, each imported lazily (``sharpattn.hf`` needs the ``hf`` extra)."""
+"""The optional integrations' implementations, each imported only when asked for.
+
+``sharpattn.hf`` (the ``hf`` extra: transformers) is the public name of :mod:`.hf`: import it as
+``import sharpattn.hf``. ``pretrained`` loads the packaged models (the ``pretrained`` extra).
+"""

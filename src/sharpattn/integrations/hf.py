@@ -4,6 +4,10 @@
 >>> sharpattn.hf.apply(model, "adaptive")      # in place; model.config._attn_implementation
 >>> model.generate(...)                         # == "sharpattn:adaptive"
 
+Import it as ``sharpattn.hf``, its public name (this module path is where it is implemented).
+Importing it needs no transformers (each function checks for it) and lets
+:func:`sharpattn.diagnostics.capture` record Hugging Face models.
+
 Every registry method ``m`` is registered with transformers' ``AttentionInterface`` *and*
 ``AttentionMaskInterface`` as ``"sharpattn:m"`` (without the mask entry transformers builds no mask for
 an unknown implementation, and causal masking and padding would be silently lost). The mask entry
@@ -72,6 +76,7 @@ from ..attention.selective import (
     query_positions,
 )
 from ..attention.selective import parameter_overhead as _parameter_overhead
+from ..diagnostics.capture import add_model_kind
 
 Tensor = torch.Tensor
 PREFIX = "sharpattn:"
@@ -90,7 +95,9 @@ def _transformers():
     try:
         import transformers
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("sharpattn.hf needs transformers: pip install 'sharpattn[hf]'.") from None
+        raise ImportError(
+            "sharpattn.hf needs transformers: pip install 'sharpattn[hf]'.", name="transformers"
+        ) from None
     return transformers
 
 
@@ -360,6 +367,27 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
         for m in model.modules()
         if hasattr(m, "scaling") and hasattr(m, "config") and hasattr(m, "is_causal")
     ]
+
+
+def _captured_modules(model: nn.Module) -> list[nn.Module]:
+    """:func:`sharpattn.diagnostics.capture`'s view of a transformers model: its attention modules."""
+    if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
+        return []
+    return attention_modules(model)
+
+
+def _route_through_attend(model: nn.Module):
+    """While captured, a model on eager / sdpa / flash attention (all softmax) runs sharpattn's
+    softmax, which calls attend; returns the undo."""
+    register_all()
+    previous = model.config._attn_implementation
+    if str(previous).startswith(PREFIX):
+        return lambda: None
+    model.set_attn_implementation(implementation_name("softmax"))
+    return lambda: model.set_attn_implementation(previous)
+
+
+add_model_kind(_captured_modules, _route_through_attend)
 
 
 def _num_heads(module: nn.Module) -> int:

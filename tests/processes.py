@@ -19,11 +19,24 @@ def ctrl_c_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def sharpattn(*args: str) -> subprocess.Popen:
+#: the child's pretrained models are :func:`tiny_hf.pretrained`, and its global torch generator
+#: starts from an arbitrary state (what a command does not seed itself differs between runs)
+_TINY = (
+    "import os, sys; sys.path.insert(0, {tests!r}); import tiny_hf, torch; "
+    "tiny_hf.stand_in_for_pretrained(); torch.manual_seed(int.from_bytes(os.urandom(7), 'big')); "
+)
+
+
+def sharpattn(*args: str, tiny_pretrained: bool = False) -> subprocess.Popen:
     """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped),
-    Ctrl-C reaching it as at a terminal."""
+    Ctrl-C reaching it as at a terminal; ``tiny_pretrained``: on tests/tiny_hf.py's models."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _MAIN, *args], env=env,
+    code = (
+        _TINY.format(tests=str(Path(__file__).resolve().parent)) + _MAIN
+        if tiny_pretrained
+        else _MAIN
+    )
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
 

@@ -31,3 +31,34 @@ def bert():
         num_attention_heads=4, max_position_embeddings=64,
     )  # fmt: skip
     return transformers.BertModel(cfg)
+
+
+class CharTokenizer:
+    """A tokenizer for the tiny models: one id per character (3 … 96), no special tokens."""
+
+    eos_token_id = 0
+
+    def __call__(self, text, return_tensors="pt"):
+        import torch
+
+        ids = torch.tensor([3 + ord(c) % 94 for c in text], dtype=torch.long)
+        return {"input_ids": ids[None]}
+
+
+def pretrained(name="tiny", **_):
+    """``(model, tokenizer)`` as ``load_pretrained`` returns them: a tiny Llama with fixed weights
+    (built from its own seed, leaving the global generator as it was) and :class:`CharTokenizer`."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = llama().eval()
+    return net, CharTokenizer()
+
+
+def stand_in_for_pretrained():
+    """Make ``sharpattn.integrations.pretrained.load_pretrained`` return :func:`pretrained`, so the
+    pretrained-model commands run on a tiny model (in this process)."""
+    from sharpattn.integrations import pretrained as module
+
+    module.load_pretrained = pretrained

@@ -18,6 +18,7 @@ import torch
 from processes import sharpattn, wait_until_in_main
 from sharpattn.cli import main
 from sharpattn.experiments import checkpoint as ckpt
+from sharpattn.experiments import report
 from sharpattn.experiments.runs import write_json
 
 HUGE = "1000000000000"
@@ -148,12 +149,9 @@ def test_damaged_checkpoints_are_one_sentence_naming_the_file(tmp_path):
         assert str(path) in str(err.value) and "delete it" in str(err.value)
 
 
-def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path):
-    out = tmp_path / "run"
-    argv = ["reproduce", "max-retrieval", "--quick", "--steps", "4", "--sizes", "16"]
-    argv += ["--test-sets", "4", "--checkpoint-every", "2", "--out", str(out)]
-    assert main(argv) == 0
-    capsys.readouterr()
+def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path, made):
+    out = made("max-retrieval", tmp_path)
+    argv = [*COMMANDS["max-retrieval"], "--out", str(out)]
     model = out / "train" / "seed0" / "model.safetensors"
     model.write_bytes(model.read_bytes()[:100])  # a finished model, truncated
     shutil.rmtree(out / "eval")  # so the model is read again
@@ -244,3 +242,172 @@ def test_workers_die_with_their_parent(sig, code, tmp_path):
     while _alive(kids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(kids), "worker processes outlived their parent"
+
+
+# ---------------------------------------------------------------- empty selections
+
+
+def test_an_empty_selection_is_refused_and_the_report_kept(capsys, tmp_path):
+    """``--variants ""`` trains nothing: refused in one sentence, the folder's report untouched."""
+    kept = {"report.md": "# old\n", "results.json": '{"old": 1}\n', "residual.png": "png"}
+    for name, text in kept.items():
+        (tmp_path / name).write_text(text)
+    for variants in ("", " , "):
+        argv = ["reproduce", "backcopy-study", "sgd", "--variants", variants]
+        assert main([*argv, "--out", str(tmp_path)]) == 2
+        one_sentence(capsys, "variant")
+    argv = ["reproduce", "selective", "--quick", "--tasks", "lm", "--lm-variants", ","]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    one_sentence(capsys, "variant")
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == kept
+    with pytest.raises(ValueError, match="no runs to report"):
+        report.require({}, "runs")
+
+
+# ---------------------------------------------------------------- damaged run folders
+
+#: the smallest run of each command (selective-llm on tests/tiny_hf.py's Llama)
+COMMANDS = {
+    "leaderboard": ["leaderboard", "--quick", "--tasks", "flip_flop", "--methods", "softmax",
+                    "--seeds", "1", "--steps", "2", "--eval-sets", "1", "--eval-factor", "1",
+                    "--threads", "1"],
+    "max-retrieval": ["reproduce", "max-retrieval", "--quick", "--steps", "4", "--sizes", "16",
+                      "--test-sets", "4", "--checkpoint-every", "2", "--threads", "1"],
+    "selective-llm": ["reproduce", "selective-llm", "--quick", "--steps", "2", "--eval-windows",
+                      "1", "--context", "16", "--threads", "1"],
+}  # fmt: skip
+SEQUENCE, MAX_RETRIEVAL, SELECTIVE_LLM = COMMANDS.values()
+
+
+@pytest.fixture
+def tiny_pretrained(monkeypatch):
+    import tiny_hf
+    from sharpattn.integrations import pretrained
+
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+
+
+@pytest.fixture(scope="module")
+def _finished(tmp_path_factory):
+    """One finished run folder per command, made once for the module (max-retrieval's figures
+    alone take seconds)."""
+    import tiny_hf
+    from sharpattn.integrations import pretrained
+
+    done: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in done:
+            out = tmp_path_factory.mktemp(name)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+                assert main([*COMMANDS[name], "--out", str(out)]) == 0
+            done[name] = out
+        return done[name]
+
+    return get
+
+
+@pytest.fixture
+def made(_finished, capsys):
+    """``made(command, tmp_path)``: a copy of that command's finished run folder."""
+
+    def copy(name: str, where: Path) -> Path:
+        out = where / name
+        shutil.copytree(_finished(name), out)
+        capsys.readouterr()
+        return out
+
+    return copy
+
+
+def another_runs_checkpoint(tmp_path: Path) -> bytes:
+    """A valid sharpattn checkpoint of another model (other keys and shapes)."""
+    model = torch.nn.Linear(3, 2)
+    path = tmp_path / "another.safetensors"
+    ckpt.save_checkpoint(path, model=model, optimizer=torch.optim.Adam(model.parameters()),
+                         state={"step": 1, "seconds": 0.0})  # fmt: skip
+    return path.read_bytes()
+
+
+def refused(capsys, argv, path: Path, *needles) -> str:
+    assert main(argv) == 2
+    return one_sentence(capsys, str(path), *needles)
+
+
+def test_another_runs_weights_are_named_and_deleting_them_retrains(capsys, tmp_path, made):
+    run = made("leaderboard", tmp_path)
+    argv = [*SEQUENCE, "--out", str(run)]
+    [model] = run.rglob("model.safetensors")
+    model.write_bytes(another_runs_checkpoint(tmp_path))
+    err = refused(capsys, argv, model, "another run's file", "delete it")
+    assert "Traceback" not in err
+    # a checkpoint of another run where a run resumes from
+    checkpoint = model.with_name("checkpoint.safetensors")
+    model.rename(checkpoint)
+    refused(capsys, argv, checkpoint, "another run's file", "delete it")
+    checkpoint.unlink()  # as the sentence says
+    assert main(argv) == 0 and model.is_file()
+
+
+@pytest.mark.usefixtures("tiny_pretrained")
+def test_another_runs_weights_in_the_other_commands(capsys, tmp_path, made):
+    run = made("max-retrieval", tmp_path)
+    model = run / "train" / "seed0" / "model.safetensors"
+    model.write_bytes(another_runs_checkpoint(tmp_path))
+    refused(capsys, ["corollary-b1", str(run), "--pairs", "2"], model, "another run's file")
+    argv = ["fit-temperature", str(run), "--sizes", "16", "--sets", "16", "--no-eval"]
+    refused(capsys, argv, model, "another run's file")
+    llm = made("selective-llm", tmp_path)
+    (llm / "train" / "model.safetensors").write_bytes(another_runs_checkpoint(tmp_path))
+    refused(capsys, [*SELECTIVE_LLM, "--out", str(llm)], llm / "train" / "model.safetensors")
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '{"acc": "high"}', '"x"'])
+def test_json_of_another_shape_is_named_and_deleting_it_recomputes(content, capsys, tmp_path, made):
+    run = made("leaderboard", tmp_path)
+    argv = [*SEQUENCE, "--out", str(run)]
+    [cache, *_] = sorted(run.rglob("n*.sets1.json"))
+    cache.write_text(content)
+    refused(capsys, argv, cache, "is damaged", "delete it")
+    cache.unlink()
+    assert main(argv) == 0 and json.loads(cache.read_text())["sets"] == 1
+
+
+@pytest.mark.usefixtures("tiny_pretrained")
+def test_summary_and_cache_files_of_another_shape(capsys, tmp_path, made):
+    run = made("max-retrieval", tmp_path)
+    (run / "fit_temperature.json").write_text("[]")
+    refused(capsys, ["corollary-b1", str(run), "--pairs", "2"], run / "fit_temperature.json")
+    llm = made("selective-llm", tmp_path)
+    [nll, *_] = sorted((llm / "base").glob("*.json"))
+    nll.write_text("{}")
+    refused(capsys, [*SELECTIVE_LLM, "--out", str(llm)], nll, "delete it")
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "a list", "deleted"])
+def test_a_damaged_training_log_is_named_with_a_fix_that_works(damage, capsys, tmp_path, made):
+    run = made("leaderboard", tmp_path)
+    argv = [*SEQUENCE, "--out", str(run)]
+    [log] = run.rglob("metrics.jsonl")
+    if damage == "random bytes":
+        log.write_bytes(bytes(range(128, 256)) * 4)
+    elif damage == "a list":
+        log.write_text('{"step": 0}\n[]\n{"step": 2}\n')
+    else:
+        log.unlink()
+    err = refused(capsys, argv, log, "delete the folder")
+    folder = Path(err.split("delete the folder ", 1)[1].split(" to train", 1)[0])
+    assert folder == log.parent
+    shutil.rmtree(folder)  # as the sentence says
+    assert main(argv) == 0 and log.is_file()
+
+
+def test_a_deleted_training_log_of_the_simplified_study(capsys, tmp_path):
+    argv = ["reproduce", "backcopy-study", "simplified", "--steps", "2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    [log] = tmp_path.rglob("metrics.jsonl")
+    log.unlink()
+    refused(capsys, argv, log, "delete the folder")
+    shutil.rmtree(log.parent)
+    assert main(argv) == 0

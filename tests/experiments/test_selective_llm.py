@@ -5,18 +5,18 @@ the numbers of an uninterrupted run, and one-sentence errors."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import tiny_hf
-from processes import kill_9_once_written
+from processes import kill_9_once_written, sharpattn
+from sharpattn.cli import main
 from sharpattn.experiments import selective_llm as sl
 from sharpattn.experiments.runner import Trainer
+from sharpattn.integrations import pretrained
 
 
 def _net():
@@ -114,23 +114,58 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
         sl.make_config("huge")
 
 
-_RUN = """
-import sys
-sys.path.insert(0, {tests!r}); sys.path.insert(0, {here!r})
-import test_selective_llm as t
-from sharpattn.experiments import selective_llm as sl
-sl.run({out!r}, t._cfg(steps=120), net=t._net(), ids=t._ids())
-"""
+#: the command on tests/tiny_hf.py's Llama (tiny_hf.pretrained), one thread, 16-token windows
+CLI = ["reproduce", "selective-llm", "--quick", "--eval-windows", "1", "--context", "16",
+       "--threads", "1"]  # fmt: skip
 
 
-def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_path):
-    here = Path(__file__).resolve().parent
-    out = tmp_path / "killed"
-    script = _RUN.format(tests=str(here.parent), here=str(here), out=str(out))
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    kill_9_once_written(proc, out / "train" / "checkpoint.safetensors", timeout=120)
-    _, resumed = sl.run(out, _cfg(steps=120), net=_net(), ids=_ids())
-    _, whole = sl.run(tmp_path / "whole", _cfg(steps=120), net=_net(), ids=_ids())
-    assert resumed["rows"] == whole["rows"]
-    assert resumed["position_coefficient"] == whole["position_coefficient"]
+def _untimed(metrics: dict) -> dict:
+    timing = ("train_seconds", "train_steps_per_s", "wall_seconds", "cpu_seconds")
+    return {k: v for k, v in metrics.items() if k not in timing}
+
+
+def _same_run(a: Path, b: Path) -> None:
+    """Two run folders hold the same numbers: metrics, training log and trained temperatures."""
+    ma, mb = (json.loads((p / "metrics.json").read_text()) for p in (a, b))
+    assert _untimed(ma) == _untimed(mb)
+    logs = [(p / "train" / "metrics.jsonl").read_text() for p in (a, b)]
+    assert logs[0] == logs[1]
+    ta, tb = (load_file(p / "train" / "model.safetensors") for p in (a, b))
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_two_runs_give_the_same_numbers_whatever_the_global_generator(tmp_path, monkeypatch):
+    """The temperatures are initialised from the run's seed, not from torch's global generator
+    (here in two different states, as after two different model loads)."""
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+    for i in (1, 2):
+        torch.manual_seed(i)
+        assert main([*CLI, "--steps", "4", "--out", str(tmp_path / f"r{i}")]) == 0
+    _same_run(tmp_path / "r1", tmp_path / "r2")
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(
+    tmp_path, monkeypatch
+):
+    """A real ``kill -9`` of the command after its first checkpoint (step 50), then the command
+    again and an uninterrupted run (in this process): the child's global generator starts in an
+    arbitrary state, this process's in another."""
+    args = [*CLI, "--steps", "200"]
+    killed = sharpattn(*args, "--out", str(tmp_path / "killed"), tiny_pretrained=True)
+    kill_9_once_written(killed, tmp_path / "killed" / "train" / "checkpoint.safetensors")
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+    for i, out in enumerate(("killed", "whole")):
+        torch.manual_seed(i)
+        assert main([*args, "--out", str(tmp_path / out)]) == 0
+    _same_run(tmp_path / "killed", tmp_path / "whole")
+
+
+def test_quick_then_paper_in_one_folder_evaluates_the_new_lengths(tmp_path, monkeypatch):
+    """The evaluations are stored per length and window count: a later invocation asking for
+    more lengths computes those and reuses the rest."""
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+    out = ["--steps", "2", "--out", str(tmp_path)]
+    assert main([*CLI, *out]) == 0
+    assert main([*CLI[:2], "--paper", *CLI[3:], *out]) == 0
+    rows = json.loads((tmp_path / "metrics.json").read_text())["rows"]
+    assert [r["length"] for r in rows] == [16, 32, 64]

@@ -136,6 +136,11 @@ def study_configs(
     if name not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(NAMES)}, got {name!r}.")
     st = STUDIES[name]
+    if variants is not None and not variants:
+        raise ValueError(
+            f"no variant of study {name} chosen (variants is empty); name at least one of "
+            f"{', '.join(st.variants)}."
+        )
     unknown = [v for v in variants or () if v not in st.variants]
     if unknown:
         raise ValueError(
@@ -228,6 +233,7 @@ def run_study(
         raise ValueError("--steps applies to the simplified study only.")
     task = task or BigramBackcopy.tiny_shakespeare()
     cfgs = study_configs(name, seeds, variants)
+    report.require(cfgs, f"runs of study {name}")  # before the folder's files are touched
     record = {"study": name, "runs": {k: c.to_dict() for k, c in cfgs.items()}}
     folder = RunFolder(out, "backcopy-study", record, identity=("study",))
     t0 = time.perf_counter()

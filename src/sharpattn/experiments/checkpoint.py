@@ -16,7 +16,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .runs import write_atomic
+from .runs import damaged as _damaged
+from .runs import mismatch, write_atomic
 
 _STATE_KEY = "sharpattn.state"
 
@@ -60,35 +61,57 @@ def load_checkpoint(
         with safetensors.safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(_STATE_KEY)
             if raw is None:
-                raise ValueError(
-                    f"{path} is not a sharpattn checkpoint (no {_STATE_KEY} metadata)."
-                )
+                raise damaged(path, f"not a sharpattn checkpoint: no {_STATE_KEY} metadata")
             meta = json.loads(raw)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (safetensors.SafetensorError, json.JSONDecodeError, OSError) as e:
-        raise damaged(path, e) from None
+        raise damaged(path, str(e) or type(e).__name__) from None
+    problem = mismatch(meta, {"state": dict}) or _model_mismatch(tensors, model)
+    if optimizer is not None and problem is None:
+        problem = mismatch(meta, {"param_groups": [dict]}) and "it holds no optimizer state"
+    if problem is None:
+        problem = next((f"it has no generator state {n!r}" for n in generators or {}
+                        if f"rng.{n}" not in tensors), None)  # fmt: skip
+    if problem is not None:
+        raise damaged(path, f"{problem}: another run's file or a damaged one")
     model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    model.load_state_dict(model_sd)
-    if optimizer is not None:
-        if "param_groups" not in meta:
-            raise ValueError(f"{path} holds no optimizer state.")
-        per_param: dict[int, dict[str, torch.Tensor]] = {}
-        for k, v in tensors.items():
-            if k.startswith("optim."):
-                _, idx, name = k.split(".", 2)
-                per_param.setdefault(int(idx), {})[name] = v
-        optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
-    for name, g in (generators or {}).items():
-        g.set_state(tensors[f"rng.{name}"])
+    try:
+        model.load_state_dict(model_sd)
+        if optimizer is not None:
+            per_param: dict[int, dict[str, torch.Tensor]] = {}
+            for k, v in tensors.items():
+                if k.startswith("optim."):
+                    _, idx, name = k.split(".", 2)
+                    per_param.setdefault(int(idx), {})[name] = v
+            optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+        for name, g in (generators or {}).items():
+            g.set_state(tensors[f"rng.{name}"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise damaged(path, f"another run's file or a damaged one: {first}") from None
     return meta["state"]
 
 
-def damaged(path: Path, error: Exception) -> ValueError:
-    """The one-sentence error for a checkpoint that cannot be read (a crash mid-write elsewhere,
-    a full disk): which file, and what to do."""
-    return ValueError(
-        f"{path} is damaged ({str(error).strip() or type(error).__name__}); delete it to restart "
-        "this run from the beginning (or restore it from a backup) and run the command again."
+def _model_mismatch(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> str | None:
+    """How the file's model tensors differ from ``model``'s parameters and buffers, or None."""
+    found = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    for name, want in model.state_dict().items():
+        if name not in found:
+            return f"it has no tensor {name!r}"
+        if tuple(found[name].shape) != tuple(want.shape):
+            return f"its {name!r} is {list(found[name].shape)}, this run's {list(want.shape)}"
+    extra = sorted(found.keys() - model.state_dict().keys())
+    return f"it has a tensor {extra[0]!r} this run's model does not" if extra else None
+
+
+def damaged(path: Path, error: Exception | str) -> ValueError:
+    """The one-sentence error for a checkpoint that cannot be used (a crash mid-write elsewhere, a
+    full disk, another run's file): which file, and what to do."""
+    return _damaged(
+        path,
+        error if isinstance(error, str) else str(error).strip() or type(error).__name__,
+        "delete it to restart this run from the beginning (or restore it from a backup) and run "
+        "the command again",
     )
 
 

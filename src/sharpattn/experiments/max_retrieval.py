@@ -988,11 +988,21 @@ def plot_fit(path: Path, h: np.ndarray, beta: np.ndarray, coefficients) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+#: summary.json (timings of the latest invocation), as the report reads it
+SUMMARY = {
+    "elapsed_s": float,
+    "train_s": float,
+    "eval_s": float,
+    "steps_per_s": (float, type(None)),
+}
+
+
 def write_report(run: Path) -> Path:
     """report.md from what the run folder holds (Table 1, refit table, figures, speed)."""
     run = Path(run)
     config = read_config(run)
-    summary = read_json(run / "summary.json") if (run / "summary.json").is_file() else {}
+    summary = (read_json(run / "summary.json", SUMMARY) if (run / "summary.json").is_file()
+               else {})  # fmt: skip
     parts = [
         f"{config.seeds} seed(s) × {config.steps:,} Adam steps (lr {config.lr:g}, batch {config.batch}, "
         f"n ~ U{{{config.min_items}..{config.max_items}}}, CE + {config.l2:g}·Σw²); trained normalizer "
@@ -1015,7 +1025,7 @@ def write_report(run: Path) -> Path:
         if (run / f"{name}.md").is_file():
             parts.append(f"## {title}\n\n{(run / f'{name}.md').read_text()}")
     if (run / "fit_temperature.json").is_file():
-        fit = read_json(run / "fit_temperature.json")
+        fit = read_json(run / "fit_temperature.json", {"coefficients": [float], "samples": int})
         coeffs = ", ".join(f"{c:.4g}" for c in fit["coefficients"])
         parts.append(
             f"Refitted β(H) = polyval([{coeffs}], H) from {fit['samples']:,} sets "

@@ -4,7 +4,9 @@
   and closed whatever happens.
 * :func:`markdown_table` — one function for every markdown table; :func:`write_table` also writes
   the same rows as CSV.
-* :func:`write_report` — ``report.md`` from a title and sections, written atomically.
+* :func:`write_report` — ``report.md`` from a title and sections, written atomically;
+  :func:`require` refuses, before anything is written, a report of no results (a folder's
+  earlier report is never replaced by an empty one).
 
 Statistics come from :mod:`.stats` (scipy), nowhere else.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,16 @@ def write_table(
 def image(png: str, caption: str) -> str:
     """A report section showing ``png`` (relative to report.md) with its caption."""
     return f"![{caption}]({png})\n\n*{caption}*\n"
+
+
+def require(results: Sized, what: str) -> None:
+    """Refuse (``ValueError``) to write a report, its tables, figures or results from no
+    ``results`` (an empty selection): the folder's earlier report stays as it was. Call it
+    before the first file a report writes."""
+    if len(results) == 0:
+        raise ValueError(
+            f"no {what} to report; choose at least one (the folder's report is left as it was)."
+        )
 
 
 def write_report(folder: str | Path, title: str, sections: Sequence[str | None]) -> Path:

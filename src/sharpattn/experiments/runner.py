@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint import damaged as checkpoint_damaged
 from .checkpoint import load_checkpoint, save_checkpoint
-from .runs import make_dir, read_json, write_atomic, write_json
+from .runs import damaged, make_dir, mismatch, read_json, write_atomic, write_json
 
 Tensor = torch.Tensor
 Progress = Callable[[dict[str, Any]], None]
@@ -205,7 +206,7 @@ class RunFolder:
         record = {"experiment": experiment, **_jsonable(config)}
         path = self.path / "config.json"
         if path.is_file():
-            old = read_json(path)
+            old = read_json(path, fix="restore it from a backup, or use another --out")
             if not isinstance(old, dict) or old.get("experiment") != experiment:
                 found = old.get("experiment") if isinstance(old, dict) else None
                 raise ValueError(
@@ -251,7 +252,7 @@ def read_config(out: str | Path, experiment: str) -> dict[str, Any]:
     path = Path(out) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{out} is not a {experiment} run folder (no config.json).")
-    data = read_json(path)
+    data = read_json(path, fix="restore it from a backup, or name another run folder")
     if not isinstance(data, dict) or data.pop("experiment", None) != experiment:
         raise ValueError(f"{out} is not a {experiment} run folder (its config.json is another's).")
     return data
@@ -269,22 +270,35 @@ class MetricsLog:
         self.path = Path(path)
 
     def read(self) -> list[dict[str, Any]]:
+        """The records; a damaged file raises ``ValueError`` naming it (a line cut by a crash
+        mid-append can only be the last one, and is dropped)."""
         if not self.path.is_file():
             return []
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise self.damaged("not UTF-8 text") from None
         out = []
-        for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
-                # a line cut by a crash mid-append: only the last one can be
-                if i == len(self.path.read_text(encoding="utf-8").splitlines()):
+                if i == len(lines):
                     break
-                raise ValueError(
-                    f"{self.path} line {i} is not valid JSON; fix or delete the file."
-                ) from None
+                raise self.damaged(f"line {i} is not valid JSON") from None
+            problem = mismatch(record, {"step": int})
+            if problem is not None:
+                raise self.damaged(f"line {i}: {problem.replace('it ', 'the record ', 1)}")
+            out.append(record)
         return out
+
+    def damaged(self, why: str) -> ValueError:
+        """The error for a damaged log: its run's measurements are lost, so the run is redone."""
+        return damaged(
+            self.path, why, f"delete the folder {self.path.parent} to train this run again"
+        )
 
     def append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
@@ -385,7 +399,9 @@ class Trainer:
         """Train to ``steps`` (or load the finished weights); return the run's state
         (``step``, ``seconds``, ``steps_per_s``)."""
         if self.final.is_file():
-            return load_checkpoint(self.final, model=self.model)
+            state = self._state(self.final, load_checkpoint(self.final, model=self.model))
+            self._logged(self.metrics.read())
+            return state
         self.folder.mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {"step": 0, "seconds": 0.0}
         if self.checkpoint.is_file():
@@ -395,6 +411,8 @@ class Trainer:
                 optimizer=self.optimizer,
                 generators=self.generators,
             )
+            state = self._state(self.checkpoint, state)
+            self._logged(self.metrics.read())
             self.metrics.keep_until(state["step"])
         else:
             self.metrics.keep_until(-1)
@@ -449,6 +467,24 @@ class Trainer:
         emit(self.progress, self.task, "train", step, self.steps)
         return done
 
+    def _state(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's state, checked: a step (of this run, where it resumes) and its training
+        seconds."""
+        problem = mismatch(state, {"step": int, "seconds": float})
+        last = self.steps if path == self.checkpoint else math.inf
+        if problem is None and not 0 <= state["step"] <= last:
+            problem = f"step {state['step']} of a run of {self.steps} steps"
+        if problem is not None:
+            raise checkpoint_damaged(path, f"{problem}: another run's file or a damaged one")
+        return state
+
+    def _logged(self, records: list[dict[str, Any]]) -> None:
+        """A trained or resumed run's log must start at step 0: without it, its measurements
+        are lost (a deleted or emptied metrics.jsonl)."""
+        if not records or records[0]["step"] != 0:
+            why = "missing" if not self.metrics.path.is_file() else "without its first records"
+            raise self.metrics.damaged(f"{why}: the measurements of this run's training are lost")
+
     def _logs(self, step: int) -> bool:
         if step == self.steps:
             return True
@@ -499,12 +535,14 @@ def _whole_step() -> Iterator[None]:
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
 
-def once(path: str | Path, compute: Callable[[], Any]) -> Any:
+def once(path: str | Path, compute: Callable[[], Any], shape: Any = None) -> Any:
     """The JSON value at ``path``; if it is missing, ``compute()`` written there atomically first
-    (evaluations of finished weights: a re-run reuses them, a crash before the write redoes it)."""
+    (evaluations of finished weights: a re-run reuses them, a crash before the write redoes it).
+    A stored value not of ``shape`` (:func:`.runs.conforms`) raises ``ValueError`` naming the
+    file (deleting it computes it again)."""
     path = Path(path)
     if path.is_file():
-        return read_json(path)
+        return read_json(path, shape)
     value = _jsonable(compute())
     write_json(path, value)
     return value

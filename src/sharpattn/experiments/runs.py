@@ -34,18 +34,83 @@ def _umask() -> int:
     return mask
 
 
-def read_json(path: Path) -> Any:
-    """Parse the JSON file ``path``; a damaged file raises ``ValueError`` naming it."""
+def damaged(path: Path, why: str, fix: str | None = None) -> ValueError:
+    """The one-sentence error for a run-folder file that cannot be used: which file, why, and
+    what to do (``fix``; by default delete the file so the command computes it again)."""
+    fix = fix or "delete it (or restore it from a backup) and run the command again"
+    return ValueError(f"{path} is damaged ({why.strip().rstrip('.')}); {fix}.")
+
+
+def read_json(path: Path, shape: Any = None, fix: str | None = None) -> Any:
+    """Parse the JSON file ``path`` and check it has ``shape`` (see :func:`conforms`; None: any
+    JSON); a damaged file or a value of another shape raises ``ValueError`` naming it, with
+    ``fix`` (what to do; by default delete it and run the command again)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(
-            f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-            "fix or delete it."
+        raise damaged(
+            path, f"not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}", fix
         ) from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a UTF-8 text file; fix or delete it.") from None
+        raise damaged(path, "not valid JSON: not UTF-8 text", fix) from None
+    problem = mismatch(value, shape)
+    if problem is not None:
+        raise damaged(path, problem, fix)
+    return value
+
+
+def conforms(value: Any, shape: Any) -> bool:
+    """Whether the JSON ``value`` has ``shape``: None (anything); a type (``float`` also takes
+    an int; ``bool`` is not an int); a tuple of shapes (any of them); ``[shape]`` (a list of
+    them); ``{key: shape}`` (a dict with at least these keys); ``{str: shape}`` (a dict whose
+    every value has ``shape``)."""
+    return mismatch(value, shape) is None
+
+
+def mismatch(value: Any, shape: Any, where: str = "") -> str | None:
+    """Why ``value`` does not have ``shape`` (:func:`conforms`), or None when it does."""
+    if shape is None:
+        return None
+    if isinstance(shape, tuple):
+        problems = [mismatch(value, s, where) for s in shape]
+        return None if None in problems else problems[0]
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return _expected(value, "a list", where)
+        for i, item in enumerate(value):
+            problem = mismatch(item, shape[0], f"{where}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return _expected(value, "an object", where)
+        if list(shape) == [str]:
+            items = [(k, shape[str]) for k in value]
+        else:
+            missing = [k for k in shape if k not in value]
+            if missing:
+                return f"{where or 'it'} has no {missing[0]!r}"
+            items = list(shape.items())
+        for k, s in items:
+            problem = mismatch(value[k], s, f"{where}[{k!r}]")
+            if problem is not None:
+                return problem
+        return None
+    if shape is type(None):
+        return None if value is None else _expected(value, "null", where)
+    ok = isinstance(value, shape) and not (isinstance(value, bool) and shape is not bool)
+    if shape is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return None if ok else _expected(value, f"a {shape.__name__}", where)
+
+
+def _expected(value: Any, what: str, where: str) -> str:
+    found = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else f"a {type(value).__name__}"
+    )
+    return f"{where or 'it'} is {found}, not {what}"
 
 
 def check_memory(nbytes: float, what: str) -> None:

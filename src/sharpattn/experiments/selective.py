@@ -326,13 +326,14 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     return out
 
 
-def finish(trainer: Trainer, stop_at: int | None, evaluate) -> Any:
+def finish(trainer: Trainer, stop_at: int | None, evaluate, shape: Any = None) -> Any:
     """Train (or resume, or load) ``trainer``, then ``evaluate(state)`` once: the folder's
-    evaluation.json (None if ``stop_at`` stopped the training, as a crash would)."""
+    evaluation.json, checked to be of ``shape`` (:func:`.runs.conforms`; None if ``stop_at``
+    stopped the training, as a crash would)."""
     state = trainer.run(stop_at=stop_at)
     if state.get("stopped"):
         return None
-    return once(trainer.folder / "evaluation.json", lambda: evaluate(state))
+    return once(trainer.folder / "evaluation.json", lambda: evaluate(state), shape)
 
 
 def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
@@ -359,8 +360,11 @@ def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str =
         batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
         checkpoint_every=checkpoint_every, task=f"graph ({readout})", progress=progress,
     )  # fmt: skip
+    rows = [{"variant": str, "seed": int, "cross_entropy": float, "excess_cross_entropy": float,
+             "err_map": float, "tau_by_group": {str: float}, "readout": str}]  # fmt: skip
     return finish(trainer, stop_at, lambda state: [dict(r, readout=readout)
-                                                   for r in graph_evaluate(model, p_star)])  # fmt: skip
+                                                   for r in graph_evaluate(model, p_star)],
+                  rows)  # fmt: skip
 
 
 # ---------------------------------------------------------------- denoising task
@@ -517,7 +521,8 @@ def denoise_train(folder: Path, cfg: DenoiseConfig, seeds: list[int],
         batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
         checkpoint_every=checkpoint_every, task="denoise", progress=progress,
     )  # fmt: skip
-    return finish(trainer, stop_at, lambda state: denoise_evaluate(model, cfg, seeds))
+    rows = [{"sigma": float, "seed": int, "naive mean": float, "Bayes (oracle)": float}]
+    return finish(trainer, stop_at, lambda state: denoise_evaluate(model, cfg, seeds), rows)
 
 
 # ---------------------------------------------------------------- statistics, plots, report
@@ -919,7 +924,10 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
             fig2=lm_fig2(model, val, cfg.context),
         )  # fmt: skip
 
-    return finish(trainer, stop_at, evaluate)
+    shape = {"variant": str, "seed": int, "val_loss": {str: float}, "train_seconds": float,
+             "first_train_loss": float, "last_train_loss": float, "added_parameters": int,
+             "base_parameters": int, "fig2": None}  # fmt: skip
+    return finish(trainer, stop_at, evaluate, shape)
 
 
 def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
@@ -1062,6 +1070,8 @@ def run(out: str | Path, config: ReproduceConfig, progress: Progress | None = No
         raise ValueError(
             f"tasks must be some of {', '.join(TASKS)}, got {', '.join(bad) or 'none'}."
         )
+    if "lm" in config.tasks and not config.lm.variants:
+        raise ValueError("lm variants names no variant; name at least one, or leave out lm.")
     text = load_text(config.lm.text) if "lm" in config.tasks else None  # fail before training
     folder = RunFolder(out, "reproduce selective", asdict(config), identity=_identity(config))
     with threads(config.threads):

@@ -22,6 +22,7 @@ else Python's own docstrings); its first ``train_fraction`` trains, the rest is 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -36,10 +37,10 @@ from . import report as kit
 from . import runner
 from .llm import heldout_text, window_nll
 from .runner import Progress, RunFolder, Trainer, emit, generator
-from .runs import write_json
+from .runs import damaged, write_json
 from .stats import paired_comparison
 
-_TRAIN, _EVAL = 0, 1  # generator purposes
+_TRAIN, _EVAL, _INIT = 0, 1, 2  # generator purposes
 
 
 @dataclass
@@ -179,16 +180,27 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
             p.requires_grad_(False)
         total = len(cfg.lengths)
 
-        def evaluate(label: str) -> dict[str, list[float]]:
+        def evaluate(where: Path, label: str) -> dict[str, list[float]]:
+            """Per length, the window NLLs, each stored once in ``where`` (a later invocation
+            with other lengths or window counts reuses what it can)."""
             res = {}
             for i, length in enumerate(cfg.lengths):
-                res[str(length)] = window_nll(net, windows, length)
+                path = where / f"nll_n{length}_w{cfg.eval_windows}.json"
+                res[str(length)] = runner.once(
+                    path, functools.partial(window_nll, net, windows, length), shape=[float]
+                )
+                if len(res[str(length)]) != cfg.eval_windows:
+                    raise damaged(path, f"it holds {len(res[str(length)])} windows, not "
+                                        f"{cfg.eval_windows}")  # fmt: skip
                 emit(progress, f"perplexity ({label})", f"{length} tokens", i + 1, total)
             return res
 
-        base = runner.once(folder / f"base_w{cfg.eval_windows}.json", lambda: evaluate("unpatched"))
+        base = evaluate(folder.sub("base"), "unpatched")
 
-        hf.apply(net, "selective", targets=cfg.targets, sharing=cfg.sharing, terms=cfg.terms)
+        # the temperatures' initialisation draws from the global generator: seeded, so two runs
+        # (and a resumed one) start from the same temperatures
+        with runner.seeded(cfg.seed, _INIT):
+            hf.apply(net, "selective", targets=cfg.targets, sharing=cfg.sharing, terms=cfg.terms)
         holder = temperatures(net)
         # the identity at initialisation: the patched model before training
         start = window_nll(net, windows[:1], cfg.context)[0]
@@ -212,9 +224,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
         )  # fmt: skip
         state = trainer.run()
         holder.eval()
-        tuned = runner.once(
-            folder.sub("train") / f"tuned_w{cfg.eval_windows}.json", lambda: evaluate("selective")
-        )
+        tuned = evaluate(folder.sub("train", "tuned"), "selective")
         metrics = summarize(cfg, base, tuned)
         metrics.update({
             "step0_nll_change": start - base[str(cfg.context)][0],

@@ -347,7 +347,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                 name = f"n{size}.sets{cfg.eval_sets}.json"
                 path = job.folder / "eval" / _slug(m.evaluate or m.train) / name
                 path.parent.mkdir(parents=True, exist_ok=True)
-                result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg))
+                result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg), EVALUATION)
                 rows.append({"task": job.task, "method": m.name, "seed": job.seed, "size": size,
                              **result, "train_seconds": state.get("seconds")})  # fmt: skip
             if m.evaluate is not None:
@@ -370,6 +370,10 @@ def _task_key(name: str) -> int:
     """A seed key from the task's name (its first 8 bytes: the current names differ there; two
     names that did not would share test-set streams, not test sets, as their tasks differ)."""
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1
+
+
+#: what :func:`evaluate` returns (its cached files are checked against it)
+EVALUATION = {"acc": float, "token_acc": float, "sets": int, "length": int}
 
 
 @torch.inference_mode()

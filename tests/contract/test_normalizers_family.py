@@ -482,17 +482,17 @@ def test_length_scaled_learnable_c_straight_through_below_zero():
 @pytest.mark.parametrize(
     ("method", "params", "match"),
     [
-        ("length_scaled", {"c": -0.1}, "c must be >= 0"),
-        ("relu", {"p": 0.5}, "p must be a number >= 1"),
-        ("power", {"p": 0}, "p must be a number >= 1"),
+        ("length_scaled", {"c": -0.1}, "c must be a finite number >= 0"),
+        ("relu", {"p": 0.5}, "p must be a finite number >= 1"),
+        ("power", {"p": 0}, "p must be a finite number >= 1"),
         ("topk", {"top_k": 0}, "top_k must be an integer >= 1"),
         ("topk", {"top_k": 2.5}, "top_k must be an integer >= 1"),
-        ("entmax", {"alpha": 1.0}, "alpha must be > 1"),
-        ("llama4_temperature", {"floor_scale": 0}, "floor_scale must be a number > 0"),
+        ("entmax", {"alpha": 1.0}, "alpha must be a finite number > 1"),
+        ("llama4_temperature", {"floor_scale": 0}, "floor_scale must be a finite number > 0"),
         ("llama4_temperature", {"attn_scale": math.inf}, "attn_scale must be a finite number"),
-        ("logn", {"train_length": 1}, "train_length must be a number > 1"),
+        ("logn", {"train_length": 1}, "train_length must be a finite number > 1"),
         ("asentmax", {"delta": -0.5}, "delta must be a finite number >= 0"),
-        ("asentmax", {"alpha": 1.0}, "alpha must be > 1"),
+        ("asentmax", {"alpha": 1.0}, "alpha must be a finite number > 1"),
     ],
 )
 def test_bad_parameters_raise_one_sentence(method, params, match):

@@ -137,8 +137,9 @@ class Param:
         elif kind == "int":
             ok = _is_integer(value) and self._in_range(value)
         else:
-            ok = _is_number(value) and not math.isnan(value) and self._in_range(value)
-            ok = ok and (math.isfinite(value) or not self.finite)
+            # comparisons only (no math.isnan): a float torch.compile traces as a SymFloat
+            ok = _is_number(value) and value == value and self._in_range(value)  # NaN != NaN
+            ok = ok and (-math.inf < value < math.inf or not self.finite)
         if not ok:
             self._refuse(owner, value)
         if self.validate is not None:

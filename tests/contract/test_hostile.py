@@ -5,6 +5,8 @@ is ``test_adversarial.py``; this file keeps each reported reproducer, so a regre
 item.
 """
 
+import inspect
+import math
 import subprocess
 import sys
 import textwrap
@@ -363,3 +365,227 @@ def test_item9_relu_power_beyond_the_dtype_raises_or_is_inf_when_unchecked():
     half = torch.tensor([[1000.0, 1.0]], dtype=torch.float16)  # 1000² / 2 is beyond float16
     with pytest.raises(ValueError, match=r"overflow torch.float16 at position \(0, 0\)"):
         nz.get("relu").fn(half, p=2)
+
+
+# Normalizer parameters: one validation of the registry's Params, on every path -----------------
+#
+# The cases are generated from each method's registry Params (kind, range, finiteness, tensors),
+# so a method or parameter registered later is covered by the same tests.
+
+
+def _bad_values(p: nz.Param) -> list:
+    """Values ``p`` must refuse, read off its own spec: NaN, infinities it does not take, the
+    bounds it excludes (or one beyond), the wrong types, tensors holding such values."""
+    kind = p.value_kind
+    if kind == "bool":
+        return ["yes", 1, None]
+    if kind == "choice":
+        return ["nosuch", 1.5] + ([] if p.optional else [None])
+    if kind == "any":  # validated by its own function only (adaptive's coefficients)
+        return []
+    bad = [math.nan, "1", True] + ([] if p.optional else [None])
+    if kind == "int":
+        bad.append(1.5)
+    if p.finite or kind == "int" or p.high is not None:
+        bad.append(math.inf)
+    if p.finite or kind == "int" or p.low is not None:
+        bad.append(-math.inf)
+    if p.low is not None:
+        bad.append(p.low if p.low_open else p.low - 1)
+    if p.high is not None:
+        bad.append(p.high if p.high_open else p.high + 1)
+    if p.accepts_tensor:
+        bad.append(torch.full((1, 1, 1, 1), math.nan))
+        if p.finite:
+            bad.append(torch.full((1, 1, 1, 1), math.inf))
+        if p.low is not None and not p.clamped:
+            bad.append(torch.full((1, 1, 1, 1), p.low if p.low_open else p.low - 1.0))
+    elif kind == "real":
+        bad.append(torch.tensor(0.5))  # a number-only parameter refuses tensors
+    return bad
+
+
+def _good_values(p: nz.Param) -> list:
+    """Values ``p`` accepts: its default, the edge of its range, inf where it takes it, a
+    per-head tensor where it takes tensors."""
+    kind = p.value_kind
+    good = [p.default]
+    if kind == "bool":
+        good.append(not p.default)
+    if kind in ("real", "int") and p.low is not None:
+        step = 0.5 if kind == "real" else 1
+        good.append(p.low + step if p.low_open else p.low)
+    if kind == "real" and not p.finite:
+        good.append(math.inf)
+    if p.accepts_tensor:
+        good.append(torch.full((1, 2, 1, 1), float(p.default)))
+    return good
+
+
+def _show(value) -> str:
+    if torch.is_tensor(value):
+        return f"tensor({value.flatten()[0].item()})"
+    return repr(value)
+
+
+def _param_cases(values):
+    return [
+        pytest.param(method, p.name, value, id=f"{method}-{p.name}={_show(value)}")
+        for method in nz.available()
+        for p in nz.get(method).params
+        for value in values(p)
+    ]
+
+
+BAD_PARAM_CASES = _param_cases(_bad_values)
+GOOD_PARAM_CASES = _param_cases(_good_values)
+
+
+def _refused(method: str, name: str):
+    """The one sentence: the method, the parameter, what it accepts."""
+    return pytest.raises(ValueError, match=rf"^the {method} parameter {name} must be .+, got .+\.$")
+
+
+def _qkv(requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
+
+
+def test_the_generated_cases_hold_the_reported_reproducers():
+    cases = {(c.values[0], c.values[1], _show(c.values[2])) for c in BAD_PARAM_CASES}
+    reported = [
+        ("ssmax", "s", "nan"),
+        ("length_scaled", "c", "inf"),
+        ("sink", "bias", "inf"),
+        ("adaptive", "floor", "nan"),
+        ("entmax", "n_iter", "0"),
+        ("asentmax", "beta_pre", "nan"),
+        ("entmax", "alpha", "inf"),
+        ("power", "p", "inf"),
+    ]
+    assert not [r for r in reported if r not in cases]
+
+
+@pytest.mark.parametrize(
+    ("method", "name", "value", "impl"),
+    [
+        pytest.param(*case.values, impl, id=f"{case.id}-{impl}")
+        for case in BAD_PARAM_CASES
+        for impl in _paths(case.values[0])
+    ],
+)
+def test_bad_parameters_are_refused_by_name_on_every_path(method, name, value, impl):
+    q, k, v = _qkv()
+    causal = method in CAUSAL_ONLY
+    # numbers are checked whatever check_finite is; a tensor's values only with check_finite
+    for check_finite in (True,) if torch.is_tensor(value) else (True, False):
+        with _refused(method, name):
+            attend(q, k, v, method, impl=impl, causal=causal, check_finite=check_finite,
+                   **{name: value})  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "name", "value"), BAD_PARAM_CASES)
+def test_bad_parameters_are_refused_by_the_normalizer_and_multihead_attention(method, name, value):
+    from sharpattn.attention import MultiheadAttention
+
+    scores = torch.randn(2, 3, 3)
+    with _refused(method, name):
+        nz.get(method)(scores, **{name: value})
+    with _refused(method, name):  # the module-level function is the registered one
+        getattr(nz, method)(scores, **{name: value})
+    if name in inspect.signature(MultiheadAttention).parameters:
+        return  # the layer's own option of that name (sink's bias): its own test below
+    with _refused(method, name):  # at construction: no forward needed, no host sync in it
+        MultiheadAttention(8, 2, method, **{name: value})
+
+
+def test_multihead_attention_options_are_refused_by_name():
+    from sharpattn.attention import MultiheadAttention
+    from sharpattn.attention.mha import OPTIONS
+
+    for option in OPTIONS:
+        for value in _bad_values(option):
+            with _refused("MultiheadAttention", option.name):
+                MultiheadAttention(8, 2, "sink", **{option.name: value})
+
+
+@pytest.mark.parametrize(("method", "name", "value"), GOOD_PARAM_CASES)
+def test_legitimate_parameters_work_on_every_path_with_finite_gradients(method, name, value):
+    causal = method in CAUSAL_ONLY
+    for impl in _paths(method):
+        q, k, v = _qkv(requires_grad=True)
+        p = value.clone().requires_grad_() if torch.is_tensor(value) else value
+        out = attend(q, k, v, method, impl=impl, causal=causal, **{name: p})
+        out.pow(2).sum().backward()
+        grads = [t.grad for t in (q, k, v, p) if torch.is_tensor(t) and t.grad is not None]
+        assert bool(torch.isfinite(out).all()), f"{method} {name}={_show(value)} {impl}: output"
+        assert all(bool(torch.isfinite(g).all()) for g in grads), f"{impl}: gradients"
+
+
+def test_a_typo_in_a_parameter_name_is_a_value_error_on_every_path():
+    q, k, v = _qkv()
+    for impl in PATHS:
+        with pytest.raises(ValueError, match="has no parameter.*temprature.*temperature"):
+            attend(q, k, v, "softmax", impl=impl, temprature=0.5)
+    with pytest.raises(ValueError, match="check_finite must be True or False"):
+        attend(q, k, v, "softmax", check_finite="no")
+
+
+@pytest.mark.parametrize(
+    "method", [m for m in nz.available() if any(p.learnable for p in nz.get(m).params)]
+)
+def test_multihead_attention_trains_its_learnable_parameters_without_nan(method):
+    from sharpattn.attention import MultiheadAttention
+
+    torch.manual_seed(0)
+    layer = MultiheadAttention(8, 2, method, causal=method in CAUSAL_ONLY)
+    out = layer(torch.randn(2, 5, 8))
+    out.pow(2).sum().backward()
+    for name, p in layer.normalizer_params.items():
+        assert p.grad is not None and bool(torch.isfinite(p.grad).all()), name
+    with torch.no_grad():  # a parameter trained into NaN is refused by name (check_finite)
+        next(iter(layer.normalizer_params.values()))[0] = math.nan
+    first = next(iter(layer.normalizer_params))
+    with _refused(method, first):
+        layer(torch.randn(2, 5, 8))
+
+
+@pytest.mark.parametrize("method", nz.available())
+def test_hf_apply_refuses_bad_parameters_by_name(method):
+    pytest.importorskip("transformers")
+    import tiny_hf
+    from sharpattn import hf
+
+    model = tiny_hf.llama()
+    before = model.config._attn_implementation
+    for p in nz.get(method).params:
+        for value in _bad_values(p):
+            with _refused(method, p.name):
+                hf.apply(model, method, **{p.name: value})
+    assert model.config._attn_implementation == before  # refused before anything changed
+
+
+def test_selective_options_are_refused_by_name_in_multihead_attention_and_hf_apply():
+    pytest.importorskip("transformers")
+    import tiny_hf
+    from sharpattn import hf
+    from sharpattn.attention import MultiheadAttention
+    from sharpattn.attention.selective import OPTIONS, SelectiveConfig
+
+    model = tiny_hf.llama()
+    hf_options = inspect.signature(hf._apply_selective).parameters
+    for option in OPTIONS:
+        for value in _bad_values(option):
+            with _refused("selective attention", option.name):
+                SelectiveConfig(**{option.name: value})
+            if option.name in hf_options:
+                with _refused("selective attention", option.name):
+                    hf.apply(model, "selective", **{option.name: value})
+    with _refused("selective attention", "sharing"):  # the reported reproducer
+        hf.apply(model, "selective", sharing="yes")
+    with _refused("selective attention", "sharing"):
+        MultiheadAttention(8, 2, selective="qv", sharing="yes")
+    for targets in ("", "qq", "x", 5):
+        with pytest.raises(ValueError, match="selective must name some of q, k, v"):
+            SelectiveConfig(targets=targets)

@@ -176,8 +176,41 @@ def test_tensor_parameters_are_not_read_on_the_host(method, impl, params):
     bad = {
         n: -p if torch.is_tensor(p) else p for n, p in params.items()
     }  # θ < 0, α < 1: still refused when checked
-    with pytest.raises(ValueError, match="must be > "):
+    with pytest.raises(
+        ValueError, match=r"parameter (temperature|alpha) must be a (finite )?number > "
+    ):
         run(q, k, v, mask, bad, check_finite=True)
+
+
+NUMBER_PARAMS = {
+    m: [p.name for p in nz.get(m).params if p.value_kind == "real" and p.default is not None]
+    for m in nz.available()
+}
+
+
+@pytest.mark.parametrize("method", [m for m, names in NUMBER_PARAMS.items() if names])
+def test_number_parameters_given_to_the_compiled_function_are_checked_in_the_graph(method):
+    """Python numbers are validated whatever check_finite is; passed into the compiled function
+    (from the second set of values on, torch.compile traces a float argument as a SymFloat) the
+    check is no graph break."""
+    q, k, v, mask = _inputs()
+    names = NUMBER_PARAMS[method]
+    values = [float(p.default) for p in nz.get(method).params if p.name in names]
+
+    def run(q, k, v, *numbers):
+        return attend(
+            q, k, v, method, mask=mask, causal=True, check_finite=False,
+            **dict(zip(names, numbers, strict=True)),
+        )  # fmt: skip
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    for numbers in (values, [x * 1.1 + 0.1 for x in values]):  # the second: SymFloats
+        try:
+            got = compiled(q, k, v, *numbers)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            pytest.fail(_broke(f"attend({method!r}) with number arguments {names}", err))
+        assert_close(got, run(q, k, v, *numbers), n=LK, msg=f"attend({method!r}) {numbers}")
 
 
 @pytest.mark.parametrize("method", ["softmax", "adaptive", "sigmoid", "asentmax"])

@@ -11,6 +11,7 @@ import torch
 
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
+from ..normalizers.registry import CHECK_FINITE
 from .chunked import chunked_attend
 from .fast import FAST
 from .masking import Masking
@@ -105,6 +106,12 @@ def attend(
 
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
+    ``params`` are validated once, before any path, against the method's registry
+    :class:`~sharpattn.normalizers.Param` entries (``Normalizer.check_params``):
+    a name the method does not take, a NaN, an infinity where the parameter must be finite, a
+    value out of its range or of the wrong type raise ValueError naming the parameter and what it
+    accepts, whichever path runs (tensor parameters' values only with ``check_finite``).
+
     Hostile input, the same on every path (``tests/contract/test_adversarial.py``): B, Lq or Lk = 0 give
     an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
     D = 0 raise ValueError. NaN or ±inf anywhere in q, k or v raises ValueError naming the
@@ -139,6 +146,10 @@ def attend(
     stats])``.
     """
     entry = get(method)
+    CHECK_FINITE.check(check_finite, "attend")
+    # once, before any path: every path refuses the same parameters (tensor values only with
+    # check_finite, which reads them on the host)
+    entry.check_params(params, check_values=check_finite)
     _check_inputs(q, k, v)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}.")
@@ -175,11 +186,6 @@ def attend(
         if sizes is not None and max(sizes) >= torch.finfo(cd).max ** 0.25:
             impl = "chunked"  # the kernel's backward could overflow: the exact block path
         else:
-            if check_finite and any(torch.is_tensor(p) for p in params.values()):
-                # fast paths read no tensor value (no host sync): the normalizer checks the
-                # values of tensor parameters (a per-head θ > 0), on one masked key per row
-                nothing = torch.zeros((1, 1, 1, 1), dtype=torch.bool, device=q.device)
-                entry.fn(q.new_zeros((b, h, lq, 1)), nothing, **params)
             full = {p.name: p.default for p in entry.params}
             full.update(params)
             out, stats = FAST[entry.fused](q, k, v, masking, scale, return_stats, **full)

@@ -35,14 +35,12 @@ import torch.nn.functional as F
 
 from ..normalizers._contract import compute_dtype, log_n
 from ..normalizers.scaled import (
-    check_llama4,
-    check_train_length,
     length_scaled_beta,
     llama4_beta,
     logn_beta,
     ssmax_beta,
 )
-from ..normalizers.softmax import _check_temperature, beta_from_entropy, resolve_coefficients
+from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from .chunked import chunked_softmax_attention
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -309,7 +307,6 @@ def _stats(q: Tensor, masking: Masking, **fields) -> AttentionStats:
 
 def softmax_temperature(q, k, v, masking, scale, want_stats, *, temperature=1.0):
     """softmax_θ: softmax(s/θ) = query scaling by 1/θ (θ a float or per-head tensor)."""
-    _check_temperature(temperature)
     return query_scaled(q, k, v, masking, scale, 1.0 / temperature, want_stats)
 
 
@@ -333,7 +330,6 @@ def length_scaled(q, k, v, masking, scale, want_stats, *, c=0.0):
 
 def llama4_temperature(q, k, v, masking, scale, want_stats, *, floor_scale=8192, attn_scale=0.1):
     """Llama 4's temperature tuning: softmax(β(n)·scores), β(n) = 1 + a·log(1 + ⌊n / F⌋)."""
-    check_llama4(floor_scale, attn_scale)
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     return query_scaled(
         q, k, v, masking, scale, llama4_beta(n, floor_scale, attn_scale), want_stats
@@ -342,7 +338,6 @@ def llama4_temperature(q, k, v, masking, scale, want_stats, *, floor_scale=8192,
 
 def logn(q, k, v, masking, scale, want_stats, *, train_length=2048):
     """Qwen's log-n scaling: softmax(max(1, log n / log L)·scores)."""
-    check_train_length(train_length)
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     return query_scaled(q, k, v, masking, scale, logn_beta(n, train_length), want_stats)
 

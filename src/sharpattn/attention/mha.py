@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..normalizers import get
+from ..normalizers import Param, get
 from .functional import attend
 from .rotary import apply_rotary
 from .selective import (
@@ -20,6 +20,12 @@ Tensor = torch.Tensor
 
 #: the gated-attention options of :class:`MultiheadAttention` (Qiu et al. 2025)
 GATES = (None, "headwise", "elementwise")
+#: the on/off options of :class:`MultiheadAttention`, checked as normalizer parameters are
+OPTIONS = (
+    Param("bias", True, "biases in the four projections"),
+    Param("causal", False, "causal masking by default"),
+    Param("rotary", False, "rotary position embeddings"),
+)
 
 
 class MultiheadAttention(nn.Module):
@@ -100,13 +106,16 @@ class MultiheadAttention(nn.Module):
             head_dim = embed_dim // num_heads
         if rotary and head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}.")
-        known = {p.name for p in entry.params} | {"check_finite"}
-        unknown = sorted(set(method_params) - known)
-        if unknown:
-            raise ValueError(
-                f"method {entry.name!r} has no parameter(s) {', '.join(unknown)}; "
-                f"its parameters: {', '.join(sorted(known))}."
-            )
+        for option in OPTIONS:  # the layer's own switches (a method parameter of the same name,
+            # e.g. sink's bias, can not be given here: it starts at its registry default)
+            option.check(locals()[option.name], "MultiheadAttention")
+        entry.check_params(method_params)  # names, types, ranges: at construction, once
+        for p in entry.learnable:
+            if torch.is_tensor(method_params.get(p.name)):
+                raise ValueError(
+                    f"the {entry.name} parameter {p.name} of MultiheadAttention must be a number "
+                    "(its initial value for every head), got a tensor."
+                )
         self.method = entry.name
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim, self.causal = head_dim, causal
@@ -249,7 +258,9 @@ class MultiheadAttention(nn.Module):
                 raise ValueError("sharing= only applies with selective= ('q', 'v', 'qv' or 'kqv').")
             return None
         if isinstance(selective, str):
-            config = SelectiveConfig(targets=selective, sharing=bool(sharing))
+            config = SelectiveConfig(
+                targets=selective, sharing=False if sharing is None else sharing
+            )
         elif isinstance(selective, SelectiveConfig):
             if sharing is not None and sharing != selective.sharing:
                 raise ValueError(

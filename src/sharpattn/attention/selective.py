@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..normalizers._contract import log_n
+from ..normalizers.registry import Param
 from ..normalizers.scaled import length_scaled_beta
 from .functional import attend
 from .masking import Masking
@@ -212,6 +213,31 @@ def apply_temperatures(
 
 # ---------------------------------------------------------------- modules
 
+#: The options of :class:`SelectiveConfig` (besides ``targets``), checked as a normalizer's
+#: parameters are (:class:`~sharpattn.normalizers.Param`): type, choices, range.
+OPTIONS = (
+    Param("sharing", False, "the weight-sharing token temperature"),
+    Param(
+        "token", None, "the token term's form", kind="choice", choices=TOKEN_FORMS, optional=True
+    ),
+    Param("terms", "both", "the terms of τ", kind="choice", choices=TERMS),
+    Param("hidden", None, "the MLP's width", kind="int", low=1, optional=True),
+    Param("num_features", 1, "the size F of a token feature", kind="int", low=1),
+    Param("position_param", "exp", "c's parametrisation", kind="choice", choices=POSITION_PARAMS),
+    Param(
+        "position_init",
+        None,
+        "the initial position coefficient c₀",
+        kind="real",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        high_open=True,
+        optional=True,
+    ),
+    Param("activation", "tanh", "τ_tok's activation", kind="choice", choices=ACTIVATIONS),
+)
+
 
 @dataclass(frozen=True)
 class SelectiveConfig:
@@ -241,30 +267,19 @@ class SelectiveConfig:
 
     def __post_init__(self):
         t = self.targets
-        if not t or any(c not in "kqv" for c in t) or len(set(t)) != len(t):
+        if (
+            not isinstance(t, str)
+            or not t
+            or any(c not in "kqv" for c in t)
+            or len(set(t)) != len(t)
+        ):
             raise ValueError(
                 f"selective must name some of q, k, v (e.g. 'q', 'v', 'qv', 'kqv'), got {t!r}."
             )
-        if self.token is not None and self.token not in TOKEN_FORMS:
-            raise ValueError(f"token must be one of {', '.join(TOKEN_FORMS)}, got {self.token!r}.")
+        for option in OPTIONS:
+            option.check(getattr(self, option.name), "selective attention")
         if self.token is not None and self.sharing and self.token != "shared":
             raise ValueError(f"sharing=True means token='shared', not {self.token!r}.")
-        if self.terms not in TERMS:
-            raise ValueError(f"terms must be one of {', '.join(TERMS)}, got {self.terms!r}.")
-        if self.position_param not in POSITION_PARAMS:
-            raise ValueError(
-                f"position_param must be one of {', '.join(POSITION_PARAMS)}, "
-                f"got {self.position_param!r}."
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}."
-            )
-        if self.hidden is not None and self.hidden < 1:
-            raise ValueError(f"hidden must be >= 1, got {self.hidden}.")
-        if self.num_features < 1:
-            raise ValueError(f"num_features must be >= 1, got {self.num_features}.")
-        initial_theta(self.position_param, self.position_init)  # validates c₀
 
     @property
     def token_form(self) -> str | None:

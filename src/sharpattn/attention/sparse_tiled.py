@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from ..normalizers import sparse as _sparse
 from ..normalizers._contract import compute_dtype
-from ..normalizers.sparse import _check_asentmax, asentmax_scale
+from ..normalizers.sparse import ALPHA, asentmax_scale
 from .chunked import chunked_attend
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -454,12 +453,13 @@ def _stats(q, masking, want_stats, ent, mass) -> AttentionStats | None:
 
 
 def _check_alpha(alpha) -> None:
-    """α > 1: a number always; a tensor eagerly (one look at H values), under ``torch.compile``
-    by an assertion in the graph (no host synchronisation)."""
+    """α > 1 (the registry's :data:`~sharpattn.normalizers.sparse.ALPHA`): a number always; a
+    tensor eagerly (one look at H values), under ``torch.compile`` by an assertion in the graph
+    (no host synchronisation)."""
     if torch.is_tensor(alpha) and torch.compiler.is_compiling():
-        torch._assert_async(torch.all(alpha > 1), "alpha must be > 1 (alpha = 1 is softmax)")
+        torch._assert_async(torch.all(alpha > ALPHA.low), "alpha must be > 1 (1 is softmax)")
         return
-    _sparse._check_alpha(alpha)
+    ALPHA.check(alpha, "entmax")
 
 
 def _needs_blocks(alpha) -> bool:
@@ -547,7 +547,6 @@ def asentmax(
     (:func:`~sharpattn.normalizers.sparse.asentmax_scale`); gradients flow to ``beta_pre`` and
     ``gamma_pre`` through θ."""
     _check_alpha(alpha)
-    _check_asentmax(delta, gamma_max)
     if _needs_blocks(alpha):
         params = dict(
             beta_pre=beta_pre,
@@ -565,8 +564,6 @@ def asentmax(
 
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}.")
     out, ent, mass = _TopkAttention.apply(q, k, v, top_k, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)
 

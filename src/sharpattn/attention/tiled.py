@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import log_n
-from ..normalizers.unnormalised import _check_power
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -370,7 +369,6 @@ def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=Tru
 
 def relu(q, k, v, masking, scale, want_stats, *, p=1.0, blocks=None):
     """ReLU(s)^p / n attention over tiles (``normalizers.relu``)."""
-    _check_power(p)
     n = masking.visible_keys(dtype=_rows(0.0, q).dtype).clamp_min(1.0)
     return tiled_attention(
         "relu", q, k, v, masking, scale, want_stats, n, blocks or (None,) * 2, p=p
@@ -379,7 +377,6 @@ def relu(q, k, v, masking, scale, want_stats, *, p=1.0, blocks=None):
 
 def power(q, k, v, masking, scale, want_stats, *, p=3.0, blocks=None):
     """ReLU(s)^p / Σ ReLU(s)^p attention over tiles (``normalizers.power``)."""
-    _check_power(p)
     return tiled_attention(
         "power", q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks or (None,) * 2, p=p
     )

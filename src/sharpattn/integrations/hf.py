@@ -313,7 +313,7 @@ def _apply_selective(
     if normalizer == SELECTIVE:
         raise ValueError("normalizer= names the method selective attention uses, e.g. 'softmax'.")
     config = SelectiveConfig(
-        targets=targets, sharing=bool(sharing), token=token, terms=terms, hidden=hidden,
+        targets=targets, sharing=sharing, token=token, terms=terms, hidden=hidden,
         position_param=position_param, position_init=position_init,
     )  # fmt: skip
     if config.token_form == "feature":
@@ -416,13 +416,13 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
         return _apply_selective(model, **params)
     entry = nz.get(method)
     register_all()
-    known = {p.name for p in entry.params} | {"check_finite"}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ValueError(
-            f"method {entry.name!r} has no parameter(s) {', '.join(unknown)}; its parameters: "
-            f"{', '.join(sorted(known)) or 'none'}."
-        )
+    entry.check_params(params)  # names, types, ranges: once, here
+    for p in entry.learnable:
+        if torch.is_tensor(params.get(p.name)):
+            raise ValueError(
+                f"the {entry.name} parameter {p.name} must be a number for apply() (its initial "
+                "value for every layer and head), got a tensor."
+            )
     modules = attention_modules(model)
     if not modules:
         raise ValueError(

@@ -132,7 +132,12 @@ def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
         big = torch.finfo(scores.dtype).max
         # β beyond the dtype (θ = 1e-39 in float32) is clamped to its largest number, so that
         # β·0 is 0, not NaN
-        beta = beta.clamp(-big, big) if torch.is_tensor(beta) else min(max(beta, -big), big)
+        # (a tensor β in the scores' dtype first: a float32 θ with float64 scores is no error)
+        beta = (
+            beta.to(scores.dtype).clamp(-big, big)
+            if torch.is_tensor(beta)
+            else min(max(beta, -big), big)
+        )
         scores = beta * shift_to_row_max(scores, allowed, lowest)
     # Empty rows get all-zero logits (a harmless uniform softmax) and are zeroed afterwards, so
     # neither the value nor the gradient ever sees a row of -inf.

@@ -6,7 +6,6 @@ import torch
 
 from ._contract import finish, masked_softmax, normalizer, prepare
 from .registry import Normalizer, Param, register
-from .unnormalised import _check_power
 
 Tensor = torch.Tensor
 
@@ -25,7 +24,6 @@ def power(
     (r_j/max r)^p, r = ReLU(s), which never overflows. Invariant to positive scaling of the
     scores, not to shifts.
     """
-    _check_power(p)
     x, allowed = prepare(scores, mask, check_finite)
     r = torch.relu(x).masked_fill(~allowed, 0.0)
     top = r.amax(dim=-1, keepdim=True).detach()  # w does not depend on it
@@ -77,7 +75,7 @@ def softpick(
     return finish(w, scores)
 
 
-register(
+power = register(
     Normalizer(
         name="power",
         fn=power,
@@ -85,10 +83,10 @@ register(
         citation="Smith (blog), Softmax Attention is a Fluke",
         sums_to_one=False,
         fused="power",
-        params=(Param("p", 3.0, "power p >= 1"),),
+        params=(Param("p", 3.0, "power p >= 1", low=1.0),),
     )
-)
-register(
+).fn
+signed = register(
     Normalizer(
         name="signed",
         fn=signed,
@@ -97,8 +95,8 @@ register(
         sums_to_one=False,
         fused="signed",
     )
-)
-register(
+).fn
+softpick = register(
     Normalizer(
         name="softpick",
         fn=softpick,
@@ -107,4 +105,4 @@ register(
         sums_to_one=False,
         fused="softpick",
     )
-)
+).fn

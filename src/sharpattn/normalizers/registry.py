@@ -2,27 +2,193 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_field
 from typing import Any
 
+import torch
+
 from ._contract import normalizer as contract_guard
+
+KINDS = ("real", "int", "bool", "choice", "any")
 
 
 @dataclass(frozen=True)
 class Param:
-    """A parameter of a normalizer.
+    """A parameter of a normalizer, and the values it accepts.
 
     ``learnable`` parameters become per-head ``nn.Parameter``s of shape ``[num_heads]`` in
     :class:`sharpattn.attention.MultiheadAttention` (initialised to ``default``), and reach the
     normalizer as tensors broadcastable to the scores (``[1, H, 1, 1]``).
+
+    What a value must be (:meth:`check`, the one validation every path applies: the registered
+    function, :func:`~sharpattn.attention.attend` before it picks a path, ``MultiheadAttention``
+    and ``sharpattn.hf.apply`` when they are built):
+
+    * ``kind``: ``"real"`` (a number, never a bool), ``"int"``, ``"bool"`` (True or False),
+      ``"choice"`` (one of ``choices``) or ``"any"`` (only ``validate``); None: ``"bool"`` for a bool
+      default, ``"real"`` for a number, else ``"any"``.
+    * ``low``/``high`` bound a number (``low_open``/``high_open`` exclude the bound itself);
+      ``finite``: ±inf is refused (NaN always is).
+    * ``tensor``: a tensor of such numbers is accepted too (always for ``learnable`` ones); its
+      values are read (a host synchronisation) only when the caller checks values
+      (``check_finite=True``). ``clamped``: the normalizer clamps a tensor into the range (a
+      straight-through learnable parameter), so only a tensor's finiteness is checked.
+    * ``optional``: None is accepted. ``validate``: a further validation of a value that is not a
+      tensor (raises ``ValueError`` in one sentence), e.g. parsing a coefficient set.
     """
 
     name: str
     default: Any
     doc: str
     learnable: bool = False
+    kind: str | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    finite: bool = True
+    tensor: bool = False
+    clamped: bool = False
+    optional: bool = False
+    choices: tuple = ()
+    validate: Callable[[Any], Any] | None = None
+
+    def __post_init__(self):
+        if self.kind is not None and self.kind not in KINDS:
+            raise ValueError(
+                f"Param {self.name!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}."
+            )
+
+    @property
+    def value_kind(self) -> str:
+        """``kind``, or the one the default implies."""
+        if self.kind is not None:
+            return self.kind
+        if isinstance(self.default, bool):
+            return "bool"
+        if _is_number(self.default):
+            return "real"
+        return "any"
+
+    @property
+    def accepts_tensor(self) -> bool:
+        return (self.learnable or self.tensor) and self.value_kind == "real"
+
+    def describe(self) -> str:
+        """The accepted values in words (the end of the sentence "... must be <this>")."""
+        kind = self.value_kind
+        if kind == "bool":
+            text = "True or False"
+        elif kind == "choice":
+            text = "one of " + ", ".join(map(repr, self.choices))
+        elif kind == "any":
+            text = self.doc
+        else:
+            noun = (
+                "an integer" if kind == "int" else "a finite number" if self.finite else "a number"
+            )
+            text = noun + self._range()
+            if self.accepts_tensor:
+                text += (
+                    " (or a tensor of finite numbers, clamped to that range)"
+                    if self.clamped and self._range()
+                    else " (or a tensor of them)"
+                )
+        return text + (" or None" if self.optional else "")
+
+    def _range(self) -> str:
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            return (
+                f" in {'(' if self.low_open else '['}{lo:g}, {hi:g}{')' if self.high_open else ']'}"
+            )
+        if lo is not None:
+            return f" {'>' if self.low_open else '>='} {lo:g}"
+        if hi is not None:
+            return f" {'<' if self.high_open else '<='} {hi:g}"
+        return ""
+
+    def check(self, value: Any, owner: str, *, check_values: bool = True) -> None:
+        """Raise ``ValueError`` naming ``owner`` (e.g. the method) and this parameter unless
+        ``value`` is accepted. A tensor's values are read only with ``check_values``; its type
+        and dtype always are (no host synchronisation)."""
+        if value is None and self.optional:
+            return
+        kind = self.value_kind
+        if kind == "any":
+            if self.validate is not None:
+                self.validate(value)
+            return
+        if torch.is_tensor(value):
+            if not self.accepts_tensor or not value.is_floating_point():
+                self._refuse(owner, value)
+            if check_values:
+                self._check_tensor_values(value, owner)
+            return
+        if kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "choice":
+            ok = isinstance(value, (str, int, float, type(None))) and value in self.choices
+        elif kind == "int":
+            ok = _is_integer(value) and self._in_range(value)
+        else:
+            # comparisons only (no math.isnan): a float torch.compile traces as a SymFloat
+            ok = _is_number(value) and value == value and self._in_range(value)  # NaN != NaN
+            ok = ok and (-math.inf < value < math.inf or not self.finite)
+        if not ok:
+            self._refuse(owner, value)
+        if self.validate is not None:
+            self.validate(value)
+
+    def _in_range(self, x) -> bool:
+        if self.low is not None and not (x > self.low if self.low_open else x >= self.low):
+            return False
+        return self.high is None or (x < self.high if self.high_open else x <= self.high)
+
+    def _check_tensor_values(self, t: torch.Tensor, owner: str) -> None:
+        t = t.detach()
+        bad = torch.isnan(t)
+        if self.finite:
+            bad = bad | torch.isinf(t)
+        if not self.clamped:
+            if self.low is not None:
+                bad = bad | ((t <= self.low) if self.low_open else (t < self.low))
+            if self.high is not None:
+                bad = bad | ((t >= self.high) if self.high_open else (t > self.high))
+        if bool(bad.any()):  # a host synchronisation: only with check_values
+            self._refuse(owner, t, float(t[bad][0]))
+
+    def _refuse(self, owner: str, value: Any, bad_entry: float | None = None) -> None:
+        if torch.is_tensor(value):
+            got = (
+                f"a tensor holding {bad_entry!r}"
+                if bad_entry is not None
+                else f"a {value.dtype} tensor"
+            )
+        else:
+            got = repr(value)
+            if len(got) > 60:
+                got = f"{type(value).__name__} {got[:57]}..."
+        raise ValueError(f"the {owner} parameter {self.name} must be {self.describe()}, got {got}.")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not torch.is_tensor(x)
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and not torch.is_tensor(x)
+
+
+#: ``check_finite``, which every normalizer (and :func:`~sharpattn.attention.attend`) takes
+CHECK_FINITE = Param(
+    "check_finite", True, "reject NaN/+inf scores and bad tensor parameters", kind="bool"
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +210,21 @@ class Normalizer:
     def learnable(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.learnable)
 
+    def check_params(self, params: Mapping[str, Any], *, check_values: bool = True) -> None:
+        """Refuse (``ValueError``, one sentence naming the parameter and what it accepts) a name
+        this method does not take or a value its :class:`Param` does not accept. Tensor values
+        are read only with ``check_values`` (no host synchronisation otherwise)."""
+        specs = {p.name: p for p in self.params}
+        specs.setdefault(CHECK_FINITE.name, CHECK_FINITE)
+        unknown = sorted(set(params) - set(specs))
+        if unknown:
+            raise ValueError(
+                f"method {self.name!r} has no parameter(s) {', '.join(unknown)}; its parameters: "
+                f"{', '.join(sorted(specs))}."
+            )
+        for name, value in params.items():
+            specs[name].check(value, self.name, check_values=check_values)
+
     def __call__(self, scores, mask=None, **params):
         return self.fn(scores, mask, **params)
 
@@ -52,12 +233,22 @@ _REGISTRY: dict[str, Normalizer] = {}
 
 
 def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
-    """Add ``entry`` to the registry (``replace=True`` to overwrite an existing name)."""
+    """Add ``entry`` to the registry (``replace=True`` to overwrite an existing name).
+
+    The registered ``fn`` is ``entry.fn`` behind the contract's guards (empty input) and the
+    validation of its parameters (:meth:`Normalizer.check_params`, tensor values only with
+    ``check_finite``): every call through the registry refuses a bad parameter by name.
+    """
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"a normalizer named {entry.name!r} is already registered.")
     guarded = contract_guard(entry.fn)  # the contract's guards (empty input), for every method
-    if guarded is not entry.fn:
-        entry = replace_field(entry, fn=guarded)
+
+    @functools.wraps(guarded)
+    def checked(scores, mask=None, *args, **params):
+        entry.check_params(params, check_values=params.get("check_finite", True) is not False)
+        return guarded(scores, mask, *args, **params)
+
+    entry = replace_field(entry, fn=checked)
     _REGISTRY[entry.name] = entry
     return entry
 

@@ -49,25 +49,6 @@ def logn_beta(n: Tensor, train_length: float) -> Tensor:
     return (torch.log(n.to(torch.float64).clamp_min(1.0)) / log_l).clamp_min(1.0).to(n.dtype)
 
 
-def check_llama4(floor_scale, attn_scale) -> None:
-    """floor_scale: a number > 0; attn_scale: a finite number (ValueError otherwise)."""
-    if isinstance(floor_scale, bool) or not isinstance(floor_scale, (int, float)):
-        raise ValueError(f"floor_scale must be a number > 0, got {floor_scale!r}.")
-    if not (math.isfinite(floor_scale) and floor_scale > 0):
-        raise ValueError(f"floor_scale must be a number > 0, got {floor_scale!r}.")
-    if isinstance(attn_scale, bool) or not isinstance(attn_scale, (int, float)):
-        raise ValueError(f"attn_scale must be a finite number, got {attn_scale!r}.")
-    if not math.isfinite(attn_scale):
-        raise ValueError(f"attn_scale must be a finite number, got {attn_scale!r}.")
-
-
-def check_train_length(train_length) -> None:
-    """train_length: a number > 1 (log L is the divisor; ValueError otherwise)."""
-    ok = not isinstance(train_length, bool) and isinstance(train_length, (int, float))
-    if not (ok and math.isfinite(train_length) and train_length > 1):
-        raise ValueError(f"train_length must be a number > 1, got {train_length!r}.")
-
-
 def length_scaled_beta(log_n: Tensor, c: float | Tensor) -> Tensor:
     """length_scaled's inverse temperature of a row, 1 + c·log n with c >= 0 (shared with the
     fused query-scaling path)."""
@@ -132,7 +113,6 @@ def llama4_temperature(
     it is n, the row's allowed keys, which is the same under a causal mask without padding.
     β = 1 for n < floor_scale: the method is softmax up to 8192 keys by default.
     """
-    check_llama4(floor_scale, attn_scale)
     x, allowed = prepare(scores, mask, check_finite)
     beta = llama4_beta(visible_keys(allowed, dtype=x.dtype), floor_scale, attn_scale)
     return finish(masked_softmax(x, allowed, beta), scores)
@@ -157,13 +137,12 @@ def logn(
     changes nothing for rows with n <= L. n is the row's allowed keys (= p + 1 under a causal mask
     without padding).
     """
-    check_train_length(train_length)
     x, allowed = prepare(scores, mask, check_finite)
     beta = logn_beta(visible_keys(allowed, dtype=x.dtype), train_length)
     return finish(masked_softmax(x, allowed, beta), scores)
 
 
-register(
+ssmax = register(
     Normalizer(
         name="ssmax",
         fn=ssmax,
@@ -173,8 +152,8 @@ register(
         params=(Param("s", 0.43, "scaling parameter s (0.43 reported for SSMax)", learnable=True),),
         fused="ssmax",
     )
-)
-register(
+).fn
+length_scaled = register(
     Normalizer(
         name="length_scaled",
         fn=length_scaled,
@@ -182,12 +161,19 @@ register(
         citation="Zhang et al. 2024, Selective Attention; Chiang & Cholak 2022",
         sums_to_one=True,
         params=(
-            Param("c", 0.0, "log-length coefficient c >= 0 (c = 0 is softmax)", learnable=True),
+            Param(
+                "c",
+                0.0,
+                "log-length coefficient c >= 0 (c = 0 is softmax)",
+                learnable=True,
+                low=0.0,
+                clamped=True,
+            ),
         ),
         fused="length_scaled",
     )
-)
-register(
+).fn
+llama4_temperature = register(
     Normalizer(
         name="llama4_temperature",
         fn=llama4_temperature,
@@ -195,20 +181,34 @@ register(
         citation="Meta Llama 4 (Hugging Face transformers Llama4TextAttention, attn_temperature_tuning)",
         sums_to_one=True,
         params=(
-            Param("floor_scale", 8192, "F: keys per step of the temperature (8192 in Llama 4)"),
+            Param(
+                "floor_scale",
+                8192,
+                "F: keys per step of the temperature (8192 in Llama 4)",
+                low=0.0,
+                low_open=True,
+            ),
             Param("attn_scale", 0.1, "a: strength of the temperature (0.1 in Llama 4)"),
         ),
         fused="llama4_temperature",
     )
-)
-register(
+).fn
+logn = register(
     Normalizer(
         name="logn",
         fn=logn,
         formula="softmax over max(1, log n / log L)·s_j (L = train_length)",
         citation="Qwen (Bai et al. 2023; Qwen-7B modeling_qwen.py, use_logn_attn)",
         sums_to_one=True,
-        params=(Param("train_length", 2048, "L: the training length (Qwen's seq_length)"),),
+        params=(
+            Param(
+                "train_length",
+                2048,
+                "L: the training length (Qwen's seq_length)",
+                low=1.0,
+                low_open=True,
+            ),
+        ),
         fused="logn",
     )
-)
+).fn

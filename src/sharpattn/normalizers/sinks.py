@@ -40,7 +40,7 @@ def sink(
     return finish(w, scores)
 
 
-register(
+sink = register(
     Normalizer(
         name="sink",
         fn=sink,
@@ -53,4 +53,4 @@ register(
         ),
         fused="sink",
     )
-)
+).fn

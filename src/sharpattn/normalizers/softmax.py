@@ -43,7 +43,6 @@ def softmax(
     or 1e-39, whose 1/θ is beyond float32) gives the arg-max limit, one-hot with ties shared,
     and θ = inf the uniform row; never NaN.
     """
-    _check_temperature(temperature, check_finite)
     s, allowed = prepare(scores, mask, check_finite)
     return finish(masked_softmax(s, allowed, 1.0 / temperature), scores)
 
@@ -171,29 +170,28 @@ def adaptive(
     return finish(masked_softmax(s, allowed, beta), scores)
 
 
-def _check_temperature(temperature, check_values: bool = False) -> None:
-    """θ > 0. A tensor θ's values are read on the host (a sync) only with ``check_values``: the
-    normalizer passes its ``check_finite``; the fused path does not (``attend`` checks tensor
-    parameters through the normalizer when ``check_finite``)."""
-    if torch.is_tensor(temperature):
-        if check_values and bool((temperature <= 0).any()):
-            raise ValueError("temperature must be > 0 (θ <= 0 is not a softmax temperature).")
-    elif not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}.")
-
-
-register(
+softmax = register(
     Normalizer(
         name="softmax",
         fn=softmax,
         formula="exp(s_i/θ) / Σ_j exp(s_j/θ)",
         citation="Bridle 1990; Vaswani et al. 2017",
         sums_to_one=True,
-        params=(Param("temperature", 1.0, "θ > 0; scores are divided by it"),),
+        params=(
+            Param(
+                "temperature",
+                1.0,
+                "θ > 0; scores are divided by it (inf: the uniform row)",
+                low=0.0,
+                low_open=True,
+                finite=False,
+                tensor=True,
+            ),
+        ),
         fused="sdpa",
     )
-)
-register(
+).fn
+adaptive = register(
     Normalizer(
         name="adaptive",
         fn=adaptive,
@@ -202,7 +200,11 @@ register(
         sums_to_one=True,
         params=(
             Param(
-                "coefficients", "icml", "polynomial β(H): 'icml', 'arxiv', a JSON path or numbers"
+                "coefficients",
+                "icml",
+                "polynomial β(H): 'icml', 'arxiv', a JSON path or numbers",
+                kind="any",
+                validate=resolve_coefficients,
             ),
             Param("threshold", 0.5, "entropy at or below which β = 1"),
             Param("floor", 1.0, "lower bound of β where the correction applies"),
@@ -210,4 +212,4 @@ register(
         ),
         fused="adaptive",
     )
-)
+).fn

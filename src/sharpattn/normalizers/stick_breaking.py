@@ -65,7 +65,7 @@ def stick_breaking(
     return finish(w, scores)
 
 
-register(
+stick_breaking = register(
     Normalizer(
         name="stick_breaking",
         fn=stick_breaking,
@@ -75,7 +75,13 @@ register(
         fused="stick_breaking",
         params=(
             Param("attend_current", False, "let query i take a share for its own key i"),
-            Param("query_offset", None, "key position of the first query row (default Lk − Lq)"),
+            Param(
+                "query_offset",
+                None,
+                "key position of the first query row (default Lk − Lq)",
+                kind="int",
+                optional=True,
+            ),
         ),
     )
-)
+).fn

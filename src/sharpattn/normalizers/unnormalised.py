@@ -49,7 +49,6 @@ def relu(
     ReLU(1000)² in float16) can not be represented, and raises ``ValueError`` (unless
     ``check_finite=False``, which returns inf there).
     """
-    _check_power(p)
     x, allowed = prepare(scores, mask, check_finite)
     n = visible_keys(allowed, dtype=x.dtype).clamp_min(1.0)
     w = finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
@@ -64,12 +63,7 @@ def relu(
     return w
 
 
-def _check_power(p) -> None:
-    if torch.is_tensor(p) or not p >= 1:
-        raise ValueError(f"p must be a number >= 1, got {p!r}.")
-
-
-register(
+sigmoid = register(
     Normalizer(
         name="sigmoid",
         fn=sigmoid,
@@ -82,8 +76,8 @@ register(
             Param("subtract_log_n", True, "include −log n in the bias"),
         ),
     )
-)
-register(
+).fn
+relu = register(
     Normalizer(
         name="relu",
         fn=relu,
@@ -91,6 +85,6 @@ register(
         citation="Guo et al. 2024, Active-Dormant Attention Heads",
         sums_to_one=False,
         fused="relu",
-        params=(Param("p", 1.0, "power p >= 1"),),
+        params=(Param("p", 1.0, "power p >= 1", low=1.0),),
     )
-)
+).fn

@@ -19,13 +19,16 @@ def ctrl_c_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def sharpattn(*args: str) -> subprocess.Popen:
+def sharpattn(*args: str, group: bool = False) -> subprocess.Popen:
     """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped),
-    Ctrl-C reaching it as at a terminal."""
+    Ctrl-C reaching it as at a terminal. ``group``: the child leads a process group of its own,
+    as a shell's foreground job does, so ``os.killpg(proc.pid, SIGINT)`` is a terminal's Ctrl-C
+    (the child and every process it started) without reaching the test runner."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", _MAIN, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
+                            preexec_fn=ctrl_c_as_at_a_terminal,
+                            process_group=0 if group else None)  # fmt: skip
 
 
 def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:

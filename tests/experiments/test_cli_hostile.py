@@ -253,17 +253,20 @@ def _seed_folders(tmp_path: Path) -> list[Path]:
     return [tmp_path / "run" / "train" / "flip_flop" / "softmax" / f"seed{s}" for s in (0, 1)]
 
 
-def _leaderboard_with_workers(tmp_path: Path, group: bool = False):
+def _leaderboard_with_workers(tmp_path: Path, group: bool = False, until: str = "training"):
     """``leaderboard --workers 2`` on two long jobs, returned once both workers are training
-    (each job has logged its step 0)."""
+    (each job has logged its step 0) or, ``until="started"``, as soon as both pool workers
+    exist (their Python is starting: importing, unpickling their first job)."""
     args = ["leaderboard", "--tasks", "flip_flop", "--methods", "softmax", "--seeds", "2"]
     args += ["--steps", "1000000", "--workers", "2", "--out", str(tmp_path / "run")]
     proc = sharpattn(*args, group=group)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
+        if until == "started" and len(_pool_workers(proc.pid)) >= 2:
+            return proc
         if all((f / "metrics.jsonl").is_file() for f in _seed_folders(tmp_path)):
             return proc
-        time.sleep(0.2)
+        time.sleep(0.02)
     proc.kill()
     raise AssertionError(f"the workers did not start: {proc.communicate()[1]}")
 
@@ -283,17 +286,20 @@ def _pool_workers(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_to_the_process_group_is_one_line(tmp_path):
-    """A terminal's Ctrl-C reaches the workers and the queue's manager too: each job stops once,
-    writing its checkpoint, the parent stops the workers and says so once."""
-    proc = _leaderboard_with_workers(tmp_path, group=True)
+@pytest.mark.parametrize("when", ["started", "training"])
+def test_ctrl_c_to_the_process_group_is_one_line(when, tmp_path):
+    """A terminal's Ctrl-C reaches the workers and the queue's manager too, while the workers
+    start or while they train: each job stops once (writing its checkpoint), an idle or starting
+    worker ignores it, the parent stops the workers and says so once."""
+    proc = _leaderboard_with_workers(tmp_path, group=True, until=when)
     kids = _children(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted.", err
-    for folder in _seed_folders(tmp_path):
-        assert (folder / "checkpoint.safetensors").is_file()  # re-running resumes from there
+    if when == "training":
+        for folder in _seed_folders(tmp_path):
+            assert (folder / "checkpoint.safetensors").is_file()  # re-running resumes there
     deadline = time.monotonic() + 15
     while _alive(kids) and time.monotonic() < deadline:
         time.sleep(0.2)

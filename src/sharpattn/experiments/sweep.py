@@ -455,7 +455,7 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
     main = threading.current_thread() is threading.main_thread()
     old_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        with _environ(**env):
+        with _environ(**env), _stderr_silenced():
             ray.init(**options)
     except (ConnectionError, TimeoutError, RuntimeError, OSError) as exc:
         _shutdown_quietly(ray)
@@ -480,6 +480,26 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
         if main and old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     return True
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block: Ray's core writes its warnings there
+    directly ("Failed to connect to GCS ... within 5 seconds", once per try), whatever
+    ``logging_level`` says; a failure to connect is our one sentence instead."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real stderr (embedded, closed): leave it
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _mentions(exc: BaseException | None, *words: str) -> bool:

@@ -443,7 +443,7 @@ def test_selective_llm_targets_are_checked_before_any_work(capsys, tmp_path):
     assert (
         main(["reproduce", "selective-llm", "--quick", "--targets", "qq", "--out", str(out)]) == 2
     )
-    one_sentence(capsys, "'qq'")
+    one_sentence(capsys, "targets", "'qq'")
     assert time.perf_counter() - started < 10  # before the model is loaded
     assert not out.exists()
 
@@ -473,6 +473,14 @@ def test_a_directory_where_a_run_file_belongs_is_refused_before_training(tmp_pat
     with pytest.raises(ValueError, match="is a directory"):
         runner.once(cache, lambda: batches.append(1))
     assert not batches
+
+
+def test_a_directory_where_a_file_is_written_is_named(tmp_path):
+    (tmp_path / "report.md").mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        write_json(tmp_path / "report.md", {})
+    assert err.value.filename == str(tmp_path / "report.md")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no temporary file left
 
 
 def test_an_os_error_without_a_path_is_one_clean_line(capsys, monkeypatch):

@@ -243,7 +243,7 @@ class SelectiveConfig:
         t = self.targets
         if not t or any(c not in "kqv" for c in t) or len(set(t)) != len(t):
             raise ValueError(
-                f"selective must name some of q, k, v (e.g. 'q', 'v', 'qv', 'kqv'), got {t!r}."
+                f"targets must name some of q, k, v (e.g. 'q', 'v', 'qv', 'kqv'), got {t!r}."
             )
         if self.token is not None and self.token not in TOKEN_FORMS:
             raise ValueError(f"token must be one of {', '.join(TOKEN_FORMS)}, got {self.token!r}.")

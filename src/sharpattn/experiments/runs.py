@@ -21,7 +21,12 @@ def write_atomic(path: Path, data: bytes | str) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError as e:  # name the file the user sees, not our temporary one
+            raise IsADirectoryError(
+                e.errno, "a directory is where this file belongs", str(path)
+            ) from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

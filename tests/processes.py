@@ -27,9 +27,12 @@ _TINY = (
 )
 
 
-def sharpattn(*args: str, tiny_pretrained: bool = False) -> subprocess.Popen:
+def sharpattn(*args: str, tiny_pretrained: bool = False, group: bool = False) -> subprocess.Popen:
     """``sharpattn ARGS`` in a child process on one OpenMP thread (stdout dropped, stderr piped),
-    Ctrl-C reaching it as at a terminal; ``tiny_pretrained``: on tests/tiny_hf.py's models."""
+    Ctrl-C reaching it as at a terminal; ``tiny_pretrained``: on tests/tiny_hf.py's models.
+    ``group``: the child leads a process group of its own, as a shell's foreground job does, so
+    ``os.killpg(proc.pid, SIGINT)`` is a terminal's Ctrl-C (the child and every process it
+    started) without reaching the test runner."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     code = (
         _TINY.format(tests=str(Path(__file__).resolve().parent)) + _MAIN
@@ -38,7 +41,8 @@ def sharpattn(*args: str, tiny_pretrained: bool = False) -> subprocess.Popen:
     )
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
+                            preexec_fn=ctrl_c_as_at_a_terminal,
+                            process_group=0 if group else None)  # fmt: skip
 
 
 def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:

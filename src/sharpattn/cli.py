@@ -12,16 +12,30 @@ from rich.table import Table
 from . import extras
 from . import normalizers as nz
 from .cli_options import (
+    MAX_FACTOR,
+    MAX_ITEMS,
+    MAX_LENGTH,
+    MAX_SEEDS,
+    MAX_SETS,
+    MAX_STEPS,
     ProgressRenderer,
     cluster_options,
     compose,
     console,
+    count,
     out_option,
     profile_options,
     seed_option,
     seeds_option,
     threads_option,
 )
+from .experiments.sweep import WorkerDied
+
+
+def _items(value: str) -> list[str]:
+    """The items of a comma-separated option, each stripped of surrounding spaces (a name may
+    hold spaces inside: "adaptive (inference)"); empty items dropped."""
+    return [x.strip() for x in value.split(",") if x.strip()]
 
 
 def _csv(convert, ok, what: str, empty=None):
@@ -31,7 +45,7 @@ def _csv(convert, ok, what: str, empty=None):
         if value is None:
             return empty
         try:
-            items = [convert(x) for x in value.replace(" ", "").split(",") if x]
+            items = [convert(x) for x in _items(value)]
         except ValueError:
             items = []
         if not items or not all(ok(x) for x in items):
@@ -147,7 +161,7 @@ def demo(sizes, rows, margin, seed, out):
 def _methods(ctx, param, value):
     if value is None:
         return None
-    methods = [m for m in value.replace(" ", "").split(",") if m]
+    methods = _items(value)
     for m in methods:
         nz.get(m)  # ValueError naming the known methods
     return methods
@@ -246,7 +260,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
 @click.option("--method", default=None, help="Also probe with the model switched to this method.")
 @click.option("--layers", callback=_layers, default=None, help="Extra layers to probe, e.g. 2,5.")
 @click.option(
-    "--max-items", type=click.IntRange(min=2), default=48, show_default=True,
+    "--max-items", type=count(MAX_ITEMS, minimum=2), default=48, show_default=True,
     help="Largest number of items in the probe's sequence.",
 )  # fmt: skip
 @seed_option("Seed of the probe's random sequences.")
@@ -305,7 +319,7 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     "--full", is_flag=True,
     help="n = 2 ... 512, 40 prompts per n, 4 windows per length (hours); default: the quick profile.",
 )  # fmt: skip
-@click.option("--prompts", type=click.IntRange(min=1), default=None, help="Prompts per n.")
+@click.option("--prompts", type=count(MAX_SETS), default=None, help="Prompts per n.")
 @seed_option("Seed of the prompts' random numbers.")
 @threads_option(default=2)
 @out_option("runs/llm", "Report folder to write.")
@@ -334,9 +348,7 @@ def reproduce():
     "10 seeds x 100,000 steps, sizes 16..16,384 (the default; about an hour on 2 cores).",
 )
 @seeds_option()
-@click.option(
-    "--steps", type=click.IntRange(min=1), help="Adam steps per seed (overrides the profile)."
-)
+@click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
 @click.option("--sizes", callback=_sizes, help="Comma-separated evaluation set sizes.")
 @click.option(
     "--method", default="softmax", show_default=True, help="Normalizer trained with (the baseline)."
@@ -349,19 +361,19 @@ def reproduce():
 )
 @click.option(
     "--test-sets",
-    type=click.IntRange(min=1),
+    type=count(MAX_SETS),
     help="Most test sets per size (overrides the profile).",
 )
 @click.option(
     "--checkpoint-every",
-    type=click.IntRange(min=1),
+    type=count(MAX_STEPS),
     default=1000,
     show_default=True,
     help="Steps between checkpoints; re-running the command resumes from the last one.",
 )
 @click.option(
     "--group",
-    type=click.IntRange(min=1),
+    type=count(MAX_SEEDS),
     default=None,
     help="Seeds trained together as one batched ensemble (default: the profile's).",
 )
@@ -391,7 +403,7 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
 @click.option(
-    "--sets", type=click.IntRange(min=1), default=256, show_default=True,
+    "--sets", type=count(MAX_SETS), default=256, show_default=True,
     help="Sets per size and seed.",
 )  # fmt: skip
 @click.option(
@@ -416,7 +428,7 @@ def fit_temperature(run, sizes, sets, no_eval):
 @cli.command("corollary-b1")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option(
-    "--pairs", type=click.IntRange(min=1), default=200, show_default=True,
+    "--pairs", type=count(MAX_SETS), default=200, show_default=True,
     help="Pairs (v_a, v_b) from the task distribution, the same for every seed.",
 )  # fmt: skip
 @click.option("--seeds", callback=_csv(int, lambda v: v >= 0, "seeds"), default=None,
@@ -443,7 +455,7 @@ def corollary_b1(run, pairs, seeds):
 @seeds_option("Seeds per setting (overrides the profile).")
 @click.option(
     "--steps",
-    type=click.IntRange(min=1),
+    type=count(MAX_STEPS),
     default=None,
     help="Adam steps per task (and per LM run unless --lm-steps is given).",
 )
@@ -462,7 +474,7 @@ def corollary_b1(run, pairs, seeds):
     default=None,
     help="Text for the language model (default ../shared/data/tinyshakespeare.txt of the checkout).",
 )
-@click.option("--lm-steps", type=click.IntRange(min=1), default=None, help="LM training steps.")
+@click.option("--lm-steps", type=count(MAX_STEPS), default=None, help="LM training steps.")
 @click.option(
     "--lm-variants",
     default=None,
@@ -470,7 +482,7 @@ def corollary_b1(run, pairs, seeds):
 )
 @click.option(
     "--checkpoint-every",
-    type=click.IntRange(min=1),
+    type=count(MAX_STEPS),
     default=500,
     show_default=True,
     help="Steps between checkpoints; re-running the command resumes from the last one.",
@@ -502,10 +514,10 @@ def reproduce_selective(profile, out, **options):
     "100 steps, 8 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="AdamW steps.")
+@click.option("--steps", type=count(MAX_STEPS), default=None, help="AdamW steps.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Learning rate of the temperatures [default: 1e-3].")  # fmt: skip
-@click.option("--context", type=click.IntRange(min=2), default=None,
+@click.option("--context", type=count(MAX_LENGTH, minimum=2), default=None,
               help="Training window in tokens [default: 256].")  # fmt: skip
 @click.option("--targets", default=None, help="Temperatures on q, k and/or v [default: qv].")
 @click.option("--sharing", is_flag=True, default=None,
@@ -514,7 +526,7 @@ def reproduce_selective(profile, out, **options):
               help="Token and position terms, or one of them [default: both].")  # fmt: skip
 @click.option("--position-lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Learning rate of the position parameter [default: 3e-2].")  # fmt: skip
-@click.option("--eval-windows", type=click.IntRange(min=1), default=None,
+@click.option("--eval-windows", type=count(MAX_SETS), default=None,
               help="Held-out windows per length (overrides the profile).")  # fmt: skip
 @seed_option("Seed of the training windows.")
 @threads_option(default=None)
@@ -566,7 +578,7 @@ def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
 
 
 def _names(ctx, param, value):
-    return None if value is None else tuple(x for x in value.replace(" ", "").split(",") if x)
+    return None if value is None else tuple(_items(value))
 
 
 @reproduce.command("backcopy-study")
@@ -577,7 +589,7 @@ def _names(ctx, param, value):
 @seeds_option("Seeds per variant (default: the study's own; simplified: 1).")
 @click.option(
     "--steps",
-    type=click.IntRange(min=1),
+    type=count(MAX_STEPS),
     default=None,
     help="Training steps of the simplified study (default 5,000).",
 )
@@ -641,20 +653,20 @@ def _sequence_options(f):
         ),
         seed_option("First seed."),
         seeds_option(),
-        click.option("--steps", type=click.IntRange(min=1), help="Training steps per run."),
+        click.option("--steps", type=count(MAX_STEPS), help="Training steps per run."),
         click.option(
             "--eval-factor",
-            type=click.IntRange(min=1),
+            type=count(MAX_FACTOR),
             help="Evaluate up to this multiple of the largest training size (overrides the profile).",
         ),
         click.option(
             "--eval-sets",
-            type=click.IntRange(min=1),
+            type=count(MAX_SETS),
             help="Test sequences per size, the same for every method and seed (overrides the profile).",
         ),
         click.option(
             "--checkpoint-every",
-            type=click.IntRange(min=1),
+            type=count(MAX_STEPS),
             default=500,
             show_default=True,
             help="Steps between checkpoints; re-running the command resumes from the last one.",
@@ -767,6 +779,13 @@ def _run(argv) -> int:
     except click.ClickException as e:
         click.echo(f"sharpattn: error: {e.format_message()}", err=True)
         return 2
+    except WorkerDied as e:  # the out-of-memory killer, kill -9: finished jobs are on disk
+        click.echo(
+            f"sharpattn: error: {str(e).rstrip('.')}; the run folder keeps every job that "
+            "finished: run the same command again to resume.",
+            err=True,
+        )
+        return 2
     except (ValueError, FileNotFoundError, OverflowError) as e:
         click.echo(f"sharpattn: error: {e}", err=True)
         return 2
@@ -777,8 +796,8 @@ def _run(argv) -> int:
         click.echo(f"sharpattn: error: {message}", err=True)
         return 2
     except OSError as e:  # a path that cannot be read or written: say which and why
-        where = f" {e.filename!s}" if e.filename else ""
-        click.echo(f"sharpattn: error:{where}: {e.strerror or e}.", err=True)
+        where = f" {e.filename!s}:" if e.filename else ""
+        click.echo(f"sharpattn: error:{where} {str(e.strerror or e).rstrip('.')}.", err=True)
         return 2
     except MemoryError:
         click.echo("sharpattn: error: out of memory; choose smaller sizes.", err=True)

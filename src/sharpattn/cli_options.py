@@ -21,6 +21,23 @@ console = Console(width=shutil.get_terminal_size((140, 24)).columns)
 #: seeds reach torch and NumPy as unsigned 64-bit integers; 2**63 - 1 keeps every offset valid
 SEED = click.IntRange(0, 2**63 - 1)
 
+#: The upper bounds of the commands' counts, each far above every profile's value and low enough
+#: that a slip of the keyboard (``--steps 10**30``) is refused at once rather than started as
+#: work that never ends; click prints each range in ``--help``. Memory, which also depends on
+#: sizes, is checked by the experiments themselves before any work (``runs.check_memory``).
+MAX_STEPS = 10_000_000  # training steps (the longest profile: 100,000)
+MAX_SETS = 1_000_000  # test sets, fitting sets, pairs, prompts, held-out windows
+MAX_SEEDS = 10_000
+MAX_FACTOR = 1_024  # evaluation sizes as a multiple of the training sizes (profiles: 8-64)
+MAX_LENGTH = 1_048_576  # tokens in one window
+MAX_ITEMS = 4_096  # items in one probe sequence
+
+
+def count(maximum: int, minimum: int = 1) -> click.IntRange:
+    """The type of a count option: an integer from ``minimum`` to ``maximum`` (one of the bounds
+    above); anything else is refused with one sentence before any work."""
+    return click.IntRange(min=minimum, max=maximum)
+
 
 def compose(*decorators):
     def apply(f):
@@ -47,7 +64,7 @@ def seed_option(help: str = "Seed (the first seed where there are several)."):
 
 
 def seeds_option(help: str = "Number of seeds (overrides the profile)."):
-    return click.option("--seeds", type=click.IntRange(min=1, max=10_000), default=None, help=help)
+    return click.option("--seeds", type=count(MAX_SEEDS), default=None, help=help)
 
 
 def threads_option(default: int | None = None):
@@ -87,7 +104,20 @@ def profile_options(quick_help: str, paper_help: str, medium_help: str | None = 
 
 
 def cluster_options(f):
-    """``--workers`` (local processes) and ``--ray`` (a Ray cluster) for sweeps."""
+    """``--workers`` (local processes) and ``--ray`` (a Ray cluster) for sweeps. With ``--ray``
+    the command connects to the cluster before it does anything else (a wrong address is
+    refused before a run folder is written) and disconnects when it ends; ``--list`` runs
+    nothing, so it does not connect."""
+
+    @functools.wraps(f)
+    def connected(*args, ray_address: str | None = None, **kwargs):
+        if ray_address is None or kwargs.get("list_"):
+            return f(*args, ray_address=ray_address, **kwargs)
+        from .experiments.sweep import cluster
+
+        with cluster(ray_address):
+            return f(*args, ray_address=ray_address, **kwargs)
+
     return compose(
         click.option(
             "--workers",
@@ -102,7 +132,7 @@ def cluster_options(f):
             metavar="auto|local|ADDRESS",
             help="Run the jobs as Ray tasks: 'auto' (a running cluster), 'local' or an address.",
         ),
-    )(f)
+    )(connected)
 
 
 class ProgressRenderer:

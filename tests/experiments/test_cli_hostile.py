@@ -411,3 +411,267 @@ def test_a_deleted_training_log_of_the_simplified_study(capsys, tmp_path):
     refused(capsys, argv, log, "delete the folder")
     shutil.rmtree(log.parent)
     assert main(argv) == 0
+
+
+# ---------------------------------------------------------------- workers: interrupts and deaths
+
+
+def _seed_folders(tmp_path: Path) -> list[Path]:
+    return [tmp_path / "run" / "train" / "flip_flop" / "softmax" / f"seed{s}" for s in (0, 1)]
+
+
+def _leaderboard_with_workers(tmp_path: Path, group: bool = False, until: str = "training"):
+    """``leaderboard --workers 2`` on two long jobs, returned once both workers are training
+    (each job has logged its step 0) or, ``until="started"``, as soon as both pool workers
+    exist (their Python is starting: importing, unpickling their first job)."""
+    args = ["leaderboard", "--tasks", "flip_flop", "--methods", "softmax", "--seeds", "2"]
+    args += ["--steps", "1000000", "--workers", "2", "--out", str(tmp_path / "run")]
+    proc = sharpattn(*args, group=group)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if until == "started" and len(_pool_workers(proc.pid)) >= 2:
+            return proc
+        if all((f / "metrics.jsonl").is_file() for f in _seed_folders(tmp_path)):
+            return proc
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"the workers did not start: {proc.communicate()[1]}")
+
+
+def _pool_workers(pid: int) -> list[int]:
+    """The pool workers among the children of ``pid``: the spawned processes but the first
+    started, the progress queue's manager (started before the pool); not multiprocessing's
+    resource tracker."""
+
+    def started(kid: int) -> int:  # field 22 of /proc/PID/stat: start time in clock ticks
+        return int(Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+    spawned = [
+        k for k in _children(pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
+    ]
+    return sorted(spawned, key=started)[1:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("when", ["started", "training"])
+def test_ctrl_c_to_the_process_group_is_one_line(when, tmp_path):
+    """A terminal's Ctrl-C reaches the workers and the queue's manager too, while the workers
+    start or while they train: each job stops once (writing its checkpoint), an idle or starting
+    worker ignores it, the parent stops the workers and says so once."""
+    proc = _leaderboard_with_workers(tmp_path, group=True, until=when)
+    kids = _children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "interrupted.", err
+    if when == "training":
+        for folder in _seed_folders(tmp_path):
+            assert (folder / "checkpoint.safetensors").is_file()  # re-running resumes there
+    deadline = time.monotonic() + 15
+    while _alive(kids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(kids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_worker_is_one_sentence(tmp_path):
+    """A pool worker killed as the out-of-memory killer would: one sentence saying so, that the
+    run folder keeps what finished and to run the command again; no BrokenProcessPool trace."""
+    proc = _leaderboard_with_workers(tmp_path)
+    os.kill(_pool_workers(proc.pid)[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for needle in ("worker process died", "SIGKILL", "out-of-memory", "run the same command"):
+        assert needle in err, (needle, err)
+
+
+def test_a_job_os_error_keeps_its_path(tmp_path):
+    from sharpattn.experiments.sweep import run_jobs
+
+    with pytest.raises(IsADirectoryError) as err:
+        run_jobs(_write_into, [str(tmp_path)])
+    assert err.value.filename == str(tmp_path) and "in job" in str(err.value)
+
+
+def _write_into(path: str, progress) -> None:
+    Path(path).write_text("x")
+
+
+# ---------------------------------------------------------------- counts and sizes bounded
+
+
+def _max_retrieval_folder(tmp_path: Path) -> Path:
+    """A folder that reads as a max-retrieval run (its config.json only)."""
+    from dataclasses import asdict
+
+    from sharpattn.experiments import max_retrieval as mr
+
+    run = tmp_path / "mr"
+    write_json(run / "config.json", {"experiment": "max-retrieval", **asdict(mr.Config())})
+    return run
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["corollary-b1", "RUN", "--pairs", HUGE], ["--pairs"]),
+        (["corollary-b1", "RUN", "--pairs", "1000000"], ["--pairs", "GiB", "memory"]),
+        (["fit-temperature", "RUN", "--sizes", str(2**31 - 1)], ["--sizes", "GiB", "memory"]),
+        (["fit-temperature", "RUN", "--sets", HUGE], ["--sets"]),
+        (["reproduce", "max-retrieval", "--quick", "--steps", str(10**30)], ["--steps"]),
+        (["reproduce", "max-retrieval", "--quick", "--sizes", str(2**31 - 1)], ["GiB"]),
+        (["leaderboard", "--quick", "--steps", str(10**30)], ["--steps"]),
+        (["leaderboard", "--quick", "--eval-sets", HUGE], ["--eval-sets"]),
+        (["reproduce", "clrs", "--quick", "--eval-factor", HUGE], ["--eval-factor"]),
+        (["reproduce", "selective-llm", "--quick", "--steps", str(10**30)], ["--steps"]),
+        (["reproduce", "selective", "--quick", "--lm-steps", HUGE], ["--lm-steps"]),
+        (["reproduce", "backcopy-study", "simplified", "--steps", HUGE], ["--steps"]),
+        (["llm", "--prompts", HUGE], ["--prompts"]),
+        (["diagnose", "--max-items", HUGE], ["--max-items"]),
+    ],
+)
+def test_counts_beyond_their_bound_or_memory_are_refused_at_once(argv, needles, capsys, tmp_path):
+    run = _max_retrieval_folder(tmp_path)
+    out = tmp_path / "out"
+    extra = [] if "RUN" in argv else ["--out", str(out)]  # commands on a run take no --out
+    argv = [str(run) if a == "RUN" else a for a in argv]
+    started = time.perf_counter()
+    assert main([*argv, *extra]) == 2
+    one_sentence(capsys, *needles)
+    assert time.perf_counter() - started < 30
+    assert not out.exists()
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+def test_every_count_option_has_an_upper_bound():
+    """Every integer option of every command is bounded (click prints the range in --help) or
+    checked against memory before any work (--rows: dispersion's estimate)."""
+    import click
+
+    from sharpattn.cli import cli
+
+    def commands(group, prefix=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, (*prefix, name))
+            else:
+                yield (*prefix, name), cmd
+
+    unbounded = [
+        (" ".join(path), p.name)
+        for path, cmd in commands(cli)
+        for p in cmd.params
+        if isinstance(p.type, click.IntRange) and p.type.max is None and p.name != "rows"
+    ]
+    assert not unbounded
+
+
+# ---------------------------------------------------------------- late or noisy refusals
+
+
+def test_a_method_name_with_spaces_is_accepted(capsys):
+    argv = ["leaderboard", "--list", "--methods", "adaptive (inference), softmax"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "*adaptive (inference)" in out and "*softmax" in out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["leaderboard", "--list", "--methods", "nosuch"], "'nosuch'"),
+        (["leaderboard", "--list", "--tasks", "nosuch"], "'nosuch'"),
+        (["reproduce", "clrs", "--list", "--tasks", "nosuch"], "'nosuch'"),
+    ],
+)
+def test_list_refuses_unknown_names(argv, needle, capsys):
+    assert main(argv) == 2
+    one_sentence(capsys, needle)
+
+
+def test_an_unreachable_ray_address_is_refused_before_anything_is_written(capfd, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    for address in ("127.0.0.1:1", "nosuchhost.invalid:1"):
+        started = time.perf_counter()
+        argv = ["leaderboard", "--quick", "--ray", address, "--out", str(out)]
+        assert main(argv) == 2
+        err = capfd.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"Could not connect to a Ray cluster at {address!r}" in err
+        assert time.perf_counter() - started < 30
+        assert not out.exists()
+
+
+def test_selective_llm_targets_are_checked_before_any_work(capsys, tmp_path):
+    out = tmp_path / "run"
+    started = time.perf_counter()
+    assert (
+        main(["reproduce", "selective-llm", "--quick", "--targets", "qq", "--out", str(out)]) == 2
+    )
+    one_sentence(capsys, "targets", "'qq'")
+    assert time.perf_counter() - started < 10  # before the model is loaded
+    assert not out.exists()
+
+
+def test_a_directory_where_a_run_file_belongs_is_refused_before_training(tmp_path):
+    from sharpattn.experiments import runner
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = []
+
+    def batch(step):
+        batches.append(step)
+        return torch.ones(1, 2)
+
+    for name in ("model.safetensors", "checkpoint.safetensors", "metrics.jsonl"):
+        folder = tmp_path / name.split(".")[0]
+        (folder / name).mkdir(parents=True)
+        trainer = runner.Trainer(folder, model, opt, steps=3, batch=batch,
+                                 loss=lambda m, b: m(b).sum())  # fmt: skip
+        with pytest.raises(ValueError, match="is a directory") as err:
+            trainer.run()
+        assert str(folder / name) in str(err.value)
+        assert not batches  # refused before the first step
+    cache = tmp_path / "cache.json"
+    cache.mkdir()
+    with pytest.raises(ValueError, match="is a directory"):
+        runner.once(cache, lambda: batches.append(1))
+    assert not batches
+
+
+def test_a_directory_where_a_file_is_written_is_named(tmp_path):
+    (tmp_path / "report.md").mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        write_json(tmp_path / "report.md", {})
+    assert err.value.filename == str(tmp_path / "report.md")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no temporary file left
+
+
+def test_an_os_error_without_a_path_is_one_clean_line(capsys, monkeypatch):
+    import sharpattn.cli as cli_module
+
+    def broken(*a, **k):
+        raise IsADirectoryError("[Errno 21] Is a directory: 'x.tmp' -> 'x'")
+
+    monkeypatch.setattr(cli_module.cli, "main", broken)
+    assert main(["list"]) == 2
+    err = one_sentence(capsys, "Is a directory")
+    assert "error::" not in err
+
+
+def test_a_symlink_loop_as_out_is_named(capsys, tmp_path):
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)
+    assert main(["demo", "--sizes", "16", "--rows", "2", "--out", str(loop)]) == 2
+    one_sentence(capsys, str(loop), "symbolic link")
+
+
+def test_a_binary_text_file_is_named(capsys, tmp_path):
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(256)) * 100)
+    argv = ["reproduce", "selective", "--quick", "--tasks", "lm", "--text", str(binary)]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    one_sentence(capsys, str(binary), "UTF-8")

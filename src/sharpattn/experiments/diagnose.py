@@ -350,8 +350,8 @@ def run(
 
 def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
          progress, method_params, ablation_tokens=256, workers=1):  # fmt: skip
-    from .. import normalizers as nz
     from .. import hf
+    from .. import normalizers as nz
 
     if method is not None:
         nz.get(method)  # unknown method: one sentence before any loading

@@ -54,7 +54,7 @@ from .runner import (
     threads,
 )
 from .runner import read_config as read_config_json
-from .runs import read_json, write_atomic, write_json
+from .runs import check_memory, read_json, write_atomic, write_json
 from .stats import paired_comparison
 
 Tensor = torch.Tensor
@@ -350,6 +350,28 @@ _CHUNK_ITEMS = 1 << 12
 BLOCK = 1000
 #: the largest test-set standard error of a cell's mean over seeds (points) the evaluation accepts
 TARGET_SE = 0.5
+
+
+#: peak bytes per item of a batch of sets through a member of the model (float32 features and
+#: its width-sized activations): 1,085 measured (peak RSS growth of :func:`correct_sets` on one
+#: set of 2^20 items), about twice that here
+_ITEM_BYTES = 4 * 128 * 4
+
+
+def batch_bytes(size: int, sets: int, per_item: int = 0) -> int:
+    """Peak memory of ``sets`` sets of ``size`` items through one member of the model, plus
+    ``per_item`` bytes of the caller's own per item: the estimate every size is checked with
+    (:func:`check_sizes`)."""
+    return sets * size * (_ITEM_BYTES + per_item)
+
+
+def check_sizes(sizes, per_item: int = 0, chunk=None) -> None:
+    """Refuse, before any work, sizes whose evaluation batches (``chunk(size)`` sets of a size;
+    default: :func:`test_batches`'s) would not fit in the memory available."""
+    chunk = chunk or (lambda n: max(1, _CHUNK_ITEMS // n))
+    size = max(sizes, key=lambda n: batch_bytes(n, chunk(n), per_item))
+    need = batch_bytes(size, chunk(size), per_item)
+    check_memory(need, f"a set of {size:,} items", "--sizes")
 
 
 def test_batches(size: int, block: int, sets: int = BLOCK, chunk_sets: int | None = None):
@@ -825,6 +847,7 @@ def reproduce(
     out: Path, config: Config, progress: Progress | None = None, ray: str | None = None
 ) -> dict[str, Any]:
     """Train and evaluate every seed (resuming what exists), then write tables, figures, report."""
+    check_sizes(config.sizes)  # before the run folder is written
     folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING)
     run = folder.path
     t0 = time.perf_counter()
@@ -877,6 +900,17 @@ def optimal_temperature(e: Tensor, target: Tensor, grid=THETA_GRID) -> Tensor:
     return thetas[log_p.argmax(0)]  # (B,)
 
 
+#: bytes per item of the fit's float64 logits over the θ grid (:func:`optimal_temperature`: e/θ,
+#: its exponentials for logsumexp, the result); with ``_ITEM_BYTES``, 2.3 times the 1,911 bytes
+#: per item measured (peak RSS growth of :func:`collect_fit_data` at n = 2^16)
+_FIT_BYTES = 3 * 8 * len(THETA_GRID)
+
+
+def fit_chunk(n: int) -> int:
+    """Sets of ``n`` items the temperature fit takes at once (about 2^20 logits over the grid)."""
+    return max(1, (1 << 20) // (n * len(THETA_GRID)))
+
+
 def collect_fit_data(
     model: SetAttention, sizes, sets: int, generator: torch.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -884,7 +918,7 @@ def collect_fit_data(
     hs, betas = [], []
     with torch.inference_mode():
         for n in sizes:
-            chunk = max(1, (1 << 20) // (n * len(THETA_GRID)))
+            chunk = fit_chunk(n)
             for start in range(0, sets, chunk):
                 b = sample_max_retrieval(min(chunk, sets - start), n, generator)
                 e = model.scores(b.x, b.q).to(torch.float64)  # (B, n)
@@ -914,6 +948,7 @@ def fit_temperature(
     run = Path(run)
     config = read_config(run)
     sizes = tuple(sizes or config.sizes)
+    check_sizes(sizes, per_item=_FIT_BYTES, chunk=fit_chunk)  # before any work
     seeds = list(range(config.seeds)) if seeds is None else list(seeds)
     hs, betas = [], []
     for i, s in enumerate(seeds):

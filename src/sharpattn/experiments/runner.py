@@ -398,6 +398,7 @@ class Trainer:
     def run(self, stop_at: int | None = None) -> dict[str, Any]:
         """Train to ``steps`` (or load the finished weights); return the run's state
         (``step``, ``seconds``, ``steps_per_s``)."""
+        need_files(self.final, self.checkpoint, self.metrics.path)  # before any training
         if self.final.is_file():
             state = self._state(self.final, load_checkpoint(self.final, model=self.model))
             self._logged(self.metrics.read())
@@ -535,12 +536,25 @@ def _whole_step() -> Iterator[None]:
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
 
+def need_files(*paths: str | Path) -> None:
+    """Refuse, before any work, a run file's path held by something that is not a file (a
+    directory, a socket): the write at the end of the work would fail there."""
+    for path in map(Path, paths):
+        if path.exists() and not path.is_file():
+            what = "a directory" if path.is_dir() else "not a regular file"
+            raise ValueError(
+                f"{path} is {what}, where the run keeps a file; move it away and run the command "
+                "again."
+            )
+
+
 def once(path: str | Path, compute: Callable[[], Any], shape: Any = None) -> Any:
     """The JSON value at ``path``; if it is missing, ``compute()`` written there atomically first
     (evaluations of finished weights: a re-run reuses them, a crash before the write redoes it).
     A stored value not of ``shape`` (:func:`.runs.conforms`) raises ``ValueError`` naming the
     file (deleting it computes it again)."""
     path = Path(path)
+    need_files(path)
     if path.is_file():
         return read_json(path, shape)
     value = _jsonable(compute())
@@ -566,6 +580,7 @@ __all__ = [
     "event",
     "generator",
     "log_steps",
+    "need_files",
     "once",
     "read_config",
     "read_json",

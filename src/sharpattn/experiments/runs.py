@@ -21,7 +21,12 @@ def write_atomic(path: Path, data: bytes | str) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError as e:  # name the file the user sees, not our temporary one
+            raise IsADirectoryError(
+                e.errno, "a directory is where this file belongs", str(path)
+            ) from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -113,17 +118,33 @@ def _expected(value: Any, what: str, where: str) -> str:
     return f"{where or 'it'} is {found}, not {what}"
 
 
-def check_memory(nbytes: float, what: str) -> None:
-    """Refuse, before any work, a computation that needs more than this machine's memory."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no check
-        return
-    if nbytes > total:
+def check_memory(nbytes: float, what: str, smaller: str = "sizes") -> None:
+    """Refuse, before any work, a computation that needs more memory than this machine has
+    available now (Linux's MemAvailable; elsewhere its physical memory): one sentence naming
+    ``what`` and telling the user to choose smaller ``smaller``."""
+    free = available_memory()
+    if free is not None and nbytes > free:
         raise ValueError(
-            f"{what} needs about {nbytes / 2**30:,.0f} GiB, more than this machine's "
-            f"{total / 2**30:,.0f} GiB of memory; choose smaller sizes."
+            f"{what} needs about {nbytes / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB of memory available on this machine; choose smaller "
+            f"{smaller}."
         )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation: ``MemAvailable`` of /proc/meminfo, else the
+    physical memory (None where neither is known)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return None
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -148,6 +169,8 @@ def make_dir(out: str | Path) -> Path:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise ValueError(f"cannot use {str(run)!r} as a run folder: {reason.lower()}.") from None
+        reason = (e.strerror or type(e).__name__).lower()
+        if os.path.islink(run) and not os.path.exists(run):
+            reason = "it is a symbolic link that loops or leads nowhere; remove it or choose another --out"
+        raise ValueError(f"cannot use {str(run)!r} as a run folder: {reason}.") from None
     return run

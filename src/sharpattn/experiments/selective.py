@@ -749,7 +749,13 @@ def load_text(path: str | Path | None = None) -> str:
             f"no text file at {path}: pass --text PATH to a plain-text corpus such as tiny "
             "Shakespeare (it is not shipped with the package)."
         )
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {e.start} cannot be decoded); pass --text a "
+            "plain-text file."
+        ) from None
     if len(set(text)) < 2 or len(text) < 10_000:
         raise ValueError(f"{path} is too small for the language model ({len(text)} characters).")
     return text

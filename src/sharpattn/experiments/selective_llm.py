@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..attention.selective import SelectiveConfig
 from . import report as kit
 from . import runner
 from .llm import heldout_text, window_nll
@@ -73,12 +74,10 @@ class Config:
         for name in ("lr", "position_lr"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}.")
-        if self.terms not in ("both", "token", "position"):
-            raise ValueError(f"terms must be both, token or position, got {self.terms!r}.")
         if not 0 < self.train_fraction < 1:
             raise ValueError(f"train_fraction must be in (0, 1), got {self.train_fraction}.")
-        if not self.targets or set(self.targets) - set("kqv"):
-            raise ValueError(f"targets must be letters of 'kqv', got {self.targets!r}.")
+        # targets, sharing and terms as hf.apply will check them, before any work
+        SelectiveConfig(targets=self.targets, sharing=bool(self.sharing), terms=self.terms)
 
     @property
     def lengths(self) -> list[int]:

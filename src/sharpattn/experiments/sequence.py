@@ -164,7 +164,11 @@ def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: st
         values["tasks"] = tuple(tasks.available(family))
     if values.get("methods") is None:
         values["methods"] = tuple(methods())
-    return SequenceConfig(**values)
+    cfg = SequenceConfig(**values)
+    resolve(cfg.methods)  # unknown methods or tasks: one sentence, before --list or any work
+    for name in cfg.tasks:
+        task(name)
+    return cfg
 
 
 #: what defines the trained models (a folder of another value of these is refused)

@@ -15,7 +15,8 @@ that a job sends through its ``progress`` argument reach the caller's ``progress
 through a manager queue on the local pool, through a :class:`ray.util.queue.Queue` on Ray.
 
 Ray is optional (``pip install 'sharpattn[distributed]'``) and imported only when asked for.
-Ray Core does the scheduling and the retries; nothing here talks to sockets or nodes itself.
+Ray Core does the scheduling and the retries; the only socket opened here is one connection to a
+``host:port`` address before Ray is asked, so that a wrong address is one quick sentence.
 """
 
 from __future__ import annotations
@@ -79,9 +80,15 @@ def run_jobs(
     pickles by value).
 
     ``progress`` receives every job's events in this process. Ctrl-C / SIGTERM (as
-    ``KeyboardInterrupt``) stops the local workers at once or cancels every unfinished Ray task
-    (``ray.cancel(ref, force=True)``) before re-raising. An exception raised by a job is raised
-    here with the job named; its type is kept when it can be (a ``ValueError`` stays one).
+    ``KeyboardInterrupt``) interrupts every running local job once (a training job writes its
+    checkpoint) and stops the workers within ``STOP_GRACE_S``, or cancels every unfinished Ray
+    task (``ray.cancel(ref, force=True)``), before re-raising. An interrupted worker does not
+    report it (a terminal sends Ctrl-C to every process of the group; an idle worker and the
+    progress queue's process ignore it): the interrupt is reported once, here. An exception
+    raised by a job is raised here with the job named; its
+    type is kept when it can be (a ``ValueError`` stays one, an ``OSError`` keeps its path). A
+    worker process that dies (killed by the out-of-memory killer, ``kill -9``) raises
+    :class:`WorkerDied`, on Ray once it has died more often than ``retries``.
     """
     jobs = list(jobs)
     if workers < 1:
@@ -132,8 +139,20 @@ def job_label(job: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended before its job did (the out-of-memory killer, ``kill -9``): one
+    sentence naming the job where it is known. The jobs that finished are whatever they wrote."""
+
+
 def _named(exc: BaseException, job: Any) -> Exception:
-    """``exc`` again, as the same type when it takes one message, with the job in the message."""
+    """``exc`` again, as the same type when it takes one message, with the job in the message
+    (an ``OSError`` keeps its errno and paths)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" (in job {job_label(job)})"
+        try:
+            return type(exc)(exc.errno, exc.strerror + where, exc.filename, None, exc.filename2)
+        except Exception:
+            pass
     message = f"{str(exc).rstrip('.')} (in job {job_label(job)})"
     try:
         new = type(exc)(message)
@@ -149,12 +168,32 @@ def _named(exc: BaseException, job: Any) -> Exception:
 # ---------------------------------------------------------------------------------------------
 
 
+#: seconds an interrupted pool gives its workers to stop their jobs (a training job writes its
+#: checkpoint first) before it terminates them
+STOP_GRACE_S = 10.0
+
+
 def _pool_call(fn: Callable, job: Any, queue: Any) -> Any:
-    return fn(job, queue.put if queue is not None else _ignore)
+    """A job in a pool worker: Ctrl-C (from the terminal, or forwarded by the parent) interrupts
+    it once, as ``KeyboardInterrupt``, so a training job checkpoints; the pool sends the
+    interrupted job back as its result, and an idle worker ignores Ctrl-C (:func:`worker_init`)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt_once)
+    try:
+        return fn(job, queue.put if queue is not None else _ignore)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the checkpoint
+    raise KeyboardInterrupt
 
 
 def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | None) -> list:
     import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
     from multiprocessing.managers import SyncManager
 
     ctx = mp.get_context("spawn")
@@ -162,18 +201,26 @@ def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | Non
     queue = None
     if progress is not None:
         manager = SyncManager(ctx=ctx)
-        manager.start(die_with_parent)
-    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=die_with_parent)
+        with _sigint_held():
+            manager.start(worker_init)
+    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=worker_init)
     results: dict[int, Any] = {}
+    procs: list = []
     try:
         if manager is not None:
             queue = manager.Queue()
-        futures = {pool.submit(_pool_call, fn, job, queue): i for i, job in enumerate(jobs)}
+        with _sigint_held():  # the workers start here (one per submit, up to `workers`)
+            futures = {pool.submit(_pool_call, fn, job, queue): i for i, job in enumerate(jobs)}
+        procs = list((getattr(pool, "_processes", None) or {}).values())
         pending = set(futures)
 
         def drain() -> None:
-            while queue is not None and not queue.empty():
-                progress(queue.get())  # type: ignore[misc]
+            try:
+                while queue is not None and not queue.empty():
+                    progress(queue.get())  # type: ignore[misc]
+            except (EOFError, ConnectionError):  # the manager process is gone
+                dead = [getattr(manager, "_process", None)]
+                raise _worker_died(dead, "the process forwarding the jobs' progress") from None
 
         while pending:
             drain()
@@ -181,24 +228,86 @@ def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | Non
                 i = futures[f]
                 pending.discard(f)
                 exc = f.exception()
+                if isinstance(exc, BrokenProcessPool):
+                    raise _worker_died(procs) from None
                 if exc is not None:
                     raise _named(exc, jobs[i]) from exc
                 results[i] = f.result()
             if pending:
                 time.sleep(0.05)
         drain()
-    except BaseException:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
-        # stop the workers now rather than wait for their jobs to finish
-        procs = list((getattr(pool, "_processes", None) or {}).values())
+    except BaseException as exc:  # Ctrl-C, SIGTERM (as KeyboardInterrupt by the CLI), an error
+        procs += list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
+        try:
+            if isinstance(exc, KeyboardInterrupt):  # the jobs stop as they would alone
+                _interrupt(procs, STOP_GRACE_S)
+        finally:
+            for proc in procs:  # otherwise (or past the grace period, or a second Ctrl-C) now
+                if proc.exitcode is None:
+                    proc.terminate()
         raise
     finally:
         pool.shutdown(wait=True)
         if manager is not None:
             manager.shutdown()
     return [results[i] for i in range(len(jobs))]
+
+
+def _interrupt(procs: list, grace: float) -> None:
+    """Ctrl-C to each live worker (a terminal has sent it already; a signal to this process
+    alone has not), then wait up to ``grace`` seconds for them to end their jobs and exit."""
+    for proc in procs:
+        if proc.exitcode is None:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+
+
+def _worker_died(procs: list, who: str = "a worker process") -> WorkerDied:
+    """The sentence for a pool whose worker process died, with how it died where that is known
+    (a pool breaks for every job at once, so which job it ran is not)."""
+    codes = [p.exitcode for p in procs if p is not None and p.exitcode not in (None, 0)]
+    # the pool terminates (SIGTERM) the other workers once one has died: name the first death
+    code = next((c for c in codes if c != -signal.SIGTERM), codes[0] if codes else None)
+    how = ""
+    if code is not None and code < 0:
+        try:
+            how = f" (killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f" (killed by signal {-code}"
+        how += ", as the out-of-memory killer does)"
+    elif code is not None:
+        how = f" (exit code {code})"
+    return WorkerDied(f"{who} died{how} before the jobs finished")
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Block SIGINT in this thread while worker processes start: they inherit the blocked
+    signal and :func:`worker_init` ignores it before unblocking, so a Ctrl-C during their start
+    never reaches their Python start-up as a ``KeyboardInterrupt``; here it is delivered when the
+    block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def worker_init() -> None:
+    """In a local worker (or the progress queue's manager) process: ignore Ctrl-C, which a
+    terminal sends to every process of the foreground group; the parent stops its workers
+    itself and reports the interrupt once. Then :func:`die_with_parent`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards one pending from start-up
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_parent()
 
 
 def die_with_parent() -> None:
@@ -255,6 +364,52 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def cluster(address: str = _LOCAL) -> Iterator[None]:
+    """This process connected to Ray at ``address`` for the block (:func:`connect`), so that a
+    wrong address is refused before the caller writes anything; :func:`run_jobs` inside the
+    block uses the connection. Disconnects at the end if the block made the connection."""
+    started = connect(address)
+    try:
+        yield
+    finally:
+        if started:
+            _shutdown_quietly(_import_ray())
+
+
+def _check_address(address: str) -> None:
+    """Refuse at once, without Ray, a ``host:port`` / ``ray://host:port`` address whose host has
+    no address or whose port takes no connection (Ray itself would retry, and log each try, for
+    about ``3 * CONNECT_TIMEOUT_S``). Other addresses are left to Ray."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if address in (_LOCAL, "auto") or not sep:
+        return
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Bad Ray address {address!r}: expected host:port or ray://host:port")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        why = f"no host is named {host!r}"
+    else:
+        why = f"nothing answers on port {port} of {host}"
+        for family, kind, proto, _, where in infos:
+            try:
+                with socket.socket(family, kind, proto) as sock:
+                    sock.settimeout(CONNECT_TIMEOUT_S)
+                    sock.connect(where)
+                return
+            except OSError:
+                continue
+    raise ValueError(
+        f"Could not connect to a Ray cluster at {address!r} ({why}); start one with "
+        "`ray start --head` or check the address"
+    )
+
+
 def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
     """Connect this process to Ray at ``address`` (see :func:`run_jobs`) unless it already is.
 
@@ -265,6 +420,7 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
     ray = _import_ray()
     if ray.is_initialized():
         return False
+    _check_address(address)
     options: dict[str, Any] = dict(
         include_dashboard=False,
         configure_logging=False,
@@ -299,7 +455,7 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
     main = threading.current_thread() is threading.main_thread()
     old_term = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        with _environ(**env):
+        with _environ(**env), _stderr_silenced():
             ray.init(**options)
     except (ConnectionError, TimeoutError, RuntimeError, OSError) as exc:
         _shutdown_quietly(ray)
@@ -324,6 +480,26 @@ def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
         if main and old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     return True
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for the block: Ray's core writes its warnings there
+    directly ("Failed to connect to GCS ... within 5 seconds", once per try), whatever
+    ``logging_level`` says; a failure to connect is our one sentence instead."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real stderr (embedded, closed): leave it
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _mentions(exc: BaseException | None, *words: str) -> bool:
@@ -395,9 +571,9 @@ def _run_ray(
                         raise _named(cause, jobs[i]) from cause
                     except RayError as exc:  # the worker died more often than `retries`
                         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                        raise RuntimeError(
+                        raise WorkerDied(
                             f"Ray could not run job {job_label(jobs[i])} "
-                            f"({type(exc).__name__}: {first})"
+                            f"({type(exc).__name__}: {first.rstrip('.')})"
                         ) from exc
             drain()
         except BaseException:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), a failed job

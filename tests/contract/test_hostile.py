@@ -587,5 +587,5 @@ def test_selective_options_are_refused_by_name_in_multihead_attention_and_hf_app
     with _refused("selective attention", "sharing"):
         MultiheadAttention(8, 2, selective="qv", sharing="yes")
     for targets in ("", "qq", "x", 5):
-        with pytest.raises(ValueError, match="selective must name some of q, k, v"):
+        with pytest.raises(ValueError, match="selective targets must name some of q, k, v"):
             SelectiveConfig(targets=targets)

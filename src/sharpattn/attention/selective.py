@@ -274,7 +274,7 @@ class SelectiveConfig:
             or len(set(t)) != len(t)
         ):
             raise ValueError(
-                f"targets must name some of q, k, v (e.g. 'q', 'v', 'qv', 'kqv'), got {t!r}."
+                f"the selective targets must name some of q, k, v (e.g. 'q', 'v', 'qv', 'kqv'), got {t!r}."
             )
         for option in OPTIONS:
             option.check(getattr(self, option.name), "selective attention")

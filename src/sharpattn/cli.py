@@ -12,6 +12,7 @@ from rich.table import Table
 from . import extras
 from . import normalizers as nz
 from .cli_options import (
+    COSTS,
     MAX_FACTOR,
     MAX_ITEMS,
     MAX_LENGTH,
@@ -19,6 +20,7 @@ from .cli_options import (
     MAX_SETS,
     MAX_STEPS,
     ProgressRenderer,
+    announce,
     cluster_options,
     compose,
     console,
@@ -317,7 +319,8 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
 @click.argument("model", required=False, default="smollm2-135m")
 @click.option(
     "--full", is_flag=True,
-    help="n = 2 ... 512, 40 prompts per n, 4 windows per length (hours); default: the quick profile.",
+    help="n = 2 ... 512, 40 prompts per n, 4 windows per length "
+    f"({COSTS['llm']['full']}); default: the quick profile ({COSTS['llm']['quick']}).",
 )  # fmt: skip
 @click.option("--prompts", type=count(MAX_SETS), default=None, help="Prompts per n.")
 @seed_option("Seed of the prompts' random numbers.")
@@ -328,6 +331,8 @@ def llm_study(model, full, prompts, seed, threads, out):
     softmax, adaptive temperature and length scaling (no training)."""
     from .experiments import llm
 
+    if full:
+        announce("llm", "full", f"max of n at {len(llm.FULL_SIZES)} sizes, then perplexity")
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
             out, model=model, quick=not full, prompts=prompts, seed=seed, threads=threads,
@@ -344,8 +349,9 @@ def reproduce():
 
 @reproduce.command("max-retrieval")
 @profile_options(
-    "1 seed, 5,000 steps, sizes to 4,096 (about a minute).",
-    "10 seeds x 100,000 steps, sizes 16..16,384 (the default; about an hour on 2 cores).",
+    "reproduce max-retrieval",
+    "1 seed, 5,000 steps, sizes to 4,096",
+    "10 seeds x 100,000 steps, sizes 16..16,384",
 )
 @seeds_option()
 @click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
@@ -391,6 +397,8 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
         **{**mr.PROFILES[profile], **{k: v for k, v in given.items() if v is not None}},
         method=method, coefficients=coefficients, checkpoint_every=checkpoint_every,
     )  # fmt: skip
+    announce("reproduce max-retrieval", profile,
+             f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
     console.print((result["run"] / "table1.md").read_text(), markup=False, highlight=False)
@@ -448,8 +456,9 @@ def corollary_b1(run, pairs, seeds):
 
 @reproduce.command("selective")
 @profile_options(
-    "3 seeds, few steps, 4 LM variants (a few minutes on 2 CPU cores).",
-    "The full profile (the default; hours on 2 cores).",
+    "reproduce selective",
+    "3 seeds, few steps, 4 LM variants",
+    "The paper's steps and seeds, all twelve LM variants",
 )
 @seed_option("First seed.")
 @seeds_option("Seeds per setting (overrides the profile).")
@@ -495,6 +504,7 @@ def reproduce_selective(profile, out, **options):
     from .experiments import selective as exp
 
     config = exp.make_config(profile, **options)
+    announce("reproduce selective", profile, f"{exp.trainings(config)} trainings")
     with ProgressRenderer(transient=True) as progress:
         run_dir, result = exp.run(out or f"runs/selective-{profile}", config, progress)
     for name, title in exp.TABLE_TITLES.items():
@@ -510,8 +520,9 @@ def reproduce_selective(profile, out, **options):
 
 @reproduce.command("selective-llm")
 @profile_options(
-    "20 steps, 4 held-out windows at 1x and 2x the context (a few minutes on 2 cores).",
-    "100 steps, 8 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
+    "reproduce selective-llm",
+    "20 steps, 4 held-out windows at 1x and 2x the context",
+    "100 steps, 8 windows at 1x, 2x and 4x the context",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
 @click.option("--steps", type=count(MAX_STEPS), default=None, help="AdamW steps.")
@@ -538,6 +549,7 @@ def reproduce_selective_llm(profile, out, **options):
     from .experiments import selective_llm as exp
 
     config = exp.make_config(profile, **options)
+    announce("reproduce selective-llm", profile, f"1 training of {config.steps} steps")
     with ProgressRenderer(transient=True) as progress:
         run_dir, _ = exp.run(out or f"runs/selective-llm-{profile}", config, progress)
     console.print((run_dir / "report.md").read_text(encoding="utf-8"), markup=False,
@@ -551,9 +563,10 @@ def reproduce_selective_llm(profile, out, **options):
 # --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
 @reproduce.command("backcopy")
 @profile_options(
-    "d = 64, 64 tokens, batch 16, 600-1,500 steps per run (minutes on 2 cores).",
-    "The paper's settings, App. C.1 (the default; hundreds of CPU-hours).",
-    "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps (hours on 1 core).",
+    "reproduce backcopy",
+    "d = 64, 64 tokens, batch 16, 600-1,500 steps per run",
+    "The paper's settings, App. C.1",
+    "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps",
 )
 @seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
 @cluster_options
@@ -563,6 +576,7 @@ def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     """Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2."""
     from .experiments import backcopy as bb
 
+    announce("reproduce backcopy", profile, f"{len(bb.RUNS)} training runs")
     with ProgressRenderer() as progress:
         run, findings = bb.reproduce(
             out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
@@ -676,13 +690,19 @@ def _sequence_options(f):
     )(f)
 
 
-def _sequence_run(module, name, profile, out, ray_address, methods=None, list_=False, **options):
+def _sequence_run(command, module, profile, out, ray_address, methods=None, list_=False,
+                  **options):  # fmt: skip
+    from .experiments import sequence
+
     config = module.make_config(profile, methods=methods, **options)
     if list_:
         _sequence_list(module.catalogue(config))
         return None
+    name = command.split()[-1]
+    out = out or f"runs/{name}-{profile}"
+    announce(command, profile, f"{len(sequence.jobs(out, config))} training jobs")
     with ProgressRenderer(transient=True) as progress:
-        result = module.run(out or f"runs/{name}-{profile}", config, progress, ray_address)
+        result = module.run(out, config, progress, ray_address)
     return result
 
 
@@ -703,8 +723,9 @@ def _sequence_list(catalogue) -> None:
 
 @reproduce.command("clrs")
 @profile_options(
-    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x (under 10 minutes on 2 cores).",
-    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes (the default; hours).",
+    "reproduce clrs",
+    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x",
+    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes",
 )
 @_sequence_options
 @out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
@@ -713,7 +734,7 @@ def reproduce_clrs(profile, out, ray_address, **options):
     Enough's Figure 8 in small): accuracy in and beyond the training sizes."""
     from .experiments import clrs
 
-    result = _sequence_run(clrs, "clrs", profile, out, ray_address, **options)
+    result = _sequence_run("reproduce clrs", clrs, profile, out, ray_address, **options)
     if result is None:
         return
     console.print((result["run"] / "clrs.md").read_text(), markup=False, highlight=False)
@@ -722,8 +743,9 @@ def reproduce_clrs(profile, out, ray_address, **options):
 
 @cli.command("leaderboard")
 @profile_options(
-    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x (under 10 minutes on 2 cores).",
-    "Every synthetic task, every method, 3 seeds (the default; many CPU-hours: see README).",
+    "leaderboard",
+    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",
+    "Every synthetic task, every method, 3 seeds",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
 @_sequence_options
@@ -733,7 +755,7 @@ def leaderboard(profile, out, ray_address, **options):
     from the training sizes to 64x beyond (area under accuracy against log size)."""
     from .experiments import leaderboard as lb
 
-    result = _sequence_run(lb, "leaderboard", profile, out, ray_address, **options)
+    result = _sequence_run("leaderboard", lb, profile, out, ray_address, **options)
     if result is None:
         return
     console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)

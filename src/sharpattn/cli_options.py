@@ -78,12 +78,62 @@ def threads_option(default: int | None = None):
     )
 
 
-def profile_options(quick_help: str, paper_help: str, medium_help: str | None = None):
-    """``--quick`` / ``--paper``: the command's two profiles (the default is ``--paper`` unless
-    the command says otherwise); together they are refused. Adds ``profile`` ("quick" or
-    "paper") to the command's keyword arguments instead of the two flags. A command with an
-    intermediate profile passes ``medium_help``: ``--medium`` then gives ``profile="medium"``
-    and excludes the other two as they exclude each other."""
+#: The measured cost of every command's profiles, the one place it is written: ``--help`` and
+#: the line a long profile prints before it starts read it, and docs/cli.md's table shows it
+#: (tests/experiments/test_cli.py checks that the two agree). Measured on a 2-core AMD EPYC CPU.
+COSTS: dict[str, dict[str, str]] = {
+    "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
+    "reproduce clrs": {
+        "quick": "4 min 16 s wall",
+        "paper": "≈ 3.3 CPU-hours, ≈ 1.6 h on 2 cores",
+    },
+    "reproduce selective": {
+        "quick": "164 s of CPU",
+        "paper": "not run as a whole (its LM alone ≈ 7 CPU-hours)",
+    },
+    "reproduce selective-llm": {"quick": "about 3 minutes", "paper": "19:35 wall, one thread"},
+    "reproduce backcopy": {
+        "quick": "122 s of CPU",
+        "medium": "3.2 CPU-hours",
+        "paper": "≈ 430 CPU-hours, not run",
+    },
+    "leaderboard": {
+        "quick": "8 min 58 s wall",
+        "paper": "≈ 38 CPU-hours, ≈ 19 h on 2 cores, not run yet",
+    },
+    "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
+}
+
+#: the profiles that run for longer than about 30 minutes on 2 cores: named options only, and
+#: announced (:func:`announce`) before they start
+LONG = ("medium", "paper", "full")
+
+
+def profile_help(command: str, profile: str, what: str) -> str:
+    """The ``--help`` line of ``command``'s ``profile``: ``what`` it runs and its measured cost
+    (from :data:`COSTS`); the quick profile says it is the default."""
+    default = "the default; " if profile == "quick" else ""
+    return f"{what} ({default}{COSTS[command][profile]})."
+
+
+def announce(command: str, profile: str, jobs: str) -> None:
+    """Before a long profile starts: one line on stderr with the profile, its job count and its
+    measured cost, so a long run is never started unawares. Nothing for the quick profile."""
+    if profile in LONG:
+        click.echo(
+            f"sharpattn {command} --{profile}: {jobs}; measured cost {COSTS[command][profile]} "
+            "(re-running the command resumes it).",
+            err=True,
+        )
+
+
+def profile_options(command: str, quick: str, paper: str, medium: str | None = None):
+    """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
+    command's default runs for hours); together they are refused. Each help is what the profile
+    runs; its measured cost is added from :data:`COSTS`. Adds ``profile`` ("quick" or "paper")
+    to the command's keyword arguments instead of the flags. A command with an intermediate
+    profile passes ``medium``: ``--medium`` then gives ``profile="medium"`` and excludes the
+    other two as they exclude each other."""
 
     def decorate(f):
         @functools.wraps(f)
@@ -92,12 +142,16 @@ def profile_options(quick_help: str, paper_help: str, medium_help: str | None = 
             if len(chosen) > 1:
                 flags = " and ".join(f"--{n}" for n in chosen)
                 raise click.UsageError(f"{flags} exclude each other: choose one.")
-            return f(*args, profile=chosen[0] if chosen else "paper", **kwargs)
+            return f(*args, profile=chosen[0] if chosen else "quick", **kwargs)
 
-        flags = [click.option("--quick", is_flag=True, help=quick_help)]
-        if medium_help is not None:
-            flags.append(click.option("--medium", is_flag=True, help=medium_help))
-        flags.append(click.option("--paper", is_flag=True, help=paper_help))
+        flags = [click.option("--quick", is_flag=True, help=profile_help(command, "quick", quick))]
+        if medium is not None:
+            flags.append(
+                click.option("--medium", is_flag=True, help=profile_help(command, "medium", medium))
+            )
+        flags.append(
+            click.option("--paper", is_flag=True, help=profile_help(command, "paper", paper))
+        )
         return compose(*flags)(wrapper)
 
     return decorate

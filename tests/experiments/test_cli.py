@@ -72,3 +72,96 @@ def test_readme_quick_start_runs():
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     assert len(code.strip().splitlines()) <= 11
     exec(compile(code, "README quick start", "exec"), {})
+
+
+# ------------------------------------------------------------------ profiles: defaults and costs
+def _commands(group=None, prefix=()):
+    """(path, click command) for every command of the ``sharpattn`` tree."""
+    import click
+
+    from sharpattn.cli import cli
+
+    group = group or cli
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_every_profile_default_is_quick_and_long_profiles_are_named():
+    """No command's default is a long profile: every command with profiles runs --quick without
+    a flag, says so in its help, and its long profiles name their measured cost (from the one
+    table, cli_options.COSTS)."""
+    from sharpattn.cli_options import COSTS
+
+    with_profiles = 0
+    for path, cmd in _commands():
+        helps = {o.name: o.help or "" for o in cmd.params}
+        if "quick" not in helps:
+            assert "(the default" not in " ".join(helps.values()), path
+            continue
+        with_profiles += 1
+        command = " ".join(path)
+        assert "(the default; " + COSTS[command]["quick"] in helps["quick"], path
+        for long in ("medium", "paper"):
+            if long in helps:
+                assert "the default" not in helps[long] and COSTS[command][long] in helps[long]
+    assert with_profiles == 6
+
+
+def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
+    from sharpattn.experiments import leaderboard as lb
+
+    seen = []
+    monkeypatch.setattr(lb, "run", lambda out, cfg, *a: seen.append((out, cfg)))
+    assert main(["leaderboard", "--out", str(tmp_path / "q")]) == 0
+    assert seen[0][1] == lb.make_config("quick")
+    assert capsys.readouterr().err == ""  # the quick profile starts without a word
+
+
+@pytest.mark.parametrize(
+    "argv, command, profile",
+    [
+        (["leaderboard", "--paper"], "leaderboard", "paper"),
+        (["reproduce", "clrs", "--paper"], "reproduce clrs", "paper"),
+        (["reproduce", "backcopy", "--medium"], "reproduce backcopy", "medium"),
+        (["reproduce", "max-retrieval", "--paper"], "reproduce max-retrieval", "paper"),
+        (["reproduce", "selective", "--paper"], "reproduce selective", "paper"),
+        (["reproduce", "selective-llm", "--paper"], "reproduce selective-llm", "paper"),
+        (["llm", "--full"], "llm", "full"),
+    ],
+)
+def test_a_long_profile_says_its_cost_before_it_starts(argv, command, profile, tmp_path,
+                                                       monkeypatch, capsys):  # fmt: skip
+    """Before any work, one line on stderr: the profile, the job count, the measured cost."""
+    from sharpattn import cli_options
+    from sharpattn.cli_options import COSTS
+
+    class Started(Exception):
+        pass
+
+    def start(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(cli_options.ProgressRenderer, "__enter__", start)
+    with pytest.raises(Started):
+        main([*argv, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"sharpattn {command} --{profile}:" in err and COSTS[command][profile] in err
+    assert any(ch.isdigit() for ch in err.split(":")[1].split(";")[0])  # a count
+
+
+def test_the_cost_table_of_docs_is_the_code_s():
+    """docs/cli.md's table of profiles shows every measured cost of cli_options.COSTS."""
+    from pathlib import Path
+
+    from sharpattn.cli_options import COSTS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    for command, costs in COSTS.items():
+        for profile, cost in costs.items():
+            assert cost in rows[command], (command, profile)

@@ -1055,6 +1055,17 @@ def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = No
                    checkpoint_every=checkpoint_every)  # fmt: skip
 
 
+def trainings(config: ReproduceConfig) -> int:
+    """How many trainings ``config`` runs: one ensemble per graph readout, one for denoising,
+    one run per LM variant and seed (of the tasks it names)."""
+    per_task = {
+        "graph": len(config.graph.readouts),
+        "denoise": 1,
+        "lm": len(config.lm.variants) * config.lm.seeds,
+    }
+    return sum(per_task.get(t, 0) for t in config.tasks)
+
+
 TABLE_TITLES = {  # RUN/<name>.md: what the command prints, in this order
     "graph": "Graph next-token task (Sec. 4.1, Table 1)",
     "denoise": "Denoising (Sec. 4.3, Table 2)",

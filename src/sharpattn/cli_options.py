@@ -1,15 +1,17 @@
 """What every `sharpattn` command shares: option decorators and the one progress renderer.
 
 Each command is a few lines: its own options, the shared ones below, a configuration built from
-them, a call into ``experiments``, a table printed. Progress reaches the terminal through
-:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): one
-bar per task, advancing with ``step``/``total``, showing ``phase`` and the latest ``loss``.
+them, a call into ``experiments``, a table printed. Progress reaches the user through
+:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
+terminal one bar per task, advancing with ``step``/``total``, showing ``phase``, the latest
+``loss`` and the time left; elsewhere (a log file, a pipe) plain lines every ten seconds.
 """
 
 from __future__ import annotations
 
 import functools
 import shutil
+import time
 from typing import Any
 
 import click
@@ -189,12 +191,49 @@ def cluster_options(f):
     )(connected)
 
 
-class ProgressRenderer:
-    """Draws the runner's progress events as rich bars: one per ``task``, showing its ``phase``,
-    ``step``/``total``, speed and the latest ``loss``. Use as a context manager; the instance is
-    the ``progress`` callable handed to experiments."""
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: "45 s", "12 min 5 s", "3 h 20 min"."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
-    def __init__(self, transient: bool = False):
+
+class _Pace:
+    """One task's timing: when it started, at which step, and when it was last printed."""
+
+    def __init__(self, now: float, step: int, total: int):
+        self.t0, self.step0, self.last, self.total, self.phase = now, step, step, total, None
+        self.printed, self.printed_step = now, None
+
+    def left(self, now: float, step: int, total: int) -> str:
+        """The time left at the pace so far (steps since this task was first seen)."""
+        done, spent = step - self.step0, now - self.t0
+        if step >= total:
+            return "done"
+        if done <= 0 or spent <= 0:
+            return "time left not yet known"
+        return f"about {duration((total - step) * spent / done)} left"
+
+
+class ProgressRenderer:
+    """Draws the runner's progress events: on a terminal as rich bars, one per ``task`` and
+    kind (training or the rest), showing its ``phase``, ``step``/``total``, the latest ``loss``,
+    the time elapsed and an estimate of the time left; otherwise (output redirected to a file or
+    a pipe) as plain lines, ``task phase step/total, elapsed, time left``, at most one per task
+    every ``every`` seconds, plus one whenever a task's phase changes and one when it finishes.
+    Use as a context manager; the instance is the ``progress`` callable handed to experiments."""
+
+    def __init__(self, transient: bool = False, every: float = 10.0, plain: bool | None = None,
+                 clock=time.monotonic):  # fmt: skip
+        self.plain = not console.is_terminal if plain is None else plain
+        self.every, self.clock = every, clock
+        self.paces: dict[tuple[str, str], _Pace] = {}
+        self.tasks: dict[tuple[str, str], Any] = {}
+        if self.plain:
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -211,28 +250,49 @@ class ProgressRenderer:
             TextColumn("{task.fields[phase]}"),
             TextColumn("loss {task.fields[loss]}"),
             TimeElapsedColumn(),
+            TextColumn("left"),
             TimeRemainingColumn(),
             console=console,
             transient=transient,
         )
-        self.tasks: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> ProgressRenderer:
-        self.bars.__enter__()
+        if not self.plain:
+            self.bars.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bars.__exit__(*exc)
+        if not self.plain:
+            self.bars.__exit__(*exc)
 
     def __call__(self, ev: dict[str, Any]) -> None:
         task, phase = str(ev.get("task", "")), str(ev.get("phase", ""))
         kind = "train" if phase == "train" else "work"  # a training bar and one for the rest
         key = (task, kind)
+        if self.plain:
+            self._line(key, ev, phase)
+            return
         if key not in self.tasks:
-            self.tasks[key] = self.bars.add_task(
-                task if kind == "train" else f"{task} eval", total=ev["total"], phase="", loss="-"
-            )
+            self.tasks[key] = self.bars.add_task(task, total=ev["total"], phase="", loss="-")
         fields: dict[str, Any] = {"phase": ev.get("note") or phase}
         if ev.get("loss") is not None:
             fields["loss"] = f"{ev['loss']:.4f}"
         self.bars.update(self.tasks[key], completed=ev["step"], total=ev["total"], **fields)
+
+    def _line(self, key: tuple[str, str], ev: dict[str, Any], phase: str) -> None:
+        now, step, total = self.clock(), int(ev["step"]), int(ev["total"])
+        pace = self.paces.get(key)
+        if pace is None or step < pace.last or total != pace.total:  # a task (re)starts
+            pace = self.paces[key] = _Pace(now, step, total)
+        elif pace.phase == phase and (
+            pace.printed_step == step or (step < total and now - pace.printed < self.every)
+        ):
+            pace.last = step
+            return
+        pace.phase, pace.printed, pace.printed_step, pace.last = phase, now, step, step
+        parts = [f"{key[0]} {phase} {step}/{total}"]
+        if ev.get("loss") is not None:
+            parts.append(f"loss {ev['loss']:.4f}")
+        parts += [f"{duration(now - pace.t0)} elapsed", pace.left(now, step, total)]
+        line = ", ".join(parts) + (f" ({ev['note']})" if ev.get("note") else "")
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -165,3 +165,48 @@ def test_the_cost_table_of_docs_is_the_code_s():
     for command, costs in COSTS.items():
         for profile, cost in costs.items():
             assert cost in rows[command], (command, profile)
+
+
+# ---------------------------------------------------------------------- progress without a terminal
+def test_progress_without_a_terminal_prints_plain_lines(monkeypatch):
+    """Output redirected: a plain line per phase change and at most one per task every
+    ``every`` seconds, each with step/total, the time elapsed and an estimate of the time left."""
+    import io
+
+    from rich.console import Console
+
+    from sharpattn import cli_options
+    from sharpattn.experiments.runner import event
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli_options, "console", Console(file=buf, width=200))
+    now = [0.0]
+    with cli_options.ProgressRenderer(every=10, clock=lambda: now[0]) as progress:
+        assert progress.plain  # not a terminal
+        for step in range(0, 101, 5):  # 1 s per 5 steps: 20 s of training
+            progress(event("seed 0", "train", step, 100, loss=1.0 / (step + 1)))
+            now[0] += 1
+        progress(event("seed 0", "eval n=16", 0, 4))
+        now[0] += 2
+        progress(event("seed 0", "eval n=16", 1, 4))  # too soon: not printed
+        progress(event("seed 0", "eval n=32", 2, 4))  # a new phase, the same pace
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "seed 0 train 0/100, loss 1.0000, 0 s elapsed, time left not yet known"
+    assert lines[1].startswith("seed 0 train 50/100, loss") and "10 s elapsed" in lines[1]
+    assert lines[1].endswith("about 10 s left")
+    assert lines[2].startswith("seed 0 train 100/100") and lines[2].endswith("done")
+    assert lines[3] == "seed 0 eval n=16 0/4, 0 s elapsed, time left not yet known"
+    assert lines[4] == "seed 0 eval n=32 2/4, 2 s elapsed, about 2 s left"
+    assert len(lines) == 5
+
+
+def test_a_redirected_command_prints_its_progress(tmp_path):
+    """A real command with its output in a file (no terminal) writes progress lines there."""
+    log = tmp_path / "log.txt"
+    code = "from sharpattn.cli import main; raise SystemExit(main())"
+    argv = ["dispersion", "--sizes", "16,64", "--rows", "4", "--out", str(tmp_path / "d")]
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, "-c", code, *argv], stdout=f, stderr=f, timeout=120)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert any(" elapsed, " in line and "/" in line for line in text.splitlines()), text

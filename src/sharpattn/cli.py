@@ -270,7 +270,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     "--ablation/--no-ablation", default=True, show_default=True,
     help="Run the active/dormant test (one forward pass per head and domain).",
 )  # fmt: skip
-@threads_option()
+@threads_option("forward passes run side by side, one torch thread each")
 @out_option("runs/diagnose", "Report folder to write.")
 def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
@@ -324,7 +324,7 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
 )  # fmt: skip
 @click.option("--prompts", type=count(MAX_SETS), default=None, help="Prompts per n.")
 @seed_option("Seed of the prompts' random numbers.")
-@threads_option(default=2)
+@threads_option()
 @out_option("runs/llm", "Report folder to write.")
 def llm_study(model, full, prompts, seed, threads, out):
     """Max of n numbers (Fig. 3: entropy per layer, accuracy) and perplexity on a real LLM, for
@@ -496,7 +496,7 @@ def corollary_b1(run, pairs, seeds):
     show_default=True,
     help="Steps between checkpoints; re-running the command resumes from the last one.",
 )
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/selective-<profile>); re-running resumes it.")
 def reproduce_selective(profile, out, **options):
     """Selective attention (Zhang et al., NeurIPS 2024): graph next-token task, denoising and a
@@ -540,7 +540,7 @@ def reproduce_selective(profile, out, **options):
 @click.option("--eval-windows", type=count(MAX_SETS), default=None,
               help="Held-out windows per length (overrides the profile).")  # fmt: skip
 @seed_option("Seed of the training windows.")
-@threads_option(default=None)
+@threads_option()
 @out_option(None, "Run folder (default runs/selective-llm-<profile>); re-running resumes it.")
 def reproduce_selective_llm(profile, out, **options):
     """Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out
@@ -570,7 +570,7 @@ def reproduce_selective_llm(profile, out, **options):
 )
 @seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
 @cluster_options
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/backcopy-<profile>); re-running resumes it.")
 def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     """Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2."""
@@ -611,7 +611,7 @@ def _names(ctx, param, value):
               help="Only these of the study's variants, comma-separated (runs already in the "
               "folder are kept; the report covers the ones asked for).")  # fmt: skip
 @cluster_options
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")
 def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address, threads, out):
     """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, no-bos,
@@ -686,7 +686,7 @@ def _sequence_options(f):
             help="Steps between checkpoints; re-running the command resumes from the last one.",
         ),
         cluster_options,
-        threads_option(default=1),
+        threads_option(),
     )(f)
 
 

@@ -210,3 +210,11 @@ def test_a_redirected_command_prints_its_progress(tmp_path):
     text = log.read_text()
     assert done.returncode == 0, text
     assert any(" elapsed, " in line and "/" in line for line in text.splitlines()), text
+
+
+def test_every_command_defaults_to_one_thread():
+    """One thread default for every command (one-thread processes are fastest on shared cores)."""
+    with_threads = [
+        (path, o.default) for path, cmd in _commands() for o in cmd.params if o.name == "threads"
+    ]
+    assert len(with_threads) >= 9 and all(default == 1 for _, default in with_threads)

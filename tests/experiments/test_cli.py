@@ -218,3 +218,22 @@ def test_every_command_defaults_to_one_thread():
         (path, o.default) for path, cmd in _commands() for o in cmd.params if o.name == "threads"
     ]
     assert len(with_threads) >= 9 and all(default == 1 for _, default in with_threads)
+
+
+def test_package_data_patterns_cover_every_data_file():
+    """Every file of a package's data/ folder is listed by pyproject's package-data, so an
+    installed package ships what its defaults read."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[2]
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    for folder in (root / "src").glob("sharpattn/**/data"):
+        package = ".".join(folder.parent.relative_to(root / "src").parts)
+        for f in folder.iterdir():
+            name = f"data/{f.name}"
+            assert any(fnmatch.fnmatch(name, p) for p in listed.get(package, [])), name

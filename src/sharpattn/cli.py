@@ -75,9 +75,11 @@ def cli(ctx):
         click.echo(ctx.get_help())
 
 
-@cli.command("list")
+@cli.command("list", short_help="The registry of attention normalizers as a table.")
 @click.option(
-    "--markdown", is_flag=True, help="Print the README's Markdown table of the normalizers instead."
+    "--markdown",
+    is_flag=True,
+    help="Print the table in Markdown instead (the table of docs/normalizers.md).",
 )
 def list_methods(markdown):
     """The registry of attention normalizers as a table."""
@@ -109,7 +111,7 @@ def margin_option(f):
     )(f)  # fmt: skip
 
 
-@cli.command()
+@cli.command(short_help="Softmax vs adaptive temperature as n grows (Lemma 2.1).")
 @click.option(
     "--sizes", callback=_sizes, default="16,64,256,1024,4096,16384", show_default=True,
     help="Comma-separated numbers of items n.",
@@ -237,7 +239,7 @@ def _print_smith(run_dir: Path) -> None:
     console.print(gauss)
 
 
-@cli.command()
+@cli.command(short_help="The winner's weight vs n for every normalizer.")
 @click.option(
     "--methods", callback=_methods, default=None,
     help="Comma-separated normalizers (default: all registered).",
@@ -257,7 +259,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     _dispersion(out, methods, sizes, margin, rows, seed)
 
 
-@cli.command()
+@cli.command(short_help="Dispersion, sinks and heads of a Hugging Face model.")
 @click.argument("model", required=False)
 @click.option("--method", default=None, help="Also probe with the model switched to this method.")
 @click.option("--layers", callback=_layers, default=None, help="Extra layers to probe, e.g. 2,5.")
@@ -315,7 +317,7 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     console.print(f"wrote {run_dir}/report.md, metrics.json and PNGs")
 
 
-@cli.command("llm")
+@cli.command("llm", short_help="Max of n and perplexity on a pretrained LLM.")
 @click.argument("model", required=False, default="smollm2-135m")
 @click.option(
     "--full", is_flag=True,
@@ -342,12 +344,12 @@ def llm_study(model, full, prompts, seed, threads, out):
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 
-@cli.group()
+@cli.group(short_help="Reproduce a paper's experiment (resumable).")
 def reproduce():
     """Reproduce a paper's experiment from one command (resumable: re-run to continue)."""
 
 
-@reproduce.command("max-retrieval")
+@reproduce.command("max-retrieval", short_help="Softmax is not Enough, Table 1.")
 @profile_options(
     "reproduce max-retrieval",
     "1 seed, 5,000 steps, sizes to 4,096",
@@ -407,7 +409,7 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     console.print(f"wrote {result['run']}/report.md")
 
 
-@cli.command("fit-temperature")
+@cli.command("fit-temperature", short_help="Refit adaptive temperature on a max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
 @click.option(
@@ -433,7 +435,7 @@ def fit_temperature(run, sizes, sets, no_eval):
         console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
 
 
-@cli.command("corollary-b1")
+@cli.command("corollary-b1", short_help="Corollary B.1 on a trained max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option(
     "--pairs", type=count(MAX_SETS), default=200, show_default=True,
@@ -454,7 +456,7 @@ def corollary_b1(run, pairs, seeds):
 # ---- reproduce selective (issue 8) ------------------------------------------------------------
 
 
-@reproduce.command("selective")
+@reproduce.command("selective", short_help="Selective attention: graph, denoising, a char LM.")
 @profile_options(
     "reproduce selective",
     "3 seeds, few steps, 4 LM variants",
@@ -519,7 +521,7 @@ def reproduce_selective(profile, out, **options):
     )
 
 
-@reproduce.command("selective-llm")
+@reproduce.command("selective-llm", short_help="Selective temperatures on a frozen SmolLM2.")
 @profile_options(
     "reproduce selective-llm",
     "20 steps, 4 held-out windows at 1x and 2x the context",
@@ -562,7 +564,7 @@ def reproduce_selective_llm(profile, out, **options):
 
 
 # --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
-@reproduce.command("backcopy")
+@reproduce.command("backcopy", short_help="Bigram-Backcopy: sinks, drains, residual peaks.")
 @profile_options(
     "reproduce backcopy",
     "d = 64, 64 tokens, batch 16, 600-1,500 steps per run",
@@ -596,7 +598,7 @@ def _names(ctx, param, value):
     return None if value is None else tuple(_items(value))
 
 
-@reproduce.command("backcopy-study")
+@reproduce.command("backcopy-study", short_help="Bigram-Backcopy one-factor studies.")
 @click.argument(
     "study",
     type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures", "simplified"]),
@@ -722,7 +724,7 @@ def _sequence_list(catalogue) -> None:
     console.print("methods (* = run as given): " + ", ".join(names), markup=False)
 
 
-@reproduce.command("clrs")
+@reproduce.command("clrs", short_help="CLRS-style algorithms, Fig. 8 in small.")
 @profile_options(
     "reproduce clrs",
     "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x",
@@ -742,7 +744,7 @@ def reproduce_clrs(profile, out, ray_address, **options):
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
 
 
-@cli.command("leaderboard")
+@cli.command("leaderboard", short_help="Every attention method ranked on sequence tasks.")
 @profile_options(
     "leaderboard",
     "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",

@@ -237,3 +237,24 @@ def test_package_data_patterns_cover_every_data_file():
         for f in folder.iterdir():
             name = f"data/{f.name}"
             assert any(fnmatch.fnmatch(name, p) for p in listed.get(package, [])), name
+
+
+def test_every_command_has_a_whole_line_in_the_command_list():
+    """`sharpattn --help` shows each command's summary whole: never cut mid-sentence ("Max of n
+    numbers (Fig.") or with "..." at 80 columns; no help text sends the reader to the README."""
+    import click
+
+    from sharpattn.cli import cli
+
+    def every(group, prefix=()):
+        for name, cmd in group.commands.items():
+            yield (*prefix, name), cmd
+            if isinstance(cmd, click.Group):
+                yield from every(cmd, (*prefix, name))
+
+    for path, cmd in every(cli):
+        short = cmd.get_short_help_str(limit=55)
+        assert short.endswith(".") and not short.endswith("..."), path
+        assert short.count("(") == short.count(")"), path
+        helps = [cmd.help or "", *(getattr(o, "help", None) or "" for o in cmd.params)]
+        assert not any("README" in h for h in helps), path

@@ -12,6 +12,7 @@ from rich.table import Table
 from . import extras
 from . import normalizers as nz
 from .cli_options import (
+    COSTS,
     MAX_FACTOR,
     MAX_ITEMS,
     MAX_LENGTH,
@@ -19,6 +20,7 @@ from .cli_options import (
     MAX_SETS,
     MAX_STEPS,
     ProgressRenderer,
+    announce,
     cluster_options,
     compose,
     console,
@@ -73,9 +75,11 @@ def cli(ctx):
         click.echo(ctx.get_help())
 
 
-@cli.command("list")
+@cli.command("list", short_help="The registry of attention normalizers as a table.")
 @click.option(
-    "--markdown", is_flag=True, help="Print the README's Markdown table of the normalizers instead."
+    "--markdown",
+    is_flag=True,
+    help="Print the table in Markdown instead (the table of docs/normalizers.md).",
 )
 def list_methods(markdown):
     """The registry of attention normalizers as a table."""
@@ -107,7 +111,7 @@ def margin_option(f):
     )(f)  # fmt: skip
 
 
-@cli.command()
+@cli.command(short_help="Softmax vs adaptive temperature as n grows (Lemma 2.1).")
 @click.option(
     "--sizes", callback=_sizes, default="16,64,256,1024,4096,16384", show_default=True,
     help="Comma-separated numbers of items n.",
@@ -235,7 +239,7 @@ def _print_smith(run_dir: Path) -> None:
     console.print(gauss)
 
 
-@cli.command()
+@cli.command(short_help="The winner's weight vs n for every normalizer.")
 @click.option(
     "--methods", callback=_methods, default=None,
     help="Comma-separated normalizers (default: all registered).",
@@ -255,7 +259,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     _dispersion(out, methods, sizes, margin, rows, seed)
 
 
-@cli.command()
+@cli.command(short_help="Dispersion, sinks and heads of a Hugging Face model.")
 @click.argument("model", required=False)
 @click.option("--method", default=None, help="Also probe with the model switched to this method.")
 @click.option("--layers", callback=_layers, default=None, help="Extra layers to probe, e.g. 2,5.")
@@ -268,7 +272,7 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     "--ablation/--no-ablation", default=True, show_default=True,
     help="Run the active/dormant test (one forward pass per head and domain).",
 )  # fmt: skip
-@threads_option()
+@threads_option("forward passes run side by side, one torch thread each")
 @out_option("runs/diagnose", "Report folder to write.")
 def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
@@ -313,21 +317,24 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     console.print(f"wrote {run_dir}/report.md, metrics.json and PNGs")
 
 
-@cli.command("llm")
+@cli.command("llm", short_help="Max of n and perplexity on a pretrained LLM.")
 @click.argument("model", required=False, default="smollm2-135m")
 @click.option(
     "--full", is_flag=True,
-    help="n = 2 ... 512, 40 prompts per n, 4 windows per length (hours); default: the quick profile.",
+    help="n = 2 ... 512, 40 prompts per n, 4 windows per length "
+    f"({COSTS['llm']['full']}); default: the quick profile ({COSTS['llm']['quick']}).",
 )  # fmt: skip
 @click.option("--prompts", type=count(MAX_SETS), default=None, help="Prompts per n.")
 @seed_option("Seed of the prompts' random numbers.")
-@threads_option(default=2)
+@threads_option()
 @out_option("runs/llm", "Report folder to write.")
 def llm_study(model, full, prompts, seed, threads, out):
     """Max of n numbers (Fig. 3: entropy per layer, accuracy) and perplexity on a real LLM, for
     softmax, adaptive temperature and length scaling (no training)."""
     from .experiments import llm
 
+    if full:
+        announce("llm", "full", f"max of n at {len(llm.FULL_SIZES)} sizes, then perplexity")
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
             out, model=model, quick=not full, prompts=prompts, seed=seed, threads=threads,
@@ -337,15 +344,16 @@ def llm_study(model, full, prompts, seed, threads, out):
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 
-@cli.group()
+@cli.group(short_help="Reproduce a paper's experiment (resumable).")
 def reproduce():
     """Reproduce a paper's experiment from one command (resumable: re-run to continue)."""
 
 
-@reproduce.command("max-retrieval")
+@reproduce.command("max-retrieval", short_help="Softmax is not Enough, Table 1.")
 @profile_options(
-    "1 seed, 5,000 steps, sizes to 4,096 (about a minute).",
-    "10 seeds x 100,000 steps, sizes 16..16,384 (the default; about an hour on 2 cores).",
+    "reproduce max-retrieval",
+    "1 seed, 5,000 steps, sizes to 4,096",
+    "10 seeds x 100,000 steps, sizes 16..16,384",
 )
 @seeds_option()
 @click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
@@ -391,6 +399,8 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
         **{**mr.PROFILES[profile], **{k: v for k, v in given.items() if v is not None}},
         method=method, coefficients=coefficients, checkpoint_every=checkpoint_every,
     )  # fmt: skip
+    announce("reproduce max-retrieval", profile,
+             f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
     console.print((result["run"] / "table1.md").read_text(), markup=False, highlight=False)
@@ -399,7 +409,7 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     console.print(f"wrote {result['run']}/report.md")
 
 
-@cli.command("fit-temperature")
+@cli.command("fit-temperature", short_help="Refit adaptive temperature on a max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
 @click.option(
@@ -425,7 +435,7 @@ def fit_temperature(run, sizes, sets, no_eval):
         console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
 
 
-@cli.command("corollary-b1")
+@cli.command("corollary-b1", short_help="Corollary B.1 on a trained max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option(
     "--pairs", type=count(MAX_SETS), default=200, show_default=True,
@@ -446,10 +456,11 @@ def corollary_b1(run, pairs, seeds):
 # ---- reproduce selective (issue 8) ------------------------------------------------------------
 
 
-@reproduce.command("selective")
+@reproduce.command("selective", short_help="Selective attention: graph, denoising, a char LM.")
 @profile_options(
-    "3 seeds, few steps, 4 LM variants (a few minutes on 2 CPU cores).",
-    "The full profile (the default; hours on 2 cores).",
+    "reproduce selective",
+    "3 seeds, few steps, 4 LM variants",
+    "The paper's steps and seeds, all twelve LM variants",
 )
 @seed_option("First seed.")
 @seeds_option("Seeds per setting (overrides the profile).")
@@ -472,7 +483,8 @@ def corollary_b1(run, pairs, seeds):
     "--text",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Text for the language model (default ../shared/data/tinyshakespeare.txt of the checkout).",
+    help="Text for the language model (default: the first 100 KB of tiny Shakespeare, shipped "
+    "with the package; the documented --paper numbers used the whole 1.1 MB corpus: pass it here).",
 )
 @click.option("--lm-steps", type=count(MAX_STEPS), default=None, help="LM training steps.")
 @click.option(
@@ -487,7 +499,7 @@ def corollary_b1(run, pairs, seeds):
     show_default=True,
     help="Steps between checkpoints; re-running the command resumes from the last one.",
 )
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/selective-<profile>); re-running resumes it.")
 def reproduce_selective(profile, out, **options):
     """Selective attention (Zhang et al., NeurIPS 2024): graph next-token task, denoising and a
@@ -495,6 +507,7 @@ def reproduce_selective(profile, out, **options):
     from .experiments import selective as exp
 
     config = exp.make_config(profile, **options)
+    announce("reproduce selective", profile, f"{exp.trainings(config)} trainings")
     with ProgressRenderer(transient=True) as progress:
         run_dir, result = exp.run(out or f"runs/selective-{profile}", config, progress)
     for name, title in exp.TABLE_TITLES.items():
@@ -508,10 +521,11 @@ def reproduce_selective(profile, out, **options):
     )
 
 
-@reproduce.command("selective-llm")
+@reproduce.command("selective-llm", short_help="Selective temperatures on a frozen SmolLM2.")
 @profile_options(
-    "20 steps, 4 held-out windows at 1x and 2x the context (a few minutes on 2 cores).",
-    "100 steps, 8 windows at 1x, 2x and 4x the context (the default; see README for its cost).",
+    "reproduce selective-llm",
+    "20 steps, 4 held-out windows at 1x and 2x the context",
+    "100 steps, 8 windows at 1x, 2x and 4x the context",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
 @click.option("--steps", type=count(MAX_STEPS), default=None, help="AdamW steps.")
@@ -529,7 +543,7 @@ def reproduce_selective(profile, out, **options):
 @click.option("--eval-windows", type=count(MAX_SETS), default=None,
               help="Held-out windows per length (overrides the profile).")  # fmt: skip
 @seed_option("Seed of the training windows.")
-@threads_option(default=None)
+@threads_option()
 @out_option(None, "Run folder (default runs/selective-llm-<profile>); re-running resumes it.")
 def reproduce_selective_llm(profile, out, **options):
     """Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out
@@ -538,6 +552,7 @@ def reproduce_selective_llm(profile, out, **options):
     from .experiments import selective_llm as exp
 
     config = exp.make_config(profile, **options)
+    announce("reproduce selective-llm", profile, f"1 training of {config.steps} steps")
     with ProgressRenderer(transient=True) as progress:
         run_dir, _ = exp.run(out or f"runs/selective-llm-{profile}", config, progress)
     console.print((run_dir / "report.md").read_text(encoding="utf-8"), markup=False,
@@ -549,20 +564,22 @@ def reproduce_selective_llm(profile, out, **options):
 
 
 # --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
-@reproduce.command("backcopy")
+@reproduce.command("backcopy", short_help="Bigram-Backcopy: sinks, drains, residual peaks.")
 @profile_options(
-    "d = 64, 64 tokens, batch 16, 600-1,500 steps per run (minutes on 2 cores).",
-    "The paper's settings, App. C.1 (the default; hundreds of CPU-hours).",
-    "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps (hours on 1 core).",
+    "reproduce backcopy",
+    "d = 64, 64 tokens, batch 16, 600-1,500 steps per run",
+    "The paper's settings, App. C.1",
+    "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps",
 )
 @seed_option("Seed of every run (initialisation, batches, evaluation sequences).")
 @cluster_options
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/backcopy-<profile>); re-running resumes it.")
 def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     """Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2."""
     from .experiments import backcopy as bb
 
+    announce("reproduce backcopy", profile, f"{len(bb.RUNS)} training runs")
     with ProgressRenderer() as progress:
         run, findings = bb.reproduce(
             out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
@@ -581,7 +598,7 @@ def _names(ctx, param, value):
     return None if value is None else tuple(_items(value))
 
 
-@reproduce.command("backcopy-study")
+@reproduce.command("backcopy-study", short_help="Bigram-Backcopy one-factor studies.")
 @click.argument(
     "study",
     type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures", "simplified"]),
@@ -597,7 +614,7 @@ def _names(ctx, param, value):
               help="Only these of the study's variants, comma-separated (runs already in the "
               "folder are kept; the report covers the ones asked for).")  # fmt: skip
 @cluster_options
-@threads_option(default=1)
+@threads_option()
 @out_option(None, "Run folder (default runs/backcopy-study-<study>); re-running resumes it.")
 def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address, threads, out):
     """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, no-bos,
@@ -672,17 +689,23 @@ def _sequence_options(f):
             help="Steps between checkpoints; re-running the command resumes from the last one.",
         ),
         cluster_options,
-        threads_option(default=1),
+        threads_option(),
     )(f)
 
 
-def _sequence_run(module, name, profile, out, ray_address, methods=None, list_=False, **options):
+def _sequence_run(command, module, profile, out, ray_address, methods=None, list_=False,
+                  **options):  # fmt: skip
+    from .experiments import sequence
+
     config = module.make_config(profile, methods=methods, **options)
     if list_:
         _sequence_list(module.catalogue(config))
         return None
+    name = command.split()[-1]
+    out = out or f"runs/{name}-{profile}"
+    announce(command, profile, f"{len(sequence.jobs(out, config))} training jobs")
     with ProgressRenderer(transient=True) as progress:
-        result = module.run(out or f"runs/{name}-{profile}", config, progress, ray_address)
+        result = module.run(out, config, progress, ray_address)
     return result
 
 
@@ -701,10 +724,11 @@ def _sequence_list(catalogue) -> None:
     console.print("methods (* = run as given): " + ", ".join(names), markup=False)
 
 
-@reproduce.command("clrs")
+@reproduce.command("clrs", short_help="CLRS-style algorithms, Fig. 8 in small.")
 @profile_options(
-    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x (under 10 minutes on 2 cores).",
-    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes (the default; hours).",
+    "reproduce clrs",
+    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x",
+    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes",
 )
 @_sequence_options
 @out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
@@ -713,17 +737,18 @@ def reproduce_clrs(profile, out, ray_address, **options):
     Enough's Figure 8 in small): accuracy in and beyond the training sizes."""
     from .experiments import clrs
 
-    result = _sequence_run(clrs, "clrs", profile, out, ray_address, **options)
+    result = _sequence_run("reproduce clrs", clrs, profile, out, ray_address, **options)
     if result is None:
         return
     console.print((result["run"] / "clrs.md").read_text(), markup=False, highlight=False)
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
 
 
-@cli.command("leaderboard")
+@cli.command("leaderboard", short_help="Every attention method ranked on sequence tasks.")
 @profile_options(
-    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x (under 10 minutes on 2 cores).",
-    "Every synthetic task, every method, 3 seeds (the default; many CPU-hours: see README).",
+    "leaderboard",
+    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",
+    "Every synthetic task, every method, 3 seeds",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
 @_sequence_options
@@ -733,7 +758,7 @@ def leaderboard(profile, out, ray_address, **options):
     from the training sizes to 64x beyond (area under accuracy against log size)."""
     from .experiments import leaderboard as lb
 
-    result = _sequence_run(lb, "leaderboard", profile, out, ray_address, **options)
+    result = _sequence_run("leaderboard", lb, profile, out, ray_address, **options)
     if result is None:
         return
     console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)

@@ -1,15 +1,17 @@
 """What every `sharpattn` command shares: option decorators and the one progress renderer.
 
 Each command is a few lines: its own options, the shared ones below, a configuration built from
-them, a call into ``experiments``, a table printed. Progress reaches the terminal through
-:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): one
-bar per task, advancing with ``step``/``total``, showing ``phase`` and the latest ``loss``.
+them, a call into ``experiments``, a table printed. Progress reaches the user through
+:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
+terminal one bar per task, advancing with ``step``/``total``, showing ``phase``, the latest
+``loss`` and the time left; elsewhere (a log file, a pipe) plain lines every ten seconds.
 """
 
 from __future__ import annotations
 
 import functools
 import shutil
+import time
 from typing import Any
 
 import click
@@ -67,23 +69,75 @@ def seeds_option(help: str = "Number of seeds (overrides the profile)."):
     return click.option("--seeds", type=count(MAX_SEEDS), default=None, help=help)
 
 
-def threads_option(default: int | None = None):
-    """``--threads``: torch CPU threads (default: every core)."""
+def threads_option(what: str = "torch CPU threads per process"):
+    """``--threads``: the same default, 1, for every command: on 2 cores shared with other work,
+    processes of one thread each ran fastest (70 steps/s against 6 with a thread per core under
+    load); raise it on an idle machine with cores to spare."""
     return click.option(
         "--threads",
         type=click.IntRange(min=1, max=1024),
-        default=default,
-        show_default=default is not None,
-        help="torch CPU threads." + ("" if default is not None else " (default: every core)"),
+        default=1,
+        show_default=True,
+        help=f"{what[0].upper()}{what[1:]} (1 runs fastest on cores shared with other work).",
     )
 
 
-def profile_options(quick_help: str, paper_help: str, medium_help: str | None = None):
-    """``--quick`` / ``--paper``: the command's two profiles (the default is ``--paper`` unless
-    the command says otherwise); together they are refused. Adds ``profile`` ("quick" or
-    "paper") to the command's keyword arguments instead of the two flags. A command with an
-    intermediate profile passes ``medium_help``: ``--medium`` then gives ``profile="medium"``
-    and excludes the other two as they exclude each other."""
+#: The measured cost of every command's profiles, the one place it is written: ``--help`` and
+#: the line a long profile prints before it starts read it, and docs/cli.md's table shows it
+#: (tests/experiments/test_cli.py checks that the two agree). Measured on a 2-core AMD EPYC CPU.
+COSTS: dict[str, dict[str, str]] = {
+    "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
+    "reproduce clrs": {
+        "quick": "4 min 16 s wall",
+        "paper": "≈ 3.3 CPU-hours, ≈ 1.6 h on 2 cores",
+    },
+    "reproduce selective": {
+        "quick": "164 s of CPU",
+        "paper": "not run as a whole (its LM alone ≈ 7 CPU-hours)",
+    },
+    "reproduce selective-llm": {"quick": "about 3 minutes", "paper": "19:35 wall, one thread"},
+    "reproduce backcopy": {
+        "quick": "122 s of CPU",
+        "medium": "3.2 CPU-hours",
+        "paper": "≈ 430 CPU-hours, not run",
+    },
+    "leaderboard": {
+        "quick": "8 min 58 s wall",
+        "paper": "≈ 38 CPU-hours, ≈ 19 h on 2 cores, not run yet",
+    },
+    "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
+}
+
+#: the profiles that run for longer than about 30 minutes on 2 cores: named options only, and
+#: announced (:func:`announce`) before they start
+LONG = ("medium", "paper", "full")
+
+
+def profile_help(command: str, profile: str, what: str) -> str:
+    """The ``--help`` line of ``command``'s ``profile``: ``what`` it runs and its measured cost
+    (from :data:`COSTS`); the quick profile says it is the default."""
+    default = "the default; " if profile == "quick" else ""
+    return f"{what} ({default}{COSTS[command][profile]})."
+
+
+def announce(command: str, profile: str, jobs: str) -> None:
+    """Before a long profile starts: one line on stderr with the profile, its job count and its
+    measured cost, so a long run is never started unawares. Nothing for the quick profile."""
+    if profile in LONG:
+        click.echo(
+            f"sharpattn {command} --{profile}: {jobs}; measured cost {COSTS[command][profile]} "
+            "(re-running the command resumes it).",
+            err=True,
+        )
+
+
+def profile_options(command: str, quick: str, paper: str, medium: str | None = None):
+    """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
+    command's default runs for hours); together they are refused. Each help is what the profile
+    runs; its measured cost is added from :data:`COSTS`. Adds ``profile`` ("quick" or "paper")
+    to the command's keyword arguments instead of the flags. A command with an intermediate
+    profile passes ``medium``: ``--medium`` then gives ``profile="medium"`` and excludes the
+    other two as they exclude each other."""
 
     def decorate(f):
         @functools.wraps(f)
@@ -92,12 +146,16 @@ def profile_options(quick_help: str, paper_help: str, medium_help: str | None = 
             if len(chosen) > 1:
                 flags = " and ".join(f"--{n}" for n in chosen)
                 raise click.UsageError(f"{flags} exclude each other: choose one.")
-            return f(*args, profile=chosen[0] if chosen else "paper", **kwargs)
+            return f(*args, profile=chosen[0] if chosen else "quick", **kwargs)
 
-        flags = [click.option("--quick", is_flag=True, help=quick_help)]
-        if medium_help is not None:
-            flags.append(click.option("--medium", is_flag=True, help=medium_help))
-        flags.append(click.option("--paper", is_flag=True, help=paper_help))
+        flags = [click.option("--quick", is_flag=True, help=profile_help(command, "quick", quick))]
+        if medium is not None:
+            flags.append(
+                click.option("--medium", is_flag=True, help=profile_help(command, "medium", medium))
+            )
+        flags.append(
+            click.option("--paper", is_flag=True, help=profile_help(command, "paper", paper))
+        )
         return compose(*flags)(wrapper)
 
     return decorate
@@ -135,12 +193,49 @@ def cluster_options(f):
     )(connected)
 
 
-class ProgressRenderer:
-    """Draws the runner's progress events as rich bars: one per ``task``, showing its ``phase``,
-    ``step``/``total``, speed and the latest ``loss``. Use as a context manager; the instance is
-    the ``progress`` callable handed to experiments."""
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: "45 s", "12 min 5 s", "3 h 20 min"."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
-    def __init__(self, transient: bool = False):
+
+class _Pace:
+    """One task's timing: when it started, at which step, and when it was last printed."""
+
+    def __init__(self, now: float, step: int, total: int):
+        self.t0, self.step0, self.last, self.total, self.phase = now, step, step, total, None
+        self.printed, self.printed_step = now, None
+
+    def left(self, now: float, step: int, total: int) -> str:
+        """The time left at the pace so far (steps since this task was first seen)."""
+        done, spent = step - self.step0, now - self.t0
+        if step >= total:
+            return "done"
+        if done <= 0 or spent <= 0:
+            return "time left not yet known"
+        return f"about {duration((total - step) * spent / done)} left"
+
+
+class ProgressRenderer:
+    """Draws the runner's progress events: on a terminal as rich bars, one per ``task`` and
+    kind (training or the rest), showing its ``phase``, ``step``/``total``, the latest ``loss``,
+    the time elapsed and an estimate of the time left; otherwise (output redirected to a file or
+    a pipe) as plain lines, ``task phase step/total, elapsed, time left``, at most one per task
+    every ``every`` seconds, plus one whenever a task's phase changes and one when it finishes.
+    Use as a context manager; the instance is the ``progress`` callable handed to experiments."""
+
+    def __init__(self, transient: bool = False, every: float = 10.0, plain: bool | None = None,
+                 clock=time.monotonic):  # fmt: skip
+        self.plain = not console.is_terminal if plain is None else plain
+        self.every, self.clock = every, clock
+        self.paces: dict[tuple[str, str], _Pace] = {}
+        self.tasks: dict[tuple[str, str], Any] = {}
+        if self.plain:
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -157,28 +252,49 @@ class ProgressRenderer:
             TextColumn("{task.fields[phase]}"),
             TextColumn("loss {task.fields[loss]}"),
             TimeElapsedColumn(),
+            TextColumn("left"),
             TimeRemainingColumn(),
             console=console,
             transient=transient,
         )
-        self.tasks: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> ProgressRenderer:
-        self.bars.__enter__()
+        if not self.plain:
+            self.bars.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bars.__exit__(*exc)
+        if not self.plain:
+            self.bars.__exit__(*exc)
 
     def __call__(self, ev: dict[str, Any]) -> None:
         task, phase = str(ev.get("task", "")), str(ev.get("phase", ""))
         kind = "train" if phase == "train" else "work"  # a training bar and one for the rest
         key = (task, kind)
+        if self.plain:
+            self._line(key, ev, phase)
+            return
         if key not in self.tasks:
-            self.tasks[key] = self.bars.add_task(
-                task if kind == "train" else f"{task} eval", total=ev["total"], phase="", loss="-"
-            )
+            self.tasks[key] = self.bars.add_task(task, total=ev["total"], phase="", loss="-")
         fields: dict[str, Any] = {"phase": ev.get("note") or phase}
         if ev.get("loss") is not None:
             fields["loss"] = f"{ev['loss']:.4f}"
         self.bars.update(self.tasks[key], completed=ev["step"], total=ev["total"], **fields)
+
+    def _line(self, key: tuple[str, str], ev: dict[str, Any], phase: str) -> None:
+        now, step, total = self.clock(), int(ev["step"]), int(ev["total"])
+        pace = self.paces.get(key)
+        if pace is None or step < pace.last or total != pace.total:  # a task (re)starts
+            pace = self.paces[key] = _Pace(now, step, total)
+        elif pace.phase == phase and (
+            pace.printed_step == step or (step < total and now - pace.printed < self.every)
+        ):
+            pace.last = step
+            return
+        pace.phase, pace.printed, pace.printed_step, pace.last = phase, now, step, step
+        parts = [f"{key[0]} {phase} {step}/{total}"]
+        if ev.get("loss") is not None:
+            parts.append(f"loss {ev['loss']:.4f}")
+        parts += [f"{duration(now - pace.t0)} elapsed", pace.left(now, step, total)]
+        line = ", ".join(parts) + (f" ({ev['note']})" if ev.get("note") else "")
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

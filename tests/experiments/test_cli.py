@@ -72,3 +72,189 @@ def test_readme_quick_start_runs():
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     assert len(code.strip().splitlines()) <= 11
     exec(compile(code, "README quick start", "exec"), {})
+
+
+# ------------------------------------------------------------------ profiles: defaults and costs
+def _commands(group=None, prefix=()):
+    """(path, click command) for every command of the ``sharpattn`` tree."""
+    import click
+
+    from sharpattn.cli import cli
+
+    group = group or cli
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_every_profile_default_is_quick_and_long_profiles_are_named():
+    """No command's default is a long profile: every command with profiles runs --quick without
+    a flag, says so in its help, and its long profiles name their measured cost (from the one
+    table, cli_options.COSTS)."""
+    from sharpattn.cli_options import COSTS
+
+    with_profiles = 0
+    for path, cmd in _commands():
+        helps = {o.name: o.help or "" for o in cmd.params}
+        if "quick" not in helps:
+            assert "(the default" not in " ".join(helps.values()), path
+            continue
+        with_profiles += 1
+        command = " ".join(path)
+        assert "(the default; " + COSTS[command]["quick"] in helps["quick"], path
+        for long in ("medium", "paper"):
+            if long in helps:
+                assert "the default" not in helps[long] and COSTS[command][long] in helps[long]
+    assert with_profiles == 6
+
+
+def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
+    from sharpattn.experiments import leaderboard as lb
+
+    seen = []
+    monkeypatch.setattr(lb, "run", lambda out, cfg, *a: seen.append((out, cfg)))
+    assert main(["leaderboard", "--out", str(tmp_path / "q")]) == 0
+    assert seen[0][1] == lb.make_config("quick")
+    assert capsys.readouterr().err == ""  # the quick profile starts without a word
+
+
+@pytest.mark.parametrize(
+    "argv, command, profile",
+    [
+        (["leaderboard", "--paper"], "leaderboard", "paper"),
+        (["reproduce", "clrs", "--paper"], "reproduce clrs", "paper"),
+        (["reproduce", "backcopy", "--medium"], "reproduce backcopy", "medium"),
+        (["reproduce", "max-retrieval", "--paper"], "reproduce max-retrieval", "paper"),
+        (["reproduce", "selective", "--paper"], "reproduce selective", "paper"),
+        (["reproduce", "selective-llm", "--paper"], "reproduce selective-llm", "paper"),
+        (["llm", "--full"], "llm", "full"),
+    ],
+)
+def test_a_long_profile_says_its_cost_before_it_starts(argv, command, profile, tmp_path,
+                                                       monkeypatch, capsys):  # fmt: skip
+    """Before any work, one line on stderr: the profile, the job count, the measured cost."""
+    from sharpattn import cli_options
+    from sharpattn.cli_options import COSTS
+
+    class Started(Exception):
+        pass
+
+    def start(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(cli_options.ProgressRenderer, "__enter__", start)
+    with pytest.raises(Started):
+        main([*argv, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"sharpattn {command} --{profile}:" in err and COSTS[command][profile] in err
+    assert any(ch.isdigit() for ch in err.split(":")[1].split(";")[0])  # a count
+
+
+def test_the_cost_table_of_docs_is_the_code_s():
+    """docs/cli.md's table of profiles shows every measured cost of cli_options.COSTS."""
+    from pathlib import Path
+
+    from sharpattn.cli_options import COSTS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    for command, costs in COSTS.items():
+        for profile, cost in costs.items():
+            assert cost in rows[command], (command, profile)
+
+
+# ---------------------------------------------------------------------- progress without a terminal
+def test_progress_without_a_terminal_prints_plain_lines(monkeypatch):
+    """Output redirected: a plain line per phase change and at most one per task every
+    ``every`` seconds, each with step/total, the time elapsed and an estimate of the time left."""
+    import io
+
+    from rich.console import Console
+
+    from sharpattn import cli_options
+    from sharpattn.experiments.runner import event
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli_options, "console", Console(file=buf, width=200))
+    now = [0.0]
+    with cli_options.ProgressRenderer(every=10, clock=lambda: now[0]) as progress:
+        assert progress.plain  # not a terminal
+        for step in range(0, 101, 5):  # 1 s per 5 steps: 20 s of training
+            progress(event("seed 0", "train", step, 100, loss=1.0 / (step + 1)))
+            now[0] += 1
+        progress(event("seed 0", "eval n=16", 0, 4))
+        now[0] += 2
+        progress(event("seed 0", "eval n=16", 1, 4))  # too soon: not printed
+        progress(event("seed 0", "eval n=32", 2, 4))  # a new phase, the same pace
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "seed 0 train 0/100, loss 1.0000, 0 s elapsed, time left not yet known"
+    assert lines[1].startswith("seed 0 train 50/100, loss") and "10 s elapsed" in lines[1]
+    assert lines[1].endswith("about 10 s left")
+    assert lines[2].startswith("seed 0 train 100/100") and lines[2].endswith("done")
+    assert lines[3] == "seed 0 eval n=16 0/4, 0 s elapsed, time left not yet known"
+    assert lines[4] == "seed 0 eval n=32 2/4, 2 s elapsed, about 2 s left"
+    assert len(lines) == 5
+
+
+def test_a_redirected_command_prints_its_progress(tmp_path):
+    """A real command with its output in a file (no terminal) writes progress lines there."""
+    log = tmp_path / "log.txt"
+    code = "from sharpattn.cli import main; raise SystemExit(main())"
+    argv = ["dispersion", "--sizes", "16,64", "--rows", "4", "--out", str(tmp_path / "d")]
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, "-c", code, *argv], stdout=f, stderr=f, timeout=120)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert any(" elapsed, " in line and "/" in line for line in text.splitlines()), text
+
+
+def test_every_command_defaults_to_one_thread():
+    """One thread default for every command (one-thread processes are fastest on shared cores)."""
+    with_threads = [
+        (path, o.default) for path, cmd in _commands() for o in cmd.params if o.name == "threads"
+    ]
+    assert len(with_threads) >= 9 and all(default == 1 for _, default in with_threads)
+
+
+def test_package_data_patterns_cover_every_data_file():
+    """Every file of a package's data/ folder is listed by pyproject's package-data, so an
+    installed package ships what its defaults read."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[2]
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    for folder in (root / "src").glob("sharpattn/**/data"):
+        package = ".".join(folder.parent.relative_to(root / "src").parts)
+        for f in folder.iterdir():
+            name = f"data/{f.name}"
+            assert any(fnmatch.fnmatch(name, p) for p in listed.get(package, [])), name
+
+
+def test_every_command_has_a_whole_line_in_the_command_list():
+    """`sharpattn --help` shows each command's summary whole: never cut mid-sentence ("Max of n
+    numbers (Fig.") or with "..." at 80 columns; no help text sends the reader to the README."""
+    import click
+
+    from sharpattn.cli import cli
+
+    def every(group, prefix=()):
+        for name, cmd in group.commands.items():
+            yield (*prefix, name), cmd
+            if isinstance(cmd, click.Group):
+                yield from every(cmd, (*prefix, name))
+
+    for path, cmd in every(cli):
+        short = cmd.get_short_help_str(limit=55)
+        assert short.endswith(".") and not short.endswith("..."), path
+        assert short.count("(") == short.count(")"), path
+        helps = [cmd.help or "", *(getattr(o, "help", None) or "" for o in cmd.params)]
+        assert not any("README" in h for h in helps), path

@@ -33,8 +33,18 @@ def test_corpus_split_and_vocabulary(corpus):
     assert "".join(vocab[i] for i in val[:50].tolist()) == text[len(train) : len(train) + 50]
 
 
-def test_default_text_path_is_the_shared_corpus():
-    assert exp.default_text_path().resolve() == CORPUS.resolve()
+def test_the_default_text_ships_with_the_package():
+    """The default corpus is package data (an installed package has no ../shared): the start of
+    tiny Shakespeare in whole speeches, large enough for the quick profile's evaluation."""
+    path = exp.default_text_path()
+    assert path.is_relative_to(Path(exp.__file__).resolve().parents[1])
+    text = exp.load_text()
+    full = CORPUS.read_text(encoding="utf-8")
+    assert 90_000 < len(text) <= 100_000 and full.startswith(text)
+    assert full[len(text) - 1 : len(text) + 1] == "\n\n"  # ends where a speech ends
+    quick = exp.quick_config().lm
+    _, val, _ = exp.char_corpus(text)
+    assert len(val) > max(quick.eval_contexts) * (quick.eval_tokens // max(quick.eval_contexts))
 
 
 def test_variants_parse():

@@ -435,7 +435,7 @@ PROFILES = {
     "paper": {"d_model": 256, "seq_len": 256, "batch": 512, "steps": 10_000, "eval_batch": 64,
               "checkpoint_every": 25},
     # Between the two (issue 15, item 8): the paper's AdamW lr 3e-4 and 10,000 steps with
-    # d = 128, 128 tokens, batch 32 (the paper: 256, 256, 512). Cost in the README.
+    # d = 128, 128 tokens, batch 32 (the paper: 256, 256, 512). Its cost: docs/active-dormant-heads.md.
     "medium": {"d_model": 128, "seq_len": 128, "batch": 32, "steps": 10_000, "eval_batch": 32,
                "n_measure": 30, "checkpoint_every": 250},
     # Small enough for 2 shared CPU cores in minutes. A larger AdamW step compresses time: lr

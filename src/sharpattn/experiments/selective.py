@@ -42,6 +42,7 @@ import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -736,9 +737,15 @@ def lm_variant(name: str) -> str:
     return canonical
 
 
+#: The language model's default text, shipped with the package: the first 99,843 characters
+#: (whole speeches) of tiny Shakespeare (public domain). The full corpus (1.1 MB) is what the
+#: documented --paper numbers used: ``--text PATH`` reads it (or any plain-text file).
+PACKAGED_TEXT = "tinyshakespeare_100k.txt"
+
+
 def default_text_path() -> Path:
-    """``../shared/data/tinyshakespeare.txt`` next to the source checkout (not shipped: 1 MB)."""
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tinyshakespeare.txt"
+    """The packaged excerpt of tiny Shakespeare (:data:`PACKAGED_TEXT`)."""
+    return Path(str(resources.files("sharpattn.tasks").joinpath("data", PACKAGED_TEXT)))
 
 
 def load_text(path: str | Path | None = None) -> str:
@@ -747,7 +754,7 @@ def load_text(path: str | Path | None = None) -> str:
     if not path.is_file():
         raise FileNotFoundError(
             f"no text file at {path}: pass --text PATH to a plain-text corpus such as tiny "
-            "Shakespeare (it is not shipped with the package)."
+            "Shakespeare."
         )
     try:
         text = path.read_text(encoding="utf-8")
@@ -788,7 +795,7 @@ class LMConfig:
     eval_tokens: int = 65536  # validation tokens per context (whole windows of that length)
     sharing: bool = False  # token term: the MLP (base SSA) or weight sharing
     variants: tuple[str, ...] = LM_VARIANTS
-    text: str | None = None  # default: default_text_path()
+    text: str | None = None  # default: default_text_path(), the packaged excerpt
 
 
 def lm_model(cfg: LMConfig, vocab: int, variant: str, seed: int):
@@ -1053,6 +1060,17 @@ def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = No
     parts = tuple(dict.fromkeys(t.strip() for t in tasks.split(",") if t.strip()))
     return replace(config, graph=g, denoise=d, lm=lm, tasks=parts, threads=threads,
                    checkpoint_every=checkpoint_every)  # fmt: skip
+
+
+def trainings(config: ReproduceConfig) -> int:
+    """How many trainings ``config`` runs: one ensemble per graph readout, one for denoising,
+    one run per LM variant and seed (of the tasks it names)."""
+    per_task = {
+        "graph": len(config.graph.readouts),
+        "denoise": 1,
+        "lm": len(config.lm.variants) * config.lm.seeds,
+    }
+    return sum(per_task.get(t, 0) for t in config.tasks)
 
 
 TABLE_TITLES = {  # RUN/<name>.md: what the command prints, in this order

@@ -453,7 +453,7 @@ def corollary_b1(run, pairs, seeds):
     console.print((Path(run) / "corollary_b1.md").read_text(), markup=False, highlight=False)
 
 
-# ---- reproduce selective (issue 8) ------------------------------------------------------------
+# ---- reproduce selective ------------------------------------------------------------
 
 
 @reproduce.command("selective", short_help="Selective attention: graph, denoising, a char LM.")
@@ -563,7 +563,7 @@ def reproduce_selective_llm(profile, out, **options):
 # ---- end reproduce selective ------------------------------------------------------------------
 
 
-# --- reproduce backcopy (issue 7: Guo et al., Active-Dormant Attention Heads) ----------------
+# --- reproduce backcopy (Guo et al., Active-Dormant Attention Heads) ----------------
 @reproduce.command("backcopy", short_help="Bigram-Backcopy: sinks, drains, residual peaks.")
 @profile_options(
     "reproduce backcopy",
@@ -657,7 +657,7 @@ def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address
     console.print(f"wrote {run}/report.md")
 
 
-# --- sequence tasks: reproduce clrs and the leaderboard (issue 14) -----------------------------
+# --- sequence tasks: reproduce clrs and the leaderboard -----------------------------
 def _sequence_options(f):
     """The options ``reproduce clrs`` and ``leaderboard`` share."""
     return compose(

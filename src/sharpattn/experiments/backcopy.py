@@ -434,7 +434,7 @@ PROFILES = {
     # takes 13-48 CPU-seconds here: a checkpoint every 25).
     "paper": {"d_model": 256, "seq_len": 256, "batch": 512, "steps": 10_000, "eval_batch": 64,
               "checkpoint_every": 25},
-    # Between the two (issue 15, item 8): the paper's AdamW lr 3e-4 and 10,000 steps with
+    # Between the two: the paper's AdamW lr 3e-4 and 10,000 steps with
     # d = 128, 128 tokens, batch 32 (the paper: 256, 256, 512). Its cost: docs/active-dormant-heads.md.
     "medium": {"d_model": 128, "seq_len": 128, "batch": 32, "steps": 10_000, "eval_batch": 32,
                "n_measure": 30, "checkpoint_every": 250},

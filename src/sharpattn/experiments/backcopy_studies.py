@@ -6,7 +6,7 @@ change); every variant × seed is one run of the shared runner (:func:`.backcopy
 is a new run. :func:`run_study` trains them and writes ``report.md`` with one row per run (the
 paper's claim beside our numbers) and a PNG of the BOS residual norm at layer 0's output.
 
-Studies (issue 15):
+Studies:
 
 * ``relu-peak`` (item 5): why ReLU attention grows ‖Res_BOS‖ in the quick profile although
   Fig. 7c shows it flat: learning rate (3e-3 vs the paper's 3e-4, the latter also for 10× the

@@ -267,7 +267,7 @@ def _write_run(out, experiment: str, config: dict, rows: list, text: tuple[str, 
     return run_dir
 
 
-# ---------------------------------------------------------------- Smith's blog (issue 15, item 10)
+# ---------------------------------------------------------------- Smith's blog
 #
 # E. Smith, *Softmax Attention is a Fluke* (blog). Two toys, both drawn only as figures there:
 # (1) ten scores, "subtracted and sum-normalised": "30% token 6, approximately 15% token 7 and

@@ -1,5 +1,5 @@
-"""ASEntmax, Llama 4's temperature tuning and Qwen's log-n scaling (issue 14), beyond the family
-tests: per-query parameters, the authors' log-position, large logits, one key, masked rows.
+"""ASEntmax, Llama 4's temperature tuning and Qwen's log-n scaling against their model codes, beyond
+the family tests: per-query parameters, the authors' log-position, large logits, one key, masked rows.
 
 References are NumPy float64 transcriptions of the model codes' lines (cited per function).
 """

@@ -1,4 +1,5 @@
-"""Issue 16, library items 1–9: one regression test per reproducer found by the hostile probe.
+"""Regressions: one test per reproducer found by probing the library with hostile input, and the
+checks of normalizer parameters generated from the registry's ``Param``s.
 
 The broad, property-based version of these checks (every method × every path × hostile inputs)
 is ``test_adversarial.py``; this file keeps each reported reproducer, so a regression names its

@@ -20,8 +20,16 @@ from rich.console import Console
 # Wide enough for the tables when output is not a terminal (pipes, CI logs).
 console = Console(width=shutil.get_terminal_size((140, 24)).columns)
 
+
+class _SeedRange(click.IntRange):
+    """0 ≤ seed < 2^63, shown in ``--help`` as that rather than as nineteen digits."""
+
+    def _describe_range(self) -> str:
+        return "0<=x<2**63"
+
+
 #: seeds reach torch and NumPy as unsigned 64-bit integers; 2**63 - 1 keeps every offset valid
-SEED = click.IntRange(0, 2**63 - 1)
+SEED = _SeedRange(0, 2**63 - 1)
 
 #: The upper bounds of the commands' counts, each far above every profile's value and low enough
 #: that a slip of the keyboard (``--steps 10**30``) is refused at once rather than started as

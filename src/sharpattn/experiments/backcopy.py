@@ -832,7 +832,8 @@ def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> Non
     """Fig. 2b / 7a: the attention map of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
     w = cap["layers.0.attn.weights"][0].mean(0).numpy()
-    ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
+    im = ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
+    ax.figure.colorbar(im, ax=ax, shrink=0.8, label="attention weight (mean over heads)")
     labels = [_label(task, t) for t in seq[:n]]
     ax.set_xticks(range(n), labels, fontsize=6, rotation=90)
     ax.set_yticks(range(n), labels, fontsize=6)

@@ -170,18 +170,23 @@ def plot(rows: list[Row], path: Path, margin: float) -> None:
 
 
 def _plot_winner(ax, rows: list[Row], margin: float) -> None:
-    methods = list(dict.fromkeys(r.method for r in rows))
+    # softmax, the reference every other curve is read against, is drawn last, in black and
+    # thick, so the other methods' curves cannot hide it
+    methods = sorted(dict.fromkeys(r.method for r in rows), key=lambda m: m == "softmax")
     cmap = report.pyplot().get_cmap("tab20")
     styles = ("o-", "s-", "^-", "D-", "v-")
     for i, method in enumerate(methods):
         mr = [r for r in rows if r.method == method and r.winner_weight > 0]
+        soft = method == "softmax"
         ax.plot(
             [r.n for r in mr],
             [r.winner_weight for r in mr],
-            styles[i % len(styles)],
-            color=cmap(i % 20),
-            ms=4,
-            lw=1.5 if method != "softmax" else 2.5,
+            "o-" if soft else styles[i % len(styles)],
+            color="black" if soft else cmap(i % 20),
+            ms=5 if soft else 3,
+            lw=3 if soft else 1.2,
+            alpha=1.0 if soft else 0.8,
+            zorder=5 if soft else 2,
             label=method,
         )
     ns = sorted({r.n for r in rows})

@@ -704,7 +704,13 @@ def plot_attention(
     g = generator(_TEST_SEED, _FIGURE)
     methods = eval_methods(config)
     with report.figure(
-        path, 2, len(sizes), figsize=(1.6 * len(sizes) + 1, 6), squeeze=False, dpi=110
+        path,
+        2,
+        len(sizes),
+        figsize=(1.6 * len(sizes) + 1.8, 6),
+        squeeze=False,
+        dpi=110,
+        layout="constrained",
     ) as (fig, axes):
         for j, n in enumerate(sizes):
             b = sample_max_retrieval(sets, n, g)
@@ -712,7 +718,9 @@ def plot_attention(
             for i, (label, (method, params)) in enumerate(methods.items()):
                 _, w = model(b.x, b.q, method=method, return_weights=True, **params)
                 ax = axes[i, j]
-                ax.imshow(w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
+                im = ax.imshow(
+                    w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if i == 0:
@@ -724,6 +732,7 @@ def plot_attention(
                         else (method if label == "baseline" else "adaptive θ")
                     )
         fig.suptitle("Attention over the 16 largest items of 32 sets (max rightmost)")
+        fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
 
 
 def fig5_boundaries(items: int = 10, floor: float | None = None) -> tuple[float, float]:

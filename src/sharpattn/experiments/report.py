@@ -40,13 +40,15 @@ def figure(
     """``with figure(path, figsize=(7, 4)) as (fig, ax): ...`` draws and saves ``path``.
 
     ``nrows``/``ncols``/``kwargs`` go to ``plt.subplots``; the PNG is written atomically with a
-    tight layout when the block ends without an error.
+    tight layout (or the ``layout`` the figure asked for, e.g. ``layout="constrained"`` for a
+    colour bar beside several panels) when the block ends without an error.
     """
     plt = pyplot()
     fig, ax = plt.subplots(nrows, ncols, **kwargs)
     try:
         yield fig, ax
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:  # a figure asking for layout="constrained" keeps it
+            fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi)
         write_atomic(Path(path), buf.getvalue())

@@ -694,15 +694,15 @@ def _sequence_options(f):
 
 
 def _sequence_run(command, module, profile, out, ray_address, methods=None, list_=False,
-                  **options):  # fmt: skip
+                  config_args=None, **options):  # fmt: skip
     from .experiments import sequence
 
-    config = module.make_config(profile, methods=methods, **options)
+    name = command.split()[-1]
+    out = out or f"runs/{name}-{profile}"
+    config = module.make_config(profile, methods=methods, **(config_args or {}), **options)
     if list_:
         _sequence_list(module.catalogue(config))
         return None
-    name = command.split()[-1]
-    out = out or f"runs/{name}-{profile}"
     announce(command, profile, f"{len(sequence.jobs(out, config))} training jobs")
     with ProgressRenderer(transient=True) as progress:
         result = module.run(out, config, progress, ray_address)
@@ -751,14 +751,29 @@ def reproduce_clrs(profile, out, ray_address, **options):
     "Every synthetic task, every method, 3 seeds",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
+@click.option(
+    "--method",
+    "plugins",
+    multiple=True,
+    metavar="MODULE:FUNCTION",
+    help="Your own normalizer (a function or Normalizer, imported from the current directory or "
+    "PYTHONPATH), added to the methods; with an existing --out it joins that run. Repeatable.",
+)
 @_sequence_options
 @out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")
-def leaderboard(profile, out, ray_address, **options):
+def leaderboard(profile, out, ray_address, plugins, **options):
     """Every attention method on the same sequence tasks, seeds and budget, ranked by accuracy
     from the training sizes to 64x beyond (area under accuracy against log size)."""
     from .experiments import leaderboard as lb
 
-    result = _sequence_run("leaderboard", lb, profile, out, ray_address, **options)
+    if plugins:  # joining a run: its stored settings stand where no option is given
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        options = {k: None if ctx.get_parameter_source(k) == default else v
+                   for k, v in options.items()}  # fmt: skip
+    config_args = {"out": out or f"runs/leaderboard-{profile}", "plugins": plugins}
+    result = _sequence_run("leaderboard", lb, profile, out, ray_address, config_args=config_args,
+                           **options)  # fmt: skip
     if result is None:
         return
     console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)

@@ -10,14 +10,16 @@ test sequences). The engine is :mod:`.sequence`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..normalizers import plugin
 from . import sequence as seq
-from .report import image, write_report, write_table
-from .runner import Progress
+from .report import image, markdown_table, write_report, write_table
+from .runner import Progress, read_config
 
 #: the profiles: --quick (minutes on 2 cores) and the full one
 PROFILES: dict[str, dict[str, Any]] = {
@@ -31,14 +33,36 @@ PROFILES: dict[str, dict[str, Any]] = {
 FAMILY = "synthetic"  # the tasks this command runs
 
 
-def make_config(profile: str = "quick", **overrides: Any) -> seq.SequenceConfig:
-    """The configuration of a profile, with ``overrides`` (None values ignored)."""
-    return seq.profile_config(PROFILES, profile, FAMILY, overrides)
+def make_config(profile: str = "quick", out: str | Path | None = None,
+                plugins: tuple[str, ...] = (), **overrides: Any) -> seq.SequenceConfig:  # fmt: skip
+    """The configuration of a profile, with ``overrides`` (None values ignored).
+
+    ``plugins``: users' normalizers (``package.module:function``, :mod:`..normalizers.plugin`),
+    imported and probed here (a bad one is refused before any work) and added to the methods.
+    With plug-ins and ``out`` an existing leaderboard run, that run's stored configuration is
+    the base instead of the profile (its tasks, methods, seeds and training), so the plug-ins
+    join it and its other methods resume from what they have; ``overrides`` still apply."""
+    for spec in plugins:  # imported and probed: a bad one is refused before anything else
+        plugin.load(spec)
+    stored = Path(out) / "config.json" if out is not None else None
+    if plugins and stored is not None and stored.is_file():
+        fields = seq.SequenceConfig.__dataclass_fields__
+        base = {k: v for k, v in read_config(out, "leaderboard").items() if k in fields}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        cfg = seq.SequenceConfig(**{**base, **given})
+    else:
+        cfg = seq.profile_config(PROFILES, profile, FAMILY, overrides)
+    if plugins:
+        cfg = replace(cfg, methods=tuple(dict.fromkeys((*cfg.methods, *plugins))))
+    seq.resolve(cfg.methods)  # unknown methods, bad plug-ins: one sentence, before any work
+    for name in cfg.tasks:
+        seq.task(name)
+    return cfg
 
 
 def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
     """``--list``: the synthetic tasks and the methods, those ``cfg`` runs marked."""
-    return seq.catalogue(cfg, FAMILY, tuple(seq.methods()))
+    return seq.catalogue(cfg, FAMILY, tuple(dict.fromkeys((*seq.methods(), *cfg.methods))))
 
 
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
@@ -59,8 +83,6 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
     out = []
     for m in methods:
         entry: dict[str, Any] = {"method": m, "tasks": {}}
-        overall: dict[int, dict[str, float]] = {}
-        base_overall: dict[int, dict[str, float]] = {}
         for t in tasks:
             if (t, m) not in per:
                 continue
@@ -68,19 +90,44 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
             entry["tasks"][t] = {
                 key: seq.compare(per[(t, m)], base, key) for key in ("auc", "id", "ood", "largest")
             }
-            for s, v in per[(t, m)].items():
-                overall.setdefault(s, {"auc": 0.0, "n": 0})
-                overall[s]["auc"] += v["auc"]
-                overall[s]["n"] += 1
-            for s, v in base.items():
-                base_overall.setdefault(s, {"auc": 0.0, "n": 0})
-                base_overall[s]["auc"] += v["auc"]
-                base_overall[s]["n"] += 1
-        mean_over = {s: {"auc": v["auc"] / v["n"]} for s, v in overall.items()}
-        base_mean = {s: {"auc": v["auc"] / v["n"]} for s, v in base_overall.items()}
-        entry["score"] = seq.compare(mean_over, base_mean, "auc")
+        has = [t for t in tasks if (t, m) in per]
+        entry["score"] = seq.compare(overall(per, m, has), overall(per, "softmax", has), "auc")
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
+    return out
+
+
+def overall(per: dict[tuple[str, str], dict[int, dict[str, float]]], method: str,
+            tasks: list[str]) -> dict[int, dict[str, float]]:  # fmt: skip
+    """{seed: {"auc": the method's mean score over the tasks it has}} (per from seq.measures)."""
+    sums: dict[int, list[float]] = {}
+    for t in tasks:
+        for s, v in per.get((t, method), {}).items():
+            sums.setdefault(s, []).append(v["auc"])
+    return {s: {"auc": float(np.mean(v))} for s, v in sums.items()}
+
+
+def against_all(rows: list[dict[str, Any]], method: str, tasks: list[str]) -> list[dict[str, Any]]:
+    """``method`` against every other method of ``rows``: per other method its overall score, the
+    paired difference (``method`` − it, mean over seeds) and the paired t-test p-value, overall
+    and per task (the same seeds and test sequences; uncorrected for the number of comparisons)."""
+    per = seq.measures(rows)
+    mine = overall(per, method, tasks)
+    out = []
+    for other in dict.fromkeys(r["method"] for r in rows):
+        if other == method:
+            continue
+        theirs = overall(per, other, tasks)
+        seeds = sorted(set(mine) & set(theirs))
+        diff = {s: {"auc": mine[s]["auc"] - theirs[s]["auc"]} for s in seeds}
+        out.append({
+            "method": other,
+            "score": seq.compare(theirs, theirs, "auc")[:2],
+            "diff": seq.compare(diff, diff, "auc")[:2] if diff else (float("nan"),) * 2,
+            "p": seq.compare(mine, theirs, "auc")[2],
+            "tasks": {t: seq.compare(per.get((t, method), {}), per[(t, other)], "auc")[2]
+                      for t in tasks if (t, other) in per and (t, method) in per},
+        })  # fmt: skip
     return out
 
 
@@ -90,6 +137,21 @@ def _pm(mean: float, sd: float) -> str:
 
 def _p(p: float) -> str:
     return "–" if not np.isfinite(p) else f"{p:.2g}"
+
+
+def _versus(rows, method: str, tasks: list[str]) -> str:
+    """A user's method against every other one: a report section (:func:`against_all`)."""
+    header = ["method", "its score", f"{method} − it", "p", *(f"p {t}" for t in tasks)]
+    body = [[c["method"], _pm(*c["score"]), _pm(*c["diff"]), _p(c["p"]),
+             *(_p(c["tasks"].get(t, float("nan"))) for t in tasks)]
+            for c in against_all(rows, method, tasks)]  # fmt: skip
+    return (
+        f"## {method} against every method\n\nPaired over seeds on the same test sequences: the "
+        f"difference of scores ({method} minus the method, mean ± sd over seeds) and the two-sided "
+        f"paired t-test p-value, overall and per task; uncorrected for the {len(body)} "
+        f"comparison{'s' * (len(body) != 1)} (Bonferroni: multiply by their number).\n\n"
+        + markdown_table(header, body)
+    )
 
 
 def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
@@ -113,6 +175,8 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
                 detail.append([t, e["method"], _pm(*c["id"][:2]), _pm(*c["ood"][:2]),
                                _pm(*c["largest"][:2]), _p(c["largest"][2])])  # fmt: skip
     md_detail = write_table(folder, "accuracy", detail_header, detail)
+    added = [e["method"] for e in table if plugin.is_spec(e["method"])]
+    versus = [_versus(rows, m, tasks) for m in added]
     order = [e["method"] for e in table]
     seq.plot_curves(folder / "leaderboard.png", rows, tasks, order,
                     "Exact-match accuracy against size (shaded: training sizes)")  # fmt: skip
@@ -140,5 +204,6 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             "## Ranking\n\n" + md,
             image("leaderboard.png", "Accuracy against size, mean ± sd over seeds"),
             "## Accuracy in and beyond the training sizes\n\n" + md_detail,
+            *versus,
         ],
     )

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..normalizers import available, get
+from ..normalizers import available, get, plugin
 from . import runner
 from .runner import Progress, RunFolder, emit
 
@@ -80,7 +80,7 @@ def methods() -> dict[str, Method]:
     at inference only (on the softmax model), selective temperatures and gated attention."""
     out: dict[str, Method] = {}
     for name in available():
-        if name in UNTRAINABLE:
+        if name in UNTRAINABLE or plugin.is_spec(name):  # a plug-in runs where it is named
             continue
         out[name] = Method(name, name, length_params=LENGTH_PARAMS.get(name, ()))
     out["adaptive (inference)"] = Method("adaptive (inference)", "softmax", evaluate="adaptive")
@@ -102,6 +102,10 @@ def resolve(names: list[str] | tuple[str, ...] | None) -> list[Method]:
     known = methods()
     if names is None:
         return list(known.values())
+    for n in names:
+        if plugin.is_spec(n) and n not in known:  # imported and probed where not yet loaded
+            plugin.ensure(n)
+            known[n] = Method(n, n)
     bad = [n for n in names if n not in known]
     if bad:
         raise ValueError(
@@ -308,6 +312,9 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
     t = task(job.task)
     m0 = job.methods[0]
     label = f"{job.task}/{m0.recipe} s{job.seed}"
+    for m in job.methods:  # a worker process imports the plug-ins itself
+        if plugin.is_spec(m.train):
+            plugin.ensure(m.train)
     with runner.threads(cfg.threads):
         model = build_model(cfg, m0, t, job.seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -1,0 +1,128 @@
+"""A user's normalizer, named ``package.module:attribute``: imported, probed against the contract
+and registered under that name (``sharpattn leaderboard --method``).
+
+The attribute is either a function under the contract, ``fn(scores, mask=None, **params)`` (it
+has no parameters of its own beyond ``check_finite``), or a :class:`~.registry.Normalizer`
+entry, whose ``Param(..., learnable=True)`` parameters are trained per head as the registry's
+are. The module is imported with the current directory on ``sys.path`` (as ``python -m`` does).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import replace
+
+import torch
+
+from .registry import Normalizer, get, register
+
+#: the probe's shape: batch, heads, queries = keys
+_B, _H, _L = 2, 2, 6
+
+
+def is_spec(name: str) -> bool:
+    """Whether a method name is a plug-in's ``module:attribute`` (registry names have no colon)."""
+    return ":" in name
+
+
+def load(spec: str) -> Normalizer:
+    """Import the normalizer ``spec`` names, probe it (:func:`probe`) and register it under
+    ``spec``; return its entry. A bad spec raises ``ValueError`` in one sentence."""
+    module_name, _, attr = spec.partition(":")
+    dotted = module_name.split(".")
+    if not all(p.isidentifier() for p in dotted) or not attr.isidentifier():
+        raise ValueError(
+            f"method {spec!r} is not of the form package.module:function (a module to import, "
+            "a colon, the name of a function or Normalizer in it)."
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the current directory, as `python -m` has it
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module_name.startswith(err.name):
+            raise ValueError(
+                f"method {spec!r}: no module named {err.name!r} in the current directory or on "
+                "PYTHONPATH; run from the folder that holds it or add that folder to PYTHONPATH."
+            ) from None
+        raise ValueError(f"method {spec!r}: importing {module_name} failed: {_one(err)}.") from None
+    except Exception as err:  # the user's module: any error it raises on import
+        raise ValueError(f"method {spec!r}: importing {module_name} failed: {_one(err)}.") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"method {spec!r}: module {module_name} has no attribute {attr!r}.")
+    obj = getattr(module, attr)
+    if isinstance(obj, Normalizer):
+        entry = replace(obj, name=spec)
+    elif callable(obj):
+        entry = Normalizer(spec, obj, formula=f"{spec} (user's)", citation="user's",
+                           sums_to_one=False)  # fmt: skip
+    else:
+        raise ValueError(
+            f"method {spec!r}: {module_name}.{attr} is a {type(obj).__name__}, not a function or "
+            "Normalizer."
+        )
+    probe(entry)
+    return register(entry, replace=True)
+
+
+def ensure(spec: str) -> Normalizer:
+    """The registered entry of ``spec``, loading it first in a process that has not (a worker)."""
+    try:
+        return get(spec)
+    except ValueError:
+        return load(spec)
+
+
+def probe(entry: Normalizer) -> None:
+    """Call ``entry`` as attention does, on seeded scores ``[2, 2, 6, 6]`` under a causal mask
+    whose first row is empty, its learnable parameters as ``[1, H, 1, 1]`` tensors at their
+    defaults, and refuse (``ValueError``, one sentence) an error, a result of another shape or
+    dtype, a non-finite weight, a weight at a masked position that is not exactly 0, or a
+    non-finite gradient."""
+    gen = torch.Generator().manual_seed(0)
+    scores = (3 * torch.randn(_B, _H, _L, _L, generator=gen)).requires_grad_()
+    mask = torch.ones(_L, _L, dtype=torch.bool).tril()
+    mask[0] = False
+    params = {
+        p.name: torch.full((1, _H, 1, 1), float(p.default), requires_grad=True)
+        for p in entry.learnable
+    }
+    what = f"method {entry.name!r}"
+    try:
+        weights = entry.fn(scores, mask, check_finite=True, **params)
+    except Exception as err:  # the user's function: whatever it raises is the refusal
+        raise ValueError(f"{what} raised on a probe input: {_one(err)}.") from None
+    if not torch.is_tensor(weights) or weights.shape != scores.shape:
+        got = tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__
+        raise ValueError(
+            f"{what} returned {got} for scores of shape {tuple(scores.shape)}; it must return "
+            "weights of the scores' shape."
+        )
+    if weights.dtype != scores.dtype:
+        raise ValueError(f"{what} returned {weights.dtype} weights for {scores.dtype} scores.")
+    if not bool(torch.isfinite(weights).all()):
+        raise ValueError(f"{what} returned a NaN or infinite weight on finite probe scores.")
+    if bool((weights.detach()[..., ~mask] != 0).any()):
+        raise ValueError(
+            f"{what} gave a nonzero weight at a masked position; masked entries must be exactly "
+            "0 (start from normalizers._contract.prepare and re-apply its `allowed`)."
+        )
+    if weights.requires_grad:
+        try:
+            grads = torch.autograd.grad(
+                (weights * torch.randn(weights.shape, generator=gen)).sum(),
+                [scores, *params.values()],
+                allow_unused=True,
+            )
+        except Exception as err:
+            raise ValueError(f"{what} failed in backward on a probe input: {_one(err)}.") from None
+        if any(g is not None and not bool(torch.isfinite(g).all()) for g in grads):
+            raise ValueError(f"{what} has a NaN or infinite gradient on a probe input.")
+
+
+def _one(err: BaseException) -> str:
+    """An exception as a clause: its type and its message's first line, without a final stop."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0].rstrip('.')}" if lines else type(err).__name__

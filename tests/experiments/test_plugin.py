@@ -1,0 +1,162 @@
+"""Your own normalizer on the leaderboard: ``leaderboard --method module:function`` imports it from
+the current directory, refuses a bad one in one sentence before any work, and adds it to an
+existing run folder without retraining the methods already there."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from sharpattn import normalizers as nz
+from sharpattn.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: the smallest leaderboard with a paired test (two seeds), in one process
+TINY = ["leaderboard", "--quick", "--tasks", "flip_flop", "--methods", "softmax", "--seeds", "2",
+        "--steps", "2", "--eval-sets", "1", "--eval-factor", "1", "--threads", "1",
+        "--workers", "1"]  # fmt: skip
+
+#: the documented example (docs/alternatives.md): softmax(g·s) with a learnable per-head gain g
+GOOD = """
+from sharpattn.normalizers import Normalizer, Param
+from sharpattn.normalizers._contract import finish, masked_softmax, prepare
+
+
+def sharp(scores, mask=None, gain=1.0, check_finite=True):
+    clean, allowed = prepare(scores, mask, check_finite)
+    return finish(masked_softmax(clean, allowed, beta=gain), scores)
+
+
+SHARP = Normalizer("sharp", sharp, "softmax(g·s)", "me", sums_to_one=True,
+                   params=(Param("gain", 1.0, "per-head gain", learnable=True),))
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """``write(name, source)`` writes module ``name`` into the (current) tmp_path; the modules,
+    sys.path and every plug-in registered meanwhile are restored afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(nz.available())
+    written: list[str] = []
+
+    def write(name: str, source: str) -> None:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        written.append(name)
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+    for name in set(nz.available()) - before:
+        nz.unregister(name)
+
+
+def one_sentence(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+BAD = {
+    "no_colon": ("", "plug_no_colon", "package.module:function"),
+    "no_module": ("", "plug_nowhere_xyz:fn", "no module named 'plug_nowhere_xyz'"),
+    "no_attribute": ("def other(s, mask=None, **p): return s\n", "{m}:fn", "no attribute 'fn'"),
+    "not_callable": ("fn = 3\n", "{m}:fn", "not a function or Normalizer"),
+    "import_fails": ("raise RuntimeError('boom')\n", "{m}:fn", "RuntimeError: boom"),
+    "syntax": ("def fn(:\n", "{m}:fn", "SyntaxError"),
+    "raises": ("def fn(s, mask=None, **p):\n    raise KeyError('x')\n", "{m}:fn", "raised"),
+    "nan": ("def fn(s, mask=None, **p):\n    return s * float('nan')\n", "{m}:fn", "NaN"),
+    "shape": ("def fn(s, mask=None, **p):\n    return s[..., :1]\n", "{m}:fn", "shape"),
+    "dtype": (
+        "import torch\ndef fn(s, mask=None, **p):\n    return s.softmax(-1).double()\n",
+        "{m}:fn",
+        "float64",
+    ),  # fmt: skip
+    "masked": ("def fn(s, mask=None, **p):\n    return s.softmax(-1)\n", "{m}:fn", "masked"),
+    "no_check_finite": ("def fn(s, mask=None):\n    return s\n", "{m}:fn", "check_finite"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_spec_is_refused_in_one_sentence_before_any_work(case, plugins, capsys, tmp_path):
+    source, spec, needle = BAD[case]
+    module = f"plug_{case}"
+    if source:
+        plugins(module, source)
+    out = tmp_path / "run"
+    assert main([*TINY, "--method", spec.format(m=module), "--out", str(out)]) == 2
+    one_sentence(capsys, needle)
+    assert not out.exists()
+
+
+def test_a_users_normalizer_joins_an_existing_run(plugins, capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    trained = {p: p.stat().st_mtime_ns for p in (out / "train").rglob("*") if p.is_file()}
+    assert trained
+
+    plugins("plug_sharp", GOOD)
+    # one flag: the folder's settings (tasks, methods, seeds, steps, ...) are the base
+    assert main(["leaderboard", "--out", str(out), "--method", "plug_sharp:SHARP"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in trained} == trained  # softmax not retrained
+    new = out / "train" / "flip_flop" / "plug_sharp_SHARP"
+    assert sorted(p.name for p in new.iterdir()) == ["seed0", "seed1"]
+    cfg = (out / "config.json").read_text()
+    assert '"softmax"' in cfg and '"plug_sharp:SHARP"' in cfg
+
+    csv = (out / "leaderboard.csv").read_text().splitlines()
+    assert sorted(line.split(",")[1] for line in csv[1:]) == ["plug_sharp:SHARP", "softmax"]
+    report = (out / "report.md").read_text()
+    section = report[report.index("## plug_sharp:SHARP against every method") :]
+    row = next(line for line in section.splitlines() if line.startswith("| softmax"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 5  # method, its score, difference, p, p on flip_flop
+    assert "nan" not in row  # two steps solve nothing: tied seeds give "–", never NaN
+
+    everything = {p: p.stat().st_mtime_ns for p in (out / "train").rglob("*") if p.is_file()}
+    csv_before = (out / "leaderboard.csv").read_text()
+    assert main(["leaderboard", "--out", str(out), "--method", "plug_sharp:SHARP"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in everything} == everything  # nothing retrained
+    assert (out / "leaderboard.csv").read_text() == csv_before
+
+
+def test_a_plain_function_and_its_gradient(plugins, tmp_path):
+    """A function (no Normalizer) is a method without parameters; probed, registered, run."""
+    from sharpattn.experiments import leaderboard as lb
+    from sharpattn.normalizers import plugin
+
+    plugins("plug_plain", "from sharpattn.normalizers import softmax as fn\n")
+    cfg = lb.make_config("quick", methods=("softmax",), plugins=("plug_plain:fn",))
+    assert cfg.methods == ("softmax", "plug_plain:fn")
+    assert plugin.ensure("plug_plain:fn").name == "plug_plain:fn"
+    assert "plug_plain:fn" not in lb.seq.methods()  # the default set stays the registry's
+
+
+def test_against_all_is_the_paired_t_test_over_seeds_of_the_mean_score():
+    """The added method's row: against every other method, the difference of overall scores and
+    scipy's paired t-test over seeds, on rows built by hand (two tasks, three seeds)."""
+    from scipy import stats
+
+    from sharpattn.experiments import leaderboard as lb
+
+    acc = {"mine": [[0.9, 0.5], [0.8, 0.4], [1.0, 0.7]],
+           "softmax": [[0.5, 0.1], [0.6, 0.3], [0.4, 0.0]],
+           "sink": [[0.7, 0.2], [0.9, 0.5], [0.6, 0.6]]}  # fmt: skip
+    rows = [{"task": "flip_flop", "method": m, "seed": s, "size": size, "acc": a[s][i],
+             "token_acc": a[s][i]}
+            for m, a in acc.items() for s in range(3) for i, size in enumerate((16, 64))]  # fmt: skip
+    got = {c["method"]: c for c in lb.against_all(rows, "mine", ["flip_flop"])}
+    assert sorted(got) == ["sink", "softmax"]
+    score = {m: [lb.seq.area([16, 64], a[s]) for s in range(3)] for m, a in acc.items()}
+    for other in ("softmax", "sink"):
+        diff = [x - y for x, y in zip(score["mine"], score[other], strict=True)]
+        assert got[other]["diff"][0] == pytest.approx(sum(diff) / 3, rel=1e-12)
+        p = stats.ttest_rel(score["mine"], score[other]).pvalue
+        assert got[other]["p"] == pytest.approx(p, rel=1e-9)
+        assert got[other]["tasks"]["flip_flop"] == pytest.approx(p, rel=1e-9)  # one task

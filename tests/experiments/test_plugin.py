@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -19,20 +20,15 @@ TINY = ["leaderboard", "--quick", "--tasks", "flip_flop", "--methods", "softmax"
         "--steps", "2", "--eval-sets", "1", "--eval-factor", "1", "--threads", "1",
         "--workers", "1"]  # fmt: skip
 
-#: the documented example (docs/alternatives.md): softmax(g·s) with a learnable per-head gain g
-GOOD = """
-from sharpattn.normalizers import Normalizer, Param
-from sharpattn.normalizers._contract import finish, masked_softmax, prepare
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def sharp(scores, mask=None, gain=1.0, check_finite=True):
-    clean, allowed = prepare(scores, mask, check_finite)
-    return finish(masked_softmax(clean, allowed, beta=gain), scores)
-
-
-SHARP = Normalizer("sharp", sharp, "softmax(g·s)", "me", sums_to_one=True,
-                   params=(Param("gain", 1.0, "per-head gain", learnable=True),))
-"""
+def documented_example() -> str:
+    """The ten-line example of docs/alternatives.md (softmax(g·s), a learnable per-head gain g):
+    the test runs what the page shows."""
+    page = (ROOT / "docs" / "alternatives.md").read_text(encoding="utf-8")
+    section = page[page.index("## Your own normalizer on the leaderboard") :]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @pytest.fixture
@@ -50,7 +46,7 @@ def plugins(tmp_path, monkeypatch):
 
     yield write
     for name in written:
-        sys.modules.pop(name, None)
+        sys.modules.pop(name.replace("/__init__", "").replace("/", "."), None)
     for name in set(nz.available()) - before:
         nz.unregister(name)
 
@@ -101,7 +97,7 @@ def test_a_users_normalizer_joins_an_existing_run(plugins, capsys, tmp_path):
     trained = {p: p.stat().st_mtime_ns for p in (out / "train").rglob("*") if p.is_file()}
     assert trained
 
-    plugins("plug_sharp", GOOD)
+    plugins("plug_sharp", documented_example())
     # one flag: the folder's settings (tasks, methods, seeds, steps, ...) are the base
     assert main(["leaderboard", "--out", str(out), "--method", "plug_sharp:SHARP"]) == 0
     assert {p: p.stat().st_mtime_ns for p in trained} == trained  # softmax not retrained
@@ -126,16 +122,19 @@ def test_a_users_normalizer_joins_an_existing_run(plugins, capsys, tmp_path):
     assert (out / "leaderboard.csv").read_text() == csv_before
 
 
-def test_a_plain_function_and_its_gradient(plugins, tmp_path):
+def test_a_function_in_a_package_is_a_method_without_parameters(plugins, tmp_path):
     """A function (no Normalizer) is a method without parameters; probed, registered, run."""
     from sharpattn.experiments import leaderboard as lb
     from sharpattn.normalizers import plugin
 
-    plugins("plug_plain", "from sharpattn.normalizers import softmax as fn\n")
-    cfg = lb.make_config("quick", methods=("softmax",), plugins=("plug_plain:fn",))
-    assert cfg.methods == ("softmax", "plug_plain:fn")
-    assert plugin.ensure("plug_plain:fn").name == "plug_plain:fn"
-    assert "plug_plain:fn" not in lb.seq.methods()  # the default set stays the registry's
+    (tmp_path / "plug_pkg").mkdir()
+    plugins("plug_pkg/__init__", "")
+    plugins("plug_pkg/mod", "from sharpattn.normalizers import softmax as fn\n")
+    spec = "plug_pkg.mod:fn"  # a module in a package
+    cfg = lb.make_config("quick", methods=("softmax",), plugins=(spec,))
+    assert cfg.methods == ("softmax", spec)
+    assert plugin.ensure(spec).name == spec and not plugin.ensure(spec).learnable
+    assert spec not in lb.seq.methods()  # the default set stays the registry's
 
 
 def test_against_all_is_the_paired_t_test_over_seeds_of_the_mean_score():

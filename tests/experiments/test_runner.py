@@ -82,6 +82,28 @@ def test_seeds_are_independent_per_purpose_and_reproducible():
     assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is left alone
     with pytest.raises(ValueError):
         runner.seed_int()
+    u = runner.numpy_generator(3, 4).normal(size=4)
+    assert (u == runner.numpy_generator(3, 4).normal(size=4)).all()
+    assert (u != runner.numpy_generator(3, 5).normal(size=4)).all()
+
+
+def test_experiments_seed_only_through_the_runner():
+    """Every random stream of a reproduction comes from runner.seed_int's keys: no module seeds
+    torch's or NumPy's generators itself."""
+    import re
+
+    root = Path(runner.__file__).parent
+    pattern = re.compile(
+        r"manual_seed\(|np\.random\.(seed|default_rng|RandomState)\(|random\.seed\("
+    )
+    found = [
+        f"{path.name}:{i}"
+        for path in sorted(root.glob("*.py"))
+        if path.name != "runner.py"
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"seeded outside the runner: {found}"
 
 
 def test_threads_are_set_for_the_block_and_restored():

@@ -49,7 +49,8 @@ Tensor = torch.Tensor
 
 OPTIMIZERS = ("adam", "sgd")
 DEFAULT_LR = {"adam": 3e-4, "sgd": 0.03}
-_INIT, _DATA, _EVAL = range(3)  # purposes of a run seed (runner.seed_int): independent streams
+# purposes of a run seed (runner.seed_int): independent streams
+_INIT, _DATA, _EVAL, _BETA0 = range(4)
 
 
 @dataclass
@@ -691,7 +692,7 @@ def finding_5(
     r_range = (float(r[:, moving].min()), float(r[:, moving].max()))
     dev = float(np.abs(r[-1, moving] - off[moving]).max())
     frozen = [task.chars[v] for v in np.flatnonzero((sm.pi_tilde > 0) & ~moving)]
-    beta0 = np.random.default_rng(seed).normal(size=sm.V)
+    beta0 = runner.numpy_generator(seed, _BETA0).normal(size=sm.V)
     fb = gradient_flow(sm, alpha_fixed, beta0, t_beta, train=("beta",))
     printed, exact = sm.beta_limit(alpha_fixed, beta0), sm.beta_limit_exact(alpha_fixed, beta0)
     mx = sm.M * sm.xi

@@ -49,6 +49,7 @@ from .runner import (
     cores,
     emit,
     generator,
+    numpy_generator,
     read_weights,
     seeded,
     threads,
@@ -155,7 +156,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES = range(7)
+_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES, _SCATTER = range(8)
 _TEST_SEED = 20250101  # test sets are shared by all seeds and methods (paired comparison)
 
 
@@ -1005,7 +1006,7 @@ def fit_temperature(
 def plot_fit(path: Path, h: np.ndarray, beta: np.ndarray, coefficients) -> None:
     """Figure 6: (H, 1/θ_opt) samples, our degree-4 fit and the paper's polynomial."""
     with report.figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
-        rng = np.random.default_rng(0)
+        rng = numpy_generator(_TEST_SEED, _SCATTER)  # which samples the figure draws
         idx = rng.choice(len(h), size=min(len(h), 4000), replace=False)
         ax.scatter(h[idx], beta[idx], s=4, alpha=0.3, color="gray", label=f"samples ({len(h):,})")
         grid = np.linspace(0, max(float(h.max()), 1.0), 300)

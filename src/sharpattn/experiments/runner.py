@@ -67,6 +67,11 @@ def generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed_int(*key))
 
 
+def numpy_generator(*key: int) -> np.random.Generator:
+    """A NumPy ``Generator`` seeded with :func:`seed_int` of ``key``."""
+    return np.random.default_rng(seed_int(*key))
+
+
 @contextlib.contextmanager
 def seeded(*key: int) -> Iterator[None]:
     """Run the block with the global torch RNG seeded from ``key`` (for code that draws from it,

@@ -880,7 +880,7 @@ def _label(task, t) -> str:
 def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> None:
     """Fig. 2b / 7a: the attention map of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
-    w = cap["layers.0.attn.weights"][0].mean(0).numpy()
+    w = cap["layers.0.attn.weights"][0].mean(0).cpu().numpy()
     im = ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
     ax.figure.colorbar(im, ax=ax, shrink=0.8, label="attention weight (mean over heads)")
     labels = [_label(task, t) for t in seq[:n]]
@@ -899,7 +899,7 @@ def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> Non
 def _value_norm_panel(ax, run: Run, task, seq: Tensor, n: int, name: str) -> None:
     """Fig. 2c: value-state norms per position of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
-    norms = cap["layers.0.attn.values"][0].mean(0).numpy()
+    norms = cap["layers.0.attn.values"][0].mean(0).cpu().numpy()
     colors = ["tab:red" if int(t) < task.n_triggers else "tab:blue" for t in seq[1:n]]
     ax.bar(range(n), norms, color=["black", *colors])
     ax.set_xticks(range(n), [_label(task, t) for t in seq[:n]], fontsize=6)

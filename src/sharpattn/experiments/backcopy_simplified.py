@@ -305,7 +305,7 @@ def measure(model: SimplifiedModel, task: BigramBackcopy, tokens: Tensor) -> dic
     kind = task.position_kind(tokens)
     bigram_q, copy_q = kind == KIND_BIGRAM, kind == KIND_BACKCOPY
     alpha = model.alpha.detach().double()
-    nt = alpha[task.n_triggers :].numpy()
+    nt = alpha[task.n_triggers :].cpu().numpy()
     return {
         **risks(logits, task, tokens),
         "bos_weight": attention_on(w, bigram_q),
@@ -549,8 +549,8 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
     from .backcopy import _label
 
     with torch.no_grad():
-        w = torch.softmax(first.model.scores(seq[None]), -1)[0].numpy()
-        norms = first.model.value_norms(seq[None])[0].numpy()
+        w = torch.softmax(first.model.scores(seq[None]), -1)[0].cpu().numpy()
+        norms = first.model.value_norms(seq[None])[0].cpu().numpy()
     labels = [_label(task, t) for t in seq]
     with report.figure(out / "statics.png", 1, 2, figsize=(12, 5)) as (_, ax):
         ax[0].imshow(w, cmap="Blues", vmin=0, vmax=1)

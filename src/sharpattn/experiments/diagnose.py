@@ -289,7 +289,7 @@ def _plot_spread(spread: list[list[float]], path: Path) -> None:
         a.set_ylabel("heads")
         a.legend(fontsize=8)
         for layer, s in enumerate(spread):
-            n_star = dispersion_horizon(np.asarray(s), eps=EPS).numpy()
+            n_star = dispersion_horizon(np.asarray(s), eps=EPS).cpu().numpy()
             b.scatter([layer] * len(s), np.log10(n_star), s=10)
         b.set_xlabel("layer")
         b.set_ylabel(f"log10 n* = log10(e^δ/{EPS})")

@@ -327,9 +327,9 @@ def smith_toy(scores: np.ndarray | None = None) -> dict[str, np.ndarray]:
     s = torch.as_tensor(smith_scores() if scores is None else scores, dtype=torch.float64)
     shifted = s - s.min()
     return {
-        "sum": nz.get("power")(shifted, p=1.0).numpy(),
-        "softmax": nz.get("softmax")(s).numpy(),
-        "x^3": nz.get("power")(shifted, p=3.0).numpy(),
+        "sum": nz.get("power")(shifted, p=1.0).cpu().numpy(),
+        "softmax": nz.get("softmax")(s).cpu().numpy(),
+        "x^3": nz.get("power")(shifted, p=3.0).cpu().numpy(),
     }
 
 

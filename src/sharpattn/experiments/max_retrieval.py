@@ -720,7 +720,7 @@ def plot_attention(
                 _, w = model(b.x, b.q, method=method, return_weights=True, **params)
                 ax = axes[i, j]
                 im = ax.imshow(
-                    w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1
+                    w.gather(-1, top).cpu().numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1
                 )
                 ax.set_xticks([])
                 ax.set_yticks([])
@@ -772,7 +772,7 @@ def entropy_landscape(items: int = 10, points: int = 200, top: float = 2.0):
     theta = torch.linspace(0.01, top, points, dtype=torch.float64)
     a = lam[:, None] ** torch.arange(1, items + 1, dtype=torch.float64)  # (λ, items)
     h = torch.stack([nz.entropy(nz.softmax(a, temperature=float(t))) for t in theta], dim=0)
-    return lam.numpy(), theta.numpy(), h.numpy()
+    return lam.cpu().numpy(), theta.cpu().numpy(), h.cpu().numpy()
 
 
 def region_entropies(items: int = 10, points: int = 200) -> list[dict[str, Any]]:
@@ -937,8 +937,8 @@ def collect_fit_data(
                     continue
                 e, target = e[keep], b.argmax[keep]
                 # H of softmax(e) as the adaptive normalizer computes it (reference code's eps).
-                hs.append(nz.entropy(torch.softmax(e, -1), eps=1e-9).numpy())
-                betas.append(1.0 / optimal_temperature(e, target).numpy())
+                hs.append(nz.entropy(torch.softmax(e, -1), eps=1e-9).cpu().numpy())
+                betas.append(1.0 / optimal_temperature(e, target).cpu().numpy())
     if not hs:
         raise ValueError("no set had its max item below another item's logit; nothing to fit.")
     return np.concatenate(hs), np.concatenate(betas)

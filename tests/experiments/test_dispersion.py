@@ -16,6 +16,7 @@ from precision import assert_close
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import dispersion as disp
+from sharpattn.experiments import runner
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SIZES = (16, 64, 256, 1024)
@@ -33,7 +34,7 @@ def _by(rows, method):
 
 
 def test_softmax_numbers_match_numpy_and_lemma_2_1(rows):
-    g = torch.Generator().manual_seed(3)
+    g = runner.generator(3, disp._WINNER)
     for n in SIZES:
         s, where = disp.logits_with_winner(n, 16, 2.0, g)
         x = s[:, 0].numpy()
@@ -97,7 +98,7 @@ def test_demo_numbers_match_numpy_and_lemma_2_1():
         ("bounded", "softmax", 256),
         ("bounded", "adaptive", 256),
     ]
-    g = torch.Generator().manual_seed(5)
+    g = runner.generator(5, disp._DEMO)
     for n in (16, 256):  # the bounded setting draws its rows from a fresh generator
         x = disp.demo_logits(n, 8, None, g)[:, 0].numpy()
         p = np.exp(x - x.max(-1, keepdims=True))
@@ -226,7 +227,7 @@ def test_smith_toy_rows_match_numpy(seed):
 def test_gaussian_dispersion_matches_numpy():
     sizes, rows, seed = (2, 5, 25, 1000), 400, 5
     got = disp.gaussian_dispersion(sizes, rows=rows, seed=seed)
-    g = torch.Generator().manual_seed(seed)
+    g = runner.generator(seed, disp._GAUSSIAN)
     for r, n in zip(got, sizes, strict=True):
         p = _np_softmax(disp.gaussian_logits(n, rows, g).numpy())
         top, h = p.max(-1), -(p * np.log(p)).sum(-1)

@@ -82,6 +82,28 @@ def test_seeds_are_independent_per_purpose_and_reproducible():
     assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is left alone
     with pytest.raises(ValueError):
         runner.seed_int()
+    u = runner.numpy_generator(3, 4).normal(size=4)
+    assert (u == runner.numpy_generator(3, 4).normal(size=4)).all()
+    assert (u != runner.numpy_generator(3, 5).normal(size=4)).all()
+
+
+def test_experiments_seed_only_through_the_runner():
+    """Every random stream of a reproduction comes from runner.seed_int's keys: no module seeds
+    torch's or NumPy's generators itself."""
+    import re
+
+    root = Path(runner.__file__).parent
+    pattern = re.compile(
+        r"manual_seed\(|np\.random\.(seed|default_rng|RandomState)\(|random\.seed\("
+    )
+    found = [
+        f"{path.name}:{i}"
+        for path in sorted(root.glob("*.py"))
+        if path.name != "runner.py"
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"seeded outside the runner: {found}"
 
 
 def test_threads_are_set_for_the_block_and_restored():
@@ -164,6 +186,70 @@ def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None, log_at=
         loss=loss, generators={"data": data}, checkpoint_every=10, log_every=5, on_log=on_log,
         progress=progress, report_every=5, log_at=log_at,
     )  # fmt: skip
+
+
+class _Batch:
+    """A batch that records where the Trainer moves it."""
+
+    def __init__(self, x: torch.Tensor, moves: list):
+        self.x, self.moves = x, moves
+
+    def to(self, device):
+        self.moves.append(torch.device(device))
+        return _Batch(self.x.to(device), self.moves)
+
+
+def test_trainer_moves_the_model_and_every_batch_to_its_device(tmp_path):
+    with runner.seeded(0):
+        model = torch.nn.Linear(3, 1)
+    data, moves, seen = runner.generator(0, 1), [], []
+
+    def loss(m, b):
+        seen.append(b)
+        return m(b.x).square().mean()
+
+    t = Trainer(
+        tmp_path / "run", model, torch.optim.SGD(model.parameters(), lr=0.1), steps=3,
+        batch=lambda step: _Batch(torch.randn(4, 3, generator=data), moves), loss=loss,
+        generators={"data": data}, device="cpu",
+    )  # fmt: skip
+    assert t.device == torch.device("cpu") and Trainer(
+        tmp_path / "other", model, t.optimizer, steps=1, batch=None, loss=None
+    ).device == torch.device("cpu")  # the default
+    assert t.run()["step"] == 3
+    assert moves == [torch.device("cpu")] * 3  # each batch moved once, before the loss sees it
+    assert all(b.x.device == torch.device("cpu") and b.moves is moves for b in seen)
+    assert all(p.device == torch.device("cpu") for p in t.model.parameters())
+
+
+def test_to_device_moves_the_tensors_of_nested_batches_without_copying():
+    from collections import namedtuple
+
+    moves: list = []
+    x = torch.ones(2)
+    pair = namedtuple("Pair", "a b")
+    batch = {"x": x, "pair": pair(_Batch(x, moves), 3), "list": [x, "name"], "n": 4}
+    got = runner.to_device(batch, "cpu")
+    assert got["x"] is x and got["list"][0] is x and got["list"][1] == "name" and got["n"] == 4
+    assert isinstance(got["pair"], pair) and got["pair"].b == 3 and moves == [torch.device("cpu")]
+    assert got["pair"].a.x is x and isinstance(got["list"], list)
+
+
+def test_experiments_read_tensors_into_numpy_through_the_cpu():
+    """A tensor may live on the Trainer's device: every ``.numpy()`` of the reproductions and
+    the diagnostics goes through ``.cpu()`` first."""
+    import re
+
+    src = Path(runner.__file__).parents[1]
+    bare = re.compile(r"(?<!\.cpu\(\))\.numpy\(\)")
+    found = [
+        f"{path.relative_to(src)}:{i}"
+        for folder in ("experiments", "diagnostics")
+        for path in sorted((src / folder).rglob("*.py"))
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert not found, f".numpy() without .cpu(): {found}"
 
 
 def test_trainer_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path, one_thread):

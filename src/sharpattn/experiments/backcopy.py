@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -49,7 +51,9 @@ Tensor = torch.Tensor
 
 OPTIMIZERS = ("adam", "sgd")
 DEFAULT_LR = {"adam": 3e-4, "sgd": 0.03}
-_INIT, _DATA, _EVAL = range(3)  # purposes of a run seed (runner.seed_int): independent streams
+# purposes of a run seed (runner.seed_int): independent streams
+_INIT, _DATA, _EVAL, _BETA0 = range(4)
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 @dataclass
@@ -306,10 +310,16 @@ def make_optimizer(cfg: RunConfig, model: Transformer) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum or 0.0)
 
 
+def initialise(cfg, make: Callable[[], M]) -> M:
+    """``make()`` (a model's construction) with the global RNG seeded from the initialisation
+    stream of run ``cfg`` (its ``seed``), then restored."""
+    with seeded(cfg.seed, _INIT):
+        return make()
+
+
 def build_model(cfg: RunConfig, task: BigramBackcopy) -> Transformer:
     """The run's freshly initialised model (seeded; the global RNG is left alone)."""
-    with seeded(cfg.seed, _INIT):
-        return Transformer(cfg.model_config(task))
+    return initialise(cfg, lambda: Transformer(cfg.model_config(task)))
 
 
 def eval_tokens(cfg: RunConfig, task: BigramBackcopy) -> Tensor:
@@ -337,6 +347,54 @@ class Run:
     steps_done: int = 0
 
 
+def task_trainer(
+    run_dir: str | Path,
+    experiment: str,
+    cfg,
+    task: BigramBackcopy,
+    model: Callable[[], torch.nn.Module],
+    optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer],
+    loss: Callable[[torch.nn.Module, Tensor], Tensor],
+    measure: Callable[[torch.nn.Module, BigramBackcopy, Tensor], dict],
+    log_at: list[int],
+    drop: int = 0,
+    progress: Progress | None = None,
+    label: str = "",
+) -> Trainer:
+    """The runner's Trainer for one run of configuration ``cfg`` (a :class:`RunConfig` or the
+    simplified model's: ``seed``, ``steps``, ``batch``, ``seq_len``, ``eval_batch``,
+    ``checkpoint_every``) on ``task``, in a run folder of ``experiment`` (a folder holding a run
+    of another configuration, ``checkpoint_every`` aside, is refused). ``model()`` builds the
+    model, ``optimizer(model)`` its optimizer; the batches are fresh sequences of
+    ``seq_len + 1`` tokens from the run's data stream (checkpointed), after cutting the first
+    ``drop`` tokens of each; ``measure(model, task, tokens)`` on the run's evaluation sequences
+    at the steps ``log_at`` goes into metrics.jsonl. With the same seed, batch and length, every
+    model sees the same batches and evaluation sequences."""
+    config = {
+        **cfg.to_dict(),
+        "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
+    }
+    identity = [k for k in config if k != "checkpoint_every"]
+    folder = RunFolder(run_dir, experiment, config, identity=identity)
+    net = model()
+    data = generator(cfg.seed, _DATA)
+    tokens = eval_tokens(cfg, task)
+    return Trainer(
+        folder.path,
+        net,
+        optimizer(net),
+        steps=cfg.steps,
+        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1 + drop, generator=data)[:, drop:],
+        loss=loss,
+        generators={"data": data},
+        checkpoint_every=cfg.checkpoint_every,
+        log_at=log_at,
+        on_log=lambda step, losses: measure(net, task, tokens),
+        task=label or folder.path.name,
+        progress=progress,
+    )
+
+
 def trainer(
     run_dir: str | Path,
     cfg: RunConfig,
@@ -344,49 +402,40 @@ def trainer(
     progress: Progress | None = None,
     label: str = "",
 ) -> Trainer:
-    """The runner's Trainer for one run: batches from the run's data stream (checkpointed), and
-    every measure on the evaluation sequences at log-spaced steps into metrics.jsonl. A folder
-    holding a run of another configuration (``checkpoint_every`` aside) is refused."""
-    config = {
-        **cfg.to_dict(),
-        "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
-    }
-    identity = [k for k in config if k != "checkpoint_every"]
-    folder = RunFolder(run_dir, "backcopy-training", config, identity=identity)
-    model = build_model(cfg, task)
-    data = generator(cfg.seed, _DATA)
-    drop = 0 if cfg.bos is None or cfg.bos else 1  # App. C.4: sequences without BOS
-    tokens = eval_tokens(cfg, task)
-    return Trainer(
-        folder.path,
-        model,
-        make_optimizer(cfg, model),
-        steps=cfg.steps,
-        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1 + drop, generator=data)[:, drop:],
+    """The runner's Trainer for one run (:func:`task_trainer`): every measure at log-spaced
+    steps; without BOS (App. C.4) each sequence loses its first token."""
+    drop = 0 if cfg.bos is None or cfg.bos else 1
+    return task_trainer(
+        run_dir,
+        "backcopy-training",
+        cfg,
+        task,
+        model=lambda: build_model(cfg, task),
+        optimizer=lambda m: make_optimizer(cfg, m),
         loss=lambda m, x: next_token_loss(m, x, cfg.loss_from or 0),
-        generators={"data": data},
-        checkpoint_every=cfg.checkpoint_every,
+        measure=measure if drop == 0 else measure_no_bos,
         log_at=log_steps(cfg.steps, cfg.n_measure),
-        on_log=lambda step, losses: (
-            measure(model, task, tokens) if drop == 0 else measure_no_bos(model, task, tokens)
-        ),
-        task=label or folder.path.name,
+        drop=drop,
         progress=progress,
+        label=label,
     )
 
 
 def train(
     run_dir: str | Path,
-    cfg: RunConfig,
+    cfg,
     task: BigramBackcopy | None = None,
     *,
     stop_at: int | None = None,
     progress: Progress | None = None,
     label: str = "",
+    make: Callable[..., Trainer] | None = None,
 ) -> Run:
     """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
-    steps in all, as a crash would. Same config, same numbers, interrupted or not."""
-    t = trainer(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
+    steps in all, as a crash would. Same config, same numbers, interrupted or not. ``make``
+    builds the run's Trainer from ``(run_dir, cfg, task, progress, label)``: :func:`trainer`
+    by default (the simplified model passes its own)."""
+    t = (make or trainer)(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
     return run_trainer(t, cfg, stop_at)
 
 
@@ -691,7 +740,7 @@ def finding_5(
     r_range = (float(r[:, moving].min()), float(r[:, moving].max()))
     dev = float(np.abs(r[-1, moving] - off[moving]).max())
     frozen = [task.chars[v] for v in np.flatnonzero((sm.pi_tilde > 0) & ~moving)]
-    beta0 = np.random.default_rng(seed).normal(size=sm.V)
+    beta0 = runner.numpy_generator(seed, _BETA0).normal(size=sm.V)
     fb = gradient_flow(sm, alpha_fixed, beta0, t_beta, train=("beta",))
     printed, exact = sm.beta_limit(alpha_fixed, beta0), sm.beta_limit_exact(alpha_fixed, beta0)
     mx = sm.M * sm.xi
@@ -831,7 +880,7 @@ def _label(task, t) -> str:
 def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> None:
     """Fig. 2b / 7a: the attention map of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
-    w = cap["layers.0.attn.weights"][0].mean(0).numpy()
+    w = cap["layers.0.attn.weights"][0].mean(0).cpu().numpy()
     im = ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
     ax.figure.colorbar(im, ax=ax, shrink=0.8, label="attention weight (mean over heads)")
     labels = [_label(task, t) for t in seq[:n]]
@@ -850,7 +899,7 @@ def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> Non
 def _value_norm_panel(ax, run: Run, task, seq: Tensor, n: int, name: str) -> None:
     """Fig. 2c: value-state norms per position of one sequence."""
     _, cap = internals(run.model, seq[None, :n])
-    norms = cap["layers.0.attn.values"][0].mean(0).numpy()
+    norms = cap["layers.0.attn.values"][0].mean(0).cpu().numpy()
     colors = ["tab:red" if int(t) < task.n_triggers else "tab:blue" for t in seq[1:n]]
     ax.bar(range(n), norms, color=["black", *colors])
     ax.set_xticks(range(n), [_label(task, t) for t in seq[:n]], fontsize=6)

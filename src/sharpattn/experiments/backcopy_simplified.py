@@ -46,18 +46,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
-from . import report, runner
-from .backcopy import CONVERGED, Run, attention_on, delta_logit, risks, run_trainer
-from .runner import Progress, RunFolder, Trainer, emit, generator, seeded
+from . import backcopy, report, runner
+from .backcopy import (
+    CONVERGED,
+    Run,
+    attention_on,
+    delta_logit,
+    eval_tokens,
+    initialise,
+    risks,
+    task_trainer,
+)
+from .runner import Progress, RunFolder, Trainer, emit
 from .runs import write_json
 from .stats import linear_fit
 
 Tensor = torch.Tensor
-
-# Purposes of a run seed (runner.seed_int), the values of backcopy.py's: with the same seed,
-# batch and length, the simplified model sees the batches and evaluation sequences of the
-# one-layer transformer run.
-_INIT, _DATA, _EVAL = range(3)
 
 
 @dataclass
@@ -275,13 +279,7 @@ class _NextTokenLoss(torch.autograd.Function):
 
 def build_model(cfg: SimplifiedConfig, task: BigramBackcopy) -> SimplifiedModel:
     """The run's freshly initialised model (seeded; the global RNG is left alone)."""
-    with seeded(cfg.seed, _INIT):
-        return SimplifiedModel(task.V, task.n_triggers, cfg.hidden)
-
-
-def eval_tokens(cfg: SimplifiedConfig, task: BigramBackcopy) -> Tensor:
-    """The run's fixed evaluation sequences (a stream of their own)."""
-    return task.sample(cfg.eval_batch, cfg.seq_len, generator=generator(cfg.seed, _EVAL))
+    return initialise(cfg, lambda: SimplifiedModel(task.V, task.n_triggers, cfg.hidden))
 
 
 def next_token_loss(model: SimplifiedModel, x: Tensor) -> Tensor:
@@ -307,7 +305,7 @@ def measure(model: SimplifiedModel, task: BigramBackcopy, tokens: Tensor) -> dic
     kind = task.position_kind(tokens)
     bigram_q, copy_q = kind == KIND_BIGRAM, kind == KIND_BACKCOPY
     alpha = model.alpha.detach().double()
-    nt = alpha[task.n_triggers :].numpy()
+    nt = alpha[task.n_triggers :].cpu().numpy()
     return {
         **risks(logits, task, tokens),
         "bos_weight": attention_on(w, bigram_q),
@@ -334,49 +332,32 @@ def trainer(
     progress: Progress | None = None,
     label: str = "",
 ) -> Trainer:
-    """The runner's Trainer for one run; a folder holding another configuration
-    (``checkpoint_every`` aside) is refused."""
-    config = {
-        **cfg.to_dict(),
-        "task": {"chars": "".join(task.chars), "n_triggers": task.n_triggers},
-    }
-    identity = [k for k in config if k != "checkpoint_every"]
-    folder = RunFolder(run_dir, "backcopy-simplified", config, identity=identity)
-    model = build_model(cfg, task)
-    data = generator(cfg.seed, _DATA)
-    tokens = eval_tokens(cfg, task)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=1e-8, weight_decay=cfg.weight_decay
-    )
-    return Trainer(
-        folder.path,
-        model,
-        optimizer,
-        steps=cfg.steps,
-        batch=lambda step: task.sample(cfg.batch, cfg.seq_len + 1, generator=data),
+    """The runner's Trainer for one run (:func:`.backcopy.task_trainer`): with the same seed,
+    batch and length, the simplified model sees the batches and evaluation sequences of the
+    one-layer transformer run."""
+    return task_trainer(
+        run_dir,
+        "backcopy-simplified",
+        cfg,
+        task,
+        model=lambda: build_model(cfg, task),
+        optimizer=lambda m: torch.optim.AdamW(
+            m.parameters(), lr=cfg.lr, betas=cfg.betas, eps=1e-8, weight_decay=cfg.weight_decay
+        ),
         loss=next_token_loss,
-        generators={"data": data},
-        checkpoint_every=cfg.checkpoint_every,
+        measure=measure,
         log_at=cfg.log_at(),
-        on_log=lambda step, losses: measure(model, task, tokens),
-        task=label or folder.path.name,
         progress=progress,
+        label=label,
     )
 
 
 def train(
-    run_dir: str | Path,
-    cfg: SimplifiedConfig,
-    task: BigramBackcopy | None = None,
-    *,
-    stop_at: int | None = None,
-    progress: Progress | None = None,
-    label: str = "",
+    run_dir: str | Path, cfg: SimplifiedConfig, task: BigramBackcopy | None = None, **kw
 ) -> Run:
-    """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
-    steps in all, as a crash would. Same config, same numbers, interrupted or not."""
-    t = trainer(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
-    return run_trainer(t, cfg, stop_at)
+    """:func:`.backcopy.train` with this model's :func:`trainer` (``stop_at``, ``progress``,
+    ``label`` as there)."""
+    return backcopy.train(run_dir, cfg, task, make=trainer, **kw)
 
 
 # ----- analysis -------------------------------------------------------------------------------
@@ -568,8 +549,8 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
     from .backcopy import _label
 
     with torch.no_grad():
-        w = torch.softmax(first.model.scores(seq[None]), -1)[0].numpy()
-        norms = first.model.value_norms(seq[None])[0].numpy()
+        w = torch.softmax(first.model.scores(seq[None]), -1)[0].cpu().numpy()
+        norms = first.model.value_norms(seq[None])[0].cpu().numpy()
     labels = [_label(task, t) for t in seq]
     with report.figure(out / "statics.png", 1, 2, figsize=(12, 5)) as (_, ax):
         ax[0].imshow(w, cmap="Blues", vmin=0, vmax=1)

@@ -48,11 +48,11 @@ class SimplifiedModel:
         """From a :class:`~sharpattn.tasks.bigram_backcopy.BigramBackcopy` task: π = stationary
         distribution of P, M = n·π (a context of n tokens with stationary counts), ξ = ``xi``
         on non-triggers."""
-        pi = task.stationary_distribution().numpy()
+        pi = task.stationary_distribution().cpu().numpy()
         trig = np.zeros(task.V, dtype=bool)
         trig[list(task.triggers)] = True
         return cls(
-            P=task.transition.numpy(),
+            P=task.transition.cpu().numpy(),
             pi_tilde=np.where(trig, 0.0, pi),
             M=n * pi,
             xi=np.where(trig, 0.0, float(xi)),

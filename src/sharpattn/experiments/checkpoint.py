@@ -30,14 +30,15 @@ def save_checkpoint(
     generators: dict[str, torch.Generator] | None = None,
     state: dict[str, Any] | None = None,
 ) -> None:
-    """Write model (+ optimizer, generator states, JSON ``state``) to ``path`` atomically."""
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    """Write model (+ optimizer, generator states, JSON ``state``) to ``path`` atomically (its
+    tensors copied to the CPU from wherever they are)."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta: dict[str, Any] = {"state": state or {}}
     if optimizer is not None:
         sd = optimizer.state_dict()
         for idx, per_param in sd["state"].items():
             for name, value in per_param.items():
-                tensors[f"optim.{idx}.{name}"] = torch.as_tensor(value).contiguous()
+                tensors[f"optim.{idx}.{name}"] = torch.as_tensor(value).cpu().contiguous()
         meta["param_groups"] = sd["param_groups"]
     for name, g in (generators or {}).items():
         tensors[f"rng.{name}"] = g.get_state()

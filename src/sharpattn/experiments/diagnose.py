@@ -40,6 +40,9 @@ from . import runner
 from .runner import Progress, RunFolder, emit
 from .runs import write_json
 
+# Purposes of a run seed (runner.generator / runner.seeded): independent streams
+_PROBE, _LOAD = range(2)
+
 PROMPT = "What is the maximum in the following sequence: {seq}? The maximum is:"
 GEMMA_2B = {"min": 2.28, "max": 14.78, "mean": 5.69}
 EPS = 0.01  # the ε of the dispersion horizon n* = e^{δ/θ}/ε
@@ -131,7 +134,7 @@ def probe(
 ):
     """Entropy ``{layer: [[per-head entropy] for n]}`` (mean over ``repeats`` random sequences);
     one progress event of ``task`` per number of items."""
-    g = torch.Generator().manual_seed(seed)
+    g = runner.generator(seed, _PROBE)
     sizes = list(range(2, max_items + 1))
     out = {layer: [] for layer in layers}
     tokens = []
@@ -286,7 +289,7 @@ def _plot_spread(spread: list[list[float]], path: Path) -> None:
         a.set_ylabel("heads")
         a.legend(fontsize=8)
         for layer, s in enumerate(spread):
-            n_star = dispersion_horizon(np.asarray(s), eps=EPS).numpy()
+            n_star = dispersion_horizon(np.asarray(s), eps=EPS).cpu().numpy()
             b.scatter([layer] * len(s), np.log10(n_star), s=10)
         b.set_xlabel("layer")
         b.set_ylabel(f"log10 n* = log10(e^δ/{EPS})")
@@ -357,8 +360,8 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         nz.get(method)  # unknown method: one sentence before any loading
     if max_items < 2:
         raise ValueError(f"max_items must be >= 2, got {max_items}.")
-    torch.manual_seed(seed)
-    tok, net, label, kind = load(model)
+    with runner.seeded(seed, _LOAD):  # weights a checkpoint lacks are drawn at random
+        tok, net, label, kind = load(model)
     n_layers = len(hf.attention_modules(net))
     probe_layers = sorted({0, *(layers or [])})
     bad = [x for x in probe_layers if not 0 <= x < n_layers]

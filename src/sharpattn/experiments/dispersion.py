@@ -28,9 +28,12 @@ import torch
 
 from .. import normalizers as nz
 from ..diagnostics.metrics import logit_spread
-from . import report
+from . import report, runner
 from .runner import Progress, RunFolder, emit
 from .runs import check_memory, write_json
+
+# Purposes of a run seed (runner.generator(seed, purpose)): one independent stream per toy
+_WINNER, _GAUSSIAN, _DEMO = range(3)
 
 DEFAULT_SIZES = tuple(4**k for k in range(2, 9))  # 16, 64, ..., 65536
 #: Per-method settings for this experiment (all others run at their defaults). length_scaled's
@@ -100,7 +103,7 @@ def measure(
         raise ValueError("methods must name at least one normalizer.")
     check_sizes(sizes, margin, rows)
     out: list[Row] = []
-    g = torch.Generator().manual_seed(seed)
+    g = runner.generator(seed, _WINNER)
     total = len(sizes) * len(methods)
     for n in sizes:
         s, where = logits_with_winner(int(n), rows, margin, g)
@@ -324,9 +327,9 @@ def smith_toy(scores: np.ndarray | None = None) -> dict[str, np.ndarray]:
     s = torch.as_tensor(smith_scores() if scores is None else scores, dtype=torch.float64)
     shifted = s - s.min()
     return {
-        "sum": nz.get("power")(shifted, p=1.0).numpy(),
-        "softmax": nz.get("softmax")(s).numpy(),
-        "x^3": nz.get("power")(shifted, p=3.0).numpy(),
+        "sum": nz.get("power")(shifted, p=1.0).cpu().numpy(),
+        "softmax": nz.get("softmax")(s).cpu().numpy(),
+        "x^3": nz.get("power")(shifted, p=3.0).cpu().numpy(),
     }
 
 
@@ -356,7 +359,7 @@ def gaussian_dispersion(
     if rows < 2:
         raise ValueError(f"rows must be >= 2 (a standard error needs two), got {rows}.")
     check_memory(4 * 8 * rows * max(int(n) for n in sizes), f"{rows} rows of {max(sizes):,} logits")
-    g = torch.Generator().manual_seed(seed)
+    g = runner.generator(seed, _GAUSSIAN)
     out = []
     for n in sizes:
         w = nz.softmax(gaussian_logits(int(n), rows, g))
@@ -459,7 +462,7 @@ def measure_demo(
     check_sizes(sizes, margin, rows)
     out: list[DemoRow] = []
     for setting, m in (("bounded", None), ("margin", margin)):
-        g = torch.Generator().manual_seed(seed)
+        g = runner.generator(seed, _DEMO)  # both settings draw the same rows
         for n in sizes:
             s = demo_logits(n, rows, m, g)
             delta = logit_spread(s)  # (rows, 1): each row's δ = max − min logit

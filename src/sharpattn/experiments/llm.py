@@ -30,6 +30,8 @@ from . import runner
 from .runner import Progress, RunFolder, emit
 from .runs import write_json
 
+_PROMPTS = 0  # purpose of a run seed (runner.generator(seed, purpose, n))
+
 #: A three-shot completion prompt: SmolLM2-135M-Instruct does not answer the paper's one-line
 #: question (nor its chat-template form) with a number, but continues this pattern with one.
 PROMPT = (
@@ -52,7 +54,7 @@ FULL_SIZES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
 
 def max_prompts(n: int, count: int, seed: int) -> list[tuple[str, int]]:
     """``count`` prompts of n random integers in [0, 100) with a unique maximum: (text, answer)."""
-    g = torch.Generator().manual_seed((seed * 100_003 + n) % 2**64)  # any seed >= 0
+    g = runner.generator(seed, _PROMPTS, n)
     out = []
     while len(out) < count:
         xs = torch.randint(0, 100, (n,), generator=g).tolist()

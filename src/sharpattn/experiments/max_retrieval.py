@@ -49,6 +49,7 @@ from .runner import (
     cores,
     emit,
     generator,
+    numpy_generator,
     read_weights,
     seeded,
     threads,
@@ -155,7 +156,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES = range(7)
+_INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES, _SCATTER = range(8)
 _TEST_SEED = 20250101  # test sets are shared by all seeds and methods (paired comparison)
 
 
@@ -719,7 +720,7 @@ def plot_attention(
                 _, w = model(b.x, b.q, method=method, return_weights=True, **params)
                 ax = axes[i, j]
                 im = ax.imshow(
-                    w.gather(-1, top).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1
+                    w.gather(-1, top).cpu().numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1
                 )
                 ax.set_xticks([])
                 ax.set_yticks([])
@@ -771,7 +772,7 @@ def entropy_landscape(items: int = 10, points: int = 200, top: float = 2.0):
     theta = torch.linspace(0.01, top, points, dtype=torch.float64)
     a = lam[:, None] ** torch.arange(1, items + 1, dtype=torch.float64)  # (λ, items)
     h = torch.stack([nz.entropy(nz.softmax(a, temperature=float(t))) for t in theta], dim=0)
-    return lam.numpy(), theta.numpy(), h.numpy()
+    return lam.cpu().numpy(), theta.cpu().numpy(), h.cpu().numpy()
 
 
 def region_entropies(items: int = 10, points: int = 200) -> list[dict[str, Any]]:
@@ -936,8 +937,8 @@ def collect_fit_data(
                     continue
                 e, target = e[keep], b.argmax[keep]
                 # H of softmax(e) as the adaptive normalizer computes it (reference code's eps).
-                hs.append(nz.entropy(torch.softmax(e, -1), eps=1e-9).numpy())
-                betas.append(1.0 / optimal_temperature(e, target).numpy())
+                hs.append(nz.entropy(torch.softmax(e, -1), eps=1e-9).cpu().numpy())
+                betas.append(1.0 / optimal_temperature(e, target).cpu().numpy())
     if not hs:
         raise ValueError("no set had its max item below another item's logit; nothing to fit.")
     return np.concatenate(hs), np.concatenate(betas)
@@ -1005,7 +1006,7 @@ def fit_temperature(
 def plot_fit(path: Path, h: np.ndarray, beta: np.ndarray, coefficients) -> None:
     """Figure 6: (H, 1/θ_opt) samples, our degree-4 fit and the paper's polynomial."""
     with report.figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
-        rng = np.random.default_rng(0)
+        rng = numpy_generator(_TEST_SEED, _SCATTER)  # which samples the figure draws
         idx = rng.choice(len(h), size=min(len(h), 4000), replace=False)
         ax.scatter(h[idx], beta[idx], s=4, alpha=0.3, color="gray", label=f"samples ({len(h):,})")
         grid = np.linspace(0, max(float(h.max()), 1.0), 300)

@@ -67,6 +67,11 @@ def generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed_int(*key))
 
 
+def numpy_generator(*key: int) -> np.random.Generator:
+    """A NumPy ``Generator`` seeded with :func:`seed_int` of ``key``."""
+    return np.random.default_rng(seed_int(*key))
+
+
 @contextlib.contextmanager
 def seeded(*key: int) -> Iterator[None]:
     """Run the block with the global torch RNG seeded from ``key`` (for code that draws from it,
@@ -345,6 +350,9 @@ class Trainer:
     (0-based, as ``LambdaLR``); ``clip_grad_norm`` clips the gradients' global norm before each
     optimizer step.
 
+    ``device`` (CPU by default) is where it trains: the model is moved there, and so is each
+    batch (:func:`to_device`); the generators, checkpoints and weights files stay on the CPU.
+
     ``stop_at`` stops after that many steps in total without writing the final weights, as a
     crash would (tests); Ctrl-C writes a checkpoint first.
     """
@@ -368,6 +376,7 @@ class Trainer:
         report_every: int = 25,
         lr_schedule: Callable[[int], float] | None = None,
         clip_grad_norm: float | None = None,
+        device: str | torch.device = "cpu",
     ):
         if steps < 0 or checkpoint_every < 1 or log_every < 1:
             raise ValueError(
@@ -375,7 +384,8 @@ class Trainer:
                 f"{checkpoint_every}, {log_every}."
             )
         self.folder = Path(folder)
-        self.model, self.optimizer = model, optimizer
+        self.device = torch.device(device)
+        self.model, self.optimizer = model.to(self.device), optimizer
         self.steps, self.batch, self.loss = steps, batch, loss
         self.generators = generators or {}
         self.checkpoint_every, self.log_every = checkpoint_every, log_every
@@ -427,7 +437,8 @@ class Trainer:
                     return {"step": step, "seconds": seconds, "stopped": True}
                 t0 = time.perf_counter()
                 with _whole_step():  # Ctrl-C lands between steps, never inside one
-                    losses = self.loss(self.model, self.batch(step)).reshape(-1)
+                    batch = to_device(self.batch(step), self.device)
+                    losses = self.loss(self.model, batch).reshape(-1)
                     self.optimizer.zero_grad(set_to_none=True)
                     losses.sum().backward()
                     if self.clip_grad_norm is not None:
@@ -505,6 +516,21 @@ class Trainer:
             generators=self.generators,
             state={"step": step, "seconds": seconds},
         )
+
+
+def to_device(batch: Any, device: str | torch.device) -> Any:
+    """``batch`` with its tensors on ``device``: a tensor or any object with a ``to(device)``
+    (moved by it), a tuple (named or not), list or dict of batches (moved item by item), or
+    anything else (as it is). A tensor already there is returned as it is, not copied."""
+    if hasattr(batch, "to"):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_checks import one_sentence
 from processes import sharpattn, wait_until_in_main
 from sharpattn.cli import main
 from sharpattn.experiments import checkpoint as ckpt
@@ -22,15 +23,6 @@ from sharpattn.experiments import report
 from sharpattn.experiments.runs import write_json
 
 HUGE = "1000000000000"
-
-
-def one_sentence(capsys, *needles):
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 # ---------------------------------------------------------------- item 10

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_checks import one_sentence
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
 
@@ -49,14 +50,6 @@ def plugins(tmp_path, monkeypatch):
         sys.modules.pop(name.replace("/__init__", "").replace("/", "."), None)
     for name in set(nz.available()) - before:
         nz.unregister(name)
-
-
-def one_sentence(capsys, *needles):
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 BAD = {

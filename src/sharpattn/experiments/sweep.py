@@ -224,11 +224,19 @@ def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | Non
 
         while pending:
             drain()
+            # a worker that died is noticed here, not left to the executor: with the spawn
+            # context it starts workers after waking its management thread, which can then wait
+            # on a list of workers without the newest and never learn that it died
+            live = list((getattr(pool, "_processes", None) or {}).values())
+            procs += [p for p in live if p not in procs]
+            if any(p.exitcode is not None for p in procs):
+                raise _worker_died(procs)
             for f in [f for f in pending if f.done()]:
                 i = futures[f]
                 pending.discard(f)
                 exc = f.exception()
                 if isinstance(exc, BrokenProcessPool):
+                    _reap(procs, 2.0)
                     raise _worker_died(procs) from None
                 if exc is not None:
                     raise _named(exc, jobs[i]) from exc
@@ -264,6 +272,14 @@ def _interrupt(procs: list, grace: float) -> None:
     deadline = time.monotonic() + grace
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
+
+
+def _reap(procs: list, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds until one of ``procs`` has an exit code (a broken pool
+    can be reported before its dead worker is reaped, and the sentence says how it died)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and all(p.exitcode is None for p in procs):
+        time.sleep(0.01)
 
 
 def _worker_died(procs: list, who: str = "a worker process") -> WorkerDied:

@@ -748,7 +748,10 @@ def reproduce_clrs(profile, out, ray_address, **options):
 @profile_options(
     "leaderboard",
     "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",
-    "Every synthetic task, every method, 3 seeds",
+    "Every synthetic task, every method, 3 seeds, sizes to >= 64x",
+    "Every synthetic task, every method, 3 seeds, sizes to >= 16x, test sequences sampled "
+    "adaptively",
+    middle="standard",
 )
 @click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
 @click.option(
@@ -758,6 +761,13 @@ def reproduce_clrs(profile, out, ray_address, **options):
     metavar="MODULE:FUNCTION",
     help="Your own normalizer (a function or Normalizer, imported from the current directory or "
     "PYTHONPATH), added to the methods; with an existing --out it joins that run. Repeatable.",
+)
+@click.option(
+    "--models-from",
+    "models",
+    type=click.Path(file_okay=False, exists=True),
+    help="Evaluate the models another leaderboard run trained (same profile and training "
+    "options), writing this run's report into --out: e.g. more sizes for a few tasks.",
 )
 @_sequence_options
 @out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")

@@ -111,6 +111,7 @@ COSTS: dict[str, dict[str, str]] = {
     },
     "leaderboard": {
         "quick": "8 min 58 s wall",
+        "standard": "not run yet",
         "paper": "≈ 38 CPU-hours, ≈ 19 h on 2 cores, not run yet",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
@@ -118,7 +119,7 @@ COSTS: dict[str, dict[str, str]] = {
 
 #: the profiles that run for longer than about 30 minutes on 2 cores: named options only, and
 #: announced (:func:`announce`) before they start
-LONG = ("medium", "paper", "full")
+LONG = ("medium", "standard", "paper", "full")
 
 
 def profile_help(command: str, profile: str, what: str) -> str:
@@ -139,18 +140,21 @@ def announce(command: str, profile: str, jobs: str) -> None:
         )
 
 
-def profile_options(command: str, quick: str, paper: str, medium: str | None = None):
+def profile_options(command: str, quick: str, paper: str, medium: str | None = None,
+                    middle: str = "medium"):  # fmt: skip
     """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
     command's default runs for hours); together they are refused. Each help is what the profile
     runs; its measured cost is added from :data:`COSTS`. Adds ``profile`` ("quick" or "paper")
     to the command's keyword arguments instead of the flags. A command with an intermediate
-    profile passes ``medium``: ``--medium`` then gives ``profile="medium"`` and excludes the
-    other two as they exclude each other."""
+    profile passes its help as ``medium`` and its name as ``middle`` ("medium", "standard"):
+    ``--<middle>`` then gives ``profile=middle`` and excludes the other two as they exclude
+    each other."""
 
     def decorate(f):
         @functools.wraps(f)
-        def wrapper(*args, quick: bool, paper: bool, medium: bool = False, **kwargs):
-            chosen = [n for n, on in (("quick", quick), ("medium", medium), ("paper", paper)) if on]
+        def wrapper(*args, quick: bool, paper: bool, **kwargs):
+            between = kwargs.pop(middle, False) if medium is not None else False
+            chosen = [n for n, on in (("quick", quick), (middle, between), ("paper", paper)) if on]
             if len(chosen) > 1:
                 flags = " and ".join(f"--{n}" for n in chosen)
                 raise click.UsageError(f"{flags} exclude each other: choose one.")
@@ -159,7 +163,9 @@ def profile_options(command: str, quick: str, paper: str, medium: str | None = N
         flags = [click.option("--quick", is_flag=True, help=profile_help(command, "quick", quick))]
         if medium is not None:
             flags.append(
-                click.option("--medium", is_flag=True, help=profile_help(command, "medium", medium))
+                click.option(
+                    f"--{middle}", is_flag=True, help=profile_help(command, middle, medium)
+                )  # fmt: skip
             )
         flags.append(
             click.option("--paper", is_flag=True, help=profile_help(command, "paper", paper))

@@ -18,13 +18,19 @@ import numpy as np
 
 from ..normalizers import plugin
 from . import sequence as seq
-from .report import image, markdown_table, write_report, write_table
+from .report import figure, image, markdown_table, write_report, write_table
 from .runner import Progress, read_config
+from .stats import holm
 
-#: the profiles: --quick (minutes on 2 cores) and the full one
+#: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours) and
+#: --paper. The standard profile samples test sequences adaptively and stops a run's larger
+#: sizes after two at exact-match 0 (:class:`.sequence.SequenceConfig`)
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 500, "batch": 32, "eval_sets": 48,
               "eval_factor": 8, "workers": 2},
+    "standard": {"tasks": None, "seeds": 3, "steps": 1000, "batch": 32, "eval_sets": 256,
+                 "eval_se": 0.04, "eval_min": 32, "stop_zeros": 2, "eval_factor": 16,
+                 "workers": 2},
     "paper": {"tasks": None, "seeds": 3, "steps": 3000, "batch": 32, "eval_sets": 256,
               "eval_factor": 64, "workers": 2},
 }  # fmt: skip
@@ -94,6 +100,9 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
         entry["score"] = seq.compare(overall(per, m, has), overall(per, "softmax", has), "auc")
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
+    adjusted = holm([e["score"][2] for e in out])  # the family: every method against softmax
+    for e, p in zip(out, adjusted, strict=True):
+        e["holm"] = float(p)
     return out
 
 
@@ -154,17 +163,61 @@ def _versus(rows, method: str, tasks: list[str]) -> str:
     )
 
 
+def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
+    """Method × task: each cell the mean score over seeds (rows in ranking order, the overall
+    score as the last column), its value printed in the cell."""
+    grid = np.array([[e["tasks"].get(t, {}).get("auc", (np.nan,))[0] for t in tasks]
+                     + [e["score"][0]] for e in table])  # fmt: skip
+    cols = [*tasks, "overall"]
+    size = (1.0 + 0.85 * len(cols), 0.9 + 0.3 * len(table))
+    with figure(path, figsize=size, layout="constrained") as (fig, ax):
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", fontsize=8)
+        ax.set_yticks(range(len(table)), [e["method"] for e in table], fontsize=8)
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                        color="black" if v > 0.6 else "white")  # fmt: skip
+        ax.axvline(len(tasks) - 0.5, color="white", lw=2)
+        fig.colorbar(im, ax=ax, label="score (area under accuracy against log size)", shrink=0.8)
+
+
+def _sampling(cfg: seq.SequenceConfig, rows) -> str:
+    """The report's sentences on how many test sequences each size got and the stopping rule."""
+    fired = seq.stopping(rows)
+    if cfg.eval_se > 0:
+        text = (
+            f"Test sequences are drawn in blocks of {cfg.eval_batch} from one stream per (task, "
+            f"size), so every method and seed sees the same ones, until the cell's Agresti-Coull "
+            f"standard error is at most {cfg.eval_se:g} (after at least {cfg.eval_min}), or "
+            f"{cfg.eval_sets} are spent: {fired['sequences']:,} sequences over {fired['cells']:,} "
+            f"evaluated cells ({fired['sequences'] / max(1, fired['cells']):.0f} per cell)."
+        )
+    else:
+        text = f"{cfg.eval_sets} test sequences per size, the same for every method and seed."
+    if cfg.stop_zeros:
+        text += (
+            f" Stopping rule: after {cfg.stop_zeros} consecutive sizes beyond the training range "
+            f"at exact-match 0, a run's larger sizes are not evaluated and count as 0. It fired "
+            f"in {fired['stopped']} of {fired['runs']} runs (task × method × seed), skipping "
+            f"{fired['skipped']} of {fired['cells'] + fired['skipped']} cells."
+        )
+    return text
+
+
 def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     tasks = list(cfg.tasks)
-    header = ["rank", "method", "score", "p vs softmax"] + [f"{t}" for t in tasks]
+    header = ["rank", "method", "score", "p vs softmax", "p (Holm)"] + [f"{t}" for t in tasks]
     shown, raw = [], []
     for i, e in enumerate(table, 1):
         mean, sd, p = e["score"]
         cells = [e["tasks"].get(t, {}).get("auc") for t in tasks]
-        shown.append([str(i), e["method"], _pm(mean, sd), _p(p)]
+        shown.append([str(i), e["method"], _pm(mean, sd), _p(p), _p(e["holm"])]
                      + ["n/a" if c is None else f"{_pm(c[0], c[1])} (p {_p(c[2])})" for c in cells])  # fmt: skip
-        raw.append([i, e["method"], mean, p] + [None if c is None else c[0] for c in cells])
+        raw.append([i, e["method"], mean, p, e["holm"]]
+                   + [None if c is None else c[0] for c in cells])  # fmt: skip
     md = write_table(folder, "leaderboard", header, shown, raw)
+    heat_map(folder / "heatmap.png", table, tasks)
     detail_header = ["task", "method", "in distribution", "beyond training", "largest size",
                      "p (largest) vs softmax"]  # fmt: skip
     detail = []
@@ -184,8 +237,9 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     setup = (
         f"{cfg.seeds} seeds (first {cfg.seed}) per task × method; a {cfg.layers}-layer decoder, "
         f"d = {cfg.d_model}, {cfg.heads} heads, positions {cfg.positions}; AdamW lr {cfg.lr}, "
-        f"{cfg.steps} steps of batch {cfg.batch}; {cfg.eval_sets} test sequences per size, the "
-        "same for every method and seed. Sizes: "
+        f"{cfg.steps} steps of batch {cfg.batch}. "
+        + _sampling(cfg, rows)
+        + " Sizes: "
         + "; ".join(
             f"{t} trained at {seq.task(t).train_sizes[0]}–{seq.task(t).train_sizes[1]}, "
             f"evaluated at {', '.join(map(str, s))}"
@@ -193,7 +247,9 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         )  # fmt: skip
         + ".\n\nScore: the normalised area under exact-match accuracy against log2 size (1 = "
         "every test sequence solved at every size); the overall score is the mean over tasks. "
-        "p: two-sided paired t-test against softmax over seeds (– with fewer than two seeds)."
+        "p: two-sided paired t-test against softmax over seeds (– with fewer than two seeds); "
+        "p (Holm): the same, Holm-Bonferroni adjusted for the number of methods compared with "
+        "softmax; the per-task p-values are uncorrected."
     )
     untrainable = ", ".join(f"{k} ({v})" for k, v in seq.UNTRAINABLE.items())
     return write_report(
@@ -202,6 +258,7 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         [
             "## Setup\n\n" + setup + f"\n\nNot trained: {untrainable}.",
             "## Ranking\n\n" + md,
+            image("heatmap.png", "Score per method and task, mean over seeds"),
             image("leaderboard.png", "Accuracy against size, mean ± sd over seeds"),
             "## Accuracy in and beyond the training sizes\n\n" + md_detail,
             *versus,

@@ -132,23 +132,40 @@ class SequenceConfig:
     layers: int = 2
     positions: str = "rotary"
     eval_factor: int = 64  # evaluate up to this multiple of the largest training size
-    eval_sets: int = 128  # test sequences per size (the same for every method and seed)
-    eval_batch: int = 16
+    eval_sets: int = 128  # test sequences per size (the same for every method and seed); the most
+    eval_batch: int = 16  # with ``eval_se``, when adaptive sampling stops short of it
+    #: adaptive sampling (0: off, every size gets ``eval_sets``): test sequences are drawn in
+    #: blocks of ``eval_batch`` until the cell's Agresti-Coull standard error is at most
+    #: ``eval_se`` (after at least ``eval_min``), or ``eval_sets`` are spent (:func:`enough`)
+    eval_se: float = 0.0
+    eval_min: int = 32
+    #: stopping rule (0: off): after this many consecutive sizes beyond the training range at
+    #: exact-match 0 (each on at least ``eval_min`` sequences), a run's larger sizes are not
+    #: evaluated and count as 0 (rows marked ``skipped``; reports say how often it fired)
+    stop_zeros: int = 0
     eval_sizes: dict[str, list[int]] = field(default_factory=dict)  # task -> sizes (override)
     checkpoint_every: int = 500
     workers: int = 1
     threads: int = 1
+    #: another run folder of the same command whose trained models this sweep evaluates (its
+    #: training settings must be these; a model it lacks is trained there); None: this one's
+    models: str | None = None
 
     def __post_init__(self):
         self.tasks, self.methods = tuple(self.tasks), tuple(self.methods)
         if not self.tasks or not self.methods:
             raise ValueError("a sweep needs at least one task and one method.")
         for name in ("seeds", "steps", "batch", "d_model", "heads", "layers", "eval_factor",
-                     "eval_sets", "eval_batch", "checkpoint_every", "workers", "threads"):  # fmt: skip
+                     "eval_sets", "eval_batch", "eval_min", "checkpoint_every", "workers",
+                     "threads"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}.")
+        if not 0 <= self.eval_se < 0.5:
+            raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
+        if self.stop_zeros < 0:
+            raise ValueError(f"stop_zeros must be >= 0, got {self.stop_zeros}.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -352,19 +369,55 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
         for m in job.methods:
             if m.evaluate is not None:
                 switch(model, m.evaluate)
+            zeros = 0  # consecutive sizes beyond training at exact-match 0 (the stopping rule)
             for i, size in enumerate(sizes):
+                row = {"task": job.task, "method": m.name, "seed": job.seed, "size": size,
+                       "train_seconds": state.get("seconds")}  # fmt: skip
+                if cfg.stop_zeros and zeros >= cfg.stop_zeros:
+                    rows.append({**row, **SKIPPED, "length": int(t.length(size))})
+                    continue
                 emit(progress, label, f"eval {m.name} n={size}", i, len(sizes))
-                # cached per test-set count: --eval-sets may change between invocations
-                name = f"n{size}.sets{cfg.eval_sets}.json"
-                path = job.folder / "eval" / _slug(m.evaluate or m.train) / name
+                path = job.folder / "eval" / _slug(m.evaluate or m.train) / _eval_name(cfg, size)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg), EVALUATION)
-                rows.append({"task": job.task, "method": m.name, "seed": job.seed, "size": size,
-                             **result, "train_seconds": state.get("seconds")})  # fmt: skip
+                rows.append({**row, **result, "skipped": False})
+                beyond = size > t.train_sizes[1]
+                zero = result["acc"] == 0 and result["sets"] >= min(cfg.eval_min, cfg.eval_sets)
+                zeros = zeros + 1 if beyond and zero else 0
             if m.evaluate is not None:
                 switch(model, m.train, **method_params(m, t))
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
+
+
+def _eval_name(cfg: SequenceConfig, size: int) -> str:
+    """The cache file of one size's evaluation, named by what decides its test sequences
+    (``--eval-sets`` and the sampling rule may change between invocations)."""
+    if cfg.eval_se > 0:
+        return f"n{size}.se{cfg.eval_se:g}-{cfg.eval_min}-{cfg.eval_sets}-{cfg.eval_batch}.json"
+    return f"n{size}.sets{cfg.eval_sets}.json"
+
+
+#: a size the stopping rule did not evaluate: counted as exact-match 0 (token accuracy unknown)
+SKIPPED = {"acc": 0.0, "token_acc": float("nan"), "sets": 0, "skipped": True}
+
+
+def standard_error(solved: int, seqs: int) -> float:
+    """The Agresti-Coull standard error of an accuracy of ``solved`` out of ``seqs``: that of
+    (solved + 2) / (seqs + 4), which is not 0 at 0 or 1 as the plain one is."""
+    p = (solved + 2) / (seqs + 4)
+    return math.sqrt(p * (1 - p) / (seqs + 4))
+
+
+def enough(solved: int, seqs: int, cfg: SequenceConfig) -> bool:
+    """Whether a size's evaluation may stop after ``seqs`` test sequences, ``solved`` of them
+    right: always at ``eval_sets``; with adaptive sampling (``eval_se`` > 0) once at least
+    ``eval_min`` are in and the standard error is at most ``eval_se``."""
+    if seqs >= cfg.eval_sets:
+        return True
+    if cfg.eval_se <= 0:
+        return False
+    return seqs >= cfg.eval_min and standard_error(solved, seqs) <= cfg.eval_se
 
 
 def test_sets(t, size: int, cfg: SequenceConfig):
@@ -392,7 +445,7 @@ def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, float]:
     """Exact-match accuracy (every answer token right) and answer-token accuracy at one size."""
     model.eval()
     solved = tokens = right = seqs = 0
-    for b in test_sets(t, size, cfg):
+    for b in test_sets(t, size, cfg):  # a prefix of the same stream: paired across methods
         pred = model(b.tokens).argmax(-1)
         scored = b.targets != -100
         ok = (pred == b.targets) | ~scored
@@ -400,6 +453,8 @@ def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, float]:
         seqs += b.tokens.shape[0]
         right += int((ok & scored).sum())
         tokens += int(scored.sum())
+        if enough(solved, seqs, cfg):
+            break
     model.train()
     return {"acc": solved / seqs, "token_acc": right / max(1, tokens), "sets": seqs,
             "length": int(t.length(size))}  # fmt: skip
@@ -419,12 +474,31 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
     # together
     groups = sorted(recipes.values(), key=lambda g: -SLOW.get(g[0].train, 1.0))
     out = []
+    root = cfg.models or root
     for name in cfg.tasks:
         task(name)  # unknown task: one sentence before any work
         for group in groups:
             for s in range(cfg.seeds):
                 out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict()))
     return out
+
+
+def check_models(cfg: SequenceConfig, experiment: str) -> None:
+    """With ``cfg.models``: that folder is a run of ``experiment`` trained as ``cfg`` would
+    train (:data:`IDENTITY`), else one sentence."""
+    if cfg.models is None:
+        return
+    from .runner import read_config
+
+    stored = read_config(cfg.models, experiment)
+    mine = cfg.to_dict()
+    differ = [k for k in IDENTITY if k in stored and stored[k] != mine[k]]
+    if differ:
+        detail = ", ".join(f"{k} {stored[k]} there, {mine[k]} here" for k in differ)
+        raise ValueError(
+            f"{cfg.models} trained its models with other settings ({detail}): give the same "
+            "profile and options, or no --models-from."
+        )
 
 
 def sweep(
@@ -438,6 +512,7 @@ def sweep(
     from .sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
+    check_models(cfg, experiment)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=_overall(
         progress, experiment, len(todo)))  # fmt: skip
@@ -495,7 +570,20 @@ __all__ = ["Method", "SequenceConfig", "area", "jobs", "methods", "resolve", "ru
 
 
 def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else float("nan")
+    """The mean of the finite ``values`` (a size the stopping rule skipped has no token
+    accuracy); NaN where there is none."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def stopping(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How often the stopping rule fired: ``runs`` (task, method, seed) in all, ``stopped`` of
+    them with skipped sizes, ``cells`` evaluated, ``skipped`` cells, and ``sequences`` drawn."""
+    runs = {(r["task"], r["method"], r["seed"]) for r in rows}
+    stopped = {(r["task"], r["method"], r["seed"]) for r in rows if r.get("skipped")}
+    skipped = sum(bool(r.get("skipped")) for r in rows)
+    return {"runs": len(runs), "stopped": len(stopped), "cells": len(rows) - skipped,
+            "skipped": skipped, "sequences": sum(int(r["sets"]) for r in rows)}  # fmt: skip
 
 
 def measures(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:

@@ -55,3 +55,18 @@ def linear_fit(x, y) -> tuple[float, float]:
         return float("nan"), float("nan")
     fit = stats.linregress(x, y)
     return float(fit.slope), float(fit.rvalue**2) if np.ptp(y) > 0 else float("nan")
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values of a family of tests (step-down: the i-th smallest of m
+    multiplied by m - i + 1, kept monotone, capped at 1); NaN entries stay NaN and do not count
+    in m. Reject at level a where the adjusted value is at most a."""
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m, running = len(order), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out

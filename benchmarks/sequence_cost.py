@@ -174,11 +174,12 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
     job_costs = []
     for job in seq.jobs(root / "plan", cfg):  # the sweep's jobs, in its order
         t = seq.task(job.task)
-        cost = train[(job.task, job.methods[0].recipe)] * cfg.steps
+        steps = seq.steps_of(cfg, job.task)
+        cost = train[(job.task, job.methods[0].recipe)] * steps
         for i, m in enumerate(job.methods):
             r = rows.setdefault(m.name, {"train": 0.0, "eval": 0.0, "extrapolated": 0.0})
             if i == 0:  # the job's model is trained once, for its first method
-                r["train"] += train[(job.task, m.recipe)] * cfg.steps
+                r["train"] += train[(job.task, m.recipe)] * steps
             for size in seq.sizes_of(cfg, job.task):
                 per, extra = seq_cost(job.task, m.name, int(t.length(size)))
                 r["eval"] += per * cfg.eval_sets

@@ -184,3 +184,19 @@ def test_models_from_evaluates_another_runs_models_without_training(tmp_path, ca
     err = capsys.readouterr().err
     assert "trained its models with other settings" in err and "steps 5 there, 6 here" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_task_steps_train_a_task_for_its_own_number_of_steps(tmp_path):
+    cfg = _cfg(steps=7, task_steps={"flip_flop": 3}, eval_sets=4, eval_factor=1)
+    assert seq.steps_of(cfg, "flip_flop") == 3 and seq.steps_of(cfg, "copy") == 7
+    job = seq.jobs(tmp_path, cfg)[0]
+    seq.run_job(job)
+    from sharpattn.experiments.runner import MetricsLog
+
+    assert max(r["step"] for r in MetricsLog(job.folder / "metrics.jsonl").read()) == 3
+    with pytest.raises(ValueError, match="task_steps"):
+        _cfg(task_steps={"copy": 0})
+    # longer tasks first, so a pool's last jobs are short
+    two = seq.SequenceConfig(tasks=("flip_flop", "copy"), methods=("softmax",), seeds=1,
+                             steps=5, task_steps={"copy": 50})  # fmt: skip
+    assert [j.task for j in seq.jobs(tmp_path, two)] == ["copy", "flip_flop"]

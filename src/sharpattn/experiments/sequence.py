@@ -123,6 +123,8 @@ class SequenceConfig:
     seeds: int = 3
     seed: int = 0
     steps: int = 2000
+    #: training steps of some tasks instead of ``steps`` ({task: steps}; :func:`steps_of`)
+    task_steps: dict[str, int] | None = None
     batch: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -162,6 +164,9 @@ class SequenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}.")
+        for name, steps in (self.task_steps or {}).items():
+            if not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"task_steps[{name!r}] must be an integer >= 1, got {steps!r}.")
         if not 0 <= self.eval_se < 0.5:
             raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
         if self.stop_zeros < 0:
@@ -193,7 +198,7 @@ def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: st
 
 
 #: what defines the trained models (a folder of another value of these is refused)
-IDENTITY = ("seed", "steps", "batch", "lr", "weight_decay", "warmup", "d_model", "heads",
+IDENTITY = ("seed", "steps", "task_steps", "batch", "lr", "weight_decay", "warmup", "d_model", "heads",
             "layers", "positions")  # fmt: skip
 
 
@@ -236,6 +241,11 @@ def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[
                      "eval_sizes": sizes_of(cfg, name), "about": first[1] if first else doc})  # fmt: skip
     methods_ = [{"method": m, "chosen": m in cfg.methods} for m in known]
     return {"tasks": rows, "methods": methods_}
+
+
+def steps_of(cfg: SequenceConfig, name: str) -> int:
+    """The training steps of task ``name``: its entry of ``task_steps``, else ``steps``."""
+    return int((cfg.task_steps or {}).get(name, cfg.steps))
 
 
 def train_length(t) -> int:
@@ -337,6 +347,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data = runner.generator(job.seed, _DATA)
         lo, hi = t.train_sizes
+        steps = steps_of(cfg, job.task)
 
         def batch(step: int):
             size = int(torch.randint(lo, hi + 1, (1,), generator=data))
@@ -345,19 +356,19 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
         def schedule(step: int) -> float:  # linear warm-up, then cosine to 10%
             if step < cfg.warmup:
                 return (step + 1) / cfg.warmup
-            x = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+            x = (step - cfg.warmup) / max(1, steps - cfg.warmup)
             return 0.1 + 0.45 * (1 + math.cos(math.pi * x))
 
         trainer = runner.Trainer(
             job.folder,
             model,
             optimizer,
-            steps=cfg.steps,
+            steps=steps,
             batch=batch,
             loss=loss_fn,
             generators={"data": data},
             checkpoint_every=cfg.checkpoint_every,
-            log_every=max(1, cfg.steps // 20),
+            log_every=max(1, steps // 20),
             task=label,
             progress=progress,
             lr_schedule=schedule,
@@ -480,7 +491,8 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
         for group in groups:
             for s in range(cfg.seeds):
                 out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict()))
-    return out
+    # tasks with more steps first (a stable sort keeps the order above within a budget)
+    return sorted(out, key=lambda j: -steps_of(cfg, j.task))
 
 
 def check_models(cfg: SequenceConfig, experiment: str) -> None:

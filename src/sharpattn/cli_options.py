@@ -111,7 +111,7 @@ COSTS: dict[str, dict[str, str]] = {
     },
     "leaderboard": {
         "quick": "8 min 58 s wall",
-        "standard": "not run yet",
+        "standard": "not run as a whole yet",
         "paper": "≈ 38 CPU-hours, ≈ 19 h on 2 cores, not run yet",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},

@@ -207,27 +207,29 @@ def test_exp_activation_is_uncapped_and_identity_at_init():
 def test_graph_task_default_is_the_uncapped_scale(tmp_path):
     """GraphConfig's default query temperature is e^γ per group (1 at initialisation); the capped
     1 + tanh(γ) form stays available; the two are different run configurations."""
-    from sharpattn.experiments import selective as exp
+    from dataclasses import asdict, replace
 
-    assert exp.GraphConfig().query_activation == "exp"
-    model = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
+    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_graph as graph
+    from sharpattn.experiments.runner import RunFolder
+
+    assert graph.GraphConfig().query_activation == "exp"
+    model = graph.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
     with torch.no_grad():
         model.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
-    seqs = exp.canonical_sequences(8).unsqueeze(1)
+    seqs = graph.canonical_sequences(8).unsqueeze(1)
     tau = model.query_temperature(seqs, torch.zeros(8, 1, 1, 8))[:, 0, 0]
-    groups = [model.groups.index(int(c)) for c in (exp.graph_transition(8) > 0).sum(-1)]
+    groups = [model.groups.index(int(c)) for c in (graph.graph_transition(8) > 0).sum(-1)]
     assert_close(tau, np.exp([[6.0, 3.0, 1.0, 0.0][g] for g in groups]), dtype=torch.float32)
-    capped = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
+    capped = graph.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
     with torch.no_grad():
         capped.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
     assert float(capped.query_temperature(seqs, torch.zeros(8, 1, 1, 8)).detach().max()) < 2
     cfg = exp.ReproduceConfig(tasks=("graph",))
-    exp.RunFolder(
-        tmp_path / "r", "reproduce selective", exp.asdict(cfg), identity=exp._identity(cfg)
-    )
-    other = exp.replace(cfg, graph=exp.replace(cfg.graph, query_activation="tanh"))
+    RunFolder(tmp_path / "r", "reproduce selective", asdict(cfg), identity=exp._identity(cfg))
+    other = replace(cfg, graph=replace(cfg.graph, query_activation="tanh"))
     with pytest.raises(ValueError):
-        exp.RunFolder(tmp_path / "r", "reproduce selective", exp.asdict(other),
+        RunFolder(tmp_path / "r", "reproduce selective", asdict(other),
                       identity=exp._identity(other))  # fmt: skip
 
 
@@ -466,7 +468,7 @@ def test_paper_scale_overhead():
 
 
 def test_graph_task_data():
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_graph as exp
 
     p = exp.graph_transition()
     assert sorted((p > 0).sum(-1).tolist(), reverse=True) == [4, 3, 3, 3, 2, 2, 2, 1]
@@ -482,7 +484,7 @@ def test_graph_task_data():
 
 
 def test_denoise_data_and_estimators():
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_denoise as exp
 
     sigmas = torch.tensor([0.1, 0.5])
     x, y, signal = exp.denoise_batch(4000, 8, 16, sigmas, torch.Generator().manual_seed(0))
@@ -503,12 +505,13 @@ def test_denoise_data_and_estimators():
 
 def test_ensemble_members_train_independently(tmp_path):
     """Training members together gives each exactly the run it would have alone."""
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_denoise as dn
+    from sharpattn.experiments import selective_graph as graph
 
-    cfg = exp.GraphConfig(steps=4, batch=16, lr=1e-2)
-    together = exp.graph_train(tmp_path / "together", cfg, [0, 1])
-    alone = exp.graph_train(
-        tmp_path / "alone", exp.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
+    cfg = graph.GraphConfig(steps=4, batch=16, lr=1e-2)
+    together = graph.graph_train(tmp_path / "together", cfg, [0, 1])
+    alone = graph.graph_train(
+        tmp_path / "alone", graph.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
         [0, 1],
     )  # fmt: skip
     pick = [r for r in together if r["variant"] == "selective"]
@@ -520,11 +523,11 @@ def test_ensemble_members_train_independently(tmp_path):
         assert a["tau_by_group"].keys() == b["tau_by_group"].keys()
         ta, tb = (list(r["tau_by_group"].values()) for r in (a, b))
         assert_close(ta, tb, dtype=torch.float32, n=4 * 16, ulps=64)
-    dc = exp.DenoiseConfig(steps=3, batch=8, sigmas=(0.2,), eval_samples=64, lr=1e-2)
-    both = exp.denoise_train(tmp_path / "both", dc, [0])
-    one = exp.denoise_train(
+    dc = dn.DenoiseConfig(steps=3, batch=8, sigmas=(0.2,), eval_samples=64, lr=1e-2)
+    both = dn.denoise_train(tmp_path / "both", dc, [0])
+    one = dn.denoise_train(
         tmp_path / "one",
-        exp.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}),
+        dn.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}),
         [0],
     )
     key = "selective (learned: feature)"

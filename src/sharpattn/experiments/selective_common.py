@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..attention import selective_attend
+from ..models.ensemble import StackedLinear
 from . import report
 from .runner import Trainer, generator, once
 from .stats import paired_comparison
@@ -30,16 +31,30 @@ INIT, DATA, TEST = range(3)
 # ---------------------------------------------------------------- ensembles of one-head models
 
 
-def _uniform(fan_in: int, *shape: int, keys) -> nn.Parameter:
-    """Per-member nn.Linear-style init U(±1/√fan_in), member i drawn from ``generator(*keys[i])``."""
-    bound = 1 / math.sqrt(fan_in)
-    rows = [torch.rand(*shape, generator=generator(*k)) for k in keys]
-    return nn.Parameter((torch.stack(rows) * 2 - 1) * bound)
+def member_linear(d_in: int, d_out: int, weight_keys, bias_keys) -> StackedLinear:
+    """A :class:`~sharpattn.models.ensemble.StackedLinear` ``d_in → d_out`` whose member i is
+    nn.Linear's U(±1/√d_in), its weight drawn from ``generator(*weight_keys[i])`` (as ``[d_in,
+    d_out]``, then transposed) and its bias from ``generator(*bias_keys[i])``: a member starts
+    alike whatever the other members."""
+    bound = 1 / math.sqrt(d_in)
+    draw = lambda keys, *shape: torch.stack(  # noqa: E731
+        [torch.rand(*shape, generator=generator(*k)) for k in keys]
+    )
+    layer = nn.utils.skip_init(StackedLinear, len(weight_keys), d_in, d_out)
+    with torch.no_grad():
+        layer.weight.copy_((draw(weight_keys, d_in, d_out) * 2 - 1).mul_(bound).transpose(1, 2))
+        layer.bias.copy_((draw(bias_keys, d_out) * 2 - 1).mul_(bound).unsqueeze(1))
+    return layer
 
 
-def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Member e's linear map: x ``[B, E, L, d]``, w ``[E, d, f]``, b ``[E, f]`` -> ``[B, E, L, f]``."""
-    return torch.einsum("beld,edf->belf", x, w) + b[:, None]
+def memberwise(layer: StackedLinear, x: torch.Tensor) -> torch.Tensor:
+    """``layer`` on ``x`` ``[B, E, ..., d_in]`` (members along dim 1) -> ``[B, E, ..., d_out]``."""
+    return layer(x.transpose(0, 1)).transpose(0, 1)
+
+
+# Files written before the ensembles were StackedLinear held each linear map as one parameter
+# [E, d_in, d_out] (x·W layout) and one bias [E, d_out]: the old names of (weight, bias).
+_OLD_NAMES = {"q": ("wq", "bq"), "k": ("wk", "bk"), "v": ("wv", "bv"), "classifier": ("wc", "bc")}
 
 
 class OneHeadEnsemble(nn.Module):
@@ -47,14 +62,16 @@ class OneHeadEnsemble(nn.Module):
 
     Nothing mixes heads and Adam is elementwise, so member e trains exactly as it would alone; this
     only removes Python overhead (the CPU is shared). Members of different variants with the same
-    seed start from the same weights and see the same data, so comparisons are paired.
+    seed start from the same weights and see the same data, so comparisons are paired. The
+    projections ``q``, ``k``, ``v`` are stacked linear layers (:mod:`sharpattn.models.ensemble`).
     """
 
     def __init__(self, d_in: int, d: int, members: list[tuple[str, int]], task: int):
         super().__init__()
         self.members, self.task = members, task
-        self.wq, self.wk, self.wv = (_uniform(d_in, d_in, d, keys=self.keys(i)) for i in range(3))
-        self.bq, self.bk, self.bv = (_uniform(d_in, d, keys=self.keys(3 + i)) for i in range(3))
+        self.q, self.k, self.v = (
+            member_linear(d_in, d, self.keys(i), self.keys(3 + i)) for i in range(3)
+        )
 
     def keys(self, i: int) -> list[tuple[int, ...]]:
         """The seed keys of parameter ``i``, one per member: members of one seed start alike."""
@@ -70,13 +87,17 @@ class OneHeadEnsemble(nn.Module):
     def count(self, variant: str) -> int:
         return sum(v == variant for v, _ in self.members)
 
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """The last token's query ``[B, E, 1, d]`` of ``x`` ``[B, E, L, d_in]``."""
+        return memberwise(self.q, x[:, :, -1:])
+
     def attend_last(self, x: torch.Tensor, temperatures, return_weights=False):
         """The last token's attention output ``[B, E, d]`` (and weights ``[B, E, L]``).
 
         ``temperatures(q, v)`` returns (τ_q ``[B, E, 1]`` or None, τ_v ``[B, E, L]`` or None).
         """
-        q = _project(x[:, :, -1:], self.wq, self.bq)  # (B, E, 1, d)
-        k, v = _project(x, self.wk, self.bk), _project(x, self.wv, self.bv)  # (B, E, L, d)
+        q = self.query(x)  # (B, E, 1, d)
+        k, v = memberwise(self.k, x), memberwise(self.v, x)  # (B, E, L, d)
         tau_q, tau_v = temperatures(q, v)
         out = selective_attend(
             q, k, v, tau_q=tau_q, tau_v=tau_v, return_weights=return_weights, check_finite=False
@@ -84,6 +105,41 @@ class OneHeadEnsemble(nn.Module):
         if return_weights:
             return out[0][:, :, 0], out[1][:, :, 0]
         return out[:, :, 0]
+
+    def upgrade_checkpoint(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint file's tensors of the layout before (:data:`_OLD_NAMES`) in this one's:
+        weights transposed, biases given their member row, Adam's moments alike and renumbered
+        (the old order: the weights of q, k, v, their biases, the model's own parameters, the
+        readout's weight and bias, the temperatures). Files of this layout pass unchanged."""
+        if "model.wq" not in tensors:
+            return tensors
+        names = [n for n, _ in self.named_parameters()]
+        renamed = {old[j]: f"{m}.{part}" for m, old in _OLD_NAMES.items() if hasattr(self, m)
+                   for j, part in enumerate(("weight", "bias"))}  # fmt: skip
+        rest = [n for n in names if n not in renamed.values()]
+        own, children = [n for n in rest if "." not in n], [n for n in rest if "." in n]
+        old_order = ["wq", "wk", "wv", "bq", "bk", "bv", *own]
+        old_order += ["wc", "bc"] if "wc" in renamed else []
+        old_order += children
+        weights = {w for w, _ in _OLD_NAMES.values()}
+
+        def layout(old: str, t: torch.Tensor) -> torch.Tensor:
+            if old not in renamed or t.dim() == 0:  # not a linear map's, or Adam's step count
+                return t
+            return t.transpose(1, 2).contiguous() if old in weights else t.unsqueeze(1)
+
+        out = {}
+        for key, t in tensors.items():
+            kind, _, name = key.partition(".")
+            if kind == "model":
+                out[f"model.{renamed.get(name, name)}"] = layout(name, t)
+            elif kind == "optim":
+                idx, _, state = name.partition(".")
+                old = old_order[int(idx)]
+                out[f"optim.{names.index(renamed.get(old, old))}.{state}"] = layout(old, t)
+            else:
+                out[key] = t
+        return out
 
 
 def finish(trainer: Trainer, stop_at: int | None, evaluate, shape: Any = None) -> Any:

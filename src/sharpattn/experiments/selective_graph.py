@@ -37,12 +37,12 @@ from .selective_common import (
     FIG2_METRICS,
     GRAPH,
     OneHeadEnsemble,
-    _project,
-    _uniform,
     compare,
     fig2_markdown,
     finish,
     mean_cell,
+    member_linear,
+    memberwise,
 )
 
 PAPER = {  # as printed in the paper
@@ -99,8 +99,7 @@ class GraphEnsemble(OneHeadEnsemble):
         self.readout = readout
         embed = [torch.randn(n, d, generator=generator(*k)) for k in self.keys(7)]
         self.embed = nn.Parameter(torch.stack(embed))
-        self.wc = _uniform(d, d, n, keys=self.keys(8))
-        self.bc = _uniform(d, n, keys=self.keys(9))
+        self.classifier = member_linear(d, n, self.keys(8), self.keys(9))
         counts = (graph_transition(n) > 0).sum(-1)  # neighbours incl. self, per token
         self.groups = sorted(set(counts.tolist()))
         onehot = F.one_hot(torch.tensor([self.groups.index(c) for c in counts.tolist()]))
@@ -141,7 +140,7 @@ class GraphEnsemble(OneHeadEnsemble):
             p_hat = torch.zeros_like(w).scatter_(-1, seqs, w)
             logits = torch.log(p_hat.clamp(min=1e-30))
         else:
-            logits = torch.einsum("bed,edn->ben", out, self.wc) + self.bc
+            logits = memberwise(self.classifier, out)
         return (logits, w) if return_weights else logits
 
 
@@ -166,13 +165,13 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     n, e = p_star.shape[0], len(model.members)
     seqs = canonical_sequences(n).unsqueeze(1).expand(n, e, n)
     logits, w = model(seqs, return_weights=True)  # (N, E, N), (N, E, N)
-    x = model.embeddings(seqs)
-    q = _project(x[:, :, -1:], model.wq, model.bq)
+    q = model.query(model.embeddings(seqs))
     tau = model.query_temperature(seqs, q)[:, :, 0]  # (N queries, E)
     entropy = nz.entropy(p_star).mean().item()  # H(P*)
     counts = (p_star > 0).sum(-1)
     spiky = spikiness(w)  # (N queries, E): Fig. 2's ‖s‖₁ / (‖s‖₂²·L), L = N keys
-    w_norm = qk_operator_norm(model.wq, model.wk)  # (E,): ‖W_q·W_kᵀ‖₂ (biases not included)
+    # (E,): ‖W_q·W_kᵀ‖₂ (biases not included; W in x·W layout)
+    w_norm = qk_operator_norm(model.q.weight.transpose(1, 2), model.k.weight.transpose(1, 2))
     out = []
     for i, (variant, seed) in enumerate(model.members):
         logp = torch.log_softmax(logits[:, i].double(), -1)

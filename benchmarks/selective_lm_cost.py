@@ -1,6 +1,6 @@
 """CPU cost of `sharpattn reproduce selective`'s character language model at its full profile.
 
-Per LM variant, times the experiment's own training loop (``selective.lm_train``: the runner's
+Per LM variant, times the experiment's own training loop (``selective_lm.lm_train``: the runner's
 Trainer, AdamW with warm-up and cosine, gradient clipping, the real batches) on one thread: the
 process CPU time of ``--warmup + --steps`` steps minus that of ``--warmup`` steps, in fresh
 folders, divided by ``--steps``. Counts one step's matrix-product FLOPs
@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from batched_seeds import matmul_rate
 from torch.utils.flop_counter import FlopCounterMode
 
-from sharpattn.experiments import selective as sel
+from sharpattn.experiments import selective_lm as sel
 from sharpattn.experiments.runner import cores, threads
+from sharpattn.experiments.selective import make_config
 
 
 def cpu_of(cfg: sel.LMConfig, corpus, variant: str, steps: int) -> float:
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated (default: the profile's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cfg = sel.make_config("paper").lm
+    cfg = make_config("paper").lm
     variants = (
         [sel.lm_variant(v) for v in args.variants.split(",")] if args.variants else cfg.variants
     )

@@ -26,6 +26,7 @@ from .cli_options import (
     console,
     count,
     out_option,
+    print_markdown,
     profile_options,
     seed_option,
     seeds_option,
@@ -128,32 +129,10 @@ def demo(sizes, rows, margin, seed, out):
     from .experiments import dispersion as disp
 
     run_dir, result = disp.run_demo(out, sizes=sizes, rows=rows, margin=margin, seed=seed)
-    for setting in ("bounded", "margin"):
-        table = Table(
-            title=f"{setting}: logits in [-1, 1]"
-            + (f", winner at 1 + {margin:g}" if setting == "margin" else "")
-        )
-        for col in (
-            "n",
-            "method",
-            "max weight",
-            "entropy",
-            "winner weight",
-            "n·max weight",
-            "e^{δ/θ} (Lemma 2.1)",
-        ):
-            table.add_column(col, justify="right")
-        for r in (r for r in result if r.setting == setting):
-            table.add_row(
-                str(r.n),
-                r.method,
-                f"{r.max_weight:.4g}",
-                f"{r.entropy:.3f}",
-                f"{r.winner_weight:.4g}" if setting == "margin" else "-",
-                f"{r.n_max_weight:.3f}",
-                f"{r.lemma_bound:.3f}",
-            )
-        console.print(table)
+    print_markdown(
+        disp.demo_markdown_table(result),
+        f"logits in [-1, 1] (bounded), and with one winner at 1 + {margin:g} (margin)",
+    )
     console.print(
         "Lemma 2.1: n·max weight stays below e^{δ/θ} at every n, so every softmax weight falls as "
         f"1/n. {disp.adaptive_note()}"
@@ -181,62 +160,23 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
             out, methods=methods, sizes=sizes, margin=margin, rows=rows, seed=seed,
             progress=progress,
         )  # fmt: skip
-    fit = disp.slope_text(rows_)
-    ns = sorted({r.n for r in rows_})
-    table = Table(
-        title=f"winner weight vs n: logits in [-1, 1], one winner at 1 + {margin:g} "
-        "(slope of log weight vs log n: -1 disperses like softmax, 0 keeps the winner)"
+    print_markdown(
+        disp.winner_markdown(rows_),
+        f"winner weight vs n: logits in [-1, 1], one winner at 1 + {margin:g} (slope of log "
+        "weight vs log n: -1 disperses like softmax, 0 keeps the winner)",
     )
-    table.add_column("method")
-    for n in ns:
-        table.add_column(f"n={n}", justify="right")
-    table.add_column("slope", justify="right")
-    for method in dict.fromkeys(r.method for r in rows_):
-        by_n = {r.n: r for r in rows_ if r.method == method}
-        table.add_row(method, *(f"{by_n[n].winner_weight:.3g}" for n in ns), fit[method])
-    console.print(table)
-    last = Table(title=f"at n = {ns[-1]}")
-    for col in ("method", "winner weight", "max |w|", "entropy (nats)", "total mass Σ|w|"):
-        last.add_column(col, justify="right" if col != "method" else "left")
-    for r in (r for r in rows_ if r.n == ns[-1]):
-        last.add_row(
-            r.method,
-            f"{r.winner_weight:.4g}",
-            f"{r.max_weight:.4g}",
-            f"{r.entropy:.3f}",
-            f"{r.total_mass:.4g}",
-        )
-    console.print(last)
-    _print_smith(run_dir)
+    last = max(r.n for r in rows_)
+    print_markdown(disp.markdown_table(rows_, n=last), f"at n = {last}")
+    toy, gauss = disp.read_smith(run_dir)
+    print_markdown(
+        disp.smith_toy_markdown(toy),
+        "Smith's ten scores (rebuilt from the blog's quoted shares): weight per token",
+    )
+    print_markdown(
+        disp.smith_gauss_markdown(gauss),
+        "Smith's Gaussian logits N(0, 1) under softmax (mean ± SE over rows)",
+    )
     console.print(f"wrote {run_dir}/report.md and {run_dir}/winner_weight.png")
-
-
-def _print_smith(run_dir: Path) -> None:
-    """Smith's two toys, from the run folder's smith.json (written by the dispersion run)."""
-    import json
-
-    data = json.loads((Path(run_dir) / "smith.json").read_text())
-    toy = Table(
-        title="Smith's ten scores (rebuilt from the blog's quoted shares): weight per token"
-    )
-    toy.add_column("normalisation")
-    for i in range(len(data["toy"]["scores"])):
-        toy.add_column(str(i), justify="right")
-    for name in ("sum", "softmax", "x^3"):
-        toy.add_row(name, *(f"{100 * v:.1f}%" for v in data["toy"][name]))
-    console.print(toy)
-    gauss = Table(title="Smith's Gaussian logits N(0, 1) under softmax (mean ± SE over rows)")
-    for col in ("n", "max weight", "entropy (nats)", "log n", "1/Σp²"):
-        gauss.add_column(col, justify="right")
-    for r in data["gaussian"]:
-        gauss.add_row(
-            f"{r['n']:,}",
-            f"{r['max_weight']:.4f} ± {r['max_weight_se']:.4f}",
-            f"{r['entropy']:.3f} ± {r['entropy_se']:.3f}",
-            f"{r['log_n']:.3f}",
-            f"{r['effective_support']:.2f}",
-        )
-    console.print(gauss)
 
 
 @cli.command(short_help="The winner's weight vs n for every normalizer.")
@@ -287,33 +227,10 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
             threads=threads, ablation=ablation, progress=progress,
         )  # fmt: skip
     s = metrics["summary"]
-    sp = s["spread"]
-    table = Table(title=f"{s['model']}: {s['layers']} layers x {s['heads_per_layer']} heads")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row(
-        "logit spread δ per head (code)",
-        f"{sp['min']:.2f} / {sp['mean']:.2f} / {sp['max']:.2f} (min/mean/max)",
+    print_markdown(
+        diag.summary_markdown(metrics),
+        f"{s['model']}: {s['layers']} layers x {s['heads_per_layer']} heads",
     )
-    table.add_row("Gemma 2B (paper)", "2.28 / 5.69 / 14.78")
-    table.add_row(
-        f"horizon n* = e^δ/{s['horizon_eps']}",
-        f"min {s['horizon_min']:.3g}, median {s['horizon_median']:.3g}",
-    )
-    for key in [k for k in s if k.startswith("probe_entropy_layer0")]:
-        table.add_row(key.replace("_", " "), ", ".join(f"{k}: {v:.3f}" for k, v in s[key].items()))
-    for domain, res in metrics["extreme"].items():
-        first = res["layers"]
-        table.add_row(
-            f"{domain}: sink token per layer",
-            " ".join(f"{x['layer_sink']}:{x['layer_sink_token']}" for x in first),
-        )
-        table.add_row(
-            f"{domain}: residual peak per layer",
-            " ".join(f"{x.get('residual_peak', float('nan')):.2f}" for x in first),
-        )
-    table.add_row("dormant heads", ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items()))
-    console.print(table)
     console.print(f"wrote {run_dir}/report.md, metrics.json and PNGs")
 
 
@@ -340,7 +257,7 @@ def llm_study(model, full, prompts, seed, threads, out):
             out, model=model, quick=not full, prompts=prompts, seed=seed, threads=threads,
             progress=progress,
         )  # fmt: skip
-    console.print((run_dir / "report.md").read_text(encoding="utf-8"))
+    print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 
@@ -403,7 +320,7 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
-    console.print((result["run"] / "table1.md").read_text(), markup=False, highlight=False)
+    print_markdown((result["run"] / "table1.md").read_text())
     speed = result["steps_per_s"]
     console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
     console.print(f"wrote {result['run']}/report.md")
@@ -432,7 +349,7 @@ def fit_temperature(run, sizes, sets, no_eval):
         f"β(H) = polyval([{coeffs}], H) from {result['samples']:,} sets -> {result['path']}"
     )
     if "rows" in result:
-        console.print((Path(run) / "table1_refit.md").read_text(), markup=False, highlight=False)
+        print_markdown((Path(run) / "table1_refit.md").read_text())
 
 
 @cli.command("corollary-b1", short_help="Corollary B.1 on a trained max-retrieval run.")
@@ -450,7 +367,7 @@ def corollary_b1(run, pairs, seeds):
 
     with ProgressRenderer() as progress:
         cb.run(run, pairs=pairs, seeds=seeds, progress=progress)
-    console.print((Path(run) / "corollary_b1.md").read_text(), markup=False, highlight=False)
+    print_markdown((Path(run) / "corollary_b1.md").read_text())
 
 
 # ---- reproduce selective ------------------------------------------------------------
@@ -512,9 +429,7 @@ def reproduce_selective(profile, out, **options):
         run_dir, result = exp.run(out or f"runs/selective-{profile}", config, progress)
     for name, title in exp.TABLE_TITLES.items():
         if (run_dir / f"{name}.md").is_file() and (name in result or name == "overhead"):
-            console.print(f"[bold]{title}[/bold]")
-            text = (run_dir / f"{name}.md").read_text()
-            console.print(text, markup=False, highlight=False, soft_wrap=True)
+            print_markdown((run_dir / f"{name}.md").read_text(), title)
     console.print(
         f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see {run_dir}/report.md "
         "for what each column means and why some of the paper's numbers cannot be compared."
@@ -555,8 +470,7 @@ def reproduce_selective_llm(profile, out, **options):
     announce("reproduce selective-llm", profile, f"1 training of {config.steps} steps")
     with ProgressRenderer(transient=True) as progress:
         run_dir, _ = exp.run(out or f"runs/selective-llm-{profile}", config, progress)
-    console.print((run_dir / "report.md").read_text(encoding="utf-8"), markup=False,
-                  highlight=False, soft_wrap=True)  # fmt: skip
+    print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and perplexity.png")
 
 
@@ -585,12 +499,7 @@ def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
             out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
             progress=progress, workers=workers or 1, ray=ray_address,
         )  # fmt: skip
-    table = Table(title="Bigram-Backcopy findings (Guo et al.)")
-    for col in ("#", "finding", "verdict"):
-        table.add_column(col)
-    for f in findings:
-        table.add_row(str(f.number), f.title, f.verdict)
-    console.print(table)
+    print_markdown(bb.findings_markdown(findings), "Bigram-Backcopy findings (Guo et al.)")
     console.print(f"wrote {run}/report.md and its PNGs")
 
 
@@ -632,28 +541,15 @@ def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address
             ray=ray_address,
         )  # fmt: skip
     if study == "simplified":
-        from .experiments.report import cell
+        from .experiments import backcopy_simplified as bsm
 
-        table = Table(title="App. C.3: the simplified model trained by Adam")
-        for col in ("run", "steps", "bigram exc.", "backcopy exc.", "BOS weight", "Δlogit",
-                    "‖Oβ‖", "mean ‖Val_other‖", "log fit slope", "R²"):  # fmt: skip
-            table.add_column(col)
-        for name, r in results["runs"].items():
-            fit = r["log_fit"]
-            table.add_row(name, str(r["steps"]), *(cell(r[k]) for k in (
-                "bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos",
-                "val_other")), cell(fit["slope"]), cell(fit["r2"]))  # fmt: skip
-        console.print(table)
-        console.print(f"wrote {run}/report.md")
-        return
-    table = Table(title=f"Bigram-Backcopy study {study}: ‖Res_BOS‖ at layer 0")
-    for col in ("run", "start", "end", "peak", "slope /1k", "R²", "bigram exc.", "backcopy exc."):
-        table.add_column(col)
-    keys = ("res_bos_0", "res_bos", "res_peak", "slope_per_1k", "r2", "bigram_excess",
-            "backcopy_excess")  # fmt: skip
-    for name, r in results["runs"].items():
-        table.add_row(name, *(f"{r[k]:.3g}" for k in keys))
-    console.print(table)
+        print_markdown(
+            bsm.summary_markdown(results), "App. C.3: the simplified model trained by Adam"
+        )
+    else:
+        print_markdown(
+            bs.summary_markdown(results), f"Bigram-Backcopy study {study}: ‖Res_BOS‖ at layer 0"
+        )
     console.print(f"wrote {run}/report.md")
 
 
@@ -740,7 +636,7 @@ def reproduce_clrs(profile, out, ray_address, **options):
     result = _sequence_run("reproduce clrs", clrs, profile, out, ray_address, **options)
     if result is None:
         return
-    console.print((result["run"] / "clrs.md").read_text(), markup=False, highlight=False)
+    print_markdown((result["run"] / "clrs.md").read_text())
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
 
 
@@ -786,7 +682,7 @@ def leaderboard(profile, out, ray_address, plugins, **options):
                            **options)  # fmt: skip
     if result is None:
         return
-    console.print((result["run"] / "leaderboard.md").read_text(), markup=False, highlight=False)
+    print_markdown((result["run"] / "leaderboard.md").read_text())
     console.print(f"wrote {result['run']}/report.md, leaderboard.csv and leaderboard.png")
 
 

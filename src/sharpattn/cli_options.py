@@ -1,7 +1,8 @@
 """What every `sharpattn` command shares: option decorators and the one progress renderer.
 
 Each command is a few lines: its own options, the shared ones below, a configuration built from
-them, a call into ``experiments``, a table printed. Progress reaches the user through
+them, a call into ``experiments``, its result printed as the report kit wrote it
+(:func:`print_markdown`). Progress reaches the user through
 :class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
 terminal one bar per task, advancing with ``step``/``total``, showing ``phase``, the latest
 ``loss`` and the time left; elsewhere (a log file, a pipe) plain lines every ten seconds.
@@ -19,6 +20,16 @@ from rich.console import Console
 
 # Wide enough for the tables when output is not a terminal (pipes, CI logs).
 console = Console(width=shutil.get_terminal_size((140, 24)).columns)
+
+
+def print_markdown(markdown: str, title: str | None = None) -> None:
+    """A result as the report kit wrote it (``report.markdown_table``, or a run's ``.md`` file):
+    ``title`` in bold, then the markdown as it is (never read as markup, never wrapped: a
+    wrapped table row is no longer a row), then a blank line."""
+    literal = dict(markup=False, highlight=False, emoji=False, soft_wrap=True)
+    if title:
+        console.print(title, style="bold", **literal)
+    console.print(markdown.rstrip("\n") + "\n", **literal)
 
 
 class _SeedRange(click.IntRange):

@@ -10,7 +10,7 @@ import torch
 from precision import assert_close
 from reference import transformer_internals
 from sharpattn.diagnostics import qk_operator_norm, spikiness
-from sharpattn.experiments.selective import lm_fig2
+from sharpattn.experiments.selective_lm import lm_fig2
 from sharpattn.models.transformer import Transformer, TransformerConfig
 
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from sharpattn.attention.selective import parameter_overhead
 from sharpattn.cli import main
-from sharpattn.experiments import selective as exp
+from sharpattn.experiments import selective_lm as exp
+from sharpattn.experiments.selective import ReproduceConfig, quick_config, run
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -42,7 +44,7 @@ def test_the_default_text_ships_with_the_package():
     full = CORPUS.read_text(encoding="utf-8")
     assert 90_000 < len(text) <= 100_000 and full.startswith(text)
     assert full[len(text) - 1 : len(text) + 1] == "\n\n"  # ends where a speech ends
-    quick = exp.quick_config().lm
+    quick = quick_config().lm
     _, val, _ = exp.char_corpus(text)
     assert len(val) > max(quick.eval_contexts) * (quick.eval_tokens // max(quick.eval_contexts))
 
@@ -65,7 +67,7 @@ def test_paired_models_start_identical_and_run_at_4x_context(corpus):
     assert vanilla.shape == (1, 4 * cfg.context, len(vocab))
     for variant in ("q · both", "v · position", "qv · token", "k · both", "kqv · both"):
         model = exp.lm_model(cfg, len(vocab), variant, seed=3)
-        assert exp.parameter_overhead(model).added > 0
+        assert parameter_overhead(model).added > 0
         # identical weights; at init τ − 1 = c₀·log n ≈ 5.1e-6·log 128 (a model difference, not
         # rounding) moves each logit by about that relative amount: 1e-4 bounds it with room
         rel = ((model(idx) - vanilla).abs().max() / vanilla.abs().max()).item()
@@ -83,8 +85,8 @@ def test_a_tiny_training_run_learns(corpus, tmp_path):
 
 def test_lm_only_run_writes_report_and_plot(tmp_path):
     lc = tiny(steps=3, variants=("vanilla", "v · token"), text=str(CORPUS), seeds=2)
-    config = exp.ReproduceConfig(lm=lc, tasks=("lm",))
-    run_dir, result = exp.run(tmp_path / "run", config)
+    config = ReproduceConfig(lm=lc, tasks=("lm",))
+    run_dir, result = run(tmp_path / "run", config)
     assert "graph" not in result and "denoise" not in result
     assert [r["variant"] for r in result["lm"]] == ["vanilla", "v · token"]
     assert (run_dir / "lm.png").stat().st_size > 1000

@@ -17,6 +17,9 @@ from safetensors.torch import load_file
 
 from sharpattn.cli import main
 from sharpattn.experiments import selective as exp
+from sharpattn.experiments.selective_denoise import DenoiseConfig
+from sharpattn.experiments.selective_graph import GraphConfig
+from sharpattn.experiments.selective_lm import LMConfig
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 SRC = Path(exp.__file__).resolve().parents[2]  # the checkout's src/, for the subprocess
@@ -25,12 +28,12 @@ TABLES = ("graph.md", "denoise.md", "lm.md", "overhead.md")
 
 
 def tiny(**kw) -> exp.ReproduceConfig:
-    lm = exp.LMConfig(layers=1, d_model=32, n_heads=2, context=32, eval_contexts=(32, 64),
+    lm = LMConfig(layers=1, d_model=32, n_heads=2, context=32, eval_contexts=(32, 64),
                       steps=8, batch=4, warmup=2, seeds=1, eval_tokens=256, text=str(CORPUS),
                       variants=("vanilla", "qv · both"))  # fmt: skip
     return exp.ReproduceConfig(
-        graph=exp.GraphConfig(steps=12, batch=16, lr=1e-2, seeds=2),
-        denoise=exp.DenoiseConfig(steps=10, batch=8, lr=1e-2, seeds=2, sigmas=(0.2, 0.4),
+        graph=GraphConfig(steps=12, batch=16, lr=1e-2, seeds=2),
+        denoise=DenoiseConfig(steps=10, batch=8, lr=1e-2, seeds=2, sigmas=(0.2, 0.4),
                                   main_sigma=0.2, eval_samples=64),  # fmt: skip
         lm=lm, checkpoint_every=3, **kw,
     )  # fmt: skip

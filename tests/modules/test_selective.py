@@ -207,27 +207,29 @@ def test_exp_activation_is_uncapped_and_identity_at_init():
 def test_graph_task_default_is_the_uncapped_scale(tmp_path):
     """GraphConfig's default query temperature is e^γ per group (1 at initialisation); the capped
     1 + tanh(γ) form stays available; the two are different run configurations."""
-    from sharpattn.experiments import selective as exp
+    from dataclasses import asdict, replace
 
-    assert exp.GraphConfig().query_activation == "exp"
-    model = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
+    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_graph as graph
+    from sharpattn.experiments.runner import RunFolder
+
+    assert graph.GraphConfig().query_activation == "exp"
+    model = graph.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
     with torch.no_grad():
         model.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
-    seqs = exp.canonical_sequences(8).unsqueeze(1)
+    seqs = graph.canonical_sequences(8).unsqueeze(1)
     tau = model.query_temperature(seqs, torch.zeros(8, 1, 1, 8))[:, 0, 0]
-    groups = [model.groups.index(int(c)) for c in (exp.graph_transition(8) > 0).sum(-1)]
+    groups = [model.groups.index(int(c)) for c in (graph.graph_transition(8) > 0).sum(-1)]
     assert_close(tau, np.exp([[6.0, 3.0, 1.0, 0.0][g] for g in groups]), dtype=torch.float32)
-    capped = exp.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
+    capped = graph.GraphEnsemble(8, 8, [("selective", 0)], activation="tanh")
     with torch.no_grad():
         capped.tau_group.gamma.copy_(torch.tensor([[6.0, 3.0, 1.0, 0.0]]))
     assert float(capped.query_temperature(seqs, torch.zeros(8, 1, 1, 8)).detach().max()) < 2
     cfg = exp.ReproduceConfig(tasks=("graph",))
-    exp.RunFolder(
-        tmp_path / "r", "reproduce selective", exp.asdict(cfg), identity=exp._identity(cfg)
-    )
-    other = exp.replace(cfg, graph=exp.replace(cfg.graph, query_activation="tanh"))
+    RunFolder(tmp_path / "r", "reproduce selective", asdict(cfg), identity=exp._identity(cfg))
+    other = replace(cfg, graph=replace(cfg.graph, query_activation="tanh"))
     with pytest.raises(ValueError):
-        exp.RunFolder(tmp_path / "r", "reproduce selective", exp.asdict(other),
+        RunFolder(tmp_path / "r", "reproduce selective", asdict(other),
                       identity=exp._identity(other))  # fmt: skip
 
 
@@ -466,7 +468,7 @@ def test_paper_scale_overhead():
 
 
 def test_graph_task_data():
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_graph as exp
 
     p = exp.graph_transition()
     assert sorted((p > 0).sum(-1).tolist(), reverse=True) == [4, 3, 3, 3, 2, 2, 2, 1]
@@ -482,7 +484,7 @@ def test_graph_task_data():
 
 
 def test_denoise_data_and_estimators():
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_denoise as exp
 
     sigmas = torch.tensor([0.1, 0.5])
     x, y, signal = exp.denoise_batch(4000, 8, 16, sigmas, torch.Generator().manual_seed(0))
@@ -501,14 +503,120 @@ def test_denoise_data_and_estimators():
     assert t.tolist() == [[0.0, 1.0]]
 
 
+def _one_head_ensembles():
+    from sharpattn.experiments import selective_denoise as dn
+    from sharpattn.experiments import selective_graph as graph
+
+    return {
+        "graph": graph.GraphEnsemble(8, 8, [(v, s) for v in graph.GRAPH_VARIANTS for s in (3, 4)]),
+        "denoise": dn.DenoiseEnsemble(8, [(v, 5) for v in dn.DENOISE_VARIANTS]),
+    }
+
+
+@pytest.mark.parametrize("task", ["graph", "denoise"])
+def test_one_head_ensembles_start_and_project_as_before(task):
+    """The ensembles' linear maps are models.ensemble.StackedLinear: member i starts from exactly
+    the draws of before (x·W layout [d_in, d_out] from its own generator, transposed), and a
+    member-wise projection is the einsum of before to float32 rounding."""
+    from sharpattn.experiments import selective_common as common
+    from sharpattn.experiments.runner import generator
+
+    model = _one_head_ensembles()[task]
+    layers = {"q": (0, 3), "k": (1, 4), "v": (2, 5)} | (
+        {"classifier": (8, 9)} if task == "graph" else {}
+    )
+    for name, (wi, bi) in layers.items():
+        layer = getattr(model, name)
+        d_out, d_in = layer.weight.shape[1:]
+        bound = 1 / math.sqrt(d_in)
+        for i, (_, seed) in enumerate(model.members):
+            key = (seed, model.task, common.INIT)
+            w = (torch.rand(d_in, d_out, generator=generator(*key, wi)) * 2 - 1) * bound
+            b = (torch.rand(d_out, generator=generator(*key, bi)) * 2 - 1) * bound
+            assert torch.equal(layer.weight[i], w.T) and torch.equal(layer.bias[i, 0], b)
+        for shape in ((5, len(model.members), 7, d_in), (5, len(model.members), d_in)):
+            x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+            before = torch.einsum("be...d,edf->be...f", x, layer.weight.transpose(1, 2))
+            before = before + layer.bias.view(len(model.members), *([1] * (x.dim() - 3)), d_out)
+            assert_close(common.memberwise(layer, x), before, n=d_in)  # a d_in-term dot product
+
+
+@pytest.mark.parametrize("task", ["graph", "denoise"])
+def test_checkpoints_of_the_layout_before_still_load(task, tmp_path):
+    """Run folders written before the ensembles were StackedLinear (wq, wk, wv [E, d_in, d],
+    bq, bk, bv [E, d], the graph readout wc, bc; Adam's state in that parameter order) load,
+    finished weights and mid-run checkpoints alike, into the same values."""
+    import copy
+
+    from torch import nn
+
+    from sharpattn.experiments.checkpoint import load_checkpoint, save_checkpoint
+
+    new = _one_head_ensembles()[task]
+    linear = {"q": "q", "k": "k", "v": "v", "c": "classifier"}
+    order = ["wq", "wk", "wv", "bq", "bk", "bv"]  # the parameter order of before
+    order += ["embed", "wc", "bc", "tau_group", "tau_shared"] if task == "graph" else []
+    order += ["tau_shared", "tau_feature"] if task == "denoise" else []
+
+    old = nn.Module()  # the layout of before, transcribed
+    for name in order:
+        if name[0] in "wb" and name[1] in linear:
+            layer = getattr(new, linear[name[1]])
+            value = layer.weight.transpose(1, 2) if name[0] == "w" else layer.bias[:, 0]
+            setattr(old, name, nn.Parameter(value.detach().clone()))
+        elif isinstance(getattr(new, name), nn.Parameter):
+            setattr(old, name, nn.Parameter(getattr(new, name).detach().clone()))
+        else:
+            setattr(old, name, copy.deepcopy(getattr(new, name)))
+    for name, buf in new.named_buffers(recurse=False):
+        old.register_buffer(name, buf.clone())
+    adam = torch.optim.Adam(old.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        for p in old.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        adam.step()
+    save_checkpoint(tmp_path / "old.safetensors", model=old, optimizer=adam,
+                    state={"step": 2, "seconds": 0.0})  # fmt: skip
+
+    fresh = _one_head_ensembles()[task]
+    fresh_adam = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+    state = load_checkpoint(tmp_path / "old.safetensors", model=fresh, optimizer=fresh_adam)
+    assert state["step"] == 2
+
+    def params(model, name):  # what an old name stands for in ``model``, and its old layout
+        if model is fresh and name[0] in "wb" and name[1] in linear:
+            layer = getattr(model, linear[name[1]])
+            if name[0] == "w":
+                return [layer.weight], lambda t: t.transpose(1, 2)
+            return [layer.bias], lambda t: t[:, 0]
+        part = getattr(model, name)
+        return (list(part.parameters()) if isinstance(part, nn.Module) else [part]), lambda t: t
+
+    for name in order:
+        (now, as_before), (then, _) = params(fresh, name), params(old, name)
+        for p_new, p_old in zip(now, then, strict=True):
+            assert torch.equal(as_before(p_new.detach()), p_old.detach()), name
+            for moment in ("exp_avg", "exp_avg_sq"):
+                got, want = fresh_adam.state[p_new][moment], adam.state[p_old][moment]
+                assert torch.equal(as_before(got), want), (name, moment)
+    save_checkpoint(tmp_path / "new.safetensors", model=fresh, optimizer=fresh_adam,
+                    state={"step": 2, "seconds": 0.0})  # fmt: skip
+    again = _one_head_ensembles()[task]
+    load_checkpoint(tmp_path / "new.safetensors", model=again)  # this layout: passes unchanged
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                   fresh.state_dict().values(), strict=True))  # fmt: skip
+
+
 def test_ensemble_members_train_independently(tmp_path):
     """Training members together gives each exactly the run it would have alone."""
-    from sharpattn.experiments import selective as exp
+    from sharpattn.experiments import selective_denoise as dn
+    from sharpattn.experiments import selective_graph as graph
 
-    cfg = exp.GraphConfig(steps=4, batch=16, lr=1e-2)
-    together = exp.graph_train(tmp_path / "together", cfg, [0, 1])
-    alone = exp.graph_train(
-        tmp_path / "alone", exp.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
+    cfg = graph.GraphConfig(steps=4, batch=16, lr=1e-2)
+    together = graph.graph_train(tmp_path / "together", cfg, [0, 1])
+    alone = graph.graph_train(
+        tmp_path / "alone", graph.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
         [0, 1],
     )  # fmt: skip
     pick = [r for r in together if r["variant"] == "selective"]
@@ -520,11 +628,11 @@ def test_ensemble_members_train_independently(tmp_path):
         assert a["tau_by_group"].keys() == b["tau_by_group"].keys()
         ta, tb = (list(r["tau_by_group"].values()) for r in (a, b))
         assert_close(ta, tb, dtype=torch.float32, n=4 * 16, ulps=64)
-    dc = exp.DenoiseConfig(steps=3, batch=8, sigmas=(0.2,), eval_samples=64, lr=1e-2)
-    both = exp.denoise_train(tmp_path / "both", dc, [0])
-    one = exp.denoise_train(
+    dc = dn.DenoiseConfig(steps=3, batch=8, sigmas=(0.2,), eval_samples=64, lr=1e-2)
+    both = dn.denoise_train(tmp_path / "both", dc, [0])
+    one = dn.denoise_train(
         tmp_path / "one",
-        exp.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}),
+        dn.DenoiseConfig(**{**dc.__dict__, "variants": ("selective (learned: feature)",)}),
         [0],
     )
     key = "selective (learned: feature)"

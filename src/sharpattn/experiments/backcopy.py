@@ -534,6 +534,12 @@ def _misses(checks: list[bool], notes: list[str]) -> str:
     return (" **Does not reproduce here:** " + "; ".join(missed) + ".") if missed else ""
 
 
+def findings_markdown(findings: list[Finding]) -> str:
+    """Each finding's number, title and verdict."""
+    rows = [[str(f.number), f.title, f.verdict] for f in findings]
+    return report.markdown_table(["#", "finding", "verdict"], rows, "lll")
+
+
 def _verdict(checks: list[bool]) -> str:
     if all(checks):
         return "reproduced"

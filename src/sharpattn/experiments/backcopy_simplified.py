@@ -569,6 +569,19 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
         ax[1].set_title("‖Val‖ per position (BOS black = ‖Oβ‖, triggers red = 0)", fontsize=9)
 
 
+def summary_markdown(results: dict) -> str:
+    """The command's summary: per run, its steps, excess risks, BOS weight and logit, value
+    norms, and the log fit of the BOS logit."""
+    header = ["run", "steps", "bigram exc.", "backcopy exc.", "BOS weight", "Δlogit", "‖Oβ‖",
+              "mean ‖Val_other‖", "log fit slope", "R²"]  # fmt: skip
+    keys = ("bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos",
+            "val_other")  # fmt: skip
+    rows = [[name, str(r["steps"]), *(report.cell(r[k]) for k in keys),
+             report.cell(r["log_fit"]["slope"]), report.cell(r["log_fit"]["r2"])]
+            for name, r in results["runs"].items()]  # fmt: skip
+    return report.markdown_table(header, rows)
+
+
 def write_report(out: Path, runs: dict[str, Run], sums: dict, task: BigramBackcopy) -> Path:
     c = next(iter(runs.values())).cfg
     intro = (

@@ -256,6 +256,16 @@ def run_study(
     return folder.path, results
 
 
+def summary_markdown(results: dict) -> str:
+    """The command's summary of a study: ‖Res_BOS‖ at layer 0 (start, end, peak, slope) and the
+    excess risks per run."""
+    keys = ("res_bos_0", "res_bos", "res_peak", "slope_per_1k", "r2", "bigram_excess",
+            "backcopy_excess")  # fmt: skip
+    header = ["run", "start", "end", "peak", "slope /1k", "R²", "bigram exc.", "backcopy exc."]
+    rows = [[name, *(f"{r[k]:.3g}" for k in keys)] for name, r in results["runs"].items()]
+    return report.markdown_table(header, rows)
+
+
 def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> Path:
     st = STUDIES[name]
     header = ["run", "layers", "attention", "optimizer", "lr", "momentum", "wd", "batch", "steps"]

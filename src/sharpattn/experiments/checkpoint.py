@@ -54,7 +54,9 @@ def load_checkpoint(
     generators: dict[str, torch.Generator] | None = None,
 ) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote into ``model``/``optimizer``/``generators``;
-    return the JSON ``state``."""
+    return the JSON ``state``. A model whose parameters changed layout reads the files of the
+    layout before through its ``upgrade_checkpoint(tensors) -> tensors`` (keys ``model.<name>``,
+    ``optim.<index>.<state>``, ``rng.<name>``), called before anything is checked."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}.")
@@ -67,6 +69,9 @@ def load_checkpoint(
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (safetensors.SafetensorError, json.JSONDecodeError, OSError) as e:
         raise damaged(path, str(e) or type(e).__name__) from None
+    upgrade = getattr(model, "upgrade_checkpoint", None)  # a model whose layout changed
+    if upgrade is not None:
+        tensors = upgrade(tensors)
     problem = mismatch(meta, {"state": dict}) or _model_mismatch(tensors, model)
     if optimizer is not None and problem is None:
         problem = mismatch(meta, {"param_groups": [dict]}) and "it holds no optimizer state"

@@ -510,6 +510,38 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs))
 
 
+def summary_markdown(metrics: dict) -> str:
+    """The command's summary: logit spread and horizon, layer-0 probe entropies, the sink token
+    and residual peak per layer of each domain, dormant heads."""
+    s = metrics["summary"]
+    sp = s["spread"]
+    rows = [
+        ["logit spread δ per head (code)",
+         f"{sp['min']:.2f} / {sp['mean']:.2f} / {sp['max']:.2f} (min/mean/max)"],
+        ["Gemma 2B (paper)", "2.28 / 5.69 / 14.78"],
+        [f"horizon n* = e^δ/{s['horizon_eps']}",
+         f"min {s['horizon_min']:.3g}, median {s['horizon_median']:.3g}"],
+    ]  # fmt: skip
+    for key in [k for k in s if k.startswith("probe_entropy_layer0")]:
+        rows.append([key.replace("_", " "), ", ".join(f"{k}: {v:.3f}" for k, v in s[key].items())])
+    for domain, res in metrics["extreme"].items():
+        first = res["layers"]
+        rows.append(
+            [
+                f"{domain}: sink token per layer",
+                " ".join(f"{x['layer_sink']}:{x['layer_sink_token']}" for x in first),
+            ]
+        )
+        rows.append(
+            [
+                f"{domain}: residual peak per layer",
+                " ".join(f"{x.get('residual_peak', float('nan')):.2f}" for x in first),
+            ]
+        )
+    rows.append(["dormant heads", ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items())])
+    return kit.markdown_table(["quantity", "value"], rows)  # fmt: skip
+
+
 def report(folder: Path, metrics: dict, probe_layers: list[int]) -> Path:
     """Write ``folder``/report.md from ``metrics``."""
     s = metrics["summary"]

@@ -30,7 +30,7 @@ from .. import normalizers as nz
 from ..diagnostics.metrics import logit_spread
 from . import report, runner
 from .runner import Progress, RunFolder, emit
-from .runs import check_memory, write_json
+from .runs import check_memory, read_json, write_json
 
 # Purposes of a run seed (runner.generator(seed, purpose)): one independent stream per toy
 _WINNER, _GAUSSIAN, _DEMO = range(3)
@@ -207,8 +207,20 @@ def _plot_winner(ax, rows: list[Row], margin: float) -> None:
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
-def markdown_table(rows: list[Row]) -> str:
+def winner_markdown(rows: list[Row]) -> str:
+    """The winner's weight per method (rows) and size (columns), and each method's slope."""
+    fit, ns = slope_text(rows), sorted({r.n for r in rows})
+    body = []
+    for method in dict.fromkeys(r.method for r in rows):
+        by_n = {r.n: r for r in rows if r.method == method}
+        body.append([method, *(f"{by_n[n].winner_weight:.3g}" for n in ns), fit[method]])
+    return report.markdown_table(["method", *(f"n={n}" for n in ns), "slope"], body)
+
+
+def markdown_table(rows: list[Row], n: int | None = None) -> str:
+    """Every method at every size (at size ``n`` only, if given; slopes over every size)."""
     fit = slope_text(rows, digits=3)
+    shown = rows if n is None else [r for r in rows if r.n == n]
     header = [
         "method",
         "n",
@@ -221,7 +233,7 @@ def markdown_table(rows: list[Row]) -> str:
     cells = [
         [r.method, str(r.n), f"{r.winner_weight:.4g}", f"{r.max_weight:.4g}", f"{r.entropy:.3f}",
          f"{r.total_mass:.4g}", fit[r.method]]
-        for r in rows
+        for r in shown
     ]  # fmt: skip
     return report.markdown_table(header, cells).rstrip("\n")
 
@@ -379,9 +391,8 @@ def gaussian_dispersion(
     return out
 
 
-def smith_markdown(toy: dict[str, np.ndarray], gauss: list[GaussianRow]) -> str:
-    """The report section: the ten-score toy beside the blog's quoted shares, and the Gaussian
-    dispersion table."""
+def smith_toy_markdown(toy: dict[str, Sequence[float]]) -> str:
+    """The ten-score toy's weights per token, beside the blog's quoted shares."""
     header = ["normalisation"] + [f"token {i}" for i in range(SMITH_TOKENS)] + ["blog (text)"]
     blog = {
         "sum": "30% / 15% / 15% on tokens 6 / 7 / 8",
@@ -389,12 +400,25 @@ def smith_markdown(toy: dict[str, np.ndarray], gauss: list[GaussianRow]) -> str:
         "x^3": '"pretty similar" to softmax',
     }
     cells = [[name] + [f"{100 * v:.1f}%" for v in row] + [blog[name]] for name, row in toy.items()]
-    scores = smith_scores()
+    return report.markdown_table(header, cells)
+
+
+def smith_gauss_markdown(gauss: list[GaussianRow]) -> str:
+    """Softmax of Gaussian logits per n: max weight, entropy, log n, effective support."""
     g_cells = [
         [f"{r.n:,}", f"{r.max_weight:.4f} ± {r.max_weight_se:.4f}",
          f"{r.entropy:.3f} ± {r.entropy_se:.3f}", f"{r.log_n:.3f}", f"{r.effective_support:.2f}"]
         for r in gauss
     ]  # fmt: skip
+    return report.markdown_table(
+        ["n", "max weight", "entropy (nats)", "log n (uniform)", "effective support"], g_cells
+    )
+
+
+def smith_markdown(toy: dict[str, np.ndarray], gauss: list[GaussianRow]) -> str:
+    """The report section: the ten-score toy beside the blog's quoted shares, and the Gaussian
+    dispersion table."""
+    scores = smith_scores()
     return (
         "## Smith's toys (*Softmax Attention is a Fluke*)\n\n"
         "Ten scores. The blog draws its scores only as a bar chart; the scores here are rebuilt "
@@ -404,13 +428,22 @@ def smith_markdown(toy: dict[str, np.ndarray], gauss: list[GaussianRow]) -> str:
         + ", ".join(f"{v:.2f}" for v in scores)
         + "). So the sum and softmax rows reproduce the blog by construction; the x³ row "
         "(shifted scores cubed, over their sum) is the measurement.\n\n"
-        + report.markdown_table(header, cells)
+        + smith_toy_markdown(toy)
         + f"\nGaussian logits: N(0, 1), softmax, {gauss[0].rows:,} rows per n (mean ± standard "
         "error; the blog shows one draw per n). Effective support: 1/Σp².\n\n"
-        + report.markdown_table(
-            ["n", "max weight", "entropy (nats)", "log n (uniform)", "effective support"], g_cells
-        )
+        + smith_gauss_markdown(gauss)
     )
+
+
+def read_smith(run_dir: str | Path) -> tuple[dict[str, list[float]], list[GaussianRow]]:
+    """Smith's toy and Gaussian rows as a dispersion run wrote them (its smith.json)."""
+    shape = {
+        "toy": {"scores": [float]},
+        "gaussian": [{f: float for f in GaussianRow.__annotations__}],
+    }
+    data = read_json(Path(run_dir) / "smith.json", shape)
+    toy = {k: v for k, v in data["toy"].items() if k != "scores"}
+    return toy, [GaussianRow(**r) for r in data["gaussian"]]
 
 
 # ---------------------------------------------------------------- `sharpattn demo`

@@ -4,7 +4,9 @@
 one weight ``(S, out, in)`` and one bias ``(S, 1, out)``, and applies member ``s`` to slice ``s`` of
 its input ``(S, ..., in)`` in one batched matrix product. Member ``s``'s weight and bias are
 exactly ``nn.Linear``'s (same layout), so :func:`member_state` / :func:`stack_states` move weights
-between an ensemble and its single models without copying values through arithmetic.
+between an ensemble and its single models without copying values through arithmetic. It takes
+``device``/``dtype`` as torch's layers do, so ``nn.utils.skip_init(StackedLinear, ...)`` builds one
+without drawing from the global RNG (for members initialised from their own generators).
 
 Measured against ``torch.func`` (``stack_module_state`` + ``functional_call`` + ``vmap``): vmap
 cannot run :func:`~sharpattn.attention.attend`, whose input checks read values (``.item()``), and
@@ -25,13 +27,15 @@ Tensor = torch.Tensor
 class StackedLinear(nn.Module):
     """``members`` linear layers ``in_features → out_features``, applied member-wise."""
 
-    def __init__(self, members: int, in_features: int, out_features: int):
+    def __init__(self, members: int, in_features: int, out_features: int, *, device=None,
+                 dtype=None):  # fmt: skip
         super().__init__()
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}.")
         self.members, self.in_features, self.out_features = members, in_features, out_features
-        self.weight = nn.Parameter(torch.empty(members, out_features, in_features))
-        self.bias = nn.Parameter(torch.zeros(members, 1, out_features))
+        factory = {"device": device, "dtype": dtype}  # as torch's layers (nn.utils.skip_init)
+        self.weight = nn.Parameter(torch.empty(members, out_features, in_features, **factory))
+        self.bias = nn.Parameter(torch.zeros(members, 1, out_features, **factory))
         bound = 1 / math.sqrt(in_features)
         nn.init.uniform_(self.weight, -bound, bound)
 

@@ -1,0 +1,195 @@
+"""What the synthetic experiments of ``sharpattn reproduce selective`` share: the paper's Fig. 2
+numbers, the seed keys, the ensemble of one-head attention models (:mod:`.selective_graph`,
+:mod:`.selective_denoise`), training then evaluating once, and the table cells.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..attention import selective_attend
+from ..models.ensemble import StackedLinear
+from . import report
+from .runner import Trainer, generator, once
+from .stats import paired_comparison
+
+# Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
+# spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
+PAPER_FIG2 = {"spikiness": {"vanilla": "0.39", "selective": "0.26"},
+              "norm_ratio": "≈ 3 (vanilla / SSA)"}  # fmt: skip
+
+# Seeds: runner.seed_int(seed, task, purpose, ...) — one stream per seed, task and purpose.
+GRAPH, DENOISE, LM = 1, 2, 3
+INIT, DATA, TEST = range(3)
+
+
+# ---------------------------------------------------------------- ensembles of one-head models
+
+
+def member_linear(d_in: int, d_out: int, weight_keys, bias_keys) -> StackedLinear:
+    """A :class:`~sharpattn.models.ensemble.StackedLinear` ``d_in → d_out`` whose member i is
+    nn.Linear's U(±1/√d_in), its weight drawn from ``generator(*weight_keys[i])`` (as ``[d_in,
+    d_out]``, then transposed) and its bias from ``generator(*bias_keys[i])``: a member starts
+    alike whatever the other members."""
+    bound = 1 / math.sqrt(d_in)
+    draw = lambda keys, *shape: torch.stack(  # noqa: E731
+        [torch.rand(*shape, generator=generator(*k)) for k in keys]
+    )
+    layer = nn.utils.skip_init(StackedLinear, len(weight_keys), d_in, d_out)
+    with torch.no_grad():
+        layer.weight.copy_((draw(weight_keys, d_in, d_out) * 2 - 1).mul_(bound).transpose(1, 2))
+        layer.bias.copy_((draw(bias_keys, d_out) * 2 - 1).mul_(bound).unsqueeze(1))
+    return layer
+
+
+def memberwise(layer: StackedLinear, x: torch.Tensor) -> torch.Tensor:
+    """``layer`` on ``x`` ``[B, E, ..., d_in]`` (members along dim 1) -> ``[B, E, ..., d_out]``."""
+    return layer(x.transpose(0, 1)).transpose(0, 1)
+
+
+# Files written before the ensembles were StackedLinear held each linear map as one parameter
+# [E, d_in, d_out] (x·W layout) and one bias [E, d_out]: the old names of (weight, bias).
+_OLD_NAMES = {"q": ("wq", "bq"), "k": ("wk", "bk"), "v": ("wv", "bv"), "classifier": ("wc", "bc")}
+
+
+class OneHeadEnsemble(nn.Module):
+    """E independent one-layer, one-head attention models run as the E heads of one batched call.
+
+    Nothing mixes heads and Adam is elementwise, so member e trains exactly as it would alone; this
+    only removes Python overhead (the CPU is shared). Members of different variants with the same
+    seed start from the same weights and see the same data, so comparisons are paired. The
+    projections ``q``, ``k``, ``v`` are stacked linear layers (:mod:`sharpattn.models.ensemble`).
+    """
+
+    def __init__(self, d_in: int, d: int, members: list[tuple[str, int]], task: int):
+        super().__init__()
+        self.members, self.task = members, task
+        self.q, self.k, self.v = (
+            member_linear(d_in, d, self.keys(i), self.keys(3 + i)) for i in range(3)
+        )
+
+    def keys(self, i: int) -> list[tuple[int, ...]]:
+        """The seed keys of parameter ``i``, one per member: members of one seed start alike."""
+        return [(s, self.task, INIT, i) for _, s in self.members]
+
+    def block(self, variant: str) -> slice:
+        """The members of ``variant`` (members are ordered variant by variant)."""
+        idx = [i for i, (v, _) in enumerate(self.members) if v == variant]
+        if idx and idx != list(range(idx[0], idx[-1] + 1)):
+            raise ValueError("ensemble members must be grouped by variant.")
+        return slice(idx[0], idx[-1] + 1) if idx else slice(0, 0)
+
+    def count(self, variant: str) -> int:
+        return sum(v == variant for v, _ in self.members)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        """The last token's query ``[B, E, 1, d]`` of ``x`` ``[B, E, L, d_in]``."""
+        return memberwise(self.q, x[:, :, -1:])
+
+    def attend_last(self, x: torch.Tensor, temperatures, return_weights=False):
+        """The last token's attention output ``[B, E, d]`` (and weights ``[B, E, L]``).
+
+        ``temperatures(q, v)`` returns (τ_q ``[B, E, 1]`` or None, τ_v ``[B, E, L]`` or None).
+        """
+        q = self.query(x)  # (B, E, 1, d)
+        k, v = memberwise(self.k, x), memberwise(self.v, x)  # (B, E, L, d)
+        tau_q, tau_v = temperatures(q, v)
+        out = selective_attend(
+            q, k, v, tau_q=tau_q, tau_v=tau_v, return_weights=return_weights, check_finite=False
+        )
+        if return_weights:
+            return out[0][:, :, 0], out[1][:, :, 0]
+        return out[:, :, 0]
+
+    def upgrade_checkpoint(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint file's tensors of the layout before (:data:`_OLD_NAMES`) in this one's:
+        weights transposed, biases given their member row, Adam's moments alike and renumbered
+        (the old order: the weights of q, k, v, their biases, the model's own parameters, the
+        readout's weight and bias, the temperatures). Files of this layout pass unchanged."""
+        if "model.wq" not in tensors:
+            return tensors
+        names = [n for n, _ in self.named_parameters()]
+        renamed = {old[j]: f"{m}.{part}" for m, old in _OLD_NAMES.items() if hasattr(self, m)
+                   for j, part in enumerate(("weight", "bias"))}  # fmt: skip
+        rest = [n for n in names if n not in renamed.values()]
+        own, children = [n for n in rest if "." not in n], [n for n in rest if "." in n]
+        old_order = ["wq", "wk", "wv", "bq", "bk", "bv", *own]
+        old_order += ["wc", "bc"] if "wc" in renamed else []
+        old_order += children
+        weights = {w for w, _ in _OLD_NAMES.values()}
+
+        def layout(old: str, t: torch.Tensor) -> torch.Tensor:
+            if old not in renamed or t.dim() == 0:  # not a linear map's, or Adam's step count
+                return t
+            return t.transpose(1, 2).contiguous() if old in weights else t.unsqueeze(1)
+
+        out = {}
+        for key, t in tensors.items():
+            kind, _, name = key.partition(".")
+            if kind == "model":
+                out[f"model.{renamed.get(name, name)}"] = layout(name, t)
+            elif kind == "optim":
+                idx, _, state = name.partition(".")
+                old = old_order[int(idx)]
+                out[f"optim.{names.index(renamed.get(old, old))}.{state}"] = layout(old, t)
+            else:
+                out[key] = t
+        return out
+
+
+def finish(trainer: Trainer, stop_at: int | None, evaluate, shape: Any = None) -> Any:
+    """Train (or resume, or load) ``trainer``, then ``evaluate(state)`` once: the folder's
+    evaluation.json, checked to be of ``shape`` (:func:`.runs.conforms`; None if ``stop_at``
+    stopped the training, as a crash would)."""
+    state = trainer.run(stop_at=stop_at)
+    if state.get("stopped"):
+        return None
+    return once(trainer.folder / "evaluation.json", lambda: evaluate(state), shape)
+
+
+# ---------------------------------------------------------------- statistics and tables
+
+
+def compare(values, baseline) -> list[tuple[float, float, float]]:
+    """Per column of ``values`` ``[seeds, columns]``: (mean, sd (0 for one seed), paired p-value
+    against ``baseline`` of the same shape, NaN where undefined)."""
+    c = paired_comparison(baseline, values)
+    return [(float(m), float(np.nan_to_num(sd)), float(p))
+            for m, sd, p in zip(c.mean_b, c.std_b, c.p_value, strict=True)]  # fmt: skip
+
+
+FIG2_METRICS = ("spikiness", "qk_norm", "effective_qk_norm")
+
+
+def mean_cell(m, sd=None, p=None) -> str:
+    """A table cell: mean (± sd where there is one) (p=... where defined)."""
+    s = f"{m:.4f}" + (f" ± {sd:.4f}" if sd else "")
+    if p is not None and not math.isnan(p):
+        s += f" (p={p:.2g})"
+    return s
+
+
+def fig2_markdown(rows, task: str) -> str:
+    """Fig. 2's measures per variant (mean ± sd over seeds, paired p against vanilla)."""
+    paper = PAPER_FIG2
+    header = (["readout"] if task == "graph" else []) + [
+        "variant", "spikiness ‖s‖₁/(‖s‖₂²·L)", "‖W_q·W_kᵀ‖₂", "τ_q·‖W_q·W_kᵀ‖₂",
+        "vanilla / this: ‖W‖ (τ_q·‖W‖)", "paper spikiness"]  # fmt: skip
+    body = []
+    for r in rows:
+        van = next(
+            (v for v in rows if v["variant"] == "vanilla" and v.get("readout") == r.get("readout")),
+            None,
+        )
+        key = "vanilla" if r["variant"] == "vanilla" else "selective"
+        cells = [mean_cell(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
+        body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
+                    "–" if van is None else f"{van['qk_norm'] / r['qk_norm']:.2f} "
+                    f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
+                    paper["spikiness"][key]])  # fmt: skip
+    return report.markdown_table(header, body)

@@ -310,12 +310,9 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
     from .experiments import max_retrieval as mr
 
-    given = dict(seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets, group=group,
-                 workers=workers, threads=threads)  # fmt: skip
-    config = mr.Config(
-        **{**mr.PROFILES[profile], **{k: v for k, v in given.items() if v is not None}},
-        method=method, coefficients=coefficients, checkpoint_every=checkpoint_every,
-    )  # fmt: skip
+    config = mr.make_config(profile, seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets,
+                            group=group, workers=workers, threads=threads, method=method,
+                            coefficients=coefficients, checkpoint_every=checkpoint_every)  # fmt: skip
     announce("reproduce max-retrieval", profile,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:

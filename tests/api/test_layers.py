@@ -1,6 +1,7 @@
 """The library's layers import in one direction, and only torch, numpy and entmax (the
 integrations also their extras' modules), checked on the source: every import statement, also
-the ones inside functions that run only on some paths."""
+the ones inside functions that run only on some paths. The reproductions (experiments/, cli*.py)
+use only the library's public API."""
 
 import ast
 import sys
@@ -87,3 +88,92 @@ def test_the_check_sees_imports_inside_functions():
     assert len(wrong) == 2, wrong
     assert "sharpattn.integrations (layer integrations)" in wrong[0]
     assert "scipy.stats (not a library dependency)" in wrong[1]
+
+
+# --- the reproductions are a client of the library's public API ---------------------------------
+
+#: the reproductions and the CLI: everything else of the package is the library
+REPRODUCTIONS = sorted(
+    [*(PACKAGE / "experiments").rglob("*.py"), *PACKAGE.glob("cli*.py"), PACKAGE / "__main__.py"]
+)
+
+
+NAMEDTUPLE = {"_asdict", "_fields", "_field_defaults", "_make", "_replace"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _of_library(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "sharpattn" and not (
+        len(parts) > 1 and (parts[1] == "experiments" or parts[1].startswith(("cli", "__main__")))
+    )
+
+
+def _private_uses(path: Path, source: str) -> list[str]:
+    """What ``source`` (the file ``path``) takes from the library that is not its public API: an
+    underscore name imported from a library module, a private library module (``_contract``),
+    or an underscore attribute of a variable (``nz._get``, ``model._qkv``): of anything but
+    ``self``/``cls`` and what the file imports from outside the package (``os._exit``), whose
+    internals are not the library's; namedtuples' ``_replace``-style methods are public."""
+    here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    tree = ast.parse(source, str(path))
+    wrong, foreign = [], {"self", "cls"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not _of_library(alias.name):
+                    foreign.add(alias.asname or alias.name.partition(".")[0])
+                elif any(map(_private, alias.name.split("."))):
+                    wrong.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            for alias in node.names:
+                full = f"{module}.{alias.name}"
+                if module.partition(".")[0] != "sharpattn":
+                    foreign.add(alias.asname or alias.name)
+                elif _of_library(full) and any(map(_private, full.split("."))):
+                    wrong.append(f"line {node.lineno}: {full}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and node.attr not in NAMEDTUPLE
+            and isinstance(node.value, ast.Name)
+            and node.value.id not in foreign
+        ):
+            wrong.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return wrong
+
+
+@pytest.mark.parametrize("path", REPRODUCTIONS, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_reproductions_use_only_the_public_api(path):
+    wrong = _private_uses(path, path.read_text())
+    assert not wrong, f"{path.relative_to(PACKAGE)} uses the library's internals: " + "; ".join(
+        wrong
+    )
+
+
+def test_the_public_api_check_sees_private_names_modules_and_attributes():
+    """An underscore name from a library module, a private library module and an underscore
+    attribute of a library module or model are caught; the experiments' own underscore names
+    (``from .backcopy import _label``) and the standard library's are not."""
+    path = PACKAGE / "experiments" / "max_retrieval.py"
+    planted = path.read_text() + (
+        "\n\ndef _late(m, row):\n"
+        "    import os\n"
+        "    from ..models.set_attention import _helper\n"
+        "    from ..normalizers._contract import prepare\n"
+        "    import sharpattn.normalizers._contract\n"
+        "    from .backcopy import _label\n"
+        "    return nz._registry, os._exit, m._qkv, row._replace, self._x\n"
+    )
+    wrong = _private_uses(path, planted)
+    assert len(wrong) == 5, wrong
+    assert wrong[0].endswith("sharpattn.models.set_attention._helper")
+    assert wrong[1].endswith("sharpattn.normalizers._contract.prepare")
+    assert wrong[2].endswith("import sharpattn.normalizers._contract")
+    assert wrong[3].endswith("nz._registry") and wrong[4].endswith("m._qkv")

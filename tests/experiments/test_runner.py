@@ -106,6 +106,77 @@ def test_experiments_seed_only_through_the_runner():
     assert not found, f"seeded outside the runner: {found}"
 
 
+# --- profiles ---------------------------------------------------------------------------------
+
+
+def test_profile_settings_are_the_profile_then_the_given_overrides():
+    profiles = {"quick": {"steps": 10, "sizes": [1, 2]}, "paper": {"steps": 100}}
+    got = runner.profile_settings(profiles, "quick", {"steps": None, "seeds": 3})
+    assert got == {"steps": 10, "sizes": [1, 2], "seeds": 3}  # None: the option was not given
+    assert runner.profile_settings(profiles, "paper", {"steps": 5}) == {"steps": 5}
+    assert runner.profile_settings(profiles, "paper") == {"steps": 100}
+    got["sizes"].append(4)
+    got["steps"] = 0
+    assert profiles == {"quick": {"steps": 10, "sizes": [1, 2]}, "paper": {"steps": 100}}
+    with pytest.raises(ValueError) as err:
+        runner.profile_settings(profiles, "huge", {"steps": 1})
+    assert str(err.value) == "unknown profile 'huge'; profiles: quick, paper."
+
+
+def _resolvers():
+    from sharpattn.experiments import backcopy, clrs, leaderboard, max_retrieval, selective
+
+    return {
+        "backcopy": (backcopy.PROFILES, lambda p: backcopy.profile_config(p, "1L-softmax-adam")),
+        "clrs": (clrs.PROFILES, clrs.make_config),
+        "leaderboard": (leaderboard.PROFILES, leaderboard.make_config),
+        "max_retrieval": (max_retrieval.PROFILES, max_retrieval.make_config),
+        "selective": (selective.PROFILES, selective.make_config),
+    }
+
+
+@pytest.mark.parametrize("name", ["backcopy", "clrs", "leaderboard", "max_retrieval", "selective"])
+def test_experiments_resolve_their_profiles_through_the_runner(name):
+    """Every experiment's profiles are one dict resolved by runner.profile_settings: an unknown
+    profile is the runner's sentence, and each profile resolves."""
+    profiles, resolve = _resolvers()[name]
+    with pytest.raises(ValueError) as err:
+        resolve("huge")
+    assert str(err.value) == f"unknown profile 'huge'; profiles: {', '.join(profiles)}."
+    for profile in profiles:
+        resolve(profile)
+
+
+def test_profile_overrides_reach_the_configuration():
+    from sharpattn.experiments import max_retrieval as mr
+    from sharpattn.experiments import selective
+
+    cfg = mr.make_config("paper", steps=7, seeds=None, method="softmax", checkpoint_every=50)
+    assert cfg == mr.Config(**{**mr.PROFILES["paper"], "steps": 7, "checkpoint_every": 50})
+    assert mr.make_config() == mr.Config(**mr.PROFILES["quick"])
+    assert selective.make_config("paper") == selective.ReproduceConfig()
+    quick = selective.make_config("quick", seed=3)
+    assert quick == selective.quick_config(3) and quick.quick and quick.seed == 3
+    assert quick.graph == selective.PROFILES["quick"]["graph"]
+    assert quick.graph is not selective.PROFILES["quick"]["graph"]  # a copy: the profile stays
+
+
+def test_no_experiment_reads_its_profiles_by_hand():
+    """Profiles are resolved only by runner.profile_settings (selective_llm.py is pending)."""
+    import re
+
+    root = Path(runner.__file__).parent
+    paths = [*sorted(root.glob("*.py")), *sorted(root.parent.glob("cli*.py"))]
+    found = [
+        f"{path.name}:{i}"
+        for path in paths
+        if path.name not in ("runner.py", "selective_llm.py")
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"PROFILES\[|unknown profile", line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, f"profiles read outside runner.profile_settings: {found}"
+
+
 def test_threads_are_set_for_the_block_and_restored():
     old = torch.get_num_threads()
     with runner.threads(1) as n:

@@ -43,7 +43,7 @@ from ..diagnostics.metrics import residual_peak, sink_mass, value_drain
 from ..models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import report, runner
-from .runner import Progress, RunFolder, Trainer, emit, generator, seeded
+from .runner import Progress, RunFolder, Trainer, emit, generator, profile_settings, seeded
 from .runs import write_json
 from .stats import linear_fit
 
@@ -1022,11 +1022,9 @@ def write_figures(out: Path, runs: dict[str, Run], inter, theory, task, seq: Ten
 # ----- reproduce ------------------------------------------------------------------------------
 def profile_config(profile: str, run: str, seed: int = 0) -> RunConfig:
     """The RunConfig of ``run`` (a key of RUNS) in ``profile`` (a key of PROFILES)."""
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}.")
+    settings = profile_settings(PROFILES, profile)
     if run not in RUNS:
         raise ValueError(f"run must be one of {', '.join(RUNS)}, got {run!r}.")
-    settings = dict(PROFILES[profile])
     adam_lr = settings.pop("adam_lr", None)
     if isinstance(settings["steps"], dict):
         settings["steps"] = settings["steps"][run]

@@ -50,6 +50,7 @@ from .runner import (
     emit,
     generator,
     numpy_generator,
+    profile_settings,
     read_weights,
     seeded,
     threads,
@@ -154,6 +155,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         log_every=1_000,
     ),
 }
+
+
+def make_config(profile: str = "quick", **overrides: Any) -> Config:
+    """The configuration of a profile (a key of PROFILES), with ``overrides`` (None values
+    ignored); the rest are Config's defaults, the paper's."""
+    return Config(**profile_settings(PROFILES, profile, overrides))
 
 
 _INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES, _SCATTER = range(8)
@@ -416,7 +423,7 @@ def correct_sets(
     out: dict[str, list[list[Tensor]]] = {label: [[] for _ in models] for label in methods}
     for b in test_batches(size, block, sets):
         for i, m in enumerate(models):
-            qkv = m._qkv(*m.embed(b.x, b.q))
+            qkv = m.qkv(*m.embed(b.x, b.q))
             for label, (method, params) in methods.items():
                 att = m.attention(*qkv, method, check_finite=False, **params)
                 out[label][i].append(m.readout(att).argmax(-1) == b.target)

@@ -20,11 +20,14 @@ here (minGPT's ``Trainer`` for the loop and its callbacks, nanoGPT's resume):
   ``checkpoint_every`` steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues
   from the last checkpoint and ends with the same numbers as an uninterrupted run.
 * :func:`once` — a JSON result computed once per run folder (an evaluation of trained weights).
+* :func:`profile_settings` — one profile mechanism: a command's named profiles (``--quick``,
+  ``--paper``, ...) are a dict of settings, resolved with the command's overrides.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import functools
 import json
@@ -34,7 +37,7 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +184,26 @@ def log_steps(total: int, n: int, linear_until: int = 0, linear_every: int = 1) 
     grid = np.unique(np.round(np.geomspace(start, max(total, 1), max(n, 2))).astype(int))
     linear = range(0, min(linear_until, total) + 1, linear_every)
     return sorted({0, *linear, *(int(s) for s in grid if s <= total), total})
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles
+# ---------------------------------------------------------------------------------------------
+
+
+def profile_settings(
+    profiles: Mapping[str, Mapping[str, Any]],
+    name: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The settings of profile ``name`` (a key of ``profiles``), then ``overrides`` (None
+    values ignored: an option not given keeps the profile's value). A new dict whose profile
+    values are copies, so what the caller does with it never changes ``profiles``; an unknown
+    name is refused in one sentence that lists the profiles."""
+    if name not in profiles:
+        raise ValueError(f"unknown profile {name!r}; profiles: {', '.join(profiles)}.")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return {**copy.deepcopy(dict(profiles[name])), **given}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,6 +631,7 @@ __all__ = [
     "log_steps",
     "need_files",
     "once",
+    "profile_settings",
     "read_config",
     "read_json",
     "read_weights",

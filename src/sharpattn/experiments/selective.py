@@ -21,11 +21,12 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from ..attention import SelectiveConfig
 from ..attention.selective import selective_parameter_count
 from . import report
-from .runner import Progress, RunFolder, threads
+from .runner import Progress, RunFolder, profile_settings, threads
 from .runs import write_atomic, write_json
 from .selective_common import PAPER_FIG2, fig2_markdown
 from .selective_denoise import PAPER as PAPER_DENOISE
@@ -142,27 +143,34 @@ def _identity(config: ReproduceConfig) -> list[str]:
 QUICK_LM_VARIANTS = ("vanilla", "q · both", "v · both", "qv · both")
 
 
+#: the profiles, as ReproduceConfig's settings: --paper is its defaults (the paper's); --quick
+#: has fewer steps, seeds and σ's and a larger learning rate (stated)
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "graph": GraphConfig(steps=3000, seeds=3, lr=1e-3, readouts=("classifier",)),
+        "denoise": DenoiseConfig(steps=1500, seeds=3, lr=1e-3, sigmas=(0.1, 0.3),
+                                 eval_samples=8000),
+        "lm": LMConfig(steps=100, batch=8, warmup=10, seeds=1, eval_tokens=8192,
+                       variants=QUICK_LM_VARIANTS),
+        "quick": True,
+    },
+    "paper": {},
+}  # fmt: skip
+
+
 def quick_config(seed: int = 0) -> ReproduceConfig:
-    """The --quick profile: fewer steps, seeds and σ's, a larger learning rate (stated)."""
-    return ReproduceConfig(
-        graph=GraphConfig(steps=3000, seeds=3, lr=1e-3, readouts=("classifier",)),
-        denoise=DenoiseConfig(steps=1500, seeds=3, lr=1e-3, sigmas=(0.1, 0.3), eval_samples=8000),
-        lm=LMConfig(
-            steps=100, batch=8, warmup=10, seeds=1, eval_tokens=8192, variants=QUICK_LM_VARIANTS
-        ),  # fmt: skip
-        seed=seed,
-        quick=True,
-    )
+    """The --quick profile's configuration."""
+    return ReproduceConfig(**profile_settings(PROFILES, "quick", {"seed": seed}))
 
 
 def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = None,
                 steps: int | None = None, sigmas=None, tasks: str = ",".join(TASKS),
                 text: str | None = None, lm_steps: int | None = None, lm_variants: str | None = None,
                 threads: int | None = 1, checkpoint_every: int = 500) -> ReproduceConfig:  # fmt: skip
-    """The configuration of a profile ("quick" or "paper") with the command's overrides: seeds
+    """The configuration of a profile (a key of PROFILES) with the command's overrides: seeds
     and steps apply to every part (``lm_steps`` overrides the LM's), ``sigmas[0]`` becomes the
     main σ, ``lm_variants`` and ``tasks`` are comma-separated."""
-    config = quick_config(seed) if profile == "quick" else ReproduceConfig(seed=seed)
+    config = ReproduceConfig(**profile_settings(PROFILES, profile, {"seed": seed}))
     g, d, lm = config.graph, config.denoise, config.lm
     if seeds is not None:
         g, d, lm = (replace(c, seeds=seeds) for c in (g, d, lm))

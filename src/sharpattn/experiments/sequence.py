@@ -183,9 +183,7 @@ def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: st
     method of the leaderboard."""
     from ..tasks import sequence as tasks
 
-    if profile not in profiles:
-        raise ValueError(f"unknown profile {profile!r}; profiles: {', '.join(profiles)}.")
-    values = {**profiles[profile], **{k: v for k, v in overrides.items() if v is not None}}
+    values = runner.profile_settings(profiles, profile, overrides)
     if values.get("tasks") is None:
         values["tasks"] = tuple(tasks.available(family))
     if values.get("methods") is None:

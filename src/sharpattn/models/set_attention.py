@@ -3,7 +3,7 @@
     h_i = ψ_x(x_i)            Dense-GELU-Dense-GELU                         (Eq. 9)
     y   = ψ_q(q)              Dense-GELU-Dense                              (Eq. 10)
     e_i = (Q y)ᵀ(K h_i)/√d    one head, Q/K/V projections with biases       (Eq. 11)
-                              (computed with K and V folded into the query side, see _qkv)
+                              (computed with K and V folded into the query side, see qkv)
     α   = normalizer(e)       softmax by default; any registry method       (Eq. 12)
     z   = O Σ_i α_i V h_i     output projection, as Flax's MultiHeadDotProductAttention (Eq. 13)
     out = ϕ(z)                Dense-GELU-Dense to the class logits          (Eq. 14)
@@ -97,7 +97,7 @@ class SetAttention(nn.Module):
         y = self.psi_q[1](F.gelu(self.psi_q[0](q), approximate="tanh"))
         return h, y
 
-    def _qkv(self, h: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, h: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Query, keys and values for :func:`attend`, with K and V folded into the query side.
 
         With one query per set, e_i = (W_q y + b_q)ᵀ(W_k h_i + b_k) = [W_kᵀ q̃; q̃ᵀb_k]·[h_i; 1]
@@ -105,6 +105,9 @@ class SetAttention(nn.Module):
         So attending with keys = values = [h_i; 1] gives the same logits for any normalizer,
         and the output (B, d+1) = [Σ α_i h_i; Σ α_i] that :meth:`readout` projects: the same
         function as separate K/V projections, without a d×d product per item.
+
+        :meth:`forward` is :meth:`embed`, this, :meth:`attention` and :meth:`readout`; each is
+        public, so a caller can embed and project once and attend with several normalizers.
         """
         qt = self.query(y)  # (..., B, d): q̃ = W_q y + b_q
         b_k = self.key.bias.reshape(*self.key.weight.shape[:-2], 1, -1)  # (d,) or (S, 1, d)
@@ -116,7 +119,7 @@ class SetAttention(nn.Module):
 
     def scores(self, x: Tensor, q: Tensor) -> Tensor:
         """The attention logits e_i = (Q y)ᵀ(K h_i)/√d of each set, ``(..., B, n)`` (Eq. 11)."""
-        qh, kh, _ = self._qkv(*self.embed(x, q))
+        qh, kh, _ = self.qkv(*self.embed(x, q))
         return (qh @ kh.transpose(-2, -1))[..., 0, 0, :] / math.sqrt(self.width)
 
     def forward(
@@ -137,7 +140,7 @@ class SetAttention(nn.Module):
         """
         if method is None:
             method, params = self.method, {**self.method_params, **params}
-        qkv = self._qkv(*self.embed(x, q))
+        qkv = self.qkv(*self.embed(x, q))
         att = self.attention(
             *qkv, method, return_weights=return_weights, check_finite=check_finite, **params
         )
@@ -148,7 +151,7 @@ class SetAttention(nn.Module):
 
     def attention(self, qh: Tensor, kh: Tensor, vh: Tensor, method: str, **params):
         """Single-head attention Σ_i α_i (W_v h_i + b_v), ``(B, d)`` (Eqs. 12-13, before the
-        output projection), over :meth:`_qkv`'s query/keys/values with normalizer ``method``;
+        output projection), over :meth:`qkv`'s query/keys/values with normalizer ``method``;
         with ``return_weights=True`` also the weights α ``(B, n)``. An ensemble's members attend
         in one call, their sets flattened into the batch (the attention has no weights)."""
         lead = qh.shape[:-3]  # (B,) or (S, B)

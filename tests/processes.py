@@ -71,3 +71,48 @@ def wait_until_in_main(proc: subprocess.Popen, timeout: float = 120) -> None:
                 return
         time.sleep(0.02)
     raise AssertionError(f"the child did not reach cli.main in {timeout} s (exit {proc.poll()})")
+
+
+def same_fine_tunings(a: Path, b: Path, trainings: list[str]) -> None:
+    """Two run folders hold the same numbers: ``metrics.json`` without its timings (as text, so
+    NaN p-values compare equal), and each training's log and trained weights (``trainings``:
+    their sub-folders)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    timing = ("seconds", "steps_per_s", "wall_seconds", "cpu_seconds")
+
+    def untimed(folder: Path) -> str:
+        m = json.loads((folder / "metrics.json").read_text(), object_hook=lambda d: {
+            k: v for k, v in d.items() if k not in timing})  # fmt: skip
+        return json.dumps(m, sort_keys=True)
+
+    assert untimed(a) == untimed(b)
+    for t in trainings:
+        assert (a / t / "metrics.jsonl").read_text() == (b / t / "metrics.jsonl").read_text()
+        wa, wb = (load_file(p / t / "model.safetensors") for p in (a, b))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    steps = [json.loads(line)["step"] for line in
+             (a / trainings[0] / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    assert steps == sorted(set(steps))  # no step logged twice after a resume
+
+
+def killed_and_whole(args: list[str], tmp_path: Path, checkpoint: str, monkeypatch) -> None:
+    """``sharpattn ARGS`` on tests/tiny_hf.py's models killed with ``kill -9`` once
+    ``checkpoint`` (a path in its run folder) is written, then the command again in this process
+    to finish that folder ("killed") and an uninterrupted run ("whole"), each after another
+    state of the global generator."""
+    import torch
+
+    import tiny_hf
+    from sharpattn.cli import main
+    from sharpattn.integrations import pretrained
+
+    killed = sharpattn(*args, "--out", str(tmp_path / "killed"), tiny_pretrained=True)
+    kill_9_once_written(killed, tmp_path / "killed" / checkpoint)
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+    for i, out in enumerate(("killed", "whole")):
+        torch.manual_seed(i)
+        assert main([*args, "--out", str(tmp_path / out)]) == 0

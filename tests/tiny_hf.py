@@ -34,11 +34,12 @@ def bert():
 
 
 class CharTokenizer:
-    """A tokenizer for the tiny models: one id per character (3 … 96), no special tokens."""
+    """A tokenizer for the tiny models: one id per character (3 … 96), no special tokens (so
+    ``add_special_tokens`` changes nothing)."""
 
     eos_token_id = 0
 
-    def __call__(self, text, return_tensors="pt"):
+    def __call__(self, text, return_tensors="pt", add_special_tokens=True):
         import torch
 
         ids = torch.tensor([3 + ord(c) % 94 for c in text], dtype=torch.long)

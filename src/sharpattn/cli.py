@@ -16,11 +16,13 @@ from .cli_options import (
     MAX_FACTOR,
     MAX_ITEMS,
     MAX_LENGTH,
+    MAX_RANK,
     MAX_SEEDS,
     MAX_SETS,
     MAX_STEPS,
     ProgressRenderer,
     announce,
+    checkpoint_option,
     cluster_options,
     compose,
     console,
@@ -289,13 +291,7 @@ def reproduce():
     type=count(MAX_SETS),
     help="Most test sets per size (overrides the profile).",
 )
-@click.option(
-    "--checkpoint-every",
-    type=count(MAX_STEPS),
-    default=1000,
-    show_default=True,
-    help="Steps between checkpoints; re-running the command resumes from the last one.",
-)
+@checkpoint_option(1000)
 @click.option(
     "--group",
     type=count(MAX_SEEDS),
@@ -406,13 +402,7 @@ def corollary_b1(run, pairs, seeds):
     default=None,
     help="LM variants, e.g. vanilla,q:both,qv:token (default: all twelve, k:both and kqv:both included; --quick: four).",
 )
-@click.option(
-    "--checkpoint-every",
-    type=count(MAX_STEPS),
-    default=500,
-    show_default=True,
-    help="Steps between checkpoints; re-running the command resumes from the last one.",
-)
+@checkpoint_option(500)
 @threads_option()
 @out_option(None, "Run folder (default runs/selective-<profile>); re-running resumes it.")
 def reproduce_selective(profile, out, **options):
@@ -454,19 +444,37 @@ def reproduce_selective(profile, out, **options):
               help="Learning rate of the position parameter [default: 3e-2].")  # fmt: skip
 @click.option("--eval-windows", type=count(MAX_SETS), default=None,
               help="Held-out windows per length (overrides the profile).")  # fmt: skip
-@seed_option("Seed of the training windows.")
+@click.option("--lora", type=count(MAX_RANK), default=None, metavar="RANK",
+              help="The matched study: LoRA adapters of this rank fine-tuned with and without "
+              "the temperatures, on the same windows and seeds.")  # fmt: skip
+@click.option("--lora-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Learning rate of the adapters (with --lora) [default: 1e-3].")  # fmt: skip
+@seeds_option("Seeds of the matched study (with --lora) [default: 2].")
+@seed_option("Seed of the training windows (the first seed with --lora).")
+@checkpoint_option(50)
 @threads_option()
-@out_option(None, "Run folder (default runs/selective-llm-<profile>); re-running resumes it.")
+@out_option(None, "Run folder (default runs/selective-llm-<profile>, with --lora "
+            "runs/selective-llm-lora-<profile>); re-running resumes it.")  # fmt: skip
 def reproduce_selective_llm(profile, out, **options):
     """Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out
     perplexity at 1x, 2x and 4x the fine-tuning context against the unpatched model (Zhang et
-    al.'s Table 3 in small)."""
+    al.'s Table 3 in small). With --lora, the matched study: the same fine-tuning of low-rank
+    adapters with and without selective temperatures."""
     from .experiments import selective_llm as exp
 
+    if options["seeds"] is not None and options["lora"] is None:
+        raise click.UsageError("--seeds applies to the matched study: add --lora RANK.")
+    if options["lora_lr"] is not None and options["lora"] is None:
+        raise click.UsageError("--lora-lr applies to the matched study: add --lora RANK.")
     config = exp.make_config(profile, **options)
-    announce("reproduce selective-llm", profile, f"1 training of {config.steps} steps")
+    matched = config.lora > 0
+    command = "reproduce selective-llm" + (" --lora" if matched else "")
+    trainings = 2 * config.seeds if matched else 1
+    announce(command, profile, f"{trainings} training{'s' * (trainings > 1)} of {config.steps} "
+             "steps")  # fmt: skip
+    default = f"runs/selective-llm-{'lora-' * matched}{profile}"
     with ProgressRenderer(transient=True) as progress:
-        run_dir, _ = exp.run(out or f"runs/selective-llm-{profile}", config, progress)
+        run_dir, _ = exp.run(out or default, config, progress)
     print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and perplexity.png")
 
@@ -574,13 +582,7 @@ def _sequence_options(f):
             type=count(MAX_SETS),
             help="Test sequences per size, the same for every method and seed (overrides the profile).",
         ),
-        click.option(
-            "--checkpoint-every",
-            type=count(MAX_STEPS),
-            default=500,
-            show_default=True,
-            help="Steps between checkpoints; re-running the command resumes from the last one.",
-        ),
+        checkpoint_option(500),
         cluster_options,
         threads_option(),
     )(f)
@@ -635,6 +637,44 @@ def reproduce_clrs(profile, out, ray_address, **options):
         return
     print_markdown((result["run"] / "clrs.md").read_text())
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
+
+
+@reproduce.command("clrs-llm", short_help="Fig. 8 by fine-tuning SmolLM2 with LoRA.")
+@profile_options(
+    "reproduce clrs-llm",
+    "2 algorithms, 2 seeds, 40 steps of batch 4 per run, sizes to 4x",
+    "4 algorithms, 2 seeds, 400 steps of batch 8 per run, sizes to 4x",
+)
+@click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
+@click.option("--tasks", callback=_names, help="Comma-separated CLRS algorithms (overrides the "
+              "profile; see reproduce clrs --list).")  # fmt: skip
+@seed_option("First seed (adapters and training batches; the test prompts).")
+@seeds_option()
+@click.option("--steps", type=count(MAX_STEPS), help="AdamW steps per fine-tuning.")
+@click.option("--rank", type=count(MAX_RANK), help="Rank of the LoRA adapters [default: 8].")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Learning rate of the adapters [default: 1e-3].")  # fmt: skip
+@click.option("--eval-factor", type=count(MAX_FACTOR),
+              help="Evaluate up to this multiple of the largest training size [default: 4].")  # fmt: skip
+@click.option("--prompts", type=count(MAX_SETS),
+              help="Test prompts per algorithm and size, the same for both methods and every "
+              "seed (overrides the profile).")  # fmt: skip
+@checkpoint_option(50)
+@threads_option()
+@out_option(None, "Run folder (default runs/clrs-llm-<profile>); re-running resumes it.")
+def reproduce_clrs_llm(profile, out, **options):
+    """CLRS-Text algorithms on a fine-tuned SmolLM2: low-rank adapters trained with softmax and
+    with adaptive temperature on the same budget (Softmax is not Enough's Figure 8), accuracy in
+    and up to 4x beyond the training sizes."""
+    from .experiments import clrs_llm as exp
+
+    config = exp.make_config(profile, **options)
+    announce("reproduce clrs-llm", profile, f"{len(exp.METHODS) * config.seeds} fine-tunings of "
+             f"{config.steps} steps")  # fmt: skip
+    with ProgressRenderer(transient=True) as progress:
+        run_dir, _ = exp.run(out or f"runs/clrs-llm-{profile}", config, progress)
+    print_markdown((run_dir / "clrs_llm.md").read_text(encoding="utf-8"))
+    console.print(f"wrote {run_dir}/report.md, metrics.json and fig8.png")
 
 
 @cli.command("leaderboard", short_help="Every attention method ranked on sequence tasks.")

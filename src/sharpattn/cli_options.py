@@ -52,6 +52,7 @@ MAX_SEEDS = 10_000
 MAX_FACTOR = 1_024  # evaluation sizes as a multiple of the training sizes (profiles: 8-64)
 MAX_LENGTH = 1_048_576  # tokens in one window
 MAX_ITEMS = 4_096  # items in one probe sequence
+MAX_RANK = 1_024  # rank of low-rank adapters (the profiles: 8)
 
 
 def count(maximum: int, minimum: int = 1) -> click.IntRange:
@@ -77,6 +78,17 @@ def out_option(default: str | None, what: str = "Run folder to write; re-running
         default=default,
         show_default=default is not None,
         help=what,
+    )
+
+
+def checkpoint_option(default: int):
+    """``--checkpoint-every``: training steps between checkpoints (``default`` per command)."""
+    return click.option(
+        "--checkpoint-every",
+        type=count(MAX_STEPS),
+        default=default,
+        show_default=True,
+        help="Steps between checkpoints; re-running the command resumes from the last one.",
     )
 
 
@@ -115,6 +127,14 @@ COSTS: dict[str, dict[str, str]] = {
         "paper": "not run as a whole (its LM alone ≈ 7 CPU-hours)",
     },
     "reproduce selective-llm": {"quick": "about 3 minutes", "paper": "19:35 wall, one thread"},
+    "reproduce selective-llm --lora": {
+        "quick": "not measured yet, designed for minutes",
+        "paper": "not measured yet, designed for about an hour on 2 cores",
+    },
+    "reproduce clrs-llm": {
+        "quick": "not measured yet, designed for minutes",
+        "paper": "not measured yet, designed for at most 3 h on 2 cores",
+    },
     "reproduce backcopy": {
         "quick": "122 s of CPU",
         "medium": "3.2 CPU-hours",

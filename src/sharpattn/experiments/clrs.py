@@ -52,10 +52,12 @@ def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = No
     return {"run": folder.path, "table": table, "rows": rows}
 
 
-def summarize(rows, tasks: list[str], methods: list[str]) -> list[dict[str, Any]]:
+def summarize(rows, tasks: list[str], methods: list[str],
+              spans: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Per algorithm and method: in-distribution and out-of-distribution accuracy (mean, sd and
-    the paired p-value against the first method, softmax)."""
-    per = seq.measures(rows)
+    the paired p-value against the first method, softmax); ``spans`` as in
+    :func:`.sequence.measures`."""
+    per = seq.measures(rows, spans)
     out = []
     for t in tasks:
         base = per.get((t, methods[0]), {})

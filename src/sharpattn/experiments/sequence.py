@@ -596,18 +596,20 @@ def stopping(rows: list[dict[str, Any]]) -> dict[str, int]:
             "skipped": skipped, "sequences": sum(int(r["sets"]) for r in rows)}  # fmt: skip
 
 
-def measures(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+def measures(rows: list[dict[str, Any]], spans: dict[str, tuple[int, int]] | None = None
+             ) -> dict[tuple[str, str], dict[int, dict[str, float]]]:  # fmt: skip
     """{(task, method): {seed: measures}} with ``auc`` (:func:`area` of accuracy over the
     evaluated sizes), ``id`` (mean accuracy at the sizes inside the task's training range),
     ``ood`` (mean accuracy beyond it), ``largest`` (accuracy at the largest size), and
-    ``id_token`` / ``ood_token`` (the same means of answer-token accuracy)."""
+    ``id_token`` / ``ood_token`` (the same means of answer-token accuracy). ``spans``: training
+    ranges {task: (lo, hi)} where they are not the tasks' own."""
     out: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["method"], r["seed"]), []).append(r)
     for (name, method, seed), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["size"])
-        hi = task(name).train_sizes[1]
+        hi = _span(name, spans)[1]
         inside = [r["acc"] for r in rs if r["size"] <= hi]
         beyond = [r["acc"] for r in rs if r["size"] > hi]
         tok_in = [r["token_acc"] for r in rs if r["size"] <= hi]
@@ -654,11 +656,18 @@ def curves(rows, name: str) -> dict[str, tuple[list[int], list[float], list[floa
     return out
 
 
+def _span(name: str, spans: dict[str, tuple[int, int]] | None) -> tuple[int, int]:
+    """The training range of task ``name``: its entry of ``spans``, else the task's own."""
+    return tuple((spans or {}).get(name) or task(name).train_sizes)
+
+
 def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str,
-                colors: dict[str, str] | None = None) -> None:  # fmt: skip
+                colors: dict[str, str] | None = None,
+                spans: dict[str, tuple[int, int]] | None = None) -> None:  # fmt: skip
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
-    *Softmax is not Enough* Fig. 8); the legend has a panel of its own where the grid has one free."""
+    *Softmax is not Enough* Fig. 8; ``spans`` as in :func:`measures`); the legend has a panel of
+    its own where the grid has one free."""
     from .report import figure
 
     cols = min(4, len(names))
@@ -672,7 +681,7 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
         bands = len(methods_) <= 4
         for i, name in enumerate(names):
             ax = axes[i // cols][i % cols]
-            lo, hi = task(name).train_sizes
+            lo, hi = _span(name, spans)
             ax.axvspan(lo, hi, color="0.9", zorder=0)
             data = curves(rows, name)
             for j, method in enumerate(methods_):

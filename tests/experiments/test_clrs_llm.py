@@ -1,0 +1,172 @@
+"""CLRS-Text by fine-tuning a pretrained decoder (``reproduce clrs-llm``), on the tiny random
+Llama of tests/tiny_hf.py: only the adapters train, both methods start from the same adapters on
+the same batches, exact match is what greedy decoding gives, resume after ``kill -9`` with the
+numbers of an uninterrupted run, and one-sentence errors."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tiny_hf
+from processes import killed_and_whole, same_fine_tunings
+from sharpattn.cli import main
+from sharpattn.experiments import adapters
+from sharpattn.experiments import clrs_llm as cl
+from sharpattn.experiments.runner import generator
+from sharpattn.integrations import pretrained
+
+
+def _cfg(**kw) -> cl.Config:
+    # sizes 2, 3 (trained) and 6 (2x): every prompt fits the tiny model's 64 positions
+    return cl.Config(**{"tasks": ("minimum", "binary_search"), "train_sizes": (2, 3),
+                        "eval_factor": 2, "steps": 12, "batch": 4, "lr": 3e-2, "rank": 4,
+                        "prompts": 6, "eval_batch": 4, "checkpoint_every": 4, "threads": 1,
+                        **kw})  # fmt: skip
+
+
+def _base_weights(net) -> dict[str, torch.Tensor]:
+    """The pretrained weights (under peft's names once adapters are in: ``base_layer``)."""
+    return {k.replace(".base_layer", ""): v.detach().clone() for k, v in net.state_dict().items()
+            if "lora_" not in k}  # fmt: skip
+
+
+def test_a_fine_tuning_trains_the_adapters_only_and_learns(tmp_path):
+    net, tok = tiny_hf.pretrained()
+    before = _base_weights(net)
+    cfg = _cfg()
+    ts = {name: cl.task(name, cfg) for name in cfg.tasks}
+    tests = {(n, s): cl.test_prompts(t, s, cfg, tok) for n, t in ts.items() for s in cfg.sizes}
+    res = cl.fine_tune(tmp_path, net, "adaptive", 0, cfg, ts, tok, tests, None)
+    after = _base_weights(net)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the pretrained model frozen
+    trained = {n for n, p in net.named_parameters() if p.requires_grad}
+    assert trained and all(adapters.is_adapter(n) for n in trained)  # adaptive has no parameters
+    saved = load_file(tmp_path / "model.safetensors")
+    assert saved and all("lora_" in k for k in saved)  # what the Trainer kept: the adapters
+    assert res["training"]["method_parameters"] == 0
+    # tiny_hf.llama: 2 layers of q, k, v, o (32 -> 32, 16, 16, 32: 2 key/value heads of 8); a
+    # rank-r adapter of a d_in -> d_out map holds r·(d_in + d_out) parameters
+    assert res["training"]["adapter_parameters"] == 2 * 4 * (64 + 48 + 48 + 64)
+    assert any(
+        float(p.detach().abs().sum()) > 0 for n, p in net.named_parameters() if "lora_B" in n
+    )
+    assert res["training"]["last_loss"] < res["training"]["first_loss"]
+    assert set(res["scores"]) == set(tests)
+
+
+def test_both_methods_start_from_the_same_adapters_on_the_same_batches():
+    net, _ = tiny_hf.pretrained()
+    arms = {m: copy.deepcopy(net) for m in cl.METHODS}
+    held = {m: adapters.prepare(arm, m, {}, 4, seed=3) for m, arm in arms.items()}
+    a, b = (h.state_dict() for h in held.values())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    other = adapters.prepare(copy.deepcopy(net), "softmax", {}, 4, seed=4).state_dict()
+    assert not all(torch.equal(a[k], other[k]) for k in a)  # the adapters come from the seed
+    assert [arm.config._attn_implementation for arm in arms.values()] == [
+        "sharpattn:softmax", "sharpattn:adaptive"]  # fmt: skip
+    cfg = _cfg()
+    ts = [cl.task(n, cfg) for n in cfg.tasks]
+    first, second = (cl.draw(ts, cfg, generator(3, cl._TRAIN)) for _ in range(2))
+    assert [(t.name, r.tolist()) for t, r in first] == [(t.name, r.tolist()) for t, r in second]
+
+
+def test_exact_match_is_what_greedy_decoding_gives():
+    """An answer scores as an exact match exactly when ``generate`` (greedy, with its KV cache)
+    produces it: the continuation greedy decoding gives is one, the same with one token changed
+    is not."""
+    net, tok = tiny_hf.pretrained()
+    adapters.prepare(net, "adaptive", {}, 4, seed=0)
+    with torch.no_grad():  # adapters away from zero: a model that is not the pretrained one
+        for n, p in net.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(n)))
+    cfg = _cfg()
+    t = cl.task("binary_search", cfg)
+    pairs = []
+    for q, _ in cl.test_prompts(t, 6, cfg, tok):
+        out = net.generate(torch.tensor([q]), max_new_tokens=5, do_sample=False,
+                           pad_token_id=tok.eos_token_id)  # fmt: skip
+        pairs.append((q, out[0, len(q) :].tolist()))
+    wrong = [(q, a[:-1] + [(a[-1] + 1) % 97]) for q, a in pairs]
+    assert cl.score(net, pairs, 0, 4)["exact"] == [1] * len(pairs)
+    scored = cl.score(net, wrong, 0, 4)
+    assert scored["exact"] == [0] * len(pairs)
+    assert scored["right"] == [len(a) - 1 for _, a in wrong]
+
+
+def test_the_study_writes_its_report_and_paired_tests(tmp_path):
+    net, tok = tiny_hf.pretrained()
+    run, m = cl.run(tmp_path / "r", _cfg(steps=4), net=net, tok=tok)
+    assert len(m["rows"]) == 2 * 2 * 2 * 3  # tasks x methods x seeds x sizes
+    assert {(e["task"], e["size"]) for e in m["sizes"]} == {
+        (t, s) for t in ("minimum", "binary_search") for s in (2, 3, 6)}  # fmt: skip
+    assert [e["in_training"] for e in m["sizes"][:3]] == [True, True, False]
+    assert set(m["training"]) == {f"{a} seed {s}" for a in cl.METHODS for s in (0, 1)}
+    for name in ("report.md", "clrs_llm.md", "clrs_llm.csv", "fig8.png", "metrics.json"):
+        assert (run / name).is_file()
+    report = (run / "report.md").read_text()
+    assert "### n = 6 (2× the largest training size)" in report
+
+
+def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
+    net, tok = tiny_hf.pretrained()
+    with pytest.raises(ValueError, match="beyond the model's context"):
+        cl.run(tmp_path / "a", _cfg(eval_factor=8), net=net, tok=tok)
+    assert not (tmp_path / "a").exists()  # refused before a folder was written
+    with pytest.raises(ValueError, match="unknown algorithm 'sorting'"):
+        _cfg(tasks=("sorting",))
+    with pytest.raises(ValueError, match="train_sizes"):
+        _cfg(train_sizes=(4, 2))
+    with pytest.raises(ValueError, match="unknown profile"):
+        cl.make_config("huge")
+
+
+@pytest.mark.parametrize("argv", [["reproduce", "clrs-llm"],
+                                  ["reproduce", "selective-llm", "--lora", "4"]])  # fmt: skip
+def test_a_missing_peft_is_named_with_its_extra(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft fails as when not installed
+    monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "sharpattn: error: this command needs peft, from the pretrained extra: "
+        "pip install 'sharpattn[pretrained]'."
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+#: the command on tests/tiny_hf.py's Llama: sizes 4 and 8 only (8 items fit its 64 positions)
+CLI = ["reproduce", "clrs-llm", "--quick", "--tasks", "minimum,binary_search", "--eval-factor",
+       "1", "--prompts", "4", "--rank", "4", "--checkpoint-every", "20", "--threads", "1"]  # fmt: skip
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(
+    tmp_path, monkeypatch
+):
+    """A real ``kill -9`` once the first fine-tuning wrote its first checkpoint, then the command
+    again and an uninterrupted run (in this process, the global generator in another state): the
+    same metrics, training logs and adapters."""
+    args = [*CLI, "--steps", "60"]
+    killed_and_whole(args, tmp_path, "seed0/softmax/checkpoint.safetensors", monkeypatch)
+    trainings = [f"seed{s}/{m}" for s in (0, 1) for m in cl.METHODS]
+    same_fine_tunings(tmp_path / "killed", tmp_path / "whole", trainings)
+
+
+def test_the_command_runs_its_profile_with_the_options_given(tmp_path, monkeypatch):
+    seen = []
+
+    def run(out, cfg, progress):
+        seen.append(cfg)
+        Path(out).mkdir()
+        (Path(out) / "clrs_llm.md").write_text("table")
+        return Path(out), {}
+
+    monkeypatch.setattr(cl, "run", run)
+    assert main(["reproduce", "clrs-llm", "--seeds", "3", "--out", str(tmp_path / "q")]) == 0
+    assert seen == [cl.make_config("quick", seeds=3, checkpoint_every=50, threads=1)]

@@ -1,0 +1,105 @@
+"""Selective temperatures with a matched fine-tuned baseline (``reproduce selective-llm
+--lora``), on the tiny random Llama of tests/tiny_hf.py: the two arms differ only in the
+temperatures (same adapters, windows, steps), only adapters and temperatures train, and a run
+killed with ``kill -9`` resumes to the numbers of an uninterrupted one."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tiny_hf
+from processes import killed_and_whole, same_fine_tunings
+from sharpattn.cli import main
+from sharpattn.experiments import adapters
+from sharpattn.experiments import selective_llm as sl
+from sharpattn.experiments.llm import window_nll
+from sharpattn.experiments.runner import generator
+
+
+def _net():
+    torch.manual_seed(0)
+    return tiny_hf.llama().eval()
+
+
+def _ids(n: int = 800) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    base = torch.arange(n) % 13 + 3  # a repeating pattern with noise
+    noise = torch.randint(3, 97, (n,), generator=g)
+    return torch.where(torch.rand(n, generator=g) < 0.2, noise, base)
+
+
+def _cfg(**kw) -> sl.Config:
+    return sl.Config(**{"steps": 6, "context": 8, "factors": (1, 2, 4), "batch": 2, "lr": 3e-2,
+                        "eval_windows": 3, "checkpoint_every": 2, "threads": 1, "lora": 2,
+                        "lora_lr": 3e-2, "seeds": 2, **kw})  # fmt: skip
+
+
+def test_the_arms_differ_only_in_the_temperatures():
+    """Same seed: the same initial adapters and the same training windows; the selective arm has
+    the temperatures besides, at their identity initialisation (the same model at step 0)."""
+    cfg = _cfg()
+    net = _net()
+    arms = {name: copy.deepcopy(net) for name, _ in sl.ARMS}
+    held = {name: adapters.prepare(arms[name], m, sl.arm_params(m, cfg), cfg.lora, seed=5)
+            for name, m in sl.ARMS}  # fmt: skip
+    soft, sel = held["softmax"].state_dict(), held["selective"].state_dict()
+    assert set(soft) < set(sel)
+    assert all(torch.equal(soft[k], sel[k]) for k in soft)  # the same adapters
+    extra = {k for k in sel if k not in soft}
+    assert extra and not any("lora_" in k for k in extra)
+    assert all("sharpattn_selective" in k for k in extra)  # and nothing else trains besides
+    train_ids, windows = sl.split(_ids(), cfg)
+    a, b = (sl.window_batches(train_ids, cfg, generator(5, sl._TRAIN)) for _ in range(2))
+    assert all(torch.equal(a(step), b(step)) for step in range(4))  # the same windows
+    nll = {name: window_nll(arm, windows[:2], cfg.context) for name, arm in arms.items()}
+    # τ = 1 + c₀·log n, c₀ ≈ 5.1e-6, n ≤ 8 (see test_selective_llm.py): ~1e-5 nats at most
+    assert np.allclose(nll["softmax"], nll["selective"], atol=1e-4, rtol=0)
+    base = window_nll(net, windows[:2], cfg.context)
+    assert np.allclose(nll["softmax"], base, atol=1e-5, rtol=0)  # B = 0: the pretrained model
+
+
+def test_the_matched_study_fine_tunes_both_arms_and_pairs_them(tmp_path):
+    run, m = sl.run(tmp_path / "r", _cfg(), net=_net(), ids=_ids())
+    assert [r["length"] for r in m["rows"]] == [8, 16, 32]
+    for r in m["rows"]:
+        assert r["seeds"] == 2 and r["windows"] == 3
+        assert min(r["ppl_base"], r["ppl_softmax"], r["ppl_selective"]) > 1
+        assert np.isfinite(r["p_windows"]) and np.isfinite(r["p_seeds"])
+    assert set(m["training"]) == {f"{a} seed {s}" for a in ("softmax", "selective") for s in (0, 1)}
+    t = m["training"]
+    assert t["softmax seed 0"]["adapter_parameters"] == t["selective seed 0"]["adapter_parameters"]
+    assert t["softmax seed 0"]["temperature_parameters"] == 0
+    assert t["selective seed 1"]["temperature_parameters"] > 0
+    for s in (0, 1):
+        for arm in ("softmax", "selective"):
+            saved = load_file(run / f"seed{s}" / arm / "model.safetensors")
+            kinds = {"lora_" in k or "sharpattn_selective" in k for k in saved}
+            assert kinds == {True}  # adapters and temperatures, never a pretrained weight
+    for name in ("report.md", "table3_matched.md", "table3_matched.csv", "perplexity.png"):
+        assert (run / name).is_file()
+
+
+def test_the_matched_study_is_refused_what_it_cannot_do(tmp_path):
+    with pytest.raises(ValueError, match="several seeds are for the fine-tuned study"):
+        sl.Config(seeds=2)
+    assert sl.make_config("quick", lora=4).seeds == sl.MATCHED_SEEDS
+    assert main(["reproduce", "selective-llm", "--seeds", "2", "--out", str(tmp_path)]) == 2
+
+
+#: the command on tests/tiny_hf.py's Llama (tiny_hf.pretrained), one thread, 16-token windows
+CLI = ["reproduce", "selective-llm", "--quick", "--lora", "2", "--eval-windows", "1",
+       "--context", "16", "--checkpoint-every", "20", "--threads", "1"]  # fmt: skip
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(
+    tmp_path, monkeypatch
+):
+    args = [*CLI, "--steps", "60"]
+    killed_and_whole(args, tmp_path, "seed0/softmax/checkpoint.safetensors", monkeypatch)
+    trainings = [f"seed{s}/{n}" for s in (0, 1) for n in ("softmax", "selective")]
+    same_fine_tunings(tmp_path / "killed", tmp_path / "whole", trainings)

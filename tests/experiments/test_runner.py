@@ -65,6 +65,71 @@ def test_metrics_log_appends_truncates_and_survives_a_cut_line(tmp_path):
         log.read()
 
 
+def test_write_metrics_is_atomic_and_reads_back_equal(tmp_path, monkeypatch):
+    folder = RunFolder(tmp_path / "r", "exp", {"steps": 1})
+    metrics = {"wall_seconds": 1.5, "rows": [{"n": 2, "acc": 0.25}], "threads": 1, "x": None}
+    path = runner.write_metrics(folder, metrics)
+    assert path == tmp_path / "r" / "metrics.json"
+    assert json.loads(path.read_text()) == metrics
+    assert runner.read_json(path) == metrics
+    # a path works as well as a RunFolder, and another name for a run's result file
+    assert runner.write_metrics(folder.path, [1, 2], "results.json") == folder / "results.json"
+    assert json.loads((folder / "results.json").read_text()) == [1, 2]
+
+    # a crash before the rename leaves the previous file whole and no temporary behind
+    def crash(*args):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("os.replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        runner.write_metrics(folder, {"wall_seconds": 2.0})
+    assert json.loads(path.read_text()) == metrics
+    assert sorted(p.name for p in folder.path.iterdir()) == [
+        "config.json",
+        "metrics.json",
+        "results.json",
+    ]
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def test_clock_measures_wall_and_cpu_seconds():
+    with runner.Clock() as sleep:
+        time.sleep(0.2)
+    assert sleep.wall >= 0.199  # a sleep lasts at least its time
+    assert 0 <= sleep.cpu < sleep.wall  # and costs (almost) no CPU
+    held = (sleep.wall, sleep.cpu)
+    time.sleep(0.01)
+    assert (sleep.wall, sleep.cpu) == held  # stopped at the end of the block
+    busy = runner.Clock()  # not stopped: reads the seconds so far
+    while busy.cpu < 0.05 and busy.wall < 30:
+        pass
+    assert busy.cpu >= 0.05  # a busy loop accrues CPU seconds
+    first = busy.wall
+    assert busy.wall >= first > 0  # later reads mark later points
+    assert busy.stop() is busy and busy.stop().wall == busy.wall
+
+
+def test_experiments_time_and_write_metrics_only_through_the_runner():
+    """No reproduction reads a clock or writes metrics.json itself: runner.Clock and
+    runner.write_metrics do."""
+    import re
+
+    root = Path(runner.__file__).parent
+    pattern = re.compile(
+        r"time\.(perf_counter|process_time|time|monotonic)\(|write_json\(.*metrics\.json"
+    )
+    found = [
+        f"{path.name}:{i}"
+        for path in sorted(root.glob("*.py"))
+        if path.name not in ("runner.py", "sweep.py")  # sweep: deadlines of worker processes
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"timed or metrics written outside the runner: {found}"
+
+
 # --- seeds, threads, events ---------------------------------------------------------------------
 
 

@@ -28,7 +28,6 @@ The internals come from :func:`sharpattn.diagnostics.capture`; only the task-spe
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,8 +42,17 @@ from ..diagnostics.metrics import residual_peak, sink_mass, value_drain
 from ..models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import report, runner
-from .runner import Progress, RunFolder, Trainer, emit, generator, profile_settings, seeded
-from .runs import write_json
+from .runner import (
+    Clock,
+    Progress,
+    RunFolder,
+    Trainer,
+    emit,
+    generator,
+    profile_settings,
+    seeded,
+    write_metrics,
+)
 from .stats import linear_fit
 
 Tensor = torch.Tensor
@@ -1064,7 +1072,7 @@ def reproduce(
     (:func:`.sweep.run_jobs`), longest first; then this process loads them."""
     task = task or BigramBackcopy.tiny_shakespeare()
     folder, cfgs = open_folder(out, profile, seed, threads)
-    t_start = time.perf_counter()
+    clock = Clock()
     train_runs(folder, cfgs, task, threads, workers, ray, progress)
     with runner.threads(threads) as n_threads:
         runs = {
@@ -1076,9 +1084,8 @@ def reproduce(
         emit(progress, "findings", "interventions", 0, 3)
         inter = interventions(soft.model, task, ev)
         emit(progress, "findings", "Theorem 2", 1, 3)
-        t_ode = time.perf_counter()
-        f5, theory = finding_5(task)
-        ode_seconds = time.perf_counter() - t_ode
+        with Clock() as ode:
+            f5, theory = finding_5(task)
         f7, b0 = finding_7()
         findings = [
             finding_1(soft, task, ev, inter),
@@ -1102,8 +1109,8 @@ def reproduce(
     results = {
         "profile": profile,
         "threads": n_threads,
-        "wall_seconds": time.perf_counter() - t_start,
-        "ode_seconds": ode_seconds,
+        "wall_seconds": clock.wall,
+        "ode_seconds": ode.wall,
         "runs": {
             n: {
                 "train_seconds": r.seconds,
@@ -1116,7 +1123,7 @@ def reproduce(
         "interventions": inter,
         "findings": [asdict(f) for f in findings],
     }
-    write_json(folder / "results.json", results)
+    write_metrics(folder, results, "results.json")
     write_report(folder.path, runs, inter, findings, results, task)
     return folder.path, findings
 

@@ -36,7 +36,6 @@ up to step 400 and at log-spaced steps after it (Fig. 18's axis).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,8 +56,7 @@ from .backcopy import (
     risks,
     task_trainer,
 )
-from .runner import Progress, RunFolder, Trainer, emit
-from .runs import write_json
+from .runner import Clock, Progress, RunFolder, Trainer, emit, write_metrics
 from .stats import linear_fit
 
 Tensor = torch.Tensor
@@ -463,15 +461,15 @@ def run(
     }
     record = {"study": "simplified", "runs": {k: c.to_dict() for k, c in cfgs.items()}}
     folder = RunFolder(out, "backcopy-study", record, identity=("study",))
-    t0 = time.perf_counter()
+    clock = Clock()
     runs: dict[str, Run] = {}
     with runner.threads(threads):
         for i, (name, cfg) in enumerate(cfgs.items()):
             emit(progress, "simplified", "runs", i, len(cfgs), note=name)
             runs[name] = train(folder / "runs" / name, cfg, task, progress=progress, label=name)
     sums = {k: summary(r) for k, r in runs.items()}
-    results = {"study": "simplified", "wall_seconds": time.perf_counter() - t0, "runs": sums}
-    write_json(folder / "results.json", results)
+    results = {"study": "simplified", "wall_seconds": clock.wall, "runs": sums}
+    write_metrics(folder, results, "results.json")
     write_figures(folder.path, runs, task)
     write_report(folder.path, runs, sums, task)
     return folder.path, results

@@ -21,7 +21,6 @@ Studies:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,7 @@ import numpy as np
 from ..tasks.bigram_backcopy import BigramBackcopy
 from . import report, runner
 from .backcopy import CONVERGED, Run, RunConfig, eval_tokens, measure, train, train_runs
-from .runner import Progress, RunFolder, emit
-from .runs import write_json
+from .runner import Clock, Progress, RunFolder, emit, write_metrics
 from .stats import linear_fit
 
 #: the quick profile's sizes (backcopy.PROFILES["quick"]) for a three-layer run
@@ -236,7 +234,7 @@ def run_study(
     report.require(cfgs, f"runs of study {name}")  # before the folder's files are touched
     record = {"study": name, "runs": {k: c.to_dict() for k, c in cfgs.items()}}
     folder = RunFolder(out, "backcopy-study", record, identity=("study",))
-    t0 = time.perf_counter()
+    clock = Clock()
     runs: dict[str, Run] = {}
     train_runs(folder, cfgs, task, threads, workers, ray, progress)
     with runner.threads(threads):  # trains here with one worker; else loads what the jobs trained
@@ -248,10 +246,10 @@ def run_study(
         fig7b = _fig7b_rows(runs, task) if name == "fig7b" else None
     summary = {k: {**residual_summary(r), "seconds": r.seconds, "steps": r.steps_done}
                for k, r in runs.items()}  # fmt: skip
-    results = {"study": name, "wall_seconds": time.perf_counter() - t0, "runs": summary}
+    results = {"study": name, "wall_seconds": clock.wall, "runs": summary}
     if fig7b is not None:
         results["fig7b"] = [dict(zip(FIG7B_HEADER, r, strict=True)) for r in fig7b]
-    write_json(folder / "results.json", results)
+    write_metrics(folder, results, "results.json")
     _write(folder.path, name, runs, summary, fig7b)
     return folder.path, results
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,17 @@ from . import adapters, runner
 from . import sequence as seq
 from .clrs import _p, _pm, summarize
 from .report import image, markdown_table, require, write_report, write_table
-from .runner import Progress, RunFolder, Trainer, emit, generator, profile_settings
-from .runs import damaged, write_json
+from .runner import (
+    Clock,
+    Progress,
+    RunFolder,
+    Trainer,
+    emit,
+    generator,
+    profile_settings,
+    write_metrics,
+)
+from .runs import damaged
 from .stats import paired_comparison
 
 IGNORE = -100
@@ -230,7 +238,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     """Fine-tune (or resume) both methods for every seed, evaluate, write the report. ``net`` /
     ``tok``: a causal LM and its tokenizer (tests); by default ``cfg.model``."""
     adapters.require_peft()
-    t0, c0 = time.time(), time.process_time()
+    clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
         ts = {name: task(name, cfg) for name in cfg.tasks}
         if net is None:
@@ -268,11 +276,11 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
             "summary": summarize(rows, list(cfg.tasks), list(METHODS), spans),
             "sizes": per_size(scores, cfg),
             "training": training,
-            "wall_seconds": time.time() - t0,
-            "cpu_seconds": time.process_time() - c0,
+            "wall_seconds": clock.wall,
+            "cpu_seconds": clock.cpu,
             "threads": n_threads,
         }
-        write_json(folder / "metrics.json", metrics)
+        write_metrics(folder, metrics)
         write(folder.path, cfg, metrics)
         return folder.path, metrics
 

@@ -37,8 +37,7 @@ from ..diagnostics import (
 from ..diagnostics.samples import SAMPLES
 from . import report as kit
 from . import runner
-from .runner import Progress, RunFolder, emit
-from .runs import write_json
+from .runner import Progress, RunFolder, emit, write_metrics
 
 # Purposes of a run seed (runner.generator / runner.seeded): independent streams
 _PROBE, _LOAD = range(2)
@@ -497,7 +496,7 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         "extreme": extreme,
         "ablation": ablation,
     }  # fmt: skip
-    write_json(run_dir / "metrics.json", metrics)
+    write_metrics(run_dir, metrics)
     report(run_dir, metrics, probe_layers)
     return run_dir, metrics
 

@@ -29,7 +29,7 @@ import torch
 from .. import normalizers as nz
 from ..diagnostics.metrics import logit_spread
 from . import report, runner
-from .runner import Progress, RunFolder, emit
+from .runner import Progress, RunFolder, emit, write_metrics
 from .runs import check_memory, read_json, write_json
 
 # Purposes of a run seed (runner.generator(seed, purpose)): one independent stream per toy
@@ -281,7 +281,7 @@ def _write_run(out, experiment: str, config: dict, rows: list, text: tuple[str, 
     replaces the last instead of being refused); metrics.json (``rows``), the figure
     (``draw(run_dir)``) and report.md (``text``: title, body)."""
     run_dir = RunFolder(out, experiment, config, identity=()).path
-    write_json(run_dir / "metrics.json", [asdict(r) for r in rows])
+    write_metrics(run_dir, [asdict(r) for r in rows])
     draw(run_dir)
     report.write_report(run_dir, *text[:1], [text[1]])
     return run_dir

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,7 @@ import torch
 from ..diagnostics import capture
 from . import report as kit
 from . import runner
-from .runner import Progress, RunFolder, emit
-from .runs import write_json
+from .runner import Clock, Progress, RunFolder, emit, write_metrics
 
 _PROMPTS = 0  # purpose of a run seed (runner.generator(seed, purpose, n))
 
@@ -97,7 +95,7 @@ def max_study(
     total = len(methods) * len(sizes)
     for m, (label, method, params) in enumerate(methods):
         _set_method(net, method, params)
-        start = time.process_time()
+        clock = Clock()
         for i, n in enumerate(sizes):
             row = []
             ent_sum = None
@@ -130,7 +128,7 @@ def max_study(
             if ent_sum is not None:
                 ent[n] = (ent_sum / prompts).tolist()
             emit(progress, "max of n", f"{label} n={n}", m * len(sizes) + i + 1, total)
-        cpu[label] = time.process_time() - start
+        cpu[label] = clock.cpu
     accuracy = {
         label: {n: sum(r) / len(r) for n, r in rows.items()} for label, rows in correct.items()
     }
@@ -209,7 +207,7 @@ def perplexity_study(
     total = len(methods) * len(lengths)
     for m, (label, method, params) in enumerate(methods):
         _set_method(net, method, params)
-        start = time.process_time()
+        clock = Clock()
         out[label] = {}
         for i, length in enumerate(lengths):
             losses = window_nll(net, chunks, length)
@@ -217,7 +215,7 @@ def perplexity_study(
             emit(
                 progress, "perplexity", f"{label} {length} tokens", m * len(lengths) + i + 1, total
             )
-        cpu[label] = time.process_time() - start
+        cpu[label] = clock.cpu
     return {"lengths": lengths, "windows": windows, "perplexity": out, "cpu_seconds": cpu}
 
 
@@ -263,7 +261,7 @@ def run(
     from ..integrations.pretrained import load_pretrained
 
     with runner.threads(threads) as n_threads:
-        t0, c0 = time.time(), time.process_time()
+        clock = Clock()
         net, tok = load_pretrained(model)
         sizes = QUICK_SIZES if quick else FULL_SIZES
         prompts = (8 if quick else 40) if prompts is None else prompts
@@ -278,12 +276,12 @@ def run(
             "model": model,
             "max": res,
             "perplexity": ppl,
-            "wall_seconds": time.time() - t0,
-            "cpu_seconds": time.process_time() - c0,
+            "wall_seconds": clock.wall,
+            "cpu_seconds": clock.cpu,
             "threads": n_threads,
         }
         _plot_max(res, folder / "max.png")
-        write_json(folder / "metrics.json", metrics)
+        write_metrics(folder, metrics)
         report(folder.path, metrics)
         return folder.path, metrics
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from ..models import SetAttention
 from ..tasks import sample_max_retrieval
 from . import report
 from .runner import (
+    Clock,
     MetricsLog,
     Progress,
     RunFolder,
@@ -54,6 +54,7 @@ from .runner import (
     read_weights,
     seeded,
     threads,
+    write_metrics,
 )
 from .runner import read_config as read_config_json
 from .runs import check_memory, read_json, write_atomic, write_json
@@ -867,15 +868,15 @@ def reproduce(
     check_sizes(config.sizes)  # before the run folder is written
     folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING)
     run = folder.path
-    t0 = time.perf_counter()
+    clock = Clock()
     states = train_all(run, config, progress, ray)
-    trained = time.perf_counter()
+    trained = clock.wall
     result = evaluate(run, config, eval_methods(config), progress, ray)
     rows = table1(
         result["accuracy"], config.sizes, se=result["se_of_mean"], sets=result["test_sets"]
     )
     write_table1(run, rows)
-    evaluated = time.perf_counter()
+    evaluated = clock.wall
     plot_accuracy(run / "accuracy.png", rows)
     plot_attention(run / "attention.png", load_model(run, config, 0), config, max(config.sizes))
     plot_entropy_landscape(run / "entropy_landscape.png")
@@ -886,14 +887,14 @@ def reproduce(
         if st.get("steps_per_s")
     ]
     summary = {
-        "elapsed_s": time.perf_counter() - t0,
-        "train_s": trained - t0,
+        "elapsed_s": clock.wall,
+        "train_s": trained,
         "eval_s": evaluated - trained,
         "steps_per_s": float(np.sum(speeds)) / config.seeds if speeds else None,
         "group": config.group,
         "threads": config.threads,
     }
-    write_json(run / "summary.json", summary)
+    write_metrics(run, summary, "summary.json")
     write_report(run)
     return {"run": run, "rows": rows, **summary}
 

@@ -19,6 +19,10 @@ here (minGPT's ``Trainer`` for the loop and its callbacks, nanoGPT's resume):
   clipping, logging callbacks into ``metrics.jsonl``, atomic safetensors checkpoints every
   ``checkpoint_every`` steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues
   from the last checkpoint and ends with the same numbers as an uninterrupted run.
+* :class:`Clock` — one timing tool: wall and process CPU seconds since it started, read at any
+  point of a run (a phase's end) or frozen at the end of a ``with`` block.
+* :func:`write_metrics` — one way to write a run's ``metrics.json`` (or the result file of
+  another name a run keeps), atomically.
 * :func:`once` — a JSON result computed once per run folder (an evaluation of trained weights).
 * :func:`profile_settings` — one profile mechanism: a command's named profiles (``--quick``,
   ``--paper``, ...) are a dict of settings, resolved with the command's overrides.
@@ -166,6 +170,47 @@ def emit(progress: Progress | None, task: str, phase: str, step: int, total: int
 
 
 # ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """Seconds since it started: ``wall`` (``time.perf_counter``) and ``cpu`` (this process's CPU
+    time, every thread, user and system: ``time.process_time``).
+
+    ``clock = Clock()`` starts now; reading ``clock.wall`` / ``clock.cpu`` gives the seconds so
+    far, so reading them where a phase ends marks it (a later phase is the difference of two
+    reads). ``with Clock() as clock:`` stops it when the block ends (also on an exception);
+    it then reads the block's seconds for good. :meth:`stop` does the same without a block."""
+
+    def __init__(self) -> None:
+        self._start = (time.perf_counter(), time.process_time())
+        self._end: tuple[float, float] | None = None
+
+    def __enter__(self) -> Clock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> Clock:
+        """Freeze the clock (a second stop keeps the first time)."""
+        if self._end is None:
+            self._end = (time.perf_counter(), time.process_time())
+        return self
+
+    @property
+    def wall(self) -> float:
+        """Wall-clock seconds since the start (until :meth:`stop`)."""
+        return (time.perf_counter() if self._end is None else self._end[0]) - self._start[0]
+
+    @property
+    def cpu(self) -> float:
+        """CPU seconds of this process since the start (until :meth:`stop`)."""
+        return (time.process_time() if self._end is None else self._end[1]) - self._start[1]
+
+
+# ---------------------------------------------------------------------------------------------
 # When to measure
 # ---------------------------------------------------------------------------------------------
 
@@ -266,6 +311,19 @@ class RunFolder:
         p = self.path.joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)
         return p
+
+
+METRICS = "metrics.json"
+
+
+def write_metrics(folder: RunFolder | str | Path, metrics: Any, name: str = METRICS) -> Path:
+    """Write a run's measurements ``metrics`` into ``folder`` (a :class:`RunFolder` or its path)
+    as indented JSON, atomically (a crash leaves the previous file or none, never half of one);
+    ``name``: the file, ``metrics.json`` unless the run keeps its results under another name.
+    Returns the file's path."""
+    path = (folder.path if isinstance(folder, RunFolder) else Path(folder)) / name
+    write_json(path, metrics)
+    return path
 
 
 def _get(config: dict[str, Any], key: str) -> Any:
@@ -458,7 +516,7 @@ class Trainer:
             while step < self.steps:
                 if stop_at is not None and step >= stop_at:
                     return {"step": step, "seconds": seconds, "stopped": True}
-                t0 = time.perf_counter()
+                clock = Clock()
                 with _whole_step():  # Ctrl-C lands between steps, never inside one
                     batch = to_device(self.batch(step), self.device)
                     losses = self.loss(self.model, batch).reshape(-1)
@@ -471,7 +529,7 @@ class Trainer:
                             group["lr"] = group["initial_lr"] * self.lr_schedule(step)
                     self.optimizer.step()
                     step += 1
-                seconds += time.perf_counter() - t0
+                seconds += clock.wall
                 if self._logs(step):
                     values = losses.detach().tolist()
                     bad = [v for v in values if not math.isfinite(v)]
@@ -620,6 +678,8 @@ def read_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
 
 
 __all__ = [
+    "METRICS",
+    "Clock",
     "MetricsLog",
     "Progress",
     "RunFolder",
@@ -639,4 +699,5 @@ __all__ = [
     "seeded",
     "threads",
     "write_json",
+    "write_metrics",
 ]

@@ -18,7 +18,6 @@ the numbers of an uninterrupted run.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from typing import Any
 from ..attention import SelectiveConfig
 from ..attention.selective import selective_parameter_count
 from . import report
-from .runner import Progress, RunFolder, profile_settings, threads
-from .runs import write_atomic, write_json
+from .runner import Clock, Progress, RunFolder, profile_settings, threads, write_metrics
+from .runs import write_atomic
 from .selective_common import PAPER_FIG2, fig2_markdown
 from .selective_denoise import PAPER as PAPER_DENOISE
 from .selective_denoise import (
@@ -239,7 +238,7 @@ def _slug(variant: str) -> str:
 def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dict | None:
     gc, dc, lc, tasks = config.graph, config.denoise, config.lm, config.tasks
     every = dict(progress=progress, stop_at=stop_at, checkpoint_every=config.checkpoint_every)
-    t0 = time.perf_counter()
+    clock = Clock()
     result = dict(tasks=list(tasks), overhead=paper_scale_overhead(), paper=PAPER)
     tables = {"overhead": overhead_markdown(result["overhead"])}
 
@@ -258,10 +257,10 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
             graph_rows += rows
         result.update(graph=graph_rows, graph_runs=graph_runs)
         tables["graph"] = graph_markdown(graph_rows)
-        result["graph_seconds"] = time.perf_counter() - t0
+        result["graph_seconds"] = clock.wall
 
     if "denoise" in tasks:
-        t1 = time.perf_counter()
+        section = Clock()
         denoise_seeds = [config.seed + i for i in range(dc.seeds)]
         denoise_runs = denoise_train(run_dir / "denoise", dc, denoise_seeds, **every)
         if denoise_runs is None:
@@ -270,10 +269,10 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
         plot_denoise(denoise_rows, run_dir / "denoise.png")
         result.update(denoise=denoise_rows, denoise_runs=denoise_runs)
         tables["denoise"] = denoise_markdown(denoise_rows, dc.main_sigma)
-        result["denoise_seconds"] = time.perf_counter() - t1
+        result["denoise_seconds"] = section.wall
 
     if "lm" in tasks:
-        t1 = time.perf_counter()
+        section = Clock()
         train, val, vocab = char_corpus(text)
         lm_runs = []
         for seed in range(config.seed, config.seed + lc.seeds):
@@ -290,12 +289,12 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
         tables["lm"] = lm_markdown(lm_rows, lc.eval_contexts)
         if all("spikiness" in r for r in lm_rows):
             tables["lm"] += "\n" + fig2_markdown(lm_rows, "lm")
-        result["lm_seconds"] = time.perf_counter() - t1
+        result["lm_seconds"] = section.wall
 
     for name, md in tables.items():
         write_atomic(run_dir / f"{name}.md", md)
-    result["seconds"] = time.perf_counter() - t0
-    write_json(run_dir / "metrics.json", result)
+    result["seconds"] = clock.wall
+    write_metrics(run_dir, result)
     write_report(run_dir, result, config)
     return result
 

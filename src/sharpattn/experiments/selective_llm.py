@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,17 @@ from ..attention.selective import SelectiveConfig
 from . import adapters, runner
 from . import report as kit
 from .llm import heldout_text, window_nll
-from .runner import Progress, RunFolder, Trainer, emit, generator, profile_settings
-from .runs import damaged, write_json
+from .runner import (
+    Clock,
+    Progress,
+    RunFolder,
+    Trainer,
+    emit,
+    generator,
+    profile_settings,
+    write_metrics,
+)
+from .runs import damaged
 from .stats import paired_comparison
 
 _TRAIN, _EVAL, _INIT = 0, 1, 2  # generator purposes
@@ -225,7 +233,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
 
     if cfg.lora:
         return run_matched(out, cfg, progress, net=net, ids=ids)
-    t0, c0 = time.time(), time.process_time()
+    clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
         net, train_ids, windows, folder, base = _begin(out, "selective-llm", IDENTITY, cfg, net,
                                                        ids, n_threads, progress)  # fmt: skip
@@ -257,12 +265,12 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
             "position_coefficient": position_coefficients(holder),
             "train_seconds": state.get("seconds"),
             "train_steps_per_s": state.get("steps_per_s"),
-            "wall_seconds": time.time() - t0,
-            "cpu_seconds": time.process_time() - c0,
+            "wall_seconds": clock.wall,
+            "cpu_seconds": clock.cpu,
             "threads": n_threads,
             "training_curve": [r for r in trainer.metrics.read() if r.get("loss") is not None],
         })  # fmt: skip
-        write_json(folder / "metrics.json", metrics)
+        write_metrics(folder, metrics)
         write(folder.path, cfg, metrics)
         return folder.path, metrics
 
@@ -310,7 +318,7 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
     adapters (:func:`.adapters.prepare`); held-out perplexity of both and of the unpatched model
     at every length, paired over windows and over seeds."""
     adapters.require_peft()
-    t0, c0 = time.time(), time.process_time()
+    clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
         net, train_ids, windows, folder, base = _begin(
             out, "selective-llm-lora", MATCHED_IDENTITY, cfg, net, ids, n_threads, progress)  # fmt: skip
@@ -348,11 +356,11 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
             "training": training,
             "position_coefficient": coefficients,
             "model_parameters": sum(p.numel() for p in net.parameters()),
-            "wall_seconds": time.time() - t0,
-            "cpu_seconds": time.process_time() - c0,
+            "wall_seconds": clock.wall,
+            "cpu_seconds": clock.cpu,
             "threads": n_threads,
         })  # fmt: skip
-        write_json(folder / "metrics.json", metrics)
+        write_metrics(folder, metrics)
         write_matched(folder.path, cfg, metrics)
         return folder.path, metrics
 

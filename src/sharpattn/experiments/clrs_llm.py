@@ -194,7 +194,7 @@ def draw(ts: list, cfg: Config, g: torch.Generator) -> list[tuple[Any, torch.Ten
 
 def test_prompts(t, size: int, cfg: Config, tok) -> list[tuple[list[int], list[int]]]:
     """The encoded test prompts of one algorithm and size: the same for every method and seed."""
-    g = generator(cfg.seed, _TEST, seq._task_key(t.name), size)
+    g = generator(cfg.seed, _TEST, seq.task_key(t.name), size)
     rows = t.batch(size, cfg.prompts, g).tokens
     return [encode(tok, *prompt_and_answer(t, row)) for row in rows]
 

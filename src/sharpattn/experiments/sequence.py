@@ -431,7 +431,7 @@ def enough(solved: int, seqs: int, cfg: SequenceConfig) -> bool:
 
 def test_sets(t, size: int, cfg: SequenceConfig):
     """The test sequences of a size, in batches: the same for every method and seed."""
-    gen = runner.generator(cfg.seed, _TEST, _task_key(t.name), size)
+    gen = runner.generator(cfg.seed, _TEST, task_key(t.name), size)
     left = cfg.eval_sets
     while left > 0:
         n = min(cfg.eval_batch, left)
@@ -439,7 +439,7 @@ def test_sets(t, size: int, cfg: SequenceConfig):
         yield t.batch(size, n, gen)
 
 
-def _task_key(name: str) -> int:
+def task_key(name: str) -> int:
     """A seed key from the task's name (its first 8 bytes: the current names differ there; two
     names that did not would share test-set streams, not test sets, as their tasks differ)."""
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1

@@ -324,3 +324,19 @@ def test_which_alpha_takes_the_tiled_path(monkeypatch):
         calls.clear()
         attend(q, k, v, "entmax", alpha=alpha, impl="fused")
         assert bool(calls) == tiled, alpha
+
+
+@pytest.mark.parametrize("case", [LONG[1], LONG[4]], ids=["causal", "row_mask"])
+@pytest.mark.parametrize("method,params", [("sparsemax", {}), ("entmax", {"alpha": 1.3})], ids=str)
+def test_compiled_newton_steps_equal_the_eager_ones(small_tiles, method, params, case, monkeypatch):
+    """SHARPATTN_COMPILE=1 (attention/compiled.py): the solver's steps compiled give the eager
+    path's outputs to precision."""
+    _, lq, lk, kind, causal = case
+    q, k, v = qkv(b=1, h=4, hkv=2, lq=lq, lk=lk, d=16, dv=8, dtype=torch.float32)
+    mask = masks(kind, 1, 4, lq, lk)
+    monkeypatch.setenv("SHARPATTN_COMPILE", "0")
+    want, _, _ = _run(method, "fused", q, k, v, mask, causal, params)
+    monkeypatch.setenv("SHARPATTN_COMPILE", "1")
+    got, _, _ = _run(method, "fused", q, k, v, mask, causal, params)
+    assert st._solve.broken is None, st._solve.broken
+    assert_close(got, want, n=lk, magnitude=float(v.detach().abs().max()), ulps=16)

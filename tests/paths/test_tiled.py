@@ -6,6 +6,7 @@ float64 gradcheck of every backward."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -230,3 +231,92 @@ def test_entropy_pass_gradcheck_float64(case):
     assert torch.autograd.gradcheck(
         lambda q, k: softmax_entropy(q, k, masking, 0.35, blocks=(8, 8))[0], (q, k), eps=1e-6
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled tile functions (attention/compiled.py): the same maths as the eager ones
+
+
+@pytest.fixture
+def compile_mode(monkeypatch):
+    """set(mode): SHARPATTN_COMPILE for the test."""
+    return lambda mode: monkeypatch.setenv("SHARPATTN_COMPILE", mode)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_compiled_entropy_pass_equals_the_eager_one(case, compile_mode):
+    from sharpattn.attention.fused import _entropy_tile
+
+    q, k, _, mask, causal = inputs(case, dtype=torch.float32)
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    compile_mode("0")
+    h0, lse0 = softmax_entropy(q * 3, k, masking, 1 / math.sqrt(8), blocks=BLOCKS)
+    compile_mode("1")
+    h1, lse1 = softmax_entropy(q * 3, k, masking, 1 / math.sqrt(8), blocks=BLOCKS)
+    assert _entropy_tile.broken is None, _entropy_tile.broken  # it compiled: g++ is here
+    smax = float((q * 3).abs().max() * k.abs().max() * math.sqrt(8))
+    assert_close(h1, h0, n=k.shape[2], magnitude=1 + smax)
+    assert_close(lse1, lse0, n=k.shape[2], magnitude=1 + smax)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method", ["softpick"])
+def test_compiled_normalised_tiles_equal_the_eager_ones(method, case, compile_mode):
+    from sharpattn.attention.tiled import _normalised_tile
+
+    q, k, v, mask, causal = inputs(case, dtype=torch.float32)
+    compile_mode("0")
+    out0, _ = run_fast(method, {}, q * 3, k, v, mask, causal)
+    compile_mode("1")
+    out1, _ = run_fast(method, {}, q * 3, k, v, mask, causal)
+    assert _normalised_tile.broken is None, _normalised_tile.broken
+    assert_close(out1, out0, n=k.shape[2], magnitude=float(v.abs().max()))
+
+
+def test_compile_mode_and_when_it_is_wanted(compile_mode):
+    from sharpattn.attention import compiled
+
+    cpu = torch.device("cpu")
+    compile_mode("0")
+    assert not compiled.wanted(cpu, 2**40)
+    compile_mode("1")
+    assert compiled.wanted(cpu, 1) and not compiled.wanted(torch.device("meta"), 1)
+    compile_mode("")
+    assert compiled.mode() == "auto" and not compiled.wanted(cpu, compiled.COMPILE_MIN - 1)
+    assert compiled.wanted(cpu, compiled.COMPILE_MIN) == compiled.compiler_found()
+    compile_mode("yes")
+    with pytest.raises(ValueError, match="SHARPATTN_COMPILE must be 0, 1 or auto"):
+        compiled.mode()
+
+
+def test_a_function_that_does_not_compile_warns_once_and_runs_eagerly(monkeypatch):
+    from sharpattn.attention import compiled
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("no compiler\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", boom)
+    f = compiled.TileFunction(lambda x: x * 2)
+    with pytest.warns(RuntimeWarning, match="failed \\(RuntimeError: no compiler\\)"):
+        assert f(True, torch.ones(2)).tolist() == [2.0, 2.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the second call is quietly eager
+        assert f(True, torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_users_compiled_graph_takes_the_eager_tile_functions_in(compile_mode):
+    """torch.compile(attend, fullgraph=True) with SHARPATTN_COMPILE=1: the tile functions are not
+    compiled again inside the user's graph (dynamo traces the eager ones)."""
+    from sharpattn import attend
+
+    compile_mode("1")
+    q, k, v, _, _ = inputs(CASES[0], dtype=torch.float32)
+    k, v = k.repeat(1, 2 // k.shape[1], 1, 1), v.repeat(1, 2 // v.shape[1], 1, 1)
+    for method in ("adaptive", "softpick"):
+        want = attend(q, k, v, method=method, impl="fused", check_finite=False)
+        got = torch.compile(
+            lambda q, k, v, m=method: attend(q, k, v, method=m, impl="fused", check_finite=False),
+            fullgraph=True,
+            backend="eager",
+        )(q, k, v)
+        assert_close(got, want, n=k.shape[2], magnitude=float(v.abs().max()))

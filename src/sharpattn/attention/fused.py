@@ -42,6 +42,7 @@ from ..normalizers.scaled import (
 )
 from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from .chunked import chunked_softmax_attention
+from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import Grid
@@ -188,32 +189,40 @@ def _entropy_forward(grid: Grid):
     z = torch.zeros_like(m)
     a = torch.zeros_like(m)
     for r0, r1 in grid.row_blocks():
-        qb, mb, zb, ab = grid.q_rows(r0, r1), m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :]
+        qb = grid.q_rows(r0, r1)
+        # the block's running values, contiguous (one layout for every call: no recompiling)
+        mb, zb, ab = (x[..., r0:r1, :].contiguous() for x in (m, z, a))
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
-            keep = grid.keep(t)
-            if keep is None:
-                top = s.amax(-1, keepdim=True)
-            else:  # disallowed scores -> 0, then −big for the maximum only
-                s.mul_(keep)
-                top = (s + (keep - 1.0) * big).amax(-1, keepdim=True)
-            m_new = torch.maximum(mb, top)
-            seen_old, seen = mb > -big, m_new > -big
-            shift = torch.where(seen, m_new, torch.zeros_like(m_new))
-            delta = torch.where(seen_old, m_new - mb, torch.zeros_like(mb))  # >= 0
-            f = torch.where(seen_old, torch.exp2(-delta), torch.zeros_like(mb))
-            x = s.sub_(shift)  # <= 0 at allowed keys
-            if keep is not None:  # a disallowed key's 0 − shift can be > 0: no overflow there
-                x.clamp_max_(0.0)
-            e = torch.exp2(x)
-            if keep is not None:
-                e.mul_(keep)
-            ab.sub_(delta * zb).mul_(f).add_(torch.linalg.vecdot(e, x).unsqueeze(-1))
-            zb.mul_(f).add_(e.sum(-1, keepdim=True))
-            mb.copy_(m_new)
+            mb, zb, ab = _entropy_tile(grid.compiled, s, grid.keep(t), mb, zb, ab, big)
+        m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :] = mb, zb, ab
     empty = z == 0
     z1 = torch.where(empty, torch.ones_like(z), z)
     return torch.where(empty, torch.zeros_like(m), m), z1, a / z1, empty
+
+
+@tile_function
+def _entropy_tile(s: Tensor, keep: Tensor | None, m: Tensor, z: Tensor, a: Tensor, big: float):
+    """One tile's update of the running (m, Z, A) of :func:`_entropy_forward`: the new values
+    (``s``, the tile's base-2 scores, is scratch; m, Z, A are not written)."""
+    if keep is None:
+        top = s.amax(-1, keepdim=True)
+    else:  # disallowed scores -> 0, then −big for the maximum only
+        s.mul_(keep)
+        top = (s + (keep - 1.0) * big).amax(-1, keepdim=True)
+    m_new = torch.maximum(m, top)
+    seen_old, seen = m > -big, m_new > -big
+    shift = torch.where(seen, m_new, torch.zeros_like(m_new))
+    delta = torch.where(seen_old, m_new - m, torch.zeros_like(m))  # >= 0
+    f = torch.where(seen_old, torch.exp2(-delta), torch.zeros_like(m))
+    x = s.sub_(shift)  # <= 0 at allowed keys
+    if keep is not None:  # a disallowed key's 0 − shift can be > 0: no overflow there
+        x.clamp_max_(0.0)
+    e = torch.exp2(x)
+    if keep is not None:
+        e.mul_(keep)
+    a_new = (a - delta * z) * f + torch.linalg.vecdot(e, x).unsqueeze(-1)
+    return m_new, z * f + e.sum(-1, keepdim=True), a_new
 
 
 class _EntropyPass(torch.autograd.Function):

@@ -39,6 +39,7 @@ import torch
 from ..normalizers._contract import compute_dtype
 from ..normalizers.sparse import ALPHA, asentmax_scale
 from .chunked import chunked_attend
+from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import Grid, Tile, row_slice
@@ -193,6 +194,16 @@ def _newton(y: Tensor, tau: Tensor, br: tuple, kind: str, e, buf=None):
     return torch.where(inside, step, 0.5 * (lo + hi)), (lo, hi)
 
 
+@tile_function
+def _solve(y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, kind: str, e, steps: int) -> Tensor:
+    """τ of a block after ``steps`` safeguarded Newton steps from ``tau`` (:func:`_newton`),
+    the bracket [lo, hi]; ``y`` is not written."""
+    buf, br = torch.empty_like(y), _bracket(lo, hi)
+    for _ in range(steps):
+        tau, br = _newton(y, tau, br, kind, e, buf)
+    return tau
+
+
 # ---------------------------------------------------------------------------------------------
 # Shared by both Functions
 
@@ -298,9 +309,7 @@ class _EntmaxAttention(torch.autograd.Function):
             lo = _lower_bound(cand, a)  # τ's bracket for the whole row: p_max >= 1/c1
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
             tau = _candidate_tau(cand, kind, a, e, lo, hi).clamp(lo, hi)
-            buf, br = torch.empty_like(y), _bracket(lo, hi)
-            for _ in range(steps):
-                tau, br = _newton(y, tau, br, kind, e, buf)
+            tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)
             p = _weights(y.sub_(tau).clamp_(min=0.0), kind, e)
             total = p.sum(-1, keepdim=True)
             inv = live / total

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import log_n
+from .compiled import tile_function
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -209,23 +210,30 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
     for r0, r1 in grid.row_blocks():
         qb, rb = grid.q_rows(r0, r1), row_slice(row, grid.lq, r0, r1)
         acc = out[..., r0:r1, :]
-        if kernel.normalised:
-            mb, zb = m[..., r0:r1, :], z[..., r0:r1, :]
+        if kernel.normalised:  # contiguous: one layout for every call (no recompiling)
+            mb, zb = m[..., r0:r1, :].contiguous(), z[..., r0:r1, :]
         for t in grid.tiles(r0, r1):
             keep = grid.keep(t)
             s = _masked_(grid.scores(qb, t), keep)  # disallowed scores 0: no overflow there
             if not kernel.normalised:
                 acc += grid.weigh(kernel.weights(s, rb, keep), t)
                 continue
-            m_new = torch.maximum(mb, kernel.ref_of(s))
-            f = kernel.factor(mb, m_new)
-            u, total = kernel.weights(s, m_new, keep)
+            mb, f, u, total = _normalised_tile(grid.compiled, kernel, s, keep, mb)
             zb.mul_(f).add_(total)
             acc.mul_(grid.grouped(f)).add_(grid.weigh(u, t))
-            mb.copy_(m_new)
         if kernel.normalised:
+            m[..., r0:r1, :] = mb
             acc.div_(grid.grouped(torch.where(zb > 0, zb, torch.ones_like(zb))))
     return out, m, z
+
+
+@tile_function
+def _normalised_tile(kernel: _Kernel, s: Tensor, keep: Tensor | None, m: Tensor):
+    """A normalised kernel's forward on one tile: the new row reference m', the rescaling of
+    the sums taken relative to m, and (u, Σ_j a_j) relative to m' (``s`` is scratch)."""
+    m_new = torch.maximum(m, kernel.ref_of(s))
+    u, total = kernel.weights(s, m_new, keep)
+    return m_new, kernel.factor(m, m_new), u, total
 
 
 def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..normalizers._contract import compute_dtype
+from .compiled import wanted
 from .masking import Masking
 
 Tensor = torch.Tensor
@@ -97,6 +98,8 @@ class Grid:
             self.q = self.q * scale
         self.k = k.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, D)
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
+        #: whether this call's per-tile functions run compiled (:mod:`.compiled`)
+        self.compiled = wanted(q.device, b * h * lq * lk)
 
     # -- the walk ----------------------------------------------------------------------------
 

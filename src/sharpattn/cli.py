@@ -423,7 +423,9 @@ def reproduce_selective(profile, out, **options):
     )
 
 
-@reproduce.command("selective-llm", short_help="Selective temperatures on SmolLM2, frozen or with LoRA.")
+@reproduce.command(
+    "selective-llm", short_help="Selective temperatures on SmolLM2, frozen or with LoRA."
+)
 @profile_options(
     "reproduce selective-llm",
     "20 steps, 4 held-out windows at 1x and 2x the context",

@@ -327,16 +327,24 @@ def test_which_alpha_takes_the_tiled_path(monkeypatch):
 
 
 @pytest.mark.parametrize("case", [LONG[1], LONG[4]], ids=["causal", "row_mask"])
-@pytest.mark.parametrize("method,params", [("sparsemax", {}), ("entmax", {"alpha": 1.3})], ids=str)
-def test_compiled_newton_steps_equal_the_eager_ones(small_tiles, method, params, case, monkeypatch):
-    """SHARPATTN_COMPILE=1 (attention/compiled.py): the solver's steps compiled give the eager
-    path's outputs to precision."""
+@pytest.mark.parametrize(
+    "method,params",
+    [("sparsemax", {}), ("entmax", {"alpha": 1.3}), ("topk", {"top_k": 5})],
+    ids=str,
+)
+def test_compiled_tiles_equal_the_eager_ones(small_tiles, method, params, case, monkeypatch):
+    """SHARPATTN_COMPILE=1 (attention/compiled.py): the solver's steps and top-k's weights
+    compiled give the eager path's outputs and gradients to precision."""
     _, lq, lk, kind, causal = case
     q, k, v = qkv(b=1, h=4, hkv=2, lq=lq, lk=lk, d=16, dv=8, dtype=torch.float32)
     mask = masks(kind, 1, 4, lq, lk)
     monkeypatch.setenv("SHARPATTN_COMPILE", "0")
-    want, _, _ = _run(method, "fused", q, k, v, mask, causal, params)
+    want, _, want_grads = _run(method, "fused", q, k, v, mask, causal, params)
     monkeypatch.setenv("SHARPATTN_COMPILE", "1")
-    got, _, _ = _run(method, "fused", q, k, v, mask, causal, params)
-    assert st._solve.broken is None, st._solve.broken
+    got, _, grads = _run(method, "fused", q, k, v, mask, causal, params)
+    fn = st._topk_weights if method == "topk" else st._solve
+    assert fn.broken is None, fn.broken
     assert_close(got, want, n=lk, magnitude=float(v.detach().abs().max()), ulps=16)
+    mag = max(float(r.abs().max()) for r in want_grads)
+    for g, r in zip(grads, want_grads, strict=True):
+        assert_close(g, r, n=lk * 16, magnitude=mag, ulps=64)

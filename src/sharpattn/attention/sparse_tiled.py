@@ -394,6 +394,15 @@ def _kept_exp(x: Tensor, keep: Tensor) -> Tensor:
     return x.clamp_(min=-80.0).exp_().masked_fill_(keep.logical_not_(), 0.0)
 
 
+@tile_function
+def _topk_weights(s: Tensor, tau: Tensor, need: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
+    """exp(s − shift) on the kept keys (:func:`_keep`), 0 elsewhere, and its row sums (``s``
+    is scratch)."""
+    keep = _keep(s, tau, need)
+    p = _kept_exp(s.sub_(shift), keep)
+    return p, p.sum(-1, keepdim=True)
+
+
 class _TopkAttention(torch.autograd.Function):
     """softmax over each row's ``top_k`` largest allowed scores (ties: lowest key index)·v."""
 
@@ -413,9 +422,7 @@ class _TopkAttention(torch.autograd.Function):
             m = vals[..., :1]
             live = _row_any(m)
             m = torch.where(live > 0, m, 0.0)
-            keep = _keep(s, tau, need)
-            p = _kept_exp(s.sub_(m), keep)
-            total = p.sum(-1, keepdim=True)
+            p, total = _topk_weights(grid.compiled, s, tau, need, m)
             inv = live / torch.where(live > 0, total, 1.0)
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             tau_all[..., r0:r1, :] = tau
@@ -443,8 +450,8 @@ class _TopkAttention(torch.autograd.Function):
         for t in walk.blocks():
             r0, r1 = t.r0, t.r1
             s = walk.masked_scores(t)
-            keep = _keep(s, tau_all[..., r0:r1, :], need_all[..., r0:r1, :])
-            p = _kept_exp(s.sub_(lse_all[..., r0:r1, :]), keep)
+            tau, need = tau_all[..., r0:r1, :], need_all[..., r0:r1, :]
+            p, _ = _topk_weights(walk.grid.compiled, s, tau, need, lse_all[..., r0:r1, :])
             g = walk.g_scores(go, t)
             ds = g.sub_(delta[..., r0:r1, :]).mul_(p).mul_(ctx.scale)  # p·(g − Δ)
             walk.accumulate(t, ds, p, go, dq, dk, dv)

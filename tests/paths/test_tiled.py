@@ -259,20 +259,6 @@ def test_compiled_entropy_pass_equals_the_eager_one(case, compile_mode):
     assert_close(lse1, lse0, n=k.shape[2], magnitude=1 + smax)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("method", ["softpick"])
-def test_compiled_normalised_tiles_equal_the_eager_ones(method, case, compile_mode):
-    from sharpattn.attention.tiled import _normalised_tile
-
-    q, k, v, mask, causal = inputs(case, dtype=torch.float32)
-    compile_mode("0")
-    out0, _ = run_fast(method, {}, q * 3, k, v, mask, causal)
-    compile_mode("1")
-    out1, _ = run_fast(method, {}, q * 3, k, v, mask, causal)
-    assert _normalised_tile.broken is None, _normalised_tile.broken
-    assert_close(out1, out0, n=k.shape[2], magnitude=float(v.abs().max()))
-
-
 def test_compile_mode_and_when_it_is_wanted(compile_mode):
     from sharpattn.attention import compiled
 

@@ -335,6 +335,11 @@ def test_which_alpha_takes_the_tiled_path(monkeypatch):
 def test_compiled_tiles_equal_the_eager_ones(small_tiles, method, params, case, monkeypatch):
     """SHARPATTN_COMPILE=1 (attention/compiled.py): the solver's steps and top-k's weights
     compiled give the eager path's outputs and gradients to precision."""
+    from sharpattn.attention import compiled
+
+    if not compiled.vectorised():  # Inductor fails there (BackendCompilerFailed): auto skips it
+        pytest.skip("Inductor does not compile under ATEN_CPU_CAPABILITY=default")
+
     _, lq, lk, kind, causal = case
     q, k, v = qkv(b=1, h=4, hkv=2, lq=lq, lk=lk, d=16, dv=8, dtype=torch.float32)
     mask = masks(kind, 1, 4, lq, lk)

@@ -245,6 +245,11 @@ def compile_mode(monkeypatch):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_compiled_entropy_pass_equals_the_eager_one(case, compile_mode):
+
+    from sharpattn.attention import compiled
+
+    if not compiled.vectorised():  # Inductor fails there (BackendCompilerFailed): auto skips it
+        pytest.skip("Inductor does not compile under ATEN_CPU_CAPABILITY=default")
     from sharpattn.attention.fused import _entropy_tile
 
     q, k, _, mask, causal = inputs(case, dtype=torch.float32)
@@ -269,7 +274,8 @@ def test_compile_mode_and_when_it_is_wanted(compile_mode):
     assert compiled.wanted(cpu, 1) and not compiled.wanted(torch.device("meta"), 1)
     compile_mode("")
     assert compiled.mode() == "auto" and not compiled.wanted(cpu, compiled.COMPILE_MIN - 1)
-    assert compiled.wanted(cpu, compiled.COMPILE_MIN) == compiled.compiler_found()
+    want = compiled.compiler_found() and compiled.vectorised()
+    assert compiled.wanted(cpu, compiled.COMPILE_MIN) == want
     compile_mode("yes")
     with pytest.raises(ValueError, match="SHARPATTN_COMPILE must be 0, 1 or auto"):
         compiled.mode()

@@ -15,7 +15,7 @@ When the compiled one runs (:func:`wanted`), from the environment variable ``SHA
 * ``1``: on every CPU call (the tests use it to hold the compiled path to the eager one);
 * unset or ``auto``: on CPU calls of at least :data:`COMPILE_MIN` score entries (compiling costs
   a few seconds once per process and function, which only a long call repays) when a C++
-  compiler is on the ``PATH``.
+  compiler is on the ``PATH`` and ATen's CPU path is vectorised (:func:`vectorised`).
 
 Never inside a graph that ``torch.compile`` is already tracing (the user's compile takes the
 eager function in), never on another device (not measured here). A compilation that fails (no
@@ -53,12 +53,18 @@ def compiler_found() -> bool:
     return any(name and shutil.which(name) for name in names)
 
 
+def vectorised() -> bool:
+    """Whether ATen runs a vectorised CPU path: under ``ATEN_CPU_CAPABILITY=default`` Inductor's
+    CPU code failed to compile here (``BackendCompilerFailed``), so ``auto`` does not try."""
+    return torch.backends.cpu.get_cpu_capability().upper() not in ("DEFAULT", "NO AVX")
+
+
 def wanted(device: torch.device, entries: int) -> bool:
     """Whether a call on ``device`` with ``entries`` score entries runs compiled tile functions."""
     choice = mode()
     if choice == "0" or device.type != "cpu" or torch.compiler.is_compiling():
         return False
-    return choice == "1" or (entries >= COMPILE_MIN and compiler_found())
+    return choice == "1" or (entries >= COMPILE_MIN and compiler_found() and vectorised())
 
 
 class TileFunction:

@@ -54,8 +54,12 @@ def compiler_found() -> bool:
 
 
 def vectorised() -> bool:
-    """Whether ATen runs a vectorised CPU path: under ``ATEN_CPU_CAPABILITY=default`` Inductor's
-    CPU code failed to compile here (``BackendCompilerFailed``), so ``auto`` does not try."""
+    """Whether torch runs its own vectorised CPU path (``ATEN_CPU_CAPABILITY`` unset): with it
+    set to ``default`` Inductor's CPU code failed to compile here (``BackendCompilerFailed``),
+    and with ``avx2`` on an AVX-512 CPU the compiled entropy tile gave wrong values (NaN), so
+    ``auto`` compiles only on torch's own path."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip():
+        return False
     return torch.backends.cpu.get_cpu_capability().upper() not in ("DEFAULT", "NO AVX")
 
 

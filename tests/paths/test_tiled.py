@@ -243,27 +243,6 @@ def compile_mode(monkeypatch):
     return lambda mode: monkeypatch.setenv("SHARPATTN_COMPILE", mode)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_compiled_entropy_pass_equals_the_eager_one(case, compile_mode):
-
-    from sharpattn.attention import compiled
-
-    if not compiled.vectorised():  # auto does not compile there (see compiled.vectorised)
-        pytest.skip("compiled tiles run on torch's own CPU path only (ATEN_CPU_CAPABILITY set)")
-    from sharpattn.attention.fused import _entropy_tile
-
-    q, k, _, mask, causal = inputs(case, dtype=torch.float32)
-    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
-    compile_mode("0")
-    h0, lse0 = softmax_entropy(q * 3, k, masking, 1 / math.sqrt(8), blocks=BLOCKS)
-    compile_mode("1")
-    h1, lse1 = softmax_entropy(q * 3, k, masking, 1 / math.sqrt(8), blocks=BLOCKS)
-    assert _entropy_tile.broken is None, _entropy_tile.broken  # it compiled: g++ is here
-    smax = float((q * 3).abs().max() * k.abs().max() * math.sqrt(8))
-    assert_close(h1, h0, n=k.shape[2], magnitude=1 + smax)
-    assert_close(lse1, lse0, n=k.shape[2], magnitude=1 + smax)
-
-
 def test_compile_mode_and_when_it_is_wanted(compile_mode):
     from sharpattn.attention import compiled
 

@@ -2,10 +2,11 @@
 
 Eagerly, each element-wise op of a tile (a subtraction, an ``exp2``, a product with the mask, a
 row sum) is one pass over the tile's scores; Inductor fuses them into one vectorised C++ loop.
-Compiled here: adaptive's entropy pass, the sparse maps' Newton steps and top-k's kept weights
-(``benchmarks/attention.py`` at n = 4,096, 2 threads, forward CPU time as a ratio to SDPA's:
-adaptive 1.90 → 1.78, 1.5-entmax 2.43 → 1.70, α = 1.3 6.44 → 5.28, top-k 3.24 → 2.31;
-softpick's forward measured slower compiled, 1.64 → 1.79, and stays eager). The tile functions
+Compiled here: the sparse maps' Newton steps and top-k's kept weights (``benchmarks/attention.py``
+at n = 4,096, 2 threads, forward CPU time as a ratio to SDPA's: 1.5-entmax 2.43 → 1.70, α = 1.3
+6.44 → 5.28, top-k 3.24 → 2.31). Softpick's forward measured slower compiled (1.64 → 1.79), and
+adaptive's entropy tile gave wrong values compiled under ``ATEN_CPU_CAPABILITY=avx2`` on an
+AVX-512 CPU: both stay eager. The tile functions
 are pure but for their scratch scores, so the compiled and the eager function compute the same
 maths and either can run at any time.
 
@@ -56,7 +57,7 @@ def compiler_found() -> bool:
 def vectorised() -> bool:
     """Whether torch runs its own vectorised CPU path (``ATEN_CPU_CAPABILITY`` unset): with it
     set to ``default`` Inductor's CPU code failed to compile here (``BackendCompilerFailed``),
-    and with ``avx2`` on an AVX-512 CPU the compiled entropy tile gave wrong values (NaN), so
+    and with ``avx2`` on an AVX-512 CPU a compiled entropy tile gave wrong values (NaN), so
     ``auto`` compiles only on torch's own path."""
     if os.environ.get("ATEN_CPU_CAPABILITY", "").strip():
         return False

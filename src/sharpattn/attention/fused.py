@@ -42,7 +42,6 @@ from ..normalizers.scaled import (
 )
 from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from .chunked import chunked_softmax_attention
-from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import Grid
@@ -194,17 +193,19 @@ def _entropy_forward(grid: Grid):
         mb, zb, ab = (x[..., r0:r1, :].contiguous() for x in (m, z, a))
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
-            mb, zb, ab = _entropy_tile(grid.compiled, s, grid.keep(t), mb, zb, ab, big)
+            mb, zb, ab = _entropy_tile(s, grid.keep(t), mb, zb, ab, big)
         m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :] = mb, zb, ab
     empty = z == 0
     z1 = torch.where(empty, torch.ones_like(z), z)
     return torch.where(empty, torch.zeros_like(m), m), z1, a / z1, empty
 
 
-@tile_function
 def _entropy_tile(s: Tensor, keep: Tensor | None, m: Tensor, z: Tensor, a: Tensor, big: float):
     """One tile's update of the running (m, Z, A) of :func:`_entropy_forward`: the new values
-    (``s``, the tile's base-2 scores, is scratch; m, Z, A are not written)."""
+    (``s``, the tile's base-2 scores, is scratch; m, Z, A are not written). Not compiled: with
+    ``torch.compile`` it gave wrong values (NaN) under ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512
+    CPU while right on torch's own path, a cause not yet found (and it saved little: 1.90 → 1.78x
+    SDPA's forward at n = 4,096)."""
     if keep is None:
         top = s.amax(-1, keepdim=True)
     else:  # disallowed scores -> 0, then −big for the maximum only

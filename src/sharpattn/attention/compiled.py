@@ -25,6 +25,7 @@ working compiler, an unsupported op) warns once and leaves that function eager f
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import warnings
@@ -48,8 +49,10 @@ def mode() -> str:
     return value
 
 
+@functools.cache
 def compiler_found() -> bool:
-    """Whether a C++ compiler Inductor could use is on the PATH (``CXX``, c++, g++, clang++)."""
+    """Whether a C++ compiler Inductor could use is on the PATH (``CXX``, c++, g++, clang++);
+    looked up once per process, not on every large call."""
     names = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
     return any(name and shutil.which(name) for name in names)
 

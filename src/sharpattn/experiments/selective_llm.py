@@ -394,24 +394,16 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     header = ["context", "tokens", "ppl unpatched", "ppl LoRA + softmax",
               "ppl LoRA + selective", "Δ nll (nats)", "windows better", "p (windows)",
               "p (seeds)"]  # fmt: skip
-
-    def p(v: float) -> str:
-        return "–" if not np.isfinite(v) else f"{v:.2g}"
-
     table = [[f"{r['factor']}×", r["length"], f"{r['ppl_base']:.3f}", f"{r['ppl_softmax']:.3f}",
               f"{r['ppl_selective']:.3f}", f"{r['nll_change']:+.4f}",
-              f"{r['better_windows']}/{r['windows']}", p(r["p_windows"]), p(r["p_seeds"])]
+              f"{r['better_windows']}/{r['windows']}", _p(r["p_windows"]), _p(r["p_seeds"])]
              for r in rows]  # fmt: skip
-    kit.write_table(folder, "table3_matched", header, table)
-    plot_perplexity(folder / "perplexity.png", rows, cfg.context, {
-        "ppl_base": "unpatched", "ppl_softmax": "LoRA + softmax",
-        "ppl_selective": f"LoRA + selective {cfg.targets}"})  # fmt: skip
     arms = m["training"]
     first = next(iter(arms.values()))
     temps = max(v["temperature_parameters"] for v in arms.values())
     cost = "; ".join(f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s)"
                      for k, v in arms.items() if v["seconds"] and v["steps_per_s"])  # fmt: skip
-    sections = [
+    intro = (
         f"{cfg.model} fine-tuned per seed ({cfg.seeds} seeds from {cfg.seed}) twice with the same "
         f"budget: LoRA adapters of rank {cfg.lora} (α = {2 * cfg.lora}) on "
         f"{', '.join(adapters.TARGETS)} of every layer ({first['adapter_parameters']:,} "
@@ -424,18 +416,56 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "held-out windows, the same for every model; p: paired t-tests of selective against "
         "softmax over windows (each window's NLL averaged over seeds) and over seeds. The "
         "frozen-model study (temperatures alone against the unpatched model) is this command "
-        "without --lora.",
-        kit.markdown_table(header, table),
-        kit.image("perplexity.png", "held-out perplexity against tokens"),
-        f"Cost: {cost}; this invocation {m['wall_seconds']:.0f} s wall and "
-        f"{m['cpu_seconds']:.0f} CPU-s ({m['threads']} threads).",
+        "without --lora."
+    )
+    lines = {"ppl_base": "unpatched", "ppl_softmax": "LoRA + softmax",
+             "ppl_selective": f"LoRA + selective {cfg.targets}"}  # fmt: skip
+    return _report(
+        folder,
+        cfg,
+        rows,
+        ("table3_matched", header, table),
+        lines,
+        [intro, f"Cost: {cost}; this invocation {_invocation(m)}."],
+        "low-rank adapters learn instead of every weight",
+        "Selective temperatures with a matched fine-tuned baseline (Table 3 in small)",
+    )
+
+
+def _p(v: float) -> str:
+    return "–" if not np.isfinite(v) else f"{v:.2g}"
+
+
+def _invocation(m: dict[str, Any]) -> str:
+    return (
+        f"{m['wall_seconds']:.0f} s wall and {m['cpu_seconds']:.0f} CPU-s ({m['threads']} threads)"
+    )
+
+
+def _report(
+    folder: Path,
+    cfg: Config,
+    rows: list[dict],
+    table: tuple[str, list, list],
+    lines: dict[str, str],
+    sections: list[str],
+    here: str,
+    title: str,
+) -> Path:
+    """Both studies' report: ``sections[0]``, the table (``name``, header, cells; also written
+    as name.csv/.md), the perplexity figure (a line per key of ``lines``), the other sections,
+    then the paper's numbers, ``here`` saying what differs from the paper's fine-tuning."""
+    name, header, cells = table
+    kit.write_table(folder, name, header, cells)
+    plot_perplexity(folder / "perplexity.png", rows, cfg.context, lines)
+    return kit.write_report(folder, title, [
+        sections[0], kit.markdown_table(header, cells),
+        kit.image("perplexity.png", "held-out perplexity against tokens"), *sections[1:],
         "The paper (Table 3, fine-tuning on Wikitext with every weight trained, perplexity "
         "without → with SSA base): GPT-2 36.503 → 34.618, Pythia-160m 26.681 → 26.514, "
-        "Pythia-410m 20.310 → 19.976, Llama 19.764 → 19.305 (−0.6 % to −5.2 %). Here low-rank "
-        "adapters learn instead of every weight, and the text is not Wikitext.",
-    ]
-    return kit.write_report(folder, "Selective temperatures with a matched fine-tuned baseline "
-                            "(Table 3 in small)", sections)  # fmt: skip
+        f"Pythia-410m 20.310 → 19.976, Llama 19.764 → 19.305 (−0.6 % to −5.2 %). Here {here}, "
+        "and the text is not Wikitext.",
+    ])  # fmt: skip
 
 
 def summarize(cfg: Config, base: dict[str, list[float]], tuned: dict[str, list[float]]) -> dict:
@@ -473,11 +503,8 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     header = ["context", "tokens", "ppl unpatched", "ppl selective (trained)", "Δ nll (nats)",
               "windows better", "p (paired t)"]  # fmt: skip
     table = [[f"{r['factor']}×", r["length"], f"{r['ppl_base']:.3f}", f"{r['ppl_selective']:.3f}",
-              f"{r['nll_change']:+.4f}", f"{r['better_windows']}/{r['windows']}",
-              "–" if not np.isfinite(r["p"]) else f"{r['p']:.2g}"] for r in rows]  # fmt: skip
-    kit.write_table(folder, "table3_small", header, table)
-    plot_perplexity(folder / "perplexity.png", rows, cfg.context,
-                    {"ppl_base": "unpatched", "ppl_selective": f"selective {cfg.targets}"})  # fmt: skip
+              f"{r['nll_change']:+.4f}", f"{r['better_windows']}/{r['windows']}", _p(r["p"])]
+             for r in rows]  # fmt: skip
     coef = m["position_coefficient"]
     form = {"position": "position term only: τ = 1 + c·log n",
             "token": "token term only, " + ("weight sharing" if cfg.sharing else "MLP"),
@@ -491,20 +518,22 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         f"({100 * m['trainable_parameters'] / m['model_parameters']:.2f}% of the model). "
         f"Perplexity on {rows[0]['windows']} held-out windows, the same for both models; p from "
         "a paired t-test of the per-window NLL.",
-        kit.markdown_table(header, table),
-        kit.image("perplexity.png", "held-out perplexity against tokens"),
         f"Step 0 (temperatures at their identity initialisation): NLL moved by "
         f"{m['step0_nll_change']:+.2e} nats from the unpatched model on the first window.",
         "Learned position coefficient c (τ_pos = 1 + c·log n; mean over heads) per layer: "
         + "; ".join(f"{t}: " + ", ".join(f"{c:.3g}" for c in cs) for t, cs in coef.items())
         + ".",
         f"Cost: {m['train_seconds']:.0f} s of training ({m['train_steps_per_s']:.3f} steps/s), "
-        f"{m['wall_seconds']:.0f} s wall and {m['cpu_seconds']:.0f} CPU-s for this invocation "
-        f"({m['threads']} threads).",
-        "The paper (Table 3, fine-tuning on Wikitext with every weight trained, perplexity "
-        "without → with SSA base): GPT-2 36.503 → 34.618, Pythia-160m 26.681 → 26.514, "
-        "Pythia-410m 20.310 → 19.976, Llama 19.764 → 19.305 (−0.6 % to −5.2 %). Here only the "
-        "temperatures learn, the base is frozen, and the text is not Wikitext.",
+        f"{_invocation(m)} for this invocation.",
     ]
-    return kit.write_report(folder, "Selective temperatures on a frozen LLM (Table 3 in small)",
-                            sections)  # fmt: skip
+    lines = {"ppl_base": "unpatched", "ppl_selective": f"selective {cfg.targets}"}
+    return _report(
+        folder,
+        cfg,
+        rows,
+        ("table3_small", header, table),
+        lines,
+        sections,
+        "only the temperatures learn, the base is frozen",
+        "Selective temperatures on a frozen LLM (Table 3 in small)",
+    )

@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from sharpattn.attention import attend, compiled
 from sharpattn.attention.fast import FAST as FUSED
 from sharpattn.attention.masking import Masking
+from sharpattn.attention.sparse_tiled import block_rows
+from sharpattn.attention.tiles import Grid
 from sharpattn.normalizers import available, get
 
 B, H, D = 1, 4, 64
@@ -67,6 +69,17 @@ EXTRA = ["entmax@alpha=1.3"]
 #: methods that refuse a query seeing a later key: measured in the causal cases only
 CAUSAL_ONLY = {"stick_breaking"}
 
+#: the GEMM floor of each path family (``floor:<kind>`` cases): only the matrix products the
+#: path must do, on its own tiles, element-wise work free. "stats": adaptive's statistics pass
+#: (q·kᵀ per tile; its backward 3 products per tile) on top of SDPA itself; "tiled": one pass
+#: of :class:`~sharpattn.attention.tiles.Grid` tiles (q·kᵀ and p·v; backward 5 products per
+#: tile, as flash attention's); "slab": the sparse paths' query-row slabs (the same products)
+FLOOR_OF = {
+    "adaptive": "stats",
+    **dict.fromkeys("sigmoid relu power signed softpick stick_breaking".split(), "tiled"),
+    **dict.fromkeys("sparsemax entmax15 entmax entmax@alpha=1.3 asentmax topk".split(), "slab"),
+}
+
 
 def cases(sizes_n: int, naive_max: int, chunked_max: int) -> list[str]:
     """Case names for one n: 'sdpa', '<method>:auto', '<method>:naive', 'fn:<fused name>'."""
@@ -78,6 +91,7 @@ def cases(sizes_n: int, naive_max: int, chunked_max: int) -> list[str]:
             fused_used.add(get(m).fused)
     names += [f"fn:{f}" for f in ("ssmax", "length_scaled", "sink") if f not in fused_used]
     names += [f"{m}:auto" for m in EXTRA if m.split("@")[0] in available()]
+    names += [f"floor:{kind}" for kind in dict.fromkeys(FLOOR_OF.values())]
     if sizes_n <= chunked_max and "adaptive" in available():
         names.append("adaptive:chunked")
     if sizes_n <= naive_max:
@@ -97,6 +111,8 @@ def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
     if case == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     kind, name = case.split(":")
+    if kind == "floor":
+        return gemm_floor(name, q, k, v, causal)
     if kind == "fn":
         masking = Masking.build(None, causal, q.shape[2], k.shape[2], q.device)
         return lambda: FUSED[name](q, k, v, masking, D**-0.5, False)[0]
@@ -110,12 +126,61 @@ def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
     )
 
 
+def gemm_floor(kind: str, q, k, v, causal: bool):
+    """The ``floor:<kind>`` case (:data:`FLOOR_OF`): a function of the mode that runs only the
+    GEMMs of that path family on its tiles (gradient products on stand-in tiles)."""
+    n = q.shape[2]
+    masking = Masking.build(None, causal, n, n, q.device)
+    scale = D**-0.5
+
+    def products(grid: Grid, blocks, forward: int, backward: int) -> None:
+        for r0, r1, tiles in blocks:
+            qb = grid.q_rows(r0, r1)
+            go = grid.empty_out()[..., r0:r1, :]  # stands in for dO (any values: GEMMs only)
+            for t in tiles:
+                s = grid.scores(qb, t)  # q·kᵀ
+                vt = grid.v[..., t.c0 : t.c1, :]
+                if forward == 2:
+                    grid.weigh(s, t)  # p·v
+                if backward:  # recomputed scores, dO·vᵀ, ds·k, dsᵀ·q (and pᵀ·dO)
+                    grid.scores(qb, t)
+                    dp = grid.grouped(torch.matmul(go, vt.transpose(-2, -1)))
+                    torch.matmul(dp, grid.k[..., t.c0 : t.c1, :])
+                    torch.matmul(dp.transpose(-2, -1), qb)
+                    if backward == 5:
+                        torch.matmul(grid.grouped(s).transpose(-2, -1), go)
+
+    def fn(mode: str) -> None:
+        back = mode == "fwdbwd"
+        with torch.no_grad():
+            grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, fold_scale=True)
+            if kind == "slab":
+                bq = block_rows(B * H, n, n)
+                grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, bq, n, True)
+            blocks = [(r0, r1, list(grid.tiles(r0, r1))) for r0, r1 in grid.row_blocks()]
+            if kind == "stats":  # adaptive: the statistics pass, then softmax attention itself
+                products(grid, blocks, 1, 3 if back else 0)
+            else:
+                products(grid, blocks, 2, 5 if back else 0)
+        if kind == "stats":
+            if back:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+            else:
+                with torch.no_grad():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    fn.floor = True
+    return fn
+
+
 def run_once(fn, mode: str, q, k, v) -> tuple[float, float]:
     """(CPU seconds of this process, all threads; wall seconds) of one forward or fwd+bwd."""
     for t in (q, k, v):
         t.grad = None
     c0, t0 = time.process_time(), time.perf_counter()
-    if mode == "fwd":
+    if getattr(fn, "floor", False):
+        fn(mode)
+    elif mode == "fwd":
         with torch.no_grad():
             fn()
     else:
@@ -176,7 +241,10 @@ def bench_size(n, causal, args) -> list[dict]:
         names = [c for c in names if c.split(":")[0] not in CAUSAL_ONLY]
     if args.methods:  # keep SDPA (the reference) and the cases of the chosen methods
         keep = set(args.methods.split(","))
-        names = [c for c in names if c == "sdpa" or c.split(":")[0].split("@")[0] in keep]
+        keep |= {f"floor:{FLOOR_OF[m]}" for m in FLOOR_OF if m.split("@")[0] in keep}
+        names = [
+            c for c in names if c == "sdpa" or c in keep or c.split(":")[0].split("@")[0] in keep
+        ]
     q, k, v = make_inputs(n)
     fns = {c: runner(c, q, k, v, causal) for c in names}
     rows = {c: {"case": c, "n": n, "causal": causal} for c in names}
@@ -195,9 +263,9 @@ def bench_size(n, causal, args) -> list[dict]:
             rows[c][f"{mode}_wall_ratio"] = wall / min(t[1] for t in times["sdpa"])
     if args.memory and n >= args.memory_min:
         for mode in args.modes:
-            mem = {c: measure_memory(c, n, causal, mode) for c in names}
+            mem = {c: measure_memory(c, n, causal, mode) for c in names if c[:6] != "floor:"}
             ref = mem.get("sdpa")
-            for c in names:
+            for c in mem:
                 if mem[c] and ref:
                     rows[c][f"{mode}_peak_mib"] = mem[c]["peak_mib"]
                     rows[c][f"{mode}_rss_ratio"] = mem[c]["peak_mib"] / ref["peak_mib"]
@@ -270,7 +338,8 @@ def summary(rows, sizes=(4096, 16384)) -> str:
     head = ["method", "path"]
     for n in sizes:
         head += [f"fwd {n // 1024}k", f"fwd+bwd {n // 1024}k"]
-    head += [f"peak RSS {big // 1024}k (fwd / fwd+bwd)", "target (fwd / fwd+bwd)", "misses"]
+    head += [f"peak RSS {big // 1024}k (fwd / fwd+bwd)", "target (fwd / fwd+bwd)"]
+    head += ["GEMM floor, fwd " + "; ".join(f"{n // 1024}k" for n in sizes), "misses"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def pair(case, n, field):
@@ -298,6 +367,10 @@ def summary(rows, sizes=(4096, 16384)) -> str:
                 misses.append(f"{mode} memory {max(vals):.2f}")
         cells.append(" / ".join(fmt(v) for v in peaks))
         cells.append("–" if target is None else f"{target[0]} / {target[1]}")
+        kind = FLOOR_OF.get(method)  # the GEMMs alone: how much of the target they leave
+        floors = [pair(f"floor:{kind}", n, "fwd_ratio") for n in sizes] if kind else []
+        floors = [text for text, vals in floors if any(v is not None for v in vals)]
+        cells.append("; ".join(floors) or "–")
         cells.append("; ".join(misses) or "none")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -347,9 +347,36 @@ def test_compiled_tiles_equal_the_eager_ones(small_tiles, method, params, case, 
     want, _, want_grads = _run(method, "fused", q, k, v, mask, causal, params)
     monkeypatch.setenv("SHARPATTN_COMPILE", "1")
     got, _, grads = _run(method, "fused", q, k, v, mask, causal, params)
-    fn = st._topk_weights if method == "topk" else st._solve
-    assert fn.broken is None, fn.broken
+    for fn in (st._topk_weights,) if method == "topk" else (st._solve, st._final_weights):
+        assert fn.broken is None, fn.broken
     assert_close(got, want, n=lk, magnitude=float(v.detach().abs().max()), ulps=16)
     mag = max(float(r.abs().max()) for r in want_grads)
     for g, r in zip(grads, want_grads, strict=True):
         assert_close(g, r, n=lk * 16, magnitude=mag, ulps=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("alpha", [1.3, 1.75, 2.6])
+def test_compiled_powers_equal_pow(alpha, dtype):
+    """The compiled form of (t^e, t^{e−1}) (2^{e·log₂ t}, :func:`st._powers`) against float64
+    ``pow`` on t = 0 (both 0, also where e − 1 < 0), subnormal, tiny and large t."""
+    from sharpattn.attention import compiled
+
+    if not compiled.vectorised() or not compiled.compiler_found():
+        pytest.skip("compiled tiles run on torch's own CPU path with a compiler only")
+    e = 1.0 / (alpha - 1.0)
+    t = torch.tensor([0.0, 1e-40, 1e-30, 1e-6, 1e-3, 0.3, 0.5, 1.0, 1.5, 2.0], dtype=dtype)
+    fn = torch.compile(lambda x: st._powers(x.clone(), e), fullgraph=True, dynamic=False)
+    p, p1 = fn(t)
+    ref = t.double()
+    want_p = ref.pow(e)
+    want_p1 = torch.where(ref > 0, ref.pow(e - 1.0), 0.0)
+    eps = torch.finfo(dtype).eps
+    for got, want in ((p, want_p), (p1, want_p1)):
+        assert torch.isfinite(got).all()
+        assert got[0] == 0  # t = 0
+        # relative error of 2^{e·log₂ t}: ~ε·(1 + e·|log₂ t|·ln 2)
+        bound = eps * (4 + 2 * e * ref.clamp_min(1e-300).log2().abs())
+        rel = (got.double() - want).abs() / want.clamp_min(torch.finfo(dtype).tiny)
+        keep = want > torch.finfo(dtype).tiny  # normal results (subnormals lose bits anyway)
+        assert (rel[keep] <= bound[keep]).all(), (rel, bound)

@@ -105,7 +105,22 @@ def _weights(t: Tensor, kind: str, e) -> Tensor:
         return t
     if kind == "entmax15":
         return t.square_()
+    if torch.compiler.is_compiling():
+        return _powers(t, e)[0]
     return t.pow_(e)
+
+
+def _powers(t: Tensor, e) -> tuple[Tensor, Tensor]:
+    """(t^e, t^{e−1}) of t >= 0, both 0 where t = 0 (e > 0). Compiled, as 2^{e·log₂ t} and
+    2^{(e−1)·log₂ t}: Inductor fuses them into one loop at ~1.3 ms per 2^20 entries here against
+    ~4.8 ms for its ``pow`` and a division (relative error ~3e-7 in float32); eagerly ``pow``
+    and a division, each one pass (log₂ and two exp₂ would be three). ``t`` is overwritten."""
+    if torch.compiler.is_compiling():
+        lg = torch.log2(t)  # −inf at 0: 2^{−inf} = 0
+        p1 = torch.where(t > 0, torch.exp2(lg * (e - 1.0)), 0.0)  # e < 1 (α > 2): inf at 0
+        return torch.exp2(lg * e), p1
+    p = t.pow(e)
+    return p, torch.div(p, t.clamp_(min=torch.finfo(t.dtype).tiny), out=t)
 
 
 def _candidates(y: Tensor) -> Tensor:
@@ -179,11 +194,11 @@ def _newton(y: Tensor, tau: Tensor, br: tuple, kind: str, e, buf=None):
         f = norm - 1.0
         slope = slope * norm / total.clamp_min(tiny)
     else:
-        p = t.pow(e)
+        p, p1 = _powers(t, e)
         total = p.sum(-1, keepdim=True)
         norm = total.pow(1.0 / e)
         f = norm - 1.0
-        slope = norm / total.clamp_min(tiny) * p.div_(t.clamp_(min=tiny)).sum(-1, keepdim=True)
+        slope = norm / total.clamp_min(tiny) * p1.sum(-1, keepdim=True)
     right = f < 0
     lo, hi = torch.where(right, lo, tau), torch.where(right, tau, hi)
     step = tau + f / slope.clamp_min(tiny)
@@ -202,6 +217,15 @@ def _solve(y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, kind: str, e, steps: 
     for _ in range(steps):
         tau, br = _newton(y, tau, br, kind, e, buf)
     return tau
+
+
+@tile_function
+def _final_weights(y: Tensor, tau: Tensor, kind: str, e) -> tuple[Tensor, Tensor]:
+    """The block's weights [y − τ]_+^{1/(α−1)} before normalising, and their row sums (``y``
+    is overwritten eagerly; compiled, one fused loop that writes only the weights)."""
+    t = y - tau if torch.compiler.is_compiling() else y.sub_(tau)
+    p = _weights(t.clamp_(min=0.0), kind, e)
+    return p, p.sum(-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,8 +334,7 @@ class _EntmaxAttention(torch.autograd.Function):
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
             tau = _candidate_tau(cand, kind, a, e, lo, hi).clamp(lo, hi)
             tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)
-            p = _weights(y.sub_(tau).clamp_(min=0.0), kind, e)
-            total = p.sum(-1, keepdim=True)
+            p, total = _final_weights(grid.compiled, y, tau, kind, e)
             inv = live / total
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             m_all[..., r0:r1, :] = m

@@ -100,7 +100,9 @@ def eval_costs(job: seq.Job, budget: float, cap: float) -> dict[str, list[dict[s
             if ev["phase"].startswith("eval ") or ev["phase"] == "done":
                 marks.append((ev["phase"], time.process_time()))
 
-        seq.run_job(probe(job, eval_sizes={job.task: [size]}, eval_sets=sets), progress=note)
+        # exactly ``sets`` sequences: no adaptive sampling, no stopping rule while measuring
+        change = {"eval_sizes": {job.task: [size]}, "eval_sets": sets, "eval_se": 0.0}
+        seq.run_job(probe(job, **change, stop_zeros=0), progress=note)
         slowest = 0.0
         for (phase, c0), (_, c1) in zip(marks, marks[1:], strict=False):
             name = phase[len("eval ") :].rsplit(" n=", 1)[0]
@@ -170,14 +172,21 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
             pts = [p for t in eval_tasks for p in evals.get((t, method), [])]
         return per_sequence(pts, length)
 
+    # with adaptive sampling a size costs between eval_min and eval_sets test sequences (the
+    # stopping rule, which skips a run's larger sizes, is not predicted: both bounds count every
+    # size)
+    fewest = min(cfg.eval_min, cfg.eval_sets) if cfg.eval_se > 0 else cfg.eval_sets
     rows: dict[str, dict[str, float]] = {}
-    job_costs = []
+    job_costs, job_costs_fewest = [], []
     for job in seq.jobs(root / "plan", cfg):  # the sweep's jobs, in its order
         t = seq.task(job.task)
         steps = seq.steps_of(cfg, job.task)
         cost = train[(job.task, job.methods[0].recipe)] * steps
+        cost_fewest = cost
         for i, m in enumerate(job.methods):
-            r = rows.setdefault(m.name, {"train": 0.0, "eval": 0.0, "extrapolated": 0.0})
+            r = rows.setdefault(
+                m.name, {"train": 0.0, "eval": 0.0, "extrapolated": 0.0, "eval_fewest": 0.0}
+            )
             if i == 0:  # the job's model is trained once, for its first method
                 r["train"] += train[(job.task, m.recipe)] * steps
             for size in seq.sizes_of(cfg, job.task):
@@ -185,8 +194,12 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
                 r["eval"] += per * cfg.eval_sets
                 r["extrapolated"] += per * cfg.eval_sets if extra else 0.0
                 cost += per * cfg.eval_sets
+                r["eval_fewest"] += per * fewest
+                cost_fewest += per * fewest
         job_costs.append(cost)
+        job_costs_fewest.append(cost_fewest)
     total = sum(r["train"] + r["eval"] for r in rows.values())
+    total_fewest = sum(r["train"] + r["eval_fewest"] for r in rows.values())
     return {
         "profile": profile,
         "command": COMMANDS[profile],
@@ -211,12 +224,16 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
                 "train_cpu_h": r["train"] / 3600,
                 "eval_cpu_h": r["eval"] / 3600,
                 "eval_extrapolated_cpu_h": r["extrapolated"] / 3600,
+                "eval_fewest_cpu_h": r["eval_fewest"] / 3600,
                 "total_cpu_h": (r["train"] + r["eval"]) / 3600,
             }
             for m, r in rows.items()
         ],
         "total_cpu_h": total / 3600,
         "wall_h": wall_time(job_costs, cfg.workers) / 3600,
+        "fewest_sets": fewest,
+        "total_fewest_cpu_h": total_fewest / 3600,
+        "wall_fewest_h": wall_time(job_costs_fewest, cfg.workers) / 3600,
         "workers": cfg.workers,
         "largest_job_cpu_h": max(job_costs) / 3600,
     }
@@ -226,8 +243,10 @@ def show(result: dict[str, Any]) -> None:
     c, m = result["config"], result["measured"]
     top = max(seq.task(t).length(seq.sizes_of(seq.SequenceConfig(**c), t)[-1]) for t in c["tasks"])
     recipes = len({mm.recipe for mm in seq.resolve(c["methods"])})
+    per_task = sorted({seq.steps_of(seq.SequenceConfig(**c), t) for t in c["tasks"]})
+    steps = "-".join(f"{n:,}" for n in sorted({per_task[0], per_task[-1]}))
     print(f"\n{result['command']}: {len(c['tasks'])} tasks x {recipes} recipes "
-          f"({len(c['methods'])} methods) x {c['seeds']} seeds x {c['steps']:,} steps of batch "
+          f"({len(c['methods'])} methods) x {c['seeds']} seeds x {steps} steps of batch "
           f"{c['batch']}; {c['eval_sets']} test sequences per size, up to {c['eval_factor']}x the "
           f"training sizes (sequences up to {top:,} tokens)")  # fmt: skip
     print(f"measured with 1 thread: {m['steps']} timed training steps after {m['warmup']} warm-up "
@@ -245,6 +264,12 @@ def show(result: dict[str, Any]) -> None:
     print(f"wall on {result['workers']} cores with {result['workers']} single-threaded workers "
           f"(the engine's job order): {result['wall_h']:.1f} h; the longest job "
           f"{result['largest_job_cpu_h']:.2f} CPU-h")  # fmt: skip
+    if result.get("fewest_sets", c["eval_sets"]) < c["eval_sets"]:
+        print(f"with adaptive sampling every size costs {result['fewest_sets']} to "
+              f"{c['eval_sets']} test sequences: the totals above are the most; with "
+              f"{result['fewest_sets']} at every size {result['total_fewest_cpu_h']:.1f} CPU-h, "
+              f"{result['wall_fewest_h']:.1f} h wall (neither counts the sizes the stopping rule "
+              "skips)")  # fmt: skip
 
 
 def main() -> None:

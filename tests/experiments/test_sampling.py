@@ -147,6 +147,26 @@ def test_standard_profile_runs_every_task_and_method_with_the_budget_rules():
         assert max(seq.sizes_of(cfg, t)) >= 16 * seq.task(t).train_sizes[1]
 
 
+def test_the_paper_profile_is_the_standard_training_with_more_seeds_evaluated_to_256x():
+    std, paper = leaderboard.make_config("standard"), leaderboard.make_config("paper")
+    assert paper.seeds > std.seeds and paper.eval_factor == 256
+    assert (paper.lr, paper.task_steps, paper.steps) == (std.lr, std.task_steps, std.steps)
+    assert paper.eval_se > 0 and paper.stop_zeros == 2  # the same sampling and stopping rules
+    for t in paper.tasks:  # beyond the tasks' own default sizes (up to 64x): powers of two
+        sizes = seq.sizes_of(paper, t)
+        hi = seq.task(t).train_sizes[1]
+        assert max(sizes) >= 256 * hi and max(sizes) < 512 * hi
+        assert all(b == 2 * a for a, b in zip(sizes[-6:], sizes[-5:], strict=False))
+        assert seq.sizes_of(std, t) == [s for s in sizes if s <= max(seq.sizes_of(std, t))]
+
+
+def test_sizes_given_as_a_task_option_are_kept_whatever_the_factor(monkeypatch):
+    cfg = leaderboard.make_config("paper", tasks=("flip_flop",))
+    own = type(seq.task("flip_flop"))(eval_sizes=(64, 100))
+    monkeypatch.setattr(seq, "task", lambda name: own)
+    assert seq.sizes_of(cfg, "flip_flop") == [16, 32, 64, 100]
+
+
 def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired(tmp_path,
                                                                                   monkeypatch):  # fmt: skip
     def fake(model, t, size, cfg):

@@ -31,16 +31,18 @@ STANDARD_STEPS = {"two_back": 1000, "local_count": 1000, "passkey": 1500, "flip_
                   "reverse": 2500, "sort": 2500}  # fmt: skip
 
 #: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours) and
-#: --paper. The standard profile samples test sequences adaptively and stops a run's larger
-#: sizes after two at exact-match 0 (:class:`.sequence.SequenceConfig`)
+#: --paper (the standard's training with 5 seeds, evaluated to 256x). Both sample test
+#: sequences adaptively and stop a run's larger sizes after two at exact-match 0
+#: (:class:`.sequence.SequenceConfig`)
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 500, "batch": 32, "eval_sets": 48,
               "eval_factor": 8, "workers": 2},
     "standard": {"tasks": None, "seeds": 3, "steps": 2000, "task_steps": STANDARD_STEPS,
                  "lr": 3e-3, "batch": 32, "eval_sets": 256, "eval_se": 0.04, "eval_min": 32,
                  "stop_zeros": 2, "eval_factor": 16, "workers": 2},
-    "paper": {"tasks": None, "seeds": 3, "steps": 3000, "batch": 32, "eval_sets": 256,
-              "eval_factor": 64, "workers": 2},
+    "paper": {"tasks": None, "seeds": 5, "steps": 2000, "task_steps": STANDARD_STEPS,
+              "lr": 3e-3, "batch": 32, "eval_sets": 256, "eval_se": 0.04, "eval_min": 32,
+              "stop_zeros": 2, "eval_factor": 256, "workers": 2},
 }  # fmt: skip
 
 

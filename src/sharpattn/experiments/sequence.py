@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..normalizers import available, get, plugin
+from ..tasks.sequence import default_eval_sizes
 from . import runner
 from .runner import Progress, RunFolder, emit
 
@@ -213,15 +214,19 @@ def task(name: str):
 
 def sizes_of(cfg: SequenceConfig, name: str) -> list[int]:
     """Evaluation sizes of a task: the configured ones, else the powers of two inside its training
-    range and the task's own evaluation sizes up to the first power of two at or above
-    ``eval_factor`` × its largest training size."""
+    range and the task's evaluation sizes up to the first power of two at or above
+    ``eval_factor`` × its largest training size (a task's default sizes are powers of two
+    that far, whatever the factor; sizes given as a task option are kept as they are)."""
     if name in cfg.eval_sizes:
         return sorted({int(s) for s in cfg.eval_sizes[name]})
     t = task(name)
     lo, hi = t.train_sizes
     top = 1 << (cfg.eval_factor * hi - 1).bit_length()  # at least eval_factor x, a power of two
     inside = {2**k for k in range(max(0, lo - 1).bit_length(), hi.bit_length()) if lo <= 2**k <= hi}
-    return sorted({s for s in t.eval_sizes if s <= top} | inside)
+    own = t.eval_sizes
+    if "eval_sizes" not in t.options:
+        own = default_eval_sizes(t.train_sizes, max(1, cfg.eval_factor))
+    return sorted({s for s in own if s <= top} | inside)
 
 
 def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[str, Any]:

@@ -230,7 +230,8 @@ def _normalised_tile(kernel: _Kernel, s: Tensor, keep: Tensor | None, m: Tensor)
     """A normalised kernel's forward on one tile: the new row reference m', the rescaling of
     the sums taken relative to m, and (u, Σ_j a_j) relative to m' (``s`` is scratch). Not
     compiled: with torch.compile softpick's forward measured slower (1.79x SDPA against 1.64x
-    eagerly, n = 4,096, 2 threads)."""
+    eagerly, n = 4,096, 2 threads), and Inductor's vectorised CPU ``expm1`` (torch 2.13) is
+    e^x − 1, which loses softpick's precision at scores near 0 (ATen's eager one does not)."""
     m_new = torch.maximum(m, kernel.ref_of(s))
     u, total = kernel.weights(s, m_new, keep)
     return m_new, kernel.factor(m, m_new), u, total

@@ -76,7 +76,8 @@ def train_cost(job: seq.Job, warmup: int, steps: int) -> float:
 
     seq.loss_fn = timed  # run_job looks it up when it builds its Trainer
     try:
-        seq.run_job(probe(job, steps=warmup + steps + 1, eval_sizes={job.task: []}))
+        # task_steps emptied: a profile's per-task steps would override ``steps``
+        seq.run_job(probe(job, steps=warmup + steps + 1, task_steps={}, eval_sizes={job.task: []}))
     finally:
         seq.loss_fn = loss
     return (stamps[warmup + steps] - stamps[warmup]) / steps

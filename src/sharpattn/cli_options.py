@@ -143,7 +143,7 @@ COSTS: dict[str, dict[str, str]] = {
     "leaderboard": {
         "quick": "8 min 58 s wall",
         "standard": "not run as a whole yet",
-        "paper": "≈ 38 CPU-hours, ≈ 19 h on 2 cores, not run yet",
+        "paper": "not measured yet at 5 seeds and 256× (3 seeds to 64×: ≈ 38 CPU-hours)",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
 }

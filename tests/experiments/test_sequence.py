@@ -167,3 +167,36 @@ def test_leaderboard_resumes_after_kill_9_with_the_same_numbers(tmp_path):
     assert sharpattn(*args, "--out", str(tmp_path / "b")).wait(timeout=300) == 0  # resumes
     for name in ("leaderboard.csv", "accuracy.md", f"{run}/metrics.jsonl"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+
+
+def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypatch):
+    """A finished job keeps its rows: a run folder without its model and checkpoint files (a
+    published run's record) gives the same rows again without training, and a job whose rows
+    are missing, or whose evaluation budget changed, is run (retrained where its weights are
+    gone)."""
+    cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=30,
+                                  eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
+    first = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
+    for path in tmp_path.rglob("*.safetensors"):
+        path.unlink()
+    rows_files = sorted(tmp_path.rglob("rows-*.json"))
+    assert len(rows_files) == 2
+    rows_files[1].unlink()  # the second seed's job must run again
+    trained = []
+    real = seq.runner.Trainer.run
+
+    def counted(self, *args, **kwargs):
+        trained.append(self.folder.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(seq.runner.Trainer, "run", counted)
+    again = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
+    assert trained == ["seed1"]  # seed0 from its rows, seed1 retrained from nothing
+    strip = ("train_seconds",)  # the retrained job's clock differs, its numbers do not
+
+    def same(rows):
+        return [{k: v for k, v in r.items() if k not in strip} for r in rows]
+
+    assert [same(r) for r in again] == [same(r) for r in first]
+    other = seq.SequenceConfig(**{**cfg.to_dict(), "eval_sets": 4})
+    assert seq.rows_file(seq.jobs(tmp_path, other)[0], other) != rows_files[0]

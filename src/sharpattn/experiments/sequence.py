@@ -21,6 +21,8 @@ beyond the chunk size.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -337,11 +339,20 @@ def _slug(text: str) -> str:
 
 
 def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size."""
+    """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
+
+    A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them,
+    so a re-run returns them without the weights: a run folder stripped of its model files (a
+    published run's record) still resumes, training only the jobs it has no rows for."""
     cfg = SequenceConfig(**job.config)
     t = task(job.task)
     m0 = job.methods[0]
     label = f"{job.task}/{m0.recipe} s{job.seed}"
+    done = rows_file(job, cfg)
+    if done.is_file():
+        rows = runner.read_json(done, [dict])
+        emit(progress, label, "done", 1, 1)
+        return rows
     for m in job.methods:  # a worker process imports the plug-ins itself
         if plugin.is_spec(m.train):
             plugin.ensure(m.train)
@@ -400,8 +411,18 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                 zeros = zeros + 1 if beyond and zero else 0
             if m.evaluate is not None:
                 switch(model, m.train, **method_params(m, t))
+        runner.write_json(done, rows)
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
+
+
+def rows_file(job: Job, cfg: SequenceConfig) -> Path:
+    """Where a finished job keeps its rows: named by its methods, sizes and evaluation budget
+    (what else decides them, the training, is the run folder's identity)."""
+    key = {"methods": [asdict(m) for m in job.methods], "sizes": sizes_of(cfg, job.task),
+           "eval": _eval_name(cfg, 0), "stop_zeros": cfg.stop_zeros}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return job.folder / f"rows-{digest}.json"
 
 
 def _eval_name(cfg: SequenceConfig, size: int) -> str:

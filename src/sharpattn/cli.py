@@ -683,7 +683,8 @@ def reproduce_clrs_llm(profile, out, **options):
 @profile_options(
     "leaderboard",
     "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",
-    "Every synthetic task, every method, 3 seeds, sizes to >= 64x",
+    "Every synthetic task, every method, 5 seeds, sizes to >= 256x, test sequences sampled "
+    "adaptively",
     "Every synthetic task, every method, 3 seeds, sizes to >= 16x, test sequences sampled "
     "adaptively",
     middle="standard",
@@ -708,7 +709,8 @@ def reproduce_clrs_llm(profile, out, **options):
 @out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")
 def leaderboard(profile, out, ray_address, plugins, **options):
     """Every attention method on the same sequence tasks, seeds and budget, ranked by accuracy
-    from the training sizes to 64x beyond (area under accuracy against log size)."""
+    from the training sizes to a multiple of them (8x by default, 16x --standard, 256x --paper;
+    area under accuracy against log size)."""
     from .experiments import leaderboard as lb
 
     if plugins:  # joining a run: its stored settings stand where no option is given

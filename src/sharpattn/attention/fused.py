@@ -41,6 +41,7 @@ from ..normalizers.scaled import (
     ssmax_beta,
 )
 from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
+from . import native
 from .chunked import chunked_softmax_attention
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -193,6 +194,10 @@ def _entropy_forward(grid: Grid):
         mb, zb, ab = (x[..., r0:r1, :].contiguous() for x in (m, z, a))
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
+            ends = grid.prefix(t) if grid.native else None
+            if grid.native and native.usable(ends, t.mask, s, mb, zb, ab):
+                native.entropy_forward(s, ends, mb, zb, ab)  # in place, one loop per row
+                continue
             mb, zb, ab = _entropy_tile(s, grid.keep(t), mb, zb, ab, big)
         m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :] = mb, zb, ab
     empty = z == 0
@@ -252,18 +257,24 @@ class _EntropyPass(torch.autograd.Function):
         for r0, r1 in grid.row_blocks():
             qb, dqb = grid.q_rows(r0, r1), dq[..., r0:r1, :]
             mb, ab, cb = m[..., r0:r1, :], a[..., r0:r1, :], coef[..., r0:r1, :]
+            if grid.native:
+                mb, ab, cb = mb.contiguous(), ab.contiguous(), cb.contiguous()
             for t in grid.tiles(r0, r1):
                 s = grid.scores(qb, t)
-                keep = grid.keep(t)
-                if keep is not None:
-                    s.mul_(keep)
-                x = s.sub_(mb)
-                if keep is not None:
-                    x.clamp_max_(0.0)
-                p = torch.exp2(x)
-                if keep is not None:
-                    p.mul_(keep)
-                ds = x.sub_(ab).mul_(p).mul_(cb)  # dL/ds (natural-log scores)
+                ends = grid.prefix(t) if grid.native else None
+                if grid.native and native.usable(ends, t.mask, s, mb, ab, cb):
+                    ds = native.entropy_backward(s, ends, mb, ab, cb)  # one loop per row
+                else:
+                    keep = grid.keep(t)
+                    if keep is not None:
+                        s.mul_(keep)
+                    x = s.sub_(mb)
+                    if keep is not None:
+                        x.clamp_max_(0.0)
+                    p = torch.exp2(x)
+                    if keep is not None:
+                        p.mul_(keep)
+                    ds = x.sub_(ab).mul_(p).mul_(cb)  # dL/ds (natural-log scores)
                 ds5 = grid.grouped(ds)
                 kt = grid.k[..., t.c0 : t.c1, :]
                 dqb.add_(torch.matmul(ds5, kt), alpha=ctx.scale)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import log_n
+from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -58,8 +59,16 @@ class _Kernel:
 
     normalised = False
 
+    #: the name of its loops in :mod:`.native`, if it has them
+    native: str | None = None
+    SHIFT_ABOVE = 0.0
+
     def __init__(self, **params):
         self.params = params
+
+    def native_args(self) -> tuple[str | None, float, float]:
+        """(loops' name, p, shift) for :mod:`.native`."""
+        return self.native, float(self.params.get("p", 0.0)), self.SHIFT_ABOVE
 
 
 class _Sigmoid(_Kernel):
@@ -94,6 +103,7 @@ class _Power(_Kernel):
     """u = (ReLU(s)/m)^p, a = u, m the row's largest ReLU(s) (1 while it is 0)."""
 
     normalised = True
+    native = "power"
 
     def ref_of(self, s):
         return s.amax(-1, keepdim=True).clamp_min_(0.0)
@@ -121,6 +131,7 @@ class _Signed(_Kernel):
     """u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the row's largest |s|."""
 
     normalised = True
+    native = "signed"
 
     def ref_of(self, s):
         return s.abs().amax(-1, keepdim=True)
@@ -150,6 +161,7 @@ class _Softpick(_Kernel):
     """
 
     normalised = True
+    native = "softpick"
     SHIFT_ABOVE = 60.0
 
     def ref_of(self, s):
@@ -211,13 +223,19 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
         acc = out[..., r0:r1, :]
         if kernel.normalised:  # contiguous: one layout for every call (no recompiling)
             mb, zb = m[..., r0:r1, :].contiguous(), z[..., r0:r1, :]
+        loops = grid.native and kernel.native is not None
         for t in grid.tiles(r0, r1):
-            keep = grid.keep(t)
-            s = _masked_(grid.scores(qb, t), keep)  # disallowed scores 0: no overflow there
-            if not kernel.normalised:
-                acc += grid.weigh(kernel.weights(s, rb, keep), t)
-                continue
-            mb, f, u, total = _normalised_tile(kernel, s, keep, mb)
+            s = grid.scores(qb, t)
+            ends = grid.prefix(t) if loops else None
+            if loops and native.usable(ends, t.mask, s, mb):  # one C++ loop per row
+                mb, f, u, total = native.normalised_forward(*kernel.native_args(), s, ends, mb)
+            else:
+                keep = grid.keep(t)
+                s = _masked_(s, keep)  # disallowed scores 0: no overflow there
+                if not kernel.normalised:
+                    acc += grid.weigh(kernel.weights(s, rb, keep), t)
+                    continue
+                mb, f, u, total = _normalised_tile(kernel, s, keep, mb)
             zb.mul_(f).add_(total)
             acc.mul_(grid.grouped(f)).add_(grid.weigh(u, t))
         if kernel.normalised:
@@ -248,20 +266,28 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
     for r0, r1 in grid.row_blocks():
         qb, gb = grid.q_rows(r0, r1), g5[..., r0:r1, :]
         rb = row_slice(row, grid.lq, r0, r1)
+        loops = grid.native and kernel.native is not None
         if kernel.normalised:
             mb, zb, db = m[..., r0:r1, :], z[..., r0:r1, :], d_all[..., r0:r1, :]
             zb = torch.where(zb > 0, zb, torch.ones_like(zb))
+            if loops:
+                mb, db = mb.contiguous(), db.contiguous()
         dqb = dq[..., r0:r1, :]
         for t in grid.tiles(r0, r1):
-            keep = grid.keep(t)
-            s = _masked_(grid.scores(qb, t), keep)
+            s = grid.scores(qb, t)
             vt = grid.v[..., t.c0 : t.c1, :]
             dp = grid.heads(torch.matmul(gb, vt.transpose(-2, -1)))  # dO_i·v_j (B, H, r, c)
-            if kernel.normalised:
-                ds, w = kernel.grad(s, dp, mb, keep, db, zb)
+            ends = grid.prefix(t) if loops else None
+            if loops and native.usable(ends, t.mask, s, dp, mb, db, zb):  # one loop per row
+                ds, w = native.normalised_backward(*kernel.native_args(), s, ends, dp, mb, db, zb)
             else:
-                ds, w = kernel.grad(s, dp, rb, keep)
-            ds = _masked_(ds, keep)
+                keep = grid.keep(t)
+                s = _masked_(s, keep)
+                if kernel.normalised:
+                    ds, w = kernel.grad(s, dp, mb, keep, db, zb)
+                else:
+                    ds, w = kernel.grad(s, dp, rb, keep)
+                ds = _masked_(ds, keep)
             if want_row:
                 drow[..., r0:r1, :] += ds.sum(-1, keepdim=True)
             ds5, w5 = grid.grouped(ds), grid.grouped(w)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..normalizers._contract import compute_dtype
+from . import native
 from .compiled import wanted
 from .masking import Masking
 
@@ -100,6 +101,8 @@ class Grid:
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
         #: whether this call's per-tile functions run compiled (:mod:`.compiled`)
         self.compiled = wanted(q.device, b * h * lq * lk)
+        #: whether tiles with every key visible may run the C++ loops (:mod:`.native`)
+        self.native = native.wanted(q.device, self.dtype)
 
     # -- the walk ----------------------------------------------------------------------------
 
@@ -133,6 +136,14 @@ class Grid:
             causal = torch.arange(c0, c1, device=m.device) <= i + diag
             mask = causal if mask is None else mask & causal
         return mask
+
+    def prefix(self, t: Tile) -> Tensor | None:
+        """For a tile whose only mask is causal: how many of its keys each of its rows sees
+        (int32 ``[r]``, a prefix of the tile's keys), for :mod:`.native`; else None."""
+        if t.mask is None or self.masking.mask is not None or self.diagonal is None:
+            return None
+        i = torch.arange(t.r0, t.r1, dtype=torch.int32, device=t.mask.device)
+        return (i + (self.diagonal - t.c0 + 1)).clamp_(0, t.c1 - t.c0)
 
     # -- tensors of a tile -------------------------------------------------------------------
 

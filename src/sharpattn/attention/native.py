@@ -1,0 +1,202 @@
+"""Fused per-tile loops in C++ for the tiled paths' element-wise work (``native/tiles.cpp``).
+
+Eagerly, every element-wise op of a score tile is one pass over it (adaptive's statistics take
+six, softpick's forward eight), and on a CPU whose GEMMs are fast these passes cost more than the
+tile's matrix products. The C++ loops do each row's work in one or two sweeps while the row is in
+cache: adaptive temperature's statistics pass (forward and backward) and the normalised kernels
+``power``, ``signed`` and ``softpick`` (forward and backward). The maths is the PyTorch tile
+functions', which stay the reference and the fallback; ``tests/paths/test_native.py`` holds the
+two to each other.
+
+The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
+compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
+``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``), named by a hash of its source, the
+compiler and the CPU, since ``-march=native`` ties it to the machine. It is loaded with ctypes.
+
+When it runs (:func:`wanted`): on float32 CPU tiles in which every key is visible (masked tiles
+stay in PyTorch), outside a graph that ``torch.compile`` is tracing, unless
+``SHARPATTN_COMPILE=0`` (which keeps every path in plain PyTorch). Where no compiler is found it
+is not used; a build or load that fails warns once and leaves the PyTorch path for the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from .compiled import mode
+
+Tensor = torch.Tensor
+
+SOURCE = Path(__file__).with_name("native") / "tiles.cpp"
+#: compile flags. ``-ffast-math`` lets the row reductions vectorise (the inputs are finite); it
+#: is given to the compile step only: linked with it, GCC adds crtfastmath.o, which switches the
+#: whole process to flush subnormal numbers to zero when the library loads
+FLAGS = (
+    *("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"),
+    *("-std=c++17", "-fPIC"),
+)
+LINK = ("-shared", "-fopenmp")
+#: the normalised kernels the library has loops for, by name (their ``kind`` argument)
+KINDS = {"power": 0, "signed": 1, "softpick": 2}
+
+_F, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_FL = ctypes.c_float
+_SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
+    "entropy_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+}
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sharpattn"
+
+
+def _cpu() -> str:
+    """What ``-march=native`` depends on: the CPU's model and flags where Linux tells them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [x for x in lines if x.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def build(cxx: str) -> Path:
+    """The library for this source, compiler and CPU: built into the cache unless there."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    text = SOURCE.read_text()
+    flags = " ".join(FLAGS + LINK)
+    key = "\n".join([text, cxx, version.stdout, flags, _cpu(), platform.machine()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    target = _cache_dir() / f"tiles-{digest}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, out = Path(tmp) / "tiles.o", Path(tmp) / target.name
+        for step in (
+            [cxx, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+            [cxx, *LINK, str(obj), "-o", str(out)],
+        ):
+            done = subprocess.run(step, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+                raise RuntimeError(why)
+        os.replace(out, target)  # atomic: a concurrent build of the same library is harmless
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None (no compiler; a failed build warns once)."""
+    cxx = _compiler()
+    if cxx is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(cxx)))
+        for name, args in _SIGNATURES.items():
+            getattr(lib, name).argtypes = args
+            getattr(lib, name).restype = None
+        return lib
+    except Exception as exc:  # a compiler that cannot build it (no OpenMP, another platform)
+        warnings.warn(
+            f"sharpattn: building the native tile loops failed ({type(exc).__name__}: {exc}); "
+            "the tiled paths run in plain PyTorch (set SHARPATTN_COMPILE=0 to skip building).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def wanted(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a call's tiles (on ``device``, computed in ``dtype``) may use the loops."""
+    if device.type != "cpu" or dtype != torch.float32 or mode() == "0":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return library() is not None
+
+
+def usable(ends: Tensor | None, mask: Tensor | None, *tensors: Tensor) -> bool:
+    """Whether a tile can go to the loops: every key visible (``mask`` None) or a causal prefix
+    per row (``ends`` from :meth:`~.tiles.Grid.prefix`), its tensors contiguous float32."""
+    if mask is not None and ends is None:
+        return False
+    return all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors)
+
+
+def _p(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _ends(ends: Tensor | None) -> tuple[int | None, int]:
+    return (None, 1) if ends is None else (ends.data_ptr(), ends.numel())
+
+
+def _rows(s: Tensor) -> tuple[int, int]:
+    return s.numel() // max(1, s.shape[-1]), s.shape[-1]
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def entropy_forward(s: Tensor, ends: Tensor | None, m: Tensor, z: Tensor, a: Tensor) -> None:
+    """Adaptive's running (m, Z, A) updated in place with the base-2 score tile ``s`` (keys past
+    ``ends`` unseen)."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().entropy_forward(_p(s), rows, cols, e, tr, _p(m), _p(z), _p(a), _threads())
+
+
+def entropy_backward(s: Tensor, ends: Tensor | None, m: Tensor, a: Tensor, c: Tensor) -> Tensor:
+    """dL/ds of adaptive's statistics on one tile, written over ``s`` (returned)."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().entropy_backward(_p(s), rows, cols, e, tr, _p(m), _p(a), _p(c), _threads())
+    return s
+
+
+def normalised_forward(kind: str, p: float, shift: float, s: Tensor, ends: Tensor | None, m):
+    """(m', f, u, Σ a) of a normalised kernel on one tile; u is written over ``s``."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    m_new = m.clone(memory_format=torch.contiguous_format)
+    f, total = torch.empty_like(m_new), torch.empty_like(m_new)
+    library().normalised_forward(
+        KINDS[kind], p, shift, _p(s), rows, cols, e, tr, _p(m_new), _p(f), _p(total), _threads()
+    )
+    return m_new, f, s, total
+
+
+def normalised_backward(kind: str, p: float, shift: float, s, ends: Tensor | None, dp, m, d, z):
+    """(dL/ds written over ``s``, w) of a normalised kernel on one tile."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    w = torch.empty_like(s)
+    library().normalised_backward(
+        *(KINDS[kind], p, shift, _p(s), _p(dp), _p(w), rows, cols, e, tr),
+        *(_p(m), _p(d), _p(z), _threads()),
+    )
+    return s, w

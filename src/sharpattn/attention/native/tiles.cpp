@@ -1,0 +1,308 @@
+// Fused per-tile loops of sharpattn's tiled attention paths (sharpattn/attention/native.py).
+//
+// Each function takes one tile of scores as `rows` contiguous rows of `cols` floats (B·H·r rows
+// of c keys, every key visible: masked tiles stay in PyTorch) and per-row values as arrays of
+// `rows` floats; it does in one or two sweeps over each row (in cache) what the pure-PyTorch
+// tile functions do in one pass over the tile per operation. The maths is theirs, line for line:
+// attention/fused.py (_entropy_tile, _EntropyPass.backward) and attention/tiled.py (the
+// _Power, _Signed and _Softpick kernels). Plain C++ on raw pointers, no PyTorch headers:
+// built by g++ with -O3 -march=native -ffast-math on first use (the inputs are finite: the
+// callers check that, and no infinity is used here); rows are shared among `threads` OpenMP
+// threads (the OpenMP runtime that PyTorch has loaded).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// Below every finite score the callers pass: "no key seen yet" for adaptive's running maximum.
+constexpr float kUnseen = -3.0e38f;
+
+inline float row_max(const float* x, int64_t n, float init) {
+  float lane[16];
+  for (int k = 0; k < 16; ++k) lane[k] = init;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) lane[k] = lane[k] > x[j + k] ? lane[k] : x[j + k];
+  float r = init;
+  for (int k = 0; k < 16; ++k) r = r > lane[k] ? r : lane[k];
+  for (; j < n; ++j) r = r > x[j] ? r : x[j];
+  return r;
+}
+
+inline float row_abs_max(const float* x, int64_t n) {
+  float lane[16] = {0.f};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) {
+      float a = std::fabs(x[j + k]);
+      lane[k] = lane[k] > a ? lane[k] : a;
+    }
+  float r = 0.f;
+  for (int k = 0; k < 16; ++k) r = r > lane[k] ? r : lane[k];
+  for (; j < n; ++j) r = r > std::fabs(x[j]) ? r : std::fabs(x[j]);
+  return r;
+}
+
+// The keys row r sees in its tile: every one, or the first ends[r mod tile_rows] (a causal tile:
+// rows of B·H heads × tile_rows query rows, each seeing a prefix of the tile's keys).
+inline int64_t visible(const int32_t* ends, int64_t tile_rows, int64_t r, int64_t cols) {
+  return ends == nullptr ? cols : std::min<int64_t>(cols, ends[r % tile_rows]);
+}
+
+inline void zero(float* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] = 0.f;
+}
+
+inline float sign_of(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f); }
+
+// 2^x inline (vectorised with the loop, no library call): x = n + f, |f| <= 1/2, a degree-6
+// polynomial for 2^f (relative error below 1e-7 on [-126, 128)), n added to the exponent bits.
+// Arguments below -126 give 2^-126 times the polynomial's value clamped there: at most 1.2e-38
+// where the exact value is smaller (weights that small are 0 in every sum here).
+inline float fast_exp2(float x) {
+  x = x < -126.f ? -126.f : (x > 127.f ? 127.f : x);
+  const float n = std::nearbyint(x);
+  const float f = x - n;
+  float p = 1.535336188319500e-4f;
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int32_t>(n) * (1 << 23);
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+inline float fast_exp(float x) { return fast_exp2(x * kLog2e); }
+
+// e^x − 1 without cancellation near 0: the Taylor series to x^8/8! for |x| < 1/2 (truncation
+// below 2.5e-9 relative), e^x − 1 beyond (no cancellation there).
+inline float fast_expm1(float x) {
+  if (std::fabs(x) < 0.5f) {
+    float p = 1.f / 40320.f;
+    p = p * x + 1.f / 5040.f;
+    p = p * x + 1.f / 720.f;
+    p = p * x + 1.f / 120.f;
+    p = p * x + 1.f / 24.f;
+    p = p * x + 1.f / 6.f;
+    p = p * x + 0.5f;
+    p = p * x + 1.f;
+    return p * x;
+  }
+  return fast_exp(x) - 1.f;
+}
+
+// t^W for a whole W (a product the compiler unrolls), or t^p (powf) for W = 0; t >= 0.
+template <int W>
+inline float power_of(float t, float p) {
+  if constexpr (W == 0) {
+    return t > 0.f ? std::pow(t, p) : 0.f;
+  } else {
+    float r = t;
+    for (int i = 1; i < W; ++i) r *= t;
+    return r;
+  }
+}
+
+// power's p as a whole number up to 4 (its default is 3), or 0 for any other p.
+inline int whole_power(float p) {
+  return (p >= 1.f && p <= 4.f && p == std::nearbyint(p)) ? static_cast<int>(p) : 0;
+}
+
+// power's forward on one row: u = (ReLU(s)/m)^p written over x; returns Σ u.
+template <int W>
+float power_forward(float* x, int64_t n, float inv, float p) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = x[j] > 0.f ? x[j] * inv : 0.f;
+    const float u = power_of<W>(t, p);
+    sum += u;
+    x[j] = u;
+  }
+  return sum;
+}
+
+inline float power_forward_row(float* x, int64_t n, float inv, float p, int whole) {
+  switch (whole) {
+    case 1: return power_forward<1>(x, n, inv, p);
+    case 2: return power_forward<2>(x, n, inv, p);
+    case 3: return power_forward<3>(x, n, inv, p);
+    case 4: return power_forward<4>(x, n, inv, p);
+    default: return power_forward<0>(x, n, inv, p);
+  }
+}
+
+// power's backward on one row: dL/ds = (dP − D)·p·(t)^{p−1}/(m·Z) over x, w = t^p/Z, t = ReLU(s)/m.
+template <int W>
+void power_backward(float* x, const float* g, float* w, int64_t n, float inv, float p, float d,
+                    float k, float iz) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = x[j] > 0.f ? x[j] * inv : 0.f;
+    float slope;
+    if constexpr (W == 1) {
+      slope = t > 0.f ? 1.f : 0.f;
+    } else if constexpr (W == 0) {
+      slope = t > 0.f ? std::pow(t, p - 1.f) : 0.f;
+    } else {
+      slope = power_of<W - 1>(t, p);
+    }
+    w[j] = power_of<W>(t, p) * iz;
+    x[j] = (g[j] - d) * slope * k;
+  }
+}
+
+inline void power_backward_row(float* x, const float* g, float* w, int64_t n, float inv, float p,
+                               int whole, float d, float k, float iz) {
+  switch (whole) {
+    case 1: return power_backward<1>(x, g, w, n, inv, p, d, k, iz);
+    case 2: return power_backward<2>(x, g, w, n, inv, p, d, k, iz);
+    case 3: return power_backward<3>(x, g, w, n, inv, p, d, k, iz);
+    case 4: return power_backward<4>(x, g, w, n, inv, p, d, k, iz);
+    default: return power_backward<0>(x, g, w, n, inv, p, d, k, iz);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Adaptive temperature's statistics (base-2 scores s): per row the running maximum m, Z = Σ 2^{s−m}
+// and A = Σ 2^{s−m}·(s − m), updated with this tile (m, z, a read and written).
+void entropy_forward(const float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                     int64_t tile_rows, float* m, float* z, float* a, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    const float m_old = m[r];
+    const float m_new = std::max(m_old, row_max(x, n, kUnseen));
+    float zs = 0.f, as = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = x[j] - m_new;
+      const float e = fast_exp2(d);
+      zs += e;
+      as += e * d;
+    }
+    const bool seen = m_old > kUnseen;
+    const float delta = seen ? m_new - m_old : 0.f;
+    const float f = seen ? fast_exp2(-delta) : 0.f;
+    a[r] = (a[r] - delta * z[r]) * f + as;
+    z[r] = z[r] * f + zs;
+    m[r] = m_new;
+  }
+}
+
+// Its backward on one tile, in place: s (base-2 scores) becomes dL/ds = (x − a)·2^x·c with
+// x = s − m, per row m, a = A/Z and c = −ln 2·dL/dH / Z.
+void entropy_backward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                      int64_t tile_rows, const float* m, const float* a, const float* c,
+                      int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    const float mr = m[r], ar = a[r], cr = c[r];
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = x[j] - mr;
+      x[j] = (d - ar) * fast_exp2(d) * cr;
+    }
+    zero(x + n, cols - n);
+  }
+}
+
+// Normalised kernels, forward: the new row reference m (read and written), the factor f that
+// rescales sums taken relative to the old one, u written over s and total = Σ_j a_j.
+// kind 0: power (u = (ReLU(s)/m)^p), 1: signed (u = sign(s)·e^{|s|−m}), 2: softpick
+// (d = A·expm1(s − c) + B, u = ReLU(d), a = |d|; c, A, B as in attention/tiled.py).
+void normalised_forward(int kind, float p, float shift_above, float* s, int64_t rows,
+                        int64_t cols, const int32_t* ends, int64_t tile_rows, float* m, float* f,
+                        float* total, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    const float m_old = m[r];
+    float sum = 0.f;
+    if (kind == 1) {
+      const float m_new = std::max(m_old, row_abs_max(x, n));
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = fast_exp(std::fabs(x[j]) - m_new);
+        sum += e;
+        x[j] = e * sign_of(x[j]);
+      }
+      f[r] = std::exp(m_old - m_new);
+      m[r] = m_new;
+    } else {
+      const float m_new = std::max(m_old, row_max(x, n, 0.f));
+      if (kind == 0) {
+        const float m1 = m_new > 0.f ? m_new : 1.f;
+        sum = power_forward_row(x, n, 1.f / m1, p, whole_power(p));
+        f[r] = std::pow(m_old / m1, p);
+      } else {
+        const bool far = m_new > shift_above;
+        const float c = far ? m_new : 0.f;
+        const float A = std::exp(c - m_new);
+        const float B = far ? -std::expm1(-m_new) : 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float d = A * fast_expm1(x[j] - c) + B;
+          sum += std::fabs(d);
+          x[j] = d > 0.f ? d : 0.f;
+        }
+        f[r] = std::exp(m_old - m_new);
+      }
+      m[r] = m_new;
+    }
+    total[r] = sum;
+  }
+}
+
+// Normalised kernels, backward on one tile: with dp = dO·vᵀ (B·H·r rows), per row m, D = dO·out
+// and Z, s becomes dL/ds and w the tile's weights (kinds as above).
+void normalised_backward(int kind, float p, float shift_above, float* s, const float* dp,
+                         float* w, int64_t rows, int64_t cols, const int32_t* ends,
+                         int64_t tile_rows, const float* m, const float* dd, const float* z,
+                         int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const float* g = dp + r * cols;
+    float* wr = w + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    zero(wr + n, cols - n);
+    const float mr = m[r], dr = dd[r], zr = z[r], iz = 1.f / zr;
+    if (kind == 0) {
+      const float m1 = mr > 0.f ? mr : 1.f;
+      power_backward_row(x, g, wr, n, 1.f / m1, p, whole_power(p), dr, p / (m1 * zr), iz);
+    } else if (kind == 1) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float sg = sign_of(x[j]);
+        const float wj = fast_exp(std::fabs(x[j]) - mr) * iz * sg;
+        wr[j] = wj;
+        x[j] = (g[j] * sg - dr) * wj;
+      }
+    } else {
+      const bool far = mr > shift_above;
+      const float c = far ? mr : 0.f;
+      const float A = std::exp(c - mr);
+      const float B = far ? -std::expm1(-mr) : 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = A * fast_expm1(x[j] - c) + B;
+        const float pos = d > 0.f ? 1.f : 0.f;
+        wr[j] = pos * d * iz;
+        x[j] = (pos * g[j] - sign_of(d) * dr) * (d + (A - B)) * iz;
+      }
+    }
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,179 @@
+"""The C++ tile loops (attention/native.py): the same maths as the PyTorch tile functions they
+stand in for, forward and backward, on tiles small enough that rows cross several of them (and
+causal tiles whose rows see a prefix), and the switch and fallbacks around them."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from precision import assert_close
+from sharpattn.attention import native
+from sharpattn.attention.fast import FAST
+from sharpattn.attention.fused import softmax_entropy
+from sharpattn.attention.masking import Masking
+from sharpattn.attention.tiles import Grid
+
+pytestmark = pytest.mark.numerical
+
+BLOCKS = (16, 8)
+# (name, lq, lk, hkv, mask, causal): every key visible, causal prefixes (Lq < Lk, Lq > Lk with
+# rows that see nothing), and masks the loops leave to PyTorch
+CASES = [
+    ("plain", 37, 45, 2, None, False),
+    ("causal", 40, 40, 2, None, True),
+    ("gqa_causal_prefix", 29, 45, 1, None, True),
+    ("causal_lq_gt_lk", 40, 27, 2, None, True),
+    ("padding", 33, 41, 2, "pad", False),
+]
+METHODS = [
+    ("power", {}),
+    ("power", {"p": 1.0}),
+    ("power", {"p": 2.5}),
+    ("signed", {}),
+    ("softpick", {}),
+]
+
+
+@pytest.fixture(autouse=True)
+def needs_the_library():
+    if native._compiler() is None:
+        pytest.skip("no C++ compiler on the PATH: the loops are not built here")
+    assert native.library() is not None, "a C++ compiler is here, but the loops did not build"
+
+
+def inputs(case, scale=1.0, seed=0):
+    _, lq, lk, hkv, kind, causal = case
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, lq, 8, generator=g) * scale
+    k = torch.randn(2, hkv, lk, 8, generator=g)
+    v = torch.randn(2, hkv, lk, 5, generator=g)
+    mask = torch.rand(2, 1, 1, lk, generator=g) < 0.7 if kind == "pad" else None
+    return q, k, v, mask, causal
+
+
+def both(monkeypatch, fn, *tensors):
+    """fn's value and gradients with the loops (auto), then in plain PyTorch (0)."""
+    results = []
+    for mode in ("auto", "0"):
+        monkeypatch.setenv("SHARPATTN_COMPILE", mode)
+        xs = [t.detach().clone().requires_grad_() for t in tensors]
+        out = fn(*xs)
+        g = torch.Generator().manual_seed(1)
+        out.backward(torch.randn(out.shape, generator=g))
+        results.append((out.detach(), *(x.grad for x in xs)))
+    return results
+
+
+def counting(monkeypatch, name):
+    calls = []
+    real = getattr(native, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(native, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("scale", [1.0, 25.0], ids=["scores_O1", "scores_beyond_60"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method,params", METHODS, ids=str)
+def test_normalised_loops_equal_the_pytorch_tiles(monkeypatch, method, params, case, scale):
+    q, k, v, mask, causal = inputs(case, scale)
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    forward = counting(monkeypatch, "normalised_forward")
+    backward = counting(monkeypatch, "normalised_backward")
+
+    def f(q, k, v):
+        return FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
+    # the same maths in another order (row sums over the tile's keys, a polynomial exp): within
+    # a few ulps of each value's scale, per the n keys summed (measured: at most 1.4e-6 relative)
+    for got, want in zip((out, *grads), (out0, *grads0), strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=16)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_entropy_loops_equal_the_pytorch_tiles(monkeypatch, case):
+    q, k, _, mask, causal = inputs(case, scale=3.0)
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    forward = counting(monkeypatch, "entropy_forward")
+    backward = counting(monkeypatch, "entropy_backward")
+
+    def f(q, k):
+        return softmax_entropy(q, k, masking, 8**-0.5, blocks=BLOCKS)[0]
+
+    (h, *grads), (h0, *grads0) = both(monkeypatch, f, q, k)
+    assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
+    for got, want in zip((h, *grads), (h0, *grads0), strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=16)
+
+
+def test_adaptive_through_attend_equals_plain_pytorch(monkeypatch):
+    """The whole adaptive path (statistics pass, β, flash pass) with and without the loops."""
+    from sharpattn import attend
+
+    q, k, v, _, _ = inputs(CASES[1], scale=2.0)
+    k, v = k.repeat(1, 2 // k.shape[1], 1, 1), v.repeat(1, 2 // v.shape[1], 1, 1)
+
+    def f(q, k, v):
+        return attend(q, k, v, "adaptive", causal=True, impl="fused", check_finite=False)
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    # β is a polynomial of the entropy: the entropy's rounding (a few ulps of its scale) reaches
+    # the weights through dβ/dH·s, a few times more
+    for got, want in zip((out, *grads), (out0, *grads0), strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=32)
+
+
+def test_loading_the_loops_leaves_subnormal_numbers_alone():
+    """The library is built with -ffast-math but not linked with it (crtfastmath.o would set the
+    process's flush-to-zero mode when it loads, for torch, NumPy and Python alike)."""
+    import numpy as np
+
+    assert native.library() is not None
+    tiny = float(np.float64(2.2250738585072014e-308))  # the smallest normal double
+    assert tiny / 4 > 0
+    assert float(torch.tensor(1e-38, dtype=torch.float32) / 100) > 0
+    assert np.float32(1e-38) / np.float32(100) > 0
+
+
+def test_when_the_loops_run(monkeypatch):
+    q = torch.zeros(1, 1, 4, 2)
+    masking = Masking.build(None, False, 4, 4, "cpu")
+    monkeypatch.setenv("SHARPATTN_COMPILE", "auto")
+    assert Grid(q, q, q, masking, 1.0).native
+    assert not Grid(q.double(), q.double(), q.double(), masking, 1.0).native  # float32 only
+    assert native.wanted(torch.device("cpu"), torch.float32)
+    assert not native.wanted(torch.device("meta"), torch.float32)
+    monkeypatch.setenv("SHARPATTN_COMPILE", "0")  # plain PyTorch everywhere
+    assert not Grid(q, q, q, masking, 1.0).native
+
+
+def test_a_compiler_that_fails_warns_once_and_leaves_pytorch(monkeypatch, tmp_path):
+    fake = tmp_path / "broken-c++"
+    fake.write_text("#!/bin/sh\necho 'broken: cannot compile' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    native.library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="building the native tile loops failed"):
+            assert native.library() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once
+            assert not native.wanted(torch.device("cpu"), torch.float32)
+        monkeypatch.setenv("CXX", "")
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no compiler at all: quietly
+        native.library.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.library() is None
+    finally:
+        native.library.cache_clear()  # the next test finds the real compiler again

@@ -177,3 +177,41 @@ def test_a_compiler_that_fails_warns_once_and_leaves_pytorch(monkeypatch, tmp_pa
             assert native.library() is None
     finally:
         native.library.cache_clear()  # the next test finds the real compiler again
+
+
+SPARSE = [
+    ("sparsemax", {}),
+    ("entmax15", {}),
+    ("entmax", {"alpha": 1.3}),
+    ("entmax", {"alpha": 1.7}),
+    ("asentmax", {}),
+]
+
+
+@pytest.mark.parametrize("scale", [0.2, 1.0, 4.0], ids=lambda s: f"gain{s}")
+@pytest.mark.parametrize("mask", [None, "pad", "causal"], ids=str)
+@pytest.mark.parametrize("method,params", SPARSE, ids=str)
+def test_sparse_threshold_loops_equal_the_pytorch_solver(monkeypatch, method, params, mask, scale):
+    """τ's Newton steps and the final weights of the entmax family: rows of 300 keys (the
+    candidates' threshold is only a start there), wide and narrow supports."""
+    from sharpattn import attend
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 2, 40, 8, generator=g) * scale
+    k, v = torch.randn(2, 2, 300, 8, generator=g), torch.randn(2, 2, 300, 5, generator=g)
+    pad = torch.rand(2, 1, 1, 300, generator=g) < 0.7 if mask == "pad" else None
+    calls = counting(monkeypatch, "sparse_solve")
+
+    def f(q, k, v):
+        return attend(
+            *(q, k, v, method),
+            **dict(mask=pad, causal=mask == "causal", impl="fused", check_finite=False, **params),
+        )
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    assert calls
+    # the same τ to a few ulps; the gradient's u = t^{1/(α−1) − 1} is steep near the threshold
+    # for α > 1.5 (measured: at most 1e-5 relative at α = 1.7)
+    ulps = 64 if params.get("alpha", 1.5) > 1.5 else 16
+    for got, want in zip((out, *grads), (out0, *grads0), strict=True):
+        assert_close(got, want, n=300, ulps=ulps)

@@ -57,7 +57,10 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
 }
+#: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
+SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
 
 
 def _compiler() -> str | None:
@@ -101,8 +104,8 @@ def build(cxx: str) -> Path:
         ):
             done = subprocess.run(step, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
-                why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
-                raise RuntimeError(why)
+                lines = done.stderr.strip().splitlines() or ["failed"]
+                raise RuntimeError(next((x for x in lines if "error" in x), lines[-1]).strip())
         os.replace(out, target)  # atomic: a concurrent build of the same library is harmless
     return target
 
@@ -200,3 +203,16 @@ def normalised_backward(kind: str, p: float, shift: float, s, ends: Tensor | Non
         *(_p(m), _p(d), _p(z), _threads()),
     )
     return s, w
+
+
+def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, steps: int):
+    """(τ, p, Σ p) of the entmax family on a slab ``y`` ``[.., r, c]``: ``steps`` safeguarded
+    Newton steps from ``tau`` in [lo, hi], then p = [y − τ]_+^e written over ``y``."""
+    rows, cols = _rows(y)
+    tau = tau.clone(memory_format=torch.contiguous_format)
+    total = torch.empty_like(tau)
+    library().sparse_solve(
+        *(SPARSE_KINDS[kind], e, _p(y), rows, cols, _p(tau), _p(lo), _p(hi), steps),
+        *(_p(total), _threads()),
+    )
+    return tau, y, total

@@ -38,6 +38,7 @@ import torch
 
 from ..normalizers._contract import compute_dtype
 from ..normalizers.sparse import ALPHA, asentmax_scale
+from . import native
 from .chunked import chunked_attend
 from .compiled import tile_function
 from .masking import Masking
@@ -335,8 +336,11 @@ class _EntmaxAttention(torch.autograd.Function):
             lo = _lower_bound(cand, a)  # τ's bracket for the whole row: p_max >= 1/c1
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
             tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled).clamp(lo, hi)
-            tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)
-            p, total = _final_weights(grid.compiled, y, tau, kind, e)
+            if grid.native and not torch.is_tensor(e) and native.usable(None, None, y, lo, hi):
+                tau, p, total = native.sparse_solve(kind, e, y, tau, lo, hi, steps)  # per row
+            else:
+                tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)
+                p, total = _final_weights(grid.compiled, y, tau, kind, e)
             inv = live / total
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             m_all[..., r0:r1, :] = m

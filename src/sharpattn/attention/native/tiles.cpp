@@ -79,6 +79,28 @@ inline float fast_exp2(float x) {
   return p;
 }
 
+// log2(x) for x > 0 inline: x = 2^k·m with m in [√½, √2), log m = 2·atanh(z), z = (m − 1)/(m + 1)
+// (|z| <= 0.172), the series to z^9 (truncation below 1e-9 relative).
+inline float fast_log2(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  int32_t k = ((bits >> 23) & 0xff) - 127;
+  bits = (bits & 0x007fffff) | 0x3f800000;  // m in [1, 2)
+  float m;
+  std::memcpy(&m, &bits, sizeof m);
+  if (m > 1.41421356f) {
+    m *= 0.5f;
+    k += 1;
+  }
+  const float z = (m - 1.f) / (m + 1.f), z2 = z * z;
+  float p = 1.f / 9.f;
+  p = p * z2 + 1.f / 7.f;
+  p = p * z2 + 1.f / 5.f;
+  p = p * z2 + 1.f / 3.f;
+  p = p * z2 + 1.f;
+  return static_cast<float>(k) + 2.885390081777927f * z * p;  // 2/ln 2 · atanh(z)
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 
 inline float fast_exp(float x) { return fast_exp2(x * kLog2e); }
@@ -301,6 +323,101 @@ void normalised_backward(int kind, float p, float shift_above, float* s, const f
         wr[j] = pos * d * iz;
         x[j] = (pos * g[j] - sign_of(d) * dr) * (d + (A - B)) * iz;
       }
+    }
+  }
+}
+
+}  // extern "C"
+
+namespace {
+
+// The entmax family's threshold on a slab of rows (attention/sparse_tiled.py: _solve, then
+// _final_weights): `steps` safeguarded Newton steps on each row's τ from tau (read and written)
+// within the bracket [lo, hi], then p = [y − τ]_+^e written over y and total = Σ p. kind 0:
+// sparsemax (e = 1, Newton on f = Σ t − 1), 1: 1.5-entmax (e = 2), 2: any other e = 1/(α − 1)
+// (Newton on G = (Σ t^e)^{1/e} − 1); t = [y − τ]_+.
+template <int K>
+void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi, int steps,
+                float* total) {
+  constexpr float tiny = 1.17549435e-38f;
+  float tau = *tau_io;
+  for (int it = 0; it < steps; ++it) {
+    float f, slope;
+    if constexpr (K == 0) {
+      float sum = 0.f, count = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = std::max(y[j] - tau, 0.f);
+        sum += t;
+        count += static_cast<float>(t > 0.f);
+      }
+      f = sum - 1.f;
+      slope = count;
+    } else if constexpr (K == 1) {
+      float s1 = 0.f, s2 = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = std::max(y[j] - tau, 0.f);
+        s1 += t;
+        s2 += t * t;
+      }
+      const float norm = std::sqrt(s2);
+      f = norm - 1.f;
+      slope = s1 * norm / std::max(s2, tiny);
+    } else {
+      float s0 = 0.f, s1 = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = std::max(y[j] - tau, 0.f);
+        const float lg = fast_log2(t > 0.f ? t : 1.f);
+        s0 += t > 0.f ? fast_exp2(e * lg) : 0.f;
+        s1 += t > 0.f ? fast_exp2((e - 1.f) * lg) : 0.f;
+      }
+      const float norm = std::pow(s0, 1.f / e);
+      f = norm - 1.f;
+      slope = norm / std::max(s0, tiny) * s1;
+    }
+    const bool right = f < 0.f;
+    if (right) {
+      hi = tau;
+    } else {
+      lo = tau;
+    }
+    const float step = tau + f / std::max(slope, tiny);
+    const float far = right ? lo : hi;
+    const bool inside = step >= lo && step <= hi && (step != far || far == tau);
+    tau = inside ? step : 0.5f * (lo + hi);
+  }
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = std::max(y[j] - tau, 0.f);
+    float p;
+    if constexpr (K == 0) {
+      p = t;
+    } else if constexpr (K == 1) {
+      p = t * t;
+    } else {
+      p = t > 0.f ? fast_exp2(e * fast_log2(t > 0.f ? t : 1.f)) : 0.f;
+    }
+    sum += p;
+    y[j] = p;
+  }
+  *tau_io = tau;
+  *total = sum;
+}
+
+}  // namespace
+
+extern "C" {
+
+void sparse_solve(int kind, float e, float* y, int64_t rows, int64_t cols, float* tau,
+                  const float* lo, const float* hi, int steps, float* total, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = y + r * cols;
+    if (kind == 0) {
+      sparse_row<0>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
+    } else if (kind == 1) {
+      sparse_row<1>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
+    } else {
+      sparse_row<2>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
     }
   }
 }

@@ -58,6 +58,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
+    "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
 }
 #: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
@@ -216,3 +217,22 @@ def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Te
         *(_p(total), _threads()),
     )
     return tau, y, total
+
+
+def sparse_prepare(s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, chunks: int):
+    """(y, m, live, chunk maxima) of an entmax slab ``s`` ``[B, H, r, c]``: m the rows' largest
+    visible score (0 where none), y = max((s − m)·coef, floor) written over ``s`` (floor past a
+    row's causal end), the largest y of each of ``chunks`` runs of keys, unsorted."""
+    rows, cols = _rows(s)
+    width = max(1, cols // chunks)
+    count = cols // width + (1 if cols % width else 0)  # the rest of the keys: one more run
+    e, tr = _ends(ends)
+    lead = s.shape[:-1]
+    m = torch.empty(*lead, 1, dtype=s.dtype, device=s.device)
+    live, cand = torch.empty_like(m), torch.empty(*lead, count, dtype=s.dtype, device=s.device)
+    coef = torch.as_tensor(coef, dtype=s.dtype).expand(*lead, 1).contiguous()
+    library().sparse_prepare(
+        *(_p(s), rows, cols, e, tr, _p(coef), floor, _p(m), _p(live), _p(cand), count, width),
+        _threads(),
+    )
+    return s, m, live, cand

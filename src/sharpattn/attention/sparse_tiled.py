@@ -145,10 +145,18 @@ def _lower_bound(c: Tensor, alpha) -> Tensor:
 
 
 def _candidate_tau(
-    c: Tensor, kind: str, alpha, e, lo: Tensor, hi: Tensor, compiled: bool = False
+    c: Tensor,
+    kind: str,
+    alpha,
+    e,
+    lo: Tensor,
+    hi: Tensor,
+    compiled: bool = False,
+    native_ok: bool = False,
 ) -> Tensor:
     """The exact τ of the sorted (descending) candidates ``c`` ``[.., K]``, ``[.., 1]``;
-    ``compiled``: other α's steps run as one compiled function (:func:`_solve`)."""
+    ``compiled``: other α's steps run as one compiled function (:func:`_solve`), ``native_ok``:
+    as :mod:`.native`'s loop."""
     kk = c.shape[-1]
     rho = torch.arange(1, kk + 1, dtype=c.dtype, device=c.device)
     if kind == "sparsemax":
@@ -163,7 +171,10 @@ def _candidate_tau(
         support = (tau <= c).sum(-1, keepdim=True).clamp_min(1)
         return tau.gather(-1, support - 1)
     # any α: safeguarded steps from the lower bound (eagerly ~25 small ops a step; compiled,
-    # α = 1.3's forward at n = 4,096 measured ~4.3 -> ~4.1x SDPA's, one thread, under load)
+    # α = 1.3's forward at n = 4,096 measured ~4.3 -> ~4.1x SDPA's, one thread, under load;
+    # in the native loops 6.2 -> see docs/performance.md)
+    if native_ok and not torch.is_tensor(e) and native.usable(None, None, c, lo, hi):
+        return native.sparse_solve(kind, e, c.clone(), lo, lo, hi, CANDIDATE_STEPS)[0]
     return _solve(compiled, c, lo, lo, hi, kind, e, CANDIDATE_STEPS)
 
 
@@ -253,7 +264,11 @@ class _Walk:
 
     def masked_scores(self, t: Tile) -> Tensor:
         """The block's scores ``[B, H, r, c1]``, −inf where masked."""
-        s = self.grid.scores(self.grid.q_rows(t.r0, t.r1), t)
+        return self.masked(self.grid.scores(self.grid.q_rows(t.r0, t.r1), t), t)
+
+    @staticmethod
+    def masked(s: Tensor, t: Tile) -> Tensor:
+        """Scores ``s`` of block ``t`` with −inf where masked (in place)."""
         return s if t.mask is None else s.masked_fill_(~t.mask, float("-inf"))
 
     def zeros(self) -> Tensor:
@@ -327,15 +342,22 @@ class _EntmaxAttention(torch.autograd.Function):
             e, coef = _exponent(a), a - 1.0
             if th is not None:
                 coef = coef * row_slice(th, lq, r0, r1)
-            s = walk.masked_scores(t)
-            m = s.amax(-1, keepdim=True)
-            live = _row_any(m)
-            m = torch.where(live > 0, m, 0.0)
-            y = s.sub_(m).mul_(coef).clamp_(min=FLOOR)  # masked (−inf) and overflow: FLOOR
-            cand = _candidates(y)
+            ends = grid.prefix(t) if grid.native else None
+            s = grid.scores(grid.q_rows(r0, r1), t)
+            if grid.native and native.usable(ends, t.mask, s):  # the same, one loop per row
+                y, m, live, cand = native.sparse_prepare(s, ends, coef, FLOOR, CANDIDATES)
+                cand = cand.sort(-1, descending=True).values
+            else:
+                s = walk.masked(s, t)
+                m = s.amax(-1, keepdim=True)
+                live = _row_any(m)
+                m = torch.where(live > 0, m, 0.0)
+                y = s.sub_(m).mul_(coef).clamp_(min=FLOOR)  # masked (−inf) and overflow: FLOOR
+                cand = _candidates(y)
             lo = _lower_bound(cand, a)  # τ's bracket for the whole row: p_max >= 1/c1
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
-            tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled).clamp(lo, hi)
+            tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled, grid.native)
+            tau = tau.clamp(lo, hi)
             if grid.native and not torch.is_tensor(e) and native.usable(None, None, y, lo, hi):
                 tau, p, total = native.sparse_solve(kind, e, y, tau, lo, hi, steps)  # per row
             else:

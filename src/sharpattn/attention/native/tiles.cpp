@@ -422,4 +422,31 @@ void sparse_solve(int kind, float e, float* y, int64_t rows, int64_t cols, float
   }
 }
 
+// The entmax family's slab before its threshold (attention/sparse_tiled.py,
+// _EntmaxAttention.forward): per row, m = the largest visible score (0 on a row that sees no
+// key, live 0 there, else 1), y = max((s − m)·coef, floor) written over s (floor on keys past
+// the row's causal end), and the largest y of each of `chunks` runs of `width` consecutive keys
+// (the last run takes the rest) into cand (rows × chunks, unsorted).
+void sparse_prepare(float* s, int64_t rows, int64_t cols, const int32_t* ends, int64_t tile_rows,
+                    const float* coef, float floor_, float* m, float* live, float* cand,
+                    int64_t chunks, int64_t width, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    const bool any = n > 0;
+    const float mr = any ? row_max(x, n, kUnseen) : 0.f;
+    const float c = coef[r];
+    for (int64_t j = 0; j < n; ++j) x[j] = std::max((x[j] - mr) * c, floor_);
+    for (int64_t j = n; j < cols; ++j) x[j] = floor_;
+    float* cr = cand + r * chunks;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t j0 = k * width, j1 = k + 1 == chunks ? cols : j0 + width;
+      cr[k] = row_max(x + j0, j1 - j0, floor_);
+    }
+    m[r] = mr;
+    live[r] = any ? 1.f : 0.f;
+  }
+}
+
 }  // extern "C"

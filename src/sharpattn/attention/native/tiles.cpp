@@ -122,6 +122,18 @@ inline float fast_expm1(float x) {
   return fast_exp(x) - 1.f;
 }
 
+// softpick's d = A·expm1(s − c) + B for a row reference m (attention/tiled.py, _Softpick): c = 0,
+// A = e^{−m}, B = 0 while m <= shift_above, else c = m, A = 1, B = 1 − e^{−m}.
+struct Shift {
+  float c, A, B;
+};
+
+inline Shift softpick_shift(float m, float shift_above) {
+  const bool far = m > shift_above;
+  const float c = far ? m : 0.f;
+  return {c, std::exp(c - m), far ? -std::expm1(-m) : 0.f};
+}
+
 // t^W for a whole W (a product the compiler unrolls), or t^p (powf) for W = 0; t >= 0.
 template <int W>
 inline float power_of(float t, float p) {
@@ -270,12 +282,9 @@ void normalised_forward(int kind, float p, float shift_above, float* s, int64_t 
         sum = power_forward_row(x, n, 1.f / m1, p, whole_power(p));
         f[r] = std::pow(m_old / m1, p);
       } else {
-        const bool far = m_new > shift_above;
-        const float c = far ? m_new : 0.f;
-        const float A = std::exp(c - m_new);
-        const float B = far ? -std::expm1(-m_new) : 0.f;
+        const Shift sh = softpick_shift(m_new, shift_above);
         for (int64_t j = 0; j < n; ++j) {
-          const float d = A * fast_expm1(x[j] - c) + B;
+          const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
           sum += std::fabs(d);
           x[j] = d > 0.f ? d : 0.f;
         }
@@ -313,15 +322,12 @@ void normalised_backward(int kind, float p, float shift_above, float* s, const f
         x[j] = (g[j] * sg - dr) * wj;
       }
     } else {
-      const bool far = mr > shift_above;
-      const float c = far ? mr : 0.f;
-      const float A = std::exp(c - mr);
-      const float B = far ? -std::expm1(-mr) : 0.f;
+      const Shift sh = softpick_shift(mr, shift_above);
       for (int64_t j = 0; j < n; ++j) {
-        const float d = A * fast_expm1(x[j] - c) + B;
+        const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
         const float pos = d > 0.f ? 1.f : 0.f;
         wr[j] = pos * d * iz;
-        x[j] = (pos * g[j] - sign_of(d) * dr) * (d + (A - B)) * iz;
+        x[j] = (pos * g[j] - sign_of(d) * dr) * (d + (sh.A - sh.B)) * iz;
       }
     }
   }

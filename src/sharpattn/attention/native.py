@@ -1,10 +1,11 @@
 """Fused per-tile loops in C++ for the tiled paths' element-wise work (``native/tiles.cpp``).
 
 Eagerly, every element-wise op of a score tile is one pass over it (adaptive's statistics take
-six, softpick's forward eight), and on a CPU whose GEMMs are fast these passes cost more than the
-tile's matrix products. The C++ loops do each row's work in one or two sweeps while the row is in
-cache: adaptive temperature's statistics pass (forward and backward) and the normalised kernels
-``power``, ``signed`` and ``softpick`` (forward and backward). The maths is the PyTorch tile
+six, softpick's forward eight, each Newton step of the entmax threshold four), and on a CPU whose
+GEMMs are fast these passes cost more than the tile's matrix products. The C++ loops do each
+row's work in one or two sweeps while the row is in cache: adaptive temperature's statistics pass
+and the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), and the
+entmax family's slab preparation and threshold (forward). The maths is the PyTorch tile
 functions', which stay the reference and the fallback; ``tests/paths/test_native.py`` holds the
 two to each other.
 
@@ -13,10 +14,11 @@ compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
 ``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``), named by a hash of its source, the
 compiler and the CPU, since ``-march=native`` ties it to the machine. It is loaded with ctypes.
 
-When it runs (:func:`wanted`): on float32 CPU tiles in which every key is visible (masked tiles
-stay in PyTorch), outside a graph that ``torch.compile`` is tracing, unless
-``SHARPATTN_COMPILE=0`` (which keeps every path in plain PyTorch). Where no compiler is found it
-is not used; a build or load that fails warns once and leaves the PyTorch path for the process.
+When it runs (:func:`wanted`, :func:`usable`): on float32 CPU tiles in which every key is visible
+or whose only mask is causal (each row sees a prefix of the tile's keys), outside a graph that
+``torch.compile`` is tracing, unless ``SHARPATTN_COMPILE=0`` (which keeps every path in plain
+PyTorch). Where no compiler is found it is not used; a build or load that fails warns once and
+leaves the PyTorch path for the process.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ SOURCE = Path(__file__).with_name("native") / "tiles.cpp"
 #: is given to the compile step only: linked with it, GCC adds crtfastmath.o, which switches the
 #: whole process to flush subnormal numbers to zero when the library loads
 FLAGS = (
-    *("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"),
-    *("-std=c++17", "-fPIC"),
+    *("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-fPIC"),
+    # x86: 512-bit vectors where the CPU has them (GCC prefers 256 by default)
+    *(("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()),
 )
 LINK = ("-shared", "-fopenmp")
 #: the normalised kernels the library has loops for, by name (their ``kind`` argument)

@@ -170,15 +170,16 @@ def test_leaderboard_resumes_after_kill_9_with_the_same_numbers(tmp_path):
 
 
 def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypatch):
-    """A finished job keeps its rows: a run folder without its model and checkpoint files (a
-    published run's record) gives the same rows again without training, and a job whose rows
-    are missing, or whose evaluation budget changed, is run (retrained where its weights are
-    gone)."""
+    """A finished job keeps its rows: a run folder without the trainer's files (weights,
+    checkpoint, training log: a published run's record) gives the same rows again without
+    training, and a job whose rows are missing, or whose evaluation budget changed, is run
+    (retrained where its weights are gone)."""
     cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=30,
                                   eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
     first = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
-    for path in tmp_path.rglob("*.safetensors"):
-        path.unlink()
+    for name in seq.runner.TRAINING_FILES:
+        for path in tmp_path.rglob(name):
+            path.unlink()
     rows_files = sorted(tmp_path.rglob("rows-*.json"))
     assert len(rows_files) == 2
     rows_files[1].unlink()  # the second seed's job must run again

@@ -415,6 +415,15 @@ def _finite(obj: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+#: the files a :class:`Trainer` keeps in its folder: final weights, checkpoint, training log
+TRAINING_FILES = ("model.safetensors", "checkpoint.safetensors", "metrics.jsonl")
+
+
+def has_training_files(folder: str | Path) -> bool:
+    """Whether ``folder`` holds any of a :class:`Trainer`'s files (:data:`TRAINING_FILES`)."""
+    return any((Path(folder) / name).exists() for name in TRAINING_FILES)
+
+
 class Trainer:
     """Train ``model`` with ``optimizer`` for ``steps`` steps in ``folder``, resuming.
 
@@ -473,18 +482,18 @@ class Trainer:
         self.on_log = on_log
         self.log_at = None if log_at is None else frozenset(int(s) for s in log_at)
         self.task, self.progress, self.report_every = task, progress, max(1, report_every)
-        self.metrics = MetricsLog(self.folder / "metrics.jsonl")
+        self.metrics = MetricsLog(self.folder / TRAINING_FILES[2])
         self.lr_schedule, self.clip_grad_norm = lr_schedule, clip_grad_norm
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
 
     @property
     def final(self) -> Path:
-        return self.folder / "model.safetensors"
+        return self.folder / TRAINING_FILES[0]
 
     @property
     def checkpoint(self) -> Path:
-        return self.folder / "checkpoint.safetensors"
+        return self.folder / TRAINING_FILES[1]
 
     def run(self, stop_at: int | None = None) -> dict[str, Any]:
         """Train to ``steps`` (or load the finished weights); return the run's state
@@ -679,6 +688,8 @@ def read_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
 
 __all__ = [
     "METRICS",
+    "TRAINING_FILES",
+    "has_training_files",
     "Clock",
     "MetricsLog",
     "Progress",

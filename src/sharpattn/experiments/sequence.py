@@ -341,15 +341,17 @@ def _slug(text: str) -> str:
 def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
     """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
 
-    A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them,
-    so a re-run returns them without the weights: a run folder stripped of its model files (a
-    published run's record) still resumes, training only the jobs it has no rows for."""
+    A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them.
+    A job folder holding rows and none of the trainer's files (weights, checkpoint, training log:
+    a published run's record, carried without them) is finished: its rows are returned. Where
+    any training file is there, the job is checked and resumed from those files as always (a
+    damaged one is named; deleting the weights retrains)."""
     cfg = SequenceConfig(**job.config)
     t = task(job.task)
     m0 = job.methods[0]
     label = f"{job.task}/{m0.recipe} s{job.seed}"
     done = rows_file(job, cfg)
-    if done.is_file():
+    if done.is_file() and not runner.has_training_files(job.folder):
         rows = runner.read_json(done, [dict])
         emit(progress, label, "done", 1, 1)
         return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -147,9 +148,15 @@ def available_memory() -> int | None:
         return None
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically."""
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def write_json(path: Path, obj: Any, *, if_changed: bool = False) -> None:
+    """Write ``obj`` as indented JSON, atomically; ``if_changed``: not when the file already
+    holds exactly that (its modification time then says when it last changed)."""
+    text, path = json.dumps(obj, indent=2, sort_keys=False) + "\n", Path(path)
+    if if_changed and path.is_file():
+        with contextlib.suppress(OSError, UnicodeDecodeError):  # unreadable: written anew
+            if path.read_text(encoding="utf-8") == text:
+                return
+    write_atomic(path, text)
 
 
 def open_run(out: str | Path, config: dict[str, Any]) -> Path:

@@ -413,7 +413,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                 zeros = zeros + 1 if beyond and zero else 0
             if m.evaluate is not None:
                 switch(model, m.train, **method_params(m, t))
-        runner.write_json(done, rows)
+        runner.write_json(done, rows, if_changed=True)  # a re-run that changed nothing: kept
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
 

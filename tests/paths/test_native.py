@@ -39,7 +39,7 @@ METHODS = [
 
 @pytest.fixture(autouse=True)
 def needs_the_library():
-    if native._compiler() is None:
+    if native.compiler() is None:
         pytest.skip("no C++ compiler on the PATH: the loops are not built here")
     assert native.library() is not None, "a C++ compiler is here, but the loops did not build"
 

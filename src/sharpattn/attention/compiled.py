@@ -49,12 +49,19 @@ def mode() -> str:
     return value
 
 
+def compiler() -> str | None:
+    """The path of the C++ compiler on the PATH (``CXX``, else c++, g++, clang++), or None."""
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
 @functools.cache
 def compiler_found() -> bool:
-    """Whether a C++ compiler Inductor could use is on the PATH (``CXX``, c++, g++, clang++);
-    looked up once per process, not on every large call."""
-    names = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
-    return any(name and shutil.which(name) for name in names)
+    """Whether a C++ compiler Inductor could use is on the PATH (:func:`compiler`); looked up
+    once per process, not on every large call."""
+    return compiler() is not None
 
 
 def vectorised() -> bool:

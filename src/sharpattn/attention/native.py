@@ -28,7 +28,6 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import warnings
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .compiled import mode
+from .compiled import compiler, mode
 
 Tensor = torch.Tensor
 
@@ -65,13 +64,6 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
 }
 #: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def _cache_dir() -> Path:
@@ -117,7 +109,7 @@ def build(cxx: str) -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None (no compiler; a failed build warns once)."""
-    cxx = _compiler()
+    cxx = compiler()
     if cxx is None:
         return None
     try:

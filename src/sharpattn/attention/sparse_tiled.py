@@ -156,7 +156,7 @@ def _candidate_tau(
 ) -> Tensor:
     """The exact τ of the sorted (descending) candidates ``c`` ``[.., K]``, ``[.., 1]``;
     ``compiled``: other α's steps run as one compiled function (:func:`_solve`), ``native_ok``:
-    as :mod:`.native`'s loop."""
+    as :mod:`.native`'s loop (a number α only)."""
     kk = c.shape[-1]
     rho = torch.arange(1, kk + 1, dtype=c.dtype, device=c.device)
     if kind == "sparsemax":
@@ -173,7 +173,7 @@ def _candidate_tau(
     # any α: safeguarded steps from the lower bound (eagerly ~25 small ops a step; compiled,
     # α = 1.3's forward at n = 4,096 measured ~4.3 -> ~4.1x SDPA's, one thread, under load;
     # in the native loops 6.2 -> see docs/performance.md)
-    if native_ok and not torch.is_tensor(e) and native.usable(None, None, c, lo, hi):
+    if native_ok and native.usable(None, None, c, lo, hi):
         return native.sparse_solve(kind, e, c.clone(), lo, lo, hi, CANDIDATE_STEPS)[0]
     return _solve(compiled, c, lo, lo, hi, kind, e, CANDIDATE_STEPS)
 
@@ -356,9 +356,10 @@ class _EntmaxAttention(torch.autograd.Function):
                 cand = _candidates(y)
             lo = _lower_bound(cand, a)  # τ's bracket for the whole row: p_max >= 1/c1
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
-            tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled, grid.native)
+            loops = grid.native and not torch.is_tensor(e)  # the loops take one α per call
+            tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled, loops)
             tau = tau.clamp(lo, hi)
-            if grid.native and not torch.is_tensor(e) and native.usable(None, None, y, lo, hi):
+            if loops and native.usable(None, None, y, lo, hi):
                 tau, p, total = native.sparse_solve(kind, e, y, tau, lo, hi, steps)  # per row
             else:
                 tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)

@@ -215,3 +215,37 @@ def test_sparse_threshold_loops_equal_the_pytorch_solver(monkeypatch, method, pa
     ulps = 64 if params.get("alpha", 1.5) > 1.5 else 16
     for got, want in zip((out, *grads), (out0, *grads0), strict=True):
         assert_close(got, want, n=300, ulps=ulps)
+
+
+STICK_CASES = [
+    ("causal", 40, 40, 2, None, True),
+    ("gqa_causal_prefix", 29, 45, 1, None, True),
+    ("causal_lq_gt_lk", 40, 27, 2, None, True),
+    ("padding_inside_causal", 33, 41, 2, "pad", True),
+]
+
+
+@pytest.mark.parametrize("scale", [1.0, 25.0], ids=["scores_O1", "scores_beyond_60"])
+@pytest.mark.parametrize("attend_current", [False, True], ids=["before", "current"])
+@pytest.mark.parametrize("case", STICK_CASES, ids=[c[0] for c in STICK_CASES])
+def test_stick_breaking_loops_equal_the_pytorch_tiles(monkeypatch, case, attend_current, scale):
+    """Stick-breaking's log-space running sums across reversed key tiles, forward (with the
+    entropy and mass) and backward."""
+    q, k, v, mask, causal = inputs(case, scale)
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    forward = counting(monkeypatch, "stick_forward")
+    backward = counting(monkeypatch, "stick_backward")
+    stats = []
+
+    def f(q, k, v):
+        out, st = FAST["stick_breaking"](
+            q, k, v, masking, 8**-0.5, True, attend_current=attend_current, blocks=BLOCKS
+        )
+        stats.append((st.entropy, st.mass))
+        return out
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
+    # a polynomial exp and log σ, the same running sums in the same order: a few ulps per key
+    for got, want in zip((out, *grads, *stats[0]), (out0, *grads0, *stats[1]), strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=16)

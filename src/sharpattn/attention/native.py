@@ -4,8 +4,9 @@ Eagerly, every element-wise op of a score tile is one pass over it (adaptive's s
 six, softpick's forward eight, each Newton step of the entmax threshold four), and on a CPU whose
 GEMMs are fast these passes cost more than the tile's matrix products. The C++ loops do each
 row's work in one or two sweeps while the row is in cache: adaptive temperature's statistics pass
-and the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), and the
-entmax family's slab preparation and threshold (forward). The maths is the PyTorch tile
+the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), the
+entmax family's slab preparation and threshold (forward), and stick-breaking's log-space running
+sums (forward and backward). The maths is the PyTorch tile
 functions', which stay the reference and the fallback; ``tests/paths/test_native.py`` holds the
 two to each other.
 
@@ -61,6 +62,8 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
     "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
+    "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
 }
 #: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
@@ -231,3 +234,26 @@ def sparse_prepare(s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, c
         _threads(),
     )
     return s, m, live, cand
+
+
+def stick_forward(s: Tensor, ends: Tensor | None, carry: Tensor, ent=None, mass=None) -> Tensor:
+    """Stick-breaking's weights on one tile whose keys are reversed, written over ``s``
+    (returned); ``carry`` (Σ log σ(−s) to the right, per row) updated in place, and ``ent`` and
+    ``mass`` (contiguous, per row) accumulated when given. ``ends``: :meth:`~.tiles.Grid.prefix`
+    of the tile in its own key order."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().stick_forward(_p(s), rows, cols, e, tr, _p(carry), _p(ent), _p(mass), _threads())
+    return s
+
+
+def stick_backward(s: Tensor, gv: Tensor, ends: Tensor | None, carry, later, d):
+    """(dL/ds written over ``s``, w) of stick-breaking on one reversed tile, with gv = dO·vᵀ;
+    ``carry`` and ``later`` (Σ w·g to the right) updated in place, ``d`` = dO·out per row."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    w = torch.empty_like(s)
+    library().stick_backward(
+        *(_p(s), _p(gv), _p(w), rows, cols, e, tr, _p(carry), _p(later), _p(d)), _threads()
+    )
+    return s, w

@@ -24,6 +24,10 @@ Backward (recomputing the tiles, the same walk): with g_ij = dO_i·v_j and D_i =
 
 the last sum carried from the right like the forward's (5 matrix products per tile, as flash
 attention's backward).
+
+On float32 CPU tiles that are unmasked or causal, the element-wise work of a tile (log σ, the
+running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row
+(:func:`.native.stick_forward`, :func:`.native.stick_backward`), the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiled import _exp_, empty_result
@@ -67,17 +72,24 @@ class _Walk:
         return grid, grid.k.flip(-2), grid.v.flip(-2)
 
 
-def _tile(grid: Grid, krev: Tensor, qb: Tensor, t: Tile):
-    """(scores, keep) of tile ``t`` with its keys reversed (nearest first), ``[B, H, r, c]``:
-    disallowed scores 0 (finite arithmetic), ``keep`` the mask as 0/1 or None."""
+def _tile(grid: Grid, krev: Tensor, qb: Tensor, t: Tile, loops: bool = False):
+    """(scores, keep, ends) of tile ``t`` with its keys reversed (nearest first),
+    ``[B, H, r, c]``. With ``loops`` (the call may use :mod:`.native`) and a tile the loops take,
+    ``ends`` is its :meth:`~.tiles.Grid.prefix` (or None: every key visible) and ``keep`` is
+    ``False``: the scores are left as they are, for the loops. Otherwise disallowed scores are 0
+    (finite arithmetic) and ``keep`` is the mask as 0/1 or None."""
     a, b = grid.lk - t.c1, grid.lk - t.c0
     s = torch.matmul(qb, krev[..., a:b, :].transpose(-2, -1))
     s = s.view(grid.b, grid.h, t.r1 - t.r0, t.c1 - t.c0)
+    if loops:
+        ends = grid.prefix(t)
+        if native.usable(ends, t.mask, s):
+            return s, False, ends
     keep = None
     if t.mask is not None:
         keep = t.mask.flip(-1).to(grid.dtype)
         s.mul_(keep)  # a product, not masked_fill: 30× faster here (see tiled._masked_)
-    return s, keep
+    return s, keep, None
 
 
 def _log_weights(s: Tensor, keep: Tensor | None, carry: Tensor) -> tuple[Tensor, Tensor]:
@@ -105,22 +117,34 @@ def _forward(walk: _Walk, q, k, v, want_stats: bool):
     mass = torch.zeros_like(ent)
     for r0, r1 in grid.row_blocks():
         qb, acc = grid.q_rows(r0, r1), out[..., r0:r1, :]
-        carry = torch.zeros(grid.b, grid.h, r1 - r0, 1, dtype=grid.dtype, device=out.device)
+        block = (grid.b, grid.h, r1 - r0, 1)
+        carry = torch.zeros(block, dtype=grid.dtype, device=out.device)
+        ent_b = torch.zeros(block if want_stats else 0, dtype=grid.dtype, device=out.device)
+        mass_b = torch.zeros_like(ent_b)
         for t in reversed(list(grid.tiles(r0, r1))):
-            s, keep = _tile(grid, krev, qb, t)
+            s, keep, ends = _tile(grid, krev, qb, t, grid.native)
+            if keep is False:  # the C++ loop: log weights, running sum and exp in two sweeps
+                carry = carry.contiguous()
+                stats = (ent_b, mass_b) if want_stats else ()
+                w = native.stick_forward(s, ends, carry, *stats)
+                acc += torch.matmul(grid.grouped(w), vrev[..., grid.lk - t.c1 : grid.lk - t.c0, :])
+                continue
             log_w, carry = _log_weights(s, keep, carry)
             if want_stats:
                 w = torch.exp(log_w)
                 if keep is not None:
                     w.mul_(keep)
-                ent[..., r0:r1, :] -= (w * log_w).sum(-1, keepdim=True)
-                mass[..., r0:r1, :] += w.sum(-1, keepdim=True)
+                ent_b -= (w * log_w).sum(-1, keepdim=True)
+                mass_b += w.sum(-1, keepdim=True)
             else:
                 w = _exp_(log_w)
                 if keep is not None:
                     w.mul_(keep)
             w5 = grid.grouped(w)
             acc += torch.matmul(w5, vrev[..., grid.lk - t.c1 : grid.lk - t.c0, :])
+        if want_stats:
+            ent[..., r0:r1, :] = ent_b
+            mass[..., r0:r1, :] = mass_b
     return out, ent, mass
 
 
@@ -133,24 +157,29 @@ def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
     total = grid.heads((g5 * out5).sum(-1, keepdim=True))  # D_i = dO_i·out_i = Σ_j w_ij·g_ij
     for r0, r1 in grid.row_blocks():
         qb, gb, dqb = grid.q_rows(r0, r1), g5[..., r0:r1, :], dq[..., r0:r1, :]
-        db = total[..., r0:r1, :]
+        db = total[..., r0:r1, :].contiguous()
         carry = torch.zeros(grid.b, grid.h, r1 - r0, 1, dtype=grid.dtype, device=dq.device)
         later = torch.zeros_like(carry)  # Σ w·g over the keys of the tiles to the right
         for t in reversed(list(grid.tiles(r0, r1))):
             a, b, c = grid.lk - t.c1, grid.lk - t.c0, t.c1 - t.c0
-            s, keep = _tile(grid, krev, qb, t)
-            log_w, carry = _log_weights(s, keep, carry)
-            w = _exp_(log_w)
-            if keep is not None:
-                w.mul_(keep)
+            s, keep, ends = _tile(grid, krev, qb, t, grid.native)
             vt = vrev[..., a:b, :]
-            wg = grid.heads(torch.matmul(gb, vt.transpose(-2, -1))).mul_(w)  # w_ij·g_ij
-            run = torch.cat((later, wg), dim=-1).cumsum_(-1)  # Σ_{j>k} w·g, then the carry
-            later = run[..., c:]
-            # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
-            ds = torch.sigmoid(s).mul_(run[..., :c].neg_().add_(db)).neg_().add_(wg)
-            if keep is not None:
-                ds.mul_(keep)
+            gv = grid.heads(torch.matmul(gb, vt.transpose(-2, -1)))  # g_ij = dO_i·v_j
+            if keep is False:  # the C++ loop: the same sums in a few sweeps per row
+                carry, later = carry.contiguous(), later.contiguous()
+                ds, w = native.stick_backward(s, gv, ends, carry, later, db)
+            else:
+                log_w, carry = _log_weights(s, keep, carry)
+                w = _exp_(log_w)
+                if keep is not None:
+                    w.mul_(keep)
+                wg = gv.mul_(w)  # w_ij·g_ij
+                run = torch.cat((later, wg), dim=-1).cumsum_(-1)  # Σ_{j>k} w·g, then the carry
+                later = run[..., c:]
+                # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
+                ds = torch.sigmoid(s).mul_(run[..., :c].neg_().add_(db)).neg_().add_(wg)
+                if keep is not None:
+                    ds.mul_(keep)
             ds5, w5 = grid.grouped(ds), grid.grouped(w)
             dqb.add_(torch.matmul(ds5, krev[..., a:b, :]), alpha=grid.scale)
             # q carries the scale (fold_scale), so dk = Σ_i ds_ij·(scale·q_i)

@@ -4,8 +4,8 @@
 // of c keys, every key visible: masked tiles stay in PyTorch) and per-row values as arrays of
 // `rows` floats; it does in one or two sweeps over each row (in cache) what the pure-PyTorch
 // tile functions do in one pass over the tile per operation. The maths is theirs, line for line:
-// attention/fused.py (_entropy_tile, _EntropyPass.backward) and attention/tiled.py (the
-// _Power, _Signed and _Softpick kernels). Plain C++ on raw pointers, no PyTorch headers:
+// attention/fused.py (_entropy_tile, _EntropyPass.backward), attention/tiled.py (the
+// _Power, _Signed and _Softpick kernels), attention/sparse_tiled.py and attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
 // built by g++ with -O3 -march=native -ffast-math on first use (the inputs are finite: the
 // callers check that, and no infinity is used here); rows are shared among `threads` OpenMP
 // threads (the OpenMP runtime that PyTorch has loaded).
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -59,10 +60,12 @@ inline float sign_of(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f); }
 
 // 2^x inline (vectorised with the loop, no library call): x = n + f, |f| <= 1/2, a degree-6
 // polynomial for 2^f (relative error below 1e-7 on [-126, 128)), n added to the exponent bits.
-// Arguments below -126 give 2^-126 times the polynomial's value clamped there: at most 1.2e-38
-// where the exact value is smaller (weights that small are 0 in every sum here).
+// Arguments below -126 give 0: the exact value is below the smallest normal float, and a
+// subnormal result would make every later product that reads it (the tiles' GEMMs) many times
+// slower; weights that small are 0 in every sum here.
 inline float fast_exp2(float x) {
-  x = x < -126.f ? -126.f : (x > 127.f ? 127.f : x);
+  const bool under = x < -126.f;
+  x = under ? -126.f : (x > 127.f ? 127.f : x);
   const float n = std::nearbyint(x);
   const float f = x - n;
   float p = 1.535336188319500e-4f;
@@ -76,7 +79,7 @@ inline float fast_exp2(float x) {
   std::memcpy(&bits, &p, sizeof bits);
   bits += static_cast<int32_t>(n) * (1 << 23);
   std::memcpy(&p, &bits, sizeof p);
-  return p;
+  return under ? 0.f : p;
 }
 
 // log2(x) for x > 0 inline: x = 2^k·m with m in [√½, √2), log m = 2·atanh(z), z = (m − 1)/(m + 1)
@@ -452,6 +455,130 @@ void sparse_prepare(float* s, int64_t rows, int64_t cols, const int32_t* ends, i
     }
     m[r] = mr;
     live[r] = any ? 1.f : 0.f;
+  }
+}
+
+}  // extern "C"
+
+namespace {
+
+constexpr float kLn2 = 0.6931471805599453f;
+
+// log(1 + y) for 0 <= y <= 1: the series to y^7 below 1/16 (truncation below 2^-24 relative;
+// 1 + y would round there and lose y's low bits, which a sum of many log σ(−s) keeps), the
+// logarithm of 1 + y beyond.
+inline float log1p_unit(float y) {
+  float p = 1.f / 7.f;
+  p = p * y - 1.f / 6.f;
+  p = p * y + 1.f / 5.f;
+  p = p * y - 1.f / 4.f;
+  p = p * y + 1.f / 3.f;
+  p = p * y - 0.5f;
+  p = p * y + 1.f;
+  const float log_u = fast_log2(1.f + y) * kLn2;
+  return y < 0.0625f ? p * y : log_u;  // both computed: a select, which vectorises
+}
+
+// log σ(x) = min(x, 0) − log(1 + e^{−|x|}) for finite x.
+inline float log_sigmoid(float x) { return std::min(x, 0.f) - log1p_unit(fast_exp(-std::fabs(x))); }
+
+// Exclusive running sum in place from `start`: x_j becomes start + Σ_{k<j} x_k; returns the sum
+// of all (the next tile's start). In the order the PyTorch path's cumsum adds.
+inline float scan_exclusive(float* x, int64_t n, float start) {
+  float run = start;
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = x[j];
+    x[j] = run;
+    run += t;
+  }
+  return run;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Stick-breaking (attention/stick_tiled.py, _log_weights), forward on one tile whose keys are
+// reversed (nearest first): per row, carry = Σ log σ(−s) of the allowed keys to the right (read
+// and written), log w_j = log σ(s_j) + carry + Σ_{k<j} log σ(−s_k), w written over s; with
+// stats (ent and mass not null) ent −= Σ w·log w and mass += Σ w. `ends` counts the keys each
+// row sees in the tile's own order: in the reversed tile the last ends[r], the others hidden
+// (w = 0, the carry passes them).
+void stick_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends, int64_t tile_rows,
+                   float* carry, float* ent, float* mass, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> lp(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = s + r * cols;
+      const int64_t n = visible(ends, tile_rows, r, cols);
+      zero(x, cols - n);
+      float* y = x + (cols - n);
+      for (int64_t j = 0; j < n; ++j) {
+        const float l = log_sigmoid(y[j]);
+        lp[j] = l;
+        y[j] = l - y[j];  // log σ(−s) = log σ(s) − s
+      }
+      carry[r] = scan_exclusive(y, n, carry[r]);
+      if (ent == nullptr) {
+        for (int64_t j = 0; j < n; ++j) y[j] = fast_exp(lp[j] + y[j]);
+      } else {
+        float e = 0.f, total = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float lw = lp[j] + y[j];
+          const float w = fast_exp(lw);
+          e -= w * lw;
+          total += w;
+          y[j] = w;
+        }
+        ent[r] += e;
+        mass[r] += total;
+      }
+    }
+  }
+}
+
+// Its backward on one tile (keys reversed as above): with gv = dO·vᵀ, per row the carry (as the
+// forward), later = Σ w·g of the keys to the right (read and written) and D = dO·out, s becomes
+// dL/ds = w·g − σ(s)·(D − later − Σ_{k<j} w_k·g_k) and w the tile's weights.
+void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t cols,
+                    const int32_t* ends, int64_t tile_rows, float* carry, float* later,
+                    const float* dd, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> lp(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = s + r * cols;
+      float* wr = w + r * cols;
+      const int64_t h = cols - visible(ends, tile_rows, r, cols), n = cols - h;
+      zero(x, h);
+      zero(wr, h);
+      float* y = x + h;
+      float* wy = wr + h;
+      const float* g = gv + r * cols + h;
+      for (int64_t j = 0; j < n; ++j) {
+        const float l = log_sigmoid(y[j]);
+        lp[j] = l;
+        y[j] = l - y[j];
+      }
+      carry[r] = scan_exclusive(y, n, carry[r]);
+      for (int64_t j = 0; j < n; ++j) {
+        const float wj = fast_exp(lp[j] + y[j]);
+        wy[j] = wj;
+        y[j] = wj * g[j];
+        lp[j] = fast_exp(lp[j]);  // σ(s)
+      }
+      const float d = dd[r];
+      float acc = later[r];
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = y[j];
+        y[j] = t - lp[j] * (d - acc);
+        acc += t;
+      }
+      later[r] = acc;
+    }
   }
 }
 

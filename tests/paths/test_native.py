@@ -249,3 +249,63 @@ def test_stick_breaking_loops_equal_the_pytorch_tiles(monkeypatch, case, attend_
     # a polynomial exp and log σ, the same running sums in the same order: a few ulps per key
     for got, want in zip((out, *grads, *stats[0]), (out0, *grads0, *stats[1]), strict=True):
         assert_close(got, want, n=k.shape[2], ulps=16)
+
+
+TOPK_CASES = [*CASES[:4], ("causal_lq_lt_lk_wide", 12, 300, 2, None, True)]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("top_k", [1, 5, 64], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("case", TOPK_CASES, ids=[c[0] for c in TOPK_CASES])
+def test_topk_selection_equals_the_slab_path(monkeypatch, case, top_k, ties):
+    """Top-k from the C++ selection (kept keys gathered, backward from them) against the slab
+    path's threshold and ties: causal rows with fewer than k keys, scores on a coarse grid
+    (many ties, broken in key order), k = 1 and k above the keys there are."""
+    q, k, v, mask, causal = inputs(case, scale=2.0)
+    if ties:
+        q, k = q.round(), k.round()
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    select = counting(monkeypatch, "topk_select")
+    stats = []
+
+    def f(q, k, v):
+        out, st = FAST["topk_tiled"](q, k, v, masking, 0.5, True, top_k=top_k)
+        stats.append((st.entropy, st.mass))
+        return out
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    assert len(select) > 0
+    # terms summed: top_k per output and dq row, up to every query (G·Lq) per dk and dv row
+    sums = (top_k, top_k, q.shape[1] * q.shape[2], q.shape[1] * q.shape[2], top_k, top_k)
+    for got, want, n in zip((out, *grads, *stats[0]), (out0, *grads0, *stats[1]), sums, strict=True):
+        # at the scale of the terms (randn dO, v, k: O(1)), not of the result: with k = 1 the
+        # gradients of q and k are 0 exactly, and both paths give rounding noise
+        size = max(1.0, float(want.abs().max()))
+        assert_close(got, want, n=n, ulps=16, magnitude=size)
+
+
+def test_topk_selection_gradcheck_in_float64(monkeypatch):
+    """The selected path's backward (gathers and scatters) by finite differences: float64 runs
+    the slab path, so the float32 call's selection is replayed in float64 through the same
+    Function."""
+    from sharpattn.attention import sparse_tiled
+
+    monkeypatch.setenv("SHARPATTN_COMPILE", "auto")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k = k[:, :1].repeat(1, 1, 2, 1)[:, :, :11]  # one key head (GQA), 11 keys
+    v = v[:, :1].repeat(1, 1, 2, 1)[:, :, :11]
+    masking = Masking.build(None, True, 9, 11, "cpu")
+    real = native.topk_select
+
+    def select64(s, ends, kk):  # the selection of float32 scores, values in float64
+        vals, idx, count = real(s.float().contiguous(), ends, kk)
+        return s.gather(-1, idx), idx, count
+
+    monkeypatch.setattr(native, "topk_select", select64)
+
+    def f(q, k, v):
+        return sparse_tiled._TopkSelected.apply(q, k, v, 3, masking, 0.5, False)[0]
+
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=1e-8)

@@ -6,7 +6,7 @@ GEMMs are fast these passes cost more than the tile's matrix products. The C++ l
 row's work in one or two sweeps while the row is in cache: adaptive temperature's statistics pass
 the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), the
 entmax family's slab preparation and threshold (forward), and stick-breaking's log-space running
-sums (forward and backward). The maths is the PyTorch tile
+sums (forward and backward), and top-k's selection of each row's largest keys. The maths is the PyTorch tile
 functions', which stay the reference and the fallback; ``tests/paths/test_native.py`` holds the
 two to each other.
 
@@ -64,6 +64,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
     "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
 }
 #: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
@@ -257,3 +258,17 @@ def stick_backward(s: Tensor, gv: Tensor, ends: Tensor | None, carry, later, d):
         *(_p(s), _p(gv), _p(w), rows, cols, e, tr, _p(carry), _p(later), _p(d)), _threads()
     )
     return s, w
+
+
+def topk_select(s: Tensor, ends: Tensor | None, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(values, key indices, count) of each row's ``k`` largest visible scores of ``s``
+    ``[.., r, c]``, in descending order with ties in key order: values and indices ``[.., r, k]``
+    (slots past a row's visible keys hold 0), count ``[.., r]`` int64 the filled slots."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    lead = s.shape[:-1]
+    val = torch.empty(*lead, k, dtype=s.dtype, device=s.device)
+    idx = torch.empty(*lead, k, dtype=torch.int64, device=s.device)
+    count = torch.empty(lead, dtype=torch.int64, device=s.device)
+    library().topk_select(_p(s), rows, cols, e, tr, k, _p(val), _p(idx), _p(count), _threads())
+    return val, idx, count

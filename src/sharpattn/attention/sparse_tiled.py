@@ -510,6 +510,102 @@ class _TopkAttention(torch.autograd.Function):
         return (*walk.finish_grads(q, k, v, dq, dk, dv), None, None, None, None)
 
 
+#: The largest ``top_k`` for which the C++ selection path keeps each row's chosen keys
+#: (:class:`_TopkSelected`); larger ones take the slab path above.
+SELECT_MAX_K = 64
+#: Query rows × kept keys per block of the selected path's gathers (each ``[.., D]`` floats).
+GATHER_ENTRIES = 2**15
+
+
+def _key_rows(grid: Grid, idx: Tensor) -> Tensor:
+    """Row numbers in ``grid.k`` / ``grid.v`` flattened to ``[B·Hkv·Lk, ·]`` of the keys
+    ``idx`` ``[B, H, r, kk]`` (query head h reads key head h // G), flattened."""
+    dev = idx.device
+    kv_head = torch.arange(grid.h, device=dev) // grid.g
+    base = (torch.arange(grid.b, device=dev).unsqueeze(-1) * grid.hkv + kv_head) * grid.lk
+    return (idx + base[:, :, None, None]).reshape(-1)
+
+
+class _TopkSelected(torch.autograd.Function):
+    """Top-k from each row's selected keys: the C++ loop (:func:`.native.topk_select`) finds a
+    row's ``top_k`` largest visible scores with their key indices in one sweep over the block's
+    scores; the output gathers those keys' values (B·H·Lq·top_k·Dv products, not a GEMM over
+    every key), and the (index, weight) pairs are kept, O(Lq·top_k), so the backward needs no
+    score at all: with g_j = dO·v_j, ds_j = w_j·(g_j − dO·out)·scale, dq = Σ_j ds_j·k_j, and
+    dk, dv are scattered back to the kept keys. Float32 CPU calls with no mask or a causal one."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, top_k, masking, scale, want_stats):
+        walk = _Walk(q, k, v, masking, scale)
+        grid = walk.grid
+        kk = max(1, min(top_k, grid.lk))
+        shape = (grid.b, grid.h, grid.lq, kk)
+        idx_all = torch.zeros(shape, dtype=torch.int64, device=grid.q.device)
+        w_all = torch.zeros(shape, dtype=grid.dtype, device=grid.q.device)
+        out = grid.empty_out()
+        vf = grid.v.reshape(-1, grid.dv)
+        slots = torch.arange(kk, device=grid.q.device)
+        for t in walk.blocks():
+            r0, r1 = t.r0, t.r1
+            s = grid.scores(grid.q_rows(r0, r1), t)
+            vals, idx, count = native.topk_select(s, grid.prefix(t), kk)
+            valid = slots < count.unsqueeze(-1)
+            m = vals[..., :1]  # the row's largest (0 on a row without keys)
+            p = torch.where(valid, vals - m, 0.0).exp_().mul_(valid)
+            total = p.sum(-1, keepdim=True)
+            w = p.div_(torch.where(total > 0, total, 1.0))
+            vg = vf.index_select(0, _key_rows(grid, idx)).view(*w.shape, grid.dv)
+            out[..., r0:r1, :] = grid.grouped(torch.matmul(w.unsqueeze(-2), vg).squeeze(-2))
+            idx_all[..., r0:r1, :] = idx
+            w_all[..., r0:r1, :] = w
+        out = grid.heads(out)
+        ctx.save_for_backward(q, k, v, out, idx_all, w_all)
+        ctx.masking, ctx.scale = masking, scale
+        mass = (w_all.sum(-1, keepdim=True) > 0).to(grid.dtype)
+        if want_stats:
+            tiny = torch.finfo(grid.dtype).tiny
+            ent = -(w_all * w_all.clamp_min(tiny).log()).sum(-1, keepdim=True)
+        else:
+            ent = torch.zeros_like(mass)  # not asked for
+        ctx.mark_non_differentiable(ent, mass)
+        return out.to(q.dtype), ent, mass
+
+    @staticmethod
+    def backward(ctx, d_out, _d_ent, _d_mass):
+        q, k, v, out, idx_all, w_all = ctx.saved_tensors
+        grid = Grid(q, k, v, ctx.masking, ctx.scale)
+        go = d_out.to(grid.dtype)
+        delta = (go * out).sum(-1, keepdim=True)  # Σ_j w_j g_j = dO_i·out_i
+        kf, vf = grid.k.reshape(-1, grid.d), grid.v.reshape(-1, grid.dv)
+        dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
+        qh = grid.heads(grid.q)
+        dq = torch.empty_like(qh)
+        kk = idx_all.shape[-1]
+        step = max(1, GATHER_ENTRIES // max(1, grid.b * grid.h * kk))
+        for r0 in range(0, grid.lq, step):
+            r1 = min(r0 + step, grid.lq)
+            rows = _key_rows(grid, idx_all[..., r0:r1, :])
+            w = w_all[..., r0:r1, :]
+            gb = go[..., r0:r1, :]
+            vg = vf.index_select(0, rows).view(*w.shape, grid.dv)
+            g = torch.matmul(vg, gb.unsqueeze(-1)).squeeze(-1)  # g_j = dO·v_j
+            ds = g.sub_(delta[..., r0:r1, :]).mul_(w).mul_(ctx.scale)
+            kg = kf.index_select(0, rows).view(*w.shape, grid.d)
+            dq[..., r0:r1, :] = torch.matmul(ds.unsqueeze(-2), kg).squeeze(-2)
+            dkf.index_add_(0, rows, (ds.unsqueeze(-1) * qh[..., r0:r1, None, :]).view(-1, grid.d))
+            dvf.index_add_(0, rows, (w.unsqueeze(-1) * gb.unsqueeze(-2)).view(-1, grid.dv))
+        dk = dkf.view(grid.b, grid.hkv, grid.lk, grid.d)
+        dv = dvf.view(grid.b, grid.hkv, grid.lk, grid.dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
+    """Whether a top-k call takes :class:`_TopkSelected` (the C++ selection)."""
+    if masking.mask is not None or not 1 <= top_k <= SELECT_MAX_K:
+        return False
+    return native.wanted(q.device, compute_dtype(q.dtype))
+
+
 # ---------------------------------------------------------------------------------------------
 # The fast paths (``FAST`` entries)
 
@@ -632,7 +728,8 @@ def asentmax(
 
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
-    out, ent, mass = _TopkAttention.apply(q, k, v, top_k, masking, scale, want_stats)
+    fn = _TopkSelected if _selects(q, masking, top_k) else _TopkAttention
+    out, ent, mass = fn.apply(q, k, v, top_k, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)
 
 

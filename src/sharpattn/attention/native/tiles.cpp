@@ -583,3 +583,69 @@ void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t c
 }
 
 }  // extern "C"
+
+namespace {
+
+// Puts (x, j) into the descending list (val, idx) of `count` entries (capacity k), after every
+// entry >= x (ties keep key order: j is later than every index there); the last entry drops out
+// when the list is full. Returns the new count.
+inline int64_t insert(float* val, int64_t* idx, int64_t count, int64_t k, float x, int64_t j) {
+  int64_t pos = count < k ? count : k - 1;
+  while (pos > 0 && val[pos - 1] < x) {
+    val[pos] = val[pos - 1];
+    idx[pos] = idx[pos - 1];
+    --pos;
+  }
+  val[pos] = x;
+  idx[pos] = j;
+  return count < k ? count + 1 : k;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Top-k's selection (attention/sparse_tiled.py, _TopkAttention) on a slab of rows: per row the
+// k largest of its visible keys (the first ends[r mod tile_rows], or all) in descending order,
+// ties broken by key order (the lower index kept), as values into val and key indices into idx
+// (rows × k), and how many it found into filled (min(k, visible keys)); the slots past those
+// get value 0 and index 0. One sweep per row: the maximum of each block of 64 keys is compared
+// with the k-th largest so far (vectorised), and only a block with a larger key is inserted
+// key by key.
+void topk_select(const float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                 int64_t tile_rows, int64_t k, float* val, int64_t* idx, int64_t* filled,
+                 int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    float* v = val + r * k;
+    int64_t* ix = idx + r * k;
+    int64_t count = 0;
+    int64_t j = 0;
+    for (; j < n && count < k; ++j) count = insert(v, ix, count, k, x[j], j);
+    float kth = v[k - 1];
+    for (; j + 64 <= n; j += 64) {
+      if (row_max(x + j, 64, kUnseen) <= kth) continue;
+      for (int q = 0; q < 64; ++q) {
+        if (x[j + q] > kth) {
+          insert(v, ix, k, k, x[j + q], j + q);
+          kth = v[k - 1];
+        }
+      }
+    }
+    for (; j < n; ++j) {
+      if (x[j] > kth) {
+        insert(v, ix, k, k, x[j], j);
+        kth = v[k - 1];
+      }
+    }
+    for (int64_t q = count; q < k; ++q) {
+      v[q] = 0.f;
+      ix[q] = 0;
+    }
+    filled[r] = count;
+  }
+}
+
+}  // extern "C"

@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -91,10 +94,9 @@ inline float fast_log2(float x) {
   bits = (bits & 0x007fffff) | 0x3f800000;  // m in [1, 2)
   float m;
   std::memcpy(&m, &bits, sizeof m);
-  if (m > 1.41421356f) {
-    m *= 0.5f;
-    k += 1;
-  }
+  const bool big = m > 1.41421356f;  // a select, not a branch: the loops vectorise
+  m = big ? 0.5f * m : m;
+  k += big ? 1 : 0;
   const float z = (m - 1.f) / (m + 1.f), z2 = z * z;
   float p = 1.f / 9.f;
   p = p * z2 + 1.f / 7.f;
@@ -345,17 +347,59 @@ namespace {
 // within the bracket [lo, hi], then p = [y − τ]_+^e written over y and total = Σ p. kind 0:
 // sparsemax (e = 1, Newton on f = Σ t − 1), 1: 1.5-entmax (e = 2), 2: any other e = 1/(α − 1)
 // (Newton on G = (Σ t^e)^{1/e} − 1); t = [y − τ]_+.
+//
+// Every iterate stays in the bracket, so a key with y <= lo has t = 0 at each of them: the row's
+// keys with y > lo are first copied, with their indices, into cy and ci (blocks of 16 keys
+// whose maximum is <= lo are skipped whole), and the steps and the weights run over those only
+// (measured at n = 4,096 with attention scores: 12% of the keys for α = 1.3, 1.3% for 1.5,
+// 0.2% for sparsemax).
+template <int K>
+inline float weight_of(float t, float e) {  // t^e for t >= 0
+  if constexpr (K == 0) {
+    return t;
+  } else if constexpr (K == 1) {
+    return t * t;
+  } else {
+    const float pos = t > 0.f ? 1.f : 0.f;
+    return pos * fast_exp2(e * fast_log2(t > 0.f ? t : 1.f));
+  }
+}
+
 template <int K>
 void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi, int steps,
-                float* total) {
+                float* total, float* cy, int32_t* ci) {
   constexpr float tiny = 1.17549435e-38f;
+  int64_t m = 0, j0 = 0;
+#if defined(__AVX512F__)
+  // AVX-512: a block of 16 keys compressed in registers (cy and ci have 16 entries of slack)
+  const __m512 lo16 = _mm512_set1_ps(lo);
+  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  for (; j0 + 16 <= n; j0 += 16, at = _mm512_add_epi32(at, sixteen)) {
+    const __m512 x = _mm512_loadu_ps(y + j0);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo16, _CMP_GT_OQ);
+    if (keep == 0) continue;
+    _mm512_storeu_ps(cy + m, _mm512_maskz_compress_ps(keep, x));
+    _mm512_storeu_si512(ci + m, _mm512_maskz_compress_epi32(keep, at));
+    m += __builtin_popcount(static_cast<unsigned>(keep));
+  }
+#endif
+  for (; j0 < n; j0 += 16) {
+    const int64_t len = std::min<int64_t>(16, n - j0);
+    if (row_max(y + j0, len, kUnseen) <= lo) continue;
+    for (int64_t q = 0; q < len; ++q) {  // branch-free: write, advance where y > lo
+      cy[m] = y[j0 + q];
+      ci[m] = static_cast<int32_t>(j0 + q);
+      m += y[j0 + q] > lo ? 1 : 0;
+    }
+  }
   float tau = *tau_io;
   for (int it = 0; it < steps; ++it) {
     float f, slope;
     if constexpr (K == 0) {
       float sum = 0.f, count = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float t = std::max(y[j] - tau, 0.f);
+      for (int64_t j = 0; j < m; ++j) {
+        const float t = std::max(cy[j] - tau, 0.f);
         sum += t;
         count += static_cast<float>(t > 0.f);
       }
@@ -363,8 +407,8 @@ void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi,
       slope = count;
     } else if constexpr (K == 1) {
       float s1 = 0.f, s2 = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float t = std::max(y[j] - tau, 0.f);
+      for (int64_t j = 0; j < m; ++j) {
+        const float t = std::max(cy[j] - tau, 0.f);
         s1 += t;
         s2 += t * t;
       }
@@ -373,11 +417,11 @@ void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi,
       slope = s1 * norm / std::max(s2, tiny);
     } else {
       float s0 = 0.f, s1 = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float t = std::max(y[j] - tau, 0.f);
-        const float lg = fast_log2(t > 0.f ? t : 1.f);
-        s0 += t > 0.f ? fast_exp2(e * lg) : 0.f;
-        s1 += t > 0.f ? fast_exp2((e - 1.f) * lg) : 0.f;
+      for (int64_t j = 0; j < m; ++j) {
+        const float t = std::max(cy[j] - tau, 0.f);
+        const float p = weight_of<2>(t, e);
+        s0 += p;
+        s1 += p / (t > 0.f ? t : 1.f);  // t^{e−1} (p = 0 where t = 0)
       }
       const float norm = std::pow(s0, 1.f / e);
       f = norm - 1.f;
@@ -395,19 +439,13 @@ void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi,
     tau = inside ? step : 0.5f * (lo + hi);
   }
   float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    const float t = std::max(y[j] - tau, 0.f);
-    float p;
-    if constexpr (K == 0) {
-      p = t;
-    } else if constexpr (K == 1) {
-      p = t * t;
-    } else {
-      p = t > 0.f ? fast_exp2(e * fast_log2(t > 0.f ? t : 1.f)) : 0.f;
-    }
+  for (int64_t j = 0; j < m; ++j) {
+    const float p = weight_of<K>(std::max(cy[j] - tau, 0.f), e);
     sum += p;
-    y[j] = p;
+    cy[j] = p;
   }
+  zero(y, n);
+  for (int64_t j = 0; j < m; ++j) y[ci[j]] = cy[j];
   *tau_io = tau;
   *total = sum;
 }
@@ -418,15 +456,22 @@ extern "C" {
 
 void sparse_solve(int kind, float e, float* y, int64_t rows, int64_t cols, float* tau,
                   const float* lo, const float* hi, int steps, float* total, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* x = y + r * cols;
-    if (kind == 0) {
-      sparse_row<0>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
-    } else if (kind == 1) {
-      sparse_row<1>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
-    } else {
-      sparse_row<2>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> cy(static_cast<size_t>(cols) + 16);  // 16 of slack: see sparse_row
+    std::vector<int32_t> ci(static_cast<size_t>(cols) + 16);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = y + r * cols;
+      float* c = cy.data();
+      int32_t* i = ci.data();
+      if (kind == 0) {
+        sparse_row<0>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
+      } else if (kind == 1) {
+        sparse_row<1>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
+      } else {
+        sparse_row<2>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
+      }
     }
   }
 }

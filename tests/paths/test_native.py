@@ -309,3 +309,15 @@ def test_topk_selection_gradcheck_in_float64(monkeypatch):
 
     xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_topk_selection_with_empty_values(causal):
+    """Values of width 0 (allowed by attend): empty outputs and gradients, as the naive path."""
+    from sharpattn import attend
+
+    q, k = torch.randn(1, 2, 5, 8, requires_grad=True), torch.randn(1, 2, 7, 8, requires_grad=True)
+    v = torch.randn(1, 2, 7, 0, requires_grad=True)
+    out = attend(q, k, v, "topk", causal=causal)
+    out.sum().backward()
+    assert out.shape == (1, 2, 5, 0) and not q.grad.any() and k.grad.shape == k.shape

@@ -543,7 +543,8 @@ class _TopkSelected(torch.autograd.Function):
         idx_all = torch.zeros(shape, dtype=torch.int64, device=grid.q.device)
         w_all = torch.zeros(shape, dtype=grid.dtype, device=grid.q.device)
         out = grid.empty_out()
-        vf = grid.v.reshape(-1, grid.dv)
+        keys = grid.b * grid.hkv * grid.lk
+        vf = grid.v.reshape(keys, grid.dv)
         slots = torch.arange(kk, device=grid.q.device)
         for t in walk.blocks():
             r0, r1 = t.r0, t.r1
@@ -576,7 +577,8 @@ class _TopkSelected(torch.autograd.Function):
         grid = Grid(q, k, v, ctx.masking, ctx.scale)
         go = d_out.to(grid.dtype)
         delta = (go * out).sum(-1, keepdim=True)  # Σ_j w_j g_j = dO_i·out_i
-        kf, vf = grid.k.reshape(-1, grid.d), grid.v.reshape(-1, grid.dv)
+        keys = grid.b * grid.hkv * grid.lk
+        kf, vf = grid.k.reshape(keys, grid.d), grid.v.reshape(keys, grid.dv)
         dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
         qh = grid.heads(grid.q)
         dq = torch.empty_like(qh)
@@ -592,8 +594,9 @@ class _TopkSelected(torch.autograd.Function):
             ds = g.sub_(delta[..., r0:r1, :]).mul_(w).mul_(ctx.scale)
             kg = kf.index_select(0, rows).view(*w.shape, grid.d)
             dq[..., r0:r1, :] = torch.matmul(ds.unsqueeze(-2), kg).squeeze(-2)
-            dkf.index_add_(0, rows, (ds.unsqueeze(-1) * qh[..., r0:r1, None, :]).view(-1, grid.d))
-            dvf.index_add_(0, rows, (w.unsqueeze(-1) * gb.unsqueeze(-2)).view(-1, grid.dv))
+            pairs = rows.numel()
+            dkf.index_add_(0, rows, (ds.unsqueeze(-1) * qh[..., r0:r1, None, :]).view(pairs, grid.d))
+            dvf.index_add_(0, rows, (w.unsqueeze(-1) * gb.unsqueeze(-2)).view(pairs, grid.dv))
         dk = dkf.view(grid.b, grid.hkv, grid.lk, grid.d)
         dv = dvf.view(grid.b, grid.hkv, grid.lk, grid.dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
@@ -602,6 +605,8 @@ class _TopkSelected(torch.autograd.Function):
 def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
     """Whether a top-k call takes :class:`_TopkSelected` (the C++ selection)."""
     if masking.mask is not None or not 1 <= top_k <= SELECT_MAX_K:
+        return False
+    if q.numel() == 0 or masking.lk == 0:  # nothing to select: the slab path's empty cases
         return False
     return native.wanted(q.device, compute_dtype(q.dtype))
 

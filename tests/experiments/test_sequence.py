@@ -201,3 +201,17 @@ def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypat
     assert [same(r) for r in again] == [same(r) for r in first]
     other = seq.SequenceConfig(**{**cfg.to_dict(), "eval_sets": 4})
     assert seq.rows_file(seq.jobs(tmp_path, other)[0], other) != rows_files[0]
+
+
+def test_a_resumed_sweep_counts_its_finished_jobs_from_the_start(tmp_path):
+    """The sweep's bar starts at the jobs finished before it (its time left is then the pace of
+    the jobs it runs, not of reading old rows), and their "done" events are not counted twice."""
+    cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=10,
+                                  eval_factor=2, eval_sets=4, workers=1)  # fmt: skip
+    first = seq.jobs(tmp_path, cfg)[0]
+    seq.run_job(first)
+    events = []
+    seq.sweep(tmp_path, "leaderboard", cfg, progress=events.append)
+    bar = [e for e in events if e["phase"] == "jobs"]
+    assert (bar[0]["step"], bar[0]["total"]) == (1, 2)
+    assert [e["step"] for e in bar][-1] == 2 and max(e["step"] for e in bar) == 2

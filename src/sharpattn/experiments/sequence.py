@@ -324,6 +324,11 @@ class Job:
     config: dict[str, Any]
 
     @property
+    def label(self) -> str:
+        """How progress events name the job."""
+        return f"{self.task}/{self.methods[0].recipe} s{self.seed}"
+
+    @property
     def folder(self) -> Path:
         return (
             Path(self.root)
@@ -349,7 +354,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
     cfg = SequenceConfig(**job.config)
     t = task(job.task)
     m0 = job.methods[0]
-    label = f"{job.task}/{m0.recipe} s{job.seed}"
+    label = job.label
     done = rows_file(job, cfg)
     if done.is_file() and not runner.has_training_files(job.folder):
         rows = runner.read_json(done, [dict])
@@ -552,22 +557,27 @@ def sweep(
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
     check_models(cfg, experiment)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
+    finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's
     results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=_overall(
-        progress, experiment, len(todo)))  # fmt: skip
+        progress, experiment, len(todo), finished))  # fmt: skip
     rows = [r for rs in results for r in rs]
     return folder, rows
 
 
-def _overall(progress: Progress | None, name: str, total: int) -> Progress | None:
+def _overall(
+    progress: Progress | None, name: str, total: int, finished: set[str] = frozenset()
+) -> Progress | None:
     """One bar for a sweep of many jobs: jobs done out of ``total``, the latest event of any job
-    as its note (a bar per job would be dozens of lines)."""
+    as its note (a bar per job would be dozens of lines). The jobs labelled in ``finished``
+    (done before this sweep started: a resumed run) are counted from the start, so the time
+    left is estimated from the pace of the jobs this sweep runs, not from reading old rows."""
     if progress is None:
         return None
-    done = [0]
-    emit(progress, name, "jobs", 0, total)
+    done = [len(finished)]
+    emit(progress, name, "jobs", done[0], total)
 
     def forward(ev: dict[str, Any]) -> None:
-        if ev.get("phase") == "done":
+        if ev.get("phase") == "done" and ev.get("task") not in finished:
             done[0] += 1
         loss = f" loss {ev['loss']:.3f}" if ev.get("loss") is not None else ""
         note = f"{ev.get('task')} {ev.get('phase')} {ev.get('step')}/{ev.get('total')}{loss}"

@@ -115,12 +115,13 @@ def threads_option(what: str = "torch CPU threads per process"):
 
 #: The measured cost of every command's profiles, the one place it is written: ``--help`` and
 #: the line a long profile prints before it starts read it, and docs/cli.md's table shows it
-#: (tests/experiments/test_cli.py checks that the two agree). Measured on a 2-core AMD EPYC CPU.
+#: (tests/experiments/test_cli.py checks that the two agree). Measured on 2-core AMD EPYC and
+#: Intel Xeon CPUs (the leaderboard and CLRS paper profiles: the Intel one).
 COSTS: dict[str, dict[str, str]] = {
     "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
     "reproduce clrs": {
         "quick": "4 min 16 s wall",
-        "paper": "≈ 3.3 CPU-hours, ≈ 1.6 h on 2 cores",
+        "paper": "≈ 2.7 CPU-hours, ≈ 1.4 h on 2 cores",
     },
     "reproduce selective": {
         "quick": "164 s of CPU",
@@ -143,7 +144,7 @@ COSTS: dict[str, dict[str, str]] = {
     "leaderboard": {
         "quick": "8 min 58 s wall",
         "standard": "not run as a whole yet",
-        "paper": "not measured yet at 5 seeds and 256× (3 seeds to 64×: ≈ 38 CPU-hours)",
+        "paper": "≈ 50 CPU-hours (25 h on 2 cores) at 32 test sequences a size, ≈ 305 at 256",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
 }

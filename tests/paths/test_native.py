@@ -277,7 +277,9 @@ def test_topk_selection_equals_the_slab_path(monkeypatch, case, top_k, ties):
     assert len(select) > 0
     # terms summed: top_k per output and dq row, up to every query (G·Lq) per dk and dv row
     sums = (top_k, top_k, q.shape[1] * q.shape[2], q.shape[1] * q.shape[2], top_k, top_k)
-    for got, want, n in zip((out, *grads, *stats[0]), (out0, *grads0, *stats[1]), sums, strict=True):
+    for got, want, n in zip(
+        (out, *grads, *stats[0]), (out0, *grads0, *stats[1]), sums, strict=True
+    ):
         # at the scale of the terms (randn dO, v, k: O(1)), not of the result: with k = 1 the
         # gradients of q and k are 0 exactly, and both paths give rounding noise
         size = max(1.0, float(want.abs().max()))

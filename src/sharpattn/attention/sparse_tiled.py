@@ -595,7 +595,9 @@ class _TopkSelected(torch.autograd.Function):
             kg = kf.index_select(0, rows).view(*w.shape, grid.d)
             dq[..., r0:r1, :] = torch.matmul(ds.unsqueeze(-2), kg).squeeze(-2)
             pairs = rows.numel()
-            dkf.index_add_(0, rows, (ds.unsqueeze(-1) * qh[..., r0:r1, None, :]).view(pairs, grid.d))
+            dkf.index_add_(
+                0, rows, (ds.unsqueeze(-1) * qh[..., r0:r1, None, :]).view(pairs, grid.d)
+            )
             dvf.index_add_(0, rows, (w.unsqueeze(-1) * gb.unsqueeze(-2)).view(pairs, grid.dv))
         dk = dkf.view(grid.b, grid.hkv, grid.lk, grid.d)
         dv = dvf.view(grid.b, grid.hkv, grid.lk, grid.dv)

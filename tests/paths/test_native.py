@@ -323,3 +323,38 @@ def test_topk_selection_with_empty_values(causal):
     out = attend(q, k, v, "topk", causal=causal)
     out.sum().backward()
     assert out.shape == (1, 2, 5, 0) and not q.grad.any() and k.grad.shape == k.shape
+
+
+@pytest.mark.skipif(
+    __import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 targets only"
+)
+def test_a_build_without_avx512_gives_the_same_answers(monkeypatch, tmp_path):
+    """The loops built for an x86-64 CPU without AVX-512 (``-march=x86-64-v3``: AVX2, the
+    generic branch of the sparse solver's copy of the keys above its bound) against this
+    machine's build: the entmax threshold, top-k's selection and stick-breaking's sums."""
+    flags = tuple(
+        "-march=x86-64-v3" if f == "-march=native" else f
+        for f in native.FLAGS
+        if f != "-mprefer-vector-width=512"
+    )
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    portable = native.load(native.build(native.compiler(), flags))
+    here = native.library()
+    g = torch.Generator().manual_seed(5)
+    s = torch.randn(6, 301, generator=g) * 2.0
+    y = ((s - s.amax(-1, keepdim=True)) * 0.3).clamp(min=-2.0)  # α = 1.3's slab
+    lo = torch.full((6, 1), -1.0)
+    hi = torch.zeros(6, 1)
+    ends = torch.tensor([301, 17, 0], dtype=torch.int32)  # causal rows: all, a prefix, none
+    results = []
+    for lib in (here, portable):
+        monkeypatch.setattr(native, "library", lambda lib=lib: lib)
+        solved = native.sparse_solve("entmax", 1 / 0.3, y.clone(), lo.clone(), lo, hi, 6)
+        vals, idx, count = native.topk_select(s.clone(), ends, 7)
+        carry, ent, mass = torch.zeros(6, 1), torch.zeros(6, 1), torch.zeros(6, 1)
+        w = native.stick_forward(s.clone(), ends, carry, ent, mass)
+        results.append((solved, (vals, idx, count), (w, carry, ent, mass)))
+    (solved, top, stick), (solved0, top0, stick0) = results
+    for got, want in zip((*solved, *stick), (*solved0, *stick0), strict=True):
+        assert_close(got, want, n=301, ulps=16, magnitude=max(1.0, float(want.abs().max())))
+    assert all(torch.equal(a, b) for a, b in zip(top, top0, strict=True))  # a selection: exact

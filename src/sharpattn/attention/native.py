@@ -85,11 +85,12 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
-def build(cxx: str) -> Path:
-    """The library for this source, compiler and CPU: built into the cache unless there."""
+def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
+    """The library for this source, compiler and CPU: built into the cache unless there
+    (``compile_flags``: another target, e.g. a portable one in the tests)."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     text = SOURCE.read_text()
-    flags = " ".join(FLAGS + LINK)
+    flags = " ".join(compile_flags + LINK)
     key = "\n".join([text, cxx, version.stdout, flags, _cpu(), platform.machine()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = _cache_dir() / f"tiles-{digest}.so"
@@ -99,7 +100,7 @@ def build(cxx: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         obj, out = Path(tmp) / "tiles.o", Path(tmp) / target.name
         for step in (
-            [cxx, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+            [cxx, *compile_flags, "-c", str(SOURCE), "-o", str(obj)],
             [cxx, *LINK, str(obj), "-o", str(out)],
         ):
             done = subprocess.run(step, capture_output=True, text=True, timeout=300)
@@ -110,6 +111,15 @@ def build(cxx: str) -> Path:
     return target
 
 
+def load(path: Path) -> ctypes.CDLL:
+    """A built library, its functions typed."""
+    lib = ctypes.CDLL(str(path))
+    for name, args in _SIGNATURES.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = None
+    return lib
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None (no compiler; a failed build warns once)."""
@@ -117,11 +127,7 @@ def library() -> ctypes.CDLL | None:
     if cxx is None:
         return None
     try:
-        lib = ctypes.CDLL(str(build(cxx)))
-        for name, args in _SIGNATURES.items():
-            getattr(lib, name).argtypes = args
-            getattr(lib, name).restype = None
-        return lib
+        return load(build(cxx))
     except Exception as exc:  # a compiler that cannot build it (no OpenMP, another platform)
         warnings.warn(
             f"sharpattn: building the native tile loops failed ({type(exc).__name__}: {exc}); "

@@ -27,7 +27,7 @@ from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import Grid, row_slice, tile_sizes
+from .tiles import Grid, row_slice
 
 Tensor = torch.Tensor
 
@@ -208,19 +208,8 @@ def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
     return x if keep is None else x.mul_(keep)
 
 
-#: Score entries per forward tile (the backward keeps :data:`.tiles.TILE_ELEMENTS`). Measured
-#: on the 2-core Intel Xeon with the native loops (n = 4,096 and 16,384, B = 1, H = 4, forward
-#: CPU time / SDPA's, 2^18 → 2^20): power 1.48 → 1.24, signed 1.61 → 1.24, softpick 1.64 →
-#: 1.42, sigmoid 1.34 → 1.24 at 4k, power 1.62 → 1.23, softpick 1.81 → 1.39 at 16k; causal
-#: within ±0.1 either way; in the backward 2^20 was slower (softpick 1.74 → 2.48 fwd+bwd).
-FORWARD_TILE_ELEMENTS = 2**20
-
-
-def _grid(q, k, v, masking, scale, blocks, forward: bool = False) -> Grid:
-    bq, bk = blocks
-    if forward and bq is None and bk is None:
-        bq, bk = tile_sizes(q.shape[0] * q.shape[1], q.shape[2], k.shape[2], FORWARD_TILE_ELEMENTS)
-    return Grid(q, k, v, masking, scale, bq, bk, fold_scale=True)
+def _grid(q, k, v, masking, scale, blocks) -> Grid:
+    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True)
 
 
 def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
@@ -313,7 +302,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
-        grid = _grid(q, k, v, masking, scale, blocks, forward=True)
+        grid = _grid(q, k, v, masking, scale, blocks)
         out5, m, z = _forward(grid, kernel, row)
         ctx.save_for_backward(q, k, v, row, out5, m, z)
         ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks
@@ -392,7 +381,7 @@ def tiled_attention(
     out = _TiledAttention.apply(q, k, v, row, kernel, masking, scale, blocks)
     if not want_stats:
         return out, None
-    grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks, forward=True)
+    grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks)
     m = z = None
     if kernel.normalised:
         with torch.no_grad():

@@ -1,11 +1,13 @@
 // Fused per-tile loops of sharpattn's tiled attention paths (sharpattn/attention/native.py).
 //
 // Each function takes one tile of scores as `rows` contiguous rows of `cols` floats (B·H·r rows
-// of c keys, every key visible: masked tiles stay in PyTorch) and per-row values as arrays of
+// of c keys; each row sees all of them or, in a causal tile, a prefix given by `ends`: tiles
+// with any other mask stay in PyTorch) and per-row values as arrays of
 // `rows` floats; it does in one or two sweeps over each row (in cache) what the pure-PyTorch
 // tile functions do in one pass over the tile per operation. The maths is theirs, line for line:
 // attention/fused.py (_entropy_tile, _EntropyPass.backward), attention/tiled.py (the
-// _Power, _Signed and _Softpick kernels), attention/sparse_tiled.py and attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
+// _Power, _Signed and _Softpick kernels), attention/sparse_tiled.py and
+// attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
 // built by g++ with -O3 -march=native -ffast-math on first use (the inputs are finite: the
 // callers check that, and no infinity is used here); rows are shared among `threads` OpenMP
 // threads (the OpenMP runtime that PyTorch has loaded).

@@ -5,10 +5,10 @@ six, softpick's forward eight, each Newton step of the entmax threshold four), a
 GEMMs are fast these passes cost more than the tile's matrix products. The C++ loops do each
 row's work in one or two sweeps while the row is in cache: adaptive temperature's statistics pass
 the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), the
-entmax family's slab preparation and threshold (forward), and stick-breaking's log-space running
-sums (forward and backward), and top-k's selection of each row's largest keys. The maths is the PyTorch tile
-functions', which stay the reference and the fallback; ``tests/paths/test_native.py`` holds the
-two to each other.
+entmax family's slab preparation and threshold (forward), stick-breaking's log-space running sums
+(forward and backward), and top-k's selection of each row's largest keys. The maths is the
+PyTorch tile functions', which stay the reference and the fallback;
+``tests/paths/test_native.py`` holds the two to each other.
 
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
 compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into

@@ -541,6 +541,18 @@ inline float scan_exclusive(float* x, int64_t n, float start) {
   return run;
 }
 
+// The shared first sweeps of stick-breaking's forward and backward on a row's n visible keys y
+// (keys reversed): lp_j = log σ(y_j), then y_j = carry + Σ_{k<j} log σ(−y_k); returns the carry
+// for the next tile.
+inline float stick_log_weights(float* y, int64_t n, float* lp, float carry) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float l = log_sigmoid(y[j]);
+    lp[j] = l;
+    y[j] = l - y[j];  // log σ(−s) = log σ(s) − s
+  }
+  return scan_exclusive(y, n, carry);
+}
+
 }  // namespace
 
 extern "C" {
@@ -562,12 +574,7 @@ void stick_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends, in
       const int64_t n = visible(ends, tile_rows, r, cols);
       zero(x, cols - n);
       float* y = x + (cols - n);
-      for (int64_t j = 0; j < n; ++j) {
-        const float l = log_sigmoid(y[j]);
-        lp[j] = l;
-        y[j] = l - y[j];  // log σ(−s) = log σ(s) − s
-      }
-      carry[r] = scan_exclusive(y, n, carry[r]);
+      carry[r] = stick_log_weights(y, n, lp.data(), carry[r]);
       if (ent == nullptr) {
         for (int64_t j = 0; j < n; ++j) y[j] = fast_exp(lp[j] + y[j]);
       } else {
@@ -605,12 +612,7 @@ void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t c
       float* y = x + h;
       float* wy = wr + h;
       const float* g = gv + r * cols + h;
-      for (int64_t j = 0; j < n; ++j) {
-        const float l = log_sigmoid(y[j]);
-        lp[j] = l;
-        y[j] = l - y[j];
-      }
-      carry[r] = scan_exclusive(y, n, carry[r]);
+      carry[r] = stick_log_weights(y, n, lp.data(), carry[r]);
       for (int64_t j = 0; j < n; ++j) {
         const float wj = fast_exp(lp[j] + y[j]);
         wy[j] = wj;
@@ -672,19 +674,14 @@ void topk_select(const float* s, int64_t rows, int64_t cols, const int32_t* ends
     int64_t j = 0;
     for (; j < n && count < k; ++j) count = insert(v, ix, count, k, x[j], j);
     float kth = v[k - 1];
-    for (; j + 64 <= n; j += 64) {
-      if (row_max(x + j, 64, kUnseen) <= kth) continue;
-      for (int q = 0; q < 64; ++q) {
+    for (; j < n; j += 64) {
+      const int64_t len = std::min<int64_t>(64, n - j);
+      if (row_max(x + j, len, kUnseen) <= kth) continue;
+      for (int64_t q = 0; q < len; ++q) {
         if (x[j + q] > kth) {
           insert(v, ix, k, k, x[j + q], j + q);
           kth = v[k - 1];
         }
-      }
-    }
-    for (; j < n; ++j) {
-      if (x[j] > kth) {
-        insert(v, ix, k, k, x[j], j);
-        kth = v[k - 1];
       }
     }
     for (int64_t q = count; q < k; ++q) {

@@ -294,3 +294,32 @@ def test_a_users_compiled_graph_takes_the_eager_tile_functions_in(compile_mode):
             backend="eager",
         )(q, k, v)
         assert_close(got, want, n=k.shape[2], magnitude=float(v.abs().max()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
+    """Grid(reuse=True) writes every tile into one buffer (edge tiles and causal prefixes are
+    smaller views of it): the same scores as fresh tiles, the buffer really shared, and a fresh
+    tensor again where autograd records the product (a view of the buffer cannot be an out=)."""
+    from sharpattn.attention.tiles import Grid
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 4, n, 8) for n in (37, 29, 29))
+    k, v = k[:, :2], v[:, :2]  # grouped heads
+    masking = Masking.build(None, causal, 37, 29, q.device)
+    fresh, reused = (Grid(q, k, v, masking, 0.3, 16, 8, reuse=r) for r in (False, True))
+    shapes, storages = set(), set()
+    for r0, r1 in fresh.row_blocks():
+        qa, qb = fresh.q_rows(r0, r1), reused.q_rows(r0, r1)
+        for t in fresh.tiles(r0, r1):
+            want, got = fresh.scores(qa, t), reused.scores(qb, t)
+            assert torch.equal(got, want)
+            shapes.add(tuple(got.shape))
+            storages.add(got.untyped_storage().data_ptr())
+    assert len(shapes) > 1 and len(storages) == 1
+    with torch.enable_grad():
+        qg = q.clone().requires_grad_()
+        g = Grid(qg, k, v, masking, 0.3, 16, 8, reuse=True)
+        t = next(g.tiles(0, 16))
+        s = g.scores(g.q_rows(0, 16), t)
+        assert s.requires_grad and g._buffer is None

@@ -27,7 +27,7 @@ from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import Grid, row_slice
+from .tiles import FORWARD_TILE_ELEMENTS, TILE_ELEMENTS, Grid, row_slice
 
 Tensor = torch.Tensor
 
@@ -208,8 +208,8 @@ def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
     return x if keep is None else x.mul_(keep)
 
 
-def _grid(q, k, v, masking, scale, blocks) -> Grid:
-    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True)
+def _grid(q, k, v, masking, scale, blocks, budget: int = TILE_ELEMENTS) -> Grid:
+    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True, budget=budget, reuse=True)
 
 
 def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
@@ -302,7 +302,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
-        grid = _grid(q, k, v, masking, scale, blocks)
+        grid = _grid(q, k, v, masking, scale, blocks, FORWARD_TILE_ELEMENTS)
         out5, m, z = _forward(grid, kernel, row)
         ctx.save_for_backward(q, k, v, row, out5, m, z)
         ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks

@@ -30,6 +30,13 @@ Tensor = torch.Tensor
 #: on the 2-core AMD EPYC (n = 4,096, B = 1, H = 4): 256 × 256 tiles ran a sigmoid forward at
 #: 1.1× SDPA's CPU time, 512 × 512 at 1.6×.
 TILE_ELEMENTS = 2**18
+#: Score entries per tile of a forward pass that uses each tile up before it makes the next
+#: (written into the grid's buffer, ``reuse``): 2^20 = 4 MiB. A quarter of the tiles means a
+#: quarter of the per-tile Python and thread wake-ups; at n = 4,096 and 16,384 (B = 1, H = 4)
+#: the tiled forwards measured 1.3-1.45x SDPA's CPU time against 1.5-1.8x with 2^18 on a
+#: 2-core Intel Xeon (``benchmarks/attention.py``). Backward passes hold several tiles at once
+#: and keep :data:`TILE_ELEMENTS`
+FORWARD_TILE_ELEMENTS = 2**20
 
 
 def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[int, int]:
@@ -79,6 +86,8 @@ class Grid:
         bk: int | None = None,
         fold_scale: bool = False,
         diagonal: int | None = None,
+        budget: int = TILE_ELEMENTS,
+        reuse: bool = False,
     ):
         b, h, lq, d = q.shape
         hkv, lk = k.shape[1], k.shape[2]
@@ -89,7 +98,7 @@ class Grid:
             diagonal = masking.offset
         self.diagonal = diagonal
         self.dtype = compute_dtype(q.dtype)
-        auto_q, auto_k = tile_sizes(b * h, lq, lk)
+        auto_q, auto_k = tile_sizes(b * h, lq, lk, budget)
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
         #: ``fold_scale``: q carries the scale (one pass over q instead of one per tile); then
@@ -103,6 +112,13 @@ class Grid:
         self.compiled = wanted(q.device, b * h * lq * lk)
         #: whether tiles with every key visible may run the C++ loops (:mod:`.native`)
         self.native = native.wanted(q.device, self.dtype)
+        #: ``reuse``: every score tile is written into one buffer, allocated on the first tile,
+        #: so a tile must be used up before the next is made (eagerly and outside autograd
+        #: only: a traced or recorded graph gets a fresh tensor per tile). A fresh multi-MiB tile per step is an ``mmap`` or a
+        #: heap growth whose pages the kernel faults in and zeroes again, depending on the
+        #: allocator's history in the process; the buffer makes the cost the same in every one
+        self._buffer: Tensor | None = None
+        self.reuse = reuse and not torch.compiler.is_compiling()
 
     # -- the walk ----------------------------------------------------------------------------
 
@@ -158,8 +174,17 @@ class Grid:
         return self.q[..., r0:r1, :]
 
     def scores(self, qb: Tensor, t: Tile) -> Tensor:
-        """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`)."""
-        s = torch.matmul(qb, self.k[..., t.c0 : t.c1, :].transpose(-2, -1))
+        """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`); with ``reuse``,
+        a view of the grid's buffer, overwritten by the next call."""
+        kt = self.k[..., t.c0 : t.c1, :].transpose(-2, -1)
+        if self.reuse and not (torch.is_grad_enabled() and (qb.requires_grad or kt.requires_grad)):
+            if self._buffer is None:
+                self._buffer = qb.new_empty(self.b * self.h * self.bq * self.bk)
+            shape = (*qb.shape[:-1], t.c1 - t.c0)
+            size = shape[0] * shape[1] * shape[2] * shape[3] * shape[4]
+            s = torch.matmul(qb, kt, out=self._buffer[:size].view(shape))
+        else:
+            s = torch.matmul(qb, kt)
         if not self.folded:
             s.mul_(self.scale)
         return s.view(self.b, self.h, t.r1 - t.r0, t.c1 - t.c0)

@@ -298,9 +298,10 @@ def test_a_users_compiled_graph_takes_the_eager_tile_functions_in(compile_mode):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
-    """Grid(reuse=True) writes every tile into one buffer (edge tiles and causal prefixes are
-    smaller views of it): the same scores as fresh tiles, the buffer really shared, and a fresh
-    tensor again where autograd records the product (a view of the buffer cannot be an out=)."""
+    """Grid(reuse=True) writes every score tile into one buffer (edge tiles and causal prefixes
+    are smaller views of it): the same scores as fresh tiles, the buffer really shared, a fresh
+    tensor again where autograd records the product (a view of a buffer cannot be an out=), and
+    each named buffer separate from the others."""
     from sharpattn.attention.tiles import Grid
 
     torch.manual_seed(3)
@@ -322,4 +323,10 @@ def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
         g = Grid(qg, k, v, masking, 0.3, 16, 8, reuse=True)
         t = next(g.tiles(0, 16))
         s = g.scores(g.q_rows(0, 16), t)
-        assert s.requires_grad and g._buffer is None
+        assert s.requires_grad and not g._buffers
+    # every named buffer is its own: a weight tile written beside the scores leaves them intact
+    t = next(reused.tiles(0, 16))
+    s = reused.scores(reused.q_rows(0, 16), t)
+    kept = s.clone()
+    reused.buffer("w", s.shape, s).fill_(7.0)
+    assert torch.equal(s, kept) and len(reused._buffers) == 2

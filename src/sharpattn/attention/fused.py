@@ -45,7 +45,7 @@ from . import native
 from .chunked import chunked_softmax_attention
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import FORWARD_TILE_ELEMENTS, Grid
+from .tiles import BUFFERED_TILE_ELEMENTS, Grid
 
 Tensor = torch.Tensor
 
@@ -237,7 +237,7 @@ class _EntropyPass(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, masking, scale, blocks):
         grid = Grid(q, k, k, masking, scale * _LOG2E, *blocks, fold_scale=True,
-                    budget=FORWARD_TILE_ELEMENTS, reuse=True)  # fmt: skip
+                    budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
         m, z, a, empty = _entropy_forward(grid)
         log2z = torch.log2(z)
         h = (_LN2 * (log2z - a)).masked_fill_(empty, 0.0)  # nats; >= 0 up to rounding

@@ -199,11 +199,14 @@ def normalised_forward(kind: str, p: float, shift: float, s: Tensor, ends: Tenso
     return m_new, f, s, total
 
 
-def normalised_backward(kind: str, p: float, shift: float, s, ends: Tensor | None, dp, m, d, z):
-    """(dL/ds written over ``s``, w) of a normalised kernel on one tile."""
+def normalised_backward(
+    kind: str, p: float, shift: float, s, ends: Tensor | None, dp, m, d, z, w=None
+):
+    """(dL/ds written over ``s``, w) of a normalised kernel on one tile (w written into ``w``,
+    contiguous like ``s``, where given)."""
     rows, cols = _rows(s)
     e, tr = _ends(ends)
-    w = torch.empty_like(s)
+    w = torch.empty_like(s) if w is None else w
     library().normalised_backward(
         *(KINDS[kind], p, shift, _p(s), _p(dp), _p(w), rows, cols, e, tr),
         *(_p(m), _p(d), _p(z), _threads()),

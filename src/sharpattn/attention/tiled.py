@@ -27,7 +27,7 @@ from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import FORWARD_TILE_ELEMENTS, TILE_ELEMENTS, Grid, row_slice
+from .tiles import BUFFERED_TILE_ELEMENTS, TILE_ELEMENTS, Grid, row_slice
 
 Tensor = torch.Tensor
 
@@ -276,10 +276,13 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)
             vt = grid.v[..., t.c0 : t.c1, :]
-            dp = grid.heads(torch.matmul(gb, vt.transpose(-2, -1)))  # dO_i·v_j (B, H, r, c)
+            dp = grid.heads(grid.product(gb, vt.transpose(-2, -1), "dp"))  # dO_i·v_j
             ends = grid.prefix(t) if loops else None
             if loops and native.usable(ends, t.mask, s, dp, mb, db, zb):  # one loop per row
-                ds, w = native.normalised_backward(*kernel.native_args(), s, ends, dp, mb, db, zb)
+                w = grid.buffer("w", s.shape, s)
+                ds, w = native.normalised_backward(
+                    *kernel.native_args(), s, ends, dp, mb, db, zb, w
+                )
             else:
                 keep = grid.keep(t)
                 s = _masked_(s, keep)
@@ -302,7 +305,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
-        grid = _grid(q, k, v, masking, scale, blocks, FORWARD_TILE_ELEMENTS)
+        grid = _grid(q, k, v, masking, scale, blocks, BUFFERED_TILE_ELEMENTS)
         out5, m, z = _forward(grid, kernel, row)
         ctx.save_for_backward(q, k, v, row, out5, m, z)
         ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks
@@ -311,7 +314,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, row, out5, m, z = ctx.saved_tensors
-        grid = _grid(q, k, v, ctx.masking, ctx.scale, ctx.blocks)
+        grid = _grid(q, k, v, ctx.masking, ctx.scale, ctx.blocks, BUFFERED_TILE_ELEMENTS)
         want_row = ctx.needs_input_grad[3]
         dq, dk, dv, drow = _backward(
             grid, ctx.kernel, row, m, z, out5, grid.grouped(g.to(grid.dtype)), want_row

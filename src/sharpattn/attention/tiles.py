@@ -14,6 +14,7 @@ n·D)). :class:`Grid` is that walk, shared by all of them:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,13 +31,13 @@ Tensor = torch.Tensor
 #: on the 2-core AMD EPYC (n = 4,096, B = 1, H = 4): 256 × 256 tiles ran a sigmoid forward at
 #: 1.1× SDPA's CPU time, 512 × 512 at 1.6×.
 TILE_ELEMENTS = 2**18
-#: Score entries per tile of a forward pass that uses each tile up before it makes the next
-#: (written into the grid's buffer, ``reuse``): 2^20 = 4 MiB. A quarter of the tiles means a
-#: quarter of the per-tile Python and thread wake-ups; at n = 4,096 and 16,384 (B = 1, H = 4)
-#: the tiled forwards measured 1.3-1.45x SDPA's CPU time against 1.5-1.8x with 2^18 on a
-#: 2-core Intel Xeon (``benchmarks/attention.py``). Backward passes hold several tiles at once
-#: and keep :data:`TILE_ELEMENTS`
-FORWARD_TILE_ELEMENTS = 2**20
+#: Score entries per tile of a pass that writes its tiles into the grid's buffers (``reuse``):
+#: 2^20 = 4 MiB each, and no more than three at once. A quarter of the tiles means a quarter of
+#: the per-tile Python and thread wake-ups: measured on a 2-core Intel Xeon (n = 4,096 and
+#: 16,384, B = 1, H = 4) the tiled normalisers' forward went from 1.5-1.8x SDPA's CPU time to
+#: 1.3-1.45x and their forward+backward from 1.6-1.9x to 1.35-1.75x (``benchmarks/attention.py``
+#: measures it). The sparse and stick-breaking paths keep :data:`TILE_ELEMENTS`
+BUFFERED_TILE_ELEMENTS = 2**20
 
 
 def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[int, int]:
@@ -112,13 +113,14 @@ class Grid:
         self.compiled = wanted(q.device, b * h * lq * lk)
         #: whether tiles with every key visible may run the C++ loops (:mod:`.native`)
         self.native = native.wanted(q.device, self.dtype)
-        #: ``reuse``: every score tile is written into one buffer, allocated on the first tile,
-        #: so a tile must be used up before the next is made (eagerly and outside autograd
-        #: only: a traced or recorded graph gets a fresh tensor per tile). A fresh multi-MiB tile per step is an ``mmap`` or a
+        #: ``reuse``: the tile-sized tensors a pass makes (:meth:`scores`, :meth:`product`, and
+        #: the buffers of :meth:`buffer`) are views of a few buffers allocated once, so each
+        #: must be used up before the next tile's (eagerly and outside autograd only: a traced
+        #: or recorded graph gets fresh tensors). A fresh multi-MiB tile is an ``mmap`` or a
         #: heap growth whose pages the kernel faults in and zeroes again, depending on the
-        #: allocator's history in the process; the buffer makes the cost the same in every one
-        self._buffer: Tensor | None = None
+        #: allocator's history in the process; the buffers make the cost the same in every one
         self.reuse = reuse and not torch.compiler.is_compiling()
+        self._buffers: dict[str, Tensor] = {}
 
     # -- the walk ----------------------------------------------------------------------------
 
@@ -175,19 +177,29 @@ class Grid:
 
     def scores(self, qb: Tensor, t: Tile) -> Tensor:
         """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`); with ``reuse``,
-        a view of the grid's buffer, overwritten by the next call."""
-        kt = self.k[..., t.c0 : t.c1, :].transpose(-2, -1)
-        if self.reuse and not (torch.is_grad_enabled() and (qb.requires_grad or kt.requires_grad)):
-            if self._buffer is None:
-                self._buffer = qb.new_empty(self.b * self.h * self.bq * self.bk)
-            shape = (*qb.shape[:-1], t.c1 - t.c0)
-            size = shape[0] * shape[1] * shape[2] * shape[3] * shape[4]
-            s = torch.matmul(qb, kt, out=self._buffer[:size].view(shape))
-        else:
-            s = torch.matmul(qb, kt)
+        a view of the grid's ``"scores"`` buffer, overwritten by the next call."""
+        s = self.product(qb, self.k[..., t.c0 : t.c1, :].transpose(-2, -1), "scores")
         if not self.folded:
             s.mul_(self.scale)
         return s.view(self.b, self.h, t.r1 - t.r0, t.c1 - t.c0)
+
+    def product(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        """``a @ b`` for a tile-sized product, written into buffer ``name`` where it may be."""
+        if not self.reuse or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            return torch.matmul(a, b)
+        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        return torch.matmul(a, b, out=self.buffer(name, shape, a))
+
+    def buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """An uninitialised tile-sized tensor of ``shape`` (at most B·H·bq·bk entries) in
+        ``like``'s dtype and device: a view of the grid's buffer ``name`` with ``reuse``, else
+        a new tensor."""
+        if not self.reuse:
+            return like.new_empty(shape)
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = self._buffers[name] = like.new_empty(self.b * self.h * self.bq * self.bk)
+        return buf[: math.prod(shape)].view(shape)
 
     def weigh(self, w: Tensor, t: Tile) -> Tensor:
         """w·v for a ``[B, H, r, c]`` weight tile: ``[B, Hkv, G, r, Dv]``."""

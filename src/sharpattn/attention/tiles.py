@@ -33,10 +33,12 @@ Tensor = torch.Tensor
 TILE_ELEMENTS = 2**18
 #: Score entries per tile of a pass that writes its tiles into the grid's buffers (``reuse``):
 #: 2^20 = 4 MiB each, and no more than three at once. A quarter of the tiles means a quarter of
-#: the per-tile Python and thread wake-ups: measured on a 2-core Intel Xeon (n = 4,096 and
-#: 16,384, B = 1, H = 4) the tiled normalisers' forward went from 1.5-1.8x SDPA's CPU time to
-#: 1.3-1.45x and their forward+backward from 1.6-1.9x to 1.35-1.75x (``benchmarks/attention.py``
-#: measures it). The sparse and stick-breaking paths keep :data:`TILE_ELEMENTS`
+#: the per-tile Python and thread wake-ups. On a 2-core Intel Xeon (n = 4,096 and 16,384, B = 1,
+#: H = 4; ``benchmarks/attention.py``, docs/performance.md) sigmoid, ReLU, power, signed and
+#: softpick went from 1.32-1.77x SDPA's CPU time forward with 2^18 to 1.27-1.62x; forward+backward
+#: 1.60-1.89x and 1.50-1.95x, within that host's run-to-run spread of about 0.2. Without the
+#: buffers, 2^20 tiles measured no better: each fresh 4 MiB tile's cost depends on glibc's mmap
+#: threshold and the process's allocation history. Sparse and stick-breaking keep TILE_ELEMENTS
 BUFFERED_TILE_ELEMENTS = 2**20
 
 

@@ -413,7 +413,7 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
                      if v["seconds"] is not None and v["steps_per_s"])  # fmt: skip
     first = next(iter(t.values()))
     setup = (
-        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seeds from {cfg.seed}) twice with identical "
+        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice with identical "
         f"budgets: low-rank adapters (LoRA rank {cfg.rank}, α = {2 * cfg.rank}, on "
         f"{', '.join(adapters.TARGETS)} of every layer; {first['adapter_parameters']:,} trained "
         "parameters, the pretrained weights frozen) trained with softmax attention and with "

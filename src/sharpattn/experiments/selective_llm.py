@@ -404,7 +404,7 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     cost = "; ".join(f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s)"
                      for k, v in arms.items() if v["seconds"] and v["steps_per_s"])  # fmt: skip
     intro = (
-        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seeds from {cfg.seed}) twice with the same "
+        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice with the same "
         f"budget: LoRA adapters of rank {cfg.lora} (α = {2 * cfg.lora}) on "
         f"{', '.join(adapters.TARGETS)} of every layer ({first['adapter_parameters']:,} "
         f"parameters, lr {cfg.lora_lr:g}), the pretrained weights frozen, {cfg.steps} AdamW "

@@ -325,6 +325,11 @@ def test_paired_comparison_matches_scipy_and_the_t_formula():
     one = paired_comparison(a[:1], b[:1])
     assert np.isnan(one.p_value).all() and np.isnan(one.std_a).all()
     assert np.isnan(paired_comparison(a, a).p_value).all()  # no differences: undefined, not 1
+    # the same shift on every seed (accuracies in steps of 1/48): t undefined, not p = 0
+    acc = np.array([[29.0, 10.0], [31.0, 12.0]]) / 48
+    shifted = paired_comparison(acc, acc + np.array([-1.0, 2.0]) / 48).p_value
+    assert np.isnan(shifted).all()
+    assert stats.ttest_rel(acc + np.array([-1.0, 2.0]) / 48, acc).pvalue[1] < 1e-6  # scipy's
     with pytest.raises(ValueError):
         paired_comparison(a, b[:, :2])
 

@@ -441,5 +441,5 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
         "## Per size\n\n" + "\n".join(tables),
         f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "
-        f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} threads).",
+        f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} thread{'s' * (m['threads'] != 1)}).",
     ])  # fmt: skip

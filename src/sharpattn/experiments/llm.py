@@ -313,7 +313,7 @@ def report(folder: Path, m: dict[str, Any]) -> Path:
     )
     sections = [
         f"{res['prompts']} prompts per n; greedy decoding; no method trained. Wall "
-        f"{m['wall_seconds']:.0f} s, CPU {m['cpu_seconds']:.0f} s ({m['threads']} threads).",
+        f"{m['wall_seconds']:.0f} s, CPU {m['cpu_seconds']:.0f} s ({m['threads']} thread{'s' * (m['threads'] != 1)}).",
         "![max](max.png)",
         accuracy,
         f"## Perplexity on held-out text ({ppl['windows']} window(s) per length)",

@@ -437,9 +437,7 @@ def _p(v: float) -> str:
 
 
 def _invocation(m: dict[str, Any]) -> str:
-    return (
-        f"{m['wall_seconds']:.0f} s wall and {m['cpu_seconds']:.0f} CPU-s ({m['threads']} threads)"
-    )
+    return f"{m['wall_seconds']:.0f} s wall and {m['cpu_seconds']:.0f} CPU-s ({m['threads']} thread{'s' * (m['threads'] != 1)})"
 
 
 def _report(

@@ -24,7 +24,9 @@ def paired_comparison(a, b) -> PairedComparison:
     """Compare ``a`` and ``b``, arrays ``[seeds, columns]`` paired by seed (row).
 
     Standard deviations use ddof=1 (NaN for one seed). The p-value is scipy's two-sided
-    ``ttest_rel`` per column; it is NaN with fewer than two seeds or when every difference is 0.
+    ``ttest_rel`` per column; it is NaN with fewer than two seeds or when every difference is the
+    same (0, or the same shift on every seed up to rounding: the differences' standard deviation
+    is 0 and t undefined, where scipy would report p = 0).
     """
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -39,6 +41,9 @@ def paired_comparison(a, b) -> PairedComparison:
                 "ignore", RuntimeWarning
             )  # zero variance -> NaN, reported as such
             p = np.asarray(stats.ttest_rel(b, a, axis=0).pvalue, dtype=np.float64)
+        d = b - a
+        rounding = 8 * np.finfo(np.float64).eps * (np.abs(a).max(0) + np.abs(b).max(0))
+        p = np.where(np.ptp(d, axis=0) <= rounding, np.nan, p)
         std_a, std_b = a.std(axis=0, ddof=1), b.std(axis=0, ddof=1)
     else:
         p = np.full(a.shape[1], np.nan)

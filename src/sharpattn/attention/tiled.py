@@ -27,7 +27,7 @@ from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import BUFFERED_TILE_ELEMENTS, TILE_ELEMENTS, Grid, row_slice
+from .tiles import BUFFERED_TILE_ELEMENTS, Grid, row_slice
 
 Tensor = torch.Tensor
 
@@ -208,8 +208,11 @@ def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
     return x if keep is None else x.mul_(keep)
 
 
-def _grid(q, k, v, masking, scale, blocks, budget: int = TILE_ELEMENTS) -> Grid:
-    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True, budget=budget, reuse=True)
+def _grid(q, k, v, masking, scale, blocks) -> Grid:
+    """Every pass here uses each tile up before the next: buffered tiles of
+    :data:`.tiles.BUFFERED_TILE_ELEMENTS` scores."""
+    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True,
+                budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
 
 
 def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
@@ -305,7 +308,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
-        grid = _grid(q, k, v, masking, scale, blocks, BUFFERED_TILE_ELEMENTS)
+        grid = _grid(q, k, v, masking, scale, blocks)
         out5, m, z = _forward(grid, kernel, row)
         ctx.save_for_backward(q, k, v, row, out5, m, z)
         ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks
@@ -314,7 +317,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, row, out5, m, z = ctx.saved_tensors
-        grid = _grid(q, k, v, ctx.masking, ctx.scale, ctx.blocks, BUFFERED_TILE_ELEMENTS)
+        grid = _grid(q, k, v, ctx.masking, ctx.scale, ctx.blocks)
         want_row = ctx.needs_input_grad[3]
         dq, dk, dv, drow = _backward(
             grid, ctx.kernel, row, m, z, out5, grid.grouped(g.to(grid.dtype)), want_row

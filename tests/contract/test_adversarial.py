@@ -17,10 +17,15 @@ broadcast masks. Each case asserts:
 Deterministic for CI (``derandomize=True``, 60 examples per method and test, about 15 s on one
 core); the seed of the random tensors is drawn, not the floats, so every example is cheap. To
 explore further: ``ADV_RANDOM=1 ADV_EXAMPLES=500 pytest tests/contract/test_adversarial.py``.
+
+On another device: ``SHARPATTN_TEST_DEVICE=cuda pytest tests/contract/test_adversarial.py`` draws
+the same cases, runs every path there (the naive reference too), and also holds that device's
+naive path against the CPU's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -36,6 +41,8 @@ from sharpattn import normalizers as nz
 pytestmark = pytest.mark.numerical
 
 METHODS = nz.available()
+#: where the cases run (the tensors are drawn on the CPU, then moved)
+DEVICE = torch.device(os.environ.get("SHARPATTN_TEST_DEVICE", "cpu"))
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("ADV_EXAMPLES", 60)),
@@ -103,7 +110,7 @@ def build(c):
         x = torch.randn(shape, generator=g, dtype=torch.float64) * mag
         if not c["contiguous"]:  # a [B, L, H, D] buffer seen as [B, H, L, D]
             x = x.transpose(1, 2)
-        return x.to(c["dtype"]).requires_grad_(True)
+        return x.to(DEVICE, c["dtype"]).requires_grad_(True)
 
     q = tensor(c["h"], c["lq"], c["d"], c["q_mag"])
     k = tensor(c["hkv"], c["lk"], c["d"], c["k_mag"])
@@ -117,7 +124,7 @@ def build(c):
         mask &= torch.rand(b, h, lq, 1, generator=g) < 0.7
     elif c["mask"] == "broadcast":
         mask = torch.rand(lq, lk, generator=g) < 0.6
-    return q, k, v, mask
+    return q, k, v, None if mask is None else mask.to(DEVICE)
 
 
 def run(method, impl, q, k, v, mask, c, **kw):
@@ -139,7 +146,7 @@ def run(method, impl, q, k, v, mask, c, **kw):
     except Exception as err:  # noqa: BLE001 - the exception type is what is compared
         return err
     g = torch.Generator().manual_seed(c["seed"] + 1)
-    cotangent = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+    cotangent = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
     grads = torch.autograd.grad(out, (q, k, v), cotangent, allow_unused=True)
     grads = tuple(
         torch.zeros_like(t) if gr is None else gr for t, gr in zip((q, k, v), grads, strict=True)
@@ -176,6 +183,21 @@ def test_every_path_agrees_with_naive_on_hostile_input(method, c):
         _check_result(method, impl, got, ref, q, k, v, c)
     if not isinstance(ref, Exception):
         _check_contract(method, q, k, v, mask, c, ref)
+    if DEVICE.type != "cpu":  # this device's reference against the CPU's
+        cpu = [None if t is None else t.detach().cpu() for t in (q, k, v, mask)]
+        on_cpu = run(method, "naive", *cpu, c)
+        if isinstance(ref, Exception) or isinstance(on_cpu, Exception):
+            assert type(on_cpu) is type(ref), f"{DEVICE}: {ref!r} but cpu: {on_cpu!r}"
+        else:
+            _check_result(method, f"naive on {DEVICE}", _on_cpu(ref), on_cpu, *cpu[:3], c)
+
+
+def _on_cpu(result):
+    """``run``'s (output, stats, grads) with every tensor moved to the CPU."""
+    out, stats, grads = result
+    moved = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    moved = {n: t.cpu() if torch.is_tensor(t) else t for n, t in moved.items()}
+    return out.cpu(), dataclasses.replace(stats, **moved), tuple(g.cpu() for g in grads)
 
 
 def _check_result(method, impl, got, ref, q, k, v, c):
@@ -246,11 +268,11 @@ def _check_contract(method, q, k, v, mask, c, ref):
         impl="naive",
         return_weights=True,
     )
-    visible = torch.ones(w.shape, dtype=torch.bool)
+    visible = torch.ones(w.shape, dtype=torch.bool, device=w.device)
     if mask is not None:
         visible &= mask
     if c["causal"]:
-        visible &= causal_mask(c["lq"], c["lk"])
+        visible &= causal_mask(c["lq"], c["lk"], device=w.device)
     assert bool((w[~visible] == 0).all()), "masked weights must be exactly 0"
     empty = ~visible.any(-1)
     assert bool((w[empty] == 0).all()), "rows with no visible key must be 0"
@@ -302,6 +324,8 @@ def test_normalizer_contract_on_hostile_scores(method, c):
         mask = torch.rand(shape[-1], generator=g) < 0.7
     if mask is not None:
         allowed &= mask
+    x, allowed = x.to(DEVICE), allowed.to(DEVICE)
+    mask = None if mask is None else mask.to(DEVICE)
     s = x.to(c["dtype"]).requires_grad_(True)
     allowed &= s.detach() != float("-inf")  # magnitudes beyond the dtype round to ±inf
     if bool((s.detach() == float("inf")).any()):  # +inf at an allowed position is an error
@@ -314,7 +338,7 @@ def test_normalizer_contract_on_hostile_scores(method, c):
     except ValueError as err:  # a causal-only method (stick_breaking): fold the causal mask in
         if "causal" not in str(err):
             raise
-        causal = causal_mask(shape[-2], shape[-1])
+        causal = causal_mask(shape[-2], shape[-1], device=DEVICE)
         mask = causal if mask is None else mask & causal
         allowed &= causal
         w = nz.get(method).fn(s, mask)
@@ -328,7 +352,7 @@ def test_normalizer_contract_on_hostile_scores(method, c):
         assert_close(sums, torch.ones_like(sums), dtype=w.dtype, n=shape[-1], msg="Σ w")
     if not w.requires_grad:  # hardmax: piecewise constant, no graph
         return
-    cot = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
+    cot = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.device, w.dtype)
     (grad,) = torch.autograd.grad(w, s, cot, allow_unused=True)
     if grad is not None:
         assert not bool(torch.isnan(grad).any()), "NaN gradient"
@@ -356,10 +380,10 @@ BAD_MASKS = {
 @pytest.mark.parametrize("bad", list(BAD_MASKS))
 def test_bad_masks_raise_value_error_on_every_path(method, bad):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, n, 4, generator=g) for n in (3, 4, 4))
+    q, k, v = (torch.randn(2, 2, n, 4, generator=g).to(DEVICE) for n in (3, 4, 4))
     for impl in ("naive", *paths(method)):
         with pytest.raises(ValueError, match="mask"):
             attend(q, k, v, method, mask=BAD_MASKS[bad](), impl=impl)
-    scores = torch.randn(2, 2, 3, 4, generator=g)
+    scores = torch.randn(2, 2, 3, 4, generator=g).to(DEVICE)
     with pytest.raises(ValueError, match="mask"):
         nz.get(method).fn(scores, BAD_MASKS[bad]())

@@ -107,7 +107,7 @@ def normalizer(fn):
             # tensor parameters broadcast: O(B·H) memory, whatever Lq and Lk are
             lead = scores.shape[:-2] if scores.dim() >= 2 else ()
             shape = (*(max(n, 1) for n in lead), *(1,) * min(scores.dim(), 2))
-            fn(scores.new_zeros(shape), torch.zeros(shape, dtype=torch.bool), *args, **params)
+            fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args, **params)
             return scores * 0
         return fn(scores, mask, *args, **params)
 

@@ -1,0 +1,221 @@
+"""Every method's ``impl="auto"`` path on a CUDA GPU, as ratios to torch's SDPA on the same GPU.
+
+For each n (Lq = Lk; B = 1, H = 4, D = 64, float32 unless ``--dtype``), non-causal and causal,
+forward and forward+backward:
+
+* time: CUDA-event time of one call (its backward included for ``fwdbwd``), the minimum over
+  ``--reps`` calls after one warm-up, divided by SDPA's measured the same way in the same
+  process (``F.scaled_dot_product_attention``; on float32 torch picks its memory-efficient
+  kernel, on 16-bit ones flash attention);
+* memory: the peak of ``torch.cuda.max_memory_allocated`` during one call above what was
+  allocated before it (inputs and their gradients excluded), as a ratio to SDPA's.
+
+The same methods and targets as ``benchmarks/attention.py`` (CPU). Cells that would pass
+``--deadline`` seconds from the start are skipped and listed. Rows are written to ``--out``
+after every cell, so a run stopped early keeps what it measured.
+
+    python benchmarks/gpu.py --sizes 1024,4096,16384 --out benchmarks/results/gpu.json
+    python benchmarks/gpu.py --table benchmarks/results/gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sharpattn.attention import attend
+from sharpattn.normalizers import available
+
+B, H, D = 1, 4, 64
+CAUSAL_ONLY = {"stick_breaking"}
+EXTRA = {"entmax@alpha=1.3": ("entmax", {"alpha": 1.3})}
+
+
+def methods(names: str) -> dict[str, tuple[str, dict]]:
+    every = {m: (m, {}) for m in available()} | EXTRA
+    if not names:
+        return every
+    return {m: every[m] for m in names.split(",")}
+
+
+def call(method: str, params: dict, q, k, v, causal: bool):
+    if method == "sdpa":
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return lambda: attend(q, k, v, method, causal=causal, check_finite=False, **params)
+
+
+def measure(fn, mode: str, q, k, v, reps: int) -> dict:
+    """Minimum milliseconds over ``reps`` calls (after a warm-up) and peak extra MiB: CUDA events
+    and the CUDA allocator's peak on a GPU; wall time and no memory on the CPU (a dry run)."""
+    grad = torch.randn(q.shape, device=q.device, dtype=q.dtype)
+    cuda = q.device.type == "cuda"
+
+    def once():
+        out = fn()
+        if mode == "fwdbwd":
+            torch.autograd.grad(out, (q, k, v), grad, allow_unused=True)
+
+    def timed() -> float:
+        if not cuda:
+            t = time.perf_counter()
+            once()
+            return (time.perf_counter() - t) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        once()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    timed()  # warm-up: lazy initialisation, cuBLAS handles, autotuning
+    times = [timed() for _ in range(reps)]
+    extra = float("nan")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        once()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - before) / 2**20
+    return {"ms": min(times), "extra_mib": extra}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1024,4096,16384")
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--methods", default="", help="comma-separated (default: every one)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no memory)")
+    p.add_argument("--deadline", type=float, default=1e9, help="seconds; later cells skipped")
+    p.add_argument("--out", default=str(Path(__file__).with_name("results") / "gpu.json"))
+    p.add_argument("--table", metavar="JSON", help="print the table of a result file and exit")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "dtype": args.dtype,
+        "shape": {"B": B, "H": H, "D": D},
+        "reps": args.reps,
+        "rows": [],
+        "skipped": [],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    todo = methods(args.methods)
+    for n in (int(s) for s in args.sizes.split(",")):
+        for causal in (False, True):
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (
+                torch.randn(B, H, n, D, generator=g).to(device, dtype).requires_grad_()
+                for _ in range(3)
+            )
+            for mode in args.modes.split(","):
+                base = measure(call("sdpa", {}, q, k, v, causal), mode, q, k, v, args.reps)
+                for name, (method, params) in todo.items():
+                    if method in CAUSAL_ONLY and not causal:
+                        continue
+                    cell = {"method": name, "n": n, "causal": causal, "mode": mode}
+                    if time.perf_counter() - t0 > args.deadline:
+                        result["skipped"].append(cell)
+                        continue
+                    try:
+                        got = measure(call(method, params, q, k, v, causal), mode, q, k, v,
+                                      args.reps)  # fmt: skip
+                    except torch.OutOfMemoryError:
+                        cell["error"] = "out of GPU memory"
+                        result["rows"].append(cell)
+                        torch.cuda.empty_cache()
+                        continue
+                    cell |= {
+                        "ms": got["ms"],
+                        "sdpa_ms": base["ms"],
+                        "time_ratio": got["ms"] / base["ms"],
+                        "extra_mib": got["extra_mib"],
+                        "sdpa_extra_mib": base["extra_mib"],
+                        "memory_ratio": got["extra_mib"] / max(base["extra_mib"], 1e-3),
+                    }
+                    result["rows"].append(cell)
+                    print(
+                        f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22} "
+                        f"{got['ms']:9.2f} ms  {cell['time_ratio']:7.2f}x SDPA  "
+                        f"extra {got['extra_mib']:8.1f} MiB ({cell['memory_ratio']:.2f}x)",
+                        flush=True,
+                    )
+                    result["wall_s"] = time.perf_counter() - t0
+                    out.write_text(json.dumps(result, indent=1))
+            del q, k, v
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    result["wall_s"] = time.perf_counter() - t0
+    out.write_text(json.dumps(result, indent=1))
+    print(table(result))
+
+
+def table(result: dict) -> str:
+    """Markdown: one row per method, ``fwd / fwd+bwd`` time ratios per (n, causal) column."""
+    rows = [r for r in result["rows"] if "time_ratio" in r]
+    cols = sorted({(r["n"], r["causal"]) for r in rows})
+    names = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["n"], r["causal"], r["mode"]): r for r in rows}
+    head = ["method"] + [
+        f"{f'{n // 1024}k' if n >= 1024 else n}{' causal' if c else ''}" for n, c in cols
+    ]
+    lines = [
+        f"{result['device']}, torch {result['torch']}, {result['dtype']}, B = {B}, H = {H}, "
+        f"D = {D}: time as a ratio to SDPA's, forward / forward+backward",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+    ]
+    for m in names:
+        parts = []
+        for n, c in cols:
+            f, fb = cell.get((m, n, c, "fwd")), cell.get((m, n, c, "fwdbwd"))
+            parts.append(
+                " / ".join(f"{x['time_ratio']:.1f}" if x else "–" for x in (f, fb))
+                if f or fb
+                else "–"
+            )
+        lines.append(f"| {m} | " + " | ".join(parts) + " |")
+    sdpa = {(r["n"], r["causal"], r["mode"]): r["sdpa_ms"] for r in rows}
+    lines.append(
+        "| SDPA, ms | "
+        + " | ".join(
+            " / ".join(f"{sdpa.get((n, c, mode), float('nan')):.2f}" for mode in ("fwd", "fwdbwd"))
+            for n, c in cols
+        )
+        + " |"
+    )
+    big = [r for r in rows if r["n"] == max(n for n, _ in cols) and r["mode"] == "fwdbwd"]
+    if big and all(r["memory_ratio"] == r["memory_ratio"] for r in big):  # not NaN (CPU)
+        worst = max(big, key=lambda r: r["memory_ratio"])
+        lines += [
+            "",
+            f"Peak extra GPU memory at n = {worst['n']}, forward+backward: at most "
+            f"{worst['memory_ratio']:.2f}x SDPA's ({worst['method']}, {worst['extra_mib']:.0f} MiB "
+            f"against {worst['sdpa_extra_mib']:.0f} MiB).",
+        ]
+    if result.get("skipped"):
+        lines.append(f"{len(result['skipped'])} cells skipped at the deadline.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

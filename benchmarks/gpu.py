@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from sharpattn.attention import attend
+from sharpattn.attention.tiles import device_budget
 from sharpattn.normalizers import available
 
 B, H, D = 1, 4, 64
@@ -111,6 +112,8 @@ def main(argv=None) -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "dtype": args.dtype,
+        # the tile budget's factor on this device (SHARPATTN_DEVICE_TILES or the default)
+        "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
         "shape": {"B": B, "H": H, "D": D},
         "reps": args.reps,
         "rows": [],

@@ -514,6 +514,19 @@ def _names(ctx, param, value):
     return None if value is None else tuple(_items(value))
 
 
+def _size_range(ctx, param, value):
+    """``LO,HI`` (two whole numbers, 1 <= LO <= HI) as a tuple, or None."""
+    if value is None:
+        return None
+    parts = _items(value)
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"expected two sizes LO,HI such as 4,16, got {value!r}.")
+    lo, hi = (int(p) for p in parts)
+    if not 1 <= lo <= hi:
+        raise click.BadParameter(f"expected 1 <= LO <= HI, got {lo},{hi}.")
+    return lo, hi
+
+
 @reproduce.command("backcopy-study", short_help="Bigram-Backcopy one-factor studies.")
 @click.argument(
     "study",
@@ -645,11 +658,13 @@ def reproduce_clrs(profile, out, ray_address, **options):
 @profile_options(
     "reproduce clrs-llm",
     "2 algorithms, 2 seeds, 40 steps of batch 4 per run, sizes to 4x",
-    "4 algorithms, 2 seeds, 400 steps of batch 8 per run, sizes to 4x",
+    "3 algorithms trained at 4-8 items, 2 seeds, 400 steps of batch 8 per run, sizes to 4x",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
 @click.option("--tasks", callback=_names, help="Comma-separated CLRS algorithms (overrides the "
               "profile; see reproduce clrs --list).")  # fmt: skip
+@click.option("--train-sizes", callback=_size_range, metavar="LO,HI",
+              help="Sizes trained at, inclusive (overrides the profile's 4,8).")  # fmt: skip
 @seed_option("First seed (adapters and training batches; the test prompts).")
 @seeds_option()
 @click.option("--steps", type=count(MAX_STEPS), help="AdamW steps per fine-tuning.")

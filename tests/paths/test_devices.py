@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.skipif(DEVICE.type == "cpu", reason="set SHARPATTN_TEST_DEVICE=cuda to run"),
 ]
 
-#: (Lq, Lk, causal): a square call of ~9M scores (several 2^20-entry tiles per head group), and
+#: (Lq, Lk, causal): a square call of ~9M scores (several tiles per head group), and
 #: a causal one whose queries end at the last key (Lk − Lq = 1,100 keys before the first query)
 CASES = [(1500, 1500, False), (700, 1800, True)]
 
@@ -49,10 +49,16 @@ def output_and_grads(method, q, k, v, cot, causal, impl, dtype):
     return out.detach(), grads
 
 
+@pytest.mark.parametrize("tiles", ["1", "default"], ids=["cpu-tiles", "device-tiles"])
 @pytest.mark.parametrize("case", CASES, ids=["full", "causal"])
 @pytest.mark.parametrize("method", nz.available())
-def test_auto_path_on_the_device_equals_naive_float64(method, case):
+def test_auto_path_on_the_device_equals_naive_float64(method, case, tiles, monkeypatch):
+    """With the CPU's tile budgets (many tiles per call) and the device's own (a few)."""
     lq, lk, causal = case
+    if tiles == "default":
+        monkeypatch.delenv("SHARPATTN_DEVICE_TILES", raising=False)
+    else:
+        monkeypatch.setenv("SHARPATTN_DEVICE_TILES", tiles)
     q, k, v, cot = inputs(lq, lk)
     try:
         ref, ref_grads = output_and_grads(method, q, k, v, cot, causal, "naive", torch.float64)

@@ -330,3 +330,20 @@ def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
     kept = s.clone()
     reused.buffer("w", s.shape, s).fill_(7.0)
     assert torch.equal(s, kept) and len(reused._buffers) == 2
+
+
+def test_tiles_on_other_devices_hold_more_scores(monkeypatch):
+    """The CPU keeps every budget; other devices multiply it (GPU tiles cost launches, not
+    entries), by DEVICE_TILE_FACTOR or SHARPATTN_DEVICE_TILES; a bad override is ignored."""
+    from sharpattn.attention import tiles
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("SHARPATTN_DEVICE_TILES", raising=False)
+    assert tiles.device_budget(2**20, cpu) == 2**20
+    assert tiles.device_budget(2**20, gpu) == 2**20 * tiles.DEVICE_TILE_FACTOR
+    monkeypatch.setenv("SHARPATTN_DEVICE_TILES", "4")
+    assert tiles.device_budget(2**18, gpu) == 2**20
+    assert tiles.device_budget(2**18, cpu) == 2**18
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("SHARPATTN_DEVICE_TILES", bad)
+        assert tiles.device_budget(2**18, gpu) == 2**18 * tiles.DEVICE_TILE_FACTOR

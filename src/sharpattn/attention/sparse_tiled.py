@@ -43,7 +43,7 @@ from .chunked import chunked_attend
 from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import Grid, Tile, row_slice
+from .tiles import Grid, Tile, device_budget, row_slice
 
 Tensor = torch.Tensor
 
@@ -251,7 +251,7 @@ class _Walk:
 
     def __init__(self, q, k, v, masking, scale):
         self.grid = g = Grid(q, k, v, masking, scale)
-        self.bq = block_rows(g.b * g.h, g.lq, g.lk)
+        self.bq = block_rows(g.b * g.h, g.lq, g.lk, device_budget(SLAB_ELEMENTS, q.device))
         self.rows = (g.b, g.h, g.lq, 1)
 
     def blocks(self):

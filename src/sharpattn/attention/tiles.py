@@ -15,6 +15,7 @@ n·D)). :class:`Grid` is that walk, shared by all of them:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,6 +41,20 @@ TILE_ELEMENTS = 2**18
 #: buffers, 2^20 tiles measured no better: each fresh 4 MiB tile's cost depends on glibc's mmap
 #: threshold and the process's allocation history. Sparse and stick-breaking keep TILE_ELEMENTS
 BUFFERED_TILE_ELEMENTS = 2**20
+#: On a device other than the CPU every budget above is this many times larger (the environment
+#: variable ``SHARPATTN_DEVICE_TILES`` overrides it): a GPU runs a tile as a few kernels whose
+#: cost is launch and Python overhead until a tile holds millions of scores, so fewer, larger
+#: tiles. Measured with ``benchmarks/gpu.py`` on an H200 (docs/performance.md).
+DEVICE_TILE_FACTOR = 16
+
+
+def device_budget(budget: int, device: torch.device) -> int:
+    """A tile budget in score entries for ``device``: ``budget`` on the CPU, ``budget`` ×
+    :data:`DEVICE_TILE_FACTOR` (or ``SHARPATTN_DEVICE_TILES``) elsewhere."""
+    if device.type == "cpu":
+        return budget
+    factor = os.environ.get("SHARPATTN_DEVICE_TILES", "").strip()
+    return budget * (int(factor) if factor.isdigit() and int(factor) > 0 else DEVICE_TILE_FACTOR)
 
 
 def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[int, int]:
@@ -101,7 +116,7 @@ class Grid:
             diagonal = masking.offset
         self.diagonal = diagonal
         self.dtype = compute_dtype(q.dtype)
-        auto_q, auto_k = tile_sizes(b * h, lq, lk, budget)
+        auto_q, auto_k = tile_sizes(b * h, lq, lk, device_budget(budget, q.device))
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
         #: ``fold_scale``: q carries the scale (one pass over q instead of one per tile); then

@@ -113,9 +113,8 @@ class Config:
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"tasks": ("minimum", "insertion_sort"), "train_sizes": (4, 8), "seeds": 2,
               "steps": 40, "batch": 4, "prompts": 16},
-    "paper": {"tasks": ("minimum", "binary_search", "insertion_sort",
-                        "find_maximum_subarray_kadane"),
-              "train_sizes": (4, 16), "seeds": 2, "steps": 400, "batch": 8, "prompts": 48},
+    "paper": {"tasks": ("insertion_sort", "binary_search", "activity_selector"),
+              "train_sizes": (4, 8), "seeds": 2, "steps": 400, "batch": 8, "prompts": 48},
 }  # fmt: skip
 
 #: what defines the fine-tuned models (a folder of other values is refused); more seeds, other

@@ -45,7 +45,7 @@ def output_and_grads(method, q, k, v, cot, causal, impl, dtype):
     # the reference checks its input (stick_breaking's causal check needs check_finite=True)
     out = attend(q, k, v, method, causal=causal, impl=impl, check_finite=impl == "naive")
     grads = torch.autograd.grad(out, (q, k, v), cot.to(dtype), allow_unused=True)
-    grads = [torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads)]
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads, strict=True)]
     return out.detach(), grads
 
 

@@ -686,8 +686,12 @@ def reproduce_clrs_llm(profile, out, **options):
     from .experiments import clrs_llm as exp
 
     config = exp.make_config(profile, **options)
+    changed = any(
+        options.get(k) is not None
+        for k in ("tasks", "train_sizes", "seeds", "steps", "rank", "lr", "eval_factor", "prompts")
+    )
     announce("reproduce clrs-llm", profile, f"{len(exp.METHODS) * config.seeds} fine-tunings of "
-             f"{config.steps} steps")  # fmt: skip
+             f"{config.steps} steps", changed)  # fmt: skip
     with ProgressRenderer(transient=True) as progress:
         run_dir, _ = exp.run(out or f"runs/clrs-llm-{profile}", config, progress)
     print_markdown((run_dir / "clrs_llm.md").read_text(encoding="utf-8"))

@@ -159,6 +159,25 @@ def test_a_long_profile_says_its_cost_before_it_starts(argv, command, profile, t
     assert any(ch.isdigit() for ch in err.split(":")[1].split(";")[0])  # a count
 
 
+def test_a_changed_long_profile_says_its_cost_is_the_unchanged_profile_s(tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    """Options that change what a long profile runs: the cost line says whose cost it quotes."""
+    from sharpattn import cli_options
+
+    class Started(Exception):
+        pass
+
+    def start(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(cli_options.ProgressRenderer, "__enter__", start)
+    for extra, changed in (([], False), (["--steps", "5"], True)):
+        with pytest.raises(Started):
+            main(["reproduce", "clrs-llm", "--paper", *extra, "--out", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert ("the unchanged profile's measured cost" in err) is changed, err
+
+
 def test_the_cost_table_of_docs_is_the_code_s():
     """docs/cli.md's table of profiles shows every measured cost of cli_options.COSTS."""
     from pathlib import Path

@@ -158,7 +158,9 @@ def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_on
     same_fine_tunings(tmp_path / "killed", tmp_path / "whole", trainings)
 
 
-def test_the_command_runs_its_profile_with_the_options_given(tmp_path, monkeypatch):
+def _recording_run(monkeypatch) -> list:
+    """Replace the study's ``run`` by one that records its configuration and writes a stub
+    report; the list of configurations seen."""
     seen = []
 
     def run(out, cfg, progress):
@@ -168,5 +170,23 @@ def test_the_command_runs_its_profile_with_the_options_given(tmp_path, monkeypat
         return Path(out), {}
 
     monkeypatch.setattr(cl, "run", run)
+    return seen
+
+
+def test_the_command_runs_its_profile_with_the_options_given(tmp_path, monkeypatch):
+    seen = _recording_run(monkeypatch)
     assert main(["reproduce", "clrs-llm", "--seeds", "3", "--out", str(tmp_path / "q")]) == 0
     assert seen == [cl.make_config("quick", seeds=3, checkpoint_every=50, threads=1)]
+
+
+def test_train_sizes_reach_the_configuration_and_bad_ones_are_refused(tmp_path, monkeypatch,
+                                                                      capsys):  # fmt: skip
+    seen = _recording_run(monkeypatch)
+    argv = ["reproduce", "clrs-llm", "--out", str(tmp_path / "q"), "--train-sizes"]
+    assert main([*argv, "4,16"]) == 0
+    assert seen[-1].train_sizes == (4, 16)
+    for bad in ("16,4", "4", "a,b", "0,3"):
+        assert main([*argv, bad]) == 2
+        err = capsys.readouterr().err
+        assert "--train-sizes" in err and "Traceback" not in err, err
+    assert len(seen) == 1

@@ -39,7 +39,7 @@ TILE_ELEMENTS = 2**18
 #: softpick went from 1.32-1.77x SDPA's CPU time forward with 2^18 to 1.27-1.62x; forward+backward
 #: 1.60-1.89x and 1.50-1.95x, within that host's run-to-run spread of about 0.2. Without the
 #: buffers, 2^20 tiles measured no better: each fresh 4 MiB tile's cost depends on glibc's mmap
-#: threshold and the process's allocation history. Sparse and stick-breaking keep TILE_ELEMENTS
+#: threshold and the process's allocation history. Sparse and stick-breaking keep TILE_ELEMENTS.
 BUFFERED_TILE_ELEMENTS = 2**20
 #: On a device other than the CPU every budget above is this many times larger (the environment
 #: variable ``SHARPATTN_DEVICE_TILES`` overrides it): a GPU runs a tile as a few kernels whose

@@ -107,6 +107,16 @@ def make_inputs(n: int, lq: int | None = None, seed: int = 0):
     return q, k, v
 
 
+def method_case(name: str) -> tuple[str, dict[str, float]]:
+    """``"entmax@alpha=1.3"`` → ``("entmax", {"alpha": 1.3})``; a plain method name → no params."""
+    method, _, param = name.partition("@")
+    params = {}
+    if param:
+        key, value = param.split("=")
+        params[key] = float(value)
+    return method, params
+
+
 def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
     if case == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -116,11 +126,7 @@ def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
     if kind == "fn":
         masking = Masking.build(None, causal, q.shape[2], k.shape[2], q.device)
         return lambda: FUSED[name](q, k, v, masking, D**-0.5, False)[0]
-    method, _, param = kind.partition("@")
-    params = {}
-    if param:
-        key, value = param.split("=")
-        params[key] = float(value)
+    method, params = method_case(kind)
     return lambda: attend(
         q, k, v, method, causal=causal, impl=name, block_size=block_size, **params
     )

@@ -29,21 +29,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from attention import CAUSAL_ONLY, EXTRA, method_case  # the CPU benchmark beside this one
 
 from sharpattn.attention import attend
 from sharpattn.attention.tiles import device_budget
 from sharpattn.normalizers import available
 
 B, H, D = 1, 4, 64
-CAUSAL_ONLY = {"stick_breaking"}
-EXTRA = {"entmax@alpha=1.3": ("entmax", {"alpha": 1.3})}
 
 
 def methods(names: str) -> dict[str, tuple[str, dict]]:
-    every = {m: (m, {}) for m in available()} | EXTRA
-    if not names:
-        return every
-    return {m: every[m] for m in names.split(",")}
+    """Case name → (method, params): every registered method and the CPU benchmark's extras."""
+    every = [*available(), *EXTRA]
+    return {m: method_case(m) for m in (names.split(",") if names else every)}
 
 
 def call(method: str, params: dict, q, k, v, causal: bool):

@@ -686,10 +686,10 @@ def reproduce_clrs_llm(profile, out, **options):
     from .experiments import clrs_llm as exp
 
     config = exp.make_config(profile, **options)
-    changed = any(
-        options.get(k) is not None
-        for k in ("tasks", "train_sizes", "seeds", "steps", "rank", "lr", "eval_factor", "prompts")
-    )
+    # options that leave the work alone (checkpoints, threads) do not change the quoted cost
+    plain = exp.make_config(profile, checkpoint_every=config.checkpoint_every,
+                            threads=config.threads)  # fmt: skip
+    changed = config != plain
     announce("reproduce clrs-llm", profile, f"{len(exp.METHODS) * config.seeds} fine-tunings of "
              f"{config.steps} steps", changed)  # fmt: skip
     with ProgressRenderer(transient=True) as progress:

@@ -102,6 +102,30 @@ def test_leaderboard_command_writes_ranked_tables_and_plots(tmp_path):
     assert (out / "leaderboard.csv").read_text().splitlines() == lines
 
 
+def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_path, monkeypatch):
+    """23 methods on 8 tasks (no spare panel): colours repeat past tab20's 20, so the repeats
+    are dashed, and the legend sits in a column of its own inside the saved figure."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    names = [f"m{i}" for i in range(23)]
+    tasks = ["copy", "flip_flop", "local_count", "mqar", "passkey", "reverse", "sort", "two_back"]
+    rows = [{"task": t, "method": m, "seed": 0, "size": n, "acc": 0.5}
+            for t in tasks for m in names for n in (16, 64)]  # fmt: skip
+    seq.plot_curves(tmp_path / "c.png", rows, tasks, names, "title")
+    assert (tmp_path / "c.png").is_file()
+    fig = figures[-1]
+    lines = fig.axes[0].get_lines()
+    styles = [(ln.get_color(), ln.get_linestyle()) for ln in lines]
+    assert len(set(styles)) == len(names)  # no two methods drawn alike
+    (legend,) = fig.legends
+    box = legend.get_window_extent(fig.canvas.get_renderer())
+    frame = fig.bbox
+    assert box.x0 >= frame.x0 and box.x1 <= frame.x1 + 1 and box.y0 >= frame.y0
+    assert all(box.x0 >= ax.get_window_extent().x1 for ax in fig.axes)  # beside the panels
+
+
 def test_reproduce_clrs_command(tmp_path):
     out = tmp_path / "clrs"
     args = ["reproduce", "clrs", "--quick", "--tasks", "minimum,insertion_sort", *TINY,

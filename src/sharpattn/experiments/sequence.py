@@ -710,8 +710,9 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
 
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)
-    spare_panel = len(names) % cols != 0  # the legend's own panel, else on the first one
-    size = (3.8 * cols, 3.0 * nrows + 0.4)
+    spare_panel = len(names) % cols != 0  # the legend's own panel, else a column of its own
+    side = 0.0 if spare_panel else 1.7 * (1 + len(methods_) // 14)  # inches for that column
+    size = (3.8 * cols + side, 3.0 * nrows + 0.4)
     with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
         import matplotlib
 
@@ -727,7 +728,9 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
                     continue
                 sizes, mean, sd = data[method]
                 color = (colors or {}).get(method, cmap(j % cmap.N))
-                ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color)
+                style = ("-", "--", ":")[(j // cmap.N) % 3]  # colours repeat past the map's
+                ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color,
+                        linestyle=style)  # fmt: skip
                 if bands:
                     low = [m - s for m, s in zip(mean, sd, strict=True)]
                     high = [m + s for m, s in zip(mean, sd, strict=True)]
@@ -744,7 +747,11 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
             spare = axes[len(names) // cols][len(names) % cols]
             spare.legend(handles, labels, loc="center", fontsize=7, ncol=1 + len(labels) // 14,
                          title=title, title_fontsize=8, frameon=False)  # fmt: skip
-        else:
-            axes[0][0].legend(handles, labels, loc="upper right", fontsize=6,
-                              ncol=1 + len(labels) // 14)  # fmt: skip
+        else:  # beside the grid, in the width added for it
+            from matplotlib.layout_engine import TightLayoutEngine
+
+            fig.set_layout_engine(TightLayoutEngine(rect=(0, 0, 1 - side / size[0], 0.97)))
+            fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False,
+                       bbox_to_anchor=(1.0, 0.5),
+                       ncol=1 + len(labels) // 14)  # fmt: skip
             fig.suptitle(title, fontsize=9)

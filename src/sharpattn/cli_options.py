@@ -143,7 +143,7 @@ COSTS: dict[str, dict[str, str]] = {
     },
     "leaderboard": {
         "quick": "8 min 58 s wall",
-        "standard": "not run as a whole yet",
+        "standard": "≈ 8 CPU-hours, ≈ 4 h on 2 cores",
         "paper": "≈ 50 CPU-hours (25 h on 2 cores) at 32 test sequences a size, ≈ 305 at 256",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},

@@ -107,8 +107,8 @@ def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_
     are dashed, and the legend sits in a column of its own inside the saved figure."""
     import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))  # kept to inspect
     names = [f"m{i}" for i in range(23)]
     tasks = ["copy", "flip_flop", "local_count", "mqar", "passkey", "reverse", "sort", "two_back"]
     rows = [{"task": t, "method": m, "seed": 0, "size": n, "acc": 0.5}
@@ -124,6 +124,7 @@ def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_
     frame = fig.bbox
     assert box.x0 >= frame.x0 and box.x1 <= frame.x1 + 1 and box.y0 >= frame.y0
     assert all(box.x0 >= ax.get_window_extent().x1 for ax in fig.axes)  # beside the panels
+    close(fig)
 
 
 def test_reproduce_clrs_command(tmp_path):

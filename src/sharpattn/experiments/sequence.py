@@ -705,7 +705,8 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
     *Softmax is not Enough* Fig. 8; ``spans`` as in :func:`measures`); the legend has a panel of
-    its own where the grid has one free."""
+    its own where the grid has one free, else a column beside the grid. Past the colour map's
+    length the colours repeat with dashed, then dotted, lines."""
     from .report import figure
 
     cols = min(4, len(names))

@@ -712,7 +712,8 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)
     spare_panel = len(names) % cols != 0  # the legend's own panel, else a column of its own
-    side = 0.0 if spare_panel else 1.7 * (1 + len(methods_) // 14)  # inches for that column
+    ncol = 1 + len(methods_) // 14  # legend columns
+    side = 0.0 if spare_panel else 1.7 * ncol  # inches for the legend's column
     size = (3.8 * cols + side, 3.0 * nrows + 0.4)
     with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
         import matplotlib
@@ -753,6 +754,5 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
 
             fig.set_layout_engine(TightLayoutEngine(rect=(0, 0, 1 - side / size[0], 0.97)))
             fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False,
-                       bbox_to_anchor=(1.0, 0.5),
-                       ncol=1 + len(labels) // 14)  # fmt: skip
+                       bbox_to_anchor=(1.0, 0.5), ncol=ncol)  # fmt: skip
             fig.suptitle(title, fontsize=9)

@@ -17,7 +17,7 @@ def allowed_of(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return allowed
 
 
-def _row_wise(scores, mask, row_fn) -> np.ndarray:
+def row_wise(scores, mask, row_fn) -> np.ndarray:
     """Apply ``row_fn`` to the allowed entries of each row; disallowed entries and empty rows 0."""
     s = np.asarray(scores, dtype=np.float64)
     allowed = allowed_of(s, mask)
@@ -35,7 +35,7 @@ def _softmax_row(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(scores, mask=None, temperature=1.0) -> np.ndarray:
-    return _row_wise(scores, mask, lambda x: _softmax_row(x / temperature))
+    return row_wise(scores, mask, lambda x: _softmax_row(x / temperature))
 
 
 def adaptive(scores, mask=None, coefficients=ICML, threshold=0.5, floor=1.0) -> np.ndarray:
@@ -47,7 +47,7 @@ def adaptive(scores, mask=None, coefficients=ICML, threshold=0.5, floor=1.0) -> 
         beta = max(np.polyval(coefficients, h), floor) if h > threshold else 1.0
         return _softmax_row(beta * x)
 
-    return _row_wise(scores, mask, row)
+    return row_wise(scores, mask, row)
 
 
 def attention(q, k, v, weights_fn, mask=None, causal=False, scale=None) -> np.ndarray:

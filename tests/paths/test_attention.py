@@ -34,7 +34,7 @@ def adaptive_exact_entropy(scores, mask=None, coefficients=ref.ICML, threshold=0
         e = np.exp(beta * (x - x.max()))
         return e / e.sum()
 
-    return ref._row_wise(scores, mask, row)
+    return ref.row_wise(scores, mask, row)
 
 
 def test_causal_mask_aligns_queries_to_the_end():

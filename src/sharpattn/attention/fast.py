@@ -8,6 +8,7 @@ normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backwa
 
 from __future__ import annotations
 
+from .adaptive_tiled import adaptive
 from .fused import FUSED
 from .sparse_tiled import SPARSE_TILED
 from .stick_tiled import STICK
@@ -16,3 +17,4 @@ from .tiled import TILED
 FAST = {**FUSED, **TILED}
 FAST.update(STICK)
 FAST.update(SPARSE_TILED)
+FAST["adaptive"] = adaptive  # slabs where they run, else fused.adaptive

@@ -198,14 +198,14 @@ def _entropy_forward(grid: Grid):
             if grid.native and native.usable(ends, t.mask, s, mb, zb, ab):
                 native.entropy_forward(s, ends, mb, zb, ab)  # in place, one loop per row
                 continue
-            mb, zb, ab = _entropy_tile(s, grid.keep(t), mb, zb, ab, big)
+            mb, zb, ab = entropy_tile(s, grid.keep(t), mb, zb, ab, big)
         m[..., r0:r1, :], z[..., r0:r1, :], a[..., r0:r1, :] = mb, zb, ab
     empty = z == 0
     z1 = torch.where(empty, torch.ones_like(z), z)
     return torch.where(empty, torch.zeros_like(m), m), z1, a / z1, empty
 
 
-def _entropy_tile(s: Tensor, keep: Tensor | None, m: Tensor, z: Tensor, a: Tensor, big: float):
+def entropy_tile(s: Tensor, keep: Tensor | None, m: Tensor, z: Tensor, a: Tensor, big: float):
     """One tile's update of the running (m, Z, A) of :func:`_entropy_forward`: the new values
     (``s``, the tile's base-2 scores, is scratch; m, Z, A are not written). Not compiled: with
     ``torch.compile`` it gave wrong values (NaN) under ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512

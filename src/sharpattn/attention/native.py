@@ -58,6 +58,8 @@ _FL = ctypes.c_float
 _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "entropy_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "adaptive_forward": [_F, _I64, _I64, _F, _I64, _F, _I, _FL, _FL, *[_F] * 6, _I],
+    "tempered_backward": [_F, _F, _I64, _I64, _F, _I64, *[_F] * 8, _I],
     "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
@@ -185,6 +187,33 @@ def entropy_backward(s: Tensor, ends: Tensor | None, m: Tensor, a: Tensor, c: Te
     e, tr = _ends(ends)
     library().entropy_backward(_p(s), rows, cols, e, tr, _p(m), _p(a), _p(c), _threads())
     return s
+
+
+def adaptive_forward(s: Tensor, ends: Tensor | None, coef, threshold: float, floor: float):
+    """Adaptive temperature's forward on whole rows of base-2 scores ``s`` ``[.., r, c]``: the
+    weights 2^{β·(s − m) − c} written over ``s``, and the rows' (m, Z, a, β, c, Σ weights) as
+    one ``[6, .., r, 1]`` tensor (``coef`` the polynomial's coefficients, highest power first)."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    stats = torch.empty(6, *s.shape[:-1], 1, dtype=s.dtype, device=s.device)
+    c = torch.tensor(coef, dtype=torch.float32)
+    library().adaptive_forward(
+        *(_p(s), rows, cols, e, tr, _p(c), len(coef) - 1, threshold, floor),
+        *(_p(x) for x in stats.unbind(0)), _threads(),
+    )  # fmt: skip
+    return stats
+
+
+def tempered_backward(s, dp, ends, m, z, a, beta, c, total, d, dbeta):
+    """(dL/ds written over ``s``, w over ``dp``) of adaptive temperature on whole rows, with
+    dp = dO·vᵀ, d = dO·out and dbeta = β'(H) per row (contiguous)."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().tempered_backward(
+        *(_p(s), _p(dp), rows, cols, e, tr, _p(m), _p(z), _p(a), _p(beta), _p(c), _p(total)),
+        *(_p(d), _p(dbeta), _threads()),
+    )
+    return s, dp
 
 
 def normalised_forward(kind: str, p: float, shift: float, s: Tensor, ends: Tensor | None, m):

@@ -43,7 +43,7 @@ from .chunked import chunked_attend
 from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import Grid, Tile, device_budget, row_slice
+from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 
 Tensor = torch.Tensor
 
@@ -86,10 +86,8 @@ FLOOR = -2.0
 def block_rows(bh: int, lq: int, lk: int, budget: int | None = None) -> int:
     """Query rows per block: about ``budget`` (default :data:`SLAB_ELEMENTS`) score entries,
     at least :data:`MIN_BLOCK_ROWS` while the slab stays under :data:`SLAB_MAX`, at least 1."""
-    per_row = max(1, bh * max(lk, 1))
-    rows = (SLAB_ELEMENTS if budget is None else budget) // per_row
-    rows = max(rows, min(MIN_BLOCK_ROWS, SLAB_MAX // per_row))
-    return max(1, min(max(lq, 1), rows))
+    return slab_rows(bh, lq, lk, SLAB_ELEMENTS if budget is None else budget,
+                     MIN_BLOCK_ROWS, SLAB_MAX)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,66 +244,10 @@ def _final_weights(y: Tensor, tau: Tensor, kind: str, e) -> tuple[Tensor, Tensor
 # Shared by both Functions
 
 
-class _Walk:
-    """The query blocks of one call: one tile per block, keys 0:c1 (all the block sees)."""
-
-    def __init__(self, q, k, v, masking, scale):
-        self.grid = g = Grid(q, k, v, masking, scale)
-        self.bq = block_rows(g.b * g.h, g.lq, g.lk, device_budget(SLAB_ELEMENTS, q.device))
-        self.rows = (g.b, g.h, g.lq, 1)
-
-    def blocks(self):
-        g = self.grid
-        for r0 in range(0, g.lq, self.bq):
-            r1 = min(r0 + self.bq, g.lq)
-            c1 = g.key_end(r0, r1)
-            if c1 > 0:  # else no row of the block sees a key: output 0, no gradient
-                yield Tile(r0, r1, 0, c1, g.tile_mask(r0, r1, 0, c1))
-
-    def masked_scores(self, t: Tile) -> Tensor:
-        """The block's scores ``[B, H, r, c1]``, −inf where masked."""
-        return self.masked(self.grid.scores(self.grid.q_rows(t.r0, t.r1), t), t)
-
-    @staticmethod
-    def masked(s: Tensor, t: Tile) -> Tensor:
-        """Scores ``s`` of block ``t`` with −inf where masked (in place)."""
-        return s if t.mask is None else s.masked_fill_(~t.mask, float("-inf"))
-
-    def zeros(self) -> Tensor:
-        g = self.grid
-        return torch.zeros(self.rows, dtype=g.dtype, device=g.q.device)
-
-    def grads(self, d_out):
-        g = self.grid
-        return (
-            g.grouped(d_out.to(g.dtype)),
-            torch.zeros_like(g.q),
-            torch.zeros_like(g.k),
-            torch.zeros_like(g.v),
-        )
-
-    def g_scores(self, go: Tensor, t: Tile) -> Tensor:
-        """g_ij = dO_i·v_j ``[B, H, r, c1]``."""
-        g = self.grid
-        gv = torch.matmul(go[..., t.r0 : t.r1, :], g.v[..., : t.c1, :].transpose(-2, -1))
-        return g.heads(gv)
-
-    def accumulate(self, t: Tile, ds: Tensor, p: Tensor, go: Tensor, dq, dk, dv) -> None:
-        """dq, dk, dv of one block from ds = dL/ds (already times the scale) and the weights."""
-        g = self.grid
-        r, c1 = t.r1 - t.r0, t.c1
-        ds5 = g.grouped(ds)  # (B, Hkv, G, r, c1)
-        dq[..., t.r0 : t.r1, :] = torch.matmul(ds5, g.k[..., :c1, :])
-        flat = (g.b, g.hkv, 1, g.g * r)  # the G query heads of a key head as one row set
-        qf = g.q_rows(t.r0, t.r1).reshape(*flat, g.d)
-        dk[..., :c1, :] += torch.matmul(ds5.reshape(*flat, c1).transpose(-2, -1), qf)
-        pf = g.grouped(p).reshape(*flat, c1)
-        gf = go[..., t.r0 : t.r1, :].reshape(*flat, g.dv)
-        dv[..., :c1, :] += torch.matmul(pf.transpose(-2, -1), gf)
-
-    def finish_grads(self, q, k, v, dq, dk, dv):
-        g = self.grid
-        return g.heads(dq).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype)
+def _Walk(q, k, v, masking, scale) -> Slabs:
+    """The query blocks of one call (:class:`~.tiles.Slabs`) at this module's slab size."""
+    g = Grid(q, k, v, masking, scale)
+    return Slabs(g, block_rows(g.b * g.h, g.lq, g.lk, device_budget(SLAB_ELEMENTS, q.device)))
 
 
 def _row_any(s_max: Tensor) -> Tensor:

@@ -242,3 +242,79 @@ def row_slice(x, lq: int, r0: int, r1: int):
     if torch.is_tensor(x) and x.dim() >= 2 and x.shape[-2] == lq and lq > 1:
         return x[..., r0:r1, :]
     return x
+
+
+# -- slabs: whole rows of a query block --------------------------------------------------------
+
+
+def slab_rows(bh: int, lq: int, lk: int, budget: int, fewest: int, most: int) -> int:
+    """Query rows per slab (a block's scores over every key it may see, B·H·rows·Lk entries):
+    about ``budget`` entries, at least ``fewest`` rows while the slab stays within ``most``
+    entries, at least 1."""
+    per_row = max(1, bh * max(lk, 1))
+    rows = max(budget // per_row, min(fewest, most // per_row))
+    return max(1, min(max(lq, 1), rows))
+
+
+class Slabs:
+    """The query blocks of ``bq`` rows of one call, each as one tile over keys 0:c1 (every
+    key the block sees): for paths that need whole rows (the entmax family's threshold, top-k,
+    adaptive temperature's statistics before its weights). Also the backward's shared steps."""
+
+    def __init__(self, grid: Grid, bq: int):
+        self.grid, self.bq = grid, bq
+        self.rows = (grid.b, grid.h, grid.lq, 1)
+
+    def blocks(self) -> Iterator[Tile]:
+        g = self.grid
+        for r0 in range(0, g.lq, self.bq):
+            r1 = min(r0 + self.bq, g.lq)
+            c1 = g.key_end(r0, r1)
+            if c1 > 0:  # else no row of the block sees a key: output 0, no gradient
+                yield Tile(r0, r1, 0, c1, g.tile_mask(r0, r1, 0, c1))
+
+    def masked_scores(self, t: Tile) -> Tensor:
+        """The block's scores ``[B, H, r, c1]``, −inf where masked."""
+        return self.masked(self.grid.scores(self.grid.q_rows(t.r0, t.r1), t), t)
+
+    @staticmethod
+    def masked(s: Tensor, t: Tile) -> Tensor:
+        """Scores ``s`` of block ``t`` with −inf where masked (in place)."""
+        return s if t.mask is None else s.masked_fill_(~t.mask, float("-inf"))
+
+    def zeros(self) -> Tensor:
+        g = self.grid
+        return torch.zeros(self.rows, dtype=g.dtype, device=g.q.device)
+
+    def grads(self, d_out):
+        g = self.grid
+        return (
+            g.grouped(d_out.to(g.dtype)),
+            torch.zeros_like(g.q),
+            torch.zeros_like(g.k),
+            torch.zeros_like(g.v),
+        )
+
+    def g_scores(self, go: Tensor, t: Tile) -> Tensor:
+        """g_ij = dO_i·v_j ``[B, H, r, c1]``."""
+        g = self.grid
+        gv = torch.matmul(go[..., t.r0 : t.r1, :], g.v[..., : t.c1, :].transpose(-2, -1))
+        return g.heads(gv)
+
+    def accumulate(self, t: Tile, ds: Tensor, p: Tensor, go: Tensor, dq, dk, dv) -> None:
+        """dq, dk, dv of one block from ds = dL/ds (already times the scale) and the weights
+        (dk from the grid's q: times the scale again where the grid folds it into q)."""
+        g = self.grid
+        r, c1 = t.r1 - t.r0, t.c1
+        ds5 = g.grouped(ds)  # (B, Hkv, G, r, c1)
+        dq[..., t.r0 : t.r1, :] = torch.matmul(ds5, g.k[..., :c1, :])
+        flat = (g.b, g.hkv, 1, g.g * r)  # the G query heads of a key head as one row set
+        qf = g.q_rows(t.r0, t.r1).reshape(*flat, g.d)
+        dk[..., :c1, :] += torch.matmul(ds5.reshape(*flat, c1).transpose(-2, -1), qf)
+        pf = g.grouped(p).reshape(*flat, c1)
+        gf = go[..., t.r0 : t.r1, :].reshape(*flat, g.dv)
+        dv[..., :c1, :] += torch.matmul(pf.transpose(-2, -1), gf)
+
+    def finish_grads(self, q, k, v, dq, dk, dv):
+        g = self.grid
+        return g.heads(dq).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype)

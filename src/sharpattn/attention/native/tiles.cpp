@@ -37,6 +37,19 @@ inline float row_max(const float* x, int64_t n, float init) {
   return r;
 }
 
+// The largest −x_j of a row (−min x).
+inline float row_max_neg(const float* x, int64_t n) {
+  float lane[16];
+  for (int k = 0; k < 16; ++k) lane[k] = -x[0];
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) lane[k] = lane[k] > -x[j + k] ? lane[k] : -x[j + k];
+  float r = -x[0];
+  for (int k = 0; k < 16; ++k) r = r > lane[k] ? r : lane[k];
+  for (; j < n; ++j) r = r > -x[j] ? r : -x[j];
+  return r;
+}
+
 inline float row_abs_max(const float* x, int64_t n) {
   float lane[16] = {0.f};
   int64_t j = 0;
@@ -256,6 +269,105 @@ void entropy_backward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
       x[j] = (d - ar) * fast_exp2(d) * cr;
     }
     zero(x + n, cols - n);
+  }
+}
+
+// Adaptive temperature's forward on whole rows (base-2 scores s, every key a row sees in this
+// call; attention/adaptive_tiled.py): per row m = max s, Z = Σ 2^{s−m}, a = Σ 2^{s−m}·(s − m)/Z,
+// H = ln 2·(log₂ Z − a), β = max(poly(H), floor) where H > threshold, else 1 (the `degree` + 1
+// coefficients highest power first: normalizers/softmax.py, beta_from_entropy), then
+// x = 2^{β·(s − m) − c} written over s (0 past ends) with c = max_j β·(s_j − m) and
+// total = Σ_j x_j. A row with no key gets m = −FLT_MAX, Z = a = c = total = 0, β = 1.
+void adaptive_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                      int64_t tile_rows, const float* coef, int degree, float threshold,
+                      float floor, float* m, float* z, float* a, float* beta, float* shift,
+                      float* total, int threads) {
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    if (n == 0) {
+      m[r] = -3.4028234663852886e38f;
+      z[r] = a[r] = shift[r] = total[r] = 0.f;
+      beta[r] = 1.f;
+      continue;
+    }
+    const float mr = row_max(x, n, kUnseen);
+    float zs = 0.f, as = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = x[j] - mr;
+      const float e = fast_exp2(d);
+      zs += e;
+      as += e * d;
+    }
+    const float ar = as / zs;
+    float hr = kLn2 * (std::log2(zs) - ar);
+    hr = hr > 0.f ? hr : 0.f;
+    float poly = 0.f;
+    for (int i = 0; i <= degree; ++i) poly = poly * hr + coef[i];
+    const float br = hr > threshold ? (poly > floor ? poly : floor) : 1.f;
+    // β·(s − m) is largest at the row's maximum for β >= 0 (0 there), at its minimum for β < 0
+    const float c = br < 0.f ? br * (-row_max_neg(x, n) - mr) : 0.f;
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = fast_exp2(br * (x[j] - mr) - c);
+      sum += e;
+      x[j] = e;
+    }
+    m[r] = mr;
+    z[r] = zs;
+    a[r] = ar;
+    beta[r] = br;
+    shift[r] = c;
+    total[r] = sum;
+  }
+}
+
+// Its backward on whole rows: with dp = dO·vᵀ, per row m, Z, a = A/Z (entropy_forward), β, c,
+// Z' = Σ_j x_j (tempered_exp), D = dO·out and β'(H): w = 2^{β·(s − m) − c}/Z' written over dp,
+// dL/ds (natural-log scores) over s: β·w·(dp − D) − g_H·ln 2·p_j·(s_j − m − a), p = 2^{s − m}/Z,
+// g_H = β'(H)·dL/dβ and dL/dβ = ln 2·Σ_j (s_j − m)·w_j·(dp_j − D) (0 where β' is 0).
+void tempered_backward(float* s, float* dp, int64_t rows, int64_t cols, const int32_t* ends,
+                       int64_t tile_rows, const float* m, const float* z, const float* a,
+                       const float* beta, const float* c, const float* total, const float* dd,
+                       const float* dbeta, int threads) {
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    float* g = dp + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    zero(g + n, cols - n);
+    const float mr = m[r], br = beta[r], cr = c[r], dr = dd[r], ar = a[r];
+    const float izt = total[r] > 0.f ? 1.f / total[r] : 0.f;
+    const float iz = z[r] > 0.f ? 1.f / z[r] : 0.f;
+    float gh = 0.f;
+    if (dbeta[r] != 0.f) {
+      float gb = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = x[j] - mr;
+        gb += d * fast_exp2(br * d - cr) * (g[j] - dr);
+      }
+      gh = dbeta[r] * kLn2 * gb * izt;
+    }
+    if (gh != 0.f) {
+      const float k = gh * kLn2 * iz;
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = x[j] - mr;
+        const float w = fast_exp2(br * d - cr) * izt;
+        x[j] = br * w * (g[j] - dr) - k * fast_exp2(d) * (d - ar);
+        g[j] = w;
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = fast_exp2(br * (x[j] - mr) - cr) * izt;
+        x[j] = br * w * (g[j] - dr);
+        g[j] = w;
+      }
+    }
   }
 }
 

@@ -1,0 +1,260 @@
+"""Adaptive temperature (Veličković et al., App. G) on slabs of whole rows: one q·kᵀ serves both
+the entropy that sets β and the weights, so the forward is two matrix products, as softmax's.
+
+Queries are cut into blocks of ``bq`` rows; a block's scores over every key it sees, a
+``[B, H, bq, Lk']`` slab (:class:`~.tiles.Slabs`), are made once, in base 2 (the scale folded into
+q carries log₂ e). Per row, from the slab:
+
+* m = max_j s_j, Z = Σ_j 2^{x_j} and a = Σ_j 2^{x_j}·x_j / Z with x = s − m, so that
+  H = ln 2·(log₂ Z − a), the exact entropy of softmax(s) (:func:`~.fused.softmax_entropy`'s
+  statistics, here over the whole row at once);
+* β = β(H) (:func:`~sharpattn.normalizers.softmax.beta_from_entropy`, the normalizer's own);
+* w_j = 2^{β·x_j − c}/Z', c = max_j β·x_j (0 for β >= 0), Z' = Σ_j 2^{β·x_j − c}, and the
+  block's output w·v.
+
+The backward (a :class:`torch.autograd.Function`) recomputes each slab and takes, per row, with
+g_j = dO·v_j and D = dO·out:  dL/ds_j = β·w_j·(g_j − D) − g_H·ln 2·p_j·(x_j − a), p = 2^x/Z (the
+entropy's own derivative, as :func:`~.fused.softmax_entropy`'s backward), g_H = β'(H)·dL/dβ and
+dL/dβ = ln 2·Σ_j x_j·w_j·(g_j − D); then the five products of flash attention's backward. With
+``detach_beta`` the second term is left out.
+
+On the CPU in float32 the per-row work runs in the C++ loops of :mod:`.native` (one or two
+sweeps per row while it is in cache); elsewhere, and for tiles with a mask other than causal, in
+PyTorch. :func:`adaptive` takes this path where the loops run and the slab fits
+(:func:`slabs_wanted`); every other call, and every call that asks for statistics, takes
+:func:`~.fused.adaptive` (a statistics pass over key tiles, then the flash kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..normalizers._contract import compute_dtype
+from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
+from . import native
+from .fused import _LN2, _LOG2E, entropy_tile
+from .fused import adaptive as adaptive_two_pass
+from .masking import Masking
+from .tiles import Grid, Slabs, device_budget, slab_rows
+
+Tensor = torch.Tensor
+
+#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB. Measured (2-core Intel Xeon,
+#: B = 1, H = 4, D = 64, forward CPU time / SDPA's, non-causal): n = 4,096: 2^20 (64 rows)
+#: 1.84x, 2^21 1.48x, 2^22 (256 rows) 1.35x, 2^23 1.23x; n = 16,384: 2^20 and 2^21 (16 and
+#: 32 rows) 2.55x and 1.88x, 2^22 (64 rows) 1.50x, 2^23 1.45x: the q·kᵀ and p·v products need
+#: some 64 rows to run at speed (their matrix products alone: 2.0x at 16 rows, 1.15x at 64).
+SLAB_ELEMENTS = 2**22
+#: The fewest query rows per slab.
+MIN_ROWS = 64
+#: The largest slab; calls whose MIN_ROWS rows exceed it are cut into groups of heads, and a
+#: single head's that exceed it (Lk > 2^17 keys) take the two-pass path.
+SLAB_MAX = 2**23
+
+
+def _rows_of(bh: int, lq: int, lk: int, device: torch.device) -> int:
+    return slab_rows(bh, lq, lk, device_budget(SLAB_ELEMENTS, device), MIN_ROWS, SLAB_MAX)
+
+
+def slabs_wanted(q: Tensor, k: Tensor, v: Tensor, masking: Masking) -> bool:
+    """Whether :func:`adaptive` takes the slab path: the C++ loops run (a float32 compute dtype
+    on the CPU, not traced), no mask but the causal one, and one head's slab of
+    :data:`MIN_ROWS` rows fits :data:`SLAB_MAX`."""
+    return (
+        masking.mask is None
+        and q.numel() > 0
+        and k.numel() > 0
+        and v.numel() > 0
+        and min(MIN_ROWS, q.shape[-2]) * k.shape[-2] <= SLAB_MAX
+        and native.wanted(q.device, compute_dtype(q.dtype))
+    )
+
+
+def _head_groups(q: Tensor, k: Tensor) -> list[tuple[int, int, int, int]]:
+    """(batch start, end, key-head start, end) of groups of heads whose slab of MIN_ROWS rows
+    fits SLAB_MAX: the whole call where it does."""
+    b, h, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    per_kv = (h // hkv) * min(MIN_ROWS, lq) * lk  # one key head's query heads
+    if b * hkv * per_kv <= SLAB_MAX:
+        return [(0, b, 0, hkv)]
+    if hkv * per_kv <= SLAB_MAX:  # whole items, several per group
+        step = max(1, SLAB_MAX // (hkv * per_kv))
+        return [(b0, min(b0 + step, b), 0, hkv) for b0 in range(0, b, step)]
+    step = max(1, SLAB_MAX // per_kv)
+    return [(i, i + 1, h0, min(h0 + step, hkv)) for i in range(b) for h0 in range(0, hkv, step)]
+
+
+def adaptive(
+    q,
+    k,
+    v,
+    masking,
+    scale,
+    want_stats,
+    *,
+    coefficients="icml",
+    threshold=0.5,
+    floor=1.0,
+    detach_beta=False,
+):
+    """Adaptive-temperature attention: on slabs (module docstring) where
+    :func:`slabs_wanted`, else :func:`~.fused.adaptive`; the same parameters and result."""
+    if want_stats or not slabs_wanted(q, k, v, masking):
+        return adaptive_two_pass(
+            q, k, v, masking, scale, want_stats,
+            coefficients=coefficients, threshold=threshold, floor=floor, detach_beta=detach_beta,
+        )  # fmt: skip
+    coef = tuple(float(c) for c in resolve_coefficients(coefficients))
+    rule = (coef, float(threshold), float(floor), bool(detach_beta))
+    groups = _head_groups(q, k)
+    if len(groups) == 1:
+        return adaptive_slabs(q, k, v, masking, scale, rule), None
+    g = q.shape[1] // k.shape[1]
+    outs = [
+        adaptive_slabs(
+            q[b0:b1, h0 * g : h1 * g], k[b0:b1, h0:h1], v[b0:b1, h0:h1], masking, scale, rule
+        )
+        for b0, b1, h0, h1 in groups
+    ]
+    if groups[0][2:] == (0, k.shape[1]):  # groups of whole items
+        return torch.cat(outs, dim=0), None
+    per_item = len(groups) // q.shape[0]
+    items = [torch.cat(outs[i : i + per_item], dim=1) for i in range(0, len(outs), per_item)]
+    return torch.cat(items, dim=0), None
+
+
+def adaptive_slabs(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float, rule):
+    """The slab path itself (any mask, dtype and device; module docstring): ``rule`` =
+    (coefficients, threshold, floor, detach_beta) of β(H)."""
+    return _AdaptiveSlabs.apply(q, k, v, masking, scale, rule)
+
+
+def _walk(q, k, v, masking, scale) -> Slabs:
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    bq = _rows_of(b * h, lq, lk, q.device)
+    # one tile per slab: the grid's buffers (``reuse``) are slab-sized
+    grid = Grid(q, k, v, masking, scale * _LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True,
+                reuse=True)  # fmt: skip
+    return Slabs(grid, bq)
+
+
+def _shift(m: Tensor, big: float) -> Tensor:
+    """The rows' maxima, 0 for rows that see no key (m still −big)."""
+    return torch.where(m > -big, m, torch.zeros_like(m))
+
+
+def _tempered(x: Tensor, keep: Tensor | None, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(2^{β·x − c} over the allowed keys, c, the row sums) from x = s − m (any finite value
+    where masked), in PyTorch; the C++ loop is :func:`~.native.tempered_exp`."""
+    big = torch.finfo(x.dtype).max
+    low = x if keep is None else x + (1.0 - keep) * big
+    c = torch.where(beta < 0, beta * low.amin(-1, keepdim=True), torch.zeros_like(beta))
+    w = x.mul(beta).sub_(c).clamp_max_(0.0).exp2_()  # <= 0 at allowed keys
+    if keep is not None:
+        w.mul_(keep)
+    return w, c, w.sum(-1, keepdim=True)
+
+
+class _AdaptiveSlabs(torch.autograd.Function):
+    """softmax(β(H_i)·s_ij)·v on slabs, s = scale·q·kᵀ, H_i the entropy of softmax(s_i)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, masking, scale, rule):
+        coef, threshold, floor, detach = rule
+        walk = _walk(q, k, v, masking, scale)
+        grid = walk.grid
+        big = torch.finfo(grid.dtype).max
+        out = grid.empty_out()
+        # per row: m, Z, a, β, c, Z' (a row that sees no key: m = −big, Z = Z' = 0)
+        rows = walk.zeros().expand(6, *walk.rows).clone()
+        rows[0].fill_(-big)
+        for t in walk.blocks():
+            r0, r1 = t.r0, t.r1
+            s = grid.scores(grid.q_rows(r0, r1), t)  # base 2
+            ends = grid.prefix(t) if grid.native else None
+            if grid.native and native.usable(ends, t.mask, s):  # one call, two sweeps per row
+                stats = native.adaptive_forward(s, ends, coef, threshold, floor)
+                w, zt = s, stats[5]
+            else:
+                m, z, a = rows[:3, ..., r0:r1, :].clone().unbind(0)
+                keep = grid.keep(t)
+                m, z, a = entropy_tile(s, keep, m, z, a, big)  # s becomes x = s − m
+                beta = _beta(z, a, coef, threshold, floor)
+                w, c, zt = _tempered(s, keep, beta)
+                stats = torch.stack((m, z, a, beta, c, zt))
+            inv = torch.where(zt > 0, 1.0 / zt, torch.zeros_like(zt))
+            out[..., r0:r1, :] = grid.weigh(w, t) * grid.grouped(inv)
+            rows[..., r0:r1, :] = stats
+        out = grid.heads(out)
+        ctx.save_for_backward(q, k, v, out, rows)
+        ctx.masking, ctx.scale, ctx.rule = masking, scale, rule
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, rows = ctx.saved_tensors
+        coef, threshold, floor, detach = ctx.rule
+        walk = _walk(q, k, v, ctx.masking, ctx.scale)
+        grid = walk.grid
+        big = torch.finfo(grid.dtype).max
+        go, dq, dk, dv = walk.grads(d_out)
+        dd = (grid.heads(go) * out).sum(-1, keepdim=True)  # D_i = dO_i·out_i
+        h = _entropy(rows[1], rows[2])
+        if detach:
+            dbeta = torch.zeros_like(h)
+        else:  # β'(H) row by row (β acts on each row alone)
+            with torch.enable_grad():
+                hh = h.detach().requires_grad_(True)
+                (dbeta,) = torch.autograd.grad(
+                    beta_from_entropy(hh, coef, threshold, floor).sum(), hh
+                )
+        rows = (*rows.unbind(0), dd, dbeta)
+        for t in walk.blocks():
+            r0, r1 = t.r0, t.r1
+            m, z, a, beta, c, zt, d, db = (x[..., r0:r1, :].contiguous() for x in rows)
+            s = grid.scores(grid.q_rows(r0, r1), t)
+            vt = grid.v[..., : t.c1, :].transpose(-2, -1)
+            dp = grid.heads(grid.product(go[..., r0:r1, :], vt, "dp"))  # dO·vᵀ
+            ends = grid.prefix(t) if grid.native else None
+            if grid.native and native.usable(ends, t.mask, s, dp, m, z, a, beta, c, zt, d, db):
+                ds, w = native.tempered_backward(s, dp, ends, m, z, a, beta, c, zt, d, db)
+            else:
+                ds, w = _backward_tile(s, dp, grid.keep(t), m, z, a, beta, c, zt, d, db, big)
+            walk.accumulate(t, ds, w, go, dq, dk, dv)
+        dq.mul_(ctx.scale)
+        dk.mul_(1.0 / _LOG2E)  # the grid's q carries scale·log₂ e (Slabs.accumulate)
+        return (*walk.finish_grads(q, k, v, dq, dk, dv), None, None, None)
+
+
+def _entropy(z: Tensor, a: Tensor) -> Tensor:
+    """H = ln 2·(log₂ Z − a) per row (0 where no key: Z = 0), >= 0."""
+    empty = z == 0
+    h = _LN2 * (torch.log2(torch.where(empty, torch.ones_like(z), z)) - a)
+    return h.masked_fill_(empty, 0.0).clamp_min_(0.0)
+
+
+def _beta(z: Tensor, a: Tensor, coef, threshold, floor) -> Tensor:
+    """β(H) per row from the statistics (a still Σ 2^x·x, divided by Z here in place)."""
+    a.div_(torch.where(z == 0, torch.ones_like(z), z))
+    return beta_from_entropy(_entropy(z, a), coef, threshold, floor).contiguous()
+
+
+def _backward_tile(s, dp, keep, m, z, a, beta, c, zt, d, dbeta, big):
+    """(dL/ds, w) of one slab in PyTorch (``s`` base-2 scores and ``dp`` = dO·vᵀ are scratch);
+    the C++ loop is :func:`~.native.tempered_backward`."""
+    if keep is not None:
+        s.mul_(keep)
+    x = s.sub_(_shift(m, big))
+    if keep is not None:
+        x.clamp_max_(0.0)
+    w = x.mul(beta).sub_(c).clamp_max_(0.0).exp2_()
+    izt = torch.where(zt > 0, 1.0 / zt, torch.zeros_like(zt))
+    w.mul_(izt if keep is None else keep * izt)
+    t = dp.sub_(d).mul_(w)  # w·(g − D)
+    gh = dbeta * _LN2 * torch.linalg.vecdot(x, t).unsqueeze(-1)  # β'(H)·dL/dβ
+    iz = torch.where(z > 0, 1.0 / z, torch.zeros_like(z))
+    p = x.exp2() if keep is None else x.exp2().mul_(keep)
+    ds = t.mul_(beta).sub_(p.mul_(x.sub_(a)).mul_(gh * _LN2 * iz))
+    return ds, w

@@ -39,17 +39,23 @@ from .tiles import Grid, Slabs, device_budget, slab_rows
 
 Tensor = torch.Tensor
 
-#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB. Measured (2-core Intel Xeon,
-#: B = 1, H = 4, D = 64, forward CPU time / SDPA's, non-causal): n = 4,096: 2^20 (64 rows)
-#: 1.84x, 2^21 1.48x, 2^22 (256 rows) 1.35x, 2^23 1.23x; n = 16,384: 2^20 and 2^21 (16 and
-#: 32 rows) 2.55x and 1.88x, 2^22 (64 rows) 1.50x, 2^23 1.45x: the q·kᵀ and p·v products need
-#: some 64 rows to run at speed (their matrix products alone: 2.0x at 16 rows, 1.15x at 64).
+#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB, but at least :data:`MIN_ROWS`
+#: rows while that stays within :data:`SLAB_MAX`. The q·kᵀ and p·v products need some 128 rows
+#: to run at speed. Measured (2-core Intel Xeon, B = 1, H = 4, D = 64, forward CPU time / SDPA's,
+#: non-causal): the two products alone at n = 16,384 2.0x with 16 rows, 1.45x with 32, 1.15x
+#: with 64, 1.12x with 128; the whole path at n = 4,096 1.84x with 64 rows, 1.48x with 128,
+#: 1.35x with 256 (2^22), 1.23x with 512 (2^23); at n = 16,384 1.50x with 64 rows, 1.45x with
+#: 128 (2^23).
 SLAB_ELEMENTS = 2**22
-#: The fewest query rows per slab.
-MIN_ROWS = 64
-#: The largest slab; calls whose MIN_ROWS rows exceed it are cut into groups of heads, and a
-#: single head's that exceed it (Lk > 2^17 keys) take the two-pass path.
+#: The fewest query rows per slab while the slab stays within SLAB_MAX.
+MIN_ROWS = 128
+#: The largest slab (32 MiB in float32). Calls whose MIN_ROWS rows exceed it are cut into
+#: groups of heads.
 SLAB_MAX = 2**23
+#: Fewer rows per slab than this (one key head's query heads over more than SLAB_MAX / 64 keys,
+#: 131,072 for one query head) and the two-pass path is faster: at 32 rows the products alone
+#: cost 1.45x SDPA's forward.
+FEWEST_ROWS = 64
 
 
 def _rows_of(bh: int, lq: int, lk: int, device: torch.device) -> int:
@@ -58,14 +64,14 @@ def _rows_of(bh: int, lq: int, lk: int, device: torch.device) -> int:
 
 def slabs_wanted(q: Tensor, k: Tensor, v: Tensor, masking: Masking) -> bool:
     """Whether :func:`adaptive` takes the slab path: the C++ loops run (a float32 compute dtype
-    on the CPU, not traced), no mask but the causal one, and one head's slab of
-    :data:`MIN_ROWS` rows fits :data:`SLAB_MAX`."""
+    on the CPU, not traced), no mask but the causal one, and :data:`FEWEST_ROWS` rows of one key
+    head's query heads fit :data:`SLAB_MAX`."""
     return (
         masking.mask is None
         and q.numel() > 0
         and k.numel() > 0
         and v.numel() > 0
-        and min(MIN_ROWS, q.shape[-2]) * k.shape[-2] <= SLAB_MAX
+        and (q.shape[1] // k.shape[1]) * min(FEWEST_ROWS, q.shape[-2]) * k.shape[-2] <= SLAB_MAX
         and native.wanted(q.device, compute_dtype(q.dtype))
     )
 
@@ -174,7 +180,7 @@ class _AdaptiveSlabs(torch.autograd.Function):
             r0, r1 = t.r0, t.r1
             s = grid.scores(grid.q_rows(r0, r1), t)  # base 2
             ends = grid.prefix(t) if grid.native else None
-            if grid.native and native.usable(ends, t.mask, s):  # one call, two sweeps per row
+            if grid.native and native.usable(ends, t.masked, s):  # one call, two sweeps per row
                 stats = native.adaptive_forward(s, ends, coef, threshold, floor)
                 w, zt = s, stats[5]
             else:
@@ -218,7 +224,7 @@ class _AdaptiveSlabs(torch.autograd.Function):
             vt = grid.v[..., : t.c1, :].transpose(-2, -1)
             dp = grid.heads(grid.product(go[..., r0:r1, :], vt, "dp"))  # dO·vᵀ
             ends = grid.prefix(t) if grid.native else None
-            if grid.native and native.usable(ends, t.mask, s, dp, m, z, a, beta, c, zt, d, db):
+            if grid.native and native.usable(ends, t.masked, s, dp, m, z, a, beta, c, zt, d, db):
                 ds, w = native.tempered_backward(s, dp, ends, m, z, a, beta, c, zt, d, db)
             else:
                 ds, w = _backward_tile(s, dp, grid.keep(t), m, z, a, beta, c, zt, d, db, big)

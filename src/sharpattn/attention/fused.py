@@ -195,7 +195,7 @@ def _entropy_forward(grid: Grid):
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)  # base-2 scores: log₂ e folded into q
             ends = grid.prefix(t) if grid.native else None
-            if grid.native and native.usable(ends, t.mask, s, mb, zb, ab):
+            if grid.native and native.usable(ends, t.masked, s, mb, zb, ab):
                 native.entropy_forward(s, ends, mb, zb, ab)  # in place, one loop per row
                 continue
             mb, zb, ab = entropy_tile(s, grid.keep(t), mb, zb, ab, big)
@@ -263,7 +263,7 @@ class _EntropyPass(torch.autograd.Function):
             for t in grid.tiles(r0, r1):
                 s = grid.scores(qb, t)
                 ends = grid.prefix(t) if grid.native else None
-                if grid.native and native.usable(ends, t.mask, s, mb, ab, cb):
+                if grid.native and native.usable(ends, t.masked, s, mb, ab, cb):
                     ds = native.entropy_backward(s, ends, mb, ab, cb)  # one loop per row
                 else:
                     keep = grid.keep(t)

@@ -149,10 +149,10 @@ def wanted(device: torch.device, dtype: torch.dtype) -> bool:
     return library() is not None
 
 
-def usable(ends: Tensor | None, mask: Tensor | None, *tensors: Tensor) -> bool:
-    """Whether a tile can go to the loops: every key visible (``mask`` None) or a causal prefix
+def usable(ends: Tensor | None, masked: bool, *tensors: Tensor) -> bool:
+    """Whether a tile can go to the loops: every key visible (not ``masked``) or a causal prefix
     per row (``ends`` from :meth:`~.tiles.Grid.prefix`), its tensors contiguous float32."""
-    if mask is not None and ends is None:
+    if masked and ends is None:
         return False
     return all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors)
 

@@ -171,7 +171,7 @@ def _candidate_tau(
     # any α: safeguarded steps from the lower bound (eagerly ~25 small ops a step; compiled,
     # α = 1.3's forward at n = 4,096 measured ~4.3 -> ~4.1x SDPA's, one thread, under load;
     # in the native loops 6.2 -> see docs/performance.md)
-    if native_ok and native.usable(None, None, c, lo, hi):
+    if native_ok and native.usable(None, False, c, lo, hi):
         return native.sparse_solve(kind, e, c.clone(), lo, lo, hi, CANDIDATE_STEPS)[0]
     return _solve(compiled, c, lo, lo, hi, kind, e, CANDIDATE_STEPS)
 
@@ -286,7 +286,7 @@ class _EntmaxAttention(torch.autograd.Function):
                 coef = coef * row_slice(th, lq, r0, r1)
             ends = grid.prefix(t) if grid.native else None
             s = grid.scores(grid.q_rows(r0, r1), t)
-            if grid.native and native.usable(ends, t.mask, s):  # the same, one loop per row
+            if grid.native and native.usable(ends, t.masked, s):  # the same, one loop per row
                 y, m, live, cand = native.sparse_prepare(s, ends, coef, FLOOR, CANDIDATES)
                 cand = cand.sort(-1, descending=True).values
             else:
@@ -301,7 +301,7 @@ class _EntmaxAttention(torch.autograd.Function):
             loops = grid.native and not torch.is_tensor(e)  # the loops take one α per call
             tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled, loops)
             tau = tau.clamp(lo, hi)
-            if loops and native.usable(None, None, y, lo, hi):
+            if loops and native.usable(None, False, y, lo, hi):
                 tau, p, total = native.sparse_solve(kind, e, y, tau, lo, hi, steps)  # per row
             else:
                 tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)

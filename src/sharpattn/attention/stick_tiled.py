@@ -83,7 +83,7 @@ def _tile(grid: Grid, krev: Tensor, qb: Tensor, t: Tile, loops: bool = False):
     s = s.view(grid.b, grid.h, t.r1 - t.r0, t.c1 - t.c0)
     if loops:
         ends = grid.prefix(t)
-        if native.usable(ends, t.mask, s):
+        if native.usable(ends, t.masked, s):
             return s, False, ends
     keep = None
     if t.mask is not None:

@@ -230,7 +230,7 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)
             ends = grid.prefix(t) if loops else None
-            if loops and native.usable(ends, t.mask, s, mb):  # one C++ loop per row
+            if loops and native.usable(ends, t.masked, s, mb):  # one C++ loop per row
                 mb, f, u, total = native.normalised_forward(*kernel.native_args(), s, ends, mb)
             else:
                 keep = grid.keep(t)
@@ -281,7 +281,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
             vt = grid.v[..., t.c0 : t.c1, :]
             dp = grid.heads(grid.product(gb, vt.transpose(-2, -1), "dp"))  # dO_i·v_j
             ends = grid.prefix(t) if loops else None
-            if loops and native.usable(ends, t.mask, s, dp, mb, db, zb):  # one loop per row
+            if loops and native.usable(ends, t.masked, s, dp, mb, db, zb):  # one loop per row
                 w = grid.buffer("w", s.shape, s)
                 ds, w = native.normalised_backward(
                     *kernel.native_args(), s, ends, dp, mb, db, zb, w

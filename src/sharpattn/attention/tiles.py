@@ -14,10 +14,11 @@ n·D)). :class:`Grid` is that walk, shared by all of them:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,17 +70,26 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
     return bq, bk
 
 
-@dataclass(frozen=True)
+@dataclass
 class Tile:
-    """Key columns ``c0:c1`` of query rows ``r0:r1``; ``mask`` is the tile's boolean mask
-    (broadcastable to ``[B, H, r1 − r0, c1 − c0]``, True = may attend) or None when every key of
-    the tile is visible to every row."""
+    """Key columns ``c0:c1`` of query rows ``r0:r1``. ``masked``: whether some key of the tile is
+    hidden from some row; ``mask`` is then the tile's boolean mask (broadcastable to
+    ``[B, H, r1 − r0, c1 − c0]``, True = may attend), made on first use (the C++ loops take a
+    causal tile's row ends instead), else None."""
 
     r0: int
     r1: int
     c0: int
     c1: int
-    mask: Tensor | None
+    masked: bool
+    make_mask: Callable[[], Tensor | None] | None = field(default=None, repr=False)
+    _mask: Tensor | None = field(default=None, init=False, repr=False)
+
+    @property
+    def mask(self) -> Tensor | None:
+        if self._mask is None and self.masked and self.make_mask is not None:
+            self._mask = self.make_mask()
+        return self._mask
 
 
 class Grid:
@@ -156,7 +166,13 @@ class Grid:
         """The key tiles of query rows ``r0:r1`` that some row may see, in key order."""
         for c0 in range(0, self.key_end(r0, r1), self.bk):
             c1 = min(c0 + self.bk, self.lk)
-            yield Tile(r0, r1, c0, c1, self.tile_mask(r0, r1, c0, c1))
+            yield self.tile(r0, r1, c0, c1)
+
+    def tile(self, r0: int, r1: int, c0: int, c1: int) -> Tile:
+        """The tile of rows ``r0:r1`` and keys ``c0:c1``, its mask made when first read."""
+        diag = self.diagonal
+        masked = self.masking.mask is not None or (diag is not None and c1 - 1 > r0 + diag)
+        return Tile(r0, r1, c0, c1, masked, functools.partial(self.tile_mask, r0, r1, c0, c1))
 
     def tile_mask(self, r0: int, r1: int, c0: int, c1: int) -> Tensor | None:
         m = self.masking
@@ -175,9 +191,9 @@ class Grid:
     def prefix(self, t: Tile) -> Tensor | None:
         """For a tile whose only mask is causal: how many of its keys each of its rows sees
         (int32 ``[r]``, a prefix of the tile's keys), for :mod:`.native`; else None."""
-        if t.mask is None or self.masking.mask is not None or self.diagonal is None:
+        if not t.masked or self.masking.mask is not None or self.diagonal is None:
             return None
-        i = torch.arange(t.r0, t.r1, dtype=torch.int32, device=t.mask.device)
+        i = torch.arange(t.r0, t.r1, dtype=torch.int32, device=self.masking.device)
         return (i + (self.diagonal - t.c0 + 1)).clamp_(0, t.c1 - t.c0)
 
     # -- tensors of a tile -------------------------------------------------------------------
@@ -271,7 +287,7 @@ class Slabs:
             r1 = min(r0 + self.bq, g.lq)
             c1 = g.key_end(r0, r1)
             if c1 > 0:  # else no row of the block sees a key: output 0, no gradient
-                yield Tile(r0, r1, 0, c1, g.tile_mask(r0, r1, 0, c1))
+                yield g.tile(r0, r1, 0, c1)
 
     def masked_scores(self, t: Tile) -> Tensor:
         """The block's scores ``[B, H, r, c1]``, −inf where masked."""

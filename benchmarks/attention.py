@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sharpattn.attention import attend, compiled
+from sharpattn.attention import adaptive_tiled, attend, compiled
 from sharpattn.attention.fast import FAST as FUSED
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.sparse_tiled import block_rows
-from sharpattn.attention.tiles import Grid
+from sharpattn.attention.tiles import Grid, Slabs
 from sharpattn.normalizers import available, get
 
 B, H, D = 1, 4, 64
@@ -70,12 +70,12 @@ EXTRA = ["entmax@alpha=1.3"]
 CAUSAL_ONLY = {"stick_breaking"}
 
 #: the GEMM floor of each path family (``floor:<kind>`` cases): only the matrix products the
-#: path must do, on its own tiles, element-wise work free. "stats": adaptive's statistics pass
-#: (q·kᵀ per tile; its backward 3 products per tile) on top of SDPA itself; "tiled": one pass
-#: of :class:`~sharpattn.attention.tiles.Grid` tiles (q·kᵀ and p·v; backward 5 products per
-#: tile, as flash attention's); "slab": the sparse paths' query-row slabs (the same products)
+#: path must do, on its own tiles, element-wise work free. "tiled": one pass of
+#: :class:`~sharpattn.attention.tiles.Grid` tiles (q·kᵀ and p·v; backward 5 products per tile,
+#: as flash attention's); "slab": the sparse paths' query-row slabs over the keys each block
+#: sees (the same products); "adaptive_slab": the same on adaptive temperature's slabs
 FLOOR_OF = {
-    "adaptive": "stats",
+    "adaptive": "adaptive_slab",
     **dict.fromkeys("sigmoid relu power signed softpick stick_breaking".split(), "tiled"),
     **dict.fromkeys("sparsemax entmax15 entmax entmax@alpha=1.3 asentmax topk".split(), "slab"),
 }
@@ -140,9 +140,10 @@ def gemm_floor(kind: str, q, k, v, causal: bool):
     scale = D**-0.5
 
     def products(grid: Grid, blocks, forward: int, backward: int) -> None:
+        d_out = grid.empty_out()  # stands in for dO (any values: GEMMs only)
         for r0, r1, tiles in blocks:
             qb = grid.q_rows(r0, r1)
-            go = grid.empty_out()[..., r0:r1, :]  # stands in for dO (any values: GEMMs only)
+            go = d_out[..., r0:r1, :]
             for t in tiles:
                 s = grid.scores(qb, t)  # q·kᵀ
                 vt = grid.v[..., t.c0 : t.c1, :]
@@ -150,7 +151,7 @@ def gemm_floor(kind: str, q, k, v, causal: bool):
                     grid.weigh(s, t)  # p·v
                 if backward:  # recomputed scores, dO·vᵀ, ds·k, dsᵀ·q (and pᵀ·dO)
                     grid.scores(qb, t)
-                    dp = grid.grouped(torch.matmul(go, vt.transpose(-2, -1)))
+                    dp = grid.product(go, vt.transpose(-2, -1), "dp")
                     torch.matmul(dp, grid.k[..., t.c0 : t.c1, :])
                     torch.matmul(dp.transpose(-2, -1), qb)
                     if backward == 5:
@@ -160,20 +161,16 @@ def gemm_floor(kind: str, q, k, v, causal: bool):
         back = mode == "fwdbwd"
         with torch.no_grad():
             grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, fold_scale=True)
-            if kind == "slab":
-                bq = block_rows(B * H, n, n)
-                grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, bq, n, True)
-            blocks = [(r0, r1, list(grid.tiles(r0, r1))) for r0, r1 in grid.row_blocks()]
-            if kind == "stats":  # adaptive: the statistics pass, then softmax attention itself
-                products(grid, blocks, 1, 3 if back else 0)
+            if kind in ("slab", "adaptive_slab"):
+                rows = block_rows if kind == "slab" else adaptive_tiled._rows_of
+                bq = rows(B * H, n, n) if kind == "slab" else rows(B * H, n, n, q.device)
+                grid = Grid(*(x.detach() for x in (q, k, v)), masking, scale, bq, n, True,
+                            reuse=True)  # fmt: skip
+                slabs = Slabs(grid, bq).blocks()
+                blocks = [(t.r0, t.r1, [t]) for t in slabs]  # each block over the keys it sees
             else:
-                products(grid, blocks, 2, 5 if back else 0)
-        if kind == "stats":
-            if back:
-                F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
-            else:
-                with torch.no_grad():
-                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                blocks = [(r0, r1, list(grid.tiles(r0, r1))) for r0, r1 in grid.row_blocks()]
+            products(grid, blocks, 2, 5 if back else 0)
 
     fn.floor = True
     return fn

@@ -358,3 +358,24 @@ def test_a_build_without_avx512_gives_the_same_answers(monkeypatch, tmp_path):
     for got, want in zip((*solved, *stick), (*solved0, *stick0), strict=True):
         assert_close(got, want, n=301, ulps=16, magnitude=max(1.0, float(want.abs().max())))
     assert all(torch.equal(a, b) for a, b in zip(top, top0, strict=True))  # a selection: exact
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=[c[0] for c in CASES[:4]])
+@pytest.mark.parametrize("most", [10**6, 2 * 16 * 4], ids=["whole_rows", "rows_cut"])
+def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
+    """The normalised kernels' default forward runs the loops on tiles of whole rows
+    (tiles.row_tiles; of ROW_TILE_ROWS rows and fewer keys where a slab exceeds ROW_TILE_MAX):
+    the same as on small square tiles, whose rows cross several of them."""
+    from sharpattn.attention import tiles
+
+    monkeypatch.setattr(tiles, "ROW_TILE_ELEMENTS", 4 * 16 * 45)
+    monkeypatch.setattr(tiles, "ROW_TILE_ROWS", 4)
+    monkeypatch.setattr(tiles, "ROW_TILE_MAX", most)
+    q, k, v, _, causal = inputs(case, scale=3.0)
+    masking = Masking.build(None, causal, q.shape[2], k.shape[2], "cpu")
+    calls = counting(monkeypatch, "normalised_forward")
+    for method, params in METHODS:
+        rows = FAST[method](q, k, v, masking, 8**-0.5, False, **params)[0]
+        square = FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
+        assert_close(rows, square, n=k.shape[2], ulps=16)
+    assert calls

@@ -58,8 +58,11 @@ SLAB_MAX = 2**23
 FEWEST_ROWS = 64
 
 
-def _rows_of(bh: int, lq: int, lk: int, device: torch.device) -> int:
-    return slab_rows(bh, lq, lk, device_budget(SLAB_ELEMENTS, device), MIN_ROWS, SLAB_MAX)
+def _rows_of(bh: int, lq: int, lk: int, device: torch.device, parts: int = 1) -> int:
+    """Rows per slab, for ``parts`` slab-sized buffers at once (the backward has two: the
+    scores and dO·vᵀ) within the memory of one."""
+    budget, most = device_budget(SLAB_ELEMENTS, device) // parts, SLAB_MAX // parts
+    return slab_rows(bh, lq, lk, budget, max(1, MIN_ROWS // parts), most)
 
 
 def slabs_wanted(q: Tensor, k: Tensor, v: Tensor, masking: Masking) -> bool:
@@ -136,10 +139,10 @@ def adaptive_slabs(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: flo
     return _AdaptiveSlabs.apply(q, k, v, masking, scale, rule)
 
 
-def _walk(q, k, v, masking, scale) -> Slabs:
+def _walk(q, k, v, masking, scale, parts: int = 1) -> Slabs:
     b, h, lq, _ = q.shape
     lk = k.shape[2]
-    bq = _rows_of(b * h, lq, lk, q.device)
+    bq = _rows_of(b * h, lq, lk, q.device, parts)
     # one tile per slab: the grid's buffers (``reuse``) are slab-sized
     grid = Grid(q, k, v, masking, scale * _LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True,
                 reuse=True)  # fmt: skip
@@ -202,7 +205,7 @@ class _AdaptiveSlabs(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, rows = ctx.saved_tensors
         coef, threshold, floor, detach = ctx.rule
-        walk = _walk(q, k, v, ctx.masking, ctx.scale)
+        walk = _walk(q, k, v, ctx.masking, ctx.scale, parts=2)
         grid = walk.grid
         big = torch.finfo(grid.dtype).max
         go, dq, dk, dv = walk.grads(d_out)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ..normalizers._contract import log_n
+from ..normalizers._contract import compute_dtype, log_n
 from . import native
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import BUFFERED_TILE_ELEMENTS, Grid, row_slice
+from .tiles import BUFFERED_TILE_ELEMENTS, Grid, row_slice, row_tiles
 
 Tensor = torch.Tensor
 
@@ -308,7 +308,13 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, kernel, masking, scale, blocks):
-        grid = _grid(q, k, v, masking, scale, blocks)
+        tiles = blocks
+        loops = kernel.native is not None and native.wanted(q.device, compute_dtype(q.dtype))
+        if blocks == (None, None) and loops:
+            # the loops' forward on tiles of whole rows where they fit (module docstring); the
+            # backward, with three tile-sized buffers, keeps the square tiles
+            tiles = row_tiles(q.shape[0] * q.shape[1], masking.lq, masking.lk)
+        grid = _grid(q, k, v, masking, scale, tiles)
         out5, m, z = _forward(grid, kernel, row)
         ctx.save_for_backward(q, k, v, row, out5, m, z)
         ctx.kernel, ctx.masking, ctx.scale, ctx.blocks = kernel, masking, scale, blocks

@@ -70,6 +70,26 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
     return bq, bk
 
 
+#: Score entries per tile of a forward pass whose tiles span whole rows (:func:`row_tiles`):
+#: 2^22 (16 MiB in float32), at least :data:`ROW_TILE_ROWS` rows while within
+#: :data:`ROW_TILE_MAX` entries.
+ROW_TILE_ELEMENTS = 2**22
+ROW_TILE_ROWS = 128
+ROW_TILE_MAX = 2**23
+
+
+def row_tiles(bh: int, lq: int, lk: int) -> tuple[int, int]:
+    """(bq, bk) for a forward pass over tiles of whole rows where they fit: about
+    :data:`ROW_TILE_ELEMENTS` entries, at least :data:`ROW_TILE_ROWS` rows while within
+    :data:`ROW_TILE_MAX`; beyond, tiles of ROW_TILE_ROWS rows and as many keys as fit. The q·kᵀ
+    and p·v products need some 128 rows to run at speed, and a row's sums, taken in one tile,
+    need no rescaling."""
+    rows = min(max(lq, 1), ROW_TILE_ROWS)
+    if bh * rows * max(lk, 1) > ROW_TILE_MAX:
+        return rows, max(16, min(lk, ROW_TILE_MAX // (bh * rows)))
+    return slab_rows(bh, lq, lk, ROW_TILE_ELEMENTS, ROW_TILE_ROWS, ROW_TILE_MAX), max(lk, 1)
+
+
 @dataclass
 class Tile:
     """Key columns ``c0:c1`` of query rows ``r0:r1``. ``masked``: whether some key of the tile is
@@ -129,11 +149,10 @@ class Grid:
         auto_q, auto_k = tile_sizes(b * h, lq, lk, device_budget(budget, q.device))
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
-        #: ``fold_scale``: q carries the scale (one pass over q instead of one per tile); then
-        #: :attr:`q` is scale·q and :meth:`scores` multiplies by nothing
+        #: ``fold_scale``: the query rows carry the scale (one product per block of rows
+        #: instead of one pass per tile): :meth:`q_rows` returns scale·q and :meth:`scores`
+        #: multiplies by nothing. :attr:`q` itself stays unscaled (no copy of the whole q)
         self.folded = fold_scale
-        if fold_scale:
-            self.q = self.q * scale
         self.k = k.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, D)
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
         #: whether this call's per-tile functions run compiled (:mod:`.compiled`)
@@ -164,9 +183,9 @@ class Grid:
 
     def tiles(self, r0: int, r1: int) -> Iterator[Tile]:
         """The key tiles of query rows ``r0:r1`` that some row may see, in key order."""
-        for c0 in range(0, self.key_end(r0, r1), self.bk):
-            c1 = min(c0 + self.bk, self.lk)
-            yield self.tile(r0, r1, c0, c1)
+        end = self.key_end(r0, r1)
+        for c0 in range(0, end, self.bk):
+            yield self.tile(r0, r1, c0, min(c0 + self.bk, end))
 
     def tile(self, r0: int, r1: int, c0: int, c1: int) -> Tile:
         """The tile of rows ``r0:r1`` and keys ``c0:c1``, its mask made when first read."""
@@ -205,8 +224,9 @@ class Grid:
         return None if t.mask is None else t.mask.to(self.dtype)
 
     def q_rows(self, r0: int, r1: int) -> Tensor:
-        """``[B, Hkv, G, r, D]`` query rows."""
-        return self.q[..., r0:r1, :]
+        """``[B, Hkv, G, r, D]`` query rows, times the scale where the grid folds it in."""
+        rows = self.q[..., r0:r1, :]
+        return rows * self.scale if self.folded else rows
 
     def scores(self, qb: Tensor, t: Tile) -> Tensor:
         """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`); with ``reuse``,

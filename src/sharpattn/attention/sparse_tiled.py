@@ -47,15 +47,19 @@ from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 
 Tensor = torch.Tensor
 
-#: Score entries per query block (B·H·bq·Lk'): 2^20 float32 = 4 MiB, but at least
-#: :data:`MIN_BLOCK_ROWS` rows while that stays under :data:`SLAB_MAX`. Measured (B = 1, H = 4,
-#: one thread, forward CPU time / SDPA's): n = 4,096: bq = 64 (2^20) 1.84x sparsemax, 2.65x
-#: topk, bq = 128 (2^21) 2.46x, 2.81x; n = 16,384: bq = 16 (2^20) 2.50x, 3.19x, bq = 32 (2^21)
-#: 2.10x, 2.82x: fewer than ~32 rows make the q·kᵀ GEMM (M = bq) and Python's per-op overhead
-#: dominate, more than ~4 MiB spill the elementwise passes out of cache.
-SLAB_ELEMENTS = 2**20
+#: Score entries per query block (B·H·bq·Lk'): 2^21 float32 = 8 MiB, but at least
+#: :data:`MIN_BLOCK_ROWS` rows while that stays under :data:`SLAB_MAX`. Measured before the C++
+#: loops (B = 1, H = 4, one thread, forward CPU time / SDPA's): n = 4,096: bq = 64 (2^20) 1.84x
+#: sparsemax, 2.65x topk, bq = 128 (2^21) 2.46x, 2.81x; n = 16,384: bq = 16 (2^20) 2.50x,
+#: 3.19x, bq = 32 (2^21) 2.10x, 2.82x. With the loops (2-core Intel Xeon, 2 threads; sparsemax
+#: and α = 1.3, two runs each, run-to-run spread about 0.2): (2^20, at least 32 rows) 4k
+#: 1.95x, 2.68x, causal 2.47x, 3.36x, 16k 1.93x, 2.54x; (2^21, at least 64) 4k 1.73-1.79x,
+#: 2.45-2.48x, causal 2.13-2.19x, 3.22-3.24x, 16k 1.77-2.30x, 1.94-2.55x; (2^22, at least
+#: 128, up to 2^23) 16k 2.58x, 3.04x: the loops' several sweeps over a 32 MiB slab leave the
+#: cache.
+SLAB_ELEMENTS = 2**21
 #: The fewest query rows per block, unless that slab would exceed :data:`SLAB_MAX` entries.
-MIN_BLOCK_ROWS = 32
+MIN_BLOCK_ROWS = 64
 SLAB_MAX = 2**22
 #: Candidates per row (the maxima of as many chunks of keys) whose exact threshold starts the
 #: solver: a lower bound of the row's τ (the τ of any subset of the keys is), exact when every

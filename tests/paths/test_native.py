@@ -99,6 +99,34 @@ def test_normalised_loops_equal_the_pytorch_tiles(monkeypatch, method, params, c
         assert_close(got, want, n=k.shape[2], ulps=16)
 
 
+ELEMENTWISE = [
+    ("sigmoid", {}),
+    ("sigmoid", {"bias": -2.0, "subtract_log_n": False}),
+    ("relu", {}),
+    ("relu", {"p": 2.0}),
+    ("relu", {"p": 1.5}),
+]
+
+
+@pytest.mark.parametrize("scale", [1.0, 25.0], ids=["scores_O1", "scores_beyond_60"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method,params", ELEMENTWISE, ids=str)
+def test_elementwise_loops_equal_the_pytorch_tiles(monkeypatch, method, params, case, scale):
+    q, k, v, mask, causal = inputs(case, scale)
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
+    forward = counting(monkeypatch, "elementwise_forward")
+    backward = counting(monkeypatch, "elementwise_backward")
+
+    def f(q, k, v):
+        return FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
+
+    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
+    assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
+    # σ from a polynomial exp, a power by products or powf: a few ulps per weight
+    for got, want in zip((out, *grads), (out0, *grads0), strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=16)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_entropy_loops_equal_the_pytorch_tiles(monkeypatch, case):
     q, k, _, mask, causal = inputs(case, scale=3.0)
@@ -363,7 +391,7 @@ def test_a_build_without_avx512_gives_the_same_answers(monkeypatch, tmp_path):
 @pytest.mark.parametrize("case", CASES[:4], ids=[c[0] for c in CASES[:4]])
 @pytest.mark.parametrize("most", [10**6, 2 * 16 * 4], ids=["whole_rows", "rows_cut"])
 def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
-    """The normalised kernels' default forward runs the loops on tiles of whole rows
+    """The loops' kernels' default forward runs on tiles of whole rows
     (tiles.row_tiles; of ROW_TILE_ROWS rows and fewer keys where a slab exceeds ROW_TILE_MAX):
     the same as on small square tiles, whose rows cross several of them."""
     from sharpattn.attention import tiles
@@ -373,9 +401,10 @@ def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
     monkeypatch.setattr(tiles, "ROW_TILE_MAX", most)
     q, k, v, _, causal = inputs(case, scale=3.0)
     masking = Masking.build(None, causal, q.shape[2], k.shape[2], "cpu")
-    calls = counting(monkeypatch, "normalised_forward")
-    for method, params in METHODS:
+    normalised = counting(monkeypatch, "normalised_forward")
+    elementwise = counting(monkeypatch, "elementwise_forward")
+    for method, params in METHODS + ELEMENTWISE:
         rows = FAST[method](q, k, v, masking, 8**-0.5, False, **params)[0]
         square = FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
         assert_close(rows, square, n=k.shape[2], ulps=16)
-    assert calls
+    assert normalised and elementwise

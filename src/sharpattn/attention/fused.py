@@ -5,10 +5,10 @@ extra memory is O(n):
 
 * **query scaling** — softmax(f_i·s_ij) for a per-row/per-head factor f (1/θ, s·log n,
   1 + c·log n, Llama 4's and Qwen's β(n)): multiply row i of q by f_i, one fused call.
-* **adaptive temperature** (Veličković et al., App. G, done with fused kernels) — the entropy of
-  row i is H_i = lse_i − Σ_j p_ij·s_ij, and Σ_j p_ij·s_ij = scale·q_i·(Σ_j p_ij·k_j) is the
-  attention output with V = K. One fused pass with V = K that also returns lse gives every H_i;
-  β_i = β(H_i) scales q_i and a second fused pass gives the output.
+* **adaptive temperature** (Veličković et al., App. G) — a statistics pass over key tiles gives
+  each row's entropy H_i (:func:`softmax_entropy`, no p·V); β_i = β(H_i) scales q_i and one
+  fused pass gives the output. On the CPU with the C++ loops, calls without a user mask or
+  statistics take :mod:`.adaptive_tiled` instead (one q·kᵀ for both).
 * **sinks** — exp(s_i)/(exp(b) + Σ_j exp(s_j)) = softmax(s)_i·σ(lse − b): the softmax output
   times one factor per row. Its backward is the flash backward with lse replaced by
   log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0).

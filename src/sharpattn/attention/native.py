@@ -3,7 +3,8 @@
 Eagerly, every element-wise op of a score tile is one pass over it (adaptive's statistics take
 six, softpick's forward eight, each Newton step of the entmax threshold four), and on a CPU whose
 GEMMs are fast these passes cost more than the tile's matrix products. The C++ loops do each
-row's work in one or two sweeps while the row is in cache: adaptive temperature's statistics pass
+row's work in one or two sweeps while the row is in cache: adaptive temperature on whole rows
+(statistics, β(H) and weights; backward with β's gradient) and its statistics pass over tiles,
 the normalised kernels ``power``, ``signed`` and ``softpick`` (forward and backward), the
 entmax family's slab preparation and threshold (forward), stick-breaking's log-space running sums
 (forward and backward), and top-k's selection of each row's largest keys. The maths is the
@@ -51,7 +52,7 @@ FLAGS = (
 )
 LINK = ("-shared", "-fopenmp")
 #: the normalised kernels the library has loops for, by name (their ``kind`` argument)
-KINDS = {"power": 0, "signed": 1, "softpick": 2}
+KINDS = {"power": 0, "signed": 1, "softpick": 2, "sigmoid": 3, "relu": 4}
 
 _F, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _FL = ctypes.c_float
@@ -60,6 +61,8 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "adaptive_forward": [_F, _I64, _I64, _F, _I64, _F, _I, _FL, _FL, *[_F] * 6, _I],
     "tempered_backward": [_F, _F, _I64, _I64, _F, _I64, *[_F] * 8, _I],
+    "elementwise_forward": [_I, _FL, _F, _I64, _I64, _F, _I64, _F, _I],
+    "elementwise_backward": [_I, _FL, _F, _F, _I64, _I64, _F, _I64, _F, _I],
     "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
@@ -212,6 +215,25 @@ def tempered_backward(s, dp, ends, m, z, a, beta, c, total, d, dbeta):
     library().tempered_backward(
         *(_p(s), _p(dp), rows, cols, e, tr, _p(m), _p(z), _p(a), _p(beta), _p(c), _p(total)),
         *(_p(d), _p(dbeta), _threads()),
+    )
+    return s, dp
+
+
+def elementwise_forward(kind: str, p: float, s: Tensor, ends: Tensor | None, row: Tensor):
+    """The weights of an element-wise kernel (``sigmoid``: σ(s + row); ``relu``:
+    ReLU(s)^p / row) on one tile, written over ``s`` (returned); ``row`` contiguous per row."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().elementwise_forward(KINDS[kind], p, _p(s), rows, cols, e, tr, _p(row), _threads())
+    return s
+
+
+def elementwise_backward(kind: str, p: float, s: Tensor, ends: Tensor | None, dp, row: Tensor):
+    """(dL/ds written over ``s``, w over ``dp``) of an element-wise kernel on one tile."""
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().elementwise_backward(
+        KINDS[kind], p, _p(s), _p(dp), rows, cols, e, tr, _p(row), _threads()
     )
     return s, dp
 

@@ -74,6 +74,8 @@ class _Kernel:
 class _Sigmoid(_Kernel):
     """w = σ(s + b), b = bias − log n per row (the row tensor)."""
 
+    native = "sigmoid"
+
     def weights(self, s, row, mask):
         return _masked_(s.add_(row).sigmoid_(), mask)
 
@@ -84,6 +86,8 @@ class _Sigmoid(_Kernel):
 
 class _Relu(_Kernel):
     """w = ReLU(s)^p / n, n per row (the row tensor, >= 1)."""
+
+    native = "relu"
 
     def weights(self, s, row, mask):
         p = self.params["p"]
@@ -227,10 +231,16 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
         if kernel.normalised:  # contiguous: one layout for every call (no recompiling)
             mb, zb = m[..., r0:r1, :].contiguous(), z[..., r0:r1, :]
         loops = grid.native and kernel.native is not None
+        if loops and not kernel.normalised:  # the row values, one per row, for the loops
+            rb = rb.to(grid.dtype).expand(grid.b, grid.h, r1 - r0, 1).contiguous()
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)
             ends = grid.prefix(t) if loops else None
-            if loops and native.usable(ends, t.masked, s, mb):  # one C++ loop per row
+            if loops and not kernel.normalised and native.usable(ends, t.masked, s, rb):
+                name, p, _ = kernel.native_args()  # one C++ loop per row
+                acc += grid.weigh(native.elementwise_forward(name, p, s, ends, rb), t)
+                continue
+            if loops and kernel.normalised and native.usable(ends, t.masked, s, mb):
                 mb, f, u, total = native.normalised_forward(*kernel.native_args(), s, ends, mb)
             else:
                 keep = grid.keep(t)
@@ -275,13 +285,18 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
             zb = torch.where(zb > 0, zb, torch.ones_like(zb))
             if loops:
                 mb, db = mb.contiguous(), db.contiguous()
+        elif loops:  # the row values, one per row, for the loops
+            rn = rb.to(grid.dtype).expand(grid.b, grid.h, r1 - r0, 1).contiguous()
         dqb = dq[..., r0:r1, :]
         for t in grid.tiles(r0, r1):
             s = grid.scores(qb, t)
             vt = grid.v[..., t.c0 : t.c1, :]
             dp = grid.heads(grid.product(gb, vt.transpose(-2, -1), "dp"))  # dO_i·v_j
             ends = grid.prefix(t) if loops else None
-            if loops and native.usable(ends, t.masked, s, dp, mb, db, zb):  # one loop per row
+            if loops and not kernel.normalised and native.usable(ends, t.masked, s, dp, rn):
+                name, p, _ = kernel.native_args()  # one loop per row
+                ds, w = native.elementwise_backward(name, p, s, ends, dp, rn)
+            elif loops and kernel.normalised and native.usable(ends, t.masked, s, dp, mb, db, zb):
                 w = grid.buffer("w", s.shape, s)
                 ds, w = native.normalised_backward(
                     *kernel.native_args(), s, ends, dp, mb, db, zb, w

@@ -1,12 +1,15 @@
 """Tiles of the score matrix for the O(n)-memory attention paths.
 
-The tiled paths (:mod:`.tiled`, :mod:`.sparse_tiled`, :mod:`.stick_tiled`) never form the
-``[Lq, Lk]`` score matrix: they walk query blocks of ``bq`` rows and, inside each, key tiles of
-``bk`` columns, making one ``[B, H, bq, bk]`` tile of scores at a time (extra memory O(bq·bk +
-n·D)). :class:`Grid` is that walk, shared by all of them:
+The tiled paths (:mod:`.tiled`, :mod:`.sparse_tiled`, :mod:`.stick_tiled`,
+:mod:`.adaptive_tiled`) never form the ``[Lq, Lk]`` score matrix: they walk query blocks of
+``bq`` rows and, inside each, key tiles of ``bk`` columns, making one ``[B, H, bq, bk]`` tile of
+scores at a time (extra memory O(bq·bk + n·D)). :class:`Grid` is that walk, shared by all of
+them; :class:`Slabs` walks blocks of rows whose one tile is every key the block sees, for the
+paths that need whole rows:
 
 * causal tiles that the mask hides entirely are never visited (a query block stops at the last
-  key its last row sees), and tiles that the causal mask leaves fully visible carry no mask;
+  key its last row sees), tiles that the causal mask leaves fully visible carry no mask, and a
+  tile's boolean mask is made only when read (the C++ loops take each row's end instead);
 * grouped-query heads are a view: q as ``[B, Hkv, G, Lq, D]``, k and v as ``[B, Hkv, 1, Lk, ·]``,
   so no key or value is copied per query head;
 * scores are computed in float32 for 16-bit inputs (as the naive path and the flash kernel do).

@@ -224,6 +224,37 @@ inline void power_backward_row(float* x, const float* g, float* w, int64_t n, fl
   }
 }
 
+inline float sigmoid_of(float x) {  // σ(x) from e^{−|x|} <= 1: no overflow at any x
+  const float e = fast_exp(-std::fabs(x));
+  return (x >= 0.f ? 1.f : e) / (1.f + e);
+}
+
+template <int W>
+void relu_forward(float* x, int64_t n, float p, float inv) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = x[j] > 0.f ? x[j] : 0.f;
+    x[j] = power_of<W>(t, p) * inv;
+  }
+}
+
+template <int W>
+void relu_backward(float* x, float* g, int64_t n, float p, float inv) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = x[j] > 0.f ? x[j] : 0.f;
+    float slope;
+    if constexpr (W == 1) {
+      slope = t > 0.f ? 1.f : 0.f;
+    } else if constexpr (W == 0) {
+      slope = t > 0.f ? p * std::pow(t, p - 1.f) : 0.f;
+    } else {
+      slope = p * power_of<W - 1>(t, p);
+    }
+    const float w = power_of<W>(t, p) * inv;
+    x[j] = slope * g[j] * inv;
+    g[j] = w;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -366,6 +397,65 @@ void tempered_backward(float* s, float* dp, int64_t rows, int64_t cols, const in
         const float w = fast_exp2(br * (x[j] - mr) - cr) * izt;
         x[j] = br * w * (g[j] - dr);
         g[j] = w;
+      }
+    }
+  }
+}
+
+// The element-wise kernels (attention/tiled.py, _Sigmoid and _Relu), forward on one tile:
+// kind 3: sigmoid, w = σ(s + b) with b = row[r]; kind 4: ReLU, w = ReLU(s)^p / n with
+// n = row[r] (>= 1). w is written over s (0 past ends).
+void elementwise_forward(int kind, float p, float* s, int64_t rows, int64_t cols,
+                         const int32_t* ends, int64_t tile_rows, const float* row, int threads) {
+  const int whole = whole_power(p);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    if (kind == 3) {
+      const float b = row[r];
+      for (int64_t j = 0; j < n; ++j) x[j] = sigmoid_of(x[j] + b);
+    } else {
+      const float inv = 1.f / row[r];
+      switch (whole) {
+        case 1: relu_forward<1>(x, n, p, inv); break;
+        case 2: relu_forward<2>(x, n, p, inv); break;
+        case 3: relu_forward<3>(x, n, p, inv); break;
+        case 4: relu_forward<4>(x, n, p, inv); break;
+        default: relu_forward<0>(x, n, p, inv);
+      }
+    }
+  }
+}
+
+// Their backward on one tile: with dp = dO·vᵀ, s becomes dL/ds (sigmoid: w·(1 − w)·dp; ReLU:
+// p·ReLU(s)^{p−1}·dp / n) and dp the weights w.
+void elementwise_backward(int kind, float p, float* s, float* dp, int64_t rows, int64_t cols,
+                          const int32_t* ends, int64_t tile_rows, const float* row, int threads) {
+  const int whole = whole_power(p);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * cols;
+    float* g = dp + r * cols;
+    const int64_t n = visible(ends, tile_rows, r, cols);
+    zero(x + n, cols - n);
+    zero(g + n, cols - n);
+    if (kind == 3) {
+      const float b = row[r];
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = sigmoid_of(x[j] + b);
+        x[j] = w * (1.f - w) * g[j];
+        g[j] = w;
+      }
+    } else {
+      const float inv = 1.f / row[r];
+      switch (whole) {
+        case 1: relu_backward<1>(x, g, n, p, inv); break;
+        case 2: relu_backward<2>(x, g, n, p, inv); break;
+        case 3: relu_backward<3>(x, g, n, p, inv); break;
+        case 4: relu_backward<4>(x, g, n, p, inv); break;
+        default: relu_backward<0>(x, g, n, p, inv);
       }
     }
   }

@@ -14,6 +14,11 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
+On the CPU in float32 every kernel's per-tile work runs in the C++ loops of :mod:`.native`, and
+the forward walks tiles of whole rows where they fit (:func:`~.tiles.row_tiles`: at least 128
+rows, all their keys): the q·kᵀ and p·v products run at speed and the row sums need no
+rescaling. The backward, with three tile-sized buffers, keeps square tiles.
+
 Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels.py``,
 ``sparse.py``); the tests hold these paths to the naive one within precision, with gradients.
 """
@@ -326,8 +331,7 @@ class _TiledAttention(torch.autograd.Function):
         tiles = blocks
         loops = kernel.native is not None and native.wanted(q.device, compute_dtype(q.dtype))
         if blocks == (None, None) and loops:
-            # the loops' forward on tiles of whole rows where they fit (module docstring); the
-            # backward, with three tile-sized buffers, keeps the square tiles
+            # the loops' forward on tiles of whole rows where they fit (module docstring)
             tiles = row_tiles(q.shape[0] * q.shape[1], masking.lq, masking.lk)
         grid = _grid(q, k, v, masking, scale, tiles)
         out5, m, z = _forward(grid, kernel, row)

@@ -5,9 +5,9 @@
 // with any other mask stay in PyTorch) and per-row values as arrays of
 // `rows` floats; it does in one or two sweeps over each row (in cache) what the pure-PyTorch
 // tile functions do in one pass over the tile per operation. The maths is theirs, line for line:
-// attention/fused.py (_entropy_tile, _EntropyPass.backward), attention/tiled.py (the
-// _Power, _Signed and _Softpick kernels), attention/sparse_tiled.py and
-// attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
+// attention/fused.py (entropy_tile, _EntropyPass.backward), attention/adaptive_tiled.py,
+// attention/tiled.py (the _Sigmoid, _Relu, _Power, _Signed and _Softpick kernels),
+// attention/sparse_tiled.py and attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
 // built by g++ with -O3 -march=native -ffast-math on first use (the inputs are finite: the
 // callers check that, and no infinity is used here); rows are shared among `threads` OpenMP
 // threads (the OpenMP runtime that PyTorch has loaded).

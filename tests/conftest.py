@@ -1,5 +1,6 @@
-"""Shared by every test folder. The helpers beside this file (precision, reference, tiny_hf) are
-importable from every sub-folder through ``pythonpath = ["tests"]`` in pyproject.toml."""
+"""Shared by every test folder. The helpers beside this file (precision, reference, tiny_hf,
+slab_inputs) are importable from every sub-folder through ``pythonpath = ["tests"]`` in
+pyproject.toml."""
 
 import os
 

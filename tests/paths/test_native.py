@@ -79,26 +79,6 @@ def counting(monkeypatch, name):
     return calls
 
 
-@pytest.mark.parametrize("scale", [1.0, 25.0], ids=["scores_O1", "scores_beyond_60"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("method,params", METHODS, ids=str)
-def test_normalised_loops_equal_the_pytorch_tiles(monkeypatch, method, params, case, scale):
-    q, k, v, mask, causal = inputs(case, scale)
-    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
-    forward = counting(monkeypatch, "normalised_forward")
-    backward = counting(monkeypatch, "normalised_backward")
-
-    def f(q, k, v):
-        return FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
-
-    (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
-    assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
-    # the same maths in another order (row sums over the tile's keys, a polynomial exp): within
-    # a few ulps of each value's scale, per the n keys summed (measured: at most 1.4e-6 relative)
-    for got, want in zip((out, *grads), (out0, *grads0), strict=True):
-        assert_close(got, want, n=k.shape[2], ulps=16)
-
-
 ELEMENTWISE = [
     ("sigmoid", {}),
     ("sigmoid", {"bias": -2.0, "subtract_log_n": False}),
@@ -107,22 +87,29 @@ ELEMENTWISE = [
     ("relu", {"p": 1.5}),
 ]
 
+# (method, params, the loops' name in attention/native.py)
+KERNELS = [(m, p, "normalised") for m, p in METHODS] + [
+    (m, p, "elementwise") for m, p in ELEMENTWISE
+]
+
 
 @pytest.mark.parametrize("scale", [1.0, 25.0], ids=["scores_O1", "scores_beyond_60"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("method,params", ELEMENTWISE, ids=str)
-def test_elementwise_loops_equal_the_pytorch_tiles(monkeypatch, method, params, case, scale):
+@pytest.mark.parametrize("method,params,loops", KERNELS, ids=str)
+def test_kernel_loops_equal_the_pytorch_tiles(monkeypatch, method, params, loops, case, scale):
     q, k, v, mask, causal = inputs(case, scale)
     masking = Masking.build(mask, causal, q.shape[2], k.shape[2], "cpu")
-    forward = counting(monkeypatch, "elementwise_forward")
-    backward = counting(monkeypatch, "elementwise_backward")
+    forward = counting(monkeypatch, f"{loops}_forward")
+    backward = counting(monkeypatch, f"{loops}_backward")
 
     def f(q, k, v):
         return FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
 
     (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
     assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
-    # σ from a polynomial exp, a power by products or powf: a few ulps per weight
+    # the same maths in another order (row sums over the tile's keys, a polynomial exp, σ from
+    # it, powers by products): within a few ulps of each value's scale, per the n keys summed
+    # (measured: at most 1.4e-6 relative)
     for got, want in zip((out, *grads), (out0, *grads0), strict=True):
         assert_close(got, want, n=k.shape[2], ulps=16)
 

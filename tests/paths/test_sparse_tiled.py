@@ -12,30 +12,9 @@ from precision import assert_close
 from sharpattn.attention import attend
 from sharpattn.attention import sparse_tiled as st
 from sharpattn.normalizers import get
+from slab_inputs import masks, qkv
 
 pytestmark = pytest.mark.numerical
-
-
-def qkv(b=2, h=4, hkv=2, lq=5, lk=7, d=3, dv=4, dtype=torch.float64, gain=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = gain * torch.randn(b, h, lq, d, generator=g, dtype=torch.float64)
-    k = torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64)
-    v = torch.randn(b, hkv, lk, dv, generator=g, dtype=torch.float64)
-    return [t.to(dtype).requires_grad_() for t in (q, k, v)]
-
-
-def masks(kind, b, h, lq, lk, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "pad":
-        m = torch.rand(b, 1, 1, lk, generator=g) > 0.3
-        m[0, ..., :] = False  # batch 0 sees one key only
-        m[0, ..., 2] = True
-        return m
-    if kind == "row":
-        m = torch.rand(b, h, lq, lk, generator=g) > 0.4
-        m[:, :, 1] = False  # an empty row
-        return m
-    return None
 
 
 # (name, lq, lk, hkv, mask, causal)

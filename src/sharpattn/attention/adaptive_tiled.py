@@ -94,31 +94,23 @@ def _head_groups(q: Tensor, k: Tensor) -> list[tuple[int, int, int, int]]:
     return [(i, i + 1, h0, min(h0 + step, hkv)) for i in range(b) for h0 in range(0, hkv, step)]
 
 
-def adaptive(
-    q,
-    k,
-    v,
-    masking,
-    scale,
-    want_stats,
-    *,
-    coefficients="icml",
-    threshold=0.5,
-    floor=1.0,
-    detach_beta=False,
-):
+def adaptive(q, k, v, masking, scale, want_stats, **params):
     """Adaptive-temperature attention: on slabs (module docstring) where
-    :func:`slabs_wanted`, else :func:`~.fused.adaptive`; the same parameters and result."""
+    :func:`slabs_wanted`, else :func:`~.fused.adaptive`, whose parameters ``params`` are."""
     if want_stats or not slabs_wanted(q, k, v, masking):
-        return adaptive_two_pass(
-            q, k, v, masking, scale, want_stats,
-            coefficients=coefficients, threshold=threshold, floor=floor, detach_beta=detach_beta,
-        )  # fmt: skip
+        return adaptive_two_pass(q, k, v, masking, scale, want_stats, **params)
+    return _on_slabs(q, k, v, masking, scale, **params), None
+
+
+def _on_slabs(
+    q, k, v, masking, scale, *, coefficients="icml", threshold=0.5, floor=1.0, detach_beta=False
+):
+    """:func:`adaptive_slabs`, in groups of heads where one slab of all of them is too large."""
     coef = tuple(float(c) for c in resolve_coefficients(coefficients))
     rule = (coef, float(threshold), float(floor), bool(detach_beta))
     groups = _head_groups(q, k)
     if len(groups) == 1:
-        return adaptive_slabs(q, k, v, masking, scale, rule), None
+        return adaptive_slabs(q, k, v, masking, scale, rule)
     g = q.shape[1] // k.shape[1]
     outs = [
         adaptive_slabs(
@@ -127,10 +119,10 @@ def adaptive(
         for b0, b1, h0, h1 in groups
     ]
     if groups[0][2:] == (0, k.shape[1]):  # groups of whole items
-        return torch.cat(outs, dim=0), None
+        return torch.cat(outs, dim=0)
     per_item = len(groups) // q.shape[0]
     items = [torch.cat(outs[i : i + per_item], dim=1) for i in range(0, len(outs), per_item)]
-    return torch.cat(items, dim=0), None
+    return torch.cat(items, dim=0)
 
 
 def adaptive_slabs(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float, rule):

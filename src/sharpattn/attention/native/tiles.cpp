@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -74,6 +75,26 @@ inline void zero(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] = 0.f;
 }
 
+// Row r of a score tile s (x), with the keys past the row's end zeroed; returns how many keys
+// the row sees.
+inline int64_t forward_row(float* s, int64_t r, int64_t cols, const int32_t* ends,
+                           int64_t tile_rows, float*& x) {
+  x = s + r * cols;
+  const int64_t n = visible(ends, tile_rows, r, cols);
+  zero(x + n, cols - n);
+  return n;
+}
+
+// Row r of a backward's score tile s and of its dO·vᵀ tile dp (x and g), with the keys past the
+// row's end zeroed in both; returns how many keys the row sees.
+inline int64_t backward_row(float* s, float* dp, int64_t r, int64_t cols, const int32_t* ends,
+                            int64_t tile_rows, float*& x, float*& g) {
+  const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
+  g = dp + r * cols;
+  zero(g + n, cols - n);
+  return n;
+}
+
 inline float sign_of(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f); }
 
 // 2^x inline (vectorised with the loop, no library call): x = n + f, |f| <= 1/2, a degree-6
@@ -119,6 +140,20 @@ inline float fast_log2(float x) {
   p = p * z2 + 1.f / 3.f;
   p = p * z2 + 1.f;
   return static_cast<float>(k) + 2.885390081777927f * z * p;  // 2/ln 2 · atanh(z)
+}
+
+// Adaptive temperature's sums over a row of base-2 scores x relative to m: Z = Σ 2^{x−m} and
+// A = Σ 2^{x−m}·(x − m).
+inline void exp_moments(const float* x, int64_t n, float m, float& z, float& a) {
+  float zs = 0.f, as = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float d = x[j] - m;
+    const float e = fast_exp2(d);
+    zs += e;
+    as += e * d;
+  }
+  z = zs;
+  a = as;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -171,6 +206,19 @@ inline int whole_power(float p) {
   return (p >= 1.f && p <= 4.f && p == std::nearbyint(p)) ? static_cast<int>(p) : 0;
 }
 
+// f(std::integral_constant<int, W>) for W = `whole` (1-4), or W = 0 for any other p: the loops
+// below are instantiated per whole power, so t^W is a few products.
+template <typename F>
+inline auto with_power(int whole, F&& f) {
+  switch (whole) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
 // power's forward on one row: u = (ReLU(s)/m)^p written over x; returns Σ u.
 template <int W>
 float power_forward(float* x, int64_t n, float inv, float p) {
@@ -185,13 +233,7 @@ float power_forward(float* x, int64_t n, float inv, float p) {
 }
 
 inline float power_forward_row(float* x, int64_t n, float inv, float p, int whole) {
-  switch (whole) {
-    case 1: return power_forward<1>(x, n, inv, p);
-    case 2: return power_forward<2>(x, n, inv, p);
-    case 3: return power_forward<3>(x, n, inv, p);
-    case 4: return power_forward<4>(x, n, inv, p);
-    default: return power_forward<0>(x, n, inv, p);
-  }
+  return with_power(whole, [&](auto w) { return power_forward<decltype(w)::value>(x, n, inv, p); });
 }
 
 // power's backward on one row: dL/ds = (dP − D)·p·(t)^{p−1}/(m·Z) over x, w = t^p/Z, t = ReLU(s)/m.
@@ -215,14 +257,10 @@ void power_backward(float* x, const float* g, float* w, int64_t n, float inv, fl
 
 inline void power_backward_row(float* x, const float* g, float* w, int64_t n, float inv, float p,
                                int whole, float d, float k, float iz) {
-  switch (whole) {
-    case 1: return power_backward<1>(x, g, w, n, inv, p, d, k, iz);
-    case 2: return power_backward<2>(x, g, w, n, inv, p, d, k, iz);
-    case 3: return power_backward<3>(x, g, w, n, inv, p, d, k, iz);
-    case 4: return power_backward<4>(x, g, w, n, inv, p, d, k, iz);
-    default: return power_backward<0>(x, g, w, n, inv, p, d, k, iz);
-  }
+  with_power(whole, [&](auto c) { power_backward<decltype(c)::value>(x, g, w, n, inv, p, d, k, iz); });
 }
+
+// The element-wise kernels (attention/tiled.py, _Sigmoid and _Relu) on one row.
 
 inline float sigmoid_of(float x) {  // σ(x) from e^{−|x|} <= 1: no overflow at any x
   const float e = fast_exp(-std::fabs(x));
@@ -269,13 +307,8 @@ void entropy_forward(const float* s, int64_t rows, int64_t cols, const int32_t* 
     const int64_t n = visible(ends, tile_rows, r, cols);
     const float m_old = m[r];
     const float m_new = std::max(m_old, row_max(x, n, kUnseen));
-    float zs = 0.f, as = 0.f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float d = x[j] - m_new;
-      const float e = fast_exp2(d);
-      zs += e;
-      as += e * d;
-    }
+    float zs, as;
+    exp_moments(x, n, m_new, zs, as);
     const bool seen = m_old > kUnseen;
     const float delta = seen ? m_new - m_old : 0.f;
     const float f = seen ? fast_exp2(-delta) : 0.f;
@@ -316,9 +349,8 @@ void adaptive_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = s + r * cols;
-    const int64_t n = visible(ends, tile_rows, r, cols);
-    zero(x + n, cols - n);
+    float* x;
+    const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
     if (n == 0) {
       m[r] = -3.4028234663852886e38f;
       z[r] = a[r] = shift[r] = total[r] = 0.f;
@@ -326,13 +358,8 @@ void adaptive_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
       continue;
     }
     const float mr = row_max(x, n, kUnseen);
-    float zs = 0.f, as = 0.f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float d = x[j] - mr;
-      const float e = fast_exp2(d);
-      zs += e;
-      as += e * d;
-    }
+    float zs, as;
+    exp_moments(x, n, mr, zs, as);
     const float ar = as / zs;
     float hr = kLn2 * (std::log2(zs) - ar);
     hr = hr > 0.f ? hr : 0.f;
@@ -367,11 +394,8 @@ void tempered_backward(float* s, float* dp, int64_t rows, int64_t cols, const in
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = s + r * cols;
-    float* g = dp + r * cols;
-    const int64_t n = visible(ends, tile_rows, r, cols);
-    zero(x + n, cols - n);
-    zero(g + n, cols - n);
+    float *x, *g;
+    const int64_t n = backward_row(s, dp, r, cols, ends, tile_rows, x, g);
     const float mr = m[r], br = beta[r], cr = c[r], dr = dd[r], ar = a[r];
     const float izt = total[r] > 0.f ? 1.f / total[r] : 0.f;
     const float iz = z[r] > 0.f ? 1.f / z[r] : 0.f;
@@ -410,21 +434,14 @@ void elementwise_forward(int kind, float p, float* s, int64_t rows, int64_t cols
   const int whole = whole_power(p);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = s + r * cols;
-    const int64_t n = visible(ends, tile_rows, r, cols);
-    zero(x + n, cols - n);
+    float* x;
+    const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
     if (kind == 3) {
       const float b = row[r];
       for (int64_t j = 0; j < n; ++j) x[j] = sigmoid_of(x[j] + b);
     } else {
       const float inv = 1.f / row[r];
-      switch (whole) {
-        case 1: relu_forward<1>(x, n, p, inv); break;
-        case 2: relu_forward<2>(x, n, p, inv); break;
-        case 3: relu_forward<3>(x, n, p, inv); break;
-        case 4: relu_forward<4>(x, n, p, inv); break;
-        default: relu_forward<0>(x, n, p, inv);
-      }
+      with_power(whole, [&](auto w) { relu_forward<decltype(w)::value>(x, n, p, inv); });
     }
   }
 }
@@ -436,11 +453,8 @@ void elementwise_backward(int kind, float p, float* s, float* dp, int64_t rows, 
   const int whole = whole_power(p);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = s + r * cols;
-    float* g = dp + r * cols;
-    const int64_t n = visible(ends, tile_rows, r, cols);
-    zero(x + n, cols - n);
-    zero(g + n, cols - n);
+    float *x, *g;
+    const int64_t n = backward_row(s, dp, r, cols, ends, tile_rows, x, g);
     if (kind == 3) {
       const float b = row[r];
       for (int64_t j = 0; j < n; ++j) {
@@ -450,13 +464,7 @@ void elementwise_backward(int kind, float p, float* s, float* dp, int64_t rows, 
       }
     } else {
       const float inv = 1.f / row[r];
-      switch (whole) {
-        case 1: relu_backward<1>(x, g, n, p, inv); break;
-        case 2: relu_backward<2>(x, g, n, p, inv); break;
-        case 3: relu_backward<3>(x, g, n, p, inv); break;
-        case 4: relu_backward<4>(x, g, n, p, inv); break;
-        default: relu_backward<0>(x, g, n, p, inv);
-      }
+      with_power(whole, [&](auto w) { relu_backward<decltype(w)::value>(x, g, n, p, inv); });
     }
   }
 }
@@ -470,9 +478,8 @@ void normalised_forward(int kind, float p, float shift_above, float* s, int64_t 
                         float* total, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
-    float* x = s + r * cols;
-    const int64_t n = visible(ends, tile_rows, r, cols);
-    zero(x + n, cols - n);
+    float* x;
+    const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
     const float m_old = m[r];
     float sum = 0.f;
     if (kind == 1) {

@@ -148,7 +148,7 @@ def _shift(m: Tensor, big: float) -> Tensor:
 
 def _tempered(x: Tensor, keep: Tensor | None, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(2^{β·x − c} over the allowed keys, c, the row sums) from x = s − m (any finite value
-    where masked), in PyTorch; the C++ loop is :func:`~.native.tempered_exp`."""
+    where masked), in PyTorch; the C++ loop is in :func:`~.native.adaptive_forward`."""
     big = torch.finfo(x.dtype).max
     low = x if keep is None else x + (1.0 - keep) * big
     c = torch.where(beta < 0, beta * low.amin(-1, keepdim=True), torch.zeros_like(beta))

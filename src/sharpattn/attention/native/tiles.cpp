@@ -384,7 +384,7 @@ void adaptive_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
 }
 
 // Its backward on whole rows: with dp = dO·vᵀ, per row m, Z, a = A/Z (entropy_forward), β, c,
-// Z' = Σ_j x_j (tempered_exp), D = dO·out and β'(H): w = 2^{β·(s − m) − c}/Z' written over dp,
+// Z' = Σ_j x_j (adaptive_forward), D = dO·out and β'(H): w = 2^{β·(s − m) − c}/Z' written over dp,
 // dL/ds (natural-log scores) over s: β·w·(dp − D) − g_H·ln 2·p_j·(s_j − m − a), p = 2^{s − m}/Z,
 // g_H = β'(H)·dL/dβ and dL/dβ = ln 2·Σ_j (s_j − m)·w_j·(dp_j − D) (0 where β' is 0).
 void tempered_backward(float* s, float* dp, int64_t rows, int64_t cols, const int32_t* ends,

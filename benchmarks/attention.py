@@ -162,8 +162,10 @@ def gemm_floor(kind: str, q, k, v, causal: bool):
         with torch.no_grad():
             grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, fold_scale=True)
             if kind in ("slab", "adaptive_slab"):
-                rows = block_rows if kind == "slab" else adaptive_tiled._rows_of
-                bq = rows(B * H, n, n) if kind == "slab" else rows(B * H, n, n, q.device)
+                if kind == "slab":
+                    bq = block_rows(B * H, n, n)
+                else:
+                    bq = adaptive_tiled._rows_of(B * H, n, n, q.device)
                 grid = Grid(*(x.detach() for x in (q, k, v)), masking, scale, bq, n, True,
                             reuse=True)  # fmt: skip
                 slabs = Slabs(grid, bq).blocks()

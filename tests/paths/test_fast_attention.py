@@ -459,6 +459,59 @@ def test_sink_gradcheck_float64():
     assert torch.autograd.gradcheck(f, (q, k, v, b, b1))
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_sink_without_the_cpu_kernel_matches_the_formula(case, monkeypatch):
+    """What a CUDA tensor gets: the sink as one more key of torch's public SDPA where the masking
+    allows it with O(n) memory, the query-block fallback elsewhere; both against the formula."""
+    taken = []
+    real = fused_mod.sink_as_key
+    monkeypatch.setattr(fused_mod, "flash_available", lambda q, v: False)
+    monkeypatch.setattr(fused_mod, "sink_as_key", lambda *a: taken.append(1) or real(*a))
+    q, k, v, mask, causal = case_inputs(case, gain=2.0)
+    params = {"bias": _per_head([0.0, -1.0, 1.5, 0.5]), "bias_log_n": _per_head([0, 0.3, 0, 1])}
+    got = _run_fused("sink", q, k, v, mask, causal, **params)
+    want = np_torch_ref(w_sink, q, k, v, mask, causal, params)
+    fits = case[0] in ("plain", "gqa", "causal_square", "causal_lq_gt_lk", "causal_prepend",
+                       "padding", "one_key")  # fmt: skip
+    assert bool(taken) == fits
+    assert all(torch.isfinite(a).all() for a in got)
+    close_out(got[0], want[0], v, msg=case[0])
+    close_grads(got[1:], want[1:], q, k, msg=case[0])
+
+
+def test_sink_as_key_with_value_size_other_than_key_size_and_huge_bias():
+    """Dv != D (the CPU kernel refuses it: this path is taken on the CPU too); a sink logit of
+    1e4 takes all the mass (output 0, no NaN), one of −1e4 leaves softmax."""
+    q, k, v = make_qkv(b=1, h=2, hkv=1, lq=6, lk=9, d=8, dv=5, gain=2.0)
+    for b, ref in ((0.7, None), (1e4, "zero"), (-1e4, "softmax")):
+        bias = torch.tensor(b)
+        got = _run_fused("sink", q, k, v, None, True, bias=bias.clone().requires_grad_())
+        if ref is None:
+            want = np_torch_ref(w_sink, q, k, v, None, True, {"bias": bias, "bias_log_n": bias * 0})
+        elif ref == "zero":
+            want = [torch.zeros_like(got[0])]
+        else:
+            want = [attend(q, k, v, "softmax", causal=True).detach()]
+        assert all(torch.isfinite(a).all() for a in got)
+        close_out(got[0], want[0], v, msg=str(b))
+
+
+def test_sink_as_key_gradcheck_float64():
+    """SDPA's own backward through the extra key and b's column, causal with dummy rows and with
+    a padding mask."""
+    q, k, v = make_qkv(b=2, h=2, hkv=1, lq=4, lk=6, d=4, dtype=torch.float64)
+    b = torch.tensor([0.2, -0.7], dtype=torch.float64).view(1, 2, 1, 1).requires_grad_()
+    pad = torch.tensor([[True] * 6, [False, True, False, True, True, False]]).view(2, 1, 1, 6)
+    for mask, causal in ((None, True), (pad, False)):
+        masking = Masking.build(mask, causal, 4, 6, "cpu")
+        assert fused_mod.sink_key_fits(masking)
+
+        def f(q, k, v, b, masking=masking):
+            return fused_mod.sink_as_key(q, k, v, masking, 0.5, b)
+
+        assert torch.autograd.gradcheck(f, (q, k, v, b))
+
+
 def test_softmax_per_head_temperature_and_plain_temperature():
     q, k, v = make_qkv(gain=2.0)
     theta = _per_head([0.5, 1.0, 2.0, 0.25])

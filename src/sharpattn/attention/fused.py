@@ -11,7 +11,9 @@ extra memory is O(n):
   statistics take :mod:`.adaptive_tiled` instead (one q·kᵀ for both).
 * **sinks** — exp(s_i)/(exp(b) + Σ_j exp(s_j)) = softmax(s)_i·σ(lse − b): the softmax output
   times one factor per row. Its backward is the flash backward with lse replaced by
-  log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0).
+  log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0). Where that kernel is
+  missing (a CUDA tensor), the virtual key is made real: :func:`sink_as_key` appends it to k
+  and v (one more head column carries b) and calls torch's public SDPA, fused on every device.
 
 The kernel is the private ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (returns
 ``(output, logsumexp)``; has autograd for the output, none for lse). Where it is missing (another
@@ -438,6 +440,59 @@ class _SinkAttention(torch.autograd.Function):
         return gq, gk, gv, gb, None, None, None
 
 
+#: The head size of :func:`sink_as_key`'s inputs is rounded up to a multiple of this: torch's
+#: fused CUDA kernels (flash, memory-efficient) take head sizes in multiples of 8.
+KEY_ALIGN = 8
+
+
+def sink_key_fits(masking: Masking) -> bool:
+    """Whether :func:`sink_as_key` takes this masking with O(n) memory: no mask, a causal one
+    whose queries end at the last key and see at least as many keys as there are queries
+    beyond them (Lk − Lq <= Lq), or a user mask that is the same for every query row (padding);
+    not a per-row mask or causal with a user mask (SDPA would need the dense ``[Lq, Lk]``)."""
+    if masking.causal:
+        return masking.mask is None and masking.offset <= masking.lq
+    return not masking.per_row
+
+
+def sink_as_key(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float, bias: Tensor):
+    """Attention with a sink through torch's public SDPA, on any device: the sink is one more
+    key, first in line, whose score is b_i and whose value is 0.
+
+    q' = [q, b/scale, 0…], k' = [[0, 1, 0…], [k, 0, 0…]], v' = [[0…], [v, 0…]] (head size
+    padded to :data:`KEY_ALIGN`), so scale·q'·k'ᵀ gives the scores and b, and softmax over
+    [sink, keys] gives exp(s_j)/(exp(b) + Σ exp(s)). Causal masks stay SDPA's top-left
+    ``is_causal``: one dummy query row is prepended for the sink key, plus Lk − Lq for the
+    bottom-right alignment (rows of a longer query that see no key are cut and come back 0).
+    A padding mask gets an allowed sink column. Gradients, b's included, are SDPA's own.
+    ``masking`` must pass :func:`sink_key_fits`; ``bias`` is ``[B|1, H|1, Lq|1, 1]``."""
+    b, h, lq, d = q.shape
+    hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    width = -(-max(d + 1, dv) // KEY_ALIGN) * KEY_ALIGN
+    pre, drop = 0, 0
+    if masking.causal:
+        pre, drop = max(masking.offset, 0) + 1, max(-masking.offset, 0)
+    col = (bias / scale).to(q.dtype).expand(b, h, lq, 1)
+    q2 = torch.cat([q, col, q.new_zeros(b, h, lq, width - d - 1)], dim=-1)[..., drop:, :]
+    if pre:
+        q2 = torch.cat([q2.new_zeros(b, h, pre, width), q2], dim=-2)
+    sink_key = k.new_zeros(b, hk, 1, width)
+    sink_key[..., d] = 1.0
+    k2 = torch.cat([sink_key, F.pad(k, (0, width - d))], dim=-2)
+    v2 = torch.cat([v.new_zeros(b, hk, 1, width), F.pad(v, (0, width - dv))], dim=-2)
+    add = None
+    if masking.mask is not None:  # [B|1, H|1, 1, Lk|1]: allowed -> 0, else −inf; sink allowed
+        m = masking.mask.expand(*masking.mask.shape[:-1], lk)
+        add = torch.zeros(*m.shape[:-1], lk + 1, dtype=q.dtype, device=q.device)
+        add[..., 1:].masked_fill_(~m, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q2, k2, v2, attn_mask=add, is_causal=masking.causal, scale=scale, enable_gqa=hk != h
+    )[..., pre:, :dv]
+    if drop:  # rows that see no key: every weight is the sink's, the output 0
+        out = torch.cat([out.new_zeros(b, h, drop, dv), out], dim=-2)
+    return out
+
+
 def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
     """Attention with a sink: weights exp(s_i)/(exp(b_n) + Σ_j exp(s_j)), b_n = bias +
     bias_log_n·log n (the `sink` normalizer's parameters).
@@ -455,6 +510,8 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
         )
         out, lse = _rows_out(out, lay), _rows_out(lse, lay)
         w = torch.sigmoid(lse.detach() - bias) if want_stats else None
+    elif not want_stats and sink_key_fits(masking) and q.numel() > 0 and k.numel() > 0:
+        return sink_as_key(q, k, v, masking, scale, bias), None
     else:
         o, lse = softmax_attention(q, k, v, masking, scale)  # lse differentiable here
         w = torch.sigmoid(lse - bias)  # (B, H, Lq, 1)

@@ -481,9 +481,10 @@ def test_sink_without_the_cpu_kernel_matches_the_formula(case, monkeypatch):
 
 def test_sink_as_key_with_value_size_other_than_key_size_and_huge_bias():
     """Dv != D (the CPU kernel refuses it: this path is taken on the CPU too); a sink logit of
-    1e4 takes all the mass (output 0, no NaN), one of −1e4 leaves softmax."""
+    1e4 takes all the mass (output 0, no NaN), as does 3e38 (b/scale overflows float32 unless
+    clamped), one of −1e4 leaves softmax."""
     q, k, v = make_qkv(b=1, h=2, hkv=1, lq=6, lk=9, d=8, dv=5, gain=2.0)
-    for b, ref in ((0.7, None), (1e4, "zero"), (-1e4, "softmax")):
+    for b, ref in ((0.7, None), (1e4, "zero"), (-1e4, "softmax"), (3e38, "zero")):
         bias = torch.tensor(b)
         got = _run_fused("sink", q, k, v, None, True, bias=bias.clone().requires_grad_())
         if ref is None:

@@ -472,7 +472,8 @@ def sink_as_key(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float,
     pre, drop = 0, 0
     if masking.causal:
         pre, drop = max(masking.offset, 0) + 1, max(-masking.offset, 0)
-    col = (bias / scale).to(q.dtype).expand(b, h, lq, 1)
+    big = torch.finfo(q.dtype).max  # b/scale finite in q's dtype: a sink that large takes all
+    col = (bias / scale).clamp(-big, big).to(q.dtype).expand(b, h, lq, 1)
     q2 = torch.cat([q, col, q.new_zeros(b, h, lq, width - d - 1)], dim=-1)[..., drop:, :]
     if pre:
         q2 = torch.cat([q2.new_zeros(b, h, pre, width), q2], dim=-2)

@@ -15,9 +15,9 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
 On the CPU in float32 every kernel's per-tile work runs in the C++ loops of :mod:`.native`, and
-the forward walks tiles of whole rows where they fit (:func:`~.tiles.row_tiles`: at least 128
-rows, all their keys): the q·kᵀ and p·v products run at speed and the row sums need no
-rescaling. The backward, with three tile-sized buffers, keeps square tiles.
+the forward walks row tiles (:func:`~.tiles.row_tiles`: 128 rows and 2^20 scores, whole rows
+where they fit): the q·kᵀ and p·v products run at speed with 128 rows, and a tile stays near
+the cache. The backward, with three tile-sized buffers, keeps square tiles.
 
 Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels.py``,
 ``sparse.py``); the tests hold these paths to the naive one within precision, with gradients.

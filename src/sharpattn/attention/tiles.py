@@ -73,12 +73,17 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
     return bq, bk
 
 
-#: Score entries per tile of a forward pass whose tiles span whole rows (:func:`row_tiles`):
-#: 2^22 (16 MiB in float32), at least :data:`ROW_TILE_ROWS` rows while within
-#: :data:`ROW_TILE_MAX` entries.
-ROW_TILE_ELEMENTS = 2**22
+#: Score entries per tile of a forward pass over row tiles (:func:`row_tiles`): whole rows while
+#: :data:`ROW_TILE_ROWS` of them fit :data:`ROW_TILE_MAX` entries, else ROW_TILE_ROWS rows and
+#: as many keys as fit. Measured (B = 1, H = 4, D = 64, forward CPU time / SDPA's, min of 3
+#: interleaved rounds, sigmoid / signed; power causal): on a 2-core AMD EPYC (1 MiB of L2 per
+#: core), 128 rows × 2,048 keys (2^20, 4 MiB) 1.18 / 1.24 at n = 4,096, 1.19 / 1.16 at 16,384,
+#: 1.14 causal; whole rows of 2^22-2^23 entries (up to 32 MiB) 1.33 / 1.29, 1.62 / 1.48, 1.33;
+#: 64 rows × 4,096 keys 1.35-1.50. On a 2-core Intel Xeon, whole rows (2^22, at least 128)
+#: beat square tiles of 2^20 at 16k (1.32-1.36 against 1.52-1.62; 128-row tiles not tried).
+ROW_TILE_ELEMENTS = 2**20
 ROW_TILE_ROWS = 128
-ROW_TILE_MAX = 2**23
+ROW_TILE_MAX = 2**20
 
 
 def row_tiles(bh: int, lq: int, lk: int) -> tuple[int, int]:

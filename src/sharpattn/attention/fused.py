@@ -84,6 +84,7 @@ def flash_available(q: Tensor, v: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class _Layout:
+    lq: int  # query rows of the call
     pre: int  # dummy query rows prepended (causal, Lq < Lk)
     drop: int  # leading query rows left out (causal, Lq > Lk: they see no key)
     is_causal: bool
@@ -106,12 +107,12 @@ def _layout(masking: Masking, dtype: torch.dtype) -> _Layout:
     add = None
     if m is not None:
         add = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, float("-inf"))
-    return _Layout(pre, drop, is_causal, add)
+    return _Layout(masking.lq, pre, drop, is_causal, add)
 
 
 def _rows_in(x: Tensor, lay: _Layout) -> Tensor:
     """Lay out a ``[.., Lq | 1, ·]`` row tensor (q, a per-row bias) as the kernel sees it."""
-    if x.shape[-2] == 1:
+    if x.shape[-2] == 1 and lay.lq != 1:  # broadcast over the rows (with Lq = 1 it is a row)
         return x
     if lay.drop:
         x = x[..., lay.drop :, :]
@@ -469,29 +470,24 @@ def sink_as_key(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float,
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     width = -(-max(d + 1, dv) // KEY_ALIGN) * KEY_ALIGN
-    pre, drop = 0, 0
-    if masking.causal:
-        pre, drop = max(masking.offset, 0) + 1, max(-masking.offset, 0)
+    lay = _layout(masking, q.dtype)
+    sink_row = 1 if masking.causal else 0  # the dummy row that sees only the sink key
     big = torch.finfo(q.dtype).max  # b/scale finite in q's dtype: a sink that large takes all
     col = (bias / scale).clamp(-big, big).to(q.dtype).expand(b, h, lq, 1)
-    q2 = torch.cat([q, col, q.new_zeros(b, h, lq, width - d - 1)], dim=-1)[..., drop:, :]
-    if pre:
-        q2 = torch.cat([q2.new_zeros(b, h, pre, width), q2], dim=-2)
+    q2 = _rows_in(torch.cat([q, col, q.new_zeros(b, h, lq, width - d - 1)], dim=-1), lay)
+    q2 = F.pad(q2, (0, 0, sink_row, 0))
     sink_key = k.new_zeros(b, hk, 1, width)
     sink_key[..., d] = 1.0
     k2 = torch.cat([sink_key, F.pad(k, (0, width - d))], dim=-2)
     v2 = torch.cat([v.new_zeros(b, hk, 1, width), F.pad(v, (0, width - dv))], dim=-2)
-    add = None
-    if masking.mask is not None:  # [B|1, H|1, 1, Lk|1]: allowed -> 0, else −inf; sink allowed
-        m = masking.mask.expand(*masking.mask.shape[:-1], lk)
-        add = torch.zeros(*m.shape[:-1], lk + 1, dtype=q.dtype, device=q.device)
-        add[..., 1:].masked_fill_(~m, float("-inf"))
+    add = lay.mask  # [B|1, H|1, 1, Lk|1] (a padding mask), with an allowed column for the sink
+    if add is not None:
+        add = F.pad(add.expand(*add.shape[:-1], lk), (1, 0))
     out = F.scaled_dot_product_attention(
-        q2, k2, v2, attn_mask=add, is_causal=masking.causal, scale=scale, enable_gqa=hk != h
-    )[..., pre:, :dv]
-    if drop:  # rows that see no key: every weight is the sink's, the output 0
-        out = torch.cat([out.new_zeros(b, h, drop, dv), out], dim=-2)
-    return out
+        q2, k2, v2, attn_mask=add, is_causal=lay.is_causal, scale=scale, enable_gqa=hk != h
+    )
+    # rows that see no key (cut by _rows_in) come back 0: every weight is the sink's
+    return _rows_out(out[..., sink_row:, :dv], lay)
 
 
 def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):

@@ -121,7 +121,7 @@ COSTS: dict[str, dict[str, str]] = {
     "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
     "reproduce clrs": {
         "quick": "4 min 16 s wall",
-        "paper": "≈ 2.8 CPU-hours, ≈ 1.4 h on 2 cores",
+        "paper": "≈ 2.9 CPU-hours, ≈ 1.5 h on 2 cores",
     },
     "reproduce selective": {
         "quick": "164 s of CPU",
@@ -144,7 +144,7 @@ COSTS: dict[str, dict[str, str]] = {
     "leaderboard": {
         "quick": "8 min 58 s wall",
         "standard": "≈ 8 CPU-hours, ≈ 4 h on 2 cores",
-        "paper": "≈ 50 CPU-hours (25 h on 2 cores) at 32 test sequences a size, ≈ 300 at 256",
+        "paper": "≈ 60 CPU-hours (30 h on 2 cores) at 32 test sequences a size, ≈ 380 at 256",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
 }

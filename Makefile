@@ -42,9 +42,13 @@ docs: install-dev
 
 # The whole suite on this CPU's own code path, then the tests marked `numerical` again under
 # the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.
+# One pytest-xdist worker per core (at most 4), one torch thread each (tests/conftest.py); a test
+# file stays on one worker, so its module fixtures run once.
+JOBS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+XDIST = -n $(JOBS) --dist loadfile
 test: install-dev lint docs
-	$(PY) -m pytest -q
-	$(PY) tests/cpu_paths.py
+	$(PY) -m pytest -q $(XDIST) --durations=15
+	$(PY) tests/cpu_paths.py $(XDIST)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

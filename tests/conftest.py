@@ -17,7 +17,9 @@ from sharpattn import normalizers as nz
 settings.register_profile("default", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture

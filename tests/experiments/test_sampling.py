@@ -174,7 +174,8 @@ def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired
 
     monkeypatch.setattr(seq, "evaluate", fake)
     cfg = leaderboard.make_config("standard", tasks=("flip_flop",), methods=("softmax", "sink"),
-                                  seeds=2, steps=2, workers=1)  # fmt: skip
+                                  seeds=2, steps=2, task_steps={}, workers=1)  # fmt: skip
+    assert seq.steps_of(cfg, "flip_flop") == 2  # not the profile's steps for the task
     result = leaderboard.run(tmp_path, cfg)
     report = (tmp_path / "report.md").read_text()
     assert "Agresti-Coull" in report and "It fired in 4 of 4 runs" in report

@@ -137,10 +137,11 @@ def test_adaptive_matches_direct_computation():
     assert (soft - ref).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("length", [5, 1])  # 1: a one-token prompt, then one query a step
 @pytest.mark.parametrize("kind", DECODERS)
-def test_generate_works(kind):
+def test_generate_works(kind, length):
     model = _model(kind)
-    ids, _ = _inputs(batch=1, length=5)
+    ids, _ = _inputs(batch=1, length=length)
     with torch.no_grad():
         ref = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         hf.apply(model, "softmax")

@@ -200,27 +200,33 @@ SMALL_CAUSAL = [(lq, lk) for lq in (1, 2, 3) for lk in (1, 2, 3, 4)]
 
 @pytest.mark.parametrize("method", available())
 def test_every_path_on_every_small_causal_shape(method, monkeypatch):
-    """Causal with Lq <= 3 and Lk <= 4, each combination: a query over fewer or more keys than
-    it has rows (one query over two keys is a decoding step whose one dummy row is laid out like
-    a broadcast row unless told apart), every path the naive one's shape and numbers, gradients
-    included; sink also without the CPU kernel (what a CUDA tensor gets)."""
+    """Causal with Lq <= 3 and Lk <= 4, each combination, with no mask, a padding mask and a
+    per-row mask: a query over fewer or more keys than it has rows (one query over two keys is
+    a decoding step whose one dummy row is laid out like a broadcast row unless told apart),
+    every path the naive one's shape and numbers, gradients included; sink also without the
+    CPU kernel (what a CUDA tensor gets)."""
     entry = get(method)
     paths = ["chunked"] + (["fused"] if entry.fused else [])
+    g = torch.Generator().manual_seed(3)
     for lq, lk in SMALL_CAUSAL:
         q, k, v = make_qkv(b=1, h=2, hkv=1, lq=lq, lk=lk, d=4, gain=2.0, seed=lq * 10 + lk)
         params = _learnable(entry, q.shape[1])
-        ref_out, ref_grads = _run(method, "naive", q, k, v, None, True, params)
-        for impl in paths:
-            out, grads = _run(method, impl, q, k, v, None, True, params)
-            assert out.shape == ref_out.shape, (impl, lq, lk)
-            close_out(out, ref_out, v, msg=f"{impl} {lq}x{lk}")
-            close_grads(grads, ref_grads, q, k, msg=f"{impl} {lq}x{lk}")
-        if method == "sink":
-            with monkeypatch.context() as m:
-                m.setattr(fused_mod, "flash_available", lambda q, v: False)
-                out, grads = _run(method, "fused", q, k, v, None, True, params)
-            close_out(out, ref_out, v, msg=f"sink as a key {lq}x{lk}")
-            close_grads(grads, ref_grads, q, k, msg=f"sink as a key {lq}x{lk}")
+        pad = torch.rand(1, 1, 1, lk, generator=g) < 0.6
+        pad[..., -1] = True  # every row sees the last key, so no row is empty by padding
+        rows = torch.rand(1, 2, lq, lk, generator=g) < 0.6
+        for mask in (None, pad, rows):
+            ref_out, ref_grads = _run(method, "naive", q, k, v, mask, True, params)
+            ulps = 8.0 * (_softpick_conditioning(q, k, mask, True) if method == "softpick" else 1)
+            runs = [(impl, False) for impl in paths] + [("fused", True)] * (method == "sink")
+            for impl, no_kernel in runs:
+                with monkeypatch.context() as m:
+                    if no_kernel:
+                        m.setattr(fused_mod, "flash_available", lambda q, v: False)
+                    out, grads = _run(method, impl, q, k, v, mask, True, params)
+                msg = f"{impl}{' without the kernel' * no_kernel} {lq}x{lk}"
+                assert out.shape == ref_out.shape, msg
+                close_out(out, ref_out, v, msg=msg)
+                close_grads(grads, ref_grads, q, k, msg=msg, ulps=ulps)
 
 
 def _softpick_conditioning(q, k, mask, causal) -> float:

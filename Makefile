@@ -44,7 +44,7 @@ docs: install-dev
 # the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.
 # One pytest-xdist worker per core (at most 4), one torch thread each (tests/conftest.py); a test
 # file stays on one worker, so its module fixtures run once.
-JOBS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+JOBS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print(max(1, min(4, n or 1)))")
 XDIST = -n $(JOBS) --dist loadfile
 test: install-dev lint docs
 	$(PY) -m pytest -q $(XDIST) --durations=15

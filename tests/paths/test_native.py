@@ -395,3 +395,42 @@ def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
         square = FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
         assert_close(rows, square, n=k.shape[2], ulps=16)
     assert normalised and elementwise
+
+
+# (method, params, a loop of attention/native.py that its path calls)
+THREADED = [
+    ("adaptive", {}, "adaptive_forward"),
+    ("power", {}, "normalised_forward"),
+    ("softpick", {}, "normalised_backward"),
+    ("sigmoid", {}, "elementwise_forward"),
+    ("relu", {"p": 2.0}, "elementwise_backward"),
+    ("entmax15", {}, "sparse_solve"),
+    ("entmax", {"alpha": 1.3}, "sparse_prepare"),
+    ("stick_breaking", {}, "stick_backward"),
+    ("topk", {"top_k": 5}, "topk_select"),
+]
+
+
+@pytest.mark.parametrize("method,params,loop", THREADED, ids=lambda x: str(x))
+def test_the_loops_give_the_same_answers_on_any_number_of_threads(monkeypatch, method, params,
+                                                                   loop):  # fmt: skip
+    """`make test` gives each pytest worker one torch thread; the loops share a tile's rows
+    among torch's OpenMP threads, so here they run on one and on three (rows not a multiple of
+    three, causal rows of every length), through ``attend``, forward and backward."""
+    from sharpattn import attend
+    from sharpattn.experiments.runner import threads
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 301, 8, generator=g) for _ in range(3))
+    calls = counting(monkeypatch, loop)
+    monkeypatch.setenv("SHARPATTN_COMPILE", "auto")
+    results = []
+    for n in (1, 3):
+        with threads(n):
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = attend(*xs, method, causal=True, check_finite=False, **params)
+            out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view_as(out))
+            results.append((out.detach(), *(x.grad for x in xs)))
+    assert calls, f"{method} did not reach the {loop} loop"
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want, n=k.shape[2], ulps=16)

@@ -1,5 +1,6 @@
 """sharpattn.hf.apply(model, "selective", ...) on tiny randomly initialised models (no downloads)."""
 
+import inspect
 import os
 
 import numpy as np
@@ -259,9 +260,11 @@ def test_kv_cache_gives_the_same_logits(kind, targets, sharing):
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask).logits[:, -2:]
         first = model(input_ids=ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
-        rest = model(
-            input_ids=ids[:, -2:], attention_mask=mask, past_key_values=first.past_key_values
-        ).logits
+        # transformers >= 5.x names the cache `cache` (`past_key_values` before, deprecated since)
+        key = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+        rest = model(input_ids=ids[:, -2:], attention_mask=mask, **{key: first[key]}).logits
         generated = model.generate(
             ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0
         )

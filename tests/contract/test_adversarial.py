@@ -84,7 +84,7 @@ def attention_cases(draw):
         b=0 if zero == "b" else draw(st.sampled_from([1, 2])),
         hkv=hkv,
         h=hkv * draw(st.sampled_from([1, 2])),  # grouped-query heads when > hkv
-        lq=0 if zero == "lq" else draw(st.sampled_from([3, 1, 5])),
+        lq=0 if zero == "lq" else draw(st.sampled_from([3, 1, 5, 2])),
         lk=0 if zero == "lk" else draw(st.sampled_from([4, 1, 7, 2])),  # 1: one key; 2 over Lq = 1
         d=d,
         dv_other=draw(st.booleans()),  # value size != key size: the fused paths' fallback

@@ -260,7 +260,7 @@ def test_kv_cache_gives_the_same_logits(kind, targets, sharing):
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask).logits[:, -2:]
         first = model(input_ids=ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
-        # transformers >= 5.x names the cache `cache` (`past_key_values` before, deprecated since)
+        # recent transformers name the cache `cache` and warn on `past_key_values`, its old name
         key = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         )

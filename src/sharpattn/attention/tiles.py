@@ -81,9 +81,9 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
 #: 1.14 causal; whole rows of 2^22-2^23 entries (up to 32 MiB) 1.33 / 1.29, 1.62 / 1.48, 1.33;
 #: 64 rows × 4,096 keys 1.35-1.50. On a 2-core Intel Xeon, whole rows (2^22, at least 128)
 #: beat square tiles of 2^20 at 16k (1.32-1.36 against 1.52-1.62; 128-row tiles not tried).
-ROW_TILE_ELEMENTS = 2**20
-ROW_TILE_ROWS = 128
 ROW_TILE_MAX = 2**20
+ROW_TILE_ELEMENTS = ROW_TILE_MAX  # whole-row tiles as large as the cap
+ROW_TILE_ROWS = 128
 
 
 def row_tiles(bh: int, lq: int, lk: int) -> tuple[int, int]:

@@ -5,8 +5,9 @@ check. Paths: ``naive`` (the reference), ``chunked`` (with small blocks, so rows
 edges) and, where the registry names a fused path, ``fused`` and ``auto``. Hypothesis draws the
 input: zero-size B/Lq/Lk, magnitudes up to 1e30 (finite inputs whose product overflows
 included), −inf scores and all-masked rows (normalizer level), one key, causal with Lq ≠ Lk,
-grouped-query heads, float16/bfloat16/float32/float64, non-contiguous tensors, per-row and
-broadcast masks. Each case asserts:
+grouped-query heads, float16/bfloat16/float32/float64, per-row and broadcast masks, and each of
+q, k, v (and the mask) in its own memory layout (:data:`LAYOUTS`: heads-last views, a transposed
+or sliced last dimension, a storage offset, expanded batch and heads, rows overlapping in memory). Each case asserts:
 
 * no crash: every path returns, or every path raises the same exception type (ValueError);
 * no NaN: outputs (and, with gradients, gradients) are finite where the contract promises it;
@@ -34,6 +35,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import layouts
 from precision import assert_close
 from sharpattn import attend, causal_mask
 from sharpattn import normalizers as nz
@@ -73,6 +75,11 @@ DTYPES = weighted((torch.float32, 3), (torch.float64, 2), (torch.float16, 1), (t
 MAGNITUDES = weighted((1.0, 6), (1e2, 2), (1e4, 2), (1e8, 1), (1e15, 1), (1e30, 1))
 
 
+#: memory layouts of q, k, v (tests/layouts.py), the plain one most often
+LAYOUTS = weighted(*((name, 6 if name == "contiguous" else 2 if name == "heads_last" else 1)
+                     for name in layouts.LAYOUTS))  # fmt: skip
+
+
 @st.composite
 def attention_cases(draw):
     """Keyword arguments of one hostile ``attend`` call (q, k, v built by :func:`build`)."""
@@ -93,7 +100,8 @@ def attention_cases(draw):
         k_mag=draw(MAGNITUDES),
         mask=draw(st.sampled_from([None, "padding", "rows", "broadcast"])),
         causal=draw(st.booleans()),
-        contiguous=draw(st.booleans()),
+        layouts=tuple(draw(LAYOUTS) for _ in "qkv"),
+        mask_transposed=draw(st.booleans()),  # a mask seen through a transpose
         block=draw(st.sampled_from([1, 2, None])),
     )
 
@@ -103,18 +111,15 @@ def build(c):
     g = torch.Generator().manual_seed(c["seed"])
     dv = c["d"] + 1 if c["dv_other"] else c["d"]
 
-    def tensor(heads, length, size, mag):
-        shape = (
-            (c["b"], length, heads, size) if not c["contiguous"] else (c["b"], heads, length, size)
-        )
-        x = torch.randn(shape, generator=g, dtype=torch.float64) * mag
-        if not c["contiguous"]:  # a [B, L, H, D] buffer seen as [B, H, L, D]
-            x = x.transpose(1, 2)
-        return x.to(DEVICE, c["dtype"]).requires_grad_(True)
+    def tensor(heads, length, size, mag, layout):
+        x = torch.randn(c["b"], heads, length, size, generator=g, dtype=torch.float64)
+        x = layouts.laid_out((x * mag).to(DEVICE, c["dtype"]), layout, g)
+        return x.requires_grad_(True)
 
-    q = tensor(c["h"], c["lq"], c["d"], c["q_mag"])
-    k = tensor(c["hkv"], c["lk"], c["d"], c["k_mag"])
-    v = tensor(c["hkv"], c["lk"], dv, 1.0)
+    lq_, lk_, lv_ = c["layouts"]
+    q = tensor(c["h"], c["lq"], c["d"], c["q_mag"], lq_)
+    k = tensor(c["hkv"], c["lk"], c["d"], c["k_mag"], lk_)
+    v = tensor(c["hkv"], c["lk"], dv, 1.0, lv_)
     mask = None
     b, h, lq, lk = c["b"], c["h"], c["lq"], c["lk"]
     if c["mask"] == "padding":
@@ -124,6 +129,8 @@ def build(c):
         mask &= torch.rand(b, h, lq, 1, generator=g) < 0.7
     elif c["mask"] == "broadcast":
         mask = torch.rand(lq, lk, generator=g) < 0.6
+    if mask is not None and c["mask_transposed"]:
+        mask = mask.transpose(-1, -2).contiguous().transpose(-1, -2)
     return q, k, v, None if mask is None else mask.to(DEVICE)
 
 

@@ -20,6 +20,8 @@ from .stats import row_stats, stats_from_weights
 Tensor = torch.Tensor
 
 IMPLS = ("auto", "fused", "chunked", "naive")
+#: the dtypes q, k, v may have (integer, complex and 8-bit floats are refused in one sentence)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 #: ``impl="auto"`` materialises the score matrix (the naive path) only up to this many entries
 #: (B·H·Lq·Lk); beyond it, methods without a fused path run chunked.
@@ -247,6 +249,11 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise ValueError(f"{name} must be a 4-d tensor [B, heads, L, D], got {shape}.")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}.")
+    if q.dtype not in DTYPES:
+        raise ValueError(
+            f"q, k, v are {q.dtype}; attention takes float16, bfloat16, float32 or float64 "
+            "(convert them with .float())."
+        )
     if k.shape[:3] != v.shape[:3]:
         raise ValueError(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in batch, heads and length."

@@ -65,6 +65,14 @@ _FLASH = _private_op(_FLASH_NAME)
 _FLASH_BWD = _private_op(_FLASH_NAME + "_backward")
 
 
+def unit_stride(x: Tensor) -> Tensor:
+    """``x`` with stride 1 in its last dimension (a copy only where it is not): the CPU flash
+    kernel reads each row of q, k, v and its gradient as contiguous memory and returns wrong
+    numbers, silently, for a transposed or sliced last dimension (torch's public SDPA copies
+    too). Other strides (heads-last views, expanded batch or heads, offsets) it reads right."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
 def flash_available(q: Tensor, v: Tensor) -> bool:
     """True when the private CPU flash kernel (with log-sum-exp) can run these inputs."""
     return (
@@ -140,7 +148,8 @@ def softmax_attention(
     if not flash_available(q, v):
         return chunked_softmax_attention(q, k, v, masking, scale)
     lay = _layout(masking, q.dtype)
-    out, lse = _FLASH(_rows_in(q, lay), k, v, 0.0, lay.is_causal, attn_mask=lay.mask, scale=scale)
+    q, k, v = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
+    out, lse = _FLASH(q, k, v, 0.0, lay.is_causal, attn_mask=lay.mask, scale=scale)
     return _rows_out(out, lay), _rows_out(lse.unsqueeze(-1), lay)
 
 
@@ -502,8 +511,9 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
         bias = bias + _rows(b1, q) * _log_visible(masking, q)
     if flash_available(q, v):
         lay = _layout(masking, q.dtype)
+        q2, k2, v2 = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
         out, lse = _SinkAttention.apply(
-            _rows_in(q, lay), k, v, _rows_in(bias, lay), lay.mask, lay.is_causal, scale
+            q2, k2, v2, _rows_in(bias, lay), lay.mask, lay.is_causal, scale
         )
         out, lse = _rows_out(out, lay), _rows_out(lse, lay)
         w = torch.sigmoid(lse.detach() - bias) if want_stats else None

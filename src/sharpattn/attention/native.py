@@ -14,14 +14,22 @@ PyTorch tile functions', which stay the reference and the fallback;
 
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
 compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
-``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``), named by a hash of its source, the
-compiler and the CPU, since ``-march=native`` ties it to the machine. It is loaded with ctypes.
+``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``; a relative ``XDG_CACHE_HOME`` is
+ignored, as the XDG specification asks), named by a hash of its source, the compiler and the CPU
+(``-march=native`` ties it to the machine) and by the sha256 of its own bytes:
+``tiles-KEY-SHA256.so``. A build runs in a folder of its own (``.build-PID-*``, removed by the
+next build once that process is gone or after an hour, so a build killed with ``kill -9`` leaves
+nothing for long), and the file is published by one ``os.replace`` after an fsync, so a reader
+never sees half of it and processes building at once each end with a whole library. Before
+ctypes loads it, its sha256 is computed again and compared with its name: a damaged file
+(truncated, altered, a folder in its place) would kill the process (SIGBUS, SIGSEGV) if loaded,
+so it is removed and rebuilt, with one warning that names it and what was wrong.
 
 When it runs (:func:`wanted`, :func:`usable`): on float32 CPU tiles in which every key is visible
 or whose only mask is causal (each row sees a prefix of the tile's keys), outside a graph that
 ``torch.compile`` is tracing, unless ``SHARPATTN_COMPILE=0`` (which keeps every path in plain
 PyTorch). Where no compiler is found it is not used; a build or load that fails warns once and
-leaves the PyTorch path for the process.
+leaves the PyTorch path for the process. :func:`status` says which.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -77,8 +87,10 @@ SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sharpattn"
+    """``$XDG_CACHE_HOME/sharpattn``, else ``~/.cache/sharpattn``: a relative ``XDG_CACHE_HOME``
+    is ignored (the XDG specification), never a folder under the current directory."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "sharpattn"
 
 
 def _cpu() -> str:
@@ -91,20 +103,96 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(keep))
 
 
+def _damage(path: Path) -> str | None:
+    """What is wrong with the cached library ``path`` (``tiles-KEY-SHA256.so``), or None when its
+    bytes have the sha256 its name gives."""
+    if not path.is_file():
+        return "not a file" if path.exists() else "missing"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    if hashlib.sha256(data).hexdigest() != path.stem.rsplit("-", 1)[-1]:
+        return f"its {len(data)} bytes do not have the sha256 its name gives"
+    return None
+
+
+#: a build folder (``.build-PID-*``) whose process is gone, or this old, is left over
+STALE_S = 3600
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def _clean(folder: Path) -> None:
+    """Remove build folders that no running build owns (a build killed with ``kill -9``); also
+    the ``tmp*`` folders of older versions' builds."""
+    for tmp in [*folder.glob(".build-*"), *folder.glob("tmp*")]:
+        try:
+            old = time.time() - tmp.stat().st_mtime > STALE_S
+        except OSError:
+            continue
+        pid = tmp.name.split("-")[1] if tmp.name.startswith(".build-") else ""
+        if tmp.is_dir() and (old or (pid.isdigit() and not _alive(int(pid)))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(path: Path) -> None:
+    try:
+        if path.is_dir():
+            path.rmdir()
+        else:
+            path.unlink()
+    except OSError:
+        pass  # a folder with files in it: publishing over it fails and says so
+
+
 def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
-    """The library for this source, compiler and CPU: built into the cache unless there
-    (``compile_flags``: another target, e.g. a portable one in the tests)."""
+    """The library for this source, compiler and CPU: a whole file from the cache, else built
+    into it (``compile_flags``: another target, e.g. a portable one in the tests). A damaged
+    cached file is removed and rebuilt, with a warning."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     text = SOURCE.read_text()
     flags = " ".join(compile_flags + LINK)
     key = "\n".join([text, cxx, version.stdout, flags, _cpu(), platform.machine()])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    target = _cache_dir() / f"tiles-{digest}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, out = Path(tmp) / "tiles.o", Path(tmp) / target.name
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
+    folder = _cache_dir()
+    damaged = []
+    for path in sorted(folder.glob(f"tiles-{key}-*.so")):
+        why = _damage(path)
+        if why is None:
+            return path
+        damaged.append(f"{path} ({why})")
+        _discard(path)
+    try:
+        target = _compile(cxx, compile_flags, folder, key)
+    except Exception as exc:
+        if damaged:
+            raise RuntimeError(f"{exc}; and the cached library was damaged: {damaged[0]}") from exc
+        raise
+    if damaged:
+        warnings.warn(
+            f"sharpattn: the cached native tile library was damaged: {damaged[0]}; rebuilt it as "
+            f"{target.name}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return target
+
+
+def _compile(cxx: str, compile_flags: tuple[str, ...], folder: Path, key: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    _clean(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=folder))
+    try:
+        obj, out = tmp / "tiles.o", tmp / "tiles.so"
         for step in (
             [cxx, *compile_flags, "-c", str(SOURCE), "-o", str(obj)],
             [cxx, *LINK, str(obj), "-o", str(out)],
@@ -113,22 +201,34 @@ def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
             if done.returncode != 0:
                 lines = done.stderr.strip().splitlines() or ["failed"]
                 raise RuntimeError(next((x for x in lines if "error" in x), lines[-1]).strip())
-        os.replace(out, target)  # atomic: a concurrent build of the same library is harmless
-    return target
+        with open(out, "rb+") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+            os.fsync(f.fileno())
+        target = folder / f"tiles-{key}-{digest}.so"
+        # atomic: a reader sees no file or a whole one, and builds at once each publish theirs
+        os.replace(out, target)
+        return target
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(path: Path) -> ctypes.CDLL:
-    """A built library, its functions typed."""
+    """A built library, its functions typed, once its bytes are checked against the sha256 in
+    its name (ctypes on a damaged file would kill the process)."""
+    why = _damage(path)
+    if why is not None:
+        raise RuntimeError(f"{path}: {why}")
     lib = ctypes.CDLL(str(path))
     for name, args in _SIGNATURES.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
+    lib.path = path
     return lib
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded library, or None (no compiler; a failed build warns once)."""
+    """The loaded library, or None (no compiler; a failed build or load warns once)."""
     cxx = compiler()
     if cxx is None:
         return None
@@ -136,12 +236,25 @@ def library() -> ctypes.CDLL | None:
         return load(build(cxx))
     except Exception as exc:  # a compiler that cannot build it (no OpenMP, another platform)
         warnings.warn(
-            f"sharpattn: building the native tile loops failed ({type(exc).__name__}: {exc}); "
+            f"sharpattn: the native tile loops could not be built or loaded "
+            f"({type(exc).__name__}: {exc}); "
             "the tiled paths run in plain PyTorch (set SHARPATTN_COMPILE=0 to skip building).",
             RuntimeWarning,
             stacklevel=3,
         )
         return None
+
+
+def status() -> dict:
+    """Whether this process's float32 CPU tiles use the native loops (``active``; building them
+    if not yet done), the C++ compiler, the cache folder and the library file (None if none)."""
+    lib = None if mode() == "0" else library()
+    return {
+        "active": lib is not None,
+        "compiler": compiler(),
+        "cache": str(_cache_dir()),
+        "library": None if lib is None else str(lib.path),
+    }
 
 
 def wanted(device: torch.device, dtype: torch.dtype) -> bool:

@@ -157,9 +157,9 @@ def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for relative in ("cache", "./cache", "../cache", ""):
         monkeypatch.setenv("XDG_CACHE_HOME", relative)
-        assert native._cache_dir() == tmp_path / "home" / ".cache" / "sharpattn"
+        assert native.cache_dir() == tmp_path / "home" / ".cache" / "sharpattn"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert native._cache_dir() == tmp_path / "xdg" / "sharpattn"
+    assert native.cache_dir() == tmp_path / "xdg" / "sharpattn"
 
 
 def test_status(monkeypatch, built):

@@ -86,7 +86,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/sharpattn``, else ``~/.cache/sharpattn``: a relative ``XDG_CACHE_HOME``
     is ignored (the XDG specification), never a folder under the current directory."""
     base = os.environ.get("XDG_CACHE_HOME", "")
@@ -163,7 +163,7 @@ def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
     flags = " ".join(compile_flags + LINK)
     key = "\n".join([text, cxx, version.stdout, flags, _cpu(), platform.machine()])
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
-    folder = _cache_dir()
+    folder = cache_dir()
     damaged = []
     for path in sorted(folder.glob(f"tiles-{key}-*.so")):
         why = _damage(path)
@@ -252,7 +252,7 @@ def status() -> dict:
     return {
         "active": lib is not None,
         "compiler": compiler(),
-        "cache": str(_cache_dir()),
+        "cache": str(cache_dir()),
         "library": None if lib is None else str(lib.path),
     }
 

@@ -17,6 +17,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ..attention.native import cache_dir  # the one user cache folder of sharpattn
+
 SMOLLM2 = "smollm2-135m"
 MINILM = "minilm"
 _ALIASES = {
@@ -34,12 +36,6 @@ NAMES = (SMOLLM2, MINILM)
 def canonical(name: str) -> str | None:
     """The canonical name of a known pretrained model (aliases allowed), else None."""
     return _ALIASES.get(str(name).lower())
-
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/sharpattn``, else ``~/.cache/sharpattn``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sharpattn"
 
 
 def _gguf_file() -> Path:

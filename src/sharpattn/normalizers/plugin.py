@@ -9,6 +9,7 @@ are. The module is imported with the current directory on ``sys.path`` (as ``pyt
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -94,6 +95,7 @@ def _watched(entry: Normalizer):
     compiled and not on a fused path, can afford."""
     fn = entry.fn
 
+    @functools.wraps(fn)
     def watched(scores, mask=None, **params):
         try:
             weights = fn(scores, mask, **params)

@@ -744,6 +744,12 @@ def leaderboard(profile, out, ray_address, plugins, **options):
         return
     print_markdown((result["run"] / "leaderboard.md").read_text())
     console.print(f"wrote {result['run']}/report.md, leaderboard.csv and leaderboard.png")
+    if result["failed"]:  # the other methods are reported; the command still failed
+        raise ValueError(
+            f"{'; '.join(result['failed'])}; the report covers the other methods, and the same "
+            "command resumes the failed jobs from what they saved (delete their folders under "
+            f"{result['run']}/train to train them afresh)."
+        )
 
 
 class _Terminated(KeyboardInterrupt):

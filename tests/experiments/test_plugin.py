@@ -69,7 +69,51 @@ BAD = {
     ),  # fmt: skip
     "masked": ("def fn(s, mask=None, **p):\n    return s.softmax(-1)\n", "{m}:fn", "masked"),
     "no_check_finite": ("def fn(s, mask=None):\n    return s\n", "{m}:fn", "check_finite"),
-}
+    "exits_on_import": ("import sys\nsys.exit(3)\n", "{m}:fn", "importing plug_exits_on_import "
+                        "called sys.exit with code 3"),
+    "exits_on_probe": ("import sys\ndef fn(s, mask=None, **p):\n    sys.exit(4)\n", "{m}:fn",
+                       "raised on a probe input: SystemExit: 4"),
+}  # fmt: skip
+
+#: the head of a plug-in module holding a Normalizer entry `E` (after the head, one line)
+ENTRY_HEAD = """\
+from sharpattn.normalizers import Normalizer, Param, softmax
+def f(s, mask=None, gain=1.0, bias=0.0, check_finite=True):
+    return softmax(s, mask, check_finite=check_finite)
+"""
+
+#: Normalizer entries that cannot work: (its arguments after the function, what the sentence says)
+BAD_ENTRIES = {
+    "default_none": ("params=(Param('gain', None, 'g', learnable=True),)",
+                     "learnable parameter gain must be a real number", "default None"),
+    "default_list": ("params=(Param('gain', [1.0], 'g', learnable=True),)",
+                     "learnable parameter gain must be a real number", "default [1.0]"),
+    "default_text": ("params=(Param('gain', 'abc', 'g', learnable=True),)",
+                     "learnable parameter gain must be a real number", "default 'abc'"),
+    "default_nan": ("params=(Param('gain', float('nan'), 'g', learnable=True),)",
+                    "parameter gain has default nan", "a finite number"),
+    "default_inf": ("params=(Param('gain', float('inf'), 'g'),)",
+                    "parameter gain has default inf", "a finite number"),
+    "outside_range": ("params=(Param('gain', 5.0, 'g', learnable=True, low=0, high=1),)",
+                      "parameter gain has default 5.0", "in [0, 1]"),
+    "fixed_outside": ("params=(Param('bias', -1, 'b', kind='int', low=0),)",
+                      "parameter bias has default -1", "an integer >= 0"),
+    "bad_choice": ("params=(Param('bias', 'c', 'b', kind='choice', choices=('a', 'b')),)",
+                   "parameter bias has default 'c'", "one of 'a', 'b'"),
+    "learnable_bool": ("params=(Param('gain', True, 'g', learnable=True),)",
+                       "learnable parameter gain", "default True"),
+    "learnable_int": ("params=(Param('gain', 1, 'g', learnable=True, kind='int'),)",
+                      "learnable parameter gain", "kind 'int'"),
+    "duplicate": ("params=(Param('gain', 1.0, 'g', learnable=True), Param('gain', 2.0, 'h'))",
+                  "two parameters named 'gain'"),
+    "query_dependent": ("params=(Param('gain', 1.0, 'g', learnable=True),), "
+                        "query_dependent=('gian',)",
+                        "query_dependent names 'gian'", "(gain)"),
+    "query_dependent_text": ("params=(Param('gain', 1.0, 'g', learnable=True),), "
+                             "query_dependent='gain'", "query_dependent must be a tuple"),
+    "fused": ("fused='softmax'", "fused path 'softmax'", "chunked and naive paths"),
+    "fused_unknown": ("fused='nope'", "fused path 'nope'", "chunked and naive paths"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -82,6 +126,111 @@ def test_a_bad_spec_is_refused_in_one_sentence_before_any_work(case, plugins, ca
     assert main([*TINY, "--method", spec.format(m=module), "--out", str(out)]) == 2
     one_sentence(capsys, needle)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+def test_a_bad_entry_is_refused_naming_method_and_parameter(case, plugins, capsys, tmp_path):
+    """Every fault of a Normalizer entry, checked in one place (the registry's validate) before
+    the probe and before any training: one sentence naming the method and what is wrong."""
+    args, *needles = BAD_ENTRIES[case]
+    module = f"plug_entry_{case}"
+    plugins(module, ENTRY_HEAD + f"E = Normalizer('x', f, 'f', 'me', True, {args})\n")
+    out = tmp_path / "run"
+    assert main([*TINY, "--method", f"{module}:E", "--out", str(out)]) == 2
+    one_sentence(capsys, f"method '{module}:E'", *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", sorted(c for c in BAD_ENTRIES if not c.startswith("fused")))
+def test_register_refuses_the_same_entries(case):
+    """``register`` runs the same validation, so an entry registered from Python is held to it."""
+    args, *needles = BAD_ENTRIES[case]
+    namespace: dict = {}
+    exec(ENTRY_HEAD + f"E = Normalizer('mine', f, 'f', 'me', True, {args})\n", namespace)
+    with pytest.raises(ValueError) as err:
+        nz.register(namespace["E"])
+    assert "mine" not in nz.available()
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and "method 'mine'" in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_every_registered_method_passes_validation():
+    for name in nz.available():
+        nz.get(name).validate()
+
+
+def test_attend_refuses_a_fused_path_that_does_not_exist(register_normalizer):
+    """A registered (not plug-in) entry may name a fast path; one that does not exist is refused
+    by attend, which holds them, in one sentence instead of a KeyError inside a job."""
+    import torch
+
+    from sharpattn.attention import attend
+
+    name = register_normalizer(nz.Normalizer("test-fused-nope", nz.softmax, "softmax", "test",
+                                             True, fused="nope"))  # fmt: skip
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="names the fused path 'nope', which does not exist"):
+        attend(q, q, q, name)
+
+
+def test_ctrl_c_on_import_is_not_swallowed(plugins):
+    from sharpattn.normalizers import plugin
+
+    plugins("plug_ctrl_c", "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        plugin.load("plug_ctrl_c:fn")
+
+
+#: plug-ins that pass the probe (6 keys) and fail in a model: in training, or on long inputs
+FAILING = {
+    "nan_beyond_6": ("from sharpattn.normalizers import softmax\n"
+                     "def fn(s, mask=None, check_finite=True):\n"
+                     "    w = softmax(s, mask, check_finite=check_finite)\n"
+                     "    return w * float('nan') if s.shape[-1] > 6 else w\n",
+                     "at training step 1: it gave a NaN or infinite weight"),
+    "raises_when_long": ("from sharpattn.normalizers import softmax\n"
+                         "def fn(s, mask=None, check_finite=True):\n"
+                         "    if s.shape[-1] > 40:\n"
+                         "        raise RuntimeError('too long for me')\n"
+                         "    return softmax(s, mask, check_finite=check_finite)\n",
+                         "in evaluation at size 64: it raised RuntimeError: too long for me"),
+    "exits_in_training": ("import sys\nfrom sharpattn.normalizers import softmax\n"
+                          "def fn(s, mask=None, check_finite=True):\n"
+                          "    if s.shape[-1] > 6:\n"
+                          "        sys.exit(5)\n"
+                          "    return softmax(s, mask, check_finite=check_finite)\n",
+                          "at training step 1: it raised SystemExit: 5"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_a_plugin_failing_in_a_model_stops_its_jobs_and_keeps_the_others(
+    case, plugins, capsys, tmp_path
+):
+    """It stops its own jobs with one sentence (method, task, seed, step or size); the other
+    methods finish, the report covers them, and the command exits with code 2."""
+    source, where = FAILING[case]
+    module = f"plug_fail_{case}"
+    plugins(module, source)
+    out = tmp_path / "run"
+    assert main([*TINY, "--method", f"{module}:fn", "--out", str(out)]) == 2
+    err = one_sentence(capsys, f"method '{module}:fn' failed on task flip_flop (seed 0) {where}",
+                       "(2 of its 2 jobs failed)", "the report covers the other methods")  # fmt: skip
+    assert "Traceback" not in err
+    csv = (out / "leaderboard.csv").read_text().splitlines()
+    assert [line.split(",")[1] for line in csv[1:]] == ["softmax"]
+    assert (out / "report.md").is_file()
+
+
+def test_a_run_whose_only_method_fails_writes_no_report(plugins, capsys, tmp_path):
+    plugins("plug_fail_alone", FAILING["nan_beyond_6"][0])
+    out = tmp_path / "run"
+    args = [*TINY, "--methods", "plug_fail_alone:fn", "--out", str(out)]
+    assert main(args) == 2
+    one_sentence(capsys, "method 'plug_fail_alone:fn' failed", "no method finished")
+    assert not (out / "report.md").exists()
 
 
 def test_a_users_normalizer_joins_an_existing_run(plugins, capsys, tmp_path):

@@ -148,6 +148,11 @@ def attend(
     stats])``.
     """
     entry = get(method)
+    if entry.fused is not None and entry.fused not in FAST:  # a registered entry's own mistake
+        raise ValueError(
+            f"method {entry.name!r} names the fused path {entry.fused!r}, which does not exist; "
+            f"the fused paths: {', '.join(sorted(FAST))}."
+        )
     CHECK_FINITE.check(check_finite, "attend")
     # once, before any path: every path refuses the same parameters (tensor values only with
     # check_finite, which reads them on the host)

@@ -84,11 +84,19 @@ def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
 def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
         ray: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Train and evaluate every task × method × seed (resuming), then write leaderboard.md/.csv,
-    the accuracy-against-size PNG and report.md into ``out``."""
+    the accuracy-against-size PNG and report.md into ``out``.
+
+    A plug-in that fails in training or evaluation (raises, or gives a NaN or infinite weight
+    or loss) stops its own jobs; the other methods run to the end and the reports cover them.
+    ``failed`` in the result has one sentence per failed plug-in (the command prints the table,
+    then these, and exits with code 2); where no method is left, ``ValueError`` instead."""
     folder, rows = seq.sweep(out, "leaderboard", cfg, progress, ray)
+    rows, failed = seq.failures(rows)
+    if not rows:
+        raise ValueError(f"{'; '.join(failed)}; no method finished, so no report was written.")
     table = rank(rows, list(cfg.tasks))
     write(folder.path, rows, table, cfg)
-    return {"run": folder.path, "table": table, "rows": rows}
+    return {"run": folder.path, "table": table, "rows": rows, "failed": failed}
 
 
 def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:

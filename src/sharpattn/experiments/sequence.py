@@ -343,8 +343,11 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text)
 
 
-def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
+def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | None = None
+            ) -> list[dict[str, Any]]:  # fmt: skip
     """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
+    ``where`` (if given) is kept at the training step or evaluated size being run (for
+    :func:`run_job_or_failure`'s sentence).
 
     A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them.
     A job folder holding rows and none of the trainer's files (weights, checkpoint, training log:
@@ -355,6 +358,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
     t = task(job.task)
     m0 = job.methods[0]
     label = job.label
+    where = {} if where is None else where
     done = rows_file(job, cfg)
     if done.is_file() and not runner.has_training_files(job.folder):
         rows = runner.read_json(done, [dict])
@@ -371,6 +375,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
         steps = steps_of(cfg, job.task)
 
         def batch(step: int):
+            where["at"] = f"at training step {step + 1}"
             size = int(torch.randint(lo, hi + 1, (1,), generator=data))
             return t.batch(size, cfg.batch, data)
 
@@ -409,6 +414,7 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
                     rows.append({**row, **SKIPPED, "length": int(t.length(size))})
                     continue
                 emit(progress, label, f"eval {m.name} n={size}", i, len(sizes))
+                where["at"] = f"in evaluation at size {size}"
                 path = job.folder / "eval" / _slug(m.evaluate or m.train) / _eval_name(cfg, size)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg), EVALUATION)
@@ -421,6 +427,45 @@ def run_job(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
         runner.write_json(done, rows, if_changed=True)  # a re-run that changed nothing: kept
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
+
+
+def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """:func:`run_job`, except that a job training a plug-in (``module:name``) that fails in it
+    (raises, gives a NaN or infinite weight, or the loss becomes NaN or infinite) returns one
+    row per method, ``{"task", "method", "seed", "failed": sentence}``, instead of raising: its
+    rows are not written (a re-run resumes it from what it saved) and the sweep goes on with the
+    other jobs (:func:`failures` separates them). Any other error is raised as before."""
+    where: dict[str, Any] = {}
+    try:
+        return run_job(job, progress, where)
+    except (plugin.PluginFailed, FloatingPointError) as err:
+        mine = [m.train for m in job.methods if plugin.is_spec(m.train)]
+        if not mine:
+            raise
+        what = (
+            str(err) if isinstance(err, plugin.PluginFailed) else "the loss became NaN or infinite"
+        )
+        sentence = (
+            f"method {mine[0]!r} failed on task {job.task} (seed {job.seed}) "
+            f"{where.get('at', 'while loading')}: {what}"
+        )
+        emit(progress, job.label, "done", 1, 1)
+        return [{"task": job.task, "method": m.name, "seed": job.seed, "failed": sentence}
+                for m in job.methods]  # fmt: skip
+
+
+def failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """A sweep's rows without its failed jobs' (:func:`run_job_or_failure`), and one clause per
+    failed method: the first failure in job order and how many of its jobs failed."""
+    failed: dict[str, list[str]] = {}
+    for r in rows:
+        if "failed" in r:
+            failed.setdefault(r["method"], []).append(r["failed"])
+    jobs_of: dict[str, set] = {}
+    for r in rows:
+        jobs_of.setdefault(r["method"], set()).add((r["task"], r["seed"]))
+    clauses = [f"{v[0]} ({len(v)} of its {len(jobs_of[m])} jobs failed)" for m, v in failed.items()]
+    return [r for r in rows if "failed" not in r], clauses
 
 
 def rows_file(job: Job, cfg: SequenceConfig) -> Path:
@@ -551,14 +596,15 @@ def sweep(
     progress: Progress | None = None,
     ray: str | None = None,
 ) -> tuple[RunFolder, list[dict[str, Any]]]:
-    """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows."""
+    """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows, a failed
+    plug-in's jobs among them as marked rows (:func:`failures` separates them)."""
     from .sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
     check_models(cfg, experiment)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's
-    results = run_jobs(run_job, todo, workers=cfg.workers, ray=ray, progress=_overall(
+    results = run_jobs(run_job_or_failure, todo, workers=cfg.workers, ray=ray, progress=_overall(
         progress, experiment, len(todo), finished))  # fmt: skip
     rows = [r for rs in results for r in rs]
     return folder, rows
@@ -614,7 +660,8 @@ def auc_of(rows) -> float:
     return area([r["size"] for r in rows], [r["acc"] for r in rows])
 
 
-__all__ = ["Method", "SequenceConfig", "area", "jobs", "methods", "resolve", "run_job", "sweep"]
+__all__ = ["Method", "SequenceConfig", "area", "failures", "jobs", "methods", "resolve", "run_job",
+           "run_job_or_failure", "sweep"]  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:

@@ -9,7 +9,9 @@ are. The module is imported with the current directory on ``sys.path`` (as ``pyt
 
 from __future__ import annotations
 
+import functools
 import importlib
+import math
 import os
 import sys
 from dataclasses import replace
@@ -50,6 +52,12 @@ def load(spec: str) -> Normalizer:
         raise ValueError(f"method {spec!r}: importing {module_name} failed: {_one(err)}.") from None
     except Exception as err:  # the user's module: any error it raises on import
         raise ValueError(f"method {spec!r}: importing {module_name} failed: {_one(err)}.") from None
+    except SystemExit as err:  # sys.exit() at import: the module's doing, not the command's end
+        raise ValueError(
+            f"method {spec!r}: importing {module_name} called sys.exit with code {err.code!r}; "
+            "a plug-in module must define its normalizer without exiting (put a script's code "
+            "under `if __name__ == '__main__':`)."
+        ) from None
     if not hasattr(module, attr):
         raise ValueError(f"method {spec!r}: module {module_name} has no attribute {attr!r}.")
     obj = getattr(module, attr)
@@ -63,8 +71,46 @@ def load(spec: str) -> Normalizer:
             f"method {spec!r}: {module_name}.{attr} is a {type(obj).__name__}, not a function or "
             "Normalizer."
         )
+    entry.validate()  # its parameters, query_dependent, ...: one sentence, before the probe
+    if entry.fused is not None:
+        raise ValueError(
+            f"method {spec!r} names the fused path {entry.fused!r}; a plug-in runs on the chunked "
+            "and naive paths only (a fused path is a built-in kernel of its own maths, which "
+            "cannot be checked to equal yours), so leave fused=None."
+        )
     probe(entry)
-    return register(entry, replace=True)
+    return register(replace(entry, fn=_watched(entry)), replace=True)
+
+
+class PluginFailed(ValueError):
+    """A plug-in's function raised, or gave a NaN or infinite weight, while a model ran it (the
+    message is a clause: what it did). ``sequence.run_job`` turns it into one sentence naming
+    the method, the task and the step."""
+
+
+def _watched(entry: Normalizer):
+    """``entry.fn`` as the registry runs it for a plug-in: whatever it raises (``SystemExit``
+    included; Ctrl-C is left alone) and a NaN or infinite weight at an allowed position become
+    :class:`PluginFailed`. Reading the weights is a host synchronisation, which a plug-in, not
+    compiled and not on a fused path, can afford."""
+    fn = entry.fn
+
+    @functools.wraps(fn)
+    def watched(scores, mask=None, **params):
+        try:
+            weights = fn(scores, mask, **params)
+        except (Exception, SystemExit) as err:
+            raise PluginFailed(f"it raised {_one(err)}") from None
+        if torch.is_tensor(weights) and not bool(torch.isfinite(weights).all()):
+            if torch.is_tensor(scores) and bool((torch.isnan(scores) | (scores == math.inf)).any()):
+                raise PluginFailed(
+                    "the model had diverged before it (NaN or infinite scores reached it, e.g. "
+                    "after a NaN or infinite gradient)"
+                )
+            raise PluginFailed("it gave a NaN or infinite weight")
+        return weights
+
+    return watched
 
 
 def ensure(spec: str) -> Normalizer:
@@ -92,7 +138,7 @@ def probe(entry: Normalizer) -> None:
     what = f"method {entry.name!r}"
     try:
         weights = entry.fn(scores, mask, check_finite=True, **params)
-    except Exception as err:  # the user's function: whatever it raises is the refusal
+    except (Exception, SystemExit) as err:  # the user's function: whatever it raises is the refusal
         raise ValueError(f"{what} raised on a probe input: {_one(err)}.") from None
     if not torch.is_tensor(weights) or weights.shape != scores.shape:
         got = tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__
@@ -116,7 +162,7 @@ def probe(entry: Normalizer) -> None:
                 [scores, *params.values()],
                 allow_unused=True,
             )
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise ValueError(f"{what} failed in backward on a probe input: {_one(err)}.") from None
         if any(g is not None and not bool(torch.isfinite(g).all()) for g in grads):
             raise ValueError(f"{what} has a NaN or infinite gradient on a probe input.")

@@ -225,8 +225,94 @@ class Normalizer:
         for name, value in params.items():
             specs[name].check(value, self.name, check_values=check_values)
 
+    def validate(self) -> None:
+        """Refuse (``ValueError``, one sentence naming the method and the parameter at fault) an
+        entry that could not work: a name that is not a string, a function that is not callable,
+        parameters that are not :class:`Param` entries or share a name, a default its own ``Param``
+        does not accept (type, finiteness, range, choices), a learnable parameter that is not a
+        real number with a number as its default (its per-head starting value), a
+        ``query_dependent`` name that is not a learnable parameter, or a ``fused`` that is not a
+        name. :func:`register` runs it, so every registered entry has passed it. Whether
+        ``fused`` names an existing fast path is checked by ``attend``, which holds them."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a normalizer's name must be a non-empty string, got {self.name!r}.")
+        what = f"method {self.name!r}"
+        if not callable(self.fn):
+            raise ValueError(f"{what}: fn must be a function, got {_short(self.fn)}.")
+        if not isinstance(self.params, (tuple, list)) or not all(
+            isinstance(p, Param) for p in self.params
+        ):
+            raise ValueError(f"{what}: params must be a tuple of Param, got {_short(self.params)}.")
+        seen: set[str] = set()
+        for p in self.params:
+            if not isinstance(p.name, str) or not p.name.isidentifier():
+                raise ValueError(
+                    f"{what}: a parameter's name must be an identifier, got {p.name!r}."
+                )
+            if p.name in seen:
+                raise ValueError(f"{what} has two parameters named {p.name!r}; names must differ.")
+            seen.add(p.name)
+            self._validate_default(p)
+        dependent = self.query_dependent
+        if isinstance(dependent, str) or not isinstance(dependent, (tuple, list)):
+            raise ValueError(
+                f"{what}: query_dependent must be a tuple of parameter names, got {dependent!r}."
+            )
+        learnable = [p.name for p in self.learnable]
+        for name in dependent:
+            if name not in learnable:
+                raise ValueError(
+                    f"{what}: query_dependent names {name!r}, which is not one of its learnable "
+                    f"parameters ({', '.join(learnable) or 'it has none'})."
+                )
+        if self.fused is not None and (not isinstance(self.fused, str) or not self.fused):
+            raise ValueError(
+                f"{what}: fused must be None or a fast path's name, got {self.fused!r}."
+            )
+
+    def _validate_default(self, p: Param) -> None:
+        what = f"method {self.name!r}"
+        if torch.is_tensor(p.default):
+            raise ValueError(
+                f"{what}: parameter {p.name} has a tensor as its default; give a plain value."
+            )
+        if p.learnable and (p.value_kind != "real" or not _is_number(p.default)):
+            got = (
+                f"kind {p.kind!r}"
+                if p.kind not in (None, "real")
+                else f"default {_short(p.default)}"
+            )
+            raise ValueError(
+                f"{what}: learnable parameter {p.name} must be a real number with a number as its "
+                f"default (its per-head starting value; gradients train only real numbers), got "
+                f"{got}."
+            )
+        try:
+            p.check(p.default, self.name)
+        except Exception as err:  # a user's `validate` may raise anything
+            if p.value_kind == "any":
+                raise ValueError(
+                    f"{what}: parameter {p.name} has default {_short(p.default)}, which its "
+                    f"validate refuses ({type(err).__name__}: {_first_line(err)})."
+                ) from None
+            raise ValueError(
+                f"{what}: parameter {p.name} has default {_short(p.default)}, which it does not "
+                f"accept: it must be {replace_field(p, learnable=False, tensor=False).describe()}."
+            ) from None
+
     def __call__(self, scores, mask=None, **params):
         return self.fn(scores, mask, **params)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, shortened to about 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{type(value).__name__} {text[:57]}..."
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0].rstrip(".") if lines else ""
 
 
 _REGISTRY: dict[str, Normalizer] = {}
@@ -235,10 +321,12 @@ _REGISTRY: dict[str, Normalizer] = {}
 def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
     """Add ``entry`` to the registry (``replace=True`` to overwrite an existing name).
 
-    The registered ``fn`` is ``entry.fn`` behind the contract's guards (empty input) and the
+    The entry is checked first (:meth:`Normalizer.validate`: a bad one is refused in one
+    sentence). The registered ``fn`` is ``entry.fn`` behind the contract's guards (empty input) and the
     validation of its parameters (:meth:`Normalizer.check_params`, tensor values only with
     ``check_finite``): every call through the registry refuses a bad parameter by name.
     """
+    entry.validate()
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"a normalizer named {entry.name!r} is already registered.")
     guarded = contract_guard(entry.fn)  # the contract's guards (empty input), for every method

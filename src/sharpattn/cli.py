@@ -722,7 +722,8 @@ def reproduce_clrs_llm(profile, out, **options):
     "models",
     type=click.Path(file_okay=False, exists=True),
     help="Evaluate the models another leaderboard run trained (same profile and training "
-    "options), writing this run's report into --out: e.g. more sizes for a few tasks.",
+    "options), writing this run's evaluations and report into --out: e.g. more sizes for a few "
+    "tasks. That folder is only read; a method, task or seed it has no model for is refused.",
 )
 @_sequence_options
 @out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")

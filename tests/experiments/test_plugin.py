@@ -301,3 +301,17 @@ def test_against_all_is_the_paired_t_test_over_seeds_of_the_mean_score():
         p = stats.ttest_rel(score["mine"], score[other]).pvalue
         assert got[other]["p"] == pytest.approx(p, rel=1e-9)
         assert got[other]["tasks"]["flip_flop"] == pytest.approx(p, rel=1e-9)  # one task
+
+
+def test_models_from_a_run_without_the_plug_in_is_refused(plugins, capsys, tmp_path):
+    """--models-from only reads the other run: a plug-in it never trained is refused, naming
+    it, before any work (it is not trained there)."""
+    src, far = tmp_path / "src", tmp_path / "far"
+    assert main([*TINY, "--out", str(src)]) == 0
+    before = {p: p.stat().st_mtime_ns for p in src.rglob("*")}
+    plugins("plug_sharp", documented_example())
+    capsys.readouterr()
+    args = [*TINY, "--method", "plug_sharp:SHARP", "--models-from", str(src), "--out", str(far)]
+    assert main(args) == 2
+    one_sentence(capsys, "no trained model for plug_sharp:SHARP on flip_flop (seeds 0, 1)")
+    assert {p: p.stat().st_mtime_ns for p in src.rglob("*")} == before and not far.exists()

@@ -193,12 +193,16 @@ def test_models_from_evaluates_another_runs_models_without_training(tmp_path, ca
     assert main(["leaderboard", *tiny, "--eval-factor", "1", "--out", str(first)]) == 0
     weights = next(first.glob("train/*/*/seed0/model.safetensors"))
     stamp = weights.stat().st_mtime_ns
+    files = sorted(first.rglob("*"))
     args = ["leaderboard", *tiny, "--eval-factor", "4", "--models-from", str(first)]
     assert main([*args, "--out", str(far)]) == 0
-    assert not (far / "train").exists() and (far / "report.md").is_file()
+    assert (far / "report.md").is_file()
     assert weights.stat().st_mtime_ns == stamp  # loaded, not trained again
-    sizes = {int(p.name[1:].split(".")[0]) for p in weights.parent.glob("eval/*/n*.json")}
+    mine = far / weights.parent.relative_to(first)  # evaluations and rows are this run's
+    assert not seq.runner.has_training_files(mine) and list(mine.glob("rows-*.json"))
+    sizes = {int(p.name[1:].split(".")[0]) for p in mine.glob("eval/*/n*.json")}
     assert max(sizes) >= 4 * 48  # the larger sizes were evaluated on first's models
+    assert sorted(first.rglob("*")) == files  # nothing written there
     capsys.readouterr()
     bad = ["leaderboard", *[a if a != "5" else "6" for a in tiny]]  # --steps 6
     assert main([*bad, "--models-from", str(first), "--out", str(tmp_path / "x")]) == 2

@@ -240,3 +240,223 @@ def test_a_resumed_sweep_counts_its_finished_jobs_from_the_start(tmp_path):
     bar = [e for e in events if e["phase"] == "jobs"]
     assert (bar[0]["step"], bar[0]["total"]) == (1, 2)
     assert [e["step"] for e in bar][-1] == 2 and max(e["step"] for e in bar) == 2
+
+
+# --- rows files and --models-from: what a run folder holds is checked, another run is only read --
+
+SMALL = ["leaderboard", "--quick", "--seeds", "1", "--steps", "5", "--eval-factor", "1",
+         "--eval-sets", "4", "--workers", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny leaderboard run of softmax and sink (one seed each), with its training files."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(out)]) == 0
+    return out
+
+
+def _copy(src, dst, strip: bool = False):
+    """A copy of run folder ``src``; ``strip``: without the training files, as a record is."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    if strip:
+        for name in seq.runner.TRAINING_FILES:
+            for path in dst.rglob(name):
+                path.unlink()
+    return dst
+
+
+def _rows(run, recipe: str):
+    (path,) = run.glob(f"train/flip_flop/{recipe}/seed0/rows-*.json")
+    return path
+
+
+def _listing(root):
+    """Every path under ``root`` with its modification time and content hash."""
+    import hashlib
+
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.is_file() and
+            hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(root.rglob("*"))}  # fmt: skip
+
+
+def test_a_rows_file_holds_its_job_its_rows_and_their_digest(trained):
+    import hashlib
+    import json
+
+    record = json.loads(_rows(trained, "softmax").read_text())
+    assert set(record) == {"job", "rows", "digest"}
+    canonical = json.dumps({"job": record["job"], "rows": record["rows"]}, sort_keys=True,
+                           separators=(",", ":"))  # fmt: skip
+    assert record["digest"] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert record["job"]["task"] == "flip_flop" and record["job"]["seed"] == 0
+    assert [m["name"] for m in record["job"]["methods"]] == ["softmax"]
+    assert record["job"]["training"]["steps"] == 5
+    assert {r["method"] for r in record["rows"]} == {"softmax"}
+
+
+def _damage(case: str, mine: dict, other: dict):
+    """The text a hostile user leaves in softmax's rows file (``mine``; ``other``: sink's)."""
+    import hashlib
+    import json
+
+    def _digest(job, rows):  # sha256 of the canonical JSON, computed here
+        text = json.dumps({"job": job, "rows": rows}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def resealed(rows):  # a consistent digest, so the rows themselves are what is checked
+        return {**mine, "rows": rows, "digest": _digest(mine["job"], rows)}
+
+    nan_rows = [{**mine["rows"][0], "acc": float("nan")}, *mine["rows"][1:]]
+    value = {
+        "empty": [],
+        "empty record": resealed([]),
+        "empty row": [{}],
+        "another job's record": other,
+        "another job's rows": other["rows"],
+        "nan acc": nan_rows,
+        "nan acc, resealed": resealed(nan_rows),
+        "acc x": [{**mine["rows"][0], "acc": "x"}, *mine["rows"][1:]],
+        "acc above 1": resealed([{**mine["rows"][0], "acc": 1.5}, *mine["rows"][1:]]),
+        "a row missing": resealed(mine["rows"][:-1]),
+        "digest": {**mine, "rows": [{**mine["rows"][0], "acc": 1.0}, *mine["rows"][1:]]},
+        "not a list": {"rows": 3},
+    }[case]
+    return json.dumps(value)
+
+
+DAMAGE = {"empty": "holds no rows", "empty record": "holds no rows", "empty row": "has no 'task'",
+          "another job's record": "another job's rows", "another job's rows": "another job's rows",
+          "nan acc": "acc nan", "nan acc, resealed": "acc nan", "acc x": "not a float",
+          "acc above 1": "acc 1.5", "a row missing": "no row for softmax",
+          "digest": "digest does not match", "not a list": "has no 'job'"}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_damaged_rows_of_a_record_are_named_in_one_sentence(trained, tmp_path, capsys, case):
+    """A job folder with rows and no training files (a record) is finished only if its rows are
+    this job's: anything else names the file, what is wrong and what to do (exit 2); the
+    leaderboard is not written from them."""
+    import json
+
+    run = _copy(trained, tmp_path / "run", strip=True)
+    target = _rows(run, "softmax")
+    mine, other = json.loads(target.read_text()), json.loads(_rows(run, "sink").read_text())
+    target.write_text(_damage(case, mine, other))
+    table = (run / "leaderboard.csv").read_text()
+    capsys.readouterr()
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(target) in err and DAMAGE[case] in err and "delete it" in err
+    assert "(in job flip_flop/softmax s0)" in err
+    assert (run / "leaderboard.csv").read_text() == table
+
+
+def test_rows_without_a_digest_are_read_when_they_are_the_jobs(trained, tmp_path):
+    """The format before digests (a bare list, as published records hold) is read through the
+    same checks and gives the same leaderboard."""
+    import json
+
+    run = _copy(trained, tmp_path / "run", strip=True)
+    for path in run.rglob("rows-*.json"):
+        path.write_text(json.dumps(json.loads(path.read_text())["rows"]))
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 0
+    assert (run / "leaderboard.csv").read_text() == (trained / "leaderboard.csv").read_text()
+
+
+def test_damaged_rows_are_computed_again_where_the_training_files_are(trained, tmp_path):
+    import json
+
+    run = _copy(trained, tmp_path / "run")
+    target = _rows(run, "softmax")
+    good = json.loads(target.read_text())
+    target.write_text("[{}]")
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 0
+    assert json.loads(target.read_text()) == good
+    assert (run / "leaderboard.csv").read_text() == (trained / "leaderboard.csv").read_text()
+
+
+def test_models_from_only_reads_the_other_run(trained, tmp_path):
+    """--models-from SRC reads SRC's trained models and writes nothing there (a read-only SRC
+    works): the evaluations and rows go to --out, where damaged rows are evaluated again."""
+    import os
+    import stat
+
+    src = _copy(trained, tmp_path / "src")
+    before = _listing(src)
+    root = os.geteuid() == 0  # root ignores permissions: the listing is the check then
+    for p in [src, *src.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        far = tmp_path / "far"
+        args = [*SMALL, "--methods", "softmax,sink", "--models-from", str(src), "--eval-factor",
+                "2", "--out", str(far)]  # fmt: skip
+        assert main(args) == 0
+        assert _listing(src) == before
+        rows = _rows(far, "softmax")
+        assert not seq.runner.has_training_files(rows.parent)
+        assert max(int(p.name[1:].split(".")[0]) for p in rows.parent.glob("eval/*/n*.json")) > 48
+        table = (far / "leaderboard.csv").read_text()
+        rows.write_text("[]")  # damaged: evaluated again on SRC's model
+        assert main(args) == 0
+        assert (far / "leaderboard.csv").read_text() == table
+        assert seq.read_rows(rows, seq.jobs(far, _far_cfg(src))[0], _far_cfg(src))
+        assert _listing(src) == before
+        assert root or not os.access(src, os.W_OK)
+    finally:
+        for p in [src, *src.rglob("*")]:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+def _far_cfg(src):
+    return leaderboard.make_config("quick", methods=("softmax",), seeds=1, steps=5,
+                                   eval_factor=2, eval_sets=4, workers=1, models=str(src))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (["--methods", "softmax,ssmax"], "no trained model for ssmax on flip_flop (seed 0)"),
+        (
+            ["--methods", "softmax", "--seeds", "2"],
+            "no trained model for softmax on flip_flop (seed 1)",
+        ),
+        (["--methods", "softmax", "--tasks", "flip_flop,two_back"], "softmax on two_back (seed 0)"),
+        (["--methods", "softmax", "--seed", "3"], "other settings (seed 0 there, 3 here)"),
+    ],
+)
+def test_models_from_refuses_what_the_other_run_cannot_serve(trained, tmp_path, capsys, change,
+                                                             words):  # fmt: skip
+    """A method, seed or task the other run has no trained model for is refused before any work,
+    naming it: nothing is trained there, nothing written here."""
+    before = _listing(trained)
+    capsys.readouterr()
+    out = tmp_path / "far"
+    args = [*SMALL, *change, "--models-from", str(trained), "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(trained) in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and _listing(trained) == before
+
+
+def test_models_from_the_run_itself_is_refused(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path / "run")
+    assert main([*SMALL, "--methods", "softmax", "--models-from", str(run), "--out", str(run)]) == 2
+    assert "names the run folder itself" in capsys.readouterr().err
+
+
+def test_an_evaluation_cache_with_an_impossible_accuracy_is_named(trained, tmp_path, capsys):
+    """Rows computed again come from the evaluation caches, which pass the same checks."""
+    import json
+
+    run = _copy(trained, tmp_path / "run")
+    _rows(run, "softmax").unlink()
+    cache = sorted(run.glob("train/flip_flop/softmax/seed0/eval/softmax/n*.json"))[0]
+    cache.write_text(json.dumps({**json.loads(cache.read_text()), "acc": float("nan")}))
+    capsys.readouterr()
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert str(cache) in err and "acc nan" in err and len(err.strip().splitlines()) == 1

@@ -34,7 +34,7 @@ import torch
 
 from ..normalizers import available, get, plugin
 from ..tasks.sequence import default_eval_sizes
-from . import runner
+from . import runner, runs
 from .runner import Progress, RunFolder, emit
 
 #: seeds of the data streams (runner.generator(seed, purpose, ...))
@@ -152,8 +152,9 @@ class SequenceConfig:
     checkpoint_every: int = 500
     workers: int = 1
     threads: int = 1
-    #: another run folder of the same command whose trained models this sweep evaluates (its
-    #: training settings must be these; a model it lacks is trained there); None: this one's
+    #: another run folder of the same command whose trained models this sweep evaluates, read
+    #: only (its training settings must be these, and it must hold a trained model for every
+    #: job; evaluations and rows go to this run's folder); None: this one's
     models: str | None = None
 
     def __post_init__(self):
@@ -322,6 +323,9 @@ class Job:
     methods: tuple[Method, ...]  # same recipe
     seed: int  # the run seed (cfg.seed + index)
     config: dict[str, Any]
+    #: the run folder whose trained model this job evaluates (``--models-from``, read only);
+    #: None: the job trains its own in :attr:`folder`
+    models: str | None = None
 
     @property
     def label(self) -> str:
@@ -329,14 +333,22 @@ class Job:
         return f"{self.task}/{self.methods[0].recipe} s{self.seed}"
 
     @property
+    def name(self) -> str:
+        """How errors name the job (:func:`.sweep.job_label`): its label."""
+        return self.label
+
+    @property
     def folder(self) -> Path:
-        return (
-            Path(self.root)
-            / "train"
-            / self.task
-            / _slug(self.methods[0].recipe)
-            / f"seed{self.seed}"
-        )
+        """Where the job keeps its evaluations and rows (and its training, without ``models``)."""
+        return self._under(self.root)
+
+    @property
+    def model_folder(self) -> Path:
+        """Where the job's trained model is: :attr:`folder`, or that of the ``models`` run."""
+        return self._under(self.models or self.root)
+
+    def _under(self, root: str) -> Path:
+        return Path(root) / "train" / self.task / _slug(self.methods[0].recipe) / f"seed{self.seed}"
 
 
 def _slug(text: str) -> str:
@@ -351,17 +363,33 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
 
     A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them.
     A job folder holding rows and none of the trainer's files (weights, checkpoint, training log:
-    a published run's record, carried without them) is finished: its rows are returned. Where
-    any training file is there, the job is checked and resumed from those files as always (a
-    damaged one is named; deleting the weights retrains)."""
+    a published run's record, carried without them) is finished: its rows are returned once they
+    pass :func:`read_rows` (damaged rows are named, or evaluated again where ``job.models`` has
+    the model). Where any training file is there, the job is checked and resumed from those
+    files as always (a damaged one is named; deleting the weights retrains). With
+    ``job.models``, the trained model is read from that run and never trained or written there
+    (a record of that run without its weights: its rows of this job, checked).
+    """
     cfg = SequenceConfig(**job.config)
     t = task(job.task)
     m0 = job.methods[0]
     label = job.label
     where = {} if where is None else where
     done = rows_file(job, cfg)
+    final = job.model_folder / runner.TRAINING_FILES[0]
     if done.is_file() and not runner.has_training_files(job.folder):
-        rows = runner.read_json(done, [dict])
+        try:
+            rows = read_rows(done, job, cfg)
+        except ValueError:
+            if job.models is None or not final.is_file():  # nothing to compute them from
+                raise
+            rows = None  # evaluated again on the other run's model
+        if rows is not None:
+            emit(progress, label, "done", 1, 1)
+            return rows
+    if job.models is not None and not final.is_file():  # the other run's record: its rows
+        rows = read_rows(job.model_folder / done.name, job, cfg)
+        runner.write_json(done, rows_record(job, cfg, rows))
         emit(progress, label, "done", 1, 1)
         return rows
     for m in job.methods:  # a worker process imports the plug-ins itself
@@ -400,7 +428,10 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
             lr_schedule=schedule,
             clip_grad_norm=1.0,
         )
-        state = trainer.run()
+        if job.models is None:
+            state = trainer.run()
+        else:  # another run's model, read only
+            state = runner.read_weights(final, model)
         rows = []
         sizes = sizes_of(cfg, job.task)
         for m in job.methods:
@@ -418,13 +449,17 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
                 path = job.folder / "eval" / _slug(m.evaluate or m.train) / _eval_name(cfg, size)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 result = runner.once(path, lambda s=size: evaluate(model, t, s, cfg), EVALUATION)
+                problem = _row_problem({**result, "skipped": False}, cfg)
+                if problem is not None:
+                    raise runs.damaged(path, problem.replace("row", "it", 1))
                 rows.append({**row, **result, "skipped": False})
                 beyond = size > t.train_sizes[1]
                 zero = result["acc"] == 0 and result["sets"] >= min(cfg.eval_min, cfg.eval_sets)
                 zeros = zeros + 1 if beyond and zero else 0
             if m.evaluate is not None:
                 switch(model, m.train, **method_params(m, t))
-        runner.write_json(done, rows, if_changed=True)  # a re-run that changed nothing: kept
+        record = rows_record(job, cfg, rows)
+        runner.write_json(done, record, if_changed=True)  # a re-run that changed nothing: kept
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
 
@@ -471,10 +506,111 @@ def failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str
 def rows_file(job: Job, cfg: SequenceConfig) -> Path:
     """Where a finished job keeps its rows: named by its methods, sizes and evaluation budget
     (what else decides them, the training, is the run folder's identity)."""
-    key = {"methods": [asdict(m) for m in job.methods], "sizes": sizes_of(cfg, job.task),
-           "eval": _eval_name(cfg, 0), "stop_zeros": cfg.stop_zeros}  # fmt: skip
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return job.folder / f"rows-{digest}.json"
+    digest = hashlib.sha256(json.dumps(_rows_key(job, cfg), sort_keys=True).encode()).hexdigest()
+    return job.folder / f"rows-{digest[:12]}.json"
+
+
+def _rows_key(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
+    return {"methods": [asdict(m) for m in job.methods], "sizes": sizes_of(cfg, job.task),
+            "eval": _eval_name(cfg, 0), "stop_zeros": cfg.stop_zeros}  # fmt: skip
+
+
+def job_identity(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
+    """What decides a job's rows: its task, seed, methods, sizes and evaluation budget, and the
+    training settings of its model (as JSON gives them back)."""
+    c = cfg.to_dict()
+    training = {k: c[k] for k in IDENTITY if k not in ("steps", "task_steps")}
+    training["steps"] = steps_of(cfg, job.task)
+    key = {"task": job.task, "seed": job.seed, **_rows_key(job, cfg), "training": training}
+    return json.loads(json.dumps(key))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(identity: Any, rows: Any) -> str:
+    """sha256 of the canonical JSON of a job's identity and its rows."""
+    return hashlib.sha256(_canonical({"job": identity, "rows": rows}).encode()).hexdigest()
+
+
+def rows_record(job: Job, cfg: SequenceConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rows file's content: the job's identity (:func:`job_identity`), its rows and the digest
+    of both (:func:`read_rows` checks it)."""
+    identity = job_identity(job, cfg)
+    return {"job": identity, "rows": rows, "digest": _digest(identity, rows)}
+
+
+#: one row of a job (what :func:`run_job` returns per method and size)
+ROW = {"task": str, "method": str, "seed": int, "size": int, "acc": float, "token_acc": float,
+       "sets": int, "length": int, "skipped": bool}  # fmt: skip
+#: a rows file (:func:`rows_record`)
+ROWS_RECORD = {"job": {str: None}, "rows": [ROW], "digest": str}
+
+
+def read_rows(path: str | Path, job: Job, cfg: SequenceConfig) -> list[dict[str, Any]]:
+    """The rows of ``job`` stored at ``path``, checked: a record of :func:`rows_record` whose
+    digest matches its content and whose job is ``job``, or a bare list of rows (the format
+    before digests, which published records use); either way every row must be of this job
+    (task, seed, each method at each size once, in order) with accuracies in [0, 1] and counts
+    of its budget. Anything else raises ``ValueError`` naming the file and what to do."""
+    path = Path(path)
+    fix = ("delete it and run the command again to evaluate that job anew (trained anew where "
+           "its model is gone), or restore it from the run's record")  # fmt: skip
+    value = runs.read_json(path, ({str: None}, list), fix)
+    if isinstance(value, dict):
+        problem = runs.mismatch(value, ROWS_RECORD)
+        if problem is None:
+            mine = job_identity(job, cfg)
+            differ = [k for k in sorted(mine.keys() | value["job"].keys())
+                      if _canonical(mine.get(k)) != _canonical(value["job"].get(k))]  # fmt: skip
+            if value["digest"] != _digest(value["job"], value["rows"]):
+                problem = "its digest does not match its content: it was edited or cut short"
+            elif differ:
+                problem = (
+                    f"it holds another job's rows (its {', '.join(differ)} differ from this job's)"
+                )
+        rows = value.get("rows")
+    else:
+        rows, problem = value, runs.mismatch(value, [ROW])
+    problem = problem or _rows_problem(rows, job, cfg)
+    if problem is not None:
+        raise runs.damaged(path, problem, fix)
+    return rows
+
+
+def _rows_problem(rows: list[dict[str, Any]], job: Job, cfg: SequenceConfig) -> str | None:
+    """Why ``rows`` (each of the shape :data:`ROW`) are not ``job``'s, or None."""
+    if not rows:
+        return "it holds no rows"
+    want = [(m.name, s) for m in job.methods for s in sizes_of(cfg, job.task)]
+    for i, r in enumerate(rows):
+        if (r["task"], r["seed"]) != (job.task, job.seed):
+            return (f"row {i} is of {r['task']} seed {r['seed']}, not of this job's "
+                    f"{job.task} seed {job.seed}: another job's rows")  # fmt: skip
+        if i >= len(want) or (r["method"], r["size"]) != want[i]:
+            expected = f"{want[i][0]} at size {want[i][1]}" if i < len(want) else "no row"
+            return (f"row {i} is {r['method']} at size {r['size']} where this job has "
+                    f"{expected}: another job's rows")  # fmt: skip
+        problem = _row_problem(r, cfg)
+        if problem is not None:
+            return problem.replace("row", f"row {i}", 1)
+    if len(rows) < len(want):
+        return f"it has no row for {want[len(rows)][0]} at size {want[len(rows)][1]}"
+    return None
+
+
+def _row_problem(r: dict[str, Any], cfg: SequenceConfig) -> str | None:
+    """Why one row's numbers cannot be a measurement of this budget, or None."""
+    if not (math.isfinite(r["acc"]) and 0 <= r["acc"] <= 1):
+        return f"row has acc {r['acc']}, not an accuracy in [0, 1]"
+    if r["skipped"]:  # the stopping rule's: no sequences, counted as 0
+        return None if r["acc"] == 0 and r["sets"] == 0 else "row is skipped but has a measurement"
+    if not (math.isfinite(r["token_acc"]) and 0 <= r["token_acc"] <= 1):
+        return f"row has token_acc {r['token_acc']}, not an accuracy in [0, 1]"
+    if not 1 <= r["sets"] <= cfg.eval_sets:
+        return f"row counts {r['sets']} test sequences where this budget draws 1-{cfg.eval_sets}"
+    return None
 
 
 def _eval_name(cfg: SequenceConfig, size: int) -> str:
@@ -561,23 +697,31 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
     # together
     groups = sorted(recipes.values(), key=lambda g: -SLOW.get(g[0].train, 1.0))
     out = []
-    root = cfg.models or root
     for name in cfg.tasks:
         task(name)  # unknown task: one sentence before any work
         for group in groups:
             for s in range(cfg.seeds):
-                out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict()))
+                out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict(),
+                               cfg.models))  # fmt: skip
     # tasks with more steps first (a stable sort keeps the order above within a budget)
     return sorted(out, key=lambda j: -steps_of(cfg, j.task))
 
 
-def check_models(cfg: SequenceConfig, experiment: str) -> None:
+def check_models(cfg: SequenceConfig, experiment: str, todo: list[Job] = (),
+                 out: str | Path | None = None) -> None:  # fmt: skip
     """With ``cfg.models``: that folder is a run of ``experiment`` trained as ``cfg`` would
-    train (:data:`IDENTITY`), else one sentence."""
+    train (:data:`IDENTITY`), other than ``out``, and holds a trained model for every job of
+    ``todo`` that has no rows in ``out`` yet (or, a record without its weights, that job's rows);
+    else one sentence naming what is missing. It is only read: nothing is written there."""
     if cfg.models is None:
         return
     from .runner import read_config
 
+    if out is not None and Path(out).resolve() == Path(cfg.models).resolve():
+        raise ValueError(
+            f"--models-from names the run folder itself ({cfg.models}); give another --out, or "
+            "no --models-from to train and evaluate in this folder."
+        )
     stored = read_config(cfg.models, experiment)
     mine = cfg.to_dict()
     differ = [k for k in IDENTITY if k in stored and stored[k] != mine[k]]
@@ -586,6 +730,21 @@ def check_models(cfg: SequenceConfig, experiment: str) -> None:
         raise ValueError(
             f"{cfg.models} trained its models with other settings ({detail}): give the same "
             "profile and options, or no --models-from."
+        )
+    missing: dict[tuple[str, str], list[int]] = {}
+    for j in todo:
+        final, rows = j.model_folder / runner.TRAINING_FILES[0], rows_file(j, cfg)
+        if not (final.is_file() or rows.is_file() or (j.model_folder / rows.name).is_file()):
+            what = (j.task, ", ".join(m.name for m in j.methods))
+            missing.setdefault(what, []).append(j.seed)
+    if missing:
+        detail = "; ".join(
+            f"{names} on {name} (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))})"
+            for (name, names), seeds in missing.items()
+        )
+        raise ValueError(
+            f"{cfg.models} has no trained model for {detail}: train them there first (the same "
+            f"command with --out {cfg.models}), or leave them out of the tasks, methods and seeds."
         )
 
 
@@ -601,7 +760,7 @@ def sweep(
     from .sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
-    check_models(cfg, experiment)
+    check_models(cfg, experiment, todo, out)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's
     results = run_jobs(run_job_or_failure, todo, workers=cfg.workers, ray=ray, progress=_overall(

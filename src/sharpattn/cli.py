@@ -530,6 +530,7 @@ def _size_range(ctx, param, value):
 @reproduce.command("backcopy-study", short_help="Bigram-Backcopy one-factor studies.")
 @click.argument(
     "study",
+    metavar="STUDY",
     type=click.Choice(["relu-peak", "sgd", "fig7b", "no-bos", "structures", "simplified"]),
 )
 @seeds_option("Seeds per variant (default: the study's own; simplified: 1).")
@@ -789,8 +790,8 @@ def _run(argv) -> int:
         return 130
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        click.echo(f"sharpattn: error: {e.format_message()}", err=True)
+    except click.ClickException as e:  # click's own messages may span lines: one line
+        click.echo(f"sharpattn: error: {' '.join(e.format_message().split())}", err=True)
         return 2
     except WorkerDied as e:  # the out-of-memory killer, kill -9: finished jobs are on disk
         click.echo(

@@ -95,6 +95,21 @@ def test_damaged_run_json_names_the_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "content, needle", [("[]", "a list, not an object"), ('{"a": 1}', "no 'experiment'")]
+)
+def test_a_config_json_of_another_shape_is_named(content, needle, capsys, tmp_path):
+    (tmp_path / "config.json").write_text(content)
+    for argv in (["reproduce", "max-retrieval", "--out"], ["fit-temperature"]):
+        assert main([*argv, str(tmp_path)]) == 2
+        one_sentence(capsys, str(tmp_path / "config.json"), needle)
+
+
+def test_a_missing_study_is_one_sentence(capsys):
+    assert main(["reproduce", "backcopy-study"]) == 2
+    one_sentence(capsys, "STUDY", "structures")
+
+
+@pytest.mark.parametrize(
     "argv, needle",
     [
         (["demo", "--seed", str(2**70)], "--seed"),
@@ -228,12 +243,16 @@ def test_workers_die_with_their_parent(sig, code, tmp_path):
     parent-death signal)."""
     proc, kids = _start_workers(tmp_path)
     proc.send_signal(sig)
-    proc.communicate(timeout=30)  # the parent itself stops promptly
+    proc.wait(timeout=30)  # the parent itself stops promptly
     assert proc.returncode == code
     deadline = time.monotonic() + 15
     while _alive(kids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(kids), "worker processes outlived their parent"
+    # stderr closes once every process that holds it is gone; multiprocessing's resource
+    # tracker, which cleans up after a kill -9, does so without a "leaked semaphore" warning
+    err = proc.communicate(timeout=30)[1]
+    assert "leaked" not in err, err
 
 
 # ---------------------------------------------------------------- empty selections

@@ -279,9 +279,10 @@ class RunFolder:
         record = {"experiment": experiment, **_jsonable(config)}
         path = self.path / "config.json"
         if path.is_file():
-            old = read_json(path, fix="restore it from a backup, or use another --out")
-            if not isinstance(old, dict) or old.get("experiment") != experiment:
-                found = old.get("experiment") if isinstance(old, dict) else None
+            old = read_json(path, {"experiment": str},
+                            fix="restore it from a backup, or use another --out")  # fmt: skip
+            if old["experiment"] != experiment:
+                found = old["experiment"]
                 raise ValueError(
                     f"{self.path} holds a {found or 'different'} run, not a {experiment} run; "
                     "use another --out."
@@ -338,8 +339,8 @@ def read_config(out: str | Path, experiment: str) -> dict[str, Any]:
     path = Path(out) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{out} is not a {experiment} run folder (no config.json).")
-    data = read_json(path, fix="restore it from a backup, or name another run folder")
-    if not isinstance(data, dict) or data.pop("experiment", None) != experiment:
+    data = read_json(path, {"experiment": str}, fix="restore it from a backup, or name another run folder")  # fmt: skip
+    if data.pop("experiment") != experiment:
         raise ValueError(f"{out} is not a {experiment} run folder (its config.json is another's).")
     return data
 

@@ -191,12 +191,32 @@ def _interrupt_once(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the process that removes the pool's semaphores
+    once every user of them is gone) told to do so silently: after a ``kill -9`` of this
+    process it would print "There appear to be N leaked semaphore objects" at the end of a
+    run it has cleaned up properly."""
+    from multiprocessing import resource_tracker
+
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{before},{quiet}" if before else quiet
+    try:
+        resource_tracker.ensure_running()  # it reads PYTHONWARNINGS once, as it starts
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | None) -> list:
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
     from multiprocessing.managers import SyncManager
 
     ctx = mp.get_context("spawn")
+    _quiet_resource_tracker()
     manager = None
     queue = None
     if progress is not None:

@@ -94,14 +94,12 @@ def test_damaged_run_json_names_the_file(capsys, tmp_path):
     one_sentence(capsys, str(run / "config.json"), "not valid JSON")
 
 
-@pytest.mark.parametrize(
-    "content, needle", [("[]", "a list, not an object"), ('{"a": 1}', "no 'experiment'")]
-)
-def test_a_config_json_of_another_shape_is_named(content, needle, capsys, tmp_path):
+@pytest.mark.parametrize("content", ["[]", "3", '"text"'])
+def test_a_config_json_of_another_shape_is_named(content, capsys, tmp_path):
     (tmp_path / "config.json").write_text(content)
     for argv in (["reproduce", "max-retrieval", "--out"], ["fit-temperature"]):
         assert main([*argv, str(tmp_path)]) == 2
-        one_sentence(capsys, str(tmp_path / "config.json"), needle)
+        one_sentence(capsys, str(tmp_path / "config.json"), "damaged", "not an object")
 
 
 def test_a_missing_study_is_one_sentence(capsys):

@@ -328,7 +328,7 @@ def _damage(case: str, mine: dict, other: dict):
 
 DAMAGE = {"empty": "holds no rows", "empty record": "holds no rows", "empty row": "has no 'task'",
           "another job's record": "another job's rows", "another job's rows": "another job's rows",
-          "nan acc": "acc nan", "nan acc, resealed": "acc nan", "acc x": "not a float",
+          "nan acc": "acc nan", "nan acc, resealed": "acc nan", "acc x": "not a number",
           "acc above 1": "acc 1.5", "a row missing": "no row for softmax",
           "digest": "digest does not match", "not a list": "has no 'job'"}  # fmt: skip
 

@@ -279,10 +279,9 @@ class RunFolder:
         record = {"experiment": experiment, **_jsonable(config)}
         path = self.path / "config.json"
         if path.is_file():
-            old = read_json(path, {"experiment": str},
-                            fix="restore it from a backup, or use another --out")  # fmt: skip
-            if old["experiment"] != experiment:
-                found = old["experiment"]
+            old = read_json(path, dict, fix="restore it from a backup, or use another --out")
+            if old.get("experiment") != experiment:
+                found = old.get("experiment")
                 raise ValueError(
                     f"{self.path} holds a {found or 'different'} run, not a {experiment} run; "
                     "use another --out."
@@ -339,8 +338,8 @@ def read_config(out: str | Path, experiment: str) -> dict[str, Any]:
     path = Path(out) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{out} is not a {experiment} run folder (no config.json).")
-    data = read_json(path, {"experiment": str}, fix="restore it from a backup, or name another run folder")  # fmt: skip
-    if data.pop("experiment") != experiment:
+    data = read_json(path, dict, fix="restore it from a backup, or name another run folder")
+    if data.pop("experiment", None) != experiment:
         raise ValueError(f"{out} is not a {experiment} run folder (its config.json is another's).")
     return data
 

@@ -109,13 +109,16 @@ def mismatch(value: Any, shape: Any, where: str = "") -> str | None:
     ok = isinstance(value, shape) and not (isinstance(value, bool) and shape is not bool)
     if shape is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return None if ok else _expected(value, f"a {shape.__name__}", where)
+    return None if ok else _expected(value, _JSON_NAMES.get(shape, f"a {shape.__name__}"), where)
+
+
+#: Python types by their names in JSON, for the messages
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+               int: "an integer", float: "a number"}  # fmt: skip
 
 
 def _expected(value: Any, what: str, where: str) -> str:
-    found = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), "null" if value is None else f"a {type(value).__name__}"
-    )
+    found = _JSON_NAMES.get(type(value), "null" if value is None else f"a {type(value).__name__}")
     return f"{where or 'it'} is {found}, not {what}"
 
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from sharpattn.attention import adaptive_tiled, attend, compiled
-from sharpattn.attention.fast import FAST as FUSED
+from sharpattn.attention.fast import path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.sparse_tiled import block_rows
 from sharpattn.attention.tiles import Grid, Slabs
@@ -125,7 +125,7 @@ def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):
         return gemm_floor(name, q, k, v, causal)
     if kind == "fn":
         masking = Masking.build(None, causal, q.shape[2], k.shape[2], q.device)
-        return lambda: FUSED[name](q, k, v, masking, D**-0.5, False)[0]
+        return lambda: path_of(get(name))(q, k, v, masking, D**-0.5, False)[0]
     method, params = method_case(kind)
     return lambda: attend(
         q, k, v, method, causal=causal, impl=name, block_size=block_size, **params

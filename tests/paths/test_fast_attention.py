@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from precision import assert_close
-from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask
+from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask, functional
 from sharpattn.attention import fused as fused_mod
 from sharpattn.attention.fast import FAST as FUSED
+from sharpattn.attention.fast import path_of
 from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.selective import query_positions
@@ -244,9 +245,11 @@ def test_auto_picks_fused_when_the_method_has_it(method, monkeypatch):
     entry = get(method)
     q, k, v = make_qkv(b=1, h=2, hkv=2, lq=4, lk=5)
     calls = []
-    if entry.fused:
-        real = FUSED[entry.fused]
-        monkeypatch.setitem(FUSED, entry.fused, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = path_of(entry)
+    assert (real is not None) == (entry.fused is not None)
+    if real is not None:
+        spy = lambda *a, **kw: calls.append(1) or real(*a, **kw)  # noqa: E731
+        monkeypatch.setattr(functional, "path_of", lambda e: spy if e is entry else path_of(e))
     attend(q, k, v, method, causal=method == "stick_breaking")  # stick-breaking is causal only
     assert bool(calls) == (entry.fused is not None)
 
@@ -395,7 +398,7 @@ def test_value_size_differs_from_key_size():
 
 def _run_fused(name, q, k, v, mask, causal, **params):
     masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
-    out, _ = FUSED[name](q, k, v, masking, 1 / math.sqrt(q.shape[-1]), False, **params)
+    out, _ = path_of(get(name))(q, k, v, masking, 1 / math.sqrt(q.shape[-1]), False, **params)
     inputs = [q, k, v, *(p for p in params.values() if torch.is_tensor(p))]
     grads = torch.autograd.grad(out.square().sum(), inputs)
     return [out.detach(), *grads]
@@ -780,7 +783,7 @@ NP_QUERY_SCALINGS = {
 def test_llama4_and_qwen_scalings_match_numpy_on_every_path(method, case):
     q, k, v, mask, causal = case_inputs(case, gain=2.0)
     params, beta = NP_QUERY_SCALINGS[method]
-    assert get(method).fused == method  # auto takes the fused path: O(n) memory
+    assert path_of(get(method)) is not None  # auto takes the fused path: O(n) memory
     s = np_scores(q, k, 1 / math.sqrt(q.shape[-1]))
     allowed = np_allowed(s.shape, mask, causal)
     n = allowed.sum(-1, keepdims=True).astype(np.float64)

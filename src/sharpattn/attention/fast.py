@@ -1,20 +1,45 @@
-"""Every O(n)-memory fast path by the name a registry entry gives in ``Normalizer.fused``.
+"""Every O(n)-memory fast path, found from a registry entry by :func:`path_of`.
 
 Each takes ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output,
 AttentionStats | None)``; :func:`~sharpattn.attention.attend` runs it for ``impl="fused"`` and
-``impl="auto"``. The softmax family rides torch's flash kernel (:mod:`.fused`); the other
-normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backward.
+``impl="auto"``. A method that declares a family (:mod:`sharpattn.normalizers.families`) runs
+that family's path with its hooks: the row-scaled softmax family rides torch's flash kernel
+(:func:`.fused.row_scaled`), the element-wise family walks key tiles (:func:`.tiled.elementwise`,
+or a built-in kernel it names). The other methods name a path of :data:`FAST`: the softmax
+family's sink and adaptive temperature (:mod:`.fused`), and the normalizers that walk tiles of
+the score matrix (:mod:`.tiles`) with their own backward.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from ..normalizers import Normalizer
+from ..normalizers.families import Elementwise, RowScaled
 from .adaptive_tiled import adaptive
-from .fused import FUSED
+from .fused import FUSED, row_scaled
 from .sparse_tiled import SPARSE_TILED
 from .stick_tiled import STICK
-from .tiled import TILED
+from .tiled import TILED, elementwise
 
+#: the built-in fast paths by the name a registry entry gives in ``Normalizer.fused``
 FAST = {**FUSED, **TILED}
 FAST.update(STICK)
 FAST.update(SPARSE_TILED)
 FAST["adaptive"] = adaptive  # slabs where they run, else fused.adaptive
+
+#: the family runners: ``runner(family, q, k, v, masking, scale, want_stats, **params)``
+FAMILY_PATHS = {RowScaled.path: row_scaled, Elementwise.path: elementwise}
+
+
+def path_of(entry: Normalizer) -> Callable | None:
+    """The fast path of a registry entry, or None when it has none: its family's runner bound to
+    its family, else the built-in path its ``fused`` names. An element-wise family that names a
+    built-in kernel (``sigmoid``, ``relu``) takes that method's own path."""
+    family = entry.family
+    if isinstance(family, Elementwise) and family.kernel is not None:
+        return FAST.get(family.kernel)
+    if family is not None and family.path in FAMILY_PATHS:
+        return functools.partial(FAMILY_PATHS[family.path], family)
+    return FAST.get(entry.fused) if entry.fused is not None else None

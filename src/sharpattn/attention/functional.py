@@ -13,7 +13,7 @@ from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
 from ..normalizers.registry import CHECK_FINITE
 from .chunked import chunked_attend
-from .fast import FAST
+from .fast import FAST, path_of
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
 
@@ -148,7 +148,8 @@ def attend(
     stats])``.
     """
     entry = get(method)
-    if entry.fused is not None and entry.fused not in FAST:  # a registered entry's own mistake
+    fast = path_of(entry)
+    if entry.fused is not None and fast is None:  # a registered entry's own mistake
         raise ValueError(
             f"method {entry.name!r} names the fused path {entry.fused!r}, which does not exist; "
             f"the fused paths: {', '.join(sorted(FAST))}."
@@ -195,7 +196,7 @@ def attend(
         else:
             full = {p.name: p.default for p in entry.params}
             full.update(params)
-            out, stats = FAST[entry.fused](q, k, v, masking, scale, return_stats, **full)
+            out, stats = fast(q, k, v, masking, scale, return_stats, **full)
             if check_finite and not math.isfinite(_max_abs(out)):
                 # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
                 # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which

@@ -36,12 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from ..normalizers._contract import compute_dtype, log_n
-from ..normalizers.scaled import (
-    length_scaled_beta,
-    llama4_beta,
-    logn_beta,
-    ssmax_beta,
-)
 from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from . import native
 from .chunked import chunked_softmax_attention
@@ -339,41 +333,18 @@ def _stats(q: Tensor, masking: Masking, **fields) -> AttentionStats:
     return row_stats(q.shape[:3], masking.visible_keys(), **fields)
 
 
-def softmax_temperature(q, k, v, masking, scale, want_stats, *, temperature=1.0):
-    """softmax_θ: softmax(s/θ) = query scaling by 1/θ (θ a float or per-head tensor)."""
-    return query_scaled(q, k, v, masking, scale, 1.0 / temperature, want_stats)
+def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
+    """The fast path of a :class:`~sharpattn.normalizers.families.RowScaled` method:
+    softmax(β_i·s_ij) with β = ``family.beta(n, **params)`` of the rows' visible keys n, folded
+    into the rows of q (one fused call)."""
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+    return query_scaled(q, k, v, masking, scale, family.beta(n, **params), want_stats)
 
 
 def _log_visible(masking: Masking, q: Tensor) -> Tensor:
     """log n_i in q's compute dtype, n_i >= 1 (rows with no visible key give output 0 whatever
     their factor)."""
     return log_n(masking.visible_keys(dtype=compute_dtype(q.dtype)))
-
-
-def ssmax(q, k, v, masking, scale, want_stats, *, s=0.43):
-    """Scalable-Softmax (Nakanishi 2025): softmax(s·log(n)·scores), n = visible keys of the row."""
-    beta = ssmax_beta(_log_visible(masking, q), s)
-    return query_scaled(q, k, v, masking, scale, beta, want_stats)
-
-
-def length_scaled(q, k, v, masking, scale, want_stats, *, c=0.0):
-    """softmax((1 + c·log n)·scores), n = visible keys of the row (c = 0 is softmax)."""
-    beta = length_scaled_beta(_log_visible(masking, q), c)
-    return query_scaled(q, k, v, masking, scale, beta, want_stats)
-
-
-def llama4_temperature(q, k, v, masking, scale, want_stats, *, floor_scale=8192, attn_scale=0.1):
-    """Llama 4's temperature tuning: softmax(β(n)·scores), β(n) = 1 + a·log(1 + ⌊n / F⌋)."""
-    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    return query_scaled(
-        q, k, v, masking, scale, llama4_beta(n, floor_scale, attn_scale), want_stats
-    )
-
-
-def logn(q, k, v, masking, scale, want_stats, *, train_length=2048):
-    """Qwen's log-n scaling: softmax(max(1, log n / log L)·scores)."""
-    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    return query_scaled(q, k, v, masking, scale, logn_beta(n, train_length), want_stats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,14 +502,10 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
     return out, _stats(q, masking, entropy=ent, mass=w, lse=lse)
 
 
-#: Fused implementations by registry ``fused`` name. Each takes
+#: Fused implementations by registry ``fused`` name (the row-scaled family's is
+#: :func:`row_scaled`, bound to each method's family by ``fast.path_of``). Each takes
 #: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
 FUSED = {
-    "sdpa": softmax_temperature,
     "adaptive": adaptive,
-    "ssmax": ssmax,
-    "length_scaled": length_scaled,
-    "llama4_temperature": llama4_temperature,
-    "logn": logn,
     "sink": sink,
 }

@@ -199,6 +199,29 @@ class _Softpick(_Kernel):
         return ds, dd.relu_().div_(z)
 
 
+class _Family(_Kernel):
+    """A user's element-wise map (:class:`~sharpattn.normalizers.families.Elementwise`): w =
+    f(s, r) on each tile, its derivatives in s and r by autograd on the tile (no loops)."""
+
+    def __init__(self, family, **params):
+        super().__init__(**family.constants_of(params))
+        self.family = family
+
+    def weights(self, s, row, mask):
+        return _masked_(self.family.f(s, row, **self.params), mask)
+
+    def grad(self, s, dp, row, mask):
+        """(dL/ds, w, dL/dr per row): r expanded to one value per row of the tile."""
+        with torch.enable_grad():
+            s1 = s.detach().requires_grad_()
+            r1 = row.detach().expand(*s.shape[:-1], 1).clone().requires_grad_()
+            w = self.family.f(s1, r1, **self.params)
+            ds, dr = torch.autograd.grad(w, (s1, r1), _masked_(dp, mask), allow_unused=True)
+        ds = torch.zeros_like(s) if ds is None else ds
+        dr = torch.zeros_like(r1) if dr is None else dr
+        return ds, _masked_(w.detach(), mask), dr
+
+
 KERNELS = {
     "sigmoid": _Sigmoid,
     "relu": _Relu,
@@ -298,6 +321,7 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
             vt = grid.v[..., t.c0 : t.c1, :]
             dp = grid.heads(grid.product(gb, vt.transpose(-2, -1), "dp"))  # dO_i·v_j
             ends = grid.prefix(t) if loops else None
+            dr = ()
             if loops and not kernel.normalised and native.usable(ends, t.masked, s, dp, rn):
                 name, p, _ = kernel.native_args()  # one loop per row
                 ds, w = native.elementwise_backward(name, p, s, ends, dp, rn)
@@ -311,11 +335,11 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
                 s = _masked_(s, keep)
                 if kernel.normalised:
                     ds, w = kernel.grad(s, dp, mb, keep, db, zb)
-                else:
-                    ds, w = kernel.grad(s, dp, rb, keep)
+                else:  # a user's map also gives dL/dr; the built-in ones' r is a shift of s
+                    ds, w, *dr = kernel.grad(s, dp, rb, keep)
                 ds = _masked_(ds, keep)
             if want_row:
-                drow[..., r0:r1, :] += ds.sum(-1, keepdim=True)
+                drow[..., r0:r1, :] += dr[0] if dr else ds.sum(-1, keepdim=True)
             ds5, w5 = grid.grouped(ds), grid.grouped(w)
             kt = grid.k[..., t.c0 : t.c1, :]
             dqb.add_(torch.matmul(ds5, kt), alpha=grid.scale)
@@ -393,7 +417,7 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
 
 
 def tiled_attention(
-    name: str,
+    name: str | _Kernel,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -404,9 +428,10 @@ def tiled_attention(
     blocks: tuple[int | None, int | None] = (None, None),
     **params,
 ) -> tuple[Tensor, AttentionStats | None]:
-    """Attention with kernel ``name`` over tiles; ``row`` a per-row tensor ``[B|1, H|1, Lq|1,
-    1]`` the kernel reads (sigmoid's bias, relu's n), differentiable."""
-    kernel = KERNELS[name](**params)
+    """Attention with kernel ``name`` (a name of :data:`KERNELS`, or a kernel) over tiles; ``row``
+    a per-row tensor ``[B|1, H|1, Lq|1, 1]`` the kernel reads (sigmoid's bias, relu's n),
+    differentiable."""
+    kernel = KERNELS[name](**params) if isinstance(name, str) else name
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
     out = _TiledAttention.apply(q, k, v, row, kernel, masking, scale, blocks)
@@ -423,6 +448,15 @@ def tiled_attention(
 
 # ---------------------------------------------------------------------------------------------
 # The registry's fast paths
+
+
+def elementwise(family, q, k, v, masking, scale, want_stats, *, blocks=None, **params):
+    """The fast path of a user's :class:`~sharpattn.normalizers.families.Elementwise` method:
+    w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
+    n = masking.visible_keys(dtype=_rows(0.0, q).dtype)
+    row = _rows(family.row(n, **params), q)
+    kernel = _Family(family, **params)
+    return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
 
 
 def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=True, blocks=None):

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import families
 from ._contract import normalizer as contract_guard
 
 KINDS = ("real", "int", "bool", "choice", "any")
@@ -201,10 +202,20 @@ class Normalizer:
     citation: str
     sums_to_one: bool
     params: tuple[Param, ...] = field(default_factory=tuple)
-    fused: str | None = None  # the fused attention path that exists for it, if any
+    #: the fast path (O(n) memory) that exists for it, by name: its family's (``family.path``)
+    #: when it declares one, else a built-in path of ``sharpattn.attention.fast.FAST``
+    fused: str | None = None
     #: learnable parameters that MultiheadAttention also makes a linear function of the query's
     #: input: p_{h,i} = p_h + w_h·x_i, per head h and query i (w initialised to 0)
     query_dependent: tuple[str, ...] = ()
+    #: its maths in the form the fast paths need (:mod:`.families`): a method that declares one
+    #: gets that family's fast path, whoever registers it
+    family: Any = None
+
+    def __post_init__(self):
+        if self.family is not None and self.fused is None:
+            path = getattr(self.family, "path", None)  # validate() refuses anything else
+            object.__setattr__(self, "fused", path if isinstance(path, str) else None)
 
     @property
     def learnable(self) -> tuple[Param, ...]:
@@ -269,6 +280,8 @@ class Normalizer:
             raise ValueError(
                 f"{what}: fused must be None or a fast path's name, got {self.fused!r}."
             )
+        if self.family is not None:
+            families.check(self.family, self.name, tuple(seen), tuple(learnable))
 
     def _validate_default(self, p: Param) -> None:
         what = f"method {self.name!r}"
@@ -330,11 +343,13 @@ def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"a normalizer named {entry.name!r} is already registered.")
     guarded = contract_guard(entry.fn)  # the contract's guards (empty input), for every method
+    # a family's hooks take every parameter: the defaults of those a call leaves out
+    defaults = {p.name: p.default for p in entry.params} if entry.family is not None else {}
 
     @functools.wraps(guarded)
     def checked(scores, mask=None, *args, **params):
         entry.check_params(params, check_values=params.get("check_finite", True) is not False)
-        return guarded(scores, mask, *args, **params)
+        return guarded(scores, mask, *args, **{**defaults, **params})
 
     entry = replace_field(entry, fn=checked)
     _REGISTRY[entry.name] = entry

@@ -4,8 +4,8 @@ query scalings of Llama 4 and Qwen).
 
 "n" is the number of allowed keys of the row (:func:`._contract.visible_keys`); under a causal
 mask without padding it is the query's position + 1, the quantity the model codes below use.
-Every β here is a per-row factor on the scores, so the fused attention path multiplies the rows of
-q by it (:mod:`sharpattn.attention.fused`), calling the same β function.
+Every β here is a per-row factor on the scores: each method is a :class:`~.families.RowScaled`
+family, whose fast path multiplies the rows of q by the same β function.
 """
 
 from __future__ import annotations
@@ -14,15 +14,8 @@ import math
 
 import torch
 
-from ._contract import (
-    finish,
-    log_n,
-    masked_softmax,
-    nonnegative,
-    normalizer,
-    prepare,
-    visible_keys,
-)
+from ._contract import log_n, nonnegative, normalizer
+from .families import RowScaled
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -55,6 +48,29 @@ def length_scaled_beta(log_n: Tensor, c: float | Tensor) -> Tensor:
     return 1.0 + nonnegative(c, "c") * log_n
 
 
+# The family hooks: β of a row from its visible keys n and the method's parameters
+def _ssmax_rows(n: Tensor, s: float | Tensor = 0.43, **_) -> Tensor:
+    return ssmax_beta(log_n(n), s)
+
+
+def _length_scaled_rows(n: Tensor, c: float | Tensor = 0.0, **_) -> Tensor:
+    return length_scaled_beta(log_n(n), c)
+
+
+def _llama4_rows(n: Tensor, floor_scale: float = 8192, attn_scale: float = 0.1, **_) -> Tensor:
+    return llama4_beta(n, floor_scale, attn_scale)
+
+
+def _logn_rows(n: Tensor, train_length: float = 2048, **_) -> Tensor:
+    return logn_beta(n, train_length)
+
+
+SSMAX = RowScaled(_ssmax_rows)
+LENGTH_SCALED = RowScaled(_length_scaled_rows)
+LLAMA4 = RowScaled(_llama4_rows)
+LOGN = RowScaled(_logn_rows)
+
+
 @normalizer
 def ssmax(
     scores: Tensor,
@@ -69,9 +85,7 @@ def ssmax(
     the value reported for SSMax). Any real ``s`` is accepted (s < 0 reverses the ranking; s = 0
     is uniform). A row with one key (n = 1, log n = 0) puts weight 1 on it.
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    beta = ssmax_beta(log_n(visible_keys(allowed, dtype=x.dtype)), s)  # (..., Lq, 1)
-    return finish(masked_softmax(x, allowed, beta), scores)
+    return SSMAX.weights(scores, mask, check_finite=check_finite, s=s)
 
 
 @normalizer
@@ -89,9 +103,7 @@ def length_scaled(
     be >= 0; a tensor ``c`` (the learnable per-head parameter) is clamped at 0 with a
     straight-through gradient (see :func:`._contract.nonnegative`).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    beta = length_scaled_beta(log_n(visible_keys(allowed, dtype=x.dtype)), c)  # (..., Lq, 1)
-    return finish(masked_softmax(x, allowed, beta), scores)
+    return LENGTH_SCALED.weights(scores, mask, check_finite=check_finite, c=c)
 
 
 @normalizer
@@ -113,9 +125,8 @@ def llama4_temperature(
     it is n, the row's allowed keys, which is the same under a causal mask without padding.
     β = 1 for n < floor_scale: the method is softmax up to 8192 keys by default.
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    beta = llama4_beta(visible_keys(allowed, dtype=x.dtype), floor_scale, attn_scale)
-    return finish(masked_softmax(x, allowed, beta), scores)
+    return LLAMA4.weights(scores, mask, check_finite=check_finite, floor_scale=floor_scale,
+                          attn_scale=attn_scale)  # fmt: skip
 
 
 @normalizer
@@ -137,9 +148,7 @@ def logn(
     changes nothing for rows with n <= L. n is the row's allowed keys (= p + 1 under a causal mask
     without padding).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    beta = logn_beta(visible_keys(allowed, dtype=x.dtype), train_length)
-    return finish(masked_softmax(x, allowed, beta), scores)
+    return LOGN.weights(scores, mask, check_finite=check_finite, train_length=train_length)
 
 
 ssmax = register(
@@ -150,7 +159,7 @@ ssmax = register(
         citation="Nakanishi 2025, Scalable-Softmax Is Superior for Attention",
         sums_to_one=True,
         params=(Param("s", 0.43, "scaling parameter s (0.43 reported for SSMax)", learnable=True),),
-        fused="ssmax",
+        family=SSMAX,
     )
 ).fn
 length_scaled = register(
@@ -170,7 +179,7 @@ length_scaled = register(
                 clamped=True,
             ),
         ),
-        fused="length_scaled",
+        family=LENGTH_SCALED,
     )
 ).fn
 llama4_temperature = register(
@@ -190,7 +199,7 @@ llama4_temperature = register(
             ),
             Param("attn_scale", 0.1, "a: strength of the temperature (0.1 in Llama 4)"),
         ),
-        fused="llama4_temperature",
+        family=LLAMA4,
     )
 ).fn
 logn = register(
@@ -209,6 +218,6 @@ logn = register(
                 low_open=True,
             ),
         ),
-        fused="logn",
+        family=LOGN,
     )
 ).fn

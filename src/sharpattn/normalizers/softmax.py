@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ._contract import finish, masked_softmax, normalizer, prepare
+from .families import RowScaled
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
@@ -43,8 +44,15 @@ def softmax(
     or 1e-39, whose 1/θ is beyond float32) gives the arg-max limit, one-hot with ties shared,
     and θ = inf the uniform row; never NaN.
     """
-    s, allowed = prepare(scores, mask, check_finite)
-    return finish(masked_softmax(s, allowed, 1.0 / temperature), scores)
+    return SOFTMAX.weights(scores, mask, check_finite=check_finite, temperature=temperature)
+
+
+def _inverse_temperature(n: Tensor, temperature: float | Tensor = 1.0, **_) -> float | Tensor:
+    """softmax_θ's β = 1/θ, the same for every row."""
+    return 1.0 / temperature
+
+
+SOFTMAX = RowScaled(_inverse_temperature)
 
 
 def resolve_coefficients(coefficients: str | Sequence[float] | Path) -> tuple[float, ...]:
@@ -188,7 +196,7 @@ softmax = register(
                 tensor=True,
             ),
         ),
-        fused="sdpa",
+        family=SOFTMAX,
     )
 ).fn
 adaptive = register(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_n, normalizer, prepare, visible_keys
+from ._contract import log_n, normalizer
+from .families import Elementwise
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -28,9 +29,20 @@ def sigmoid(
     Sigmoid attention (Ramapuram et al. 2024) recommends b = −log n; ``bias`` is an offset on
     top of it, learnable per head in :class:`MultiheadAttention`. Unnormalised.
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    b = bias - log_n(visible_keys(allowed, dtype=x.dtype)) if subtract_log_n else bias
-    return finish(torch.sigmoid(x + b).masked_fill(~allowed, 0.0), scores)
+    return SIGMOID.weights(scores, mask, check_finite=check_finite, bias=bias,
+                           subtract_log_n=subtract_log_n)  # fmt: skip
+
+
+def _sigmoid_f(s: Tensor, r) -> Tensor:
+    return torch.sigmoid(s + r)
+
+
+def _sigmoid_row(n: Tensor, bias: float | Tensor = 0.0, subtract_log_n: bool = True, **_):
+    """sigmoid's shift of a row: b = bias − log n (or bias)."""
+    return bias - log_n(n) if subtract_log_n else bias
+
+
+SIGMOID = Elementwise(_sigmoid_f, _sigmoid_row, kernel="sigmoid")
 
 
 @normalizer
@@ -49,18 +61,29 @@ def relu(
     ReLU(1000)² in float16) can not be represented, and raises ``ValueError`` (unless
     ``check_finite=False``, which returns inf there).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    n = visible_keys(allowed, dtype=x.dtype).clamp_min(1.0)
-    w = finish((torch.relu(x) ** p / n).masked_fill(~allowed, 0.0), scores)
+    w = RELU.weights(scores, mask, check_finite=check_finite, p=p)
     if check_finite and p != 1:
         bad = ~torch.isfinite(w)
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
             raise ValueError(
                 f"relu weights overflow {w.dtype} at position {where}: ReLU(s)^{p:g} of the score "
-                f"{float(x[where]):.3g} is too large; scale the scores down or use a smaller p."
+                f"{float(scores[where]):.3g} is too large; scale the scores down or use a smaller "
+                "p."
             )
     return w
+
+
+def _relu_f(s: Tensor, r, p: float = 1.0) -> Tensor:
+    return torch.relu(s) ** p / r
+
+
+def _relu_row(n: Tensor, **_) -> Tensor:
+    """relu's divisor of a row: its visible keys n (at least 1)."""
+    return n.clamp_min(1.0)
+
+
+RELU = Elementwise(_relu_f, _relu_row, constants=("p",), kernel="relu")
 
 
 sigmoid = register(
@@ -71,6 +94,7 @@ sigmoid = register(
         citation="Ramapuram et al. 2024, Theory, Analysis, and Best Practices for Sigmoid Self-Attention",
         sums_to_one=False,
         fused="sigmoid",
+        family=SIGMOID,
         params=(
             Param("bias", 0.0, "offset b added to −log n", learnable=True),
             Param("subtract_log_n", True, "include −log n in the bias"),
@@ -85,6 +109,7 @@ relu = register(
         citation="Guo et al. 2024, Active-Dormant Attention Heads",
         sums_to_one=False,
         fused="relu",
+        family=RELU,
         params=(Param("p", 1.0, "power p >= 1", low=1.0),),
     )
 ).fn

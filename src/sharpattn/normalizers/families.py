@@ -1,0 +1,119 @@
+"""Families: a normalizer's maths in the form its fast paths need.
+
+A registry entry declares its family (``Normalizer(..., family=...)``) with the family's maths
+hooks; ``attend`` then runs that family's fast path (O(n) memory, its own backward), and the
+entry's naive function is :meth:`weights` of the family: the same hooks on the whole score
+matrix, so each formula is written once. A user's normalizer (``sharpattn.normalizers.register``,
+``sharpattn leaderboard --method module:name``) that declares a family gets its fast paths too.
+
+* :class:`RowScaled`: softmax(β_i·s_ij), β_i a function of the row's visible keys n_i and the
+  parameters (temperature, SSMax, length scaling, Llama 4, log-n). Fast path: the rows of q
+  scaled by β, then one flash-attention call (torch's SDPA on any device).
+* :class:`Elementwise`: w_ij = f(s_ij, r_i), r_i a function of n_i and the parameters (sigmoid,
+  ReLU). Fast path: one pass over key tiles, out_i = Σ_j w_ij·v_j, a backward that recomputes
+  each tile; the built-in maps name their own kernels (C++ loops on the CPU), a user's map runs
+  its ``f`` on each tile with autograd for f′.
+
+Hooks are plain functions of tensors (picklable: module-level functions, not lambdas, so a
+sweep's worker processes can use them). ``n`` is a float tensor ``[..., Lq, 1]`` of the row's
+visible keys (0 for a row that sees none: its weights are 0 whatever a hook returns, but a hook
+must not give NaN there; :func:`~._contract.log_n` is log max(n, 1)). Hooks receive every
+parameter of the method as keywords (``**params``), the learnable ones as tensors
+``[1, H, 1, 1]``; gradients reach a parameter through what the hook returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ._contract import finish, masked_softmax, prepare, visible_keys
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class RowScaled:
+    """softmax(β_i·s_ij) over the allowed keys of row i, β_i = ``beta(n_i, **params)``: a number
+    or a tensor broadcastable to ``[..., Lq, 1]`` (any sign; β = 0 is the uniform row).
+    Computed as softmax(β·(s − max s)), so no β overflows."""
+
+    beta: Callable[..., Any]
+    #: the fast path that runs this family (:func:`sharpattn.attention.fast.path_of`)
+    path: ClassVar[str] = "row_scaled"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        beta = self.beta(visible_keys(allowed, dtype=x.dtype), **params)
+        return finish(masked_softmax(x, allowed, beta), scores)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """w_ij = ``f(s_ij, r_i, **constants)`` at the allowed keys (exactly 0 elsewhere), with the
+    per-row value r_i = ``row(n_i, **params)``. Rows need not sum to one.
+
+    ``f`` is element-wise in s (a weight depends on its own score and its row only) and must be
+    finite for any finite s (shift or clamp inside it). It sees only the parameters named in
+    ``constants`` (plain numbers, not learnable ones: on the tiles a parameter reaches ``f`` as a
+    constant, so a gradient could not flow to it); a learnable parameter enters through ``row``,
+    whose gradient the fast path gives. ``kernel``: the name of a built-in tile kernel with this
+    maths (``"sigmoid"``, ``"relu"``: loops in C++ on the CPU); None runs ``f`` itself on each
+    tile (any device), its derivative by autograd."""
+
+    f: Callable[..., Tensor]
+    row: Callable[..., Any]
+    constants: tuple[str, ...] = ()
+    kernel: str | None = None
+    path: ClassVar[str] = "elementwise"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        r = self.row(visible_keys(allowed, dtype=x.dtype), **params)
+        w = self.f(x, r, **self.constants_of(params))
+        return finish(w.masked_fill(~allowed, 0.0), scores)
+
+    def constants_of(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The parameters ``f`` reads, from a call's ``params``."""
+        return {name: params[name] for name in self.constants if name in params}
+
+
+FAMILIES = (RowScaled, Elementwise)
+
+
+def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) -> None:
+    """Refuse (``ValueError``, one sentence naming ``owner``) a family that could not run: not
+    one of :data:`FAMILIES`, a hook that is not callable, or an :class:`Elementwise` constant
+    that is not a parameter of the method or is a learnable one."""
+    if not isinstance(family, FAMILIES):
+        names = ", ".join(f.__name__ for f in FAMILIES)
+        raise ValueError(f"method {owner!r}: family must be one of {names}, got {family!r}.")
+    hooks = {"beta": "beta"} if isinstance(family, RowScaled) else {"f": "f", "row": "row"}
+    for attr in hooks:
+        if not callable(getattr(family, attr)):
+            raise ValueError(
+                f"method {owner!r}: the family's {attr} must be a function, got "
+                f"{getattr(family, attr)!r}."
+            )
+    if isinstance(family, Elementwise):
+        for name in family.constants:
+            if name not in params:
+                raise ValueError(
+                    f"method {owner!r}: its family's constant {name!r} is not one of its "
+                    f"parameters ({', '.join(params) or 'it has none'})."
+                )
+            if name in learnable:
+                raise ValueError(
+                    f"method {owner!r}: learnable parameter {name} cannot be a constant of f "
+                    "(no gradient reaches it on the tiles); let it enter through row."
+                )
+
+
+__all__ = ["FAMILIES", "Elementwise", "RowScaled", "check"]

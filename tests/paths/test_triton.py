@@ -177,6 +177,14 @@ def test_triton_is_wanted_for_cuda_tensors_of_the_element_wise_methods():
     assert not tiled.triton_wanted("power", cuda, torch.float32, False)  # no kernel yet
 
 
+def test_sharpattn_triton_0_keeps_cuda_on_the_tiles(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("SHARPATTN_TRITON", "0")
+    assert not tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+    monkeypatch.setenv("SHARPATTN_TRITON", "1")
+    assert tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+
+
 def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
     """Without the fixture, CPU tensors never reach the kernels."""
 

@@ -30,6 +30,7 @@ Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -416,10 +417,12 @@ def triton_wanted(name: str, device: torch.device, dtype: torch.dtype, want_stat
     """Whether a call of method ``name`` runs the Triton kernels: a method that has them, a CUDA
     tensor, float32/float16/bfloat16 (float64 stays on the tiles), no statistics wanted (the
     kernels give none), not inside a user's ``torch.compile`` (the tiles are traceable; the
-    kernels' launch is not registered with it), and triton importable."""
+    kernels' launch is not registered with it), not ``SHARPATTN_TRITON=0`` (the tiles instead:
+    to compare, or to step around a kernel), and triton importable."""
     return (
         name in TRITON_METHODS
         and device.type == "cuda"
+        and os.environ.get("SHARPATTN_TRITON", "1").strip() != "0"
         and dtype != torch.float64
         and not want_stats
         and not torch.compiler.is_compiling()

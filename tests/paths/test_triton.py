@@ -212,3 +212,31 @@ def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
     attend(q, k, v, "sigmoid", causal=True, impl="fused")
     q, k, v, mask, causal = inputs("causal", torch.float32)
     attend(q, k, v, "relu", causal=True, impl="fused", return_stats=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts, head sizes, any p, the default blocks
+
+
+def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
+    """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice;
+    D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu with p = 1.5 (exp2/log2) and
+    sigmoid with a per-row bias tensor; the default block sizes."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 20, 2, 40, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 40]
+    k = torch.randn(1, 1, 40, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
+    v = torch.randn(1, 1, 30, 48, generator=g).to(DEVICE)[..., ::2]  # Dv = 24, stride 2
+    assert q.stride(-2) != 40 and k.stride(-1) != 1 and v.stride(-1) == 2
+    mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
+    masking = Masking.build(mask, True, 20, 30, q.device)
+    bias = torch.randn(1, 1, 20, 1, generator=g).to(DEVICE)  # a per-row tensor
+    for method, params in (("relu", {"p": 1.5}), ("sigmoid", {"bias": bias})):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, _ = FAST[method](*leaves, masking, 40**-0.5, False, **params)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        ref64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        p64 = {n: (x.double() if torch.is_tensor(x) else x) for n, x in params.items()}
+        ref = attend(*ref64, method, mask=mask, causal=True, impl="naive", **p64)
+        want = torch.autograd.grad(ref, ref64, torch.ones_like(ref))
+        for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
+            assert_close(a, b.detach(), n=30 * 40, msg=f"{method} {what}")

@@ -10,18 +10,27 @@ forward and forward+backward:
 * memory: the peak of ``torch.cuda.max_memory_allocated`` during one call above what was
   allocated before it (inputs and their gradients excluded), as a ratio to SDPA's.
 
-The same methods and targets as ``benchmarks/attention.py`` (CPU). Cells that would pass
+The same methods and targets as ``benchmarks/attention.py`` (CPU). On CUDA ``sigmoid`` and
+``relu`` (and ``relu@p=2``) run their Triton kernels where triton imports
+(``attention/triton_elementwise.py``); the rows ``sigmoid:tiles`` and ``relu:tiles`` are the
+same methods on the PyTorch tiles (``SHARPATTN_TRITON=0``), to compare the two. Measure both
+float32 and bfloat16 (``--dtype``). Cells that would pass
 ``--deadline`` seconds from the start are skipped and listed. Rows are written to ``--out``
 after every cell, so a run stopped early keeps what it measured.
 
     python benchmarks/gpu.py --sizes 1024,4096,16384 --out benchmarks/results/gpu.json
+    python benchmarks/gpu.py --methods sigmoid,relu,relu@p=2,sigmoid:tiles,relu:tiles \
+        --dtype bfloat16 --out benchmarks/results/gpu_triton_bf16.json
     python benchmarks/gpu.py --table benchmarks/results/gpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
+import os
 import platform
 import sys
 import time
@@ -38,16 +47,43 @@ from sharpattn.normalizers import available
 B, H, D = 1, 4, 64
 
 
+#: methods with Triton kernels on CUDA, and the rows of their ``impl="auto"`` path on the tiles
+TRITON = ("sigmoid", "relu", "relu@p=2")
+TILES = [f"{m}:tiles" for m in ("sigmoid", "relu")]
+
+
 def methods(names: str) -> dict[str, tuple[str, dict]]:
-    """Case name → (method, params): every registered method and the CPU benchmark's extras."""
-    every = [*available(), *EXTRA]
+    """Case name → (method, params): every registered method, the CPU benchmark's extras, the
+    Triton methods' ``relu@p=2`` and the tiles' rows (``NAME:tiles``)."""
+    every = [*available(), *EXTRA, "relu@p=2", *TILES]
     return {m: method_case(m) for m in (names.split(",") if names else every)}
+
+
+@contextlib.contextmanager
+def _tiles(on: bool):
+    """``SHARPATTN_TRITON=0`` while ``on``: the element-wise methods on the PyTorch tiles."""
+    before = os.environ.get("SHARPATTN_TRITON")
+    if on:
+        os.environ["SHARPATTN_TRITON"] = "0"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            del os.environ["SHARPATTN_TRITON"]
+        elif on:
+            os.environ["SHARPATTN_TRITON"] = before
 
 
 def call(method: str, params: dict, q, k, v, causal: bool):
     if method == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return lambda: attend(q, k, v, method, causal=causal, check_finite=False, **params)
+    method, _, path = method.partition(":")  # "sigmoid:tiles": without the Triton kernels
+
+    def run():
+        with _tiles(path == "tiles"):
+            return attend(q, k, v, method, causal=causal, check_finite=False, **params)
+
+    return run
 
 
 def measure(fn, mode: str, q, k, v, reps: int) -> dict:
@@ -108,6 +144,8 @@ def main(argv=None) -> None:
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
         "torch": torch.__version__,
+        # the element-wise methods' Triton kernels run where triton imports
+        "triton": _triton_version(),
         "python": platform.python_version(),
         "dtype": args.dtype,
         # the tile budget's factor on this device (SHARPATTN_DEVICE_TILES or the default)
@@ -169,6 +207,14 @@ def main(argv=None) -> None:
     print(table(result))
 
 
+def _triton_version() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    import triton
+
+    return triton.__version__
+
+
 def table(result: dict) -> str:
     """Markdown: one row per method, ``fwd / fwd+bwd`` time ratios per (n, causal) column."""
     rows = [r for r in result["rows"] if "time_ratio" in r]
@@ -179,7 +225,9 @@ def table(result: dict) -> str:
         f"{f'{n // 1024}k' if n >= 1024 else n}{' causal' if c else ''}" for n, c in cols
     ]
     lines = [
-        f"{result['device']}, torch {result['torch']}, {result['dtype']}, B = {B}, H = {H}, "
+        f"{result['device']}, torch {result['torch']}"
+        + (f", triton {result['triton']}" if result.get("triton") else "")
+        + f", {result['dtype']}, B = {B}, H = {H}, "
         f"D = {D}: time as a ratio to SDPA's, forward / forward+backward",
         "",
         "| " + " | ".join(head) + " |",

@@ -17,6 +17,12 @@ from sharpattn import normalizers as nz
 settings.register_profile("default", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# Triton's kernels run on the CPU in its interpreter (tests/paths/test_triton.py). Triton reads
+# TRITON_INTERPRET when it is imported (its own jitted functions, tl.sum among them, are defined
+# then) and torch.compile imports it, so it is set before any test runs; not on a CUDA test run
+# (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile for the GPU.
+if os.environ.get("SHARPATTN_TEST_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))

@@ -1,7 +1,7 @@
 """The optional parts of sharpattn and the extra (``pip install 'sharpattn[<extra>]'``) of each.
 
 The library (normalizers, attention, models, diagnostics, tasks) needs torch, numpy and entmax
-only. ``EXTRAS`` names the modules each extra makes importable; it mirrors
+only (triton, where installed, runs sigmoid and relu on CUDA). ``EXTRAS`` names the modules each extra makes importable; it mirrors
 ``[project.optional-dependencies]`` in pyproject.toml (a test holds the two equal). Imports
 nothing but the standard library, so the ``sharpattn`` command can check its extra before it
 imports click.
@@ -29,6 +29,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     ),
     # sweeps as Ray tasks
     "distributed": ("ray",),
+    # the Triton kernels of the element-wise methods on CUDA (attention/triton_elementwise.py)
+    "gpu": ("triton",),
 }
 
 #: The extra a command names for a missing module: the commands that load transformers default

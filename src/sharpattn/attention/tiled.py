@@ -14,6 +14,10 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
+On CUDA, ``sigmoid`` and ``relu`` in float32, float16 and bfloat16 run as Triton kernels
+(:mod:`.triton_elementwise`, when triton imports; :func:`triton_wanted`); float64 and calls
+that want statistics stay on the tiles.
+
 On the CPU in float32 every kernel's per-tile work runs in the C++ loops of :mod:`.native`, and
 the forward walks row tiles (:func:`~.tiles.row_tiles`: 128 rows and 2^20 scores, whole rows
 where they fit): the q·kᵀ and p·v products run at speed with 128 rows, and a tile stays near
@@ -24,6 +28,9 @@ Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 
@@ -416,6 +423,37 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
     return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=zero, mass=zero)
 
 
+#: the methods with Triton kernels (:mod:`.triton_elementwise`)
+TRITON_METHODS = ("sigmoid", "relu")
+
+
+@functools.cache
+def _triton_kernels():
+    """:mod:`.triton_elementwise`, or None where triton is not installed (an optional import)."""
+    try:
+        from . import triton_elementwise
+    except ImportError:
+        return None
+    return triton_elementwise
+
+
+def triton_wanted(name: str, device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
+    """Whether a call of method ``name`` runs the Triton kernels: a method that has them, a CUDA
+    tensor, float32/float16/bfloat16 (float64 stays on the tiles), no statistics wanted (the
+    kernels give none), not inside a user's ``torch.compile`` (the tiles are traceable; the
+    kernels' launch is not registered with it), not ``SHARPATTN_TRITON=0`` (the tiles instead:
+    to compare, or to step around a kernel), and triton importable."""
+    return (
+        name in TRITON_METHODS
+        and device.type == "cuda"
+        and os.environ.get("SHARPATTN_TRITON", "1").strip() != "0"
+        and dtype != torch.float64
+        and not want_stats
+        and not torch.compiler.is_compiling()
+        and _triton_kernels() is not None
+    )
+
+
 def tiled_attention(
     name: str | _Kernel,
     q: Tensor,
@@ -430,10 +468,19 @@ def tiled_attention(
 ) -> tuple[Tensor, AttentionStats | None]:
     """Attention with kernel ``name`` (a name of :data:`KERNELS`, or a kernel) over tiles; ``row``
     a per-row tensor ``[B|1, H|1, Lq|1, 1]`` the kernel reads (sigmoid's bias, relu's n),
-    differentiable."""
+    differentiable.
+
+    On CUDA, sigmoid and relu run the Triton kernels instead (:func:`triton_wanted`; ``blocks``
+    then sets their block sizes when both are given); float64 inputs and ``want_stats=True``
+    fall back to the tiles here."""
     kernel = KERNELS[name](**params) if isinstance(name, str) else name
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
+    if isinstance(name, str) and triton_wanted(name, q.device, q.dtype, want_stats):
+        kernels = _triton_kernels()
+        fixed = blocks if None not in blocks else None
+        out = kernels.attention(name, q, k, v, masking, scale, row, blocks=fixed, **params)
+        return out, None
     out = _TiledAttention.apply(q, k, v, row, kernel, masking, scale, blocks)
     if not want_stats:
         return out, None

@@ -1,0 +1,242 @@
+"""The Triton kernels of sigmoid and relu (``attention/triton_elementwise.py``) against the naive
+path in float64: outputs and every gradient (q, k, v and sigmoid's learnable per-head bias),
+masks of every kind, GQA, Dv != D, sizes that are not multiples of the blocks.
+
+On the CPU they run in Triton's interpreter, float32 and float16 (the interpreter's bfloat16
+products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
+``tests/conftest.py`` does. With ``SHARPATTN_TEST_DEVICE=cuda`` the same tests run the compiled
+kernels on the GPU, bfloat16 too. The kernels run through the registry's fast paths (``FAST``)
+with :func:`~sharpattn.attention.tiled.triton_wanted` made to say yes, so the row tensors are
+built as on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from precision import assert_close, tolerance
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
+
+from sharpattn.attention import attend, tiled  # noqa: E402
+from sharpattn.attention import triton_elementwise as KERNELS  # noqa: E402
+from sharpattn.attention.fast import FAST  # noqa: E402
+from sharpattn.attention.masking import Masking  # noqa: E402
+
+pytestmark = pytest.mark.numerical
+
+DEVICE = "cuda" if os.environ.get("SHARPATTN_TEST_DEVICE") == "cuda" else "cpu"
+if DEVICE == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
+    pytest.skip(
+        "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
+        allow_module_level=True,
+    )
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+BLOCKS = (16, 32)  # query rows, keys per block: several blocks of each at n <= 45
+
+# name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
+CASES = {
+    "plain": (1, 2, 2, 37, 45, 16, 16, None, False),  # no mask, no GQA, D = Dv
+    "causal": (1, 4, 2, 40, 40, 8, 5, None, True),
+    "causal_lq_lt_lk": (1, 4, 2, 21, 45, 8, 5, None, True),  # rows see Lk − Lq more keys
+    "causal_lq_gt_lk": (1, 4, 2, 45, 27, 8, 5, None, True),  # the first 18 rows see nothing
+    "padding": (2, 4, 2, 19, 37, 8, 5, "pad", False),  # batch 1 all padding: empty rows
+    # row 4 empty; Lk = Lq + 1 puts causal edges on block edges (the first and last blocks)
+    "per_row": (1, 4, 2, 33, 34, 8, 5, "rows", True),
+    "2d": (1, 4, 2, 29, 35, 8, 12, "2d", False),
+}
+# name: (method, params); "bias": "tensor" is a learnable per-head bias [1, H, 1, 1]
+METHODS = {
+    "sigmoid": ("sigmoid", {}),
+    "sigmoid_bias": ("sigmoid", {"bias": "tensor"}),
+    "sigmoid_no_log_n": ("sigmoid", {"bias": 0.5, "subtract_log_n": False}),
+    "relu": ("relu", {}),
+    "relu_p2": ("relu", {"p": 2.0}),
+}
+
+
+@pytest.fixture
+def on_triton(monkeypatch):
+    """The fast paths take the Triton kernels for the CPU tensors here."""
+    monkeypatch.setattr(tiled, "triton_wanted", lambda name, *a: name in tiled.TRITON_METHODS)
+
+
+def inputs(case: str, dtype: torch.dtype, seed: int = 0):
+    """(q, k, v, mask, causal) in ``dtype``, leaves requiring grad."""
+    b, h, hkv, lq, lk, d, dv, kind, causal = CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g)
+    k = torch.randn(b, hkv, lk, d, generator=g)
+    v = torch.randn(b, hkv, lk, dv, generator=g)
+    mask = None
+    if kind == "pad":
+        mask = torch.rand(b, 1, 1, lk, generator=g) < 0.7
+        mask[1] = False
+    elif kind == "rows":
+        mask = torch.rand(b, h, lq, lk, generator=g) < 0.6
+        mask[:, :, 4] = False
+    elif kind == "2d":
+        mask = torch.rand(lq, lk, generator=g) < 0.6
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    return q, k, v, (mask if mask is None else mask.to(DEVICE)), causal
+
+
+def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
+    params = dict(METHODS[name][1])
+    if params.get("bias") == "tensor":
+        bias = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
+        bias = bias.view(1, h, 1, 1)
+        params["bias"] = bias.requires_grad_()
+    return params
+
+
+def run(path, method, q, k, v, mask, causal, params):
+    """(output, gradients of q, k, v[, bias]) of one path for a fixed output gradient."""
+    if path == "triton":
+        lq, lk = q.shape[2], k.shape[2]
+        masking = Masking.build(mask, causal, lq, lk, q.device)
+        scale = 1 / math.sqrt(q.shape[-1])
+        out, stats = FAST[method](q, k, v, masking, scale, False, blocks=BLOCKS, **params)
+        assert stats is None
+    else:
+        out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
+    leaves = [q, k, v] + [p for p in params.values() if torch.is_tensor(p)]
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    return out.detach(), torch.autograd.grad(out, leaves, g)
+
+
+def _as(dtype, q, k, v, params):
+    """Copies of the inputs (already rounded to the tested dtype) in ``dtype``, requiring grad."""
+    conv = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    p = {n: (x.detach().to(dtype).requires_grad_() if torch.is_tensor(x) else x)
+         for n, x in params.items()}  # fmt: skip
+    return (*conv, p)
+
+
+NAMES = ("out", "dq", "dk", "dv", "dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", METHODS)
+def test_triton_kernels_equal_the_float64_naive_path(on_triton, name, case, dtype):
+    method = METHODS[name][0]
+    q, k, v, mask, causal = inputs(case, dtype)
+    params = params_of(name, q.shape[1], torch.float32)
+    out, grads = run("triton", method, q, k, v, mask, causal, params)
+    assert out.dtype == dtype
+    assert [g.dtype for g in grads[:3]] == [dtype] * 3
+    *qkv64, params64 = _as(torch.float64, q, k, v, params)
+    ref = run("naive", method, *qkv64, mask, causal, params64)
+    lq, lk = q.shape[2], k.shape[2]
+    if dtype != torch.float32:
+        # within 4x the error of the same computation eagerly in 16 bits (weights rounded to
+        # 16 bits before the products, as both do; measured: at most 3.2x, sigmoid's bias
+        # gradient, a sum of Lk float32 terms the eager path takes differently), plus a quarter
+        # of the rounding of the largest entry
+        *qkv16, _ = _as(dtype, q, k, v, params)
+        eager = run("naive", method, *qkv16, mask, causal, _as(torch.float32, q, k, v, params)[3])
+    pairs = zip(NAMES, (out, *grads), (ref[0], *ref[1]), strict=False)
+    for i, (what, got, want) in enumerate(pairs):
+        if dtype == torch.float32:
+            # sums of Lk (dk, dv: Lq·G) terms: √n of float32's rounding
+            assert_close(got, want, n=max(lk, lq * q.shape[1] // k.shape[1]), msg=what)
+            continue
+        ours = float((got.double() - want).abs().max())
+        theirs = float((eager[0] if i == 0 else eager[1][i - 1]).double().sub(want).abs().max())
+        floor = tolerance(dtype, magnitude=float(want.abs().max()), ulps=0.25)
+        assert ours <= 4 * theirs + floor, f"{what}: {ours:.3g} against eager {theirs:.3g}"
+    empty = ~_visible(mask, causal, q, k)
+    assert (out[empty] == 0).all()
+    assert (grads[0][empty] == 0).all()
+
+
+def _visible(mask, causal, q, k) -> torch.Tensor:
+    """[B, H, Lq] whether each query row sees a key."""
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
+    n = masking.visible_keys().expand(q.shape[0], q.shape[1], q.shape[2], 1)
+    return n[..., 0] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_triton_is_wanted_for_cuda_tensors_of_the_element_wise_methods():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert tiled.triton_wanted("sigmoid", cuda, dtype, False)
+        assert tiled.triton_wanted("relu", cuda, dtype, False)
+    assert not tiled.triton_wanted("sigmoid", cuda, torch.float64, False)  # float64: the tiles
+    assert not tiled.triton_wanted("sigmoid", cuda, torch.float32, True)  # statistics: the tiles
+    assert not tiled.triton_wanted("sigmoid", cpu, torch.float32, False)
+    assert not tiled.triton_wanted("power", cuda, torch.float32, False)  # no kernel yet
+
+
+def test_sharpattn_triton_0_keeps_cuda_on_the_tiles(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("SHARPATTN_TRITON", "0")
+    assert not tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+    monkeypatch.setenv("SHARPATTN_TRITON", "1")
+    assert tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+
+
+def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
+    """Without the fixture, CPU tensors never reach the kernels."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton kernels ran for CPU tensors")
+
+    monkeypatch.setattr(KERNELS, "attention", refuse)
+    q, k, v, mask, causal = inputs("causal", torch.float32)
+    attend(q, k, v, "sigmoid", causal=True, impl="fused")
+    attend(q, k, v, "relu", causal=True, impl="fused")
+
+
+def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
+    """On a (pretended) CUDA device float64 inputs and return_stats take the tiles."""
+    real = tiled.triton_wanted
+    monkeypatch.setattr(
+        tiled, "triton_wanted", lambda n, dev, dt, ws: real(n, torch.device("cuda"), dt, ws)
+    )
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton kernels ran")
+
+    monkeypatch.setattr(KERNELS, "attention", refuse)
+    q, k, v, mask, causal = inputs("causal", torch.float64)
+    attend(q, k, v, "sigmoid", causal=True, impl="fused")
+    q, k, v, mask, causal = inputs("causal", torch.float32)
+    attend(q, k, v, "relu", causal=True, impl="fused", return_stats=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts, head sizes, any p, the default blocks
+
+
+def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
+    """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice;
+    D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu with p = 1.5 (exp2/log2) and
+    sigmoid with a per-row bias tensor; the default block sizes."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 20, 2, 40, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 40]
+    k = torch.randn(1, 1, 40, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
+    v = torch.randn(1, 1, 30, 48, generator=g).to(DEVICE)[..., ::2]  # Dv = 24, stride 2
+    assert q.stride(-2) != 40 and k.stride(-1) != 1 and v.stride(-1) == 2
+    mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
+    masking = Masking.build(mask, True, 20, 30, q.device)
+    bias = torch.randn(1, 1, 20, 1, generator=g).to(DEVICE)  # a per-row tensor
+    for method, params in (("relu", {"p": 1.5}), ("sigmoid", {"bias": bias})):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out, _ = FAST[method](*leaves, masking, 40**-0.5, False, **params)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        ref64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        p64 = {n: (x.double() if torch.is_tensor(x) else x) for n, x in params.items()}
+        ref = attend(*ref64, method, mask=mask, causal=True, impl="naive", **p64)
+        want = torch.autograd.grad(ref, ref64, torch.ones_like(ref))
+        for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
+            assert_close(a, b.detach(), n=30 * 40, msg=f"{method} {what}")

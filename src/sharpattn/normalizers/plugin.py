@@ -72,11 +72,17 @@ def load(spec: str) -> Normalizer:
             "Normalizer."
         )
     entry.validate()  # its parameters, query_dependent, ...: one sentence, before the probe
-    if entry.fused is not None:
+    if entry.fused is not None and entry.fused != getattr(entry.family, "path", None):
         raise ValueError(
-            f"method {spec!r} names the fused path {entry.fused!r}; a plug-in runs on the chunked "
-            "and naive paths only (a fused path is a built-in kernel of its own maths, which "
+            f"method {spec!r} names the fused path {entry.fused!r}; a plug-in gets a fast path "
+            "by declaring its family (a named path is a built-in kernel of its own maths, which "
             "cannot be checked to equal yours), so leave fused=None."
+        )
+    if getattr(entry.family, "kernel", None) is not None:
+        raise ValueError(
+            f"method {spec!r}: its family names the built-in kernel {entry.family.kernel!r}, "
+            "which computes that method's maths, not yours; leave kernel=None (your f then runs "
+            "on the tiles)."
         )
     probe(entry)
     return register(replace(entry, fn=_watched(entry)), replace=True)
@@ -125,8 +131,8 @@ def probe(entry: Normalizer) -> None:
     """Call ``entry`` as attention does, on seeded scores ``[2, 2, 6, 6]`` under a causal mask
     whose first row is empty, its learnable parameters as ``[1, H, 1, 1]`` tensors at their
     defaults, and refuse (``ValueError``, one sentence) an error, a result of another shape or
-    dtype, a non-finite weight, a weight at a masked position that is not exactly 0, or a
-    non-finite gradient."""
+    dtype, a non-finite weight, weights other than its family's maths gives (the fast path's),
+    a weight at a masked position that is not exactly 0, or a non-finite gradient."""
     gen = torch.Generator().manual_seed(0)
     scores = (3 * torch.randn(_B, _H, _L, _L, generator=gen)).requires_grad_()
     mask = torch.ones(_L, _L, dtype=torch.bool).tril()
@@ -135,6 +141,8 @@ def probe(entry: Normalizer) -> None:
         p.name: torch.full((1, _H, 1, 1), float(p.default), requires_grad=True)
         for p in entry.learnable
     }
+    if entry.family is not None:  # the registry gives a family's hooks every parameter
+        params = {p.name: p.default for p in entry.params} | params
     what = f"method {entry.name!r}"
     try:
         weights = entry.fn(scores, mask, check_finite=True, **params)
@@ -150,6 +158,17 @@ def probe(entry: Normalizer) -> None:
         raise ValueError(f"{what} returned {weights.dtype} weights for {scores.dtype} scores.")
     if not bool(torch.isfinite(weights).all()):
         raise ValueError(f"{what} returned a NaN or infinite weight on finite probe scores.")
+    if entry.family is not None:  # its fast path runs the family's maths: the same weights
+        try:
+            ref = entry.family.weights(scores.detach(), mask, check_finite=True, **params)
+        except (Exception, SystemExit) as err:
+            raise ValueError(f"{what}: its family raised on a probe input: {_one(err)}.") from None
+        if not torch.allclose(ref, weights.detach(), rtol=1e-5, atol=1e-6):
+            gap = float((ref - weights.detach()).abs().max())
+            raise ValueError(
+                f"{what}: its family's maths gives other weights than its function on a probe "
+                f"input (largest difference {gap:.3g}); pass fn=family.weights."
+            )
     if bool((weights.detach()[..., ~mask] != 0).any()):
         raise ValueError(
             f"{what} gave a nonzero weight at a masked position; masked entries must be exactly "
@@ -159,7 +178,7 @@ def probe(entry: Normalizer) -> None:
         try:
             grads = torch.autograd.grad(
                 (weights * torch.randn(weights.shape, generator=gen)).sum(),
-                [scores, *params.values()],
+                [scores, *(t for t in params.values() if torch.is_tensor(t))],
                 allow_unused=True,
             )
         except (Exception, SystemExit) as err:

@@ -1,9 +1,9 @@
 """Every O(n)-memory fast path by the name a registry entry gives in ``Normalizer.fused``.
 
 Each takes ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output,
-AttentionStats | None)``; :func:`~sharpattn.attention.attend` runs it for ``impl="fused"`` and
-``impl="auto"``. The softmax family rides torch's flash kernel (:mod:`.fused`); the other
-normalizers walk tiles of the score matrix (:mod:`.tiles`) with their own backward.
+AttentionStats | None)``; [`attend`][sharpattn.attention.attend] runs it for ``impl="fused"`` and
+``impl="auto"``. The softmax family rides torch's flash kernel (`fused`); the other
+normalizers walk tiles of the score matrix (`tiles`) with their own backward.
 """
 
 from __future__ import annotations

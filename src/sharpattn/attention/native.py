@@ -25,11 +25,11 @@ ctypes loads it, its sha256 is computed again and compared with its name: a dama
 (truncated, altered, a folder in its place) would kill the process (SIGBUS, SIGSEGV) if loaded,
 so it is removed and rebuilt, with one warning that names it and what was wrong.
 
-When it runs (:func:`wanted`, :func:`usable`): on float32 CPU tiles in which every key is visible
+When it runs (`wanted`, `usable`): on float32 CPU tiles in which every key is visible
 or whose only mask is causal (each row sees a prefix of the tile's keys), outside a graph that
 ``torch.compile`` is tracing, unless ``SHARPATTN_COMPILE=0`` (which keeps every path in plain
 PyTorch). Where no compiler is found it is not used; a build or load that fails warns once and
-leaves the PyTorch path for the process. :func:`status` says which.
+leaves the PyTorch path for the process. `status` says which.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def wanted(device: torch.device, dtype: torch.dtype) -> bool:
 
 def usable(ends: Tensor | None, masked: bool, *tensors: Tensor) -> bool:
     """Whether a tile can go to the loops: every key visible (not ``masked``) or a causal prefix
-    per row (``ends`` from :meth:`~.tiles.Grid.prefix`), its tensors contiguous float32."""
+    per row (``ends`` from `prefix`), its tensors contiguous float32."""
     if masked and ends is None:
         return False
     return all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors)
@@ -414,7 +414,7 @@ def sparse_prepare(s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, c
 def stick_forward(s: Tensor, ends: Tensor | None, carry: Tensor, ent=None, mass=None) -> Tensor:
     """Stick-breaking's weights on one tile whose keys are reversed, written over ``s``
     (returned); ``carry`` (Σ log σ(−s) to the right, per row) updated in place, and ``ent`` and
-    ``mass`` (contiguous, per row) accumulated when given. ``ends``: :meth:`~.tiles.Grid.prefix`
+    ``mass`` (contiguous, per row) accumulated when given. ``ends``: `prefix`
     of the tile in its own key order."""
     rows, cols = _rows(s)
     e, tr = _ends(ends)

@@ -1,6 +1,6 @@
 """Tiled fast paths of the element-wise and row-sum-normalised methods, and hardmax.
 
-One pass over key tiles (:class:`~.tiles.Grid`), never the ``[Lq, Lk]`` score matrix, with a
+One pass over key tiles (`Grid`), never the ``[Lq, Lk]`` score matrix, with a
 backward that recomputes each tile (5 matrix products per tile in all, as flash attention's):
 
 * **element-wise** (``sigmoid``: σ(s + b − log n); ``relu``: ReLU(s)^p / n): each weight depends
@@ -14,8 +14,8 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
-On the CPU in float32 every kernel's per-tile work runs in the C++ loops of :mod:`.native`, and
-the forward walks row tiles (:func:`~.tiles.row_tiles`: 128 rows and 2^20 scores, whole rows
+On the CPU in float32 every kernel's per-tile work runs in the C++ loops of `native`, and
+the forward walks row tiles (`row_tiles`: 128 rows and 2^20 scores, whole rows
 where they fit): the q·kᵀ and p·v products run at speed with 128 rows, and a tile stays near
 the cache. The backward, with three tile-sized buffers, keeps square tiles.
 
@@ -64,7 +64,7 @@ class _Kernel:
 
     normalised = False
 
-    #: the name of its loops in :mod:`.native`, if it has them
+    #: the name of its loops in `native`, if it has them
     native: str | None = None
     SHIFT_ABOVE = 0.0
 
@@ -72,7 +72,7 @@ class _Kernel:
         self.params = params
 
     def native_args(self) -> tuple[str | None, float, float]:
-        """(loops' name, p, shift) for :mod:`.native`."""
+        """(loops' name, p, shift) for `native`."""
         return self.native, float(self.params.get("p", 0.0)), self.SHIFT_ABOVE
 
 
@@ -213,13 +213,13 @@ KERNELS = {
 
 
 def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
-    """x with the tile's disallowed entries set to 0, in place (``keep``: :meth:`Grid.keep`)."""
+    """x with the tile's disallowed entries set to 0, in place (``keep``: `Grid.keep`)."""
     return x if keep is None else x.mul_(keep)
 
 
 def _grid(q, k, v, masking, scale, blocks) -> Grid:
     """Every pass here uses each tile up before the next: buffered tiles of
-    :data:`.tiles.BUFFERED_TILE_ELEMENTS` scores."""
+    `tiles.BUFFERED_TILE_ELEMENTS` scores."""
     return Grid(q, k, v, masking, scale, *blocks, fold_scale=True,
                 budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
 

@@ -225,7 +225,7 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
 
 def _loss_fn(kind: str, net) -> Callable:
     """``loss(model, enc)``: one loss per row of ``enc`` (the rows are copies of one sequence in
-    :func:`head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
+    `head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
     on its input (``head_ablation(reuse_prefix=True)``)."""
     if kind == "causal-lm":
 

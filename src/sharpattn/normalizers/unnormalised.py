@@ -26,7 +26,7 @@ def sigmoid(
     """w_i = σ(s_i + b) with b = bias − log n (``subtract_log_n=True``, the default) or b = bias.
 
     Sigmoid attention (Ramapuram et al. 2024) recommends b = −log n; ``bias`` is an offset on
-    top of it, learnable per head in :class:`MultiheadAttention`. Unnormalised.
+    top of it, learnable per head in [`MultiheadAttention`][sharpattn.MultiheadAttention]. Unnormalised.
     """
     x, allowed = prepare(scores, mask, check_finite)
     b = bias - log_n(visible_keys(allowed, dtype=x.dtype)) if subtract_log_n else bias

@@ -248,3 +248,15 @@ def test_screenshots_of_the_site_in_headless_chromium(site, tmp_path):
             assert im.width == shots.WIDTH
             colours = im.convert("L").getextrema()
             assert colours[1] - colours[0] > 100, f"{png.name} is blank"
+
+
+def test_the_license_ships_in_the_wheel():
+    """LICENSE is MIT, as the metadata says, and pyproject.toml names it among the files every
+    wheel and sdist carry (PEP 639: dist-info/licenses/LICENSE)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "MIT"
+    assert "LICENSE" in project["license-files"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License") and "the sharpattn authors" in text

@@ -73,6 +73,12 @@ def unit_stride(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
+def flash_kernel_available() -> bool:
+    """Whether this torch build has the private CPU flash kernel (with log-sum-exp) and its
+    backward, which the softmax family's fused paths call."""
+    return _FLASH is not None and _FLASH_BWD is not None
+
+
 def flash_available(q: Tensor, v: Tensor) -> bool:
     """True when the private CPU flash kernel (with log-sum-exp) can run these inputs."""
     return (

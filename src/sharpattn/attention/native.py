@@ -15,7 +15,7 @@ PyTorch tile functions', which stay the reference and the fallback;
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
 compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
 ``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``; a relative ``XDG_CACHE_HOME`` is
-ignored, as the XDG specification asks), named by a hash of its source, the compiler and the CPU
+ignored, as the XDG specification asks), with one line on stderr while it compiles (`BUILDING`), named by a hash of its source, the compiler and the CPU
 (``-march=native`` ties it to the machine) and by the sha256 of its own bytes:
 ``tiles-KEY-SHA256.so``. A build runs in a folder of its own (``.build-PID-*``, removed by the
 next build once that process is gone or after an hour, so a build killed with ``kill -9`` leaves
@@ -41,6 +41,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -187,9 +188,14 @@ def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
     return target
 
 
+#: the one line on stderr when a process compiles the loops (never on a cache hit)
+BUILDING = "sharpattn: building the C++ tile loops once (~10 s) into {folder}"
+
+
 def _compile(cxx: str, compile_flags: tuple[str, ...], folder: Path, key: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     _clean(folder)
+    print(BUILDING.format(folder=folder), file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=folder))
     try:
         obj, out = tmp / "tiles.o", tmp / "tiles.so"

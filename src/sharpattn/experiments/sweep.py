@@ -14,7 +14,7 @@ Progress events (``{"task", "phase", "step", "total"}`` plus optional ``"loss"``
 that a job sends through its ``progress`` argument reach the caller's ``progress`` callable:
 through a manager queue on the local pool, through a `ray.util.queue.Queue` on Ray.
 
-Ray is optional (``pip install 'sharpattn[distributed]'``) and imported only when asked for.
+Ray is optional (``pip install -c constraints.txt -e '.[distributed]'``) and imported only when asked for.
 Ray Core does the scheduling and the retries; the only socket opened here is one connection to a
 ``host:port`` address before Ray is asked, so that a wrong address is one quick sentence.
 """
@@ -33,6 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..extras import install
+
 ProgressFn = Callable[[dict[str, Any]], None]
 
 #: Seconds the driver waits for a cluster at an address to answer (Ray's default, 30 s per
@@ -41,7 +43,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 CONNECT_TIMEOUT_S = 5
 
 _LOCAL = "local"
-_NOT_INSTALLED = "Ray is not installed; pip install 'sharpattn[distributed]'"
+_NOT_INSTALLED = f"Ray is not installed; {install('distributed')}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ from ..attention.selective import (
 )
 from ..attention.selective import parameter_overhead as _parameter_overhead
 from ..diagnostics.capture import add_model_kind
+from ..extras import install
 
 Tensor = torch.Tensor
 PREFIX = "sharpattn:"
@@ -96,7 +97,7 @@ def _transformers():
         import transformers
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "sharpattn.hf needs transformers: pip install 'sharpattn[hf]'.", name="transformers"
+            f"sharpattn.hf needs transformers: {install('hf')}.", name="transformers"
         ) from None
     return transformers
 

@@ -29,7 +29,11 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: install
+	@echo "make demo: two steps, about 2 minutes on 2 CPU cores."
+	@echo "1/2 sharpattn reproduce max-retrieval --quick: trains softmax and adaptive temperature on"
+	@echo "    max retrieval (Softmax is not Enough, Table 1) in small and prints the table (~1.5 min)"
 	$(VENV)/bin/sharpattn reproduce max-retrieval --quick
+	@echo "2/2 sharpattn demo: the winner's weight as n grows, softmax vs adaptive temperature (seconds)"
 	$(VENV)/bin/sharpattn demo
 
 lint: install-dev

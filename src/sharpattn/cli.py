@@ -330,7 +330,10 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
-    print_markdown((result["run"] / "table1.md").read_text())
+    print_markdown((result["run"] / "table1.md").read_text(), mr.table_title(config.seeds))
+    note = mr.table_note(result["rows"], config.seeds)
+    if note:
+        console.print(note, markup=False, highlight=False)
     speed = result["steps_per_s"]
     console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
     console.print(f"wrote {result['run']}/report.md")

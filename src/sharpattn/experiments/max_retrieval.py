@@ -658,6 +658,30 @@ def write_table1(
     return md
 
 
+def table_title(seeds: int) -> str:
+    """The title of Table 1 as the command prints it."""
+    return (
+        "Max retrieval (Softmax is not Enough, Table 1): accuracy (%) by number of items, "
+        f"mean ± sd over {seeds} seed{'s' if seeds != 1 else ''}"
+    )
+
+
+def table_note(rows: list[dict[str, Any]], seeds: int) -> str | None:
+    """Why the table's ``p (ours)`` column says ``n/a`` where it does; None where it does not."""
+    missing = [r for r in rows if r["p_value"] is None or not np.isfinite(r["p_value"])]
+    if not missing:
+        return None
+    if seeds < 2:
+        return (
+            "p (ours) is n/a: the paired t-test over seeds needs at least two seeds and this run "
+            "has one (the paper's: --seeds 10)."
+        )
+    return (
+        "p (ours) is n/a where the t-test is undefined: every seed gave the same difference "
+        "(e.g. both methods exact at the smallest sizes)."
+    )
+
+
 def _json_num(v):
     if isinstance(v, (float, np.floating)):
         return None if not np.isfinite(v) else float(v)

@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip install --constraint constraints.txt
 
-.PHONY: demo test lint docs install install-dev clean
+.PHONY: demo test lint docs screenshots chromium install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,16 +29,31 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: install
+	@echo "make demo: two steps, about 2 minutes on 2 CPU cores."
+	@echo "1/2 sharpattn reproduce max-retrieval --quick: trains softmax and adaptive temperature on"
+	@echo "    max retrieval (Softmax is not Enough, Table 1) in small and prints the table (~1.5 min)"
 	$(VENV)/bin/sharpattn reproduce max-retrieval --quick
+	@echo "2/2 sharpattn demo: the winner's weight as n grows, softmax vs adaptive temperature (seconds)"
 	$(VENV)/bin/sharpattn demo
 
 lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
-# The documentation site, strictly: a broken link, image, anchor or API reference fails it.
+# The documentation site, strictly, into build/site: a broken link, image, anchor or API
+# reference fails it (tests/experiments/test_docs.py also fails on raw reference markup or
+# formulas left unrendered in the built pages).
 docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Screenshots of the home, guide, reference and leaderboard pages in headless Chromium, into
+# build/screenshots (optional: `make chromium` installs Debian's browser, which CI may lack;
+# the screenshot test is skipped without it).
+screenshots: docs
+	$(PY) docs/screenshots.py build/site build/screenshots
+
+chromium:
+	apt-get install -y --no-install-recommends chromium
 
 # The whole suite on this CPU's own code path, then the tests marked `numerical` again under
 # the other paths torch can take here (ATEN_CPU_CAPABILITY=default and avx2): tests/cpu_paths.py.

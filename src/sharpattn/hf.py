@@ -1,5 +1,5 @@
 """``sharpattn.hf``, the Hugging Face integration (``hf`` extra): the public name of the module
-implemented in :mod:`sharpattn.integrations.hf`, one module object under both names."""
+implemented in [`sharpattn.integrations.hf`][sharpattn.integrations.hf], one module object under both names."""
 
 import sys
 

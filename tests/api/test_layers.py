@@ -21,7 +21,7 @@ ALLOWED = {
     "attention": {"normalizers"},
     "diagnostics": {"normalizers", "attention"},
     "models": {"normalizers", "attention"},
-    "integrations": {"normalizers", "attention", "diagnostics", "models", "hf"},
+    "integrations": {"normalizers", "attention", "diagnostics", "models", "hf", "extras"},
     "hf": {"integrations"},
     "__init__": {"normalizers", "attention", "hf"},
 }

@@ -74,7 +74,7 @@ assert normalizers.sparsemax(torch.tensor([[1.0, 2.0]])).shape == (1, 2)
 try:
     sharpattn.hf.apply(mha, "softmax")
 except ImportError as e:
-    assert "pip install 'sharpattn[hf]'" in str(e), e
+    assert "pip install -c constraints.txt -e '.[hf]'" in str(e), e
 else:
     raise AssertionError("sharpattn.hf.apply ran without transformers")
 """
@@ -112,7 +112,37 @@ def test_library_runs_without_any_extra_and_the_command_names_its_extra():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("sharpattn: error: the sharpattn command needs the cli extra")
-    assert "pip install 'sharpattn[cli]'" in lines[0]
+    assert "pip install -c constraints.txt -e '.[cli]'" in lines[0]
+
+
+def test_help_without_the_cli_extra_lists_the_commands_and_the_install_line():
+    """``sharpattn --help`` (and ``sharpattn`` alone) on a library-only install: the commands,
+    exit 0, and the line that installs them; ``sharpattn info`` runs there too."""
+    code = "from sharpattn.__main__ import main\nsys.exit(main({!r}))\n"
+    for argv in (["--help"], [], ["-h"]):
+        proc = _run(code.format(argv), OPTIONAL)
+        assert proc.returncode == 0, proc.stderr
+        out = proc.stdout
+        assert out.startswith("Usage: sharpattn"), out
+        for name in ("diagnose", "reproduce", "leaderboard", "info"):
+            assert f"\n  {name} " in out, out
+        assert out.rstrip().endswith("pip install -c constraints.txt -e '.[cli]'"), out
+    proc = _run(code.format(["info"]), OPTIONAL)
+    assert proc.returncode == 0, proc.stderr
+    assert "C++ tile loops" in proc.stdout and "SHARPATTN_COMPILE=0" in proc.stdout
+
+
+def test_the_lean_help_names_every_command():
+    """__main__.COMMANDS (the help without click) is the real command's list, help for help."""
+    pytest.importorskip("click")
+    import click
+
+    from sharpattn.__main__ import COMMANDS
+    from sharpattn.cli import cli
+
+    ctx = click.Context(cli)
+    real = {n: cli.get_command(ctx, n).get_short_help_str(200) for n in cli.list_commands(ctx)}
+    assert COMMANDS == real
 
 
 def test_hf_apply_and_capture_need_transformers_only():
@@ -133,7 +163,7 @@ def test_command_without_its_extra_says_which_in_one_sentence(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == [
         "sharpattn: error: this command needs transformers, from the pretrained extra: "
-        "pip install 'sharpattn[pretrained]'."
+        "pip install -c constraints.txt -e '.[pretrained]'."
     ], proc.stderr
 
 

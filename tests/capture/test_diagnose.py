@@ -4,6 +4,7 @@ folder and tiny Hugging Face models."""
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,3 +253,20 @@ def test_capture_stop_early_records_the_same_and_skips_later_layers():
         assert torch.equal(cap[key], full[key]), key  # the same computation
     with pytest.raises(ValueError, match="stop_early"):
         capture(net, stop_early=True)
+
+
+def test_each_model_and_method_has_its_own_default_folder():
+    """`sharpattn diagnose` then `sharpattn diagnose smollm2` (the README's sequence), or with and
+    without --method, write side by side: a shared default folder refused the second."""
+    assert diagnose.default_out(None) == Path("runs/diagnose-minilm")
+    assert diagnose.default_out("minilm") == Path("runs/diagnose-minilm")
+    assert diagnose.default_out("smollm2") == Path("runs/diagnose-smollm2-135m")
+    assert diagnose.default_out("SmolLM2", "adaptive") == Path(
+        "runs/diagnose-smollm2-135m-adaptive"
+    )
+    assert diagnose.default_out("/models/my model/") == Path("runs/diagnose-my-model")
+    assert diagnose.default_out("HuggingFaceTB/SmolLM2-360M") == Path("runs/diagnose-SmolLM2-360M")
+    from sharpattn.cli import diagnose as command
+
+    out = next(p for p in command.params if p.name == "out")
+    assert out.default is None  # the experiment picks default_out

@@ -283,3 +283,20 @@ def test_every_command_has_a_whole_line_in_the_command_list():
         assert short.count("(") == short.count(")"), path
         helps = [cmd.help or "", *(getattr(o, "help", None) or "" for o in cmd.params)]
         assert not any("README" in h for h in helps), path
+
+
+def test_info_says_which_paths_run_and_how_to_turn_the_loops_off(capsys):
+    import json
+
+    import sharpattn
+
+    state = sharpattn.info()
+    assert set(state) >= {"version", "torch", "threads", "native", "cpu_flash", "cuda", "triton"}
+    assert set(state["native"]) >= {"active", "compiler", "cache", "library", "turn_off"}
+    assert state["native"]["turn_off"] == "SHARPATTN_COMPILE=0"
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "C++ tile loops" in out and state["native"]["cache"] in out
+    assert "SHARPATTN_COMPILE=0" in out and "CPU flash kernel" in out and "CUDA" in out
+    assert main(["info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["native"]["cache"] == state["native"]["cache"]

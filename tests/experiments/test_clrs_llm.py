@@ -136,7 +136,7 @@ def test_a_missing_peft_is_named_with_its_extra(argv, tmp_path, monkeypatch, cap
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "sharpattn: error: this command needs peft, from the pretrained extra: "
-        "pip install 'sharpattn[pretrained]'."
+        "pip install -c constraints.txt -e '.[pretrained]'."
     ]
     assert not (tmp_path / "run").exists()
 

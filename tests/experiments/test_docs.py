@@ -152,3 +152,111 @@ def test_readme_links_and_images_exist():
         assert page.is_file(), f"README.md links to {target!r}, which does not exist"
         if anchor:
             assert anchor in _anchors(page), f"README.md links to {target!r}: no such heading"
+
+
+# ------------------------------------------------------------------ the built site, as it renders
+
+#: reference markup the renderer did not understand (Sphinx roles), in a page's visible text
+RAW_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|ref|doc):`")
+#: formula scripts left as typed: e^{...}, x^2, _{...}, }_ (docs/hooks/maths.py renders them)
+RAW_MATHS = re.compile(r"\S\^|[_}]\{|\}_")
+
+
+def _visible_text(page: Path) -> str:
+    """A built page's text as a reader sees it, code blocks and spans left out."""
+    import html
+
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"<(pre|code|script|style|math)\b.*?</\1>", " ", text, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The documentation site built as `make docs` builds it (strict), into a temporary folder."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_the_site_shows_no_raw_markup_or_maths(site):
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 15
+    bad = []
+    for page in pages:
+        text = _visible_text(page)
+        for pattern in (RAW_ROLE, RAW_MATHS):
+            bad += [
+                f"{page.relative_to(site)}: {text[max(0, m.start() - 30) : m.end() + 30]!r}"
+                for m in pattern.finditer(text)
+            ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_reference_links_its_cross_references(site):
+    page = (site / "reference" / "attention" / "index.html").read_text(encoding="utf-8")
+    assert 'class="autorefs' in page or "autorefs-internal" in page
+    assert "<sub>" in page and "<sup>" in page  # θ_i = base^{−2i/D} in MultiheadAttention
+
+
+def test_maths_hook_renders_scripts_and_leaves_names():
+    import importlib.util
+
+    pytest.importorskip("markdown")
+    import markdown
+
+    spec = importlib.util.spec_from_file_location("maths", ROOT / "docs" / "hooks" / "maths.py")
+    maths = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maths)
+    md = markdown.Markdown(extensions=[maths.ScriptsExtension()])
+    html = md.convert("c = e^{−e^{2.5}}, Σ_j w_ij, [x − τ]_+, 2^22, top_k, `e^{x}` and beta_pre")
+    assert "e<sup>−e<sup>2.5</sup></sup>" in html
+    assert "Σ<sub>j</sub> w<sub>ij</sub>" in html and "]<sub>+</sub>" in html
+    assert "2<sup>22</sup>" in html and "<code>e^{x}</code>" in html
+    assert "top_k" in html and "beta_pre" in html
+
+
+def test_screenshots_of_the_site_in_headless_chromium(site, tmp_path):
+    """The home, guide, reference and leaderboard pages in a real browser (docs/screenshots.py;
+    `make screenshots` keeps them in build/screenshots to look at). Skipped without Chromium."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shots", ROOT / "docs" / "screenshots.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    if shots.chromium() is None:
+        pytest.skip("no Chromium installed (`make chromium`)")
+    image = pytest.importorskip("PIL.Image")
+    pngs = shots.main(site, tmp_path)
+    assert [p.stem for p in pngs] == [name for name, _, _ in shots.PAGES]
+    for png in pngs:
+        with image.open(png) as im:
+            assert im.width == shots.WIDTH
+            colours = im.convert("L").getextrema()
+            assert colours[1] - colours[0] > 100, f"{png.name} is blank"
+
+
+def test_the_license_ships_in_the_wheel():
+    """LICENSE is MIT, as the metadata says, and pyproject.toml names it among the files every
+    wheel and sdist carry (PEP 639: dist-info/licenses/LICENSE)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "MIT"
+    assert "LICENSE" in project["license-files"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License") and "the sharpattn authors" in text

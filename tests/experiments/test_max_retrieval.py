@@ -456,11 +456,24 @@ def test_cli_reproduce_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "cli"
     argv = ["reproduce", "max-retrieval", "--quick", "--steps", "20", "--sizes", "16,32"]
     assert main([*argv, "--test-sets", "50", "--out", str(out)]) == 0
-    assert "| 32 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 32 |" in printed
+    seeds = json.loads((out / "config.json").read_text())["seeds"]
+    assert mr.table_title(seeds) in printed  # the table has a title
+    if seeds == 1:  # the quick profile: its n/a p-values are explained
+        assert "p (ours) is n/a: the paired t-test over seeds needs at least two" in printed
     rows = json.loads((out / "table1.json").read_text())
     assert [r["size"] for r in rows] == [16, 32] and json.loads((out / "config.json").read_text())[
         "steps"
     ] == 20
+
+
+def test_table_note_explains_n_a_p_values():
+    rows = [{"p_value": None}, {"p_value": float("nan")}]
+    assert "needs at least two seeds" in mr.table_note(rows, 1)
+    assert "same difference" in mr.table_note(rows, 3)
+    assert mr.table_note([{"p_value": 0.01}], 3) is None
+    assert mr.table_title(1).endswith("over 1 seed") and mr.table_title(10).endswith("10 seeds")
 
 
 # --- Figure 5's four regions (issue 15, item 9d) ----------------------------------------------

@@ -70,6 +70,7 @@ def result(proc: subprocess.Popen) -> dict:
     assert proc.returncode == 0, f"exit {proc.returncode}: {err[-2000:]}"
     got = json.loads(out.strip().splitlines()[-1])
     assert got["err"] < 1e-5, got  # the right answer, with the loops or without
+    got["built"] = [line for line in err.splitlines() if "building the C++ tile loops" in line]
     return got
 
 
@@ -111,7 +112,7 @@ def test_a_folder_in_its_place_is_one_warning_never_a_crash(tmp_path, built):
 
 def test_two_fresh_processes_build_at_once_and_killed_builds_are_cleaned(tmp_path):
     """Two processes on an empty cache build at once (pytest-xdist workers): both load a whole
-    library, silently. The build removes the folder of a build killed with kill -9 (its process
+    library, each saying once that it builds. The build removes the folder of a build killed with kill -9 (its process
     gone) and an older version's ``tmp*`` folder over an hour old, not a running build's."""
     if native.compiler() is None:
         pytest.skip("no C++ compiler on the PATH")
@@ -128,11 +129,24 @@ def test_two_fresh_processes_build_at_once_and_killed_builds_are_cleaned(tmp_pat
     hour_ago = time.time() - 2 * native.STALE_S
     os.utime(legacy, (hour_ago, hour_ago))
     procs = [start(tmp_path) for _ in range(2)]
+    said = [native.BUILDING.format(folder=folder)]
+    built = []
     for got in map(result, procs):
         assert got["loops"] and got["status"]["active"] and got["warnings"] == []
         assert got["status"]["library"] in map(str, whole(folder))
+        # one line from a process that compiles; none from one that found the other's library
+        assert got["built"] in ([], said), got["built"]
+        built += got["built"]
+    assert built
     assert not killed.exists() and not legacy.exists() and running.exists()
     assert sorted(folder.glob(".build-*")) == [running]
+
+
+def test_a_cache_hit_builds_nothing_and_says_nothing(tmp_path, built):
+    cache_with(tmp_path, built)
+    got = result(start(tmp_path))
+    assert got["loops"] and got["status"]["active"] and got["warnings"] == []
+    assert got["built"] == []
 
 
 def test_ctypes_never_sees_a_file_whose_sha256_differs(tmp_path, built, monkeypatch):

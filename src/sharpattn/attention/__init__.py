@@ -1,4 +1,4 @@
-"""Attention over any normalizer: the functional :func:`attend` and :class:`MultiheadAttention`."""
+"""Attention over any normalizer: the functional [`attend`][sharpattn.attend] and [`MultiheadAttention`][sharpattn.MultiheadAttention]."""
 
 from .functional import attend, causal_mask
 from .mha import MultiheadAttention

@@ -2,27 +2,27 @@
 the entropy that sets β and the weights, so the forward is two matrix products, as softmax's.
 
 Queries are cut into blocks of ``bq`` rows; a block's scores over every key it sees, a
-``[B, H, bq, Lk']`` slab (:class:`~.tiles.Slabs`), are made once, in base 2 (the scale folded into
+``[B, H, bq, Lk']`` slab (`Slabs`), are made once, in base 2 (the scale folded into
 q carries log₂ e). Per row, from the slab:
 
 * m = max_j s_j, Z = Σ_j 2^{x_j} and a = Σ_j 2^{x_j}·x_j / Z with x = s − m, so that
-  H = ln 2·(log₂ Z − a), the exact entropy of softmax(s) (:func:`~.fused.softmax_entropy`'s
+  H = ln 2·(log₂ Z − a), the exact entropy of softmax(s) (`softmax_entropy`'s
   statistics, here over the whole row at once);
-* β = β(H) (:func:`~sharpattn.normalizers.softmax.beta_from_entropy`, the normalizer's own);
+* β = β(H) (`beta_from_entropy`, the normalizer's own);
 * w_j = 2^{β·x_j − c}/Z', c = max_j β·x_j (0 for β >= 0), Z' = Σ_j 2^{β·x_j − c}, and the
   block's output w·v.
 
-The backward (a :class:`torch.autograd.Function`) recomputes each slab and takes, per row, with
+The backward (a `torch.autograd.Function`) recomputes each slab and takes, per row, with
 g_j = dO·v_j and D = dO·out:  dL/ds_j = β·w_j·(g_j − D) − g_H·ln 2·p_j·(x_j − a), p = 2^x/Z (the
-entropy's own derivative, as :func:`~.fused.softmax_entropy`'s backward), g_H = β'(H)·dL/dβ and
+entropy's own derivative, as `softmax_entropy`'s backward), g_H = β'(H)·dL/dβ and
 dL/dβ = ln 2·Σ_j x_j·w_j·(g_j − D); then the five products of flash attention's backward. With
 ``detach_beta`` the second term is left out.
 
-On the CPU in float32 the per-row work runs in the C++ loops of :mod:`.native` (one or two
+On the CPU in float32 the per-row work runs in the C++ loops of `native` (one or two
 sweeps per row while it is in cache); elsewhere, and for tiles with a mask other than causal, in
-PyTorch. :func:`adaptive` takes this path where the loops run and the slab fits
-(:func:`slabs_wanted`); every other call, and every call that asks for statistics, takes
-:func:`~.fused.adaptive` (a statistics pass over key tiles, then the flash kernel).
+PyTorch. `adaptive` takes this path where the loops run and the slab fits
+(`slabs_wanted`); every other call, and every call that asks for statistics, takes
+`adaptive` (a statistics pass over key tiles, then the flash kernel).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from .tiles import Grid, Slabs, device_budget, slab_rows
 
 Tensor = torch.Tensor
 
-#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB, but at least :data:`MIN_ROWS`
-#: rows while that stays within :data:`SLAB_MAX`. The q·kᵀ and p·v products need some 128 rows
+#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB, but at least `MIN_ROWS`
+#: rows while that stays within `SLAB_MAX`. The q·kᵀ and p·v products need some 128 rows
 #: to run at speed. Measured (2-core Intel Xeon, B = 1, H = 4, D = 64, forward CPU time / SDPA's,
 #: non-causal): the two products alone at n = 16,384 2.0x with 16 rows, 1.45x with 32, 1.15x
 #: with 64, 1.12x with 128; the whole path at n = 4,096 1.84x with 64 rows, 1.48x with 128,
@@ -68,15 +68,15 @@ BACKWARD_PARTS = 4 / 3
 
 def _rows_of(bh: int, lq: int, lk: int, device: torch.device, parts: float = 1) -> int:
     """Rows per slab, for ``parts`` slab-sized buffers' worth of rows within the memory of one
-    (the backward: :data:`BACKWARD_PARTS`)."""
+    (the backward: `BACKWARD_PARTS`)."""
     budget, most = int(device_budget(SLAB_ELEMENTS, device) / parts), int(SLAB_MAX / parts)
     return slab_rows(bh, lq, lk, budget, max(1, int(MIN_ROWS / parts)), most)
 
 
 def slabs_wanted(q: Tensor, k: Tensor, v: Tensor, masking: Masking) -> bool:
-    """Whether :func:`adaptive` takes the slab path: the C++ loops run (a float32 compute dtype
-    on the CPU, not traced), no mask but the causal one, and :data:`FEWEST_ROWS` rows of one key
-    head's query heads fit :data:`SLAB_MAX`."""
+    """Whether `adaptive` takes the slab path: the C++ loops run (a float32 compute dtype
+    on the CPU, not traced), no mask but the causal one, and `FEWEST_ROWS` rows of one key
+    head's query heads fit `SLAB_MAX`."""
     return (
         masking.mask is None
         and q.numel() > 0
@@ -104,7 +104,7 @@ def _head_groups(q: Tensor, k: Tensor) -> list[tuple[int, int, int, int]]:
 
 def adaptive(q, k, v, masking, scale, want_stats, **params):
     """Adaptive-temperature attention: on slabs (module docstring) where
-    :func:`slabs_wanted`, else :func:`~.fused.adaptive`, whose parameters ``params`` are."""
+    `slabs_wanted`, else `adaptive`, whose parameters ``params`` are."""
     if want_stats or not slabs_wanted(q, k, v, masking):
         return adaptive_two_pass(q, k, v, masking, scale, want_stats, **params)
     return _on_slabs(q, k, v, masking, scale, **params), None
@@ -113,7 +113,7 @@ def adaptive(q, k, v, masking, scale, want_stats, **params):
 def _on_slabs(
     q, k, v, masking, scale, *, coefficients="icml", threshold=0.5, floor=1.0, detach_beta=False
 ):
-    """:func:`adaptive_slabs`, in groups of heads where one slab of all of them is too large."""
+    """`adaptive_slabs`, in groups of heads where one slab of all of them is too large."""
     coef = tuple(float(c) for c in resolve_coefficients(coefficients))
     rule = (coef, float(threshold), float(floor), bool(detach_beta))
     groups = _head_groups(q, k)
@@ -156,7 +156,7 @@ def _shift(m: Tensor, big: float) -> Tensor:
 
 def _tempered(x: Tensor, keep: Tensor | None, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(2^{β·x − c} over the allowed keys, c, the row sums) from x = s − m (any finite value
-    where masked), in PyTorch; the C++ loop is in :func:`~.native.adaptive_forward`."""
+    where masked), in PyTorch; the C++ loop is in `adaptive_forward`."""
     big = torch.finfo(x.dtype).max
     low = x if keep is None else x + (1.0 - keep) * big
     c = torch.where(beta < 0, beta * low.amin(-1, keepdim=True), torch.zeros_like(beta))
@@ -252,7 +252,7 @@ def _beta(z: Tensor, a: Tensor, coef, threshold, floor) -> Tensor:
 
 def _backward_tile(s, dp, keep, m, z, a, beta, c, zt, d, dbeta, big):
     """(dL/ds, w) of one slab in PyTorch (``s`` base-2 scores and ``dp`` = dO·vᵀ are scratch);
-    the C++ loop is :func:`~.native.tempered_backward`."""
+    the C++ loop is `tempered_backward`."""
     if keep is not None:
         s.mul_(keep)
     x = s.sub_(_shift(m, big))

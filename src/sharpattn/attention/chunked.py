@@ -25,7 +25,7 @@ BLOCK_ELEMENTS = 2**23
 
 
 def default_block_size(b: int, h: int, lk: int) -> int:
-    """Query rows per block so that one block's scores hold about :data:`BLOCK_ELEMENTS` entries."""
+    """Query rows per block so that one block's scores hold about `BLOCK_ELEMENTS` entries."""
     return max(16, BLOCK_ELEMENTS // max(1, b * h * lk))
 
 
@@ -134,7 +134,7 @@ def chunked_softmax_attention(
 
     The fallback of the fused paths where torch's flash kernel with log-sum-exp is missing.
     Empty rows (Lk = 0 included) give output 0 and lse 0 (as the flash kernel does; the public
-    :class:`AttentionStats` reports −inf, the log of an empty sum); lse is differentiable here.
+    [`AttentionStats`][sharpattn.attention.AttentionStats] reports −inf, the log of an empty sum); lse is differentiable here.
     """
 
     def weigh(scores, mask, r0):

@@ -10,13 +10,13 @@ AVX-512 CPU: both stay eager. The tile functions
 are pure but for their scratch scores, so the compiled and the eager function compute the same
 maths and either can run at any time.
 
-When the compiled one runs (:func:`wanted`), from the environment variable ``SHARPATTN_COMPILE``:
+When the compiled one runs (`wanted`), from the environment variable ``SHARPATTN_COMPILE``:
 
 * ``0``: never (the pure-PyTorch path everywhere);
 * ``1``: on every CPU call (the tests use it to hold the compiled path to the eager one);
-* unset or ``auto``: on CPU calls of at least :data:`COMPILE_MIN` score entries (compiling costs
+* unset or ``auto``: on CPU calls of at least `COMPILE_MIN` score entries (compiling costs
   a few seconds once per process and function, which only a long call repays) when a C++
-  compiler is on the ``PATH`` and ATen's CPU path is vectorised (:func:`vectorised`).
+  compiler is on the ``PATH`` and ATen's CPU path is vectorised (`vectorised`).
 
 Never inside a graph that ``torch.compile`` is already tracing (the user's compile takes the
 eager function in), never on another device (not measured here). A compilation that fails (no
@@ -59,7 +59,7 @@ def compiler() -> str | None:
 
 @functools.cache
 def compiler_found() -> bool:
-    """Whether a C++ compiler Inductor could use is on the PATH (:func:`compiler`); looked up
+    """Whether a C++ compiler Inductor could use is on the PATH (`compiler`); looked up
     once per process, not on every large call."""
     return compiler() is not None
 
@@ -84,7 +84,7 @@ def wanted(device: torch.device, entries: int) -> bool:
 
 class TileFunction:
     """A pure per-tile function with a compiled twin: ``f(use, *args)`` runs the compiled one
-    when ``use`` (from :func:`wanted`, once per call), else the function itself."""
+    when ``use`` (from `wanted`, once per call), else the function itself."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
@@ -117,7 +117,7 @@ VARIANTS = 64
 
 
 def _allow_variants() -> None:
-    """Raise dynamo's recompile limit (8 by default; only ever raised here) to :data:`VARIANTS`:
+    """Raise dynamo's recompile limit (8 by default; only ever raised here) to `VARIANTS`:
     with ``fullgraph=True`` a function past the limit fails instead of running."""
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -127,5 +127,5 @@ def _allow_variants() -> None:
 
 
 def tile_function(fn: Callable) -> TileFunction:
-    """Decorator: ``fn`` as a :class:`TileFunction`."""
+    """Decorator: ``fn`` as a `TileFunction`."""
     return TileFunction(fn)

@@ -1,13 +1,13 @@
-"""Every O(n)-memory fast path, found from a registry entry by :func:`path_of`.
+"""Every O(n)-memory fast path, found from a registry entry by `path_of`.
 
 Each takes ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output,
-AttentionStats | None)``; :func:`~sharpattn.attention.attend` runs it for ``impl="fused"`` and
-``impl="auto"``. A method that declares a family (:mod:`sharpattn.normalizers.families`) runs
+AttentionStats | None)``; `attend` runs it for ``impl="fused"`` and
+``impl="auto"``. A method that declares a family (`sharpattn.normalizers.families`) runs
 that family's path with its hooks: the row-scaled softmax family rides torch's flash kernel
-(:func:`.fused.row_scaled`), the element-wise family walks key tiles (:func:`.tiled.elementwise`,
-or a built-in kernel it names). The other methods name a path of :data:`FAST`: the softmax
-family's sink and adaptive temperature (:mod:`.fused`), and the normalizers that walk tiles of
-the score matrix (:mod:`.tiles`) with their own backward.
+(`fused.row_scaled`), the element-wise family walks key tiles (`tiled.elementwise`,
+or a built-in kernel it names). The other methods name a path of `FAST`: the softmax
+family's sink and adaptive temperature (`fused`), and the normalizers that walk tiles of
+the score matrix (`tiles`) with their own backward.
 """
 
 from __future__ import annotations

@@ -27,17 +27,17 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: (B·H·Lq·Lk); beyond it, methods without a fused path run chunked.
 NAIVE_MAX_ELEMENTS = 2**24
 
-#: The one observation point of attention (used by :mod:`sharpattn.diagnostics.capture`): when
-#: set, every :func:`attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
+#: The one observation point of attention (used by `sharpattn.diagnostics.capture`): when
+#: set, every `attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
 #: method=, params=)``, where q, k, v are what the normalizer saw (after selective temperatures)
 #: and ``out`` ``[B, H, Lq, Dv]`` may be replaced (e.g. a head zeroed). Set it with
-#: :func:`observe`; sharpattn's ``MultiheadAttention`` and the Hugging Face integration both
-#: call :func:`attend`, so one observer sees both.
+#: `observe`; sharpattn's ``MultiheadAttention`` and the Hugging Face integration both
+#: call `attend`, so one observer sees both.
 _observer: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
     "sharpattn_attend_observer", default=None
 )
-#: How many :func:`observe` calls have not been undone yet, in any context. While it is 0,
-#: :func:`attend` does not read the ContextVar at all: ``torch.compile`` cannot trace
+#: How many `observe` calls have not been undone yet, in any context. While it is 0,
+#: `attend` does not read the ContextVar at all: ``torch.compile`` cannot trace
 #: ``ContextVar.get`` (a graph break), but it guards on this module global (a compiled attend
 #: recompiles when observing starts, and breaks its graph there while it lasts). A context copied
 #: from an observing one (a thread, an asyncio task) sees the observer only until that one stops.
@@ -46,8 +46,8 @@ _observing_lock = threading.Lock()
 
 
 def observe(observer: Callable | None) -> contextvars.Token:
-    """Install ``observer`` for :func:`attend` calls in this context; returns the token for
-    :func:`stop_observing`."""
+    """Install ``observer`` for [`attend`][sharpattn.attend] calls in this context; returns the token for
+    `stop_observing`."""
     global _observing
     token = _observer.set(observer)
     with _observing_lock:
@@ -56,7 +56,7 @@ def observe(observer: Callable | None) -> contextvars.Token:
 
 
 def stop_observing(token: contextvars.Token) -> None:
-    """Restore the observer that was active before :func:`observe` returned ``token``."""
+    """Restore the observer that was active before `observe` returned ``token``."""
     global _observing
     _observer.reset(token)
     with _observing_lock:
@@ -99,7 +99,7 @@ def attend(
     ``impl`` picks the computation; every path gives the same result within rounding:
 
     * ``"fused"``: no score matrix, O(n) memory, torch's flash kernel (methods whose registry
-      entry names a ``fused`` path: softmax, adaptive, ...; see :mod:`.fused`).
+      entry names a ``fused`` path: softmax, adaptive, ...; see `fused`).
     * ``"chunked"``: any method, query blocks of ``block_size`` rows (default: about 2^23 score
       entries per block), extra memory O(block·Lk) in forward and backward.
     * ``"naive"``: the whole ``[B, H, Lq, Lk]`` score matrix (the reference).
@@ -109,7 +109,7 @@ def attend(
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
     ``params`` are validated once, before any path, against the method's registry
-    :class:`~sharpattn.normalizers.Param` entries (``Normalizer.check_params``):
+    [`Param`][sharpattn.normalizers.Param] entries (``Normalizer.check_params``):
     a name the method does not take, a NaN, an infinity where the parameter must be finite, a
     value out of its range or of the wrong type raise ValueError naming the parameter and what it
     accepts, whichever path runs (tensor parameters' values only with ``check_finite``).
@@ -142,7 +142,7 @@ def attend(
     inputs, or keep ``check_finite=True``.
 
     Returns the output; with ``return_weights=True`` also the weights ``[B, H, Lq, Lk]`` (naive
-    only); with ``return_stats=True`` also an :class:`~sharpattn.attention.stats.AttentionStats`
+    only); with ``return_stats=True`` also an [`AttentionStats`][sharpattn.attention.stats.AttentionStats]
     of per-row statistics (entropy, mass, visible keys; lse and β on fused paths), computed
     without the weights matrix on the fused and chunked paths. Order: ``(output[, weights][,
     stats])``.

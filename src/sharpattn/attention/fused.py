@@ -6,19 +6,19 @@ extra memory is O(n):
 * **query scaling** — softmax(f_i·s_ij) for a per-row/per-head factor f (1/θ, s·log n,
   1 + c·log n, Llama 4's and Qwen's β(n)): multiply row i of q by f_i, one fused call.
 * **adaptive temperature** (Veličković et al., App. G) — a statistics pass over key tiles gives
-  each row's entropy H_i (:func:`softmax_entropy`, no p·V); β_i = β(H_i) scales q_i and one
+  each row's entropy H_i (`softmax_entropy`, no p·V); β_i = β(H_i) scales q_i and one
   fused pass gives the output. On the CPU with the C++ loops, calls without a user mask or
-  statistics take :mod:`.adaptive_tiled` instead (one q·kᵀ for both).
+  statistics take `adaptive_tiled` instead (one q·kᵀ for both).
 * **sinks** — exp(s_i)/(exp(b) + Σ_j exp(s_j)) = softmax(s)_i·σ(lse − b): the softmax output
   times one factor per row. Its backward is the flash backward with lse replaced by
   log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0). Where that kernel is
-  missing (a CUDA tensor), the virtual key is made real: :func:`sink_as_key` appends it to k
+  missing (a CUDA tensor), the virtual key is made real: `sink_as_key` appends it to k
   and v (one more head column carries b) and calls torch's public SDPA, fused on every device.
 
 The kernel is the private ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (returns
 ``(output, logsumexp)``; has autograd for the output, none for lse). Where it is missing (another
 torch version, a non-CPU device, value size != key size) the paths fall back to
-:func:`~sharpattn.attention.chunked.chunked_softmax_attention` (query blocks, O(block·Lk)).
+`chunked_softmax_attention` (query blocks, O(block·Lk)).
 
 Masks: the kernel takes an additive float mask (broadcast shapes accepted, so a padding mask
 ``[B, 1, 1, Lk]`` costs O(Lk)) and a top-left ``is_causal``. Our causal is bottom-right aligned:
@@ -65,6 +65,12 @@ def unit_stride(x: Tensor) -> Tensor:
     numbers, silently, for a transposed or sliced last dimension (torch's public SDPA copies
     too). Other strides (heads-last views, expanded batch or heads, offsets) it reads right."""
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def flash_kernel_available() -> bool:
+    """Whether this torch build has the private CPU flash kernel (with log-sum-exp) and its
+    backward, which the softmax family's fused paths call."""
+    return _FLASH is not None and _FLASH_BWD is not None
 
 
 def flash_available(q: Tensor, v: Tensor) -> bool:
@@ -124,7 +130,7 @@ def _rows_in(x: Tensor, lay: _Layout) -> Tensor:
 
 
 def _rows_out(x: Tensor, lay: _Layout) -> Tensor:
-    """Undo :func:`_rows_in` on a kernel result ``[B, H, Lq', ·]`` (dropped rows come back as 0)."""
+    """Undo `_rows_in` on a kernel result ``[B, H, Lq', ·]`` (dropped rows come back as 0)."""
     if lay.pre:
         x = x[..., lay.pre :, :]
     if lay.drop:
@@ -136,7 +142,7 @@ def softmax_attention(
     q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float
 ) -> tuple[Tensor, Tensor]:
     """softmax(scale·q·kᵀ)·v ``[B, H, Lq, Dv]`` and log-sum-exp ``[B, H, Lq, 1]`` (float32 for
-    16-bit inputs), O(n) memory. lse is 0 here on rows with no visible key (:class:`AttentionStats`
+    16-bit inputs), O(n) memory. lse is 0 here on rows with no visible key ([`AttentionStats`][sharpattn.attention.AttentionStats]
     reports −inf, the log of an empty sum) and carries no gradient
     on the kernel path (differentiable on the fallback)."""
     if not flash_available(q, v):
@@ -172,7 +178,7 @@ def softmax_entropy(
     folded into q carries log₂ e) in float32 for 16-bit inputs. The backward recomputes each
     tile: dH_i/ds_ij = −p_ij·(log p_ij + H_i) (3 matrix products per tile, against the flash
     backward's 5). lse carries no gradient; it is 0 for rows with no visible key (as the flash
-    kernel's; :class:`AttentionStats` reports −inf there).
+    kernel's; [`AttentionStats`][sharpattn.attention.AttentionStats] reports −inf there).
 
     It is the exact entropy −Σ p·log p; the reference code's −Σ p·log(p + ε), ε = 1e-9, is below
     it by Σ_j p_j·log(1 + ε/p_j) ∈ [0, n·ε] (n visible keys; 3.3e-5 at n = 32k).
@@ -212,7 +218,7 @@ def _entropy_forward(grid: Grid):
 
 
 def entropy_tile(s: Tensor, keep: Tensor | None, m: Tensor, z: Tensor, a: Tensor, big: float):
-    """One tile's update of the running (m, Z, A) of :func:`_entropy_forward`: the new values
+    """One tile's update of the running (m, Z, A) of `_entropy_forward`: the new values
     (``s``, the tile's base-2 scores, is scratch; m, Z, A are not written). Not compiled: with
     ``torch.compile`` it gave wrong values (NaN) under ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512
     CPU while right on torch's own path, a cause not yet found (and it saved little: 1.90 → 1.78x
@@ -334,7 +340,7 @@ def _stats(q: Tensor, masking: Masking, **fields) -> AttentionStats:
 
 
 def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
-    """The fast path of a :class:`~sharpattn.normalizers.families.RowScaled` method:
+    """The fast path of a `RowScaled` method:
     softmax(β_i·s_ij) with β = ``family.beta(n, **params)`` of the rows' visible keys n, folded
     into the rows of q (one fused call)."""
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
@@ -366,7 +372,7 @@ def adaptive(
 ):
     """Adaptive-temperature attention streamed in two fused passes (see the module docstring).
 
-    β_i = β(H_i) with H_i the exact entropy of softmax(s)_i (:func:`softmax_entropy`); then
+    β_i = β(H_i) with H_i the exact entropy of softmax(s)_i (`softmax_entropy`); then
     softmax(β_i·s_ij)·v with β_i folded into q_i. Gradients flow through β unless ``detach_beta``.
     """
     h, _ = softmax_entropy(q, k, masking, scale)  # (B, H, Lq, 1)
@@ -421,13 +427,13 @@ class _SinkAttention(torch.autograd.Function):
         return gq, gk, gv, gb, None, None, None
 
 
-#: The head size of :func:`sink_as_key`'s inputs is rounded up to a multiple of this: torch's
+#: The head size of `sink_as_key`'s inputs is rounded up to a multiple of this: torch's
 #: fused CUDA kernels (flash, memory-efficient) take head sizes in multiples of 8.
 KEY_ALIGN = 8
 
 
 def sink_key_fits(masking: Masking) -> bool:
-    """Whether :func:`sink_as_key` takes this masking with O(n) memory: no mask, a causal one
+    """Whether `sink_as_key` takes this masking with O(n) memory: no mask, a causal one
     whose queries end at the last key and see at least as many keys as there are queries
     beyond them (Lk − Lq <= Lq), or a user mask that is the same for every query row (padding);
     not a per-row mask or causal with a user mask (SDPA would need the dense ``[Lq, Lk]``)."""
@@ -441,12 +447,12 @@ def sink_as_key(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float,
     key, first in line, whose score is b_i and whose value is 0.
 
     q' = [q, b/scale, 0…], k' = [[0, 1, 0…], [k, 0, 0…]], v' = [[0…], [v, 0…]] (head size
-    padded to :data:`KEY_ALIGN`), so scale·q'·k'ᵀ gives the scores and b, and softmax over
+    padded to `KEY_ALIGN`), so scale·q'·k'ᵀ gives the scores and b, and softmax over
     [sink, keys] gives exp(s_j)/(exp(b) + Σ exp(s)). Causal masks stay SDPA's top-left
     ``is_causal``: one dummy query row is prepended for the sink key, plus Lk − Lq for the
     bottom-right alignment (rows of a longer query that see no key are cut and come back 0).
     A padding mask gets an allowed sink column. Gradients, b's included, are SDPA's own.
-    ``masking`` must pass :func:`sink_key_fits`; ``bias`` is ``[B|1, H|1, Lq|1, 1]``."""
+    ``masking`` must pass `sink_key_fits`; ``bias`` is ``[B|1, H|1, Lq|1, 1]``."""
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     width = -(-max(d + 1, dv) // KEY_ALIGN) * KEY_ALIGN
@@ -503,7 +509,7 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
 
 
 #: Fused implementations by registry ``fused`` name (the row-scaled family's is
-#: :func:`row_scaled`, bound to each method's family by ``fast.path_of``). Each takes
+#: `row_scaled`, bound to each method's family by ``fast.path_of``). Each takes
 #: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
 FUSED = {
     "adaptive": adaptive,

@@ -72,7 +72,7 @@ class Masking:
     def visible_keys(self, block: int = 1024, dtype: torch.dtype = torch.float32) -> Tensor:
         """n_i, the number of keys query i may attend to, as ``dtype`` ``[B|1, H|1, Lq|1, 1]``,
         without an ``[Lq, Lk]`` matrix (a per-row mask with ``causal`` is counted ``block`` rows
-        at a time): :func:`sharpattn.normalizers._contract.visible_keys`, where every n is
+        at a time): `sharpattn.normalizers._contract.visible_keys`, where every n is
         counted."""
         return visible_keys(
             self.mask,

@@ -18,9 +18,9 @@ from .selective import (
 
 Tensor = torch.Tensor
 
-#: the gated-attention options of :class:`MultiheadAttention` (Qiu et al. 2025)
+#: the gated-attention options of `MultiheadAttention` (Qiu et al. 2025)
 GATES = (None, "headwise", "elementwise")
-#: the on/off options of :class:`MultiheadAttention`, checked as normalizer parameters are
+#: the on/off options of `MultiheadAttention`, checked as normalizer parameters are
 OPTIONS = (
     Param("bias", True, "biases in the four projections"),
     Param("causal", False, "causal masking by default"),
@@ -40,14 +40,14 @@ class MultiheadAttention(nn.Module):
         kdim: width of the key input (default ``embed_dim``).
         vdim: width of the value input (default ``embed_dim``).
         bias: biases in the four projections.
-        causal: default causal masking for :meth:`forward`.
+        causal: default causal masking for [`forward`][sharpattn.attention.mha.MultiheadAttention.forward].
         selective: selective attention (Zhang et al., NeurIPS 2024): per-token temperatures on
-            ``"q"``, ``"v"``, ``"qv"`` or ``"kqv"``, or a :class:`SelectiveConfig` for the other
+            ``"q"``, ``"v"``, ``"qv"`` or ``"kqv"``, or a [`SelectiveConfig`][sharpattn.attention.SelectiveConfig] for the other
             choices (token/position terms, MLP width, feature-based). Identity at initialisation
-            (see :mod:`sharpattn.attention.selective`).
+            (see `sharpattn.attention.selective`).
         sharing: with ``selective``, the weight-sharing token temperature (reuses the projections;
             one vector per head) instead of a separate MLP.
-        rotary: rotary position embeddings (:mod:`sharpattn.attention.rotary`) on q and k after
+        rotary: rotary position embeddings (`sharpattn.attention.rotary`) on q and k after
             the projections (and after selective temperatures are computed, so a weight-sharing
             τ_tok sees the unrotated projection; scaling a row commutes with rotating it). Keys
             are at positions 0..Lk−1 and queries at the last Lq of them (a cache's offset).

@@ -15,7 +15,7 @@ PyTorch tile functions', which stay the reference and the fallback;
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
 compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
 ``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``; a relative ``XDG_CACHE_HOME`` is
-ignored, as the XDG specification asks), named by a hash of its source, the compiler and the CPU
+ignored, as the XDG specification asks), with one line on stderr while it compiles (`BUILDING`), named by a hash of its source, the compiler and the CPU
 (``-march=native`` ties it to the machine) and by the sha256 of its own bytes:
 ``tiles-KEY-SHA256.so``. A build runs in a folder of its own (``.build-PID-*``, removed by the
 next build once that process is gone or after an hour, so a build killed with ``kill -9`` leaves
@@ -25,11 +25,11 @@ ctypes loads it, its sha256 is computed again and compared with its name: a dama
 (truncated, altered, a folder in its place) would kill the process (SIGBUS, SIGSEGV) if loaded,
 so it is removed and rebuilt, with one warning that names it and what was wrong.
 
-When it runs (:func:`wanted`, :func:`usable`): on float32 CPU tiles in which every key is visible
+When it runs (`wanted`, `usable`): on float32 CPU tiles in which every key is visible
 or whose only mask is causal (each row sees a prefix of the tile's keys), outside a graph that
 ``torch.compile`` is tracing, unless ``SHARPATTN_COMPILE=0`` (which keeps every path in plain
 PyTorch). Where no compiler is found it is not used; a build or load that fails warns once and
-leaves the PyTorch path for the process. :func:`status` says which.
+leaves the PyTorch path for the process. `status` says which.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -187,9 +188,14 @@ def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
     return target
 
 
+#: the one line on stderr when a process compiles the loops (never on a cache hit)
+BUILDING = "sharpattn: building the C++ tile loops once (~10 s) into {folder}"
+
+
 def _compile(cxx: str, compile_flags: tuple[str, ...], folder: Path, key: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     _clean(folder)
+    print(BUILDING.format(folder=folder), file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=folder))
     try:
         obj, out = tmp / "tiles.o", tmp / "tiles.so"
@@ -268,7 +274,7 @@ def wanted(device: torch.device, dtype: torch.dtype) -> bool:
 
 def usable(ends: Tensor | None, masked: bool, *tensors: Tensor) -> bool:
     """Whether a tile can go to the loops: every key visible (not ``masked``) or a causal prefix
-    per row (``ends`` from :meth:`~.tiles.Grid.prefix`), its tensors contiguous float32."""
+    per row (``ends`` from `prefix`), its tensors contiguous float32."""
     if masked and ends is None:
         return False
     return all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors)
@@ -414,7 +420,7 @@ def sparse_prepare(s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, c
 def stick_forward(s: Tensor, ends: Tensor | None, carry: Tensor, ent=None, mass=None) -> Tensor:
     """Stick-breaking's weights on one tile whose keys are reversed, written over ``s``
     (returned); ``carry`` (Σ log σ(−s) to the right, per row) updated in place, and ``ent`` and
-    ``mass`` (contiguous, per row) accumulated when given. ``ends``: :meth:`~.tiles.Grid.prefix`
+    ``mass`` (contiguous, per row) accumulated when given. ``ends``: `prefix`
     of the tile in its own key order."""
     rows, cols = _rows(s)
     e, tr = _ends(ends)

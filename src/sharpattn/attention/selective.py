@@ -17,7 +17,7 @@ with one scalar τ per token and head (rows of Q, K, V are scaled), and
 - ``"mlp"`` (base SSA): f(x) = W₂·GELU(W₁x + b₁) + b₂, a two-layer MLP from the layer input to
   one output per head; the hidden width is not given by the paper (default ``embed_dim // 2``,
   which makes q+v temperatures ≈ 5% of a GPT-2-small / Pythia-160m sized model, the paper's
-  "5%"; see :func:`selective_parameter_count`).
+  "5%"; see `selective_parameter_count`).
 - ``"shared"`` (weight sharing): f(x)_h = w_h · GELU((x·W_{q|k|v})_h), reusing the head's own
   projection; one vector w_h ∈ R^{head_dim} per head (paper: < 0.5% new parameters).
 - ``"feature"`` (feature-based, App. B.2): f(x)_h = γ_h · φ(x) from a per-token feature φ
@@ -103,7 +103,7 @@ def initial_theta(param: str, coefficient: float | None = None) -> float:
 
 def position_temperature(n: Tensor, coefficient: Tensor | float) -> Tensor:
     """τ_pos(n) = 1 + c·log n (Sec. 3), length_scaled's inverse temperature
-    (:func:`~sharpattn.normalizers.scaled.length_scaled_beta`). ``n`` < 1 (a query that sees no
+    (`length_scaled_beta`). ``n`` < 1 (a query that sees no
     key) counts as 1."""
     return length_scaled_beta(log_n(n), coefficient)
 
@@ -111,7 +111,7 @@ def position_temperature(n: Tensor, coefficient: Tensor | float) -> Tensor:
 def query_positions(
     lq: int, lk: int, *, mask: Tensor | None = None, causal: bool = False, device=None
 ) -> Tensor:
-    """n for each query: how many keys it may attend to (:meth:`Masking.visible_keys`), float
+    """n for each query: how many keys it may attend to (`Masking.visible_keys`), float
     ``[B', H', Lq]`` (``[1, 1, Lq]`` without a mask). ``mask`` is boolean, broadcastable to
     ``[B, H, Lq, Lk]``, True = may attend; ``causal`` aligns queries to the end of the keys
     (query i sees keys j <= i + Lk − Lq)."""
@@ -181,11 +181,11 @@ def selective_attend(
     **kwargs,
 ):
     """Selective self-attention: scale the rows of q, k, v by their temperatures, then one
-    :func:`sharpattn.attend` call (for softmax that is one fused SDPA call).
+    [`sharpattn.attend`][sharpattn.attend] call (for softmax that is one fused SDPA call).
 
     τ's are per token and head: ``tau_q`` broadcastable to ``[B, H, Lq]``, ``tau_k``/``tau_v`` to
     ``[B, Hkv, Lk]``. Everything else (mask, causal, scale, impl, return_weights, normalizer
-    parameters) goes to :func:`attend`; ``scale`` still defaults to 1/√D.
+    parameters) goes to [`attend`][sharpattn.attend]; ``scale`` still defaults to 1/√D.
     """
     q, k, v = apply_temperatures(q, k, v, tau_q=tau_q, tau_k=tau_k, tau_v=tau_v)
     return attend(q, k, v, method, **kwargs)
@@ -213,8 +213,8 @@ def apply_temperatures(
 
 # ---------------------------------------------------------------- modules
 
-#: The options of :class:`SelectiveConfig` (besides ``targets``), checked as a normalizer's
-#: parameters are (:class:`~sharpattn.normalizers.Param`): type, choices, range.
+#: The options of `SelectiveConfig` (besides ``targets``), checked as a normalizer's
+#: parameters are (`Param`): type, choices, range.
 OPTIONS = (
     Param("sharing", False, "the weight-sharing token temperature"),
     Param(
@@ -241,7 +241,7 @@ OPTIONS = (
 
 @dataclass(frozen=True)
 class SelectiveConfig:
-    """How :class:`MultiheadAttention` makes its temperatures.
+    """How [`MultiheadAttention`][sharpattn.MultiheadAttention] makes its temperatures.
 
     targets: which of q, k, v get one (any of ``"q"``, ``"v"``, ``"qv"``, ``"kqv"``, ...).
     token: "mlp" | "shared" | "feature" (default "shared" if ``sharing`` else "mlp").
@@ -368,7 +368,7 @@ class Temperature(nn.Module):
 
     def forward(self, n: Tensor, x=None, proj=None, features=None) -> Tensor:
         """τ ``[B, heads, L]``; ``n`` (float, broadcastable to ``[B, heads, L]``) are the token
-        positions, see :func:`query_positions` / :func:`key_positions`."""
+        positions, see `query_positions` / `key_positions`."""
         tok = self.token_term(x, proj, features)
         c = self.coefficient()
         # τ in at least float32 (float64 when the parameters are), whatever the activations are.
@@ -397,7 +397,7 @@ def selective_parameter_count(
     config: SelectiveConfig | None = None,
 ) -> int:
     """New parameters one attention layer gets from ``config`` (analytic; equals the count of a
-    real :class:`MultiheadAttention` with kdim = vdim = embed_dim)."""
+    real [`MultiheadAttention`][sharpattn.MultiheadAttention] with kdim = vdim = embed_dim)."""
     config = SelectiveConfig() if config is None else config
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     head_dim = embed_dim // num_heads if head_dim is None else head_dim

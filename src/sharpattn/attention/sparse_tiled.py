@@ -3,33 +3,33 @@ and top-k, forward and backward, without an ``[Lq, Lk]`` score matrix.
 
 Mechanism (chosen by measurement; costs in the README and ``benchmarks/sparse_tiled.py``): queries are cut into blocks of ``bq``
 rows, and the block's scores over every key it may see, a ``[B, H, bq, Lk']`` slab of about
-:data:`SLAB_ELEMENTS` entries, are made once (a causal block stops at its last visible key, as in
-:class:`~.tiles.Grid`) and normalised in place:
+`SLAB_ELEMENTS` entries, are made once (a causal block stops at its last visible key, as in
+`Grid`) and normalised in place:
 
 * y = (α−1)·θ·(s − max s) over the allowed keys (θ = 1 except for ASEntmax), clamped at −2:
   every y < −1 has weight exactly 0 (p_max <= 1 gives τ >= −1), so masked keys and rows without
   a key (made uniform, then zeroed) need no special case and no value is ever −inf or NaN;
 * τ with Σ_j [y_j − τ]_+^{1/(α−1)} = 1, in a fixed number of steps and no host synchronisation:
-  the exact threshold of :data:`CANDIDATES` candidates, the maxima of as many chunks of keys
+  the exact threshold of `CANDIDATES` candidates, the maxima of as many chunks of keys
   (the sort formula for sparsemax and 1.5-entmax, safeguarded Newton from the bound
   max_k (c_k − k^{1−α}) for other α), is a lower bound of the row's τ (the τ of any subset of
   the keys is), exact when each key of the support is the largest of its chunk; then
-  :data:`NEWTON_STEPS` safeguarded Newton steps on the whole row (:func:`_newton`), which from
+  `NEWTON_STEPS` safeguarded Newton steps on the whole row (`_newton`), which from
   the left converge monotonically for α <= 2 (for sparsemax a step is Michelot's projection
   step). ``torch.topk`` of the row would be a better start but costs ~40 elementwise passes.
   The weights are finally divided by their sum, so every row sums to one even where the steps
-  have not converged (measured errors at :data:`NEWTON_STEPS`). α > 2 (slow convergence) and a
-  learnable α take the query-block path (:func:`entmax`);
+  have not converged (measured errors at `NEWTON_STEPS`). α > 2 (slow convergence) and a
+  learnable α take the query-block path (`entmax`);
 * output = p·v; per row, only (max s, τ, 1/Σp) are kept for the backward.
 
-The backward (a :class:`torch.autograd.Function`) recomputes the block's scores and applies the
+The backward (a `torch.autograd.Function`) recomputes the block's scores and applies the
 closed-form Jacobian, never the solver's iterations: with g_j = dO·v_j and u_j = p_j^{2−α} on the
 support (1 for sparsemax), dz_j = u_j·(g_j − Σ_l u_l g_l / Σ_l u_l), ds = θ·dz, dθ = Σ_j dz_j·
 (s_j − max s); top-k takes softmax's Jacobian on its kept keys. Five GEMMs per block in all
 (q·kᵀ, dO·vᵀ, ds·k, dsᵀ·q, pᵀ·dO), as flash attention's backward.
 
 Top-k: the threshold is the k-th largest allowed score; ties at it are broken in key order (the
-lowest key index wins), as the naive :func:`~sharpattn.normalizers.sparse.topk`.
+lowest key index wins), as the naive [`topk`][sharpattn.normalizers.sparse.topk].
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 Tensor = torch.Tensor
 
 #: Score entries per query block (B·H·bq·Lk'): 2^21 float32 = 8 MiB, but at least
-#: :data:`MIN_BLOCK_ROWS` rows while that stays under :data:`SLAB_MAX`. Measured before the C++
+#: `MIN_BLOCK_ROWS` rows while that stays under `SLAB_MAX`. Measured before the C++
 #: loops (B = 1, H = 4, one thread, forward CPU time / SDPA's): n = 4,096: bq = 64 (2^20) 1.84x
 #: sparsemax, 2.65x topk, bq = 128 (2^21) 2.46x, 2.81x; n = 16,384: bq = 16 (2^20) 2.50x,
 #: 3.19x, bq = 32 (2^21) 2.10x, 2.82x. With the loops (2-core Intel Xeon, 2 threads; sparsemax
@@ -58,7 +58,7 @@ Tensor = torch.Tensor
 #: 128, up to 2^23) 16k 2.58x, 3.04x: the loops' several sweeps over a 32 MiB slab leave the
 #: cache.
 SLAB_ELEMENTS = 2**21
-#: The fewest query rows per block, unless that slab would exceed :data:`SLAB_MAX` entries.
+#: The fewest query rows per block, unless that slab would exceed `SLAB_MAX` entries.
 MIN_BLOCK_ROWS = 64
 SLAB_MAX = 2**22
 #: Candidates per row (the maxima of as many chunks of keys) whose exact threshold starts the
@@ -72,14 +72,14 @@ CANDIDATES = 32
 #: 3 suffice for gains >= 0.3), 1.5-entmax within 5e-6 after 5 for gain 0.1 (supports of ~1,600
 #: of 16k keys), 1e-10 for gains >= 0.3. With 8 candidates at n = 300
 #: (tests/paths/test_sparse_tiled.py) sparsemax and 1.5-entmax need 4. A step costs ~0.1x
-#: SDPA's forward at n = 4,096. Other α <= 2 (Newton on G, see :func:`_newton`): α = 1.3
+#: SDPA's forward at n = 4,096. Other α <= 2 (Newton on G, see `_newton`): α = 1.3
 #: reached float64 rounding after 4 steps with 8 candidates at n = 300 and with 64 at
 #: n = 2,000; each step costs a ``pow`` pass (~0.6x SDPA's forward at n = 4,096).
 #: Rows are renormalised, so an unconverged row has a slightly wide support, never a wrong sum.
 NEWTON_STEPS = {"sparsemax": 4, "entmax15": 5, "entmax": 4}
 #: Steps for a tensor α (per head), whose heads may have α > 2 under ``torch.compile`` (see
-#: :func:`_newton`, :func:`_needs_blocks`): 12 reached float64 rounding for α = 2.6 (n = 300 to
-#: 2,000); eagerly, any α > 2 takes the query-block path instead (:func:`entmax`).
+#: `_newton`, `_needs_blocks`): 12 reached float64 rounding for α = 2.6 (n = 300 to
+#: 2,000); eagerly, any α > 2 takes the query-block path instead (`entmax`).
 TENSOR_ALPHA_STEPS = 12
 #: Newton steps on the candidates for α other than 1.5 and 2 (no sort formula).
 CANDIDATE_STEPS = 12
@@ -88,8 +88,8 @@ FLOOR = -2.0
 
 
 def block_rows(bh: int, lq: int, lk: int, budget: int | None = None) -> int:
-    """Query rows per block: about ``budget`` (default :data:`SLAB_ELEMENTS`) score entries,
-    at least :data:`MIN_BLOCK_ROWS` while the slab stays under :data:`SLAB_MAX`, at least 1."""
+    """Query rows per block: about ``budget`` (default `SLAB_ELEMENTS`) score entries,
+    at least `MIN_BLOCK_ROWS` while the slab stays under `SLAB_MAX`, at least 1."""
     return slab_rows(bh, lq, lk, SLAB_ELEMENTS if budget is None else budget,
                      MIN_BLOCK_ROWS, SLAB_MAX)  # fmt: skip
 
@@ -127,7 +127,7 @@ def _powers(t: Tensor, e) -> tuple[Tensor, Tensor]:
 
 
 def _candidates(y: Tensor) -> Tensor:
-    """The largest y of each of about :data:`CANDIDATES` chunks of consecutive keys, sorted
+    """The largest y of each of about `CANDIDATES` chunks of consecutive keys, sorted
     descending ``[.., C]``: every key when the row has fewer than 2·CANDIDATES. One pass and a
     small sort (``torch.topk`` of the row costs ~40x a pass: 4 ms per 2^20 scores for K = 64)."""
     c1 = y.shape[-1]
@@ -157,8 +157,8 @@ def _candidate_tau(
     native_ok: bool = False,
 ) -> Tensor:
     """The exact τ of the sorted (descending) candidates ``c`` ``[.., K]``, ``[.., 1]``;
-    ``compiled``: other α's steps run as one compiled function (:func:`_solve`), ``native_ok``:
-    as :mod:`.native`'s loop (a number α only)."""
+    ``compiled``: other α's steps run as one compiled function (`_solve`), ``native_ok``:
+    as `native`'s loop (a number α only)."""
     kk = c.shape[-1]
     rho = torch.arange(1, kk + 1, dtype=c.dtype, device=c.device)
     if kind == "sparsemax":
@@ -194,7 +194,7 @@ def _newton(y: Tensor, tau: Tensor, br: tuple, kind: str, e, buf=None):
     linear on a one-key support and nearly so otherwise, so it needs fewer steps than f). α > 2:
     G is concave between kinks, and its slope unbounded where a key enters the support (t^{e−1},
     e < 1), which slows Newton down (measured: 12 steps for α = 2.6, many more for α = 4; see
-    :func:`entmax`). Safeguard: the bracket [lo, hi] (f(lo) >= 0 >= f(hi)) is narrowed by the
+    `entmax`). Safeguard: the bracket [lo, hi] (f(lo) >= 0 >= f(hi)) is narrowed by the
     sign of f(τ), and a step that leaves it, or returns onto its far end (an earlier iterate:
     a cycle at a kink), is replaced by the midpoint. Returns (τ, state)."""
     lo, hi = br
@@ -227,7 +227,7 @@ def _newton(y: Tensor, tau: Tensor, br: tuple, kind: str, e, buf=None):
 
 @tile_function
 def _solve(y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, kind: str, e, steps: int) -> Tensor:
-    """τ of a block after ``steps`` safeguarded Newton steps from ``tau`` (:func:`_newton`),
+    """τ of a block after ``steps`` safeguarded Newton steps from ``tau`` (`_newton`),
     the bracket [lo, hi]; ``y`` is not written."""
     buf, br = torch.empty_like(y), _bracket(lo, hi)
     for _ in range(steps):
@@ -249,7 +249,7 @@ def _final_weights(y: Tensor, tau: Tensor, kind: str, e) -> tuple[Tensor, Tensor
 
 
 def _Walk(q, k, v, masking, scale) -> Slabs:
-    """The query blocks of one call (:class:`~.tiles.Slabs`) at this module's slab size."""
+    """The query blocks of one call (`Slabs`) at this module's slab size."""
     g = Grid(q, k, v, masking, scale)
     return Slabs(g, block_rows(g.b * g.h, g.lq, g.lk, device_budget(SLAB_ELEMENTS, q.device)))
 
@@ -394,7 +394,7 @@ def _kept_exp(x: Tensor, keep: Tensor) -> Tensor:
 
 @tile_function
 def _topk_weights(s: Tensor, tau: Tensor, need: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
-    """exp(s − shift) on the kept keys (:func:`_keep`), 0 elsewhere, and its row sums (``s``
+    """exp(s − shift) on the kept keys (`_keep`), 0 elsewhere, and its row sums (``s``
     is scratch)."""
     keep = _keep(s, tau, need)
     p = _kept_exp(s.sub_(shift), keep)
@@ -457,7 +457,7 @@ class _TopkAttention(torch.autograd.Function):
 
 
 #: The largest ``top_k`` for which the C++ selection path keeps each row's chosen keys
-#: (:class:`_TopkSelected`); larger ones take the slab path above.
+#: (`_TopkSelected`); larger ones take the slab path above.
 SELECT_MAX_K = 64
 #: Query rows × kept keys per block of the selected path's gathers (each ``[.., D]`` floats).
 GATHER_ENTRIES = 2**15
@@ -473,7 +473,7 @@ def _key_rows(grid: Grid, idx: Tensor) -> Tensor:
 
 
 class _TopkSelected(torch.autograd.Function):
-    """Top-k from each row's selected keys: the C++ loop (:func:`.native.topk_select`) finds a
+    """Top-k from each row's selected keys: the C++ loop (`native.topk_select`) finds a
     row's ``top_k`` largest visible scores with their key indices in one sweep over the block's
     scores; the output gathers those keys' values (B·H·Lq·top_k·Dv products, not a GEMM over
     every key), and the (index, weight) pairs are kept, O(Lq·top_k), so the backward needs no
@@ -551,7 +551,7 @@ class _TopkSelected(torch.autograd.Function):
 
 
 def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
-    """Whether a top-k call takes :class:`_TopkSelected` (the C++ selection)."""
+    """Whether a top-k call takes `_TopkSelected` (the C++ selection)."""
     if masking.mask is not None or not 1 <= top_k <= SELECT_MAX_K:
         return False
     if q.numel() == 0 or masking.lk == 0:  # nothing to select: the slab path's empty cases
@@ -570,7 +570,7 @@ def _stats(q, masking, want_stats, ent, mass) -> AttentionStats | None:
 
 
 def _check_alpha(alpha) -> None:
-    """α > 1 (the registry's :data:`~sharpattn.normalizers.sparse.ALPHA`): a number always; a
+    """α > 1 (the registry's `ALPHA`): a number always; a
     tensor eagerly (one look at H values), under ``torch.compile`` by an assertion in the graph
     (no host synchronisation)."""
     if torch.is_tensor(alpha) and torch.compiler.is_compiling():
@@ -581,9 +581,9 @@ def _check_alpha(alpha) -> None:
 
 def _needs_blocks(alpha) -> bool:
     """A learnable α (the gradient in α is the naive normalizer's) or α > 2 (where Newton's
-    steps converge slowly, see :func:`_newton`) take the query-block path. A tensor α is looked
-    at eagerly (as :func:`_check_alpha` does); under ``torch.compile`` it stays here, with
-    :data:`TENSOR_ALPHA_STEPS` steps (float64 rounding for α up to ~2.6, not beyond)."""
+    steps converge slowly, see `_newton`) take the query-block path. A tensor α is looked
+    at eagerly (as `_check_alpha` does); under ``torch.compile`` it stays here, with
+    `TENSOR_ALPHA_STEPS` steps (float64 rounding for α up to ~2.6, not beyond)."""
     if torch.is_tensor(alpha):
         if alpha.requires_grad:
             return True
@@ -634,10 +634,9 @@ def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1
     """α-entmax attention, α a number or a tensor (per head) > 1. ``n_iter`` (the naive path's
     bisection steps) is not used here: the threshold comes from the candidates and Newton steps.
     A learnable α (a tensor that requires grad) and α > 2 (a number, or any head of a tensor;
-    see :func:`_needs_blocks`) take the query-block path (:func:`~sharpattn.attention.chunked.
-    chunked_attend`: O(block·Lk) memory, the naive normalizer's bisection and autograd), which
+    see `_needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive normalizer's bisection and autograd), which
     differentiates in α and converges for α > 2; a tensor α in (1, 2] runs here with
-    :data:`TENSOR_ALPHA_STEPS` steps."""
+    `TENSOR_ALPHA_STEPS` steps."""
     _check_alpha(alpha)
     if _needs_blocks(alpha):
         params = dict(alpha=alpha, n_iter=n_iter)
@@ -661,7 +660,7 @@ def asentmax(
     n_iter=50,
 ):
     """ASEntmax attention: α-entmax of θ·(s − max s), θ from the row's visible keys
-    (:func:`~sharpattn.normalizers.sparse.asentmax_scale`); gradients flow to ``beta_pre`` and
+    (`asentmax_scale`); gradients flow to ``beta_pre`` and
     ``gamma_pre`` through θ."""
     _check_alpha(alpha)
     if _needs_blocks(alpha):

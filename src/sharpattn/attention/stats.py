@@ -20,12 +20,12 @@ class AttentionStats:
         non-negative weights the Shannon entropy; for ``signed``, whose weights can be negative
         (Σ_j |w_ij| = 1), the entropy of their magnitudes, the distribution it samples keys by.
     mass: Σ_j w_ij (1 for the softmax family; < 1 for sinks, whose missing mass is
-        :attr:`leftover_mass`; 0 for rows that see no key).
+        [`leftover_mass`][sharpattn.attention.stats.AttentionStats.leftover_mass]; 0 for rows that see no key).
     visible: n_i, the number of keys row i may attend to.
     lse: fused softmax-family paths only: log Σ_j exp(ℓ_ij) over the visible keys, ℓ the logits
         that made the output (s/θ, β·s, s·log n, ...; plain s for sinks); −inf (the log of an
         empty sum) for rows with no visible key. Absent when ``attend`` had to recompute a fused
-        result on the chunked path (kernel overflow, see :func:`~sharpattn.attention.attend`).
+        result on the chunked path (kernel overflow, see [`attend`][sharpattn.attention.attend]).
     beta: query-scaling and adaptive paths only: the factor the row's scores were multiplied by
         (adaptive β, 1/θ, s·log n, 1 + c·log n).
     softmax_entropy: adaptive only: H(softmax(s)) of the uncorrected scores, the input of β(H)
@@ -42,13 +42,13 @@ class AttentionStats:
     @property
     def leftover_mass(self) -> Tensor:
         """1 − Σ_j w_ij: the attention a row puts on no key (a sink normalizer's "null
-        attention"). Not :func:`sharpattn.diagnostics.sink_mass`, the mean weight Ā_j a key
+        attention"). Not [`sharpattn.diagnostics.sink_mass`][sharpattn.diagnostics.sink_mass], the mean weight Ā_j a key
         receives (Guo et al.)."""
         return 1.0 - self.mass
 
 
 def row_stats(shape, visible: Tensor, **fields: Tensor | None) -> AttentionStats:
-    """Build :class:`AttentionStats` from ``[.., Lq|1, 1]``-shaped pieces, expanded to ``shape``
+    """Build [`AttentionStats`][sharpattn.attention.stats.AttentionStats] from ``[.., Lq|1, 1]``-shaped pieces, expanded to ``shape``
     ``[B, H, Lq]``; rows with no visible key get lse −inf, mass 0 and entropy 0."""
     visible = visible.squeeze(-1).expand(shape)
     empty = visible == 0

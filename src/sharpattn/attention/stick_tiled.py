@@ -1,13 +1,13 @@
 """Stick-breaking attention over tiles: O(n) memory, forward and backward.
 
-The normalizer (:func:`sharpattn.normalizers.stick_breaking`) gives query i, at key position
+The normalizer (`sharpattn.normalizers.stick_breaking`) gives query i, at key position
 c_i = i + offset, the weights
 
     log w_ij = log σ(s_ij) + Σ_{j<k, k allowed} log σ(−s_ik)
 
 over its allowed keys j < c_i (j <= c_i with ``attend_current``, the sum then running to c_i).
 The sum is what the nearer keys took of the stick, so each query block walks its key tiles
-(:class:`~.tiles.Grid`, with the row's last key as the grid's ``diagonal``) from the nearest back,
+(`Grid`, with the row's last key as the grid's ``diagonal``) from the nearest back,
 carrying Σ log σ(−s) of the tiles already done: inside a tile the exclusive sum from the right is
 one cumulative sum, the blockwise log-space scan of the stick-breaking attention kernels.
 
@@ -27,7 +27,7 @@ attention's backward).
 
 On float32 CPU tiles that are unmasked or causal, the element-wise work of a tile (log σ, the
 running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row
-(:func:`.native.stick_forward`, :func:`.native.stick_backward`), the same sums in the same order.
+(`native.stick_forward`, `native.stick_backward`), the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ class _Walk:
 
 def _tile(grid: Grid, krev: Tensor, qb: Tensor, t: Tile, loops: bool = False):
     """(scores, keep, ends) of tile ``t`` with its keys reversed (nearest first),
-    ``[B, H, r, c]``. With ``loops`` (the call may use :mod:`.native`) and a tile the loops take,
-    ``ends`` is its :meth:`~.tiles.Grid.prefix` (or None: every key visible) and ``keep`` is
+    ``[B, H, r, c]``. With ``loops`` (the call may use `native`) and a tile the loops take,
+    ``ends`` is its `prefix` (or None: every key visible) and ``keep`` is
     ``False``: the scores are left as they are, for the loops. Otherwise disallowed scores are 0
     (finite arithmetic) and ``keep`` is the mask as 0/1 or None."""
     a, b = grid.lk - t.c1, grid.lk - t.c0
@@ -245,7 +245,7 @@ def stick_breaking(
     A mask that lets a query see a key after its own position raises the naive path's
     ValueError; with ``causal=True`` (and the default offset) that cannot happen and nothing is
     checked (no host synchronisation); without it the sizes decide, or, with a user mask, one
-    reading of the mask. ``blocks``: (rows, keys) per tile, default :func:`.tiles.tile_sizes`.
+    reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`.
     """
     lq, lk = masking.lq, masking.lk
     offset = lk - lq if query_offset is None else int(query_offset)

@@ -1,6 +1,6 @@
 """Tiled fast paths of the element-wise and row-sum-normalised methods, and hardmax.
 
-One pass over key tiles (:class:`~.tiles.Grid`), never the ``[Lq, Lk]`` score matrix, with a
+One pass over key tiles (`Grid`), never the ``[Lq, Lk]`` score matrix, with a
 backward that recomputes each tile (5 matrix products per tile in all, as flash attention's):
 
 * **element-wise** (``sigmoid``: σ(s + b − log n); ``relu``: ReLU(s)^p / n): each weight depends
@@ -15,11 +15,11 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
 On CUDA, ``sigmoid`` and ``relu`` in float32, float16 and bfloat16 run as Triton kernels
-(:mod:`.triton_elementwise`, when triton imports; :func:`triton_wanted`); float64 and calls
+(`triton_elementwise`, when triton imports; `triton_wanted`); float64 and calls
 that want statistics stay on the tiles.
 
-On the CPU in float32 every kernel's per-tile work runs in the C++ loops of :mod:`.native`, and
-the forward walks row tiles (:func:`~.tiles.row_tiles`: 128 rows and 2^20 scores, whole rows
+On the CPU in float32 every kernel's per-tile work runs in the C++ loops of `native`, and
+the forward walks row tiles (`row_tiles`: 128 rows and 2^20 scores, whole rows
 where they fit): the q·kᵀ and p·v products run at speed with 128 rows, and a tile stays near
 the cache. The backward, with three tile-sized buffers, keeps square tiles.
 
@@ -71,7 +71,7 @@ class _Kernel:
 
     normalised = False
 
-    #: the name of its loops in :mod:`.native`, if it has them
+    #: the name of its loops in `native`, if it has them
     native: str | None = None
     SHIFT_ABOVE = 0.0
 
@@ -79,7 +79,7 @@ class _Kernel:
         self.params = params
 
     def native_args(self) -> tuple[str | None, float, float]:
-        """(loops' name, p, shift) for :mod:`.native`."""
+        """(loops' name, p, shift) for `native`."""
         return self.native, float(self.params.get("p", 0.0)), self.SHIFT_ABOVE
 
 
@@ -207,7 +207,7 @@ class _Softpick(_Kernel):
 
 
 class _Family(_Kernel):
-    """A user's element-wise map (:class:`~sharpattn.normalizers.families.Elementwise`): w =
+    """A user's element-wise map (`Elementwise`): w =
     f(s, r) on each tile, its derivatives in s and r by autograd on the tile (no loops)."""
 
     def __init__(self, family, **params):
@@ -243,13 +243,13 @@ KERNELS = {
 
 
 def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
-    """x with the tile's disallowed entries set to 0, in place (``keep``: :meth:`Grid.keep`)."""
+    """x with the tile's disallowed entries set to 0, in place (``keep``: `Grid.keep`)."""
     return x if keep is None else x.mul_(keep)
 
 
 def _grid(q, k, v, masking, scale, blocks) -> Grid:
     """Every pass here uses each tile up before the next: buffered tiles of
-    :data:`.tiles.BUFFERED_TILE_ELEMENTS` scores."""
+    `tiles.BUFFERED_TILE_ELEMENTS` scores."""
     return Grid(q, k, v, masking, scale, *blocks, fold_scale=True,
                 budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
 
@@ -423,13 +423,13 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
     return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=zero, mass=zero)
 
 
-#: the methods with Triton kernels (:mod:`.triton_elementwise`)
+#: the methods with Triton kernels (`triton_elementwise`)
 TRITON_METHODS = ("sigmoid", "relu")
 
 
 @functools.cache
 def _triton_kernels():
-    """:mod:`.triton_elementwise`, or None where triton is not installed (an optional import)."""
+    """`triton_elementwise`, or None where triton is not installed (an optional import)."""
     try:
         from . import triton_elementwise
     except ImportError:
@@ -466,11 +466,11 @@ def tiled_attention(
     blocks: tuple[int | None, int | None] = (None, None),
     **params,
 ) -> tuple[Tensor, AttentionStats | None]:
-    """Attention with kernel ``name`` (a name of :data:`KERNELS`, or a kernel) over tiles; ``row``
+    """Attention with kernel ``name`` (a name of `KERNELS`, or a kernel) over tiles; ``row``
     a per-row tensor ``[B|1, H|1, Lq|1, 1]`` the kernel reads (sigmoid's bias, relu's n),
     differentiable.
 
-    On CUDA, sigmoid and relu run the Triton kernels instead (:func:`triton_wanted`; ``blocks``
+    On CUDA, sigmoid and relu run the Triton kernels instead (`triton_wanted`; ``blocks``
     then sets their block sizes when both are given); float64 inputs and ``want_stats=True``
     fall back to the tiles here."""
     kernel = KERNELS[name](**params) if isinstance(name, str) else name
@@ -498,7 +498,7 @@ def tiled_attention(
 
 
 def elementwise(family, q, k, v, masking, scale, want_stats, *, blocks=None, **params):
-    """The fast path of a user's :class:`~sharpattn.normalizers.families.Elementwise` method:
+    """The fast path of a user's `Elementwise` method:
     w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
     n = masking.visible_keys(dtype=_rows(0.0, q).dtype)
     row = _rows(family.row(n, **params), q)

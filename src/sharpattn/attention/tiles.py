@@ -1,10 +1,10 @@
 """Tiles of the score matrix for the O(n)-memory attention paths.
 
-The tiled paths (:mod:`.tiled`, :mod:`.sparse_tiled`, :mod:`.stick_tiled`,
-:mod:`.adaptive_tiled`) never form the ``[Lq, Lk]`` score matrix: they walk query blocks of
+The tiled paths (`tiled`, `sparse_tiled`, `stick_tiled`,
+`adaptive_tiled`) never form the ``[Lq, Lk]`` score matrix: they walk query blocks of
 ``bq`` rows and, inside each, key tiles of ``bk`` columns, making one ``[B, H, bq, bk]`` tile of
-scores at a time (extra memory O(bq·bk + n·D)). :class:`Grid` is that walk, shared by all of
-them; :class:`Slabs` walks blocks of rows whose one tile is every key the block sees, for the
+scores at a time (extra memory O(bq·bk + n·D)). `Grid` is that walk, shared by all of
+them; `Slabs` walks blocks of rows whose one tile is every key the block sees, for the
 paths that need whole rows:
 
 * causal tiles that the mask hides entirely are never visited (a query block stops at the last
@@ -54,7 +54,7 @@ DEVICE_TILE_FACTOR = 16
 
 def device_budget(budget: int, device: torch.device) -> int:
     """A tile budget in score entries for ``device``: ``budget`` on the CPU, ``budget`` ×
-    :data:`DEVICE_TILE_FACTOR` (or ``SHARPATTN_DEVICE_TILES``) elsewhere."""
+    `DEVICE_TILE_FACTOR` (or ``SHARPATTN_DEVICE_TILES``) elsewhere."""
     if device.type == "cpu":
         return budget
     factor = os.environ.get("SHARPATTN_DEVICE_TILES", "").strip()
@@ -73,8 +73,8 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
     return bq, bk
 
 
-#: Score entries per tile of a forward pass over row tiles (:func:`row_tiles`): whole rows while
-#: :data:`ROW_TILE_ROWS` of them fit :data:`ROW_TILE_MAX` entries, else ROW_TILE_ROWS rows and
+#: Score entries per tile of a forward pass over row tiles (`row_tiles`): whole rows while
+#: `ROW_TILE_ROWS` of them fit `ROW_TILE_MAX` entries, else ROW_TILE_ROWS rows and
 #: as many keys as fit. Measured (B = 1, H = 4, D = 64, forward CPU time / SDPA's, min of 3
 #: interleaved rounds, sigmoid / signed; power causal): on a 2-core AMD EPYC (1 MiB of L2 per
 #: core), 128 rows × 2,048 keys (2^20, 4 MiB) 1.18 / 1.24 at n = 4,096, 1.19 / 1.16 at 16,384,
@@ -88,8 +88,8 @@ ROW_TILE_ROWS = 128
 
 def row_tiles(bh: int, lq: int, lk: int) -> tuple[int, int]:
     """(bq, bk) for a forward pass over tiles of whole rows where they fit: about
-    :data:`ROW_TILE_ELEMENTS` entries, at least :data:`ROW_TILE_ROWS` rows while within
-    :data:`ROW_TILE_MAX`; beyond, tiles of ROW_TILE_ROWS rows and as many keys as fit. The q·kᵀ
+    `ROW_TILE_ELEMENTS` entries, at least `ROW_TILE_ROWS` rows while within
+    `ROW_TILE_MAX`; beyond, tiles of ROW_TILE_ROWS rows and as many keys as fit. The q·kᵀ
     and p·v products need some 128 rows to run at speed, and a row's sums, taken in one tile,
     need no rescaling."""
     rows = min(max(lq, 1), ROW_TILE_ROWS)
@@ -125,7 +125,7 @@ class Grid:
 
     ``q`` ``[B, H, Lq, D]``, ``k`` ``[B, Hkv, Lk, D]``, ``v`` ``[B, Hkv, Lk, Dv]``. Every tensor
     the grid hands out is in the compute dtype (float32 for 16-bit inputs). ``bq``/``bk``
-    override :func:`tile_sizes`. ``diagonal``: row i sees only keys j <= i + ``diagonal`` (the
+    override `tile_sizes`. ``diagonal``: row i sees only keys j <= i + ``diagonal`` (the
     walk stops there and tile masks hold it); default Lk − Lq when ``masking.causal``, else no
     limit. A path whose rows end elsewhere (stick-breaking's j < i + Lk − Lq) passes its own;
     ``masking.causal`` is then not read.
@@ -158,17 +158,17 @@ class Grid:
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
         #: ``fold_scale``: the query rows carry the scale (one product per block of rows
-        #: instead of one pass per tile): :meth:`q_rows` returns scale·q and :meth:`scores`
-        #: multiplies by nothing. :attr:`q` itself stays unscaled (no copy of the whole q)
+        #: instead of one pass per tile): `q_rows` returns scale·q and `scores`
+        #: multiplies by nothing. `q` itself stays unscaled (no copy of the whole q)
         self.folded = fold_scale
         self.k = k.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, D)
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
-        #: whether this call's per-tile functions run compiled (:mod:`.compiled`)
+        #: whether this call's per-tile functions run compiled (`compiled`)
         self.compiled = wanted(q.device, b * h * lq * lk)
-        #: whether tiles with every key visible may run the C++ loops (:mod:`.native`)
+        #: whether tiles with every key visible may run the C++ loops (`native`)
         self.native = native.wanted(q.device, self.dtype)
-        #: ``reuse``: the tile-sized tensors a pass makes (:meth:`scores`, :meth:`product`, and
-        #: the buffers of :meth:`buffer`) are views of a few buffers allocated once, so each
+        #: ``reuse``: the tile-sized tensors a pass makes (`scores`, `product`, and
+        #: the buffers of `buffer`) are views of a few buffers allocated once, so each
         #: must be used up before the next tile's (eagerly and outside autograd only: a traced
         #: or recorded graph gets fresh tensors). A fresh multi-MiB tile is an ``mmap`` or a
         #: heap growth whose pages the kernel faults in and zeroes again, depending on the
@@ -184,7 +184,7 @@ class Grid:
 
     def key_end(self, r0: int, r1: int) -> int:
         """One past the last key any row of ``r0:r1`` may see (causal: row i sees j <= i + Lk −
-        Lq, or :attr:`diagonal`); 0 when none does."""
+        Lq, or `diagonal`); 0 when none does."""
         if self.diagonal is None:
             return self.lk
         return max(0, min(self.lk, r1 + self.diagonal))
@@ -217,7 +217,7 @@ class Grid:
 
     def prefix(self, t: Tile) -> Tensor | None:
         """For a tile whose only mask is causal: how many of its keys each of its rows sees
-        (int32 ``[r]``, a prefix of the tile's keys), for :mod:`.native`; else None."""
+        (int32 ``[r]``, a prefix of the tile's keys), for `native`; else None."""
         if not t.masked or self.masking.mask is not None or self.diagonal is None:
             return None
         i = torch.arange(t.r0, t.r1, dtype=torch.int32, device=self.masking.device)
@@ -237,7 +237,7 @@ class Grid:
         return rows * self.scale if self.folded else rows
 
     def scores(self, qb: Tensor, t: Tile) -> Tensor:
-        """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from :meth:`q_rows`); with ``reuse``,
+        """scale·q·kᵀ of the tile, ``[B, H, r, c]`` (qb from `q_rows`); with ``reuse``,
         a view of the grid's ``"scores"`` buffer, overwritten by the next call."""
         s = self.product(qb, self.k[..., t.c0 : t.c1, :].transpose(-2, -1), "scores")
         if not self.folded:

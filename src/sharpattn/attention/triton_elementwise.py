@@ -2,7 +2,7 @@
 
 Flash-style: each program holds a block of query rows (or of keys, for dk and dv) and walks the
 other side's blocks, never forming the ``[Lq, Lk]`` score matrix. The family's maths is one
-``@triton.jit`` function, :func:`_weight`: w = f(s, row) and its slope f′(s, row) per score, a
+``@triton.jit`` function, `_weight`: w = f(s, row) and its slope f′(s, row) per score, a
 ``constexpr`` switch on the method, so another element-wise map is a few lines there:
 
 * ``sigmoid``: w = σ(s + b_i), f′ = w·(1 − w), b_i the row tensor (bias − log n_i or bias);
@@ -21,7 +21,7 @@ Masks are computed in the kernel: the causal edge j <= i + (Lk − Lq) from indi
 above it are never visited), a user boolean mask read through its broadcast strides (stride 0,
 never densified), the row tensor likewise. Rows that see no key give 0 and zero gradients.
 
-This module imports triton; :mod:`.tiled` imports it only for CUDA tensors (:func:`wanted`
+This module imports triton; `tiled` imports it only for CUDA tensors (`wanted`
 there). The tests run these kernels on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``,
 read when the kernels are defined, i.e. when this module is imported).
 """
@@ -442,5 +442,5 @@ def attention(
 ) -> Tensor:
     """``method``'s attention ``[B, H, Lq, Dv]`` in q's dtype: the row tensor ``row``
     ``[B|1, H|1, Lq|1, 1]`` (sigmoid's b_i, relu's n_i; differentiable for sigmoid), ``blocks``
-    (query rows, keys) per block (default: :data:`BLOCKS_16BIT` / :data:`BLOCKS_FLOAT32`)."""
+    (query rows, keys) per block (default: `BLOCKS_16BIT` / `BLOCKS_FLOAT32`)."""
     return TritonElementwise.apply(q, k, v, row, method, masking, scale, p, blocks)

@@ -6,7 +6,7 @@
 
 One naming scheme for everything recorded. Layer L counts attention modules in model order;
 for a model built from sharpattn ``MultiheadAttention`` with a ``layers`` ModuleList holding at
-most one attention module per entry (e.g. :class:`sharpattn.models.Transformer`), L is the entry's
+most one attention module per entry (e.g. `sharpattn.models.Transformer`), L is the entry's
 index instead, and every entry's output is recorded as its residual, attention or not:
 
 * ``layers.{L}.attn.scores``  (B, H, Lq, Lk) pre-normalizer scores scale·q·kᵀ, -inf where masked
@@ -15,8 +15,8 @@ index instead, and every entry's output is recorded as its residual, attention o
   output projection; ‖V_h·x_j‖ where the model has none we can find, see ``values_projected``)
 * ``layers.{L}.resid_post``   (B, L, d) residual states after layer L's block
 * for inputs longer than ``full_until`` keys, instead of scores/weights, the per-row statistics
-  :func:`~sharpattn.attend` returns with ``return_stats=True`` (O(Lk) memory per row, see
-  :class:`~sharpattn.attention.AttentionStats`), each (B, H, Lq):
+  [`attend`][sharpattn.attend] returns with ``return_stats=True`` (O(Lk) memory per row, see
+  [`AttentionStats`][sharpattn.attention.AttentionStats]), each (B, H, Lq):
   ``layers.{L}.attn.{entropy,mass,visible}``, and ``lse``, ``beta``, ``softmax_entropy`` where
   the method's path gives them. Metrics of whole weight matrices (``sink_mass``, ...) need
   ``full_until`` at least the input's length.
@@ -30,7 +30,7 @@ exception that stops it ends at the ``with`` block, so write nothing after the c
 Every hook and patch is removed when the ``with`` block ends, also on error.
 
 Models whose attention is not sharpattn's ``MultiheadAttention`` are captured through a model kind
-that an integration adds with :func:`add_model_kind` when it is imported: ``import sharpattn.hf``
+that an integration adds with `add_model_kind` when it is imported: ``import sharpattn.hf``
 adds Hugging Face models (switched to sharpattn's softmax while captured, which calls
 ``attend``). Nothing here imports an integration.
 """
@@ -56,10 +56,10 @@ Tensor = torch.Tensor
 
 
 class ModelKind(NamedTuple):
-    """How :class:`Capture` records a kind of model built without sharpattn's attention modules.
+    """How [`Capture`][sharpattn.diagnostics.capture.Capture] records a kind of model built without sharpattn's attention modules.
 
     ``modules(model)``: the model's attention modules in model order, ``[]`` if it is not of this
-    kind. ``route(model)``: make those modules compute through :func:`~sharpattn.attend` (the one
+    kind. ``route(model)``: make those modules compute through [`attend`][sharpattn.attend] (the one
     observation point); returns the function that undoes it.
     """
 
@@ -71,7 +71,7 @@ _KINDS: list[ModelKind] = []
 
 
 def add_model_kind(modules: Callable, route: Callable) -> ModelKind:
-    """Let :func:`capture` record another kind of model (see :class:`ModelKind`); integrations call
+    """Let [`capture`][sharpattn.diagnostics.capture.capture] record another kind of model (see `ModelKind`); integrations call
     it when imported. Adding the same pair twice adds it once."""
     kind = ModelKind(modules, route)
     if kind not in _KINDS:
@@ -289,7 +289,7 @@ class Capture:
         self._put(f"{name}.weights", nz.get(method).fn(scores, allowed, **params))
 
     def _row_stats(self, q, k, v, mask, causal, scale, method, params):
-        """:func:`~sharpattn.attend`'s statistics of this call, computed again unobserved."""
+        """[`attend`][sharpattn.attend]'s statistics of this call, computed again unobserved."""
         token = observe(None)  # this attend call is capture's own, not the model's
         try:
             _, stats = attend(
@@ -312,7 +312,7 @@ class Capture:
 
 
 def capture(model: nn.Module, **kwargs) -> Capture:
-    """``with capture(model) as cap: model(x)``; see :class:`Capture`."""
+    """``with capture(model) as cap: model(x)``; see [`Capture`][sharpattn.diagnostics.capture.Capture]."""
     return Capture(model, **kwargs)
 
 
@@ -337,7 +337,7 @@ def head_ablation(
     """Active/dormant test: loss(head (L, h) zeroed) − loss(intact), mean over each domain's inputs.
 
     ``loss_fn(model, x)`` returns the loss of input ``x``; zeroing uses
-    :func:`sharpattn.diagnostics.capture` (``ablate``), and the intact loss is measured under the
+    `sharpattn.diagnostics.capture` (``ablate``), and the intact loss is measured under the
     same capture. A head whose removal barely changes the loss on a domain is dormant there, one
     whose removal hurts is active (Guo et al., §3.1).
 

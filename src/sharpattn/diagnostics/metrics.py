@@ -6,7 +6,7 @@ Extreme tokens (Guo et al., Active-Dormant Attention Heads, Fig. 25 and §1): si
 Ā_j = (1/(n−j)) Σ_{i≥j} A_ij, sink tokens = the top-2 by Ā, value-state drain
 ‖Val_sink‖ / mean ‖Val_other‖, residual-state peak ‖Res_sink‖ / mean ‖Res_other‖, and active vs
 dormant heads by the change in loss when a head's output is zeroed (that test runs the model:
-:func:`sharpattn.diagnostics.capture.head_ablation`).
+[`sharpattn.diagnostics.capture.head_ablation`][sharpattn.diagnostics.capture.head_ablation]).
 Selective attention (Zhang et al., Sec. 4.1, Fig. 2): spikiness ‖s‖₁ / (‖s‖₂²·L) of a weight row
 over its L visible keys (1 = uniform, 1/L = one-hot) and the operator norm of the combined
 query-key matrix W = W_q·W_kᵀ per head. Pure functions of tensors; nothing here imports the

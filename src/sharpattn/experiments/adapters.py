@@ -1,13 +1,13 @@
 """Fine-tuning a pretrained decoder with low-rank adapters (peft LoRA), the one place the
 fine-tuning studies (``reproduce clrs-llm``, ``reproduce selective-llm --lora``) get them.
 
-:func:`prepare` freezes every pretrained weight, injects LoRA adapters (Hu et al. 2021:
+`prepare` freezes every pretrained weight, injects LoRA adapters (Hu et al. 2021:
 W x + (α/r)·B A x, A [r, d_in] Kaiming-uniform, B [d_out, r] zero, so the adapted model starts as
-the pretrained one) into the attention projections :data:`TARGETS` of every layer, then applies
-the attention method with :func:`sharpattn.hf.apply` (its own parameters, if any, train too).
+the pretrained one) into the attention projections `TARGETS` of every layer, then applies
+the attention method with [`sharpattn.hf.apply`][sharpattn.integrations.hf.apply] (its own parameters, if any, train too).
 The adapters are drawn from their own seeded stream and the method's parameters from another, so
-two methods prepared with one seed start from the same adapters. :func:`trained` gathers what
-trains into one module, which the runner's :class:`~.runner.Trainer` trains and checkpoints (a
+two methods prepared with one seed start from the same adapters. `trained` gathers what
+trains into one module, which the runner's `Trainer` trains and checkpoints (a
 few megabytes: adapters, method parameters and Adam's moments, never the frozen model).
 """
 
@@ -33,9 +33,9 @@ def require_peft():
 
 
 def prepare(net: nn.Module, method: str, params: dict[str, Any], rank: int, seed: int) -> nn.Module:
-    """Freeze ``net``, add rank-``rank`` LoRA adapters (α = 2·rank) to :data:`TARGETS`, switch
+    """Freeze ``net``, add rank-``rank`` LoRA adapters (α = 2·rank) to `TARGETS`, switch
     its attention to ``method`` (``sharpattn.hf.apply(net, method, **params)``) and return
-    :func:`trained` of it. The adapters depend on ``seed`` only, not on ``method``."""
+    `trained` of it. The adapters depend on ``seed`` only, not on ``method``."""
     from .. import hf
 
     peft = require_peft()
@@ -68,5 +68,5 @@ def trained(net: nn.Module) -> nn.ModuleDict:
 
 
 def is_adapter(name: str) -> bool:
-    """Whether a parameter name of :func:`trained` is a LoRA adapter's."""
+    """Whether a parameter name of `trained` is a LoRA adapter's."""
     return "lora_" in name

@@ -1,8 +1,8 @@
 """Bigram-Backcopy: train tiny transformers, measure sinks / drains / peaks, check the findings.
 
 Guo et al., *Active-Dormant Attention Heads*, Sections 2-3 and Appendices B-C. One training run
-is one :class:`~.runner.Trainer` run in its own folder (config.json, metrics.jsonl measured at
-log-spaced steps, checkpoints, resume); :func:`reproduce` trains the runs of the report, checks
+is one `Trainer` run in its own folder (config.json, metrics.jsonl measured at
+log-spaced steps, checkpoints, resume); `reproduce` trains the runs of the report, checks
 the findings and writes report.md with tables and PNGs.
 
 Measures (small functions below, on the model's captured internals; BOS is position 0):
@@ -21,7 +21,7 @@ Measures (small functions below, on the model's captured internals; BOS is posit
 * ‖Res_BOS‖ − mean ‖Res_other‖ at each layer's output (App. B.1), and the residual peak
   ‖Res_BOS‖ / mean ‖Res_other‖ (``diagnostics.metrics.residual_peak``).
 
-The internals come from :func:`sharpattn.diagnostics.capture`; only the task-specific measures
+The internals come from `sharpattn.diagnostics.capture`; only the task-specific measures
 (risks, Δlogit over non-trigger queries, weights by kind of query) are defined here.
 """
 
@@ -196,7 +196,7 @@ def attention_on(weights: Tensor, query: Tensor, offset: int | None = None) -> f
 @torch.no_grad()
 def internals(model: Transformer, tokens: Tensor, zero=()) -> tuple[Tensor, Capture]:
     """``(logits, cap)``: the model in eval mode on ``tokens`` under
-    :func:`sharpattn.diagnostics.capture` (``cap["layers.{L}.attn.scores"]`` ...), with the
+    `sharpattn.diagnostics.capture` (``cap["layers.{L}.attn.scores"]`` ...), with the
     sublayers named in ``zero`` zeroed."""
     was_training = model.training
     model.eval()
@@ -248,7 +248,7 @@ DELIMITERS = frozenset("\n.,;:!?-'")
 def key_class_weights(weights: Tensor, tokens: Tensor, query: Tensor, task) -> dict[str, float]:
     """App. C.4 (the task without BOS): the mean attention weight a key of each class receives
     from the selected queries, over every visible (query, key) pair with key ≤ query: the first
-    position ("first"), triggers, delimiters (:data:`DELIMITERS`, not triggers) and the other
+    position ("first"), triggers, delimiters (`DELIMITERS`, not triggers) and the other
     tokens at positions ≥ 1; and "uniform", the same mean for weights 1/(n+1) (no preference).
     ``weights`` ``[B, T, T]`` (heads averaged), ``tokens`` and ``query`` ``[B, T]``."""
     t = weights.shape[-1]
@@ -275,7 +275,7 @@ def key_class_weights(weights: Tensor, tokens: Tensor, query: Tensor, task) -> d
 def measure_no_bos(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> dict[str, float]:
     """The measures of a run on the task without BOS (App. C.4): the model reads
     ``tokens[:, 1:]`` (``tokens`` sampled with BOS, which is dropped); risks, and per layer the
-    :func:`key_class_weights` of the non-trigger queries at positions ≥ 1 and the value-state
+    `key_class_weights` of the non-trigger queries at positions ≥ 1 and the value-state
     norms of the first position and of the others."""
     x = tokens[:, 1:]
     logits, cap = internals(model, x)
@@ -345,7 +345,7 @@ def next_token_loss(model: Transformer, x: Tensor, loss_from: int = 0) -> Tensor
 @dataclass
 class Run:
     """A trained (or partly trained) run: its folder, config, model and measurements (also the
-    simplified model's runs, :mod:`.backcopy_simplified`)."""
+    simplified model's runs, `backcopy_simplified`)."""
 
     dir: Path
     cfg: RunConfig
@@ -369,7 +369,7 @@ def task_trainer(
     progress: Progress | None = None,
     label: str = "",
 ) -> Trainer:
-    """The runner's Trainer for one run of configuration ``cfg`` (a :class:`RunConfig` or the
+    """The runner's Trainer for one run of configuration ``cfg`` (a `RunConfig` or the
     simplified model's: ``seed``, ``steps``, ``batch``, ``seq_len``, ``eval_batch``,
     ``checkpoint_every``) on ``task``, in a run folder of ``experiment`` (a folder holding a run
     of another configuration, ``checkpoint_every`` aside, is refused). ``model()`` builds the
@@ -410,7 +410,7 @@ def trainer(
     progress: Progress | None = None,
     label: str = "",
 ) -> Trainer:
-    """The runner's Trainer for one run (:func:`task_trainer`): every measure at log-spaced
+    """The runner's Trainer for one run (`task_trainer`): every measure at log-spaced
     steps; without BOS (App. C.4) each sequence loses its first token."""
     drop = 0 if cfg.bos is None or cfg.bos else 1
     return task_trainer(
@@ -441,7 +441,7 @@ def train(
 ) -> Run:
     """Train (or resume, or load) the run in ``run_dir``; ``stop_at`` stops after that many
     steps in all, as a crash would. Same config, same numbers, interrupted or not. ``make``
-    builds the run's Trainer from ``(run_dir, cfg, task, progress, label)``: :func:`trainer`
+    builds the run's Trainer from ``(run_dir, cfg, task, progress, label)``: `trainer`
     by default (the simplified model passes its own)."""
     t = (make or trainer)(run_dir, cfg, task or BigramBackcopy.tiny_shakespeare(), progress, label)
     return run_trainer(t, cfg, stop_at)
@@ -831,7 +831,7 @@ def sink_logit_stats(scores: Tensor, tokens: Tensor, query: Tensor) -> dict[str,
 def sink_logit_concentration(
     model: Transformer, task: BigramBackcopy, tokens: Tensor, layer: int = 0
 ) -> dict[str, float]:
-    """:func:`sink_logit_stats` of ``layer``'s scores (heads averaged) over the non-trigger
+    """`sink_logit_stats` of ``layer``'s scores (heads averaged) over the non-trigger
     queries of ``tokens``."""
     _, cap = internals(model, tokens)
     sc = cap[f"layers.{layer}.attn.scores"].mean(1)
@@ -1069,7 +1069,7 @@ def reproduce(
     and write ``out/report.md`` with its PNGs. ``threads``: torch CPU threads per run (1 is
     fastest on a busy 2-core machine; ``None``: every core). The runs are independent:
     ``workers`` > 1 trains them in a local process pool, ``ray`` as Ray tasks
-    (:func:`.sweep.run_jobs`), longest first; then this process loads them."""
+    (`sweep.run_jobs`), longest first; then this process loads them."""
     task = task or BigramBackcopy.tiny_shakespeare()
     folder, cfgs = open_folder(out, profile, seed, threads)
     clock = Clock()

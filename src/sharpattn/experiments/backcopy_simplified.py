@@ -18,18 +18,18 @@ learning rate of 0.03"; the authors' public code adds weight decay 1e-4, 5,000 s
 (stated nowhere): W₁ ~ N(0, 1), W₂ ~ N(0, 1/hidden), O ~ N(0, 1/V), β ~ N(0, I); α, ξ, λ = 0
 (attention uniform, no value on the tokens at the start).
 
-Training goes through :meth:`SimplifiedModel.loss`, whose gradient with respect to the
+Training goes through `SimplifiedModel.loss`, whose gradient with respect to the
 ``[B, T, V]`` output logits is written out and computed a few sequences at a time
-(:class:`_NextTokenLoss`, checked against autograd and finite differences in the tests): at
-the paper's sizes (batch 512 × 256 tokens) autograd through :meth:`SimplifiedModel.forward`
+(`_NextTokenLoss`, checked against autograd and finite differences in the tests): at
+the paper's sizes (batch 512 × 256 tokens) autograd through `SimplifiedModel.forward`
 costs 4-7× more time per step on one thread.
 
-Everything else is the one-layer runs' (:mod:`.backcopy`): the same task, batches of fresh
+Everything else is the one-layer runs' (`backcopy`): the same task, batches of fresh
 sequences from a checkpointed stream, the loss at every position, the same measures on fixed
 evaluation sequences (excess risk per kind of query = mean KL to the true next-token
 distribution; Δlogit over non-trigger queries, which here is α averaged over their positions;
 the BOS weight; ‖Val_BOS‖ = ‖Oβ‖ against the other positions' mean value norm), one
-:class:`~.runner.Trainer` run per seed (resume, seeding, progress), measured at every 20 steps
+`Trainer` run per seed (resume, seeding, progress), measured at every 20 steps
 up to step 400 and at log-spaced steps after it (Fig. 18's axis).
 """
 
@@ -112,7 +112,7 @@ PAPER = SimplifiedConfig()
 class SimplifiedModel(nn.Module):
     """The simplified transformer of Fig. 5 with App. C.3's trainable MLP and O (module
     docstring). Tokens are ids 0..V−1 with the triggers first (0..n_triggers−1) and BOS = V, as
-    :class:`~sharpattn.tasks.bigram_backcopy.BigramBackcopy` numbers them."""
+    `BigramBackcopy` numbers them."""
 
     def __init__(self, V: int, n_triggers: int, hidden: int = 256):  # noqa: N803 (the paper's V)
         super().__init__()
@@ -215,8 +215,8 @@ class SimplifiedModel(nn.Module):
     def loss(self, x: Tensor, chunk: int = 32) -> Tensor:
         """Mean next-token cross-entropy over every position of ``x`` ``[B, T + 1]``, as
         ``F.cross_entropy(self(x[:, :-1]), x[:, 1:])``, with the gradient of the ``[B, T, V]``
-        part written out and computed ``chunk`` sequences at a time (:class:`_NextTokenLoss`):
-        4-5× faster than autograd through :meth:`forward` at the paper's sizes on one thread."""
+        part written out and computed ``chunk`` sequences at a time (`_NextTokenLoss`):
+        4-5× faster than autograd through `forward` at the paper's sizes on one thread."""
         inp, target = x[:, :-1], x[:, 1:]
         w_bos, w_rest, w_extra = self.key_weights(inp)
         scale = self.value_scale()[: self.V]
@@ -330,7 +330,7 @@ def trainer(
     progress: Progress | None = None,
     label: str = "",
 ) -> Trainer:
-    """The runner's Trainer for one run (:func:`.backcopy.task_trainer`): with the same seed,
+    """The runner's Trainer for one run (`backcopy.task_trainer`): with the same seed,
     batch and length, the simplified model sees the batches and evaluation sequences of the
     one-layer transformer run."""
     return task_trainer(
@@ -353,14 +353,14 @@ def trainer(
 def train(
     run_dir: str | Path, cfg: SimplifiedConfig, task: BigramBackcopy | None = None, **kw
 ) -> Run:
-    """:func:`.backcopy.train` with this model's :func:`trainer` (``stop_at``, ``progress``,
+    """`backcopy.train` with this model's `trainer` (``stop_at``, ``progress``,
     ``label`` as there)."""
     return backcopy.train(run_dir, cfg, task, make=trainer, **kw)
 
 
 # ----- analysis -------------------------------------------------------------------------------
 def converged_steps(metrics: list[dict]) -> dict[str, int | None]:
-    """The first logged step at which each excess risk is below :data:`CONVERGED` (and both)."""
+    """The first logged step at which each excess risk is below `CONVERGED` (and both)."""
     out = {}
     for name, keys in (("bigram", ("bigram_excess",)), ("backcopy", ("backcopy_excess",)),
                        ("both", ("bigram_excess", "backcopy_excess"))):  # fmt: skip
@@ -398,7 +398,7 @@ def _nan_to_none(obj):
 
 def summary(run: Run) -> dict:
     """The numbers of one run for the report and results.json (None where undefined: a fit
-    with fewer than three measurements, nothing measured from step :data:`LATE` on)."""
+    with fewer than three measurements, nothing measured from step `LATE` on)."""
     m = run.metrics
     first, last = m[0], m[-1]
     conv = converged_steps(m)
@@ -451,7 +451,7 @@ def run(
     """Train (or resume) the simplified model for ``seeds`` seeds (default 1) in
     ``out/runs/seed<k>`` and write ``out/report.md``, ``out/results.json``, ``out/dynamics.png``
     (Fig. 18) and ``out/statics.png`` (Fig. 17). ``base``: the configuration (default
-    :data:`PAPER`); ``steps`` overrides its training steps."""
+    `PAPER`); ``steps`` overrides its training steps."""
     task = task or BigramBackcopy.tiny_shakespeare()
     base = base or PAPER
     if steps is not None:

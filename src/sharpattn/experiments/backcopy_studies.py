@@ -1,9 +1,9 @@
 """Controlled studies on Bigram-Backcopy: one factor changed at a time, several seeds.
 
-Each study is a base :class:`~.backcopy.RunConfig` and named *variants* (the fields they
-change); every variant × seed is one run of the shared runner (:func:`.backcopy.train`) in
+Each study is a base `RunConfig` and named *variants* (the fields they
+change); every variant × seed is one run of the shared runner (`backcopy.train`) in
 ``out/runs/<variant>-s<seed>``, so a study resumes where it stopped and a changed configuration
-is a new run. :func:`run_study` trains them and writes ``report.md`` with one row per run (the
+is a new run. `run_study` trains them and writes ``report.md`` with one row per run (the
 paper's claim beside our numbers) and a PNG of the BOS residual norm at layer 0's output.
 
 Studies:
@@ -16,7 +16,7 @@ Studies:
 * ``fig7b`` (item 7): attn+mlp+attn+mlp+mlp with Adam; measures with layer 0 zeroed.
 * ``structures`` (item 7, Fig. 11): which stacks of attn / mlp / TF layers form a BOS peak.
 * ``simplified`` (item 7, App. C.3): not a transformer study; the simplified model of Theorem 2
-  trained by Adam, in :mod:`.backcopy_simplified` (one run per seed, its own report).
+  trained by Adam, in `backcopy_simplified` (one run per seed, its own report).
 """
 
 from __future__ import annotations
@@ -217,9 +217,9 @@ def run_study(
     """Train (or resume) every run of study ``name`` (``variants``: only those) in ``out`` and
     write ``out/report.md``, ``out/results.json`` and ``out/residual.png``; returns the folder and
     the results. The runs are independent: ``workers`` > 1 trains them in a local process pool,
-    ``ray`` as Ray tasks (:func:`.sweep.run_jobs`), then this process loads them. A folder keeps
+    ``ray`` as Ray tasks (`sweep.run_jobs`), then this process loads them. A folder keeps
     the runs of earlier invocations, so variants can be trained a few at a time; the report covers
-    the ones asked for. ``simplified`` is :func:`.backcopy_simplified.run` (``steps``: its
+    the ones asked for. ``simplified`` is `backcopy_simplified.run` (``steps``: its
     training steps; the transformer studies fix theirs per variant)."""
     if name == "simplified":
         from . import backcopy_simplified

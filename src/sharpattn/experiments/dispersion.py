@@ -3,12 +3,12 @@
 
 For each size n: rows of n logits uniform in [−1, 1].
 
-`sharpattn demo` (:func:`run_demo`, the main job): those rows ("bounded"), and the same with one
+`sharpattn demo` (`run_demo`, the main job): those rows ("bounded"), and the same with one
 "winner" item whose logit is 1 + margin ("margin"). For softmax and adaptive temperature: mean max
 weight, entropy, the winner's weight and n·max weight, which Lemma 2.1 bounds by e^δ (δ = max − min
 logit, θ = 1); the CLI then runs the dispersion table below over every method.
 
-`sharpattn dispersion` (:func:`run`): one logit per row (at a random position) replaced by a
+`sharpattn dispersion` (`run`): one logit per row (at a random position) replaced by a
 winner at 1 + margin. For each normalizer: the winner's weight, the largest |weight|, the entropy
 of the row (of |w| / Σ|w|, so unnormalised rows are comparable) and the total mass Σ|w|.
 Lemma 2.1 (Veličković et al.): softmax's winner weight is at most e^{δ}/n (δ = 2 + margin, the
@@ -65,7 +65,7 @@ def uniform_logits(n: int, rows: int, generator: torch.Generator) -> torch.Tenso
 
 def check_sizes(sizes: Sequence[int], margin: float, rows: int) -> None:
     """ValueError for sizes < 2, a margin that is not finite and > 0, or rows < 1; MemoryError
-    (from :func:`check_memory`) when rows × max(sizes) float64 arrays would not fit."""
+    (from `check_memory`) when rows × max(sizes) float64 arrays would not fit."""
     if not sizes or any(int(n) < 2 for n in sizes):
         raise ValueError(f"sizes must all be >= 2, got {list(sizes)}.")
     if not (margin > 0 and math.isfinite(margin)):
@@ -95,7 +95,7 @@ def measure(
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[Row]:
-    """One :class:`Row` per (method, n), with a progress event after each."""
+    """One `Row` per (method, n), with a progress event after each."""
     methods = list(nz.available() if methods is None else methods)
     for m in methods:
         nz.get(m)  # unknown names raise ValueError listing the known ones
@@ -130,7 +130,7 @@ def slopes(rows: list[Row]) -> dict[str, float]:
     """Least-squares slope of log(winner weight) vs log(n) per method: −1 is softmax's 1/n
     dispersion, 0 keeps the winner. Sizes where the winner's weight is 0 (underflow, e.g.
     stick-breaking's early positions at large n) have no logarithm and are left out of the fit;
-    :func:`vanishes_at` names the first of them. NaN only when fewer than two sizes remain."""
+    `vanishes_at` names the first of them. NaN only when fewer than two sizes remain."""
     out = {}
     for method in dict.fromkeys(r.method for r in rows):
         mr = [r for r in rows if r.method == method and r.winner_weight > 0]
@@ -491,7 +491,7 @@ def demo_logits(
 def measure_demo(
     sizes=DEMO_SIZES, rows: int = 256, margin: float = 2.0, seed: int = 0, methods=DEMO_METHODS
 ) -> list[DemoRow]:
-    """The demo's table: one :class:`DemoRow` per (setting, method, n)."""
+    """The demo's table: one `DemoRow` per (setting, method, n)."""
     check_sizes(sizes, margin, rows)
     out: list[DemoRow] = []
     for setting, m in (("bounded", None), ("margin", margin)):
@@ -570,7 +570,7 @@ def demo_markdown_table(rows: list[DemoRow]) -> str:
 
 def run_demo(out: str | Path = "runs/demo", **kwargs) -> tuple[Path, list[DemoRow]]:
     """Measure the demo, then write config.json, metrics.json, dispersion.png and report.md into
-    ``out`` (the CLI's `sharpattn demo` then runs :func:`run` into ``out/dispersion``)."""
+    ``out`` (the CLI's `sharpattn demo` then runs `run` into ``out/dispersion``)."""
     config = {"sizes": list(kwargs.get("sizes", DEMO_SIZES)), **kwargs}
     config["sizes"] = [int(n) for n in config["sizes"]]
     rows = measure_demo(**kwargs)  # validates before anything is written

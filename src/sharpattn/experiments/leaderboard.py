@@ -3,9 +3,9 @@ same seeds and budget, ranked by how far its accuracy carries beyond the trainin
 
 The score of a (task, method, seed) is the normalised area under exact-match accuracy against
 log2 size, from the smallest evaluated size to ``eval_factor`` × the largest training size
-(:func:`.sequence.area`: 1 = solved at every size). Methods are ranked by their mean score over
+(`sequence.area`: 1 = solved at every size). Methods are ranked by their mean score over
 tasks; each cell has its seeds' mean ± sd and a paired t-test against softmax (same seeds, same
-test sequences). The engine is :mod:`.sequence`.
+test sequences). The engine is `sequence`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ STANDARD_STEPS = {"two_back": 1000, "local_count": 1000, "passkey": 1500, "flip_
 #: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours) and
 #: --paper (the standard's training with 5 seeds, evaluated to 256x). Both sample test
 #: sequences adaptively and stop a run's larger sizes after two at exact-match 0
-#: (:class:`.sequence.SequenceConfig`)
+#: (`sequence.SequenceConfig`)
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 500, "batch": 32, "eval_sets": 48,
               "eval_factor": 8, "workers": 2},
@@ -53,7 +53,7 @@ def make_config(profile: str = "quick", out: str | Path | None = None,
                 plugins: tuple[str, ...] = (), **overrides: Any) -> seq.SequenceConfig:  # fmt: skip
     """The configuration of a profile, with ``overrides`` (None values ignored).
 
-    ``plugins``: users' normalizers (``package.module:function``, :mod:`..normalizers.plugin`),
+    ``plugins``: users' normalizers (``package.module:function``, `normalizers.plugin`),
     imported and probed here (a bad one is refused before any work) and added to the methods.
     With plug-ins and ``out`` an existing leaderboard run, that run's stored configuration is
     the base instead of the profile (its tasks, methods, seeds and training), so the plug-ins
@@ -167,7 +167,7 @@ def _p(p: float) -> str:
 
 
 def _versus(rows, method: str, tasks: list[str]) -> str:
-    """A user's method against every other one: a report section (:func:`against_all`)."""
+    """A user's method against every other one: a report section (`against_all`)."""
     header = ["method", "its score", f"{method} − it", "p", *(f"p {t}" for t in tasks)]
     body = [[c["method"], _pm(*c["score"]), _pm(*c["diff"]), _p(c["p"]),
              *(_p(c["tasks"].get(t, float("nan"))) for t in tasks)]

@@ -1,17 +1,17 @@
 """Studies on a real decoder LLM (SmolLM2-135M, offline): Fig. 3 of *Softmax is not Enough* on the
 model, and whether adaptive temperature helps it at inference.
 
-- :func:`max_study`: prompts asking for the maximum of n numbers (n = 2 … 512). Per n: the entropy
+- `max_study`: prompts asking for the maximum of n numbers (n = 2 … 512). Per n: the entropy
   of every layer's attention at the answer position (mean over heads and prompts; the paper:
   layer 0's entropy rises with n) and the model's accuracy at naming the maximum (greedy decoding),
   for softmax, adaptive temperature (both coefficient sets) and training-free length scaling
   (``ssmax``, ``length_scaled`` at fixed parameters), with exact McNemar tests of each method
   against softmax over the same prompts.
-- :func:`perplexity_study`: the cost on ordinary text: perplexity of each method on held-out text
+- `perplexity_study`: the cost on ordinary text: perplexity of each method on held-out text
   at 256 … 2,048 tokens.
 
 No method is trained: every one is applied to the pretrained weights with
-:func:`sharpattn.hf.apply`.
+[`sharpattn.hf.apply`][sharpattn.integrations.hf.apply].
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def run(
 
 
 def report(folder: Path, m: dict[str, Any]) -> Path:
-    """Write ``folder``/report.md from the metrics ``m`` of :func:`run`."""
+    """Write ``folder``/report.md from the metrics ``m`` of `run`."""
     res, ppl = m["max"], m["perplexity"]
     sizes = res["sizes"]
     rows = []

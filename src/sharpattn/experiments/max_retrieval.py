@@ -1,11 +1,11 @@
 """Reproduce the max-retrieval experiment of Veličković et al., *Softmax is not Enough*.
 
-App. A: train the set model (:class:`~sharpattn.models.SetAttention`) on sets of 5–16 items;
+App. A: train the set model (`SetAttention`) on sets of 5–16 items;
 Sec. 4.1 / Table 1: evaluate it on 16 … 16,384 items with its own normalizer ("baseline") and
 with adaptive temperature switched on at inference only (same parameters), over seeds, with a
 paired t-test per size; Figures 2/7 (attention over the 16 largest items), 5 (entropy of
 softmax_θ), 9 (logit spread vs the Proposition 3.1 bound); App. F: refit the temperature
-polynomial (:func:`fit_temperature`, Figure 6).
+polynomial (`fit_temperature`, Figure 6).
 
 Run folder layout::
 
@@ -16,9 +16,9 @@ Run folder layout::
     RUN/eval.json                 accuracy per seed and test-set SE, per (method, size, test sets)
     RUN/table1.{md,csv,json}, RUN/*.png, RUN/summary.json, RUN/report.md
 
-Everything around the experiment is the runner's (:mod:`.runner`): the run folder, the seeds
-trained together as one ensemble (:meth:`SetAttention.stack`), the loop and its resume, threads,
-progress events; groups of seeds go to local processes or Ray through :mod:`.sweep`.
+Everything around the experiment is the runner's (`runner`): the run folder, the seeds
+trained together as one ensemble (`SetAttention.stack`), the loop and its resume, threads,
+progress events; groups of seeds go to local processes or Ray through `sweep`.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def logit_spread_bound(
     model: SetAttention, x: Tensor, q: Tensor
 ) -> tuple[list[float], list[float]]:
     """Per member: the mean over sets of δ = max_i e_i − min_i e_i
-    (:func:`~sharpattn.diagnostics.logit_spread`) and of Proposition 3.1's bound on it.
+    ([`logit_spread`][sharpattn.diagnostics.logit_spread]) and of Proposition 3.1's bound on it.
 
     With biases, e_i = (Q'y')ᵀ(K'h_i')/√d with Q' = [W_q | b_q], y' = [y; 1] (same for K, h_i),
     so δ <= 2·σmax(Q')·σmax(K')·‖y'‖·max_i ‖h_i'‖/√d (Prop. 3.1 applied to the augmented
@@ -252,7 +252,7 @@ def trainer(
 ) -> Trainer:
     """The runner's Trainer for the seeds of one group, trained together as an ensemble.
 
-    Member s starts from :func:`build_model` (seed s) and draws its sets from its own stream;
+    Member s starts from `build_model` (seed s) and draws its sets from its own stream;
     the number of items of each step comes from one run-wide stream, so every seed sees the same
     sizes and a seed trains to the same numbers alone or in any group (to float32 rounding).
     """
@@ -362,7 +362,7 @@ TARGET_SE = 0.5
 
 
 #: peak bytes per item of a batch of sets through a member of the model (float32 features and
-#: its width-sized activations): 1,085 measured (peak RSS growth of :func:`correct_sets` on one
+#: its width-sized activations): 1,085 measured (peak RSS growth of `correct_sets` on one
 #: set of 2^20 items), about twice that here
 _ITEM_BYTES = 4 * 128 * 4
 
@@ -370,13 +370,13 @@ _ITEM_BYTES = 4 * 128 * 4
 def batch_bytes(size: int, sets: int, per_item: int = 0) -> int:
     """Peak memory of ``sets`` sets of ``size`` items through one member of the model, plus
     ``per_item`` bytes of the caller's own per item: the estimate every size is checked with
-    (:func:`check_sizes`)."""
+    (`check_sizes`)."""
     return sets * size * (_ITEM_BYTES + per_item)
 
 
 def check_sizes(sizes, per_item: int = 0, chunk=None) -> None:
     """Refuse, before any work, sizes whose evaluation batches (``chunk(size)`` sets of a size;
-    default: :func:`test_batches`'s) would not fit in the memory available."""
+    default: `test_batches`'s) would not fit in the memory available."""
     chunk = chunk or (lambda n: max(1, _CHUNK_ITEMS // n))
     size = max(sizes, key=lambda n: batch_bytes(n, chunk(n), per_item))
     need = batch_bytes(size, chunk(size), per_item)
@@ -658,6 +658,30 @@ def write_table1(
     return md
 
 
+def table_title(seeds: int) -> str:
+    """The title of Table 1 as the command prints it."""
+    return (
+        "Max retrieval (Softmax is not Enough, Table 1): accuracy (%) by number of items, "
+        f"mean ± sd over {seeds} seed{'s' if seeds != 1 else ''}"
+    )
+
+
+def table_note(rows: list[dict[str, Any]], seeds: int) -> str | None:
+    """Why the table's ``p (ours)`` column says ``n/a`` where it does; None where it does not."""
+    missing = [r for r in rows if r["p_value"] is None or not np.isfinite(r["p_value"])]
+    if not missing:
+        return None
+    if seeds < 2:
+        return (
+            "p (ours) is n/a: the paired t-test over seeds needs at least two seeds and this run "
+            "has one (the paper's: --seeds 10)."
+        )
+    return (
+        "p (ours) is n/a where the t-test is undefined: every seed gave the same difference "
+        "(e.g. both methods exact at the smallest sizes)."
+    )
+
+
 def _json_num(v):
     if isinstance(v, (float, np.floating)):
         return None if not np.isfinite(v) else float(v)
@@ -803,7 +827,7 @@ def region_entropies(items: int = 10, points: int = 200) -> list[dict[str, Any]]
 
 def plot_entropy_landscape(path: Path, items: int = 10) -> tuple[float, float]:
     """Figure 5: entropy of softmax_θ(a) for a_i = λ^i, i = 1…10, over (λ, θ), with its four
-    regions marked by the lines λ = λ* and θ = θ* of :func:`fig5_boundaries` (returned)."""
+    regions marked by the lines λ = λ* and θ = θ* of `fig5_boundaries` (returned)."""
     lam, theta, h = entropy_landscape(items)
     lam_star, theta_star = fig5_boundaries(items)
     with report.figure(path, figsize=(6.5, 5), dpi=120) as (fig, ax):
@@ -918,9 +942,9 @@ def optimal_temperature(e: Tensor, target: Tensor, grid=THETA_GRID) -> Tensor:
     return thetas[log_p.argmax(0)]  # (B,)
 
 
-#: bytes per item of the fit's float64 logits over the θ grid (:func:`optimal_temperature`: e/θ,
+#: bytes per item of the fit's float64 logits over the θ grid (`optimal_temperature`: e/θ,
 #: its exponentials for logsumexp, the result); with ``_ITEM_BYTES``, 2.3 times the 1,911 bytes
-#: per item measured (peak RSS growth of :func:`collect_fit_data` at n = 2^16)
+#: per item measured (peak RSS growth of `collect_fit_data` at n = 2^16)
 _FIT_BYTES = 3 * 8 * len(THETA_GRID)
 
 

@@ -1,14 +1,14 @@
 """The report kit every experiment uses: figures, markdown tables, report.md.
 
-* :func:`figure` — a matplotlib figure (Agg backend) saved atomically to a PNG when the block ends,
+* `figure` — a matplotlib figure (Agg backend) saved atomically to a PNG when the block ends,
   and closed whatever happens.
-* :func:`markdown_table` — one function for every markdown table; :func:`write_table` also writes
+* `markdown_table` — one function for every markdown table; `write_table` also writes
   the same rows as CSV.
-* :func:`write_report` — ``report.md`` from a title and sections, written atomically;
-  :func:`require` refuses, before anything is written, a report of no results (a folder's
+* `write_report` — ``report.md`` from a title and sections, written atomically;
+  `require` refuses, before anything is written, a report of no results (a folder's
   earlier report is never replaced by an empty one).
 
-Statistics come from :mod:`.stats` (scipy), nowhere else.
+Statistics come from `stats` (scipy), nowhere else.
 """
 
 from __future__ import annotations

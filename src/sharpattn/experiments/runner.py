@@ -3,28 +3,28 @@
 An experiment is a configuration, a model, batches and its measures; everything around them lives
 here (minGPT's ``Trainer`` for the loop and its callbacks, nanoGPT's resume):
 
-* :class:`RunFolder` — one folder per run. ``config.json`` is written once; a folder holding a
+* `RunFolder` — one folder per run. ``config.json`` is written once; a folder holding a
   run of another configuration is refused in one sentence; ``metrics.jsonl`` is appended.
-* :func:`seed_int` / :func:`generator` — one seeding scheme: a ``numpy.random.SeedSequence`` per
+* `seed_int` / `generator` — one seeding scheme: a ``numpy.random.SeedSequence`` per
   (seed, purpose, ...), so streams for initialisation, data, probes and test sets never overlap
   and never depend on the global RNG.
-* :func:`threads` — one thread policy (torch intra-op threads for a block, restored after), which
-  also applies the process's allocator policy (:func:`keep_freed_memory`).
-* :func:`emit` — one progress-event protocol: plain dicts ``{"task", "phase", "step", "total"}``
+* `threads` — one thread policy (torch intra-op threads for a block, restored after), which
+  also applies the process's allocator policy (`keep_freed_memory`).
+* `emit` — one progress-event protocol: plain dicts ``{"task", "phase", "step", "total"}``
   plus optional ``"loss"`` / ``"note"``, which one CLI renderer draws and worker processes can
   pickle.
-* :class:`Trainer` — one training loop: batches from generators it checkpoints, the loss of one
+* `Trainer` — one training loop: batches from generators it checkpoints, the loss of one
   model or of an ensemble (a vector, one loss per member, summed for the backward pass), an
   optional learning-rate schedule (a function of the step, so nothing to checkpoint) and gradient
   clipping, logging callbacks into ``metrics.jsonl``, atomic safetensors checkpoints every
   ``checkpoint_every`` steps and on Ctrl-C, and resume: re-running after ``kill -9`` continues
   from the last checkpoint and ends with the same numbers as an uninterrupted run.
-* :class:`Clock` — one timing tool: wall and process CPU seconds since it started, read at any
+* `Clock` — one timing tool: wall and process CPU seconds since it started, read at any
   point of a run (a phase's end) or frozen at the end of a ``with`` block.
-* :func:`write_metrics` — one way to write a run's ``metrics.json`` (or the result file of
+* `write_metrics` — one way to write a run's ``metrics.json`` (or the result file of
   another name a run keeps), atomically.
-* :func:`once` — a JSON result computed once per run folder (an evaluation of trained weights).
-* :func:`profile_settings` — one profile mechanism: a command's named profiles (``--quick``,
+* `once` — a JSON result computed once per run folder (an evaluation of trained weights).
+* `profile_settings` — one profile mechanism: a command's named profiles (``--quick``,
   ``--paper``, ...) are a dict of settings, resolved with the command's overrides.
 """
 
@@ -70,12 +70,12 @@ def seed_int(*key: int) -> int:
 
 
 def generator(*key: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with :func:`seed_int` of ``key``."""
+    """A CPU ``torch.Generator`` seeded with `seed_int` of ``key``."""
     return torch.Generator().manual_seed(seed_int(*key))
 
 
 def numpy_generator(*key: int) -> np.random.Generator:
-    """A NumPy ``Generator`` seeded with :func:`seed_int` of ``key``."""
+    """A NumPy ``Generator`` seeded with `seed_int` of ``key``."""
     return np.random.default_rng(seed_int(*key))
 
 
@@ -114,11 +114,11 @@ def keep_freed_memory() -> bool:
     A training step allocates and frees the same few-MiB activations and gradients every step.
     With glibc's defaults each of them is a fresh ``mmap`` (or heap growth after a trim) whose
     pages the kernel faults in and zeroes again: ~1,400 page faults per max-retrieval step, 7-9 %
-    of its CPU time in the kernel. Serving blocks below :data:`MMAP_THRESHOLD` from the heap and
-    keeping up to :data:`TRIM_THRESHOLD` of it freed removes them (``benchmarks/batched_seeds.py``
+    of its CPU time in the kernel. Serving blocks below `MMAP_THRESHOLD` from the heap and
+    keeping up to `TRIM_THRESHOLD` of it freed removes them (``benchmarks/batched_seeds.py``
     reports the system time). Larger blocks (a long evaluation's score chunks) are still
     ``mmap``-ed and returned when freed. The setting is process-wide, so only the experiment
-    runner applies it (through :func:`threads`), never the library's functions. Returns whether
+    runner applies it (through `threads`), never the library's functions. Returns whether
     it applied (False off glibc, where it does nothing)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -135,7 +135,7 @@ def keep_freed_memory() -> bool:
 @contextlib.contextmanager
 def threads(n: int | None = None) -> Iterator[int]:
     """Run the block with ``n`` torch intra-op threads (default: every core), then restore; the
-    process keeps freed memory for reuse from then on (:func:`keep_freed_memory`)."""
+    process keeps freed memory for reuse from then on (`keep_freed_memory`)."""
     keep_freed_memory()
     old = torch.get_num_threads()
     n = cores() if n is None else max(1, int(n))
@@ -164,7 +164,7 @@ def event(task: str, phase: str, step: int, total: int, **fields: Any) -> dict[s
 
 
 def emit(progress: Progress | None, task: str, phase: str, step: int, total: int, **fields) -> None:
-    """Send :func:`event` to ``progress`` if there is one."""
+    """Send `event` to ``progress`` if there is one."""
     if progress is not None:
         progress(event(task, phase, step, total, **fields))
 
@@ -181,7 +181,7 @@ class Clock:
     ``clock = Clock()`` starts now; reading ``clock.wall`` / ``clock.cpu`` gives the seconds so
     far, so reading them where a phase ends marks it (a later phase is the difference of two
     reads). ``with Clock() as clock:`` stops it when the block ends (also on an exception);
-    it then reads the block's seconds for good. :meth:`stop` does the same without a block."""
+    it then reads the block's seconds for good. `stop` does the same without a block."""
 
     def __init__(self) -> None:
         self._start = (time.perf_counter(), time.process_time())
@@ -201,12 +201,12 @@ class Clock:
 
     @property
     def wall(self) -> float:
-        """Wall-clock seconds since the start (until :meth:`stop`)."""
+        """Wall-clock seconds since the start (until `stop`)."""
         return (time.perf_counter() if self._end is None else self._end[0]) - self._start[0]
 
     @property
     def cpu(self) -> float:
-        """CPU seconds of this process since the start (until :meth:`stop`)."""
+        """CPU seconds of this process since the start (until `stop`)."""
         return (time.process_time() if self._end is None else self._end[1]) - self._start[1]
 
 
@@ -317,7 +317,7 @@ METRICS = "metrics.json"
 
 
 def write_metrics(folder: RunFolder | str | Path, metrics: Any, name: str = METRICS) -> Path:
-    """Write a run's measurements ``metrics`` into ``folder`` (a :class:`RunFolder` or its path)
+    """Write a run's measurements ``metrics`` into ``folder`` (a `RunFolder` or its path)
     as indented JSON, atomically (a crash leaves the previous file or none, never half of one);
     ``name``: the file, ``metrics.json`` unless the run keeps its results under another name.
     Returns the file's path."""
@@ -415,12 +415,12 @@ def _finite(obj: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-#: the files a :class:`Trainer` keeps in its folder: final weights, checkpoint, training log
+#: the files a `Trainer` keeps in its folder: final weights, checkpoint, training log
 TRAINING_FILES = ("model.safetensors", "checkpoint.safetensors", "metrics.jsonl")
 
 
 def has_training_files(folder: str | Path) -> bool:
-    """Whether ``folder`` holds any of a :class:`Trainer`'s files (:data:`TRAINING_FILES`)."""
+    """Whether ``folder`` holds any of a `Trainer`'s files (`TRAINING_FILES`)."""
     return any((Path(folder) / name).exists() for name in TRAINING_FILES)
 
 
@@ -434,14 +434,14 @@ class Trainer:
     steps in ``log_at`` if given (e.g. log-spaced ones), and at steps 0 and ``steps``,
     ``on_log(step, losses)`` returns the record appended to metrics.jsonl (losses: a list of
     floats, None at step 0). The final parameters go to ``model.safetensors``; a folder
-    that has them is not retrained (:meth:`run` loads them).
+    that has them is not retrained (`run` loads them).
 
     ``lr_schedule(step)`` multiplies each parameter group's initial learning rate at that step
     (0-based, as ``LambdaLR``); ``clip_grad_norm`` clips the gradients' global norm before each
     optimizer step.
 
     ``device`` (CPU by default) is where it trains: the model is moved there, and so is each
-    batch (:func:`to_device`); the generators, checkpoints and weights files stay on the CPU.
+    batch (`to_device`); the generators, checkpoints and weights files stay on the CPU.
 
     ``stop_at`` stops after that many steps in total without writing the final weights, as a
     crash would (tests); Ctrl-C writes a checkpoint first.
@@ -667,7 +667,7 @@ def need_files(*paths: str | Path) -> None:
 def once(path: str | Path, compute: Callable[[], Any], shape: Any = None) -> Any:
     """The JSON value at ``path``; if it is missing, ``compute()`` written there atomically first
     (evaluations of finished weights: a re-run reuses them, a crash before the write redoes it).
-    A stored value not of ``shape`` (:func:`.runs.conforms`) raises ``ValueError`` naming the
+    A stored value not of ``shape`` (`runs.conforms`) raises ``ValueError`` naming the
     file (deleting it computes it again)."""
     path = Path(path)
     need_files(path)
@@ -679,7 +679,7 @@ def once(path: str | Path, compute: Callable[[], Any], shape: Any = None) -> Any
 
 
 def read_weights(path: str | Path, model: torch.nn.Module) -> dict[str, Any]:
-    """Load final weights written by :class:`Trainer` into ``model``; return their state."""
+    """Load final weights written by `Trainer` into ``model``; return their state."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: that run is not trained yet.")

@@ -48,7 +48,7 @@ def damaged(path: Path, why: str, fix: str | None = None) -> ValueError:
 
 
 def read_json(path: Path, shape: Any = None, fix: str | None = None) -> Any:
-    """Parse the JSON file ``path`` and check it has ``shape`` (see :func:`conforms`; None: any
+    """Parse the JSON file ``path`` and check it has ``shape`` (see `conforms`; None: any
     JSON); a damaged file or a value of another shape raises ``ValueError`` naming it, with
     ``fix`` (what to do; by default delete it and run the command again)."""
     path = Path(path)
@@ -75,7 +75,7 @@ def conforms(value: Any, shape: Any) -> bool:
 
 
 def mismatch(value: Any, shape: Any, where: str = "") -> str | None:
-    """Why ``value`` does not have ``shape`` (:func:`conforms`), or None when it does."""
+    """Why ``value`` does not have ``shape`` (`conforms`), or None when it does."""
     if shape is None:
         return None
     if isinstance(shape, tuple):

@@ -1,14 +1,14 @@
 """`sharpattn reproduce selective`: the experiments of Zhang et al. (NeurIPS 2024), one per module.
 
-1. :mod:`.selective_graph`: the graph next-token task (Sec. 4.1, Fig. 3, Table 1, App. A).
-2. :mod:`.selective_denoise`: denoising (Sec. 4.3, Table 2).
-3. :mod:`.selective_lm`: a character language model (ours, in the shape of Tables 5-6 and Fig. 2).
+1. `selective_graph`: the graph next-token task (Sec. 4.1, Fig. 3, Table 1, App. A).
+2. `selective_denoise`: denoising (Sec. 4.3, Table 2).
+3. `selective_lm`: a character language model (ours, in the shape of Tables 5-6 and Fig. 2).
 
-The first two train ensembles of one-head models (:mod:`.selective_common`). This module is the
+The first two train ensembles of one-head models (`selective_common`). This module is the
 command: its configuration and profiles, the paper-scale parameter overhead (Sec. 3), the run and
 its report.
 
-Everything runs on :mod:`.runner`: RUN/config.json (a folder of another configuration is
+Everything runs on `runner`: RUN/config.json (a folder of another configuration is
 refused), one resumable Trainer run per ensemble or model (RUN/graph/<readout>/, RUN/denoise/,
 RUN/lm/<variant>/seed<s>/, each with metrics.jsonl, checkpoints and an evaluation.json), seeds
 from ``runner.seed_int`` keyed by (seed, task, purpose), so re-running after ``kill -9`` ends with

@@ -1,6 +1,6 @@
 """What the synthetic experiments of ``sharpattn reproduce selective`` share: the paper's Fig. 2
-numbers, the seed keys, the ensemble of one-head attention models (:mod:`.selective_graph`,
-:mod:`.selective_denoise`), training then evaluating once, and the table cells.
+numbers, the seed keys, the ensemble of one-head attention models (`selective_graph`,
+`selective_denoise`), training then evaluating once, and the table cells.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ INIT, DATA, TEST = range(3)
 
 
 def member_linear(d_in: int, d_out: int, weight_keys, bias_keys) -> StackedLinear:
-    """A :class:`~sharpattn.models.ensemble.StackedLinear` ``d_in → d_out`` whose member i is
+    """A `StackedLinear` ``d_in → d_out`` whose member i is
     nn.Linear's U(±1/√d_in), its weight drawn from ``generator(*weight_keys[i])`` (as ``[d_in,
     d_out]``, then transposed) and its bias from ``generator(*bias_keys[i])``: a member starts
     alike whatever the other members."""
@@ -63,7 +63,7 @@ class OneHeadEnsemble(nn.Module):
     Nothing mixes heads and Adam is elementwise, so member e trains exactly as it would alone; this
     only removes Python overhead (the CPU is shared). Members of different variants with the same
     seed start from the same weights and see the same data, so comparisons are paired. The
-    projections ``q``, ``k``, ``v`` are stacked linear layers (:mod:`sharpattn.models.ensemble`).
+    projections ``q``, ``k``, ``v`` are stacked linear layers (`sharpattn.models.ensemble`).
     """
 
     def __init__(self, d_in: int, d: int, members: list[tuple[str, int]], task: int):
@@ -107,7 +107,7 @@ class OneHeadEnsemble(nn.Module):
         return out[:, :, 0]
 
     def upgrade_checkpoint(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A checkpoint file's tensors of the layout before (:data:`_OLD_NAMES`) in this one's:
+        """A checkpoint file's tensors of the layout before (`_OLD_NAMES`) in this one's:
         weights transposed, biases given their member row, Adam's moments alike and renumbered
         (the old order: the weights of q, k, v, their biases, the model's own parameters, the
         readout's weight and bias, the temperatures). Files of this layout pass unchanged."""
@@ -144,7 +144,7 @@ class OneHeadEnsemble(nn.Module):
 
 def finish(trainer: Trainer, stop_at: int | None, evaluate, shape: Any = None) -> Any:
     """Train (or resume, or load) ``trainer``, then ``evaluate(state)`` once: the folder's
-    evaluation.json, checked to be of ``shape`` (:func:`.runs.conforms`; None if ``stop_at``
+    evaluation.json, checked to be of ``shape`` (`runs.conforms`; None if ``stop_at``
     stopped the training, as a crash would)."""
     state = trainer.run(stop_at=stop_at)
     if state.get("stopped"):

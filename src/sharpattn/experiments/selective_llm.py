@@ -5,25 +5,25 @@ The paper (§5.1, App. A) fine-tunes GPT-2, Pythia and Llama with Selective Self
 token- and position-aware temperatures on queries and values) — every weight trained, AdamW at
 1e-6, 3.5M tokens, days on 4-8 GPUs — and reports lower perplexity than the same fine-tuning
 without SSA. Here, on a 2-core CPU: SmolLM2-135M with its weights *frozen* and only the
-temperatures trained (:func:`sharpattn.hf.apply` ``(net, "selective", targets="qv")``, base SSA
+temperatures trained ([`sharpattn.hf.apply`][sharpattn.integrations.hf.apply] ``(net, "selective", targets="qv")``, base SSA
 with the MLP token term, or ``sharing=True`` for the paper's weight sharing), for ``steps`` AdamW
 steps on windows of ``context`` tokens drawn from a training slice of text. Then the perplexity of
 held-out windows at 1×, 2× and 4× that context, for the unpatched model and the fine-tuned one on
-the same windows, with a paired t-test over windows (:mod:`.stats`).
+the same windows, with a paired t-test over windows (`stats`).
 
 The temperatures start as an identity (τ = 1 + c₀·log n, c₀ ≈ 5e-6, token term 0), so the step-0
 model is the unpatched one to float32 rounding (checked and reported). The runner's
-:class:`~.runner.Trainer` trains a module holding only the temperatures, so its checkpoints are
+`Trainer` trains a module holding only the temperatures, so its checkpoints are
 megabytes, not the 540 MB model; re-running resumes.
 
-The matched study (``--lora RANK``, :func:`run_matched`) removes the confound of comparing a
-trained model with an untrained one: per seed, LoRA adapters of that rank (:mod:`.adapters`) on
+The matched study (``--lora RANK``, `run_matched`) removes the confound of comparing a
+trained model with an untrained one: per seed, LoRA adapters of that rank (`adapters`) on
 every layer's attention projections are fine-tuned twice with the same budget (the same initial
 adapters, windows and steps), once with softmax and once with the selective temperatures added
 and trained with them; the report compares the two (paired over windows and over seeds) beside
 the unpatched model.
 
-Text: :func:`.llm.heldout_text` (tinyshakespeare from the checkout's ``shared/`` when present,
+Text: `llm.heldout_text` (tinyshakespeare from the checkout's ``shared/`` when present,
 else Python's own docstrings); its first ``train_fraction`` trains, the rest is held out.
 """
 
@@ -79,7 +79,7 @@ class Config:
     seed: int = 0
     checkpoint_every: int = 50
     threads: int | None = None
-    #: the matched study (:func:`run_matched`): LoRA adapters of this rank fine-tuned with and
+    #: the matched study (`run_matched`): LoRA adapters of this rank fine-tuned with and
     #: without the temperatures (0: the frozen study), at ``lora_lr``, for ``seeds`` seeds
     lora: int = 0
     lora_lr: float = 1e-3
@@ -151,7 +151,7 @@ def split(ids: torch.Tensor, cfg: Config) -> tuple[torch.Tensor, list[torch.Tens
 
 
 def temperatures(net: nn.Module) -> nn.ModuleDict:
-    """The selective temperatures :func:`sharpattn.hf.apply` attached, in one module (what the
+    """The selective temperatures [`sharpattn.hf.apply`][sharpattn.integrations.hf.apply] attached, in one module (what the
     Trainer trains and checkpoints)."""
     from .. import hf
 
@@ -226,9 +226,9 @@ def position_coefficients(holder: nn.ModuleDict) -> dict[str, list[float]]:
 def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
         ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """Train the temperatures (or resume), evaluate both models, write the report; with
-    ``cfg.lora``, the matched study (:func:`run_matched`). ``net`` / ``ids``: a causal LM and
+    ``cfg.lora``, the matched study (`run_matched`). ``net`` / ``ids``: a causal LM and
     its token ids (tests); by default ``cfg.model`` and its tokenizer on
-    :func:`.llm.heldout_text`."""
+    `llm.heldout_text`."""
     from .. import hf
 
     if cfg.lora:
@@ -315,7 +315,7 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
                 ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """The matched study: per seed, LoRA adapters of rank ``cfg.lora`` fine-tuned on the same
     windows with softmax and with selective temperatures (trained too), from the same initial
-    adapters (:func:`.adapters.prepare`); held-out perplexity of both and of the unpatched model
+    adapters (`adapters.prepare`); held-out perplexity of both and of the unpatched model
     at every length, paired over windows and over seeds."""
     adapters.require_peft()
     clock = Clock()

@@ -2,11 +2,11 @@
 Zhang et al.'s Tables 5-6 and Fig. 2; the paper's are Wikitext fine-tuning perplexities of
 Pythia-160m / GPT-2).
 
-Tiny Shakespeare characters, the tiny transformer of :mod:`sharpattn.models.transformer` with 4
+Tiny Shakespeare characters, the tiny transformer of `sharpattn.models.transformer` with 4
 layers, d = 128, rotary positions, trained at context 256; vanilla vs selective temperatures on
 q, v, qv with the token term, the position term or both, and on k and k, q, v with both (Table 5);
 validation loss at 256, 512 and 1024 characters, and Fig. 2's spikiness and ‖W_q·W_kᵀ‖. The text
-is read from ``--text`` (default: :data:`PACKAGED_TEXT`, the first 100 KB of tiny Shakespeare,
+is read from ``--text`` (default: `PACKAGED_TEXT`, the first 100 KB of tiny Shakespeare,
 shipped with the package).
 """
 
@@ -79,12 +79,12 @@ PACKAGED_TEXT = "tinyshakespeare_100k.txt"
 
 
 def default_text_path() -> Path:
-    """The packaged excerpt of tiny Shakespeare (:data:`PACKAGED_TEXT`)."""
+    """The packaged excerpt of tiny Shakespeare (`PACKAGED_TEXT`)."""
     return Path(str(resources.files("sharpattn.tasks").joinpath("data", PACKAGED_TEXT)))
 
 
 def load_text(path: str | Path | None = None) -> str:
-    """The training text (default :func:`default_text_path`); a missing file is one sentence."""
+    """The training text (default `default_text_path`); a missing file is one sentence."""
     path = Path(path) if path is not None else default_text_path()
     if not path.is_file():
         raise FileNotFoundError(

@@ -7,10 +7,10 @@ algorithm tasks) and of ``sharpattn leaderboard`` (every trainable normalizer of
 and the module options, on the same tasks, seeds and budget).
 
 One **job** is (task, training recipe, seed): it trains one decoder on the runner
-(:class:`~sharpattn.experiments.runner.Trainer`: resume, checkpoints, seeded batches) and
+(`Trainer`: resume, checkpoints, seeded batches) and
 evaluates it with every method that shares the recipe (``adaptive (inference)`` is the softmax
 model evaluated with adaptive temperature, so it costs no training). Jobs run here, on a local
-process pool or on Ray (:func:`~sharpattn.experiments.sweep.run_jobs`).
+process pool or on Ray (`run_jobs`).
 
 Evaluation is teacher-forced exact match: a sequence counts as solved when every answer token is
 the model's most likely next token (for a deterministic answer that is what greedy decoding
@@ -49,7 +49,7 @@ class Method:
     the normalizer at evaluation (None: the same); ``params``: fixed normalizer parameters;
     ``length_params``: parameters set to the longest training sequence (methods whose formula
     names the training length); ``selective`` / ``gate``: module options
-    (:class:`~sharpattn.models.transformer.TransformerConfig`)."""
+    (`TransformerConfig`)."""
 
     name: str
     train: str
@@ -74,7 +74,7 @@ UNTRAINABLE = {"hardmax": "argmax has zero gradient almost everywhere"}
 #: entmax's bisection 6x, the other sorting-based normalizers 1.4-2.2x); orders the jobs
 SLOW = {"entmax": 6.0, "entmax15": 2.2, "sparsemax": 1.8, "asentmax": 1.4, "topk": 1.4,
         "stick_breaking": 1.2}  # fmt: skip
-#: fixed parameters whose value is the longest training sequence (see :class:`Method`)
+#: fixed parameters whose value is the longest training sequence (see `Method`)
 LENGTH_PARAMS = {"logn": ("train_length",), "llama4_temperature": ("floor_scale",)}
 
 
@@ -126,7 +126,7 @@ class SequenceConfig:
     seeds: int = 3
     seed: int = 0
     steps: int = 2000
-    #: training steps of some tasks instead of ``steps`` ({task: steps}; :func:`steps_of`)
+    #: training steps of some tasks instead of ``steps`` ({task: steps}; `steps_of`)
     task_steps: dict[str, int] | None = None
     batch: int = 32
     lr: float = 1e-3
@@ -141,7 +141,7 @@ class SequenceConfig:
     eval_batch: int = 16  # with ``eval_se``, when adaptive sampling stops short of it
     #: adaptive sampling (0: off, every size gets ``eval_sets``): test sequences are drawn in
     #: blocks of ``eval_batch`` until the cell's Agresti-Coull standard error is at most
-    #: ``eval_se`` (after at least ``eval_min``), or ``eval_sets`` are spent (:func:`enough`)
+    #: ``eval_se`` (after at least ``eval_min``), or ``eval_sets`` are spent (`enough`)
     eval_se: float = 0.0
     eval_min: int = 32
     #: stopping rule (0: off): after this many consecutive sizes beyond the training range at
@@ -324,7 +324,7 @@ class Job:
     seed: int  # the run seed (cfg.seed + index)
     config: dict[str, Any]
     #: the run folder whose trained model this job evaluates (``--models-from``, read only);
-    #: None: the job trains its own in :attr:`folder`
+    #: None: the job trains its own in `folder`
     models: str | None = None
 
     @property
@@ -334,7 +334,7 @@ class Job:
 
     @property
     def name(self) -> str:
-        """How errors name the job (:func:`.sweep.job_label`): its label."""
+        """How errors name the job (`sweep.job_label`): its label."""
         return self.label
 
     @property
@@ -344,7 +344,7 @@ class Job:
 
     @property
     def model_folder(self) -> Path:
-        """Where the job's trained model is: :attr:`folder`, or that of the ``models`` run."""
+        """Where the job's trained model is: `folder`, or that of the ``models`` run."""
         return self._under(self.models or self.root)
 
     def _under(self, root: str) -> Path:
@@ -359,12 +359,12 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
             ) -> list[dict[str, Any]]:  # fmt: skip
     """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
     ``where`` (if given) is kept at the training step or evaluated size being run (for
-    :func:`run_job_or_failure`'s sentence).
+    `run_job_or_failure`'s sentence).
 
-    A finished job's rows are kept in its folder (:func:`rows_file`), named by what decides them.
+    A finished job's rows are kept in its folder (`rows_file`), named by what decides them.
     A job folder holding rows and none of the trainer's files (weights, checkpoint, training log:
     a published run's record, carried without them) is finished: its rows are returned once they
-    pass :func:`read_rows` (damaged rows are named, or evaluated again where ``job.models`` has
+    pass `read_rows` (damaged rows are named, or evaluated again where ``job.models`` has
     the model). Where any training file is there, the job is checked and resumed from those
     files as always (a damaged one is named; deleting the weights retrains). With
     ``job.models``, the trained model is read from that run and never trained or written there
@@ -465,11 +465,11 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
 
 
 def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """:func:`run_job`, except that a job training a plug-in (``module:name``) that fails in it
+    """`run_job`, except that a job training a plug-in (``module:name``) that fails in it
     (raises, gives a NaN or infinite weight, or the loss becomes NaN or infinite) returns one
     row per method, ``{"task", "method", "seed", "failed": sentence}``, instead of raising: its
     rows are not written (a re-run resumes it from what it saved) and the sweep goes on with the
-    other jobs (:func:`failures` separates them). Any other error is raised as before."""
+    other jobs (`failures` separates them). Any other error is raised as before."""
     where: dict[str, Any] = {}
     try:
         return run_job(job, progress, where)
@@ -490,7 +490,7 @@ def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[
 
 
 def failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """A sweep's rows without its failed jobs' (:func:`run_job_or_failure`), and one clause per
+    """A sweep's rows without its failed jobs' (`run_job_or_failure`), and one clause per
     failed method: the first failure in job order and how many of its jobs failed."""
     failed: dict[str, list[str]] = {}
     for r in rows:
@@ -535,21 +535,21 @@ def _digest(identity: Any, rows: Any) -> str:
 
 
 def rows_record(job: Job, cfg: SequenceConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A rows file's content: the job's identity (:func:`job_identity`), its rows and the digest
-    of both (:func:`read_rows` checks it)."""
+    """A rows file's content: the job's identity (`job_identity`), its rows and the digest
+    of both (`read_rows` checks it)."""
     identity = job_identity(job, cfg)
     return {"job": identity, "rows": rows, "digest": _digest(identity, rows)}
 
 
-#: one row of a job (what :func:`run_job` returns per method and size)
+#: one row of a job (what `run_job` returns per method and size)
 ROW = {"task": str, "method": str, "seed": int, "size": int, "acc": float, "token_acc": float,
        "sets": int, "length": int, "skipped": bool}  # fmt: skip
-#: a rows file (:func:`rows_record`)
+#: a rows file (`rows_record`)
 ROWS_RECORD = {"job": {str: None}, "rows": [ROW], "digest": str}
 
 
 def read_rows(path: str | Path, job: Job, cfg: SequenceConfig) -> list[dict[str, Any]]:
-    """The rows of ``job`` stored at ``path``, checked: a record of :func:`rows_record` whose
+    """The rows of ``job`` stored at ``path``, checked: a record of `rows_record` whose
     digest matches its content and whose job is ``job``, or a bare list of rows (the format
     before digests, which published records use); either way every row must be of this job
     (task, seed, each method at each size once, in order) with accuracies in [0, 1] and counts
@@ -580,7 +580,7 @@ def read_rows(path: str | Path, job: Job, cfg: SequenceConfig) -> list[dict[str,
 
 
 def _rows_problem(rows: list[dict[str, Any]], job: Job, cfg: SequenceConfig) -> str | None:
-    """Why ``rows`` (each of the shape :data:`ROW`) are not ``job``'s, or None."""
+    """Why ``rows`` (each of the shape `ROW`) are not ``job``'s, or None."""
     if not rows:
         return "it holds no rows"
     want = [(m.name, s) for m in job.methods for s in sizes_of(cfg, job.task)]
@@ -659,7 +659,7 @@ def task_key(name: str) -> int:
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1
 
 
-#: what :func:`evaluate` returns (its cached files are checked against it)
+#: what `evaluate` returns (its cached files are checked against it)
 EVALUATION = {"acc": float, "token_acc": float, "sets": int, "length": int}
 
 
@@ -710,7 +710,7 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
 def check_models(cfg: SequenceConfig, experiment: str, todo: list[Job] = (),
                  out: str | Path | None = None) -> None:  # fmt: skip
     """With ``cfg.models``: that folder is a run of ``experiment`` trained as ``cfg`` would
-    train (:data:`IDENTITY`), other than ``out``, and holds a trained model for every job of
+    train (`IDENTITY`), other than ``out``, and holds a trained model for every job of
     ``todo`` that has no rows in ``out`` yet (or, a record without its weights, that job's rows);
     else one sentence naming what is missing. It is only read: nothing is written there."""
     if cfg.models is None:
@@ -756,7 +756,7 @@ def sweep(
     ray: str | None = None,
 ) -> tuple[RunFolder, list[dict[str, Any]]]:
     """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows, a failed
-    plug-in's jobs among them as marked rows (:func:`failures` separates them)."""
+    plug-in's jobs among them as marked rows (`failures` separates them)."""
     from .sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
@@ -842,7 +842,7 @@ def stopping(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def measures(rows: list[dict[str, Any]], spans: dict[str, tuple[int, int]] | None = None
              ) -> dict[tuple[str, str], dict[int, dict[str, float]]]:  # fmt: skip
-    """{(task, method): {seed: measures}} with ``auc`` (:func:`area` of accuracy over the
+    """{(task, method): {seed: measures}} with ``auc`` (`area` of accuracy over the
     evaluated sizes), ``id`` (mean accuracy at the sizes inside the task's training range),
     ``ood`` (mean accuracy beyond it), ``largest`` (accuracy at the largest size), and
     ``id_token`` / ``ood_token`` (the same means of answer-token accuracy). ``spans``: training
@@ -910,7 +910,7 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
                 spans: dict[str, tuple[int, int]] | None = None) -> None:  # fmt: skip
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
-    *Softmax is not Enough* Fig. 8; ``spans`` as in :func:`measures`); the legend has a panel of
+    *Softmax is not Enough* Fig. 8; ``spans`` as in `measures`); the legend has a panel of
     its own where the grid has one free, else a column beside the grid. Past the colour map's
     length the colours repeat with dashed, then dotted, lines."""
     from .report import figure

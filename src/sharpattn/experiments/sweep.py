@@ -1,7 +1,7 @@
 """Run a sweep of independent jobs (seeds × methods × sizes) here, on a local process pool, or on
 a Ray cluster.
 
-:func:`run_jobs` is the one entry point::
+`run_jobs` is the one entry point::
 
     results = run_jobs(train_one, jobs, workers=4, progress=bar)   # local spawn pool
     results = run_jobs(train_one, jobs, ray="auto", progress=bar)  # the running Ray cluster
@@ -12,9 +12,9 @@ so a deterministic job gives the same table everywhere.
 
 Progress events (``{"task", "phase", "step", "total"}`` plus optional ``"loss"``, ``"note"``)
 that a job sends through its ``progress`` argument reach the caller's ``progress`` callable:
-through a manager queue on the local pool, through a :class:`ray.util.queue.Queue` on Ray.
+through a manager queue on the local pool, through a `ray.util.queue.Queue` on Ray.
 
-Ray is optional (``pip install 'sharpattn[distributed]'``) and imported only when asked for.
+Ray is optional (``pip install -c constraints.txt -e '.[distributed]'``) and imported only when asked for.
 Ray Core does the scheduling and the retries; the only socket opened here is one connection to a
 ``host:port`` address before Ray is asked, so that a wrong address is one quick sentence.
 """
@@ -33,6 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..extras import install
+
 ProgressFn = Callable[[dict[str, Any]], None]
 
 #: Seconds the driver waits for a cluster at an address to answer (Ray's default, 30 s per
@@ -41,7 +43,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 CONNECT_TIMEOUT_S = 5
 
 _LOCAL = "local"
-_NOT_INSTALLED = "Ray is not installed; pip install 'sharpattn[distributed]'"
+_NOT_INSTALLED = f"Ray is not installed; {install('distributed')}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,13 +64,13 @@ def run_jobs(
 
     - ``workers == 1`` and ``ray is None``: in this process, one job after another.
     - ``workers > 1``: a local spawn-context process pool of ``workers`` processes. The workers
-      exit with this process, even when it is killed with ``kill -9`` (:func:`die_with_parent`).
+      exit with this process, even when it is killed with ``kill -9`` (`die_with_parent`).
     - ``ray`` set: one Ray Core task per job (``max_retries=retries``: a task whose worker process
       dies is run again; an exception raised by ``fn`` is not retried). ``ray`` is
       ``"auto"`` (the cluster this machine is part of, as ``ray start`` left it), an address
       ``"host:port"`` or ``"ray://host:port"`` (Ray Client, needs ``ray[client]``), or
       ``"local"`` (start a private local instance for this call). If this process is already
-      connected to Ray (``ray.init`` was called, e.g. by :func:`connect`), that connection is
+      connected to Ray (``ray.init`` was called, e.g. by `connect`), that connection is
       used whatever ``ray`` says, and left open.
 
     Same code on every worker: a local instance started here passes this interpreter's
@@ -88,7 +90,7 @@ def run_jobs(
     raised by a job is raised here with the job named; its
     type is kept when it can be (a ``ValueError`` stays one, an ``OSError`` keeps its path). A
     worker process that dies (killed by the out-of-memory killer, ``kill -9``) raises
-    :class:`WorkerDied`, on Ray once it has died more often than ``retries``.
+    `WorkerDied`, on Ray once it has died more often than ``retries``.
     """
     jobs = list(jobs)
     if workers < 1:
@@ -176,7 +178,7 @@ STOP_GRACE_S = 10.0
 def _pool_call(fn: Callable, job: Any, queue: Any) -> Any:
     """A job in a pool worker: Ctrl-C (from the terminal, or forwarded by the parent) interrupts
     it once, as ``KeyboardInterrupt``, so a training job checkpoints; the pool sends the
-    interrupted job back as its result, and an idle worker ignores Ctrl-C (:func:`worker_init`)."""
+    interrupted job back as its result, and an idle worker ignores Ctrl-C (`worker_init`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _interrupt_once)
     try:
@@ -323,7 +325,7 @@ def _worker_died(procs: list, who: str = "a worker process") -> WorkerDied:
 @contextlib.contextmanager
 def _sigint_held() -> Iterator[None]:
     """Block SIGINT in this thread while worker processes start: they inherit the blocked
-    signal and :func:`worker_init` ignores it before unblocking, so a Ctrl-C during their start
+    signal and `worker_init` ignores it before unblocking, so a Ctrl-C during their start
     never reaches their Python start-up as a ``KeyboardInterrupt``; here it is delivered when the
     block ends."""
     if not hasattr(signal, "pthread_sigmask"):
@@ -339,7 +341,7 @@ def _sigint_held() -> Iterator[None]:
 def worker_init() -> None:
     """In a local worker (or the progress queue's manager) process: ignore Ctrl-C, which a
     terminal sends to every process of the foreground group; the parent stops its workers
-    itself and reports the interrupt once. Then :func:`die_with_parent`."""
+    itself and reports the interrupt once. Then `die_with_parent`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards one pending from start-up
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -402,8 +404,8 @@ def _environ(**values: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cluster(address: str = _LOCAL) -> Iterator[None]:
-    """This process connected to Ray at ``address`` for the block (:func:`connect`), so that a
-    wrong address is refused before the caller writes anything; :func:`run_jobs` inside the
+    """This process connected to Ray at ``address`` for the block (`connect`), so that a
+    wrong address is refused before the caller writes anything; `run_jobs` inside the
     block uses the connection. Disconnects at the end if the block made the connection."""
     started = connect(address)
     try:
@@ -447,7 +449,7 @@ def _check_address(address: str) -> None:
 
 
 def connect(address: str = _LOCAL, *, num_cpus: int | None = None) -> bool:
-    """Connect this process to Ray at ``address`` (see :func:`run_jobs`) unless it already is.
+    """Connect this process to Ray at ``address`` (see `run_jobs`) unless it already is.
 
     Returns True when this call made the connection (the caller shuts it down with
     ``ray.shutdown()``), False when one existed. Raises a one-sentence ``ValueError`` when Ray is

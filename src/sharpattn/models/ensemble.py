@@ -3,13 +3,13 @@
 ``StackedLinear(members, in, out)`` holds ``members`` independent ``nn.Linear(in, out)`` layers as
 one weight ``(S, out, in)`` and one bias ``(S, 1, out)``, and applies member ``s`` to slice ``s`` of
 its input ``(S, ..., in)`` in one batched matrix product. Member ``s``'s weight and bias are
-exactly ``nn.Linear``'s (same layout), so :func:`member_state` / :func:`stack_states` move weights
+exactly ``nn.Linear``'s (same layout), so `member_state` / `stack_states` move weights
 between an ensemble and its single models without copying values through arithmetic. It takes
 ``device``/``dtype`` as torch's layers do, so ``nn.utils.skip_init(StackedLinear, ...)`` builds one
 without drawing from the global RNG (for members initialised from their own generators).
 
 Measured against ``torch.func`` (``stack_module_state`` + ``functional_call`` + ``vmap``): vmap
-cannot run :func:`~sharpattn.attention.attend`, whose input checks read values (``.item()``), and
+cannot run [`attend`][sharpattn.attention.attend], whose input checks read values (``.item()``), and
 the attention itself has no per-member weights, so the ensemble keeps ``attend`` and flattens the
 member dimension into its batch.
 """
@@ -63,7 +63,7 @@ def member_state(stacked: dict[str, Tensor], member: int) -> dict[str, Tensor]:
 
 
 def stack_states(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Stack single models' state dicts into a :class:`StackedLinear` ensemble's."""
+    """Stack single models' state dicts into a `StackedLinear` ensemble's."""
     out = {}
     for k in states[0]:
         v = torch.stack([s[k] for s in states])

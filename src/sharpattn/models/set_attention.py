@@ -13,10 +13,10 @@ Initialisation and activation follow Flax's defaults (the paper's code): kernels
 name from the registry; ``forward(..., method=...)`` switches it for one call with the same
 parameters (adaptive temperature "at inference only").
 
-``SetAttention(members=S)`` (or :meth:`SetAttention.stack` of S single models) is S independent
-models trained together: every layer is a :class:`~sharpattn.models.ensemble.StackedLinear`,
+``SetAttention(members=S)`` (or `SetAttention.stack` of S single models) is S independent
+models trained together: every layer is a `StackedLinear`,
 inputs and outputs carry a leading member dimension ``(S, B, ...)``, and the attention of all
-members runs as one :func:`attend` call over the flattened ``S·B`` sets. :meth:`member` gives
+members runs as one [`attend`][sharpattn.attend] call over the flattened ``S·B`` sets. `member` gives
 member s back as a single model.
 """
 
@@ -98,15 +98,15 @@ class SetAttention(nn.Module):
         return h, y
 
     def qkv(self, h: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Query, keys and values for :func:`attend`, with K and V folded into the query side.
+        """Query, keys and values for [`attend`][sharpattn.attend], with K and V folded into the query side.
 
         With one query per set, e_i = (W_q y + b_q)ᵀ(W_k h_i + b_k) = [W_kᵀ q̃; q̃ᵀb_k]·[h_i; 1]
         (q̃ = W_q y + b_q), and Σ_i α_i (W_v h_i + b_v) = W_v (Σ_i α_i h_i) + (Σ_i α_i)·b_v.
         So attending with keys = values = [h_i; 1] gives the same logits for any normalizer,
-        and the output (B, d+1) = [Σ α_i h_i; Σ α_i] that :meth:`readout` projects: the same
+        and the output (B, d+1) = [Σ α_i h_i; Σ α_i] that `readout` projects: the same
         function as separate K/V projections, without a d×d product per item.
 
-        :meth:`forward` is :meth:`embed`, this, :meth:`attention` and :meth:`readout`; each is
+        `forward` is `embed`, this, `attention` and `readout`; each is
         public, so a caller can embed and project once and attend with several normalizers.
         """
         qt = self.query(y)  # (..., B, d): q̃ = W_q y + b_q
@@ -151,7 +151,7 @@ class SetAttention(nn.Module):
 
     def attention(self, qh: Tensor, kh: Tensor, vh: Tensor, method: str, **params):
         """Single-head attention Σ_i α_i (W_v h_i + b_v), ``(B, d)`` (Eqs. 12-13, before the
-        output projection), over :meth:`qkv`'s query/keys/values with normalizer ``method``;
+        output projection), over `qkv`'s query/keys/values with normalizer ``method``;
         with ``return_weights=True`` also the weights α ``(B, n)``. An ensemble's members attend
         in one call, their sets flattened into the batch (the attention has no weights)."""
         lead = qh.shape[:-3]  # (B,) or (S, B)

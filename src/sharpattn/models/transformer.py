@@ -8,11 +8,11 @@ any registered normalizer (``softmax``, ``relu`` = ReLU(s)/n, ...).
 
 A model is a list of *layers* (the ``layers`` ModuleList), each ``"tf"`` (attn then mlp), ``"attn"`` or ``"mlp"``:
 ``layers=("tf",)`` is the one-layer model, ``("tf", "tf", "tf")`` the three-layer one and
-``("tf", "tf", "mlp")`` the paper's "attn+mlp+attn+mlp+mlp" (:func:`parse_layers` reads both
+``("tf", "tf", "mlp")`` the paper's "attn+mlp+attn+mlp+mlp" (`parse_layers` reads both
 spellings). Layer L's output is ``layers.{L}.resid_post`` (the paper's Res at layer L).
 
-Each attention sublayer is a :class:`sharpattn.MultiheadAttention` (``bias=False,
-causal=True``), so :func:`sharpattn.diagnostics.capture` records the internals under the same
+Each attention sublayer is a [`sharpattn.MultiheadAttention`][sharpattn.MultiheadAttention] (``bias=False,
+causal=True``), so `sharpattn.diagnostics.capture` records the internals under the same
 names as the model: with ``with capture(model) as cap: model(idx)``, ``cap["layers.{L}.attn.scores"]``
 (pre-normalizer scores, ``-inf`` after the query), ``.weights``, ``.values`` (value-state norms
 ‖O_h·V_h·LN(h)_j‖, ``[B, H, T]``) and ``cap["layers.{L}.resid_post"]`` ``[B, T, d]``, with L the
@@ -21,11 +21,11 @@ index in ``model.layers`` (an "mlp" layer has a residual but no attention).
 
 Options beyond the paper's model (defaults keep it exactly): ``positions="rotary"`` drops the
 position table and rotates q and k in every attention layer instead
-(:mod:`sharpattn.attention.rotary`), so the model runs at any length (``max_len`` is then
+(`sharpattn.attention.rotary`), so the model runs at any length (``max_len`` is then
 unused); ``positions="none"`` has no position signal at all (NoPE: the causal mask alone
 tells positions apart; Kazemnejad et al. 2023); ``selective="q" | "v" | "qv"`` with ``selective_terms`` ("both", "token", "position")
 and ``sharing`` gives every attention layer selective temperatures (Zhang et al.; identity at
-initialisation, see :mod:`sharpattn.attention.selective`).
+initialisation, see `sharpattn.attention.selective`).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class Transformer(nn.Module):
 
     def forward(self, idx: Tensor, *, zero: Iterable[str] = ()) -> Tensor:
         """Logits ``[B, T, n_out]`` for token ids ``idx`` ``[B, T]``; ``zero``: sublayer names
-        (:attr:`sublayers`) whose outputs are replaced by 0."""
+        (`sublayers`) whose outputs are replaced by 0."""
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(
                 f"idx must be a [B, T] long tensor, got {idx.dtype} {tuple(idx.shape)}."

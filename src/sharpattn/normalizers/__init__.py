@@ -1,7 +1,7 @@
 """Normalizers: scores ``[..., Lq, Lk]`` -> attention weights, all behind one contract.
 
-``fn(scores, mask=None, **params) -> weights``; see :mod:`sharpattn.normalizers._contract`.
-Look a method up by name with :func:`get`; :func:`available` lists them. Every built-in method is
+``fn(scores, mask=None, **params) -> weights``; see `sharpattn.normalizers._contract`.
+Look a method up by name with [`get`][sharpattn.normalizers.get]; [`available`][sharpattn.normalizers.available] lists them. Every built-in method is
 also importable under its registry name (``from sharpattn.normalizers import sparsemax``).
 
 ``__all__`` lists the public names: the registry, every built-in method, adaptive's temperature

@@ -44,7 +44,7 @@ def prepare(
     ``allowed`` is a boolean tensor of ``scores``' shape: the mask and the finite positions.
     ``clean_scores`` is ``scores`` in the compute dtype with every disallowed position set to 0,
     so any arithmetic on it (β·s, s − m, ...) stays finite and its gradient stays NaN-free;
-    normalizers must re-apply ``allowed`` themselves (e.g. through :func:`masked_softmax`).
+    normalizers must re-apply ``allowed`` themselves (e.g. through `masked_softmax`).
     """
     if not torch.is_tensor(scores) or not scores.is_floating_point():
         raise ValueError(
@@ -92,7 +92,7 @@ def normalizer(fn):
     The one place where an empty input is handled for every method (normalizers written for
     non-empty rows need not think about it): ``scores`` with a zero-size dimension gives an
     empty result of its shape and dtype, connected to the autograd graph, after ``mask`` and the
-    parameters are validated. :func:`~sharpattn.normalizers.register` applies it to every registered function,
+    parameters are validated. [`register`][sharpattn.normalizers.register] applies it to every registered function,
     so user-registered methods inherit it.
     """
     if getattr(fn, "_contract_guarded", False):
@@ -118,9 +118,9 @@ def normalizer(fn):
 def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
     """softmax(β·s) over the allowed keys of each row; disallowed entries and empty rows are 0.
 
-    ``scores`` must be finite where ``allowed`` (as :func:`prepare` leaves them). ``beta`` (a
+    ``scores`` must be finite where ``allowed`` (as `prepare` leaves them). ``beta`` (a
     number or a tensor broadcastable to ``[..., Lq, 1]``; None = 1) is applied as β·(s − m)
-    (:func:`shift_to_row_max`, m the row's largest allowed score, its smallest where β < 0): the
+    (`shift_to_row_max`, m the row's largest allowed score, its smallest where β < 0): the
     same softmax, but every logit is <= 0, so β·s can not overflow to +inf however large the
     scores or β are (a tiny temperature gives the arg-max, its limit, not NaN).
     """
@@ -188,11 +188,11 @@ def visible_keys(
 ) -> Tensor:
     """n_i, the number of keys query i may attend to, as ``dtype`` ``[..., Lq|1, 1]``: the one
     place "n" is counted (normalizers count their ``allowed`` matrix here, attention its
-    :class:`~sharpattn.attention.masking.Masking`).
+    `Masking`).
 
     ``mask``: boolean, broadcastable to ``[..., Lq, Lk]`` (True = may attend) or None (every key;
     then the result is ``[1, 1, Lq|1, 1]``). ``causal``: query i also sees only keys j <= i +
-    (Lk − Lq) (:func:`causal_rows`); ``lq``/``lk`` default to the mask's last two sizes. Counted
+    (Lk − Lq) (`causal_rows`); ``lq``/``lk`` default to the mask's last two sizes. Counted
     as integers, then converted (one rounding), and without an ``[Lq, Lk]`` matrix: a count of
     the mask, the position for causal masks, a cumulative count of a mask that is the same for
     every query read at the causal edge for both; a per-query mask with ``causal`` is counted
@@ -232,7 +232,7 @@ def visible_keys(
 
 
 def log_n(n: Tensor) -> Tensor:
-    """log n of each row's count of keys (:func:`visible_keys`), with n clamped to >= 1 so rows
+    """log n of each row's count of keys (`visible_keys`), with n clamped to >= 1 so rows
     without a key give 0, not −inf."""
     return torch.log(n.clamp_min(1.0))
 

@@ -2,14 +2,14 @@
 
 A registry entry declares its family (``Normalizer(..., family=...)``) with the family's maths
 hooks; ``attend`` then runs that family's fast path (O(n) memory, its own backward), and the
-entry's naive function is :meth:`weights` of the family: the same hooks on the whole score
+entry's naive function is `weights` of the family: the same hooks on the whole score
 matrix, so each formula is written once. A user's normalizer (``sharpattn.normalizers.register``,
 ``sharpattn leaderboard --method module:name``) that declares a family gets its fast paths too.
 
-* :class:`RowScaled`: softmax(β_i·s_ij), β_i a function of the row's visible keys n_i and the
+* `RowScaled`: softmax(β_i·s_ij), β_i a function of the row's visible keys n_i and the
   parameters (temperature, SSMax, length scaling, Llama 4, log-n). Fast path: the rows of q
   scaled by β, then one flash-attention call (torch's SDPA on any device).
-* :class:`Elementwise`: w_ij = f(s_ij, r_i), r_i a function of n_i and the parameters (sigmoid,
+* `Elementwise`: w_ij = f(s_ij, r_i), r_i a function of n_i and the parameters (sigmoid,
   ReLU). Fast path: one pass over key tiles, out_i = Σ_j w_ij·v_j, a backward that recomputes
   each tile; the built-in maps name their own kernels (C++ loops on the CPU), a user's map runs
   its ``f`` on each tile with autograd for f′.
@@ -17,7 +17,7 @@ matrix, so each formula is written once. A user's normalizer (``sharpattn.normal
 Hooks are plain functions of tensors (picklable: module-level functions, not lambdas, so a
 sweep's worker processes can use them). ``n`` is a float tensor ``[..., Lq, 1]`` of the row's
 visible keys (0 for a row that sees none: its weights are 0 whatever a hook returns, but a hook
-must not give NaN there; :func:`~._contract.log_n` is log max(n, 1)). Hooks receive every
+must not give NaN there; `log_n` is log max(n, 1)). Hooks receive every
 parameter of the method as keywords (``**params``), the learnable ones as tensors
 ``[1, H, 1, 1]``; gradients reach a parameter through what the hook returns.
 """
@@ -42,7 +42,7 @@ class RowScaled:
     Computed as softmax(β·(s − max s)), so no β overflows."""
 
     beta: Callable[..., Any]
-    #: the fast path that runs this family (:func:`sharpattn.attention.fast.path_of`)
+    #: the fast path that runs this family (`sharpattn.attention.fast.path_of`)
     path: ClassVar[str] = "row_scaled"
 
     def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
@@ -90,7 +90,7 @@ FAMILIES = (RowScaled, Elementwise)
 
 def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) -> None:
     """Refuse (``ValueError``, one sentence naming ``owner``) a family that could not run: not
-    one of :data:`FAMILIES`, a hook that is not callable, or an :class:`Elementwise` constant
+    one of `FAMILIES`, a hook that is not callable, or an `Elementwise` constant
     that is not a parameter of the method or is a learnable one."""
     if not isinstance(family, FAMILIES):
         names = ", ".join(f.__name__ for f in FAMILIES)

@@ -2,7 +2,7 @@
 and registered under that name (``sharpattn leaderboard --method``).
 
 The attribute is either a function under the contract, ``fn(scores, mask=None, **params)`` (it
-has no parameters of its own beyond ``check_finite``), or a :class:`~.registry.Normalizer`
+has no parameters of its own beyond ``check_finite``), or a [`Normalizer`][sharpattn.normalizers.registry.Normalizer]
 entry, whose ``Param(..., learnable=True)`` parameters are trained per head as the registry's
 are. The module is imported with the current directory on ``sys.path`` (as ``python -m`` does).
 """
@@ -30,7 +30,7 @@ def is_spec(name: str) -> bool:
 
 
 def load(spec: str) -> Normalizer:
-    """Import the normalizer ``spec`` names, probe it (:func:`probe`) and register it under
+    """Import the normalizer ``spec`` names, probe it (`probe`) and register it under
     ``spec``; return its entry. A bad spec raises ``ValueError`` in one sentence."""
     module_name, _, attr = spec.partition(":")
     dotted = module_name.split(".")
@@ -97,7 +97,7 @@ class PluginFailed(ValueError):
 def _watched(entry: Normalizer):
     """``entry.fn`` as the registry runs it for a plug-in: whatever it raises (``SystemExit``
     included; Ctrl-C is left alone) and a NaN or infinite weight at an allowed position become
-    :class:`PluginFailed`. Reading the weights is a host synchronisation, which a plug-in, not
+    `PluginFailed`. Reading the weights is a host synchronisation, which a plug-in, not
     compiled and not on a fused path, can afford."""
     fn = entry.fn
 

@@ -23,11 +23,11 @@ class Param:
     """A parameter of a normalizer, and the values it accepts.
 
     ``learnable`` parameters become per-head ``nn.Parameter``s of shape ``[num_heads]`` in
-    :class:`sharpattn.attention.MultiheadAttention` (initialised to ``default``), and reach the
+    [`sharpattn.attention.MultiheadAttention`][sharpattn.attention.MultiheadAttention] (initialised to ``default``), and reach the
     normalizer as tensors broadcastable to the scores (``[1, H, 1, 1]``).
 
-    What a value must be (:meth:`check`, the one validation every path applies: the registered
-    function, :func:`~sharpattn.attention.attend` before it picks a path, ``MultiheadAttention``
+    What a value must be ([`check`][sharpattn.normalizers.registry.Param.check], the one validation every path applies: the registered
+    function, [`attend`][sharpattn.attention.attend] before it picks a path, ``MultiheadAttention``
     and ``sharpattn.hf.apply`` when they are built):
 
     * ``kind``: ``"real"`` (a number, never a bool), ``"int"``, ``"bool"`` (True or False),
@@ -186,7 +186,7 @@ def _is_integer(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool) and not torch.is_tensor(x)
 
 
-#: ``check_finite``, which every normalizer (and :func:`~sharpattn.attention.attend`) takes
+#: ``check_finite``, which every normalizer (and `attend`) takes
 CHECK_FINITE = Param(
     "check_finite", True, "reject NaN/+inf scores and bad tensor parameters", kind="bool"
 )
@@ -208,7 +208,7 @@ class Normalizer:
     #: learnable parameters that MultiheadAttention also makes a linear function of the query's
     #: input: p_{h,i} = p_h + w_h·x_i, per head h and query i (w initialised to 0)
     query_dependent: tuple[str, ...] = ()
-    #: its maths in the form the fast paths need (:mod:`.families`): a method that declares one
+    #: its maths in the form the fast paths need (`families`): a method that declares one
     #: gets that family's fast path, whoever registers it
     family: Any = None
 
@@ -223,7 +223,7 @@ class Normalizer:
 
     def check_params(self, params: Mapping[str, Any], *, check_values: bool = True) -> None:
         """Refuse (``ValueError``, one sentence naming the parameter and what it accepts) a name
-        this method does not take or a value its :class:`Param` does not accept. Tensor values
+        this method does not take or a value its [`Param`][sharpattn.normalizers.registry.Param] does not accept. Tensor values
         are read only with ``check_values`` (no host synchronisation otherwise)."""
         specs = {p.name: p for p in self.params}
         specs.setdefault(CHECK_FINITE.name, CHECK_FINITE)
@@ -239,11 +239,11 @@ class Normalizer:
     def validate(self) -> None:
         """Refuse (``ValueError``, one sentence naming the method and the parameter at fault) an
         entry that could not work: a name that is not a string, a function that is not callable,
-        parameters that are not :class:`Param` entries or share a name, a default its own ``Param``
+        parameters that are not [`Param`][sharpattn.normalizers.registry.Param] entries or share a name, a default its own ``Param``
         does not accept (type, finiteness, range, choices), a learnable parameter that is not a
         real number with a number as its default (its per-head starting value), a
         ``query_dependent`` name that is not a learnable parameter, or a ``fused`` that is not a
-        name. :func:`register` runs it, so every registered entry has passed it. Whether
+        name. [`register`][sharpattn.normalizers.registry.register] runs it, so every registered entry has passed it. Whether
         ``fused`` names an existing fast path is checked by ``attend``, which holds them."""
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a normalizer's name must be a non-empty string, got {self.name!r}.")
@@ -334,9 +334,9 @@ _REGISTRY: dict[str, Normalizer] = {}
 def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
     """Add ``entry`` to the registry (``replace=True`` to overwrite an existing name).
 
-    The entry is checked first (:meth:`Normalizer.validate`: a bad one is refused in one
+    The entry is checked first ([`Normalizer.validate`][sharpattn.normalizers.registry.Normalizer.validate]: a bad one is refused in one
     sentence). The registered ``fn`` is ``entry.fn`` behind the contract's guards (empty input) and the
-    validation of its parameters (:meth:`Normalizer.check_params`, tensor values only with
+    validation of its parameters ([`Normalizer.check_params`][sharpattn.normalizers.registry.Normalizer.check_params], tensor values only with
     ``check_finite``): every call through the registry refuses a bad parameter by name.
     """
     entry.validate()

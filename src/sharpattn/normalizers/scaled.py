@@ -2,9 +2,9 @@
 its winner as n grows (Scalable-Softmax; the position temperature of selective attention; the
 query scalings of Llama 4 and Qwen).
 
-"n" is the number of allowed keys of the row (:func:`._contract.visible_keys`); under a causal
+"n" is the number of allowed keys of the row (`_contract.visible_keys`); under a causal
 mask without padding it is the query's position + 1, the quantity the model codes below use.
-Every β here is a per-row factor on the scores: each method is a :class:`~.families.RowScaled`
+Every β here is a per-row factor on the scores: each method is a `RowScaled`
 family, whose fast path multiplies the rows of q by the same β function.
 """
 
@@ -81,7 +81,7 @@ def ssmax(
 ) -> Tensor:
     """Scalable-Softmax: softmax(s·log(n)·scores) over the allowed keys (Nakanishi 2025).
 
-    ``s`` is the scaling parameter, learnable per head in :class:`MultiheadAttention` (0.43 is
+    ``s`` is the scaling parameter, learnable per head in [`MultiheadAttention`][sharpattn.MultiheadAttention] (0.43 is
     the value reported for SSMax). Any real ``s`` is accepted (s < 0 reverses the ranking; s = 0
     is uniform). A row with one key (n = 1, log n = 0) puts weight 1 on it.
     """
@@ -101,7 +101,7 @@ def length_scaled(
     The functional form of selective attention's position temperature (Zhang et al. 2024) and
     of Chiang & Cholak's (2022) log-length scaling; c = 0 is softmax. A plain-number ``c`` must
     be >= 0; a tensor ``c`` (the learnable per-head parameter) is clamped at 0 with a
-    straight-through gradient (see :func:`._contract.nonnegative`).
+    straight-through gradient (see `_contract.nonnegative`).
     """
     return LENGTH_SCALED.weights(scores, mask, check_finite=check_finite, c=c)
 

@@ -2,7 +2,7 @@
 
 The sink is a virtual key with logit b that every query sees but whose value is zero: rows sum
 to less than one, and the missing mass, 1 − Σ_j w_j = e^b / (e^b + Σ_j e^{s_j}), is the
-"null attention" (Smith's blog), reported by :func:`sharpattn.normalizers.stats.null_attention`.
+"null attention" (Smith's blog), reported by [`sharpattn.normalizers.stats.null_attention`][sharpattn.normalizers.stats.null_attention].
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def sink(
 
     b = 0 is "softmax+1" (Miller 2023); a learnable per-head b is gpt-oss's sink; ``bias_log_n``
     makes the sink depend on the length, as Smith's blog proposes. Both are learnable per head in
-    :class:`MultiheadAttention`. A row with no allowed key gives all its mass to the sink
+    [`MultiheadAttention`][sharpattn.MultiheadAttention]. A row with no allowed key gives all its mass to the sink
     (all-zero weights).
     """
     x, allowed = prepare(scores, mask, check_finite)

@@ -19,7 +19,7 @@ Tensor = torch.Tensor
 #: Adaptive-temperature polynomials β = polyval(c, H), highest power first (as numpy.polyval).
 #: "icml": the ICML version's Figure 4 code; "arxiv": the earlier version's code (its Figure 5
 #: caption lists them reversed; the code is right). They differ for high entropy: β(4) = 2.39 vs
-#: 1.57, β(5) = 2.29 vs clipped to 1. :func:`entropy_crossings` gives where each falls below 1
+#: 1.57, β(5) = 2.29 vs clipped to 1. `entropy_crossings` gives where each falls below 1
 #: (ICML: H ≈ 5.94; earlier: H ≈ 4.59), from where the floor makes β = 1.
 COEFFICIENTS: dict[str, tuple[float, ...]] = {
     "icml": (-0.037, 0.481, -2.3, 4.917, -1.791),
@@ -144,7 +144,7 @@ def beta_from_entropy(
 ) -> Tensor:
     """β(H) = max(polyval(c, H), floor) where H > threshold, else 1 (Veličković et al., Fig. 4).
 
-    Shared by :func:`adaptive` and the streamed (fused) adaptive attention path.
+    Shared by [`adaptive`][sharpattn.normalizers.softmax.adaptive] and the streamed (fused) adaptive attention path.
     """
     return torch.where(
         h > threshold,  # don't overcorrect low-entropy heads

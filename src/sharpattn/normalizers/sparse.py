@@ -1,9 +1,9 @@
 """Sparse normalizers: exact zeros outside a support (top-k, arg-max, sparsemax / entmax).
 
 sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins), through
-:mod:`._entmax` (the same computations as Functions ``torch.compile`` can trace). They take
+`_entmax` (the same computations as Functions ``torch.compile`` can trace). They take
 no mask, so disallowed keys get a finite logit low enough that the mapping gives them exactly
-zero weight (below max − 1/(α−1), see :func:`_fill_for_entmax`), and are zeroed again after.
+zero weight (below max − 1/(α−1), see `_fill_for_entmax`), and are zeroed again after.
 Both are shift-invariant, so they are given s − max s: at |s| = 1e8 in float32 the bisection's
 bracket max − 1 would round to max (NaN weights) and a masked key's fill value would tie the
 maximum (rows summing to 1/2); on s − max s neither happens.
@@ -43,7 +43,7 @@ def topk(
     Rows with fewer than ``top_k`` allowed keys keep them all (plain softmax). Ties at the k-th
     place are broken deterministically, in key order: every score above the k-th largest is
     kept, then the first keys (lowest index) whose score equals it, until ``top_k`` are kept.
-    (Named ``top_k`` because ``k`` is the key tensor of :func:`attend`.)
+    (Named ``top_k`` because ``k`` is the key tensor of [`attend`][sharpattn.attend].)
     """
     x, allowed = prepare(scores, mask, check_finite)
     kk = min(top_k, x.shape[-1])
@@ -95,7 +95,7 @@ def _fill_for_entmax(x: Tensor, allowed: Tensor, alpha) -> Tensor:
     −1/(α−1) − 1.
 
     α-entmax gives p_i = [(α−1)x_i − τ]_+^{1/(α−1)} with τ >= (α−1)·max − 1 (as p_max <= 1), so
-    any x_i < max − 1/(α−1) gets exactly 0. The shift (:func:`shift_to_row_max`) changes nothing
+    any x_i < max − 1/(α−1) gets exactly 0. The shift (`shift_to_row_max`) changes nothing
     (τ absorbs it) but keeps the bisection and the fill value at the scale of 1 whatever the
     scores' size. Empty rows become all zeros (zeroed afterwards).
     """
@@ -149,7 +149,7 @@ def asentmax_scale(
     gamma_max: float = 2.0,
 ) -> Tensor:
     """ASEntmax's scale of a row with n keys: θ = δ + softplus(beta_pre)·log(n + 1)^γ,
-    γ = gamma_max·tanh(gamma_pre) (Vasylenko et al. 2026; see :func:`asentmax`).
+    γ = gamma_max·tanh(gamma_pre) (Vasylenko et al. 2026; see [`asentmax`][sharpattn.normalizers.sparse.asentmax]).
 
     ``n`` ``[..., Lq|1, 1]``; the parameters are numbers or tensors broadcastable to it (per head,
     or per query and head). Rows without a key (n = 0) are given n = 1 (they are zeroed anyway).
@@ -182,12 +182,12 @@ def asentmax(
     α = 1.5, δ = ``attn_scale_delta`` = 1, the range of γ ``attn_scale_gamma_range`` = 2, and the
     query rows multiplied by θ before q·kᵀ/√d. Their log term is log(position + 2) ("positions
     start at log 2", position 0-based), i.e. log(n + 1) with n the keys a causal query sees; here n
-    is the row's allowed keys (:func:`._contract.visible_keys`), the same without padding.
+    is the row's allowed keys (`_contract.visible_keys`), the same without padding.
 
     There β and γ come from the layer input x_i of query i by a linear map with bias, per head:
     β_{h,i} = softplus(w_h·x_i + b_h). Here ``beta_pre`` / ``gamma_pre`` are those pre-activations:
     numbers, per-head tensors ``[1, H, 1, 1]`` (the biases b_h) or per-query tensors
-    ``[B, H, Lq, 1]``. :class:`~sharpattn.attention.MultiheadAttention` makes them per head and
+    ``[B, H, Lq, 1]``. [`MultiheadAttention`][sharpattn.attention.MultiheadAttention] makes them per head and
     adds the linear map of the query's input (``Normalizer.query_dependent``). Defaults 0:
     β = log 2, γ = 0 (θ = 1 + log 2, no length dependence until trained).
 

@@ -27,7 +27,7 @@ def sigmoid(
     """w_i = σ(s_i + b) with b = bias − log n (``subtract_log_n=True``, the default) or b = bias.
 
     Sigmoid attention (Ramapuram et al. 2024) recommends b = −log n; ``bias`` is an offset on
-    top of it, learnable per head in :class:`MultiheadAttention`. Unnormalised.
+    top of it, learnable per head in [`MultiheadAttention`][sharpattn.MultiheadAttention]. Unnormalised.
     """
     return SIGMOID.weights(scores, mask, check_finite=check_finite, bias=bias,
                            subtract_log_n=subtract_log_n)  # fmt: skip

@@ -11,7 +11,7 @@ The vocabulary is the V = 64 most frequent characters of a text corpus (tiny Sha
 the rarest is dropped), ids 0..V-1 in order of frequency, and ``BOS = V``; the triggers are the
 3 most frequent characters (space, 'e', 't' for tiny Shakespeare), i.e. ids 0, 1, 2. The bigram
 counts derived from tiny Shakespeare ship with the package (``data/tinyshakespeare_bigram.json``),
-so :meth:`BigramBackcopy.tiny_shakespeare` works offline; :meth:`BigramBackcopy.from_text` derives
+so `BigramBackcopy.tiny_shakespeare` works offline; `BigramBackcopy.from_text` derives
 the same from any text file.
 
 The Bayes risk is exact per position: 0 after a trigger, the entropy of the bigram row after a
@@ -102,7 +102,7 @@ class BigramBackcopy:
     # ----- construction -------------------------------------------------------------------
     @classmethod
     def from_counts(cls, counts: dict, n_triggers: int = 3) -> BigramBackcopy:
-        """From a :func:`count_text` dictionary (or the packaged JSON)."""
+        """From a `count_text` dictionary (or the packaged JSON)."""
         return cls(
             chars=tuple(counts["chars"]),
             unigram_counts=tuple(int(n) for n in counts["unigram_counts"]),
@@ -231,7 +231,7 @@ class BigramBackcopy:
 
         After BOS: the first-token distribution; after a non-trigger v: ``P[v]``; after a
         trigger at position t: a point mass on ``tokens[t-1]``. A trigger at position 1 (not
-        produced by :meth:`sample`) has no token to copy and raises ``ValueError``.
+        produced by `sample`) has no token to copy and raises ``ValueError``.
         """
         kind = self._checked_kind(tokens)
         rows = torch.where(tokens == self.bos, 0, tokens)

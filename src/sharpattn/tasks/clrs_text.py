@@ -10,7 +10,7 @@ CLRS-Text writes one CLRS sample as a question and an answer::
 
 (``f"{algo}:\\n{inputs}\\n{output names}:\\n"`` then ``f"{output}\\n\\n"``; with hints the input gains
 ``, initial_trace: …``, the output names become ``trace | …`` and the answer
-``trace, trace, … | output``.) :meth:`ClrsTask.text` renders a row in exactly that format. The
+``trace, trace, … | output``.) `ClrsTask.text` renders a row in exactly that format. The
 tokens carry the same content with one token per value, so lengths stay linear in the size:
 
 * keys are integers ``0..values-1`` (CLRS samples U[0, 1] floats, printed with 3 significant

@@ -39,7 +39,7 @@ keeps that (targets are labels, not next tokens; the trailing EOS, never scored,
 With them, ``passkey`` (not ASEntmax's: Mohtashami & Jaggi's passkey retrieval, Selective
 Attention's Table 4): a five-digit key, one token per digit, hidden at a uniform place in
 ``size`` tokens of a repeated filler pattern, then a question; the answer is the key (see
-:class:`Passkey`).
+`Passkey`).
 
 Training sizes default to 16..48 (their 48 ± 16 halved in the middle, for CPU budgets) and
 evaluation sizes to 32, 64, …, 4096 (≥ 64× the largest training size).

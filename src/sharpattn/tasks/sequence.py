@@ -5,7 +5,7 @@ graph nodes, …) as one tensor pair. Two layouts exist:
 
 * ``"seq2seq"`` (every CLRS task and most synthetic ones): a sequence is
   ``x = BOS, prompt…, SEP, answer…, EOS`` and ``tokens = x[:-1]``, ``targets = x[1:]`` with every
-  prompt position (and SEP) :data:`IGNORE` and every answer token and the closing EOS scored.
+  prompt position (and SEP) `IGNORE` and every answer token and the closing EOS scored.
   Rows whose answer is shorter than the longest possible one are padded on the right with PAD
   (target IGNORE), so every batch of a size has the same, deterministic length ``length(size)``.
   Teacher-forced exact match over the scored targets equals greedy decoding's exact match.

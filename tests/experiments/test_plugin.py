@@ -9,8 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli_checks import one_sentence
+from sharpattn import attend
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
 
@@ -315,3 +317,62 @@ def test_models_from_a_run_without_the_plug_in_is_refused(plugins, capsys, tmp_p
     assert main(args) == 2
     one_sentence(capsys, "no trained model for plug_sharp:SHARP on flip_flop (seeds 0, 1)")
     assert {p: p.stat().st_mtime_ns for p in src.rglob("*")} == before and not far.exists()
+
+
+def guide_family_example() -> str:
+    """The family example of docs/guide.md (softplus(s + b − log n), learnable b)."""
+    page = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    section = page[page.index("#### A fast path for your normalizer") :]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_a_plugin_that_declares_a_family_gets_its_fast_path(plugins):
+    """The guide's example as a plug-in module: probed, registered with the family's path, and
+    that path (tiles) gives the naive path's output and gradients."""
+    from sharpattn.attention.fast import path_of
+    from sharpattn.normalizers import plugin
+
+    source = guide_family_example().replace(
+        'nz.register(nz.Normalizer("softplus"', 'ENTRY = (nz.Normalizer("softplus"'
+    )
+    plugins("plug_family", source)
+    entry = plugin.load("plug_family:ENTRY")
+    assert entry.fused == "elementwise" and path_of(entry) is not None
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    outs = {}
+    for impl in ("naive", "fused"):
+        qq = q.clone().requires_grad_()
+        out = attend(qq, k, v, entry.name, causal=True, impl=impl)
+        outs[impl] = (out, torch.autograd.grad(out.square().sum(), qq)[0])
+    assert torch.allclose(outs["fused"][0], outs["naive"][0], atol=1e-12)
+    assert torch.allclose(outs["fused"][1], outs["naive"][1], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("FAM = Elementwise(f, row, kernel='sigmoid')", "built-in kernel 'sigmoid'"),
+        ("FAM = Elementwise(lambda s, r: 2 * f(s, r), row)", "other weights than its function"),
+    ],
+)
+def test_a_plugin_family_that_is_not_its_function_is_refused(plugins, body, needle):
+    from sharpattn.normalizers import plugin
+
+    plugins("plug_bad_family", f"""
+        import torch
+        from sharpattn import normalizers as nz
+        from sharpattn.normalizers.families import Elementwise
+
+        def f(s, r):
+            return torch.sigmoid(s + r)
+
+        def row(n, **_):
+            return 0.0
+
+        {body}
+        OK = Elementwise(f, row)
+        ENTRY = nz.Normalizer("x", OK.weights, "σ(s)", "-", False, family=FAM)
+        """)  # fmt: skip
+    with pytest.raises(ValueError, match=needle):
+        plugin.load("plug_bad_family:ENTRY")

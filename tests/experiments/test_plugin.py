@@ -113,8 +113,8 @@ BAD_ENTRIES = {
                         "query_dependent names 'gian'", "(gain)"),
     "query_dependent_text": ("params=(Param('gain', 1.0, 'g', learnable=True),), "
                              "query_dependent='gain'", "query_dependent must be a tuple"),
-    "fused": ("fused='softmax'", "fused path 'softmax'", "chunked and naive paths"),
-    "fused_unknown": ("fused='nope'", "fused path 'nope'", "chunked and naive paths"),
+    "fused": ("fused='softmax'", "fused path 'softmax'", "declaring its family"),
+    "fused_unknown": ("fused='nope'", "fused path 'nope'", "declaring its family"),
 }  # fmt: skip
 
 

@@ -378,16 +378,26 @@ def available() -> list[str]:
     return list(_REGISTRY)
 
 
+def fast_path(entry: Normalizer) -> str:
+    """An entry's fast path in words: its family (and the built-in kernel it names), else the
+    name of its path, else "—"."""
+    family = entry.family
+    if family is None:
+        return entry.fused or "—"
+    kernel = getattr(family, "kernel", None)
+    return f"{type(family).__name__} family" + (f", {kernel} kernel" if kernel else "")
+
+
 def markdown_table(names: list[str] | None = None) -> str:
     """The registry as a Markdown table (docs/normalizers.md's, printed by ``sharpattn list
-    --markdown``): name, formula, rows sum to one, learnable parameters (per head), fused path,
-    source."""
+    --markdown``): name, formula, rows sum to one, learnable parameters (per head), fast path
+    (`fast_path`), source."""
 
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|")
 
     lines = [
-        "| name | formula | rows sum to 1 | learnable (per head) | fused path | source |",
+        "| name | formula | rows sum to 1 | learnable (per head) | fast path | source |",
         "|---|---|---|---|---|---|",
     ]
     for name in available() if names is None else names:
@@ -395,6 +405,6 @@ def markdown_table(names: list[str] | None = None) -> str:
         learnable = ", ".join(f"`{p.name}` = {p.default}" for p in e.learnable) or "—"
         lines.append(
             f"| `{e.name}` | {cell(e.formula)} | {'yes' if e.sums_to_one else 'no'} | "
-            f"{learnable} | {cell(e.fused or '—')} | {cell(e.citation)} |"
+            f"{learnable} | {cell(fast_path(e))} | {cell(e.citation)} |"
         )
     return "\n".join(lines)

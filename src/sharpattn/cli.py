@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -326,10 +327,17 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     config = mr.make_config(profile, seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets,
                             group=group, workers=workers, threads=threads, method=method,
                             coefficients=coefficients, checkpoint_every=checkpoint_every)  # fmt: skip
+    out = out or f"runs/max-retrieval-{profile}"
+    if seeds is not None and group is None:  # more seeds: trained together, not one by one
+        picked, why = mr.seeds_together(config, out)
+        config = dataclasses.replace(config, group=picked)
+        click.echo(f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
+                   f"{len(mr.groups(config))} ensemble(s) of up to {picked} ({why}; --group N "
+                   "to choose).", err=True)  # fmt: skip
     announce("reproduce max-retrieval", profile,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
-        result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
+        result = mr.reproduce(out, config, progress, ray_address)
     print_markdown((result["run"] / "table1.md").read_text(), mr.table_title(config.seeds))
     note = mr.table_note(result["rows"], config.seeds)
     if note:

@@ -23,6 +23,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile for the GPU.
 if os.environ.get("SHARPATTN_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Commands default --threads to the cores free now, which differs between runs (and between a
+# killed run and its resumption); the suite runs every command with one thread, subprocesses
+# included, unless a test passes --threads (tests/experiments/test_cli.py unsets it to test the
+# default).
+os.environ["SHARPATTN_THREADS"] = "1"
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))

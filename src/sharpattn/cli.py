@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .cli_options import (
     console,
     count,
     out_option,
+    pick_threads,
     print_markdown,
     profile_options,
     seed_option,
@@ -243,7 +245,7 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = diag.run(
             out, model=model, method=method, layers=layers, max_items=max_items, seed=seed,
-            threads=threads, ablation=ablation, progress=progress,
+            threads=pick_threads(threads), ablation=ablation, progress=progress,
         )  # fmt: skip
     s = metrics["summary"]
     print_markdown(
@@ -273,7 +275,8 @@ def llm_study(model, full, prompts, seed, threads, out):
         announce("llm", "full", f"max of n at {len(llm.FULL_SIZES)} sizes, then perplexity")
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
-            out, model=model, quick=not full, prompts=prompts, seed=seed, threads=threads,
+            out, model=model, quick=not full, prompts=prompts, seed=seed,
+            threads=pick_threads(threads),
             progress=progress,
         )  # fmt: skip
     print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
@@ -326,10 +329,20 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     config = mr.make_config(profile, seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets,
                             group=group, workers=workers, threads=threads, method=method,
                             coefficients=coefficients, checkpoint_every=checkpoint_every)  # fmt: skip
+    out = out or f"runs/max-retrieval-{profile}"
+    if threads is None:
+        picked = pick_threads(None, config.workers, ray_address)
+        config = dataclasses.replace(config, threads=picked)
+    if seeds is not None and group is None:  # more seeds: trained together, not one by one
+        picked, why = mr.seeds_together(config, out)
+        config = dataclasses.replace(config, group=picked)
+        click.echo(f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
+                   f"{len(mr.groups(config))} ensemble(s) of up to {picked} ({why}; --group N "
+                   "to choose).", err=True)  # fmt: skip
     announce("reproduce max-retrieval", profile,
              f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
     with ProgressRenderer() as progress:
-        result = mr.reproduce(out or f"runs/max-retrieval-{profile}", config, progress, ray_address)
+        result = mr.reproduce(out, config, progress, ray_address)
     print_markdown((result["run"] / "table1.md").read_text(), mr.table_title(config.seeds))
     note = mr.table_note(result["rows"], config.seeds)
     if note:
@@ -430,6 +443,7 @@ def reproduce_selective(profile, out, **options):
     character language model (ours) at 1x, 2x and 4x its training context."""
     from .experiments import selective as exp
 
+    options["threads"] = pick_threads(options["threads"])
     config = exp.make_config(profile, **options)
     announce("reproduce selective", profile, f"{exp.trainings(config)} trainings")
     with ProgressRenderer(transient=True) as progress:
@@ -488,6 +502,7 @@ def reproduce_selective_llm(profile, out, **options):
         raise click.UsageError("--seeds applies to the matched study: add --lora RANK.")
     if options["lora_lr"] is not None and options["lora"] is None:
         raise click.UsageError("--lora-lr applies to the matched study: add --lora RANK.")
+    options["threads"] = pick_threads(options["threads"])
     config = exp.make_config(profile, **options)
     matched = config.lora > 0
     command = "reproduce selective-llm" + (" --lora" if matched else "")
@@ -523,7 +538,8 @@ def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     announce("reproduce backcopy", profile, f"{len(bb.RUNS)} training runs")
     with ProgressRenderer() as progress:
         run, findings = bb.reproduce(
-            out or f"runs/backcopy-{profile}", profile=profile, seed=seed, threads=threads,
+            out or f"runs/backcopy-{profile}", profile=profile, seed=seed,
+            threads=pick_threads(threads, workers, ray_address),
             progress=progress, workers=workers or 1, ray=ray_address,
         )  # fmt: skip
     print_markdown(bb.findings_markdown(findings), "Bigram-Backcopy findings (Guo et al.)")
@@ -577,7 +593,8 @@ def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address
         raise click.UsageError("--variants, --workers and --ray apply to the transformer studies.")
     with ProgressRenderer() as progress:
         run, results = bs.run_study(
-            out or f"runs/backcopy-study-{study}", study, seeds=seeds, threads=threads,
+            out or f"runs/backcopy-study-{study}", study, seeds=seeds,
+            threads=pick_threads(threads, workers, ray_address),
             progress=progress, steps=steps, variants=variants, workers=workers or 1,
             ray=ray_address,
         )  # fmt: skip
@@ -634,6 +651,9 @@ def _sequence_run(command, module, profile, out, ray_address, methods=None, list
     if list_:
         _sequence_list(module.catalogue(config))
         return None
+    if options.get("threads") is None:
+        picked = pick_threads(None, config.workers, ray_address)
+        config = dataclasses.replace(config, threads=picked)
     announce(command, profile, f"{len(sequence.jobs(out, config))} training jobs")
     with ProgressRenderer(transient=True) as progress:
         result = module.run(out, config, progress, ray_address)
@@ -706,6 +726,7 @@ def reproduce_clrs_llm(profile, out, **options):
     and up to 4x beyond the training sizes."""
     from .experiments import clrs_llm as exp
 
+    options["threads"] = pick_threads(options["threads"])
     config = exp.make_config(profile, **options)
     # options that leave the work alone (checkpoints, threads) do not change the quoted cost
     plain = exp.make_config(profile, checkpoint_every=config.checkpoint_every,

@@ -100,17 +100,48 @@ def seeds_option(help: str = "Number of seeds (overrides the profile)."):
     return click.option("--seeds", type=count(MAX_SEEDS), default=None, help=help)
 
 
+#: the environment variable that sets ``--threads``'s default (the test suite sets it to 1)
+THREADS_ENV = "SHARPATTN_THREADS"
+
+
 def threads_option(what: str = "torch CPU threads per process"):
-    """``--threads``: the same default, 1, for every command: on 2 cores shared with other work,
-    processes of one thread each ran fastest (70 steps/s against 6 with a thread per core under
-    load); raise it on an idle machine with cores to spare."""
+    """``--threads``: the same default for every command, the cores free now
+    (`runner.free_cores`: the cores minus the 1-minute load average), one per process where the
+    jobs run on worker processes (``--workers``, ``--ray``); ``$SHARPATTN_THREADS`` sets it. The
+    option's value is None when nobody chose: the command calls `pick_threads` with its workers,
+    which picks and says what it picked. On 2 cores shared with other work, processes of one
+    thread ran fastest (70 steps/s against 6 with a thread per core); on an idle machine a thread
+    per core roughly doubles the speed."""
     return click.option(
         "--threads",
         type=click.IntRange(min=1, max=1024),
-        default=1,
-        show_default=True,
-        help=f"{what[0].upper()}{what[1:]} (1 runs fastest on cores shared with other work).",
+        default=None,
+        envvar=THREADS_ENV,
+        show_envvar=True,
+        help=f"{what[0].upper()}{what[1:]} [default: the cores free now, 1 per worker process "
+        "with --workers or --ray].",
     )
+
+
+def pick_threads(threads: int | None, workers: int | None = None, ray: str | None = None) -> int:
+    """The torch threads of a command's processes: ``threads`` where the user chose (``--threads``
+    or ``$SHARPATTN_THREADS``), else 1 per worker process when the jobs run on several
+    (``workers`` > 1 or Ray), else the cores free now; a picked value is said in one line on
+    stderr."""
+    if threads is not None:
+        return threads
+    if ray is not None or (workers or 1) > 1:
+        n, why = 1, "one per worker process"
+    else:
+        from .experiments.runner import cores, free_cores
+
+        n, load = free_cores()
+        why = "every core" if load is None else f"{cores()} cores, load {load:.1f}"
+        why = f"the free cores: {why}"
+    click.echo(
+        f"sharpattn: {n} torch thread{'s' * (n > 1)} ({why}; --threads N to choose).", err=True
+    )
+    return n
 
 
 #: The measured cost of every command's profiles, the one place it is written: ``--help`` and

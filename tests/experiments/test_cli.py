@@ -237,12 +237,54 @@ def test_a_redirected_command_prints_its_progress(tmp_path):
     assert any(" elapsed, " in line and "/" in line for line in text.splitlines()), text
 
 
-def test_every_command_defaults_to_one_thread():
-    """One thread default for every command (one-thread processes are fastest on shared cores)."""
+def test_every_command_has_the_same_threads_option():
+    """The same --threads for every command: no fixed default (the command picks it with its
+    workers, `pick_threads`), $SHARPATTN_THREADS sets it."""
     with_threads = [
-        (path, o.default) for path, cmd in _commands() for o in cmd.params if o.name == "threads"
+        (path, o.default, o.envvar)
+        for path, cmd in _commands()
+        for o in cmd.params
+        if o.name == "threads"
     ]
-    assert len(with_threads) >= 9 and all(default == 1 for _, default in with_threads)
+    assert len(with_threads) >= 9
+    assert all(d is None and env == "SHARPATTN_THREADS" for _, d, env in with_threads)
+
+
+def test_threads_default_to_the_free_cores_and_say_so(monkeypatch, capsys):
+    from sharpattn import cli_options
+    from sharpattn.experiments import runner
+
+    monkeypatch.setattr(runner, "cores", lambda: 4)
+    for load, free in [(0.0, 4), (1.4, 3), (2.6, 1), (3.7, 1), (9.0, 1)]:
+        monkeypatch.setattr(runner.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert runner.free_cores() == (free, load)
+        assert cli_options.pick_threads(None) == free
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{free} torch thread" in err and f"load {load:.1f}" in err
+    monkeypatch.setattr(runner.os, "getloadavg", lambda: (-3.0, 0.0, 0.0))  # never above cores
+    assert runner.free_cores()[0] == 4
+    # worker processes keep one thread each; a choice is kept silently
+    assert cli_options.pick_threads(None, workers=2) == 1
+    assert "one per worker process" in capsys.readouterr().err
+    assert cli_options.pick_threads(None, workers=1, ray="auto") == 1
+    capsys.readouterr()
+    assert cli_options.pick_threads(3, workers=2) == 3 and capsys.readouterr().err == ""
+
+
+def test_a_command_picks_its_threads_from_the_free_cores(tmp_path, monkeypatch, capsys):
+    """End to end: without --threads (nor $SHARPATTN_THREADS) the run's config records the cores
+    free now, and stderr says so; with worker processes each keeps one thread."""
+    from sharpattn.experiments import runner
+
+    monkeypatch.delenv("SHARPATTN_THREADS")
+    monkeypatch.setattr(runner, "free_cores", lambda: (2, 0.1))
+    argv = ["reproduce", "max-retrieval", "--steps", "4", "--sizes", "16", "--test-sets", "4"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "sharpattn: 2 torch threads (the free cores:" in capsys.readouterr().err
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["threads"] == 2
+    monkeypatch.setenv("SHARPATTN_THREADS", "1")  # a choice: no line
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "torch thread" not in capsys.readouterr().err
 
 
 def test_package_data_patterns_cover_every_data_file():

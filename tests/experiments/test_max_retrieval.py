@@ -544,3 +544,49 @@ def test_fig5_region_entropies_match_numpy():
         mr.fig5_boundaries(1)
     with pytest.raises(ValueError, match="floor"):
         mr.fig5_boundaries(10, 0.0)
+
+
+def test_seeds_without_a_group_train_together_up_to_the_memory_bound(tmp_path, monkeypatch):
+    config = mr.make_config("quick", seeds=10)
+    assert config.group == 1  # the profile's, for its one seed
+    monkeypatch.setattr(mr, "available_memory", lambda: 64 << 30)
+    assert mr.seeds_together(config)[0] == 10
+    assert mr.seeds_together(dataclasses.replace(config, workers=2))[0] == 5  # one per worker
+    assert mr.seeds_together(dataclasses.replace(config, seeds=7, workers=2))[0] == 4
+    monkeypatch.setattr(mr, "available_memory", lambda: 3 * mr.member_bytes(config))
+    group, why = mr.seeds_together(config)
+    assert group == 3 and "memory" in why
+    monkeypatch.setattr(mr, "available_memory", lambda: 1)
+    assert mr.seeds_together(config)[0] == 1  # never below one seed
+    monkeypatch.setattr(mr, "available_memory", lambda: None)  # unknown: no bound
+    assert mr.seeds_together(config)[0] == 10
+    # a run folder being resumed keeps the group its ensembles were trained in
+    mr.RunFolder(tmp_path, "max-retrieval", asdict(dataclasses.replace(config, group=2)))
+    assert mr.seeds_together(config, tmp_path) == (
+        2,
+        f"the group of the run it resumes in {tmp_path}",
+    )
+
+
+def test_cli_seeds_without_group_trains_them_together_and_resumes_old_groups(tmp_path, capsys):
+    argv = ["reproduce", "max-retrieval", "--steps", "20", "--sizes", "16", "--test-sets", "20"]
+    argv += ["--threads", "1"]
+    out = tmp_path / "together"
+    assert main([*argv, "--seeds", "3", "--out", str(out)]) == 0
+    assert "3 seeds in 1 ensemble(s) of up to 3" in capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["group"] == 3
+    assert [p.name for p in (out / "train").iterdir()] == ["seeds0-2"]
+    # a folder trained one seed at a time (as before) resumes in its own groups: seeds 0 and 1
+    # are not trained again, seed 2 joins them alone
+    old = tmp_path / "old"
+    assert main([*argv, "--seeds", "2", "--group", "1", "--out", str(old)]) == 0
+    trained = (old / "train" / "seed0" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*argv, "--seeds", "3", "--out", str(old)]) == 0
+    assert "(the group of the run it resumes in" in capsys.readouterr().err
+    assert sorted(p.name for p in (old / "train").iterdir()) == ["seed0", "seed1", "seed2"]
+    assert (old / "train" / "seed0" / "model.safetensors").stat().st_mtime_ns == trained
+    # the same seeds give the same table either way (to float32 rounding)
+    a, b = (json.loads((d / "table1.json").read_text()) for d in (out, old))
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["baseline_mean"] == pytest.approx(rb["baseline_mean"], abs=1e-6)

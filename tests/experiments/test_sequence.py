@@ -103,8 +103,8 @@ def test_leaderboard_command_writes_ranked_tables_and_plots(tmp_path):
 
 
 def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_path, monkeypatch):
-    """23 methods on 8 tasks (no spare panel): colours repeat past tab20's 20, so the repeats
-    are dashed, and the legend sits in a column of its own inside the saved figure."""
+    """23 methods on 8 tasks (no spare panel): each method has its own colour, line style and
+    marker, and the legend sits in a column of its own inside the saved figure."""
     import matplotlib.pyplot as plt
 
     figures, close = [], plt.close
@@ -119,6 +119,7 @@ def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_
     lines = fig.axes[0].get_lines()
     styles = [(ln.get_color(), ln.get_linestyle()) for ln in lines]
     assert len(set(styles)) == len(names)  # no two methods drawn alike
+    assert len({(ln.get_color(), ln.get_marker()) for ln in lines}) == len(names)  # in grey too
     (legend,) = fig.legends
     box = legend.get_window_extent(fig.canvas.get_renderer())
     frame = fig.bbox
@@ -460,3 +461,54 @@ def test_an_evaluation_cache_with_an_impossible_accuracy_is_named(trained, tmp_p
     assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 2
     err = capsys.readouterr().err
     assert str(cache) in err and "acc nan" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_method_keeps_its_look_in_every_figure():
+    """Styles come from the leaderboard's catalogue order: the same method looks the same
+    whatever else a figure draws; methods outside it (plug-ins) take free slots, still distinct."""
+    from sharpattn.experiments.report import method_styles
+
+    catalogue = list(seq.methods())
+    every = method_styles(catalogue, catalogue)
+    assert len({tuple(v.values()) for v in every.values()}) == len(catalogue)
+    few = method_styles(["sink", "softmax", "my_plugin:f", "other:g"], catalogue)
+    assert few["sink"] == every["sink"] and few["softmax"] == every["softmax"]
+    assert len({tuple(v.values()) for v in few.values()}) == 4
+    forty = method_styles([f"m{i}" for i in range(40)])
+    assert len({tuple(v.values()) for v in forty.values()}) == 40
+    assert len({(v["color"], v["marker"]) for v in forty.values()}) == 40
+
+
+@pytest.mark.parametrize("tasks, methods", [(1, 2), (1, 23), (8, 24)])
+def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(tmp_path, monkeypatch,
+                                                                       tasks, methods):  # fmt: skip
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from sharpattn.experiments import leaderboard
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    names = ["adaptive (inference)", *(f"method_{i}" for i in range(methods - 1))]
+    task_names = ["local_count", "copy", "flip_flop", "mqar", "passkey", "reverse", "sort",
+                  "two_back"][:tasks]  # fmt: skip
+    table = [{"method": m, "score": (0.5, 0.1, 0.5),
+              "tasks": {t: {"auc": (i / methods, 0.0, 1.0)} for t in task_names}}
+             for i, m in enumerate(names)]  # fmt: skip
+    leaderboard.heat_map(tmp_path / "h.png", table, task_names)
+    fig = figures[-1]
+    fig.canvas.draw()  # laid out again at the figure's own dpi, which fig.bbox is in
+    renderer = fig.canvas.get_renderer()
+    frame = fig.bbox
+    texts = [t for ax in fig.axes for t in (ax.yaxis.label, *ax.get_xticklabels(),
+                                            *ax.get_yticklabels())]  # fmt: skip
+    bar_label = fig.axes[1].yaxis.label
+    assert "area under accuracy" in bar_label.get_text()
+    for t in texts:
+        if t.get_text():
+            box = t.get_window_extent(renderer)
+            assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, t.get_text()
+            assert frame.y0 - 1 <= box.y0 and box.y1 <= frame.y1 + 1, t.get_text()
+    width, height = Image.open(tmp_path / "h.png").size
+    assert width >= 420 and height >= 380  # a one-task map was 324×252 px
+    assert height >= 36 * methods  # rows of 0.3 inch at 120 dpi

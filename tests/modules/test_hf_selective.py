@@ -1,6 +1,7 @@
 """sharpattn.hf.apply(model, "selective", ...) on tiny randomly initialised models (no downloads)."""
 
 import inspect
+import logging
 import os
 
 import numpy as np
@@ -342,3 +343,47 @@ def test_selective_over_another_normalizer():
 def test_mistakes_are_one_sentence(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hf.apply(_model("gpt2"), "selective", **kwargs)
+
+
+class _Records(logging.Handler):
+    """The messages transformers logs (its root logger does not propagate to pytest's)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_load_report_leaves_out_sharpattn_tensors_only(tmp_path, capsys):
+    """transformers lists every tensor it does not know as UNEXPECTED; sharpattn's own are loaded
+    by from_pretrained, so the report leaves them out, while a tensor no one loads is reported."""
+    from safetensors.torch import load_file, save_file
+
+    model = hf.apply(_model("llama"), "selective", targets="qv")
+    _randomise(model)
+    model.save_pretrained(tmp_path)
+    records, root = _Records(), logging.getLogger("transformers")
+    root.addHandler(records)
+    try:
+        loaded = hf.from_pretrained(tmp_path, model_class=type(model))
+        assert type(loaded) is type(model)  # the class itself, not the loading subclass
+        clean = list(records.messages)
+        (file,) = tmp_path.glob("*.safetensors")
+        tensors = load_file(str(file))
+        tensors["model.not_ours.weight"] = torch.ones(3)
+        save_file(tensors, str(file), metadata={"format": "pt"})
+        records.messages.clear()
+        hf.from_pretrained(tmp_path, model_class=type(model))
+        foreign = list(records.messages)
+    finally:
+        root.removeHandler(records)
+    out = capsys.readouterr()
+    printed = "\n".join([*clean, *foreign, out.out, out.err])
+    assert "sharpattn" not in printed.replace(str(tmp_path), "")  # none of our tensors named
+    assert not any("UNEXPECTED" in m for m in clean)  # nothing else to report
+    report = "\n".join(foreign)
+    assert "UNEXPECTED" in report and "model.not_ours.weight" in report
+    for name, p in hf.learnable_parameters(model):  # and ours are still restored exactly
+        assert torch.equal(dict(hf.learnable_parameters(loaded))[name], p), name

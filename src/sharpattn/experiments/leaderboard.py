@@ -183,21 +183,29 @@ def _versus(rows, method: str, tasks: list[str]) -> str:
 
 def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
     """Method × task: each cell the mean score over seeds (rows in ranking order, the overall
-    score as the last column), its value printed in the cell."""
+    score as the last column), its value printed in the cell. The figure is sized from the
+    number of methods and tasks and from the longest method name, never below what the colour
+    bar and its (wrapped) label need, so a one-task map is as legible as an eight-task one."""
     grid = np.array([[e["tasks"].get(t, {}).get("auc", (np.nan,))[0] for t in tasks]
                      + [e["score"][0]] for e in table])  # fmt: skip
     cols = [*tasks, "overall"]
-    size = (1.0 + 0.85 * len(cols), 0.9 + 0.3 * len(table))
-    with figure(path, figsize=size, layout="constrained") as (fig, ax):
+    names = [e["method"] for e in table]
+    label_in = 0.075 * max((len(n) for n in names), default=4)  # 8-point names, inches
+    tick_in = 0.06 * max(len(c) for c in cols)  # rotated task names below the cells
+    width = 0.35 + label_in + 0.62 * len(cols) + 1.15  # names, cells, colour bar and label
+    height = max(3.2, 0.45 + tick_in + 0.3 * len(table))
+    with figure(path, figsize=(width, height), layout="constrained") as (fig, ax):
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
         ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", fontsize=8)
-        ax.set_yticks(range(len(table)), [e["method"] for e in table], fontsize=8)
+        ax.set_yticks(range(len(table)), names, fontsize=8)
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
                         color="black" if v > 0.6 else "white")  # fmt: skip
         ax.axvline(len(tasks) - 0.5, color="white", lw=2)
-        fig.colorbar(im, ax=ax, label="score (area under accuracy against log size)", shrink=0.8)
+        bar = fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03)
+        bar.set_label("score: area under accuracy\nagainst log size", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
 
 
 def _steps(cfg: seq.SequenceConfig) -> str:

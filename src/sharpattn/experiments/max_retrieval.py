@@ -23,6 +23,7 @@ progress events; groups of seeds go to local processes or Ray through `sweep`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -57,7 +58,7 @@ from .runner import (
     write_metrics,
 )
 from .runner import read_config as read_config_json
-from .runs import check_memory, read_json, write_atomic, write_json
+from .runs import available_memory, check_memory, read_json, write_atomic, write_json
 from .stats import paired_comparison
 
 Tensor = torch.Tensor
@@ -166,6 +167,40 @@ def make_config(profile: str = "quick", **overrides: Any) -> Config:
 
 _INIT, _DATA, _PROBE, _TEST, _FIGURE, _FIT, _SIZES, _SCATTER = range(8)
 _TEST_SEED = 20250101  # test sets are shared by all seeds and methods (paired comparison)
+
+
+#: peak bytes per member of a training ensemble at batch 128 and 16 items a set (activations,
+#: gradients, Adam's state): 14 MiB measured (peak RSS growth of `train_group` from 10 to 40
+#: members), twice that here
+_MEMBER_BYTES = 32 << 20
+
+
+def member_bytes(config: Config) -> int:
+    """Training memory of one member of an ensemble, scaled from `_MEMBER_BYTES` by the
+    batch's items (``batch × max_items``)."""
+    return _MEMBER_BYTES * max(1, config.batch * config.max_items) // (128 * 16)
+
+
+def seeds_together(config: Config, run: str | Path | None = None) -> tuple[int, str]:
+    """The ``group`` for ``config.seeds`` seeds when the user did not choose one, and why.
+
+    Every seed in one ensemble (``ceil(seeds / workers)`` per worker process, so each worker
+    gets one), up to the memory bound: the ensembles that train at once (one per worker) must
+    fit in the memory available now (`member_bytes` per member). A run folder ``run`` that
+    already holds a max-retrieval run keeps its stored ``group``, so its trained ensembles are
+    resumed, never trained again in another grouping."""
+    stored = Path(run, "config.json") if run is not None else None
+    if stored is not None and stored.is_file():
+        with contextlib.suppress(ValueError, FileNotFoundError, TypeError):
+            old = read_config_json(run, "max-retrieval")
+            if isinstance(old.get("group"), int) and old["group"] >= 1:
+                return old["group"], f"the group of the run it resumes in {run}"
+    per_worker = -(-config.seeds // config.workers)
+    free = available_memory()
+    bound = per_worker if free is None else max(1, free // (config.workers * member_bytes(config)))
+    if per_worker <= bound:
+        return per_worker, "all seeds together" if config.workers == 1 else "one per worker"
+    return bound, f"as many as fit in the {free / 2**30:,.1f} GiB of memory available"
 
 
 def build_model(config: Config, seed: int) -> SetAttention:

@@ -2,6 +2,8 @@
 
 * `figure` — a matplotlib figure (Agg backend) saved atomically to a PNG when the block ends,
   and closed whatever happens.
+* `method_styles` — a distinct look (colour, line style, marker) per method, the same in every
+  figure.
 * `markdown_table` — one function for every markdown table; `write_table` also writes
   the same rows as CSV.
 * `write_report` — ``report.md`` from a title and sections, written atomically;
@@ -54,6 +56,35 @@ def figure(
         write_atomic(Path(path), buf.getvalue())
     finally:
         plt.close(fig)
+
+
+#: the colours of `method_styles` (matplotlib's tab10, colour-blind friendlier than tab20's pale
+#: halves), its line styles and its markers: a slot j has colour j mod 10, line style
+#: (j div 10) mod 4 and marker j mod 8, so no two of the first 40 slots look alike
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def method_styles(methods: Sequence[str], catalogue: Sequence[str] = ()) -> dict[str, dict]:
+    """A distinct look per method: ``{method: {"color", "linestyle", "marker"}}`` for
+    ``ax.plot(..., **style)``. A method of ``catalogue`` (a fixed order of every known method,
+    e.g. the leaderboard's) takes the slot of its place there, so it looks the same in every
+    figure whatever else is drawn; the others take the free slots in their order. Slots are
+    distinct up to ``len(PALETTE) × 4`` methods (40), then repeat."""
+    slots = {m: j for j, m in enumerate(dict.fromkeys(catalogue))}
+    taken = {slots[m] for m in methods if m in slots}
+    free = (j for j in range(len(slots) + len(methods)) if j not in taken)
+    out = {}
+    for m in dict.fromkeys(methods):
+        j = slots[m] if m in slots else next(free)
+        out[m] = {
+            "color": PALETTE[j % len(PALETTE)],
+            "linestyle": LINE_STYLES[(j // len(PALETTE)) % len(LINE_STYLES)],
+            "marker": MARKERS[j % len(MARKERS)],
+        }
+    return out
 
 
 def cell(value: Any, digits: int = 3) -> str:

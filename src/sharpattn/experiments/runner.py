@@ -101,6 +101,17 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def free_cores() -> tuple[int, float | None]:
+    """``(n, load)``: the cores this process may run on that nothing else is using now, and the
+    1-minute load average it was judged by: `cores` minus the load, rounded, at least 1 and at
+    most `cores` (all of them where the system reports no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix
+        return cores(), None
+    return min(cores(), max(1, round(cores() - load))), load
+
+
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20  # blocks below this come from the heap (glibc's maximum dynamic value)

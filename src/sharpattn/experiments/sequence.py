@@ -911,9 +911,10 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
     *Softmax is not Enough* Fig. 8; ``spans`` as in `measures`); the legend has a panel of
-    its own where the grid has one free, else a column beside the grid. Past the colour map's
-    length the colours repeat with dashed, then dotted, lines."""
-    from .report import figure
+    its own where the grid has one free, else a column beside the grid. Every method has its
+    own colour, line style and marker (`report.method_styles`, in the order of `methods`, so a
+    method looks the same in every figure); ``colors`` overrides a method's colour."""
+    from .report import figure, method_styles
 
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)
@@ -922,23 +923,23 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     side = 0.0 if spare_panel else 1.7 * ncol  # inches for the legend's column
     size = (3.8 * cols + side, 3.0 * nrows + 0.4)
     with figure(path, nrows, cols, figsize=size, squeeze=False) as (fig, axes):
-        import matplotlib
-
-        cmap = matplotlib.colormaps["tab10" if len(methods_) <= 10 else "tab20"]
+        styles = method_styles(methods_, catalogue=list(methods()))
+        for method, color in (colors or {}).items():
+            if method in styles:
+                styles[method]["color"] = color
         bands = len(methods_) <= 4
         for i, name in enumerate(names):
             ax = axes[i // cols][i % cols]
             lo, hi = _span(name, spans)
             ax.axvspan(lo, hi, color="0.9", zorder=0)
             data = curves(rows, name)
-            for j, method in enumerate(methods_):
+            for method in methods_:
                 if method not in data:
                     continue
                 sizes, mean, sd = data[method]
-                color = (colors or {}).get(method, cmap(j % cmap.N))
-                style = ("-", "--", ":")[(j // cmap.N) % 3]  # colours repeat past the map's
-                ax.plot(sizes, mean, marker="o", ms=3, lw=1.2, label=method, color=color,
-                        linestyle=style)  # fmt: skip
+                style = styles[method]
+                ax.plot(sizes, mean, ms=3.5, lw=1.2, label=method, **style)
+                color = style["color"]
                 if bands:
                     low = [m - s for m, s in zip(mean, sd, strict=True)]
                     high = [m + s for m, s in zip(mean, sd, strict=True)]

@@ -495,15 +495,58 @@ def _is_sharpattn_key(name: str) -> bool:
     return any(f".{attr}." in f".{name}" for attr in (PARAMS_ATTR, SELECTIVE_ATTR, PROJ_ATTR))
 
 
+#: sharpattn's tensors in a saved model's state dict (as a transformers ignore pattern)
+_SHARPATTN_KEY = r"(^|\.)(" + "|".join((PARAMS_ATTR, SELECTIVE_ATTR, PROJ_ATTR)) + r")\."
+
+
+def _quiet_class(model_class, path: str | Path, kwargs: dict[str, Any]):
+    """A subclass of the class ``model_class.from_pretrained`` builds (an auto class resolved
+    through the saved config) whose load report leaves out sharpattn's tensors: transformers
+    does not know them, lists each as UNEXPECTED, and `from_pretrained` loads them afterwards.
+    None where the class cannot be resolved (the report is then left as it is)."""
+    mapping = getattr(model_class, "_model_mapping", None)
+    if mapping is not None:  # an auto class: the concrete class of the saved config
+        try:
+            config = kwargs.get("config")
+            if config is None or isinstance(config, (str, Path)):
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(config or path)
+            model_class = mapping[type(config)]
+        except Exception:  # remote code, an unknown architecture: transformers says why later
+            return None
+    if not isinstance(model_class, type):
+        return None
+    ignored = set(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ())
+    attrs = {
+        "_keys_to_ignore_on_load_unexpected": sorted(ignored | {_SHARPATTN_KEY}),
+        "__module__": model_class.__module__,
+        "__qualname__": model_class.__qualname__,
+    }
+    return type(model_class.__name__, (model_class,), attrs)
+
+
 def from_pretrained(path: str | Path, model_class=None, **kwargs) -> nn.Module:
     """Load a model saved after [`apply`][sharpattn.integrations.hf.apply] (``save_pretrained``), patched and with its learned
-    sharpattn parameters. ``model_class`` defaults to ``transformers.AutoModel``."""
+    sharpattn parameters. ``model_class`` defaults to ``transformers.AutoModel``.
+
+    transformers' load report (any tensor of the files the model does not hold, any it misses)
+    leaves out sharpattn's own tensors, which this function loads itself; every other key is
+    reported as transformers reports it."""
     _transformers()
     from safetensors import safe_open
 
     if model_class is None:
         from transformers import AutoModel as model_class
-    model = model_class.from_pretrained(path, **kwargs)
+    quiet = _quiet_class(model_class, path, kwargs)
+    if quiet is None:
+        model = model_class.from_pretrained(path, **kwargs)
+    else:
+        model = quiet.from_pretrained(path, **kwargs)
+        model.__class__ = quiet.__bases__[0]  # the class itself: the subclass only loaded it
+        ignored = getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+        if isinstance(ignored, set):  # post_init's copy, which later loads read
+            ignored.discard(_SHARPATTN_KEY)
     spec = getattr(model.config, "sharpattn", None)
     if not spec:
         return model

@@ -2,7 +2,8 @@
 family's fast path, whoever registers it, and the path equals the family's maths on the whole
 matrix (its naive function) with every gradient, the parameters' included.
 
-A user's row-scaled method (β = 1 + γ·log n, γ learnable) rides the flash kernel; a user's
+A user's row-scaled method (β = 1 + γ·log n, γ learnable) and a user's sink (b = a·tanh(log n),
+a learnable) ride the flash kernel; a user's
 element-wise one (softplus(s + b − log n), b learnable; ReLU(s)^p·r with a constant p) walks the
 tiles with autograd for f′. Both are pinned to independent float64 NumPy formulas."""
 
@@ -21,7 +22,7 @@ from sharpattn import normalizers as nz
 from sharpattn.attention.fast import path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers._contract import log_n
-from sharpattn.normalizers.families import Elementwise, RowScaled
+from sharpattn.normalizers.families import Elementwise, RowScaled, Sink
 
 pytestmark = pytest.mark.numerical
 
@@ -29,6 +30,10 @@ pytestmark = pytest.mark.numerical
 # The user's hooks (module-level functions, as a plug-in module would write them)
 def grown_beta(n, gamma=0.5, **_):
     return 1.0 + gamma * log_n(n)
+
+
+def tanh_sink(n, strength=0.5, **_):
+    return strength * torch.tanh(log_n(n))
 
 
 def softplus_f(s, r):
@@ -48,12 +53,16 @@ def inverse_n(n, **_):
 
 
 GROWN = RowScaled(grown_beta)
+TANH_SINK = Sink(tanh_sink)
 SOFTPLUS = Elementwise(softplus_f, shift_row)
 RELU_POWER = Elementwise(relu_power_f, inverse_n, constants=("p",))
 
 ENTRIES = {
     "grown": nz.Normalizer("test_grown", GROWN.weights, "softmax((1 + γ·log n)·s)", "-", True,
                            params=(nz.Param("gamma", 0.5, "γ", learnable=True),), family=GROWN),
+    "tanh_sink": nz.Normalizer("test_tanh_sink", TANH_SINK.weights, "sink b = a·tanh(log n)", "-",
+                               False, params=(nz.Param("strength", 0.5, "a", learnable=True),),
+                               family=TANH_SINK),
     "softplus": nz.Normalizer("test_softplus", SOFTPLUS.weights, "softplus(s + b − log n)", "-",
                               False, params=(nz.Param("bias", 0.0, "b", learnable=True),),
                               family=SOFTPLUS),
@@ -70,6 +79,11 @@ def np_rows(name, s, n, params):
         x = (1.0 + params["gamma"] * log) * s
         e = np.exp(x - x.max())
         return e / e.sum()
+    if name == "tanh_sink":
+        b = params["strength"] * math.tanh(log)
+        top = max(s.max(), b)
+        e = np.exp(s - top)
+        return e / (e.sum() + math.exp(b - top))
     if name == "softplus":
         return np.logaddexp(0.0, s + params["bias"] - log)
     return np.maximum(s, 0.0) ** params["p"] / max(n, 1)
@@ -161,7 +175,9 @@ def test_statistics_of_a_user_family_come_from_its_tiles(register_normalizer):
 def test_built_in_families_name_their_own_paths():
     assert nz.get("ssmax").family is not None and nz.get("ssmax").fused == "row_scaled"
     assert nz.get("sigmoid").family.kernel == "sigmoid" and nz.get("sigmoid").fused == "sigmoid"
-    for name in ("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn", "sigmoid"):
+    assert nz.get("sink").fused == "sink" and isinstance(nz.get("sink").family, Sink)
+    names = ("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn", "sink", "sigmoid")
+    for name in names:
         assert path_of(nz.get(name)) is not None, name
 
 

@@ -16,7 +16,6 @@ import torch
 from precision import assert_close
 from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask, functional
 from sharpattn.attention import fused as fused_mod
-from sharpattn.attention.fast import FAST as FUSED
 from sharpattn.attention.fast import path_of
 from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
@@ -491,7 +490,7 @@ def test_sink_gradcheck_float64():
 
     def f(q, k, v, b, b1):
         masking = Masking.build(None, True, 5, 4, "cpu")
-        return FUSED["sink"](q, k, v, masking, 0.5, False, bias=b, bias_log_n=b1)[0]
+        return path_of(get("sink"))(q, k, v, masking, 0.5, False, bias=b, bias_log_n=b1)[0]
 
     assert torch.autograd.gradcheck(f, (q, k, v, b, b1))
 
@@ -620,7 +619,7 @@ def test_return_stats_agree_across_paths_and_with_numpy(method, case):
 def test_sink_stats_report_the_missing_mass():
     q, k, v = make_qkv(gain=2.0)
     masking = Masking.build(padding_mask(2, 12), True, 9, 12, "cpu")
-    _, st = FUSED["sink"](q, k, v, masking, 1 / math.sqrt(8), True, bias=0.7)
+    _, st = path_of(get("sink"))(q, k, v, masking, 1 / math.sqrt(8), True, bias=0.7)
     s = np_scores(q, k, 1 / math.sqrt(8))
     allowed = np_allowed(s.shape, padding_mask(2, 12), True)
     e = np.where(allowed, np.exp(s), 0.0)

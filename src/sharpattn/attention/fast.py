@@ -16,9 +16,9 @@ import functools
 from collections.abc import Callable
 
 from ..normalizers import Normalizer
-from ..normalizers.families import Elementwise, RowScaled
+from ..normalizers.families import Elementwise, RowScaled, Sink
 from .adaptive_tiled import adaptive
-from .fused import FUSED, row_scaled
+from .fused import FUSED, row_scaled, sink
 from .sparse_tiled import SPARSE_TILED
 from .stick_tiled import STICK
 from .tiled import TILED, elementwise
@@ -30,7 +30,7 @@ FAST.update(SPARSE_TILED)
 FAST["adaptive"] = adaptive  # slabs where they run, else fused.adaptive
 
 #: the family runners: ``runner(family, q, k, v, masking, scale, want_stats, **params)``
-FAMILY_PATHS = {RowScaled.path: row_scaled, Elementwise.path: elementwise}
+FAMILY_PATHS = {RowScaled.path: row_scaled, Sink.path: sink, Elementwise.path: elementwise}
 
 
 def path_of(entry: Normalizer) -> Callable | None:

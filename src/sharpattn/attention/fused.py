@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..normalizers._contract import compute_dtype, log_n
+from ..normalizers._contract import compute_dtype
 from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from . import native
 from .chunked import chunked_softmax_attention
@@ -347,12 +347,6 @@ def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
     return query_scaled(q, k, v, masking, scale, family.beta(n, **params), want_stats)
 
 
-def _log_visible(masking: Masking, q: Tensor) -> Tensor:
-    """log n_i in q's compute dtype, n_i >= 1 (rows with no visible key give output 0 whatever
-    their factor)."""
-    return log_n(masking.visible_keys(dtype=compute_dtype(q.dtype)))
-
-
 # ---------------------------------------------------------------------------------------------
 # Adaptive temperature
 
@@ -476,16 +470,15 @@ def sink_as_key(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float,
     return _rows_out(out[..., sink_row:, :dv], lay)
 
 
-def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
-    """Attention with a sink: weights exp(s_i)/(exp(b_n) + Σ_j exp(s_j)), b_n = bias +
-    bias_log_n·log n (the `sink` normalizer's parameters).
+def sink(family, q, k, v, masking, scale, want_stats, **params):
+    """The fast path of a `Sink` method: weights exp(s_i)/(exp(b) + Σ_j exp(s_j)), b =
+    ``family.bias(n, **params)`` of the rows' visible keys n (for the `sink` normalizer, b =
+    bias + bias_log_n·log n; 0 is softmax+1).
 
-    = softmax attention times σ(lse − b_n) per row; bias = 0, bias_log_n = 0 is softmax+1.
+    = softmax attention times σ(lse − b) per row.
     """
-    b, b1 = bias, bias_log_n
-    bias = _rows(b, q)
-    if torch.is_tensor(b1) or b1 != 0:
-        bias = bias + _rows(b1, q) * _log_visible(masking, q)
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+    bias = _rows(family.bias(n, **params), q)
     if flash_available(q, v):
         lay = _layout(masking, q.dtype)
         q2, k2, v2 = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
@@ -511,7 +504,4 @@ def sink(q, k, v, masking, scale, want_stats, *, bias=0.0, bias_log_n=0.0):
 #: Fused implementations by registry ``fused`` name (the row-scaled family's is
 #: `row_scaled`, bound to each method's family by ``fast.path_of``). Each takes
 #: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
-FUSED = {
-    "adaptive": adaptive,
-    "sink": sink,
-}
+FUSED = {"adaptive": adaptive}

@@ -85,7 +85,30 @@ class Elementwise:
         return {name: params[name] for name in self.constants if name in params}
 
 
-FAMILIES = (RowScaled, Elementwise)
+@dataclass(frozen=True)
+class Sink:
+    """exp(s_ij) / (exp(b_i) + Σ_j exp(s_ij)) over the allowed keys of row i: softmax with one
+    more key, of score b_i and value 0, that every query sees (rows sum to less than one; a row
+    with no allowed key is all zeros, its mass on the sink). b_i = ``bias(n_i, **params)``, a
+    number or a tensor broadcastable to ``[..., Lq, 1]``. Fast path: the softmax output times
+    σ(lse − b) per row (flash kernel with log-sum-exp), or the sink as one more key of SDPA."""
+
+    bias: Callable[..., Any]
+    path: ClassVar[str] = "sink"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        b = self.bias(visible_keys(allowed, dtype=x.dtype), **params)
+        b = torch.as_tensor(b, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], 1)
+        # softmax over [keys..., sink]: the sink column is always allowed, so no row is empty
+        logits = torch.cat([x.masked_fill(~allowed, float("-inf")), b], dim=-1)
+        w = torch.softmax(logits, dim=-1)[..., :-1].masked_fill(~allowed, 0.0)
+        return finish(w, scores)
+
+
+FAMILIES = (RowScaled, Sink, Elementwise)
 
 
 def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) -> None:
@@ -95,7 +118,8 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
     if not isinstance(family, FAMILIES):
         names = ", ".join(f.__name__ for f in FAMILIES)
         raise ValueError(f"method {owner!r}: family must be one of {names}, got {family!r}.")
-    hooks = {"beta": "beta"} if isinstance(family, RowScaled) else {"f": "f", "row": "row"}
+    table = {RowScaled: ("beta",), Sink: ("bias",), Elementwise: ("f", "row")}
+    hooks = next(names for kind, names in table.items() if isinstance(family, kind))
     for attr in hooks:
         if not callable(getattr(family, attr)):
             raise ValueError(
@@ -116,4 +140,4 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
                 )
 
 
-__all__ = ["FAMILIES", "Elementwise", "RowScaled", "check"]
+__all__ = ["FAMILIES", "Elementwise", "RowScaled", "Sink", "check"]

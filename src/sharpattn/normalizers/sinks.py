@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import finish, log_n, normalizer, prepare, visible_keys
+from ._contract import log_n, normalizer
+from .families import Sink
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -31,13 +32,18 @@ def sink(
     [`MultiheadAttention`][sharpattn.MultiheadAttention]. A row with no allowed key gives all its mass to the sink
     (all-zero weights).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    b = bias + bias_log_n * log_n(visible_keys(allowed, dtype=x.dtype))  # (..., Lq, 1)
-    b = torch.as_tensor(b, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], 1)
-    # softmax over [keys..., sink]: the sink column is always allowed, so no row is empty.
-    logits = torch.cat([x.masked_fill(~allowed, float("-inf")), b], dim=-1)  # (..., Lq, Lk+1)
-    w = torch.softmax(logits, dim=-1)[..., :-1].masked_fill(~allowed, 0.0)
-    return finish(w, scores)
+    return SINK.weights(scores, mask, check_finite=check_finite, bias=bias,
+                        bias_log_n=bias_log_n)  # fmt: skip
+
+
+def _sink_logit(n: Tensor, bias: float | Tensor = 0.0, bias_log_n: float | Tensor = 0.0, **_):
+    """The sink's logit of a row with n visible keys: b = bias + bias_log_n·log n."""
+    if not torch.is_tensor(bias_log_n) and bias_log_n == 0:  # a number: no per-row term
+        return bias
+    return bias + bias_log_n * log_n(n)
+
+
+SINK = Sink(_sink_logit)
 
 
 sink = register(
@@ -51,6 +57,6 @@ sink = register(
             Param("bias", 0.0, "sink logit b0 (0 is softmax+1)", learnable=True),
             Param("bias_log_n", 0.0, "length dependence b1 of the sink logit", learnable=True),
         ),
-        fused="sink",
+        family=SINK,
     )
 ).fn

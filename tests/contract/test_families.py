@@ -2,8 +2,9 @@
 family's fast path, whoever registers it, and the path equals the family's maths on the whole
 matrix (its naive function) with every gradient, the parameters' included.
 
-A user's row-scaled method (β = 1 + γ·log n, γ learnable) and a user's sink (b = a·tanh(log n),
-a learnable) ride the flash kernel; a user's
+A user's row-scaled method (β = 1 + γ·log n, γ learnable), a user's adaptive temperature (β = 1 +
+a·H, a learnable) and a user's sink (b = a·tanh(log n), a learnable) ride the flash kernel; a
+user's
 element-wise one (softplus(s + b − log n), b learnable; ReLU(s)^p·r with a constant p) walks the
 tiles with autograd for f′. Both are pinned to independent float64 NumPy formulas."""
 
@@ -22,7 +23,7 @@ from sharpattn import normalizers as nz
 from sharpattn.attention.fast import path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers._contract import log_n
-from sharpattn.normalizers.families import Elementwise, RowScaled, Sink
+from sharpattn.normalizers.families import Adaptive, Elementwise, RowScaled, Sink
 
 pytestmark = pytest.mark.numerical
 
@@ -30,6 +31,10 @@ pytestmark = pytest.mark.numerical
 # The user's hooks (module-level functions, as a plug-in module would write them)
 def grown_beta(n, gamma=0.5, **_):
     return 1.0 + gamma * log_n(n)
+
+
+def entropy_beta(h, a=0.4, **_):
+    return 1.0 + a * h
 
 
 def tanh_sink(n, strength=0.5, **_):
@@ -54,12 +59,16 @@ def inverse_n(n, **_):
 
 GROWN = RowScaled(grown_beta)
 TANH_SINK = Sink(tanh_sink)
+BY_ENTROPY = Adaptive(entropy_beta)
 SOFTPLUS = Elementwise(softplus_f, shift_row)
 RELU_POWER = Elementwise(relu_power_f, inverse_n, constants=("p",))
 
 ENTRIES = {
     "grown": nz.Normalizer("test_grown", GROWN.weights, "softmax((1 + γ·log n)·s)", "-", True,
                            params=(nz.Param("gamma", 0.5, "γ", learnable=True),), family=GROWN),
+    "by_entropy": nz.Normalizer("test_by_entropy", BY_ENTROPY.weights, "softmax((1 + a·H)·s)", "-",
+                                True, params=(nz.Param("a", 0.4, "a", learnable=True),),
+                                family=BY_ENTROPY),
     "tanh_sink": nz.Normalizer("test_tanh_sink", TANH_SINK.weights, "sink b = a·tanh(log n)", "-",
                                False, params=(nz.Param("strength", 0.5, "a", learnable=True),),
                                family=TANH_SINK),
@@ -77,6 +86,13 @@ def np_rows(name, s, n, params):
     log = math.log(max(n, 1))
     if name == "grown":
         x = (1.0 + params["gamma"] * log) * s
+        e = np.exp(x - x.max())
+        return e / e.sum()
+    if name == "by_entropy":
+        p = np.exp(s - s.max())
+        p /= p.sum()
+        h = -np.sum(p * np.log(np.where(p > 0, p, 1.0)))
+        x = (1.0 + params["a"] * h) * s
         e = np.exp(x - x.max())
         return e / e.sum()
     if name == "tanh_sink":
@@ -176,7 +192,9 @@ def test_built_in_families_name_their_own_paths():
     assert nz.get("ssmax").family is not None and nz.get("ssmax").fused == "row_scaled"
     assert nz.get("sigmoid").family.kernel == "sigmoid" and nz.get("sigmoid").fused == "sigmoid"
     assert nz.get("sink").fused == "sink" and isinstance(nz.get("sink").family, Sink)
+    assert nz.get("adaptive").family.kernel == "adaptive" and nz.get("adaptive").fused == "adaptive"
     names = ("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn", "sink", "sigmoid")
+    names += ("relu", "adaptive")
     for name in names:
         assert path_of(nz.get(name)) is not None, name
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import compute_dtype
-from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
+from ..normalizers.softmax import ADAPTIVE, beta_from_entropy, resolve_coefficients
 from . import native
 from .fused import _LN2, _LOG2E, entropy_tile
 from .fused import adaptive as adaptive_two_pass
@@ -106,7 +106,7 @@ def adaptive(q, k, v, masking, scale, want_stats, **params):
     """Adaptive-temperature attention: on slabs (module docstring) where
     `slabs_wanted`, else `adaptive`, whose parameters ``params`` are."""
     if want_stats or not slabs_wanted(q, k, v, masking):
-        return adaptive_two_pass(q, k, v, masking, scale, want_stats, **params)
+        return adaptive_two_pass(ADAPTIVE, q, k, v, masking, scale, want_stats, **params)
     return _on_slabs(q, k, v, masking, scale, **params), None
 
 

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from ..normalizers._contract import compute_dtype
-from ..normalizers.softmax import beta_from_entropy, resolve_coefficients
 from . import native
 from .chunked import chunked_softmax_attention
 from .masking import Masking
@@ -351,28 +350,13 @@ def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
 # Adaptive temperature
 
 
-def adaptive(
-    q,
-    k,
-    v,
-    masking,
-    scale,
-    want_stats,
-    *,
-    coefficients="icml",
-    threshold=0.5,
-    floor=1.0,
-    detach_beta=False,
-):
-    """Adaptive-temperature attention streamed in two fused passes (see the module docstring).
-
-    β_i = β(H_i) with H_i the exact entropy of softmax(s)_i (`softmax_entropy`); then
-    softmax(β_i·s_ij)·v with β_i folded into q_i. Gradients flow through β unless ``detach_beta``.
-    """
+def adaptive(family, q, k, v, masking, scale, want_stats, **params):
+    """The fast path of an `Adaptive` method in two passes (see the module docstring): β_i =
+    ``family.beta(H_i, **params)`` with H_i the exact entropy of softmax(s)_i
+    (`softmax_entropy`); then softmax(β_i·s_ij)·v with β_i folded into q_i. Gradients flow
+    through β (adaptive's ``detach_beta`` stops them in its hook)."""
     h, _ = softmax_entropy(q, k, masking, scale)  # (B, H, Lq, 1)
-    beta = beta_from_entropy(h, resolve_coefficients(coefficients), threshold, floor)
-    if detach_beta:
-        beta = beta.detach()
+    beta = family.beta(h, **params)
     extra = {"softmax_entropy": h} if want_stats else {}
     return query_scaled(q, k, v, masking, scale, beta, want_stats, **extra)
 
@@ -499,9 +483,3 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
     # a_j = w·p_j, so −Σ a_j·log a_j = w·(H(p) − log w)
     ent = w * (h - torch.log(w.clamp_min(torch.finfo(w.dtype).tiny)))
     return out, _stats(q, masking, entropy=ent, mass=w, lse=lse)
-
-
-#: Fused implementations by registry ``fused`` name (the row-scaled family's is
-#: `row_scaled`, bound to each method's family by ``fast.path_of``). Each takes
-#: ``(q, k, v, masking, scale, want_stats, **params)`` and returns ``(output, stats | None)``.
-FUSED = {"adaptive": adaptive}

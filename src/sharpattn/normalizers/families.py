@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._contract import finish, masked_softmax, prepare, visible_keys
+from .stats import entropy
 
 Tensor = torch.Tensor
 
@@ -86,6 +87,30 @@ class Elementwise:
 
 
 @dataclass(frozen=True)
+class Adaptive:
+    """softmax(β_i·s_ij) over the allowed keys of row i, β_i = ``beta(H_i, **params)`` from the
+    entropy H_i (nats) of the row's softmax(s): a temperature that depends on how dispersed the
+    row is. ``entropy_eps``: the naive path's entropy is −Σ p·log(p + eps) (adaptive temperature
+    takes the reference code's 1e-9); the fast path computes the exact entropy (eps = 0), up
+    to n·eps above it. ``kernel``: a built-in path with this maths (``"adaptive"``: the C++
+    slabs on the CPU); None runs the two-pass path (the entropy streamed over key tiles, then
+    one flash call with β-scaled queries), gradients through β included."""
+
+    beta: Callable[..., Any]
+    entropy_eps: float = 0.0
+    kernel: str | None = None
+    path: ClassVar[str] = "adaptive"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        h = entropy(masked_softmax(x, allowed), eps=self.entropy_eps).unsqueeze(-1)
+        beta = self.beta(h, **params)
+        return finish(masked_softmax(x, allowed, beta), scores)
+
+
+@dataclass(frozen=True)
 class Sink:
     """exp(s_ij) / (exp(b_i) + Σ_j exp(s_ij)) over the allowed keys of row i: softmax with one
     more key, of score b_i and value 0, that every query sees (rows sum to less than one; a row
@@ -108,7 +133,7 @@ class Sink:
         return finish(w, scores)
 
 
-FAMILIES = (RowScaled, Sink, Elementwise)
+FAMILIES = (RowScaled, Adaptive, Sink, Elementwise)
 
 
 def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) -> None:
@@ -118,7 +143,7 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
     if not isinstance(family, FAMILIES):
         names = ", ".join(f.__name__ for f in FAMILIES)
         raise ValueError(f"method {owner!r}: family must be one of {names}, got {family!r}.")
-    table = {RowScaled: ("beta",), Sink: ("bias",), Elementwise: ("f", "row")}
+    table = {RowScaled: ("beta",), Adaptive: ("beta",), Sink: ("bias",), Elementwise: ("f", "row")}
     hooks = next(names for kind, names in table.items() if isinstance(family, kind))
     for attr in hooks:
         if not callable(getattr(family, attr)):
@@ -140,4 +165,4 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
                 )
 
 
-__all__ = ["FAMILIES", "Elementwise", "RowScaled", "Sink", "check"]
+__all__ = ["FAMILIES", "Adaptive", "Elementwise", "RowScaled", "Sink", "check"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ._contract import finish, masked_softmax, normalizer, prepare
-from .families import RowScaled
+from ._contract import masked_softmax, normalizer, prepare
+from .families import Adaptive, RowScaled
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
@@ -171,11 +171,20 @@ def adaptive(
     weights = softmax(β·e). Gradients flow through β (plain differentiable operations) unless
     ``detach_beta=True``.
     """
-    s, allowed = prepare(scores, mask, check_finite)
-    beta = _beta(masked_softmax(s, allowed), resolve_coefficients(coefficients), threshold, floor)
-    if detach_beta:
-        beta = beta.detach()
-    return finish(masked_softmax(s, allowed, beta), scores)
+    return ADAPTIVE.weights(scores, mask, check_finite=check_finite, coefficients=coefficients,
+                            threshold=threshold, floor=floor, detach_beta=detach_beta)  # fmt: skip
+
+
+def _adaptive_rows(
+    h: Tensor, coefficients="icml", threshold=0.5, floor=1.0, detach_beta=False, **_
+) -> Tensor:
+    """adaptive's β of rows whose softmax has entropy h (`beta_from_entropy`)."""
+    beta = beta_from_entropy(h, resolve_coefficients(coefficients), threshold, floor)
+    return beta.detach() if detach_beta else beta
+
+
+#: the reference code's entropy −Σ p·log(p + 1e-9) on the naive path; C++ slabs on the CPU
+ADAPTIVE = Adaptive(_adaptive_rows, entropy_eps=1e-9, kernel="adaptive")
 
 
 softmax = register(
@@ -218,6 +227,6 @@ adaptive = register(
             Param("floor", 1.0, "lower bound of β where the correction applies"),
             Param("detach_beta", False, "stop gradients through β"),
         ),
-        fused="adaptive",
+        family=ADAPTIVE,
     )
 ).fn

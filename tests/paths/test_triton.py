@@ -1,13 +1,14 @@
-"""The Triton kernels of sigmoid and relu (``attention/triton_elementwise.py``) against the naive
-path in float64: outputs and every gradient (q, k, v and sigmoid's learnable per-head bias),
-masks of every kind, GQA, Dv != D, sizes that are not multiples of the blocks.
+"""The Triton kernels (``attention/triton_elementwise.py``: sigmoid and relu, and power, signed and
+softpick, normalised by a row sum) against the naive path in float64: outputs and every
+gradient (q, k, v and sigmoid's learnable per-head bias), masks of every kind, GQA, Dv != D,
+sizes that are not multiples of the blocks, scores large enough to overflow without the
+normalised kernels' running reference and small enough to need softpick's expm1.
 
 On the CPU they run in Triton's interpreter, float32 and float16 (the interpreter's bfloat16
 products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
 ``tests/conftest.py`` does. With ``SHARPATTN_TEST_DEVICE=cuda`` the same tests run the compiled
 kernels on the GPU, bfloat16 too. The kernels run through the registry's fast paths (``FAST``)
-with :func:`~sharpattn.attention.tiled.triton_wanted` made to say yes, so the row tensors are
-built as on a GPU.
+with ``tiled.triton_wanted`` made to say yes, so the row tensors are built as on a GPU.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ METHODS = {
     "sigmoid_no_log_n": ("sigmoid", {"bias": 0.5, "subtract_log_n": False}),
     "relu": ("relu", {}),
     "relu_p2": ("relu", {"p": 2.0}),
+    "power": ("power", {}),  # p = 3
+    "power_p2": ("power", {"p": 2.0}),
+    "signed": ("signed", {}),
+    "softpick": ("softpick", {}),
 }
 
 
@@ -65,11 +70,11 @@ def on_triton(monkeypatch):
     monkeypatch.setattr(tiled, "triton_wanted", lambda name, *a: name in tiled.TRITON_METHODS)
 
 
-def inputs(case: str, dtype: torch.dtype, seed: int = 0):
-    """(q, k, v, mask, causal) in ``dtype``, leaves requiring grad."""
+def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
+    """(q, k, v, mask, causal) in ``dtype``, leaves requiring grad; q times ``gain``."""
     b, h, hkv, lq, lk, d, dv, kind, causal = CASES[case]
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=g)
+    q = torch.randn(b, h, lq, d, generator=g) * gain
     k = torch.randn(b, hkv, lk, d, generator=g)
     v = torch.randn(b, hkv, lk, dv, generator=g)
     mask = None
@@ -166,15 +171,17 @@ def _visible(mask, causal, q, k) -> torch.Tensor:
 # dispatch
 
 
-def test_triton_is_wanted_for_cuda_tensors_of_the_element_wise_methods():
+def test_triton_is_wanted_for_cuda_tensors_of_the_methods_with_kernels():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        assert tiled.triton_wanted("sigmoid", cuda, dtype, False)
-        assert tiled.triton_wanted("relu", cuda, dtype, False)
+        for name in ("sigmoid", "relu", "power", "signed", "softpick"):
+            assert tiled.triton_wanted(name, cuda, dtype, False)
     assert not tiled.triton_wanted("sigmoid", cuda, torch.float64, False)  # float64: the tiles
     assert not tiled.triton_wanted("sigmoid", cuda, torch.float32, True)  # statistics: the tiles
     assert not tiled.triton_wanted("sigmoid", cpu, torch.float32, False)
-    assert not tiled.triton_wanted("power", cuda, torch.float32, False)  # no kernel yet
+    assert not tiled.triton_wanted("power", cuda, torch.float64, False)
+    assert not tiled.triton_wanted("softpick", cuda, torch.float32, True)
+    assert not tiled.triton_wanted("sparsemax", cuda, torch.float32, False)  # no kernel
 
 
 def test_sharpattn_triton_0_keeps_cuda_on_the_tiles(monkeypatch):
@@ -193,8 +200,8 @@ def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
 
     monkeypatch.setattr(KERNELS, "attention", refuse)
     q, k, v, mask, causal = inputs("causal", torch.float32)
-    attend(q, k, v, "sigmoid", causal=True, impl="fused")
-    attend(q, k, v, "relu", causal=True, impl="fused")
+    for method in tiled.TRITON_METHODS:
+        attend(q, k, v, method, causal=True, impl="fused")
 
 
 def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
@@ -210,8 +217,10 @@ def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
     monkeypatch.setattr(KERNELS, "attention", refuse)
     q, k, v, mask, causal = inputs("causal", torch.float64)
     attend(q, k, v, "sigmoid", causal=True, impl="fused")
+    attend(q, k, v, "softpick", causal=True, impl="fused")
     q, k, v, mask, causal = inputs("causal", torch.float32)
     attend(q, k, v, "relu", causal=True, impl="fused", return_stats=True)
+    attend(q, k, v, "power", causal=True, impl="fused", return_stats=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,3 +249,37 @@ def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
         want = torch.autograd.grad(ref, ref64, torch.ones_like(ref))
         for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
             assert_close(a, b.detach(), n=30 * 40, msg=f"{method} {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the normalised kernels at extreme score sizes
+
+
+def _against_float64(method, params, case, gain):
+    """The kernels (float32) against the float64 naive path, q times ``gain``."""
+    q, k, v, mask, causal = inputs(case, torch.float32, gain=gain)
+    out, grads = run("triton", method, q, k, v, mask, causal, params)
+    *qkv64, params64 = _as(torch.float64, q, k, v, params)
+    ref = run("naive", method, *qkv64, mask, causal, params64)
+    n = max(k.shape[2], q.shape[2] * q.shape[1] // k.shape[1])
+    for what, got, want in zip(NAMES, (out, *grads), (ref[0], *ref[1]), strict=False):
+        assert torch.isfinite(got).all(), what
+        assert_close(got, want, n=n, msg=f"{method} {what}")
+
+
+@pytest.mark.parametrize("name", ["power", "power_p2", "signed", "softpick"])
+def test_large_scores_stay_finite_and_exact(on_triton, name):
+    """Scores past 100 (q times 30): e^{|s|} overflows float32 without the running reference
+    and softpick's row references pass 60 (its shifted form, c = m). Within the default
+    tolerance (measured: at most 2.6 ulps, signed's dk)."""
+    method, params = METHODS[name]
+    q, k, *_ = inputs("per_row", torch.float32, gain=30.0)
+    s = q.detach() @ k.detach().repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(8)
+    assert float(s.abs().max()) > 100.0
+    _against_float64(method, params, "per_row", 30.0)
+
+
+def test_softpick_keeps_its_precision_at_scores_near_zero(on_triton):
+    """Scores ~1e-3: e^{s} − 1 formed as a difference would lose ε/|s| ~ 1e-4 of each weight
+    (1,000 ulps); the kernels' expm1 keeps the default tolerance (measured: 0.2 ulps)."""
+    _against_float64("softpick", {}, "padding", 1e-3)

@@ -14,9 +14,9 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
-On CUDA, ``sigmoid`` and ``relu`` in float32, float16 and bfloat16 run as Triton kernels
-(`triton_elementwise`, when triton imports; `triton_wanted`); float64 and calls
-that want statistics stay on the tiles.
+On CUDA, ``sigmoid``, ``relu``, ``power``, ``signed`` and ``softpick`` in float32, float16 and
+bfloat16 run as Triton kernels (`triton_elementwise`, when triton imports; `triton_wanted`);
+float64 and calls that want statistics stay on the tiles.
 
 On the CPU in float32 every kernel's per-tile work runs in the C++ loops of `native`, and
 the forward walks row tiles (`row_tiles`: 128 rows and 2^20 scores, whole rows
@@ -424,7 +424,7 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
 
 
 #: the methods with Triton kernels (`triton_elementwise`)
-TRITON_METHODS = ("sigmoid", "relu")
+TRITON_METHODS = ("sigmoid", "relu", "power", "signed", "softpick")
 
 
 @functools.cache
@@ -470,9 +470,9 @@ def tiled_attention(
     a per-row tensor ``[B|1, H|1, Lq|1, 1]`` the kernel reads (sigmoid's bias, relu's n),
     differentiable.
 
-    On CUDA, sigmoid and relu run the Triton kernels instead (`triton_wanted`; ``blocks``
-    then sets their block sizes when both are given); float64 inputs and ``want_stats=True``
-    fall back to the tiles here."""
+    On CUDA, the methods of `TRITON_METHODS` run the Triton kernels instead (`triton_wanted`;
+    ``blocks`` then sets their block sizes when both are given); float64 inputs and
+    ``want_stats=True`` fall back to the tiles here."""
     kernel = KERNELS[name](**params) if isinstance(name, str) else name
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)

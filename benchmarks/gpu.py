@@ -10,17 +10,20 @@ forward and forward+backward:
 * memory: the peak of ``torch.cuda.max_memory_allocated`` during one call above what was
   allocated before it (inputs and their gradients excluded), as a ratio to SDPA's.
 
-The same methods and targets as ``benchmarks/attention.py`` (CPU). On CUDA ``sigmoid`` and
-``relu`` (and ``relu@p=2``) run their Triton kernels where triton imports
-(``attention/triton_elementwise.py``); the rows ``sigmoid:tiles`` and ``relu:tiles`` are the
-same methods on the PyTorch tiles (``SHARPATTN_TRITON=0``), to compare the two. Measure both
-float32 and bfloat16 (``--dtype``). Cells that would pass
+The same methods and targets as ``benchmarks/attention.py`` (CPU). On CUDA ``sigmoid``,
+``relu`` (and ``relu@p=2``), ``power``, ``signed`` and ``softpick`` run their Triton kernels
+where triton imports (``attention/triton_elementwise.py``); the rows ``sigmoid:tiles``,
+``relu:tiles``, ``power:tiles``, ``signed:tiles`` and ``softpick:tiles`` are the same methods
+on the PyTorch tiles (``SHARPATTN_TRITON=0``), to compare the two. Measure both float32 and
+bfloat16 (``--dtype``). Cells that would pass
 ``--deadline`` seconds from the start are skipped and listed. Rows are written to ``--out``
 after every cell, so a run stopped early keeps what it measured.
 
     python benchmarks/gpu.py --sizes 1024,4096,16384 --out benchmarks/results/gpu.json
     python benchmarks/gpu.py --methods sigmoid,relu,relu@p=2,sigmoid:tiles,relu:tiles \
         --dtype bfloat16 --out benchmarks/results/gpu_triton_bf16.json
+    python benchmarks/gpu.py --methods power,signed,softpick,power:tiles,signed:tiles,\
+softpick:tiles --dtype bfloat16 --out benchmarks/results/gpu_triton_normalised_bf16.json
     python benchmarks/gpu.py --table benchmarks/results/gpu.json
 """
 
@@ -48,8 +51,8 @@ B, H, D = 1, 4, 64
 
 
 #: methods with Triton kernels on CUDA, and the rows of their ``impl="auto"`` path on the tiles
-TRITON = ("sigmoid", "relu", "relu@p=2")
-TILES = [f"{m}:tiles" for m in ("sigmoid", "relu")]
+TRITON = ("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick")
+TILES = [f"{m}:tiles" for m in ("sigmoid", "relu", "power", "signed", "softpick")]
 
 
 def methods(names: str) -> dict[str, tuple[str, dict]]:
@@ -61,7 +64,7 @@ def methods(names: str) -> dict[str, tuple[str, dict]]:
 
 @contextlib.contextmanager
 def _tiles(on: bool):
-    """``SHARPATTN_TRITON=0`` while ``on``: the element-wise methods on the PyTorch tiles."""
+    """``SHARPATTN_TRITON=0`` while ``on``: the Triton methods on the PyTorch tiles."""
     before = os.environ.get("SHARPATTN_TRITON")
     if on:
         os.environ["SHARPATTN_TRITON"] = "0"

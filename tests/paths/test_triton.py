@@ -229,8 +229,9 @@ def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
 
 def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
     """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice;
-    D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu with p = 1.5 (exp2/log2) and
-    sigmoid with a per-row bias tensor; the default block sizes."""
+    D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu and power with p = 1.5
+    (exp2/log2), sigmoid with a per-row bias tensor, signed and softpick; the default block
+    sizes."""
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 20, 2, 40, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 40]
     k = torch.randn(1, 1, 40, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
@@ -239,7 +240,14 @@ def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
     mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
     masking = Masking.build(mask, True, 20, 30, q.device)
     bias = torch.randn(1, 1, 20, 1, generator=g).to(DEVICE)  # a per-row tensor
-    for method, params in (("relu", {"p": 1.5}), ("sigmoid", {"bias": bias})):
+    cases = (
+        ("relu", {"p": 1.5}),
+        ("sigmoid", {"bias": bias}),
+        ("power", {"p": 1.5}),
+        ("signed", {}),
+        ("softpick", {}),
+    )
+    for method, params in cases:
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         out, _ = FAST[method](*leaves, masking, 40**-0.5, False, **params)
         grads = torch.autograd.grad(out, leaves, torch.ones_like(out))

@@ -114,8 +114,10 @@ def _reference(s, METHOD: tl.constexpr):
     """A block's candidate [M] for the row reference m of scores ``s`` [M, N] (disallowed ones
     0): the largest ReLU(s) (power), |s| (signed), max(0, s) (softpick)."""
     if METHOD == 3:
-        return tl.max(tl.abs(s), 1)
-    return tl.maximum(tl.max(s, 1), 0.0)
+        ref = tl.max(tl.abs(s), 1)
+    else:
+        ref = tl.maximum(tl.max(s, 1), 0.0)
+    return ref
 
 
 @triton.jit

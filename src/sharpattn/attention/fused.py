@@ -75,8 +75,7 @@ def flash_kernel_available() -> bool:
 def flash_available(q: Tensor, v: Tensor) -> bool:
     """True when the private CPU flash kernel (with log-sum-exp) can run these inputs."""
     return (
-        _FLASH is not None
-        and _FLASH_BWD is not None
+        flash_kernel_available()
         and q.device.type == "cpu"
         and q.shape[-1] == v.shape[-1]
         # the kernel kills the process (SIGFPE) on a zero-size dimension: those take the fallback
@@ -342,7 +341,7 @@ def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
     """The fast path of a `RowScaled` method:
     softmax(β_i·s_ij) with β = ``family.beta(n, **params)`` of the rows' visible keys n, folded
     into the rows of q (one fused call)."""
-    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype)) if family.counts else None
     return query_scaled(q, k, v, masking, scale, family.beta(n, **params), want_stats)
 
 

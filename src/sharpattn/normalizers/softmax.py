@@ -47,12 +47,12 @@ def softmax(
     return SOFTMAX.weights(scores, mask, check_finite=check_finite, temperature=temperature)
 
 
-def _inverse_temperature(n: Tensor, temperature: float | Tensor = 1.0, **_) -> float | Tensor:
+def _inverse_temperature(n: None, temperature: float | Tensor = 1.0, **_) -> float | Tensor:
     """softmax_θ's β = 1/θ, the same for every row."""
     return 1.0 / temperature
 
 
-SOFTMAX = RowScaled(_inverse_temperature)
+SOFTMAX = RowScaled(_inverse_temperature, counts=False)
 
 
 def resolve_coefficients(coefficients: str | Sequence[float] | Path) -> tuple[float, ...]:

@@ -2,7 +2,10 @@
 softpick, normalised by a row sum) against the naive path in float64: outputs and every
 gradient (q, k, v and sigmoid's learnable per-head bias), masks of every kind, GQA, Dv != D,
 sizes that are not multiples of the blocks, scores large enough to overflow without the
-normalised kernels' running reference and small enough to need softpick's expm1.
+normalised kernels' running reference and small enough to need softpick's expm1. The softmax
+kernel with its differentiable log-sum-exp, which `sink` and `adaptive` take on CUDA (the sink
+as out·σ(lse − b), adaptive's entropy from one call with the keys as values), likewise, and the
+statistics (`return_stats`) that come from it.
 
 On the CPU they run in Triton's interpreter, float32 and float16 (the interpreter's bfloat16
 products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
@@ -23,9 +26,10 @@ from precision import assert_close, tolerance
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
 
-from sharpattn.attention import attend, tiled  # noqa: E402
+from sharpattn import normalizers as nz  # noqa: E402
+from sharpattn.attention import attend, fused, tiled  # noqa: E402
 from sharpattn.attention import triton_elementwise as KERNELS  # noqa: E402
-from sharpattn.attention.fast import FAST  # noqa: E402
+from sharpattn.attention.fast import FAST, path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
 
 # Not marked `numerical`: Triton's interpreter computes the kernels in NumPy, not in torch's
@@ -64,12 +68,19 @@ METHODS = {
     "signed": ("signed", {}),
     "softpick": ("softpick", {}),
 }
+# the methods whose fast path takes the softmax kernel with its log-sum-exp on CUDA
+LSE_METHODS = {
+    "sink_bias": ("sink", {"bias": "tensor", "bias_log_n": 0.5}),
+    "adaptive": ("adaptive", {}),
+}
 
 
 @pytest.fixture
 def on_triton(monkeypatch):
     """The fast paths take the Triton kernels for the CPU tensors here."""
     monkeypatch.setattr(tiled, "triton_wanted", lambda name, *a: name in tiled.TRITON_METHODS)
+    # the softmax passes that need the log-sum-exp (sink, adaptive, statistics)
+    monkeypatch.setattr(fused, "_on_triton", lambda q, k: q.numel() > 0 and k.numel() > 0)
 
 
 def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
@@ -93,7 +104,7 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
 
 
 def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
-    params = dict(METHODS[name][1])
+    params = dict({**METHODS, **LSE_METHODS}[name][1])
     if params.get("bias") == "tensor":
         bias = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
         bias = bias.view(1, h, 1, 1)
@@ -107,7 +118,10 @@ def run(path, method, q, k, v, mask, causal, params):
         lq, lk = q.shape[2], k.shape[2]
         masking = Masking.build(mask, causal, lq, lk, q.device)
         scale = 1 / math.sqrt(q.shape[-1])
-        out, stats = FAST[method](q, k, v, masking, scale, False, blocks=BLOCKS, **params)
+        if method in tiled.TRITON_METHODS:
+            out, stats = FAST[method](q, k, v, masking, scale, False, blocks=BLOCKS, **params)
+        else:  # the softmax kernel's blocks are its defaults
+            out, stats = path_of(nz.get(method))(q, k, v, masking, scale, False, **params)
         assert stats is None
     else:
         out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
@@ -129,9 +143,9 @@ NAMES = ("out", "dq", "dk", "dv", "dbias")
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", [*METHODS, *LSE_METHODS])
 def test_triton_kernels_equal_the_float64_naive_path(on_triton, name, case, dtype):
-    method = METHODS[name][0]
+    method = {**METHODS, **LSE_METHODS}[name][0]
     q, k, v, mask, causal = inputs(case, dtype)
     params = params_of(name, q.shape[1], torch.float32)
     out, grads = run("triton", method, q, k, v, mask, causal, params)
@@ -293,3 +307,47 @@ def test_softpick_keeps_its_precision_at_scores_near_zero(on_triton):
     """Scores ~1e-3: e^{s} − 1 formed as a difference would lose ε/|s| ~ 1e-4 of each weight
     (1,000 ulps); the kernels' expm1 keeps the default tolerance (measured: 0.2 ulps)."""
     _against_float64("softpick", {}, "padding", 1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the softmax kernel with its log-sum-exp: sink, adaptive and statistics on CUDA
+
+
+@pytest.mark.parametrize("name", LSE_METHODS)
+def test_sink_and_adaptive_take_the_softmax_kernel_at_large_scores(on_triton, monkeypatch, name):
+    """The kernel runs (once for the sink, once for adaptive's entropy) and stays exact with
+    scores past 100: the sink's σ(lse − b) and adaptive's H = lse − Σ p·s (measured: within
+    the default tolerance)."""
+    calls = []
+    real = KERNELS.softmax_attention
+    monkeypatch.setattr(KERNELS, "softmax_attention", lambda *a: calls.append(1) or real(*a))
+    method, _ = LSE_METHODS[name]
+    params = params_of(name, 4, torch.float32)
+    _against_float64(method, params, "per_row", 30.0)
+    assert calls
+
+
+def test_statistics_from_the_softmax_kernel_equal_the_naive_ones(on_triton):
+    """return_stats of softmax, sink and adaptive on the kernel route: entropy and mass against
+    the float64 naive path, lse against a float64 log-sum-exp, adaptive's softmax entropy
+    against softmax's (rows that see no key: lse −inf, mass and entropy 0)."""
+    q, k, v, mask, causal = inputs("per_row", torch.float32)
+    q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
+    s = q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s.masked_fill(~masking.dense(), -math.inf), -1)
+    _, softmax = attend(q64, k64, v64, mask=mask, causal=causal, impl="naive", return_stats=True)
+    for method in ("softmax", "sink", "adaptive"):
+        _, got = attend(q, k, v, method, mask=mask, causal=causal, impl="fused",
+                        return_stats=True)  # fmt: skip
+        _, want = attend(q64, k64, v64, method, mask=mask, causal=causal, impl="naive",
+                         return_stats=True)  # fmt: skip
+        pairs = [("entropy", got.entropy, want.entropy), ("mass", got.mass, want.mass)]
+        if method == "adaptive":  # its lse is the β-scaled rows'; the entropy that gives β
+            pairs.append(("softmax_entropy", got.softmax_entropy, softmax.entropy))
+        else:
+            pairs.append(("lse", got.lse, lse))
+        for field, a, b in pairs:
+            assert torch.equal(torch.isinf(a), torch.isinf(b)), (method, field)
+            finite = torch.isfinite(b)
+            assert_close(a[finite], b[finite], n=k.shape[2], msg=f"{method} {field}")

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from ..normalizers._contract import compute_dtype
 from . import native
 from .chunked import chunked_softmax_attention
+from .devices import triton_kernels, triton_ready
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import BUFFERED_TILE_ELEMENTS, Grid
@@ -143,12 +144,21 @@ def softmax_attention(
     16-bit inputs), O(n) memory. lse is 0 here on rows with no visible key ([`AttentionStats`][sharpattn.attention.AttentionStats]
     reports −inf, the log of an empty sum) and carries no gradient
     on the kernel path (differentiable on the fallback)."""
+    if _on_triton(q, k):
+        out, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
+        return out.to(q.dtype), torch.where(torch.isinf(lse), 0.0, lse)
     if not flash_available(q, v):
         return chunked_softmax_attention(q, k, v, masking, scale)
     lay = _layout(masking, q.dtype)
     q, k, v = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
     out, lse = _FLASH(q, k, v, 0.0, lay.is_causal, attn_mask=lay.mask, scale=scale)
     return _rows_out(out, lay), _rows_out(lse.unsqueeze(-1), lay)
+
+
+def _on_triton(q: Tensor, k: Tensor) -> bool:
+    """Whether the softmax passes that need the log-sum-exp run the Triton kernel (a CUDA
+    tensor: `devices.triton_ready`; not an empty one)."""
+    return triton_ready(q.device, q.dtype) and q.numel() > 0 and k.numel() > 0
 
 
 def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float) -> Tensor:
@@ -184,8 +194,23 @@ def softmax_entropy(
     if q.numel() == 0 or k.numel() == 0:
         zero = torch.zeros(*q.shape[:3], 1, dtype=compute_dtype(q.dtype), device=q.device)
         return zero + 0.0 * (q.sum() + k.sum()), zero
+    if _on_triton(q, k):
+        return _entropy_by_values(q, k, masking, scale)
     h, lse = _EntropyPass.apply(q, k, masking, scale, blocks)
     return h, lse
+
+
+def _entropy_by_values(q: Tensor, k: Tensor, masking: Masking, scale: float):
+    """`softmax_entropy` on CUDA from one softmax call with the keys as values: s is linear in
+    k, so Σ_j p_j·s_j = scale·q·(Σ_j p_j·k_j), and H = lse − Σ_j p_j·s_j (the Triton kernel's
+    lse and output, float32, both differentiable: gradients through H need no pass of their
+    own). The difference loses |s|·2⁻²⁴ or so to rounding (1e-5 nats at scores of 100)."""
+    out, lse = triton_kernels().softmax_attention(q, k, k, masking, scale)
+    seen = torch.isfinite(lse)
+    lse = torch.where(seen, lse, 0.0)
+    mean = scale * torch.linalg.vecdot(q.to(torch.float32), out).unsqueeze(-1)  # Σ_j p_j·s_j
+    h = torch.where(seen, lse - mean, 0.0).clamp_min(0.0)
+    return h, lse.detach()
 
 
 _LN2, _LOG2E = 0.6931471805599453, 1.4426950408889634
@@ -462,7 +487,13 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
     """
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     bias = _rows(family.bias(n, **params), q)
-    if flash_available(q, v):
+    if _on_triton(q, k):  # a CUDA tensor: the Triton kernel's output and lse, both in float32
+        o, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
+        seen = torch.isfinite(lse)
+        w = torch.where(seen, torch.sigmoid(torch.where(seen, lse, 0.0) - bias), 0.0)
+        out = (o * w).to(q.dtype)
+        lse = torch.where(seen, lse, 0.0).detach()
+    elif flash_available(q, v):
         lay = _layout(masking, q.dtype)
         q2, k2, v2 = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
         out, lse = _SinkAttention.apply(

@@ -36,6 +36,8 @@ import torch
 
 from ..normalizers._contract import compute_dtype, log_n
 from . import native
+from .devices import triton_kernels as _triton_kernels
+from .devices import triton_ready
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -427,31 +429,10 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
 TRITON_METHODS = ("sigmoid", "relu", "power", "signed", "softpick")
 
 
-@functools.cache
-def _triton_kernels():
-    """`triton_elementwise`, or None where triton is not installed (an optional import)."""
-    try:
-        from . import triton_elementwise
-    except ImportError:
-        return None
-    return triton_elementwise
-
-
 def triton_wanted(name: str, device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
-    """Whether a call of method ``name`` runs the Triton kernels: a method that has them, a CUDA
-    tensor, float32/float16/bfloat16 (float64 stays on the tiles), no statistics wanted (the
-    kernels give none), not inside a user's ``torch.compile`` (the tiles are traceable; the
-    kernels' launch is not registered with it), not ``SHARPATTN_TRITON=0`` (the tiles instead:
-    to compare, or to step around a kernel), and triton importable."""
-    return (
-        name in TRITON_METHODS
-        and device.type == "cuda"
-        and os.environ.get("SHARPATTN_TRITON", "1").strip() != "0"
-        and dtype != torch.float64
-        and not want_stats
-        and not torch.compiler.is_compiling()
-        and _triton_kernels() is not None
-    )
+    """Whether a call of method ``name`` runs the Triton kernels: a method that has them, no
+    statistics wanted (the kernels give none), and `triton_ready`."""
+    return name in TRITON_METHODS and not want_stats and triton_ready(device, dtype)
 
 
 def tiled_attention(

@@ -51,8 +51,9 @@ Tensor = torch.Tensor
 
 #: the method's number in the kernels' ``METHOD`` switch: element-wise below `NORMALISED`,
 #: normalised by a row sum from it on
-METHODS = {"sigmoid": 0, "relu": 1, "power": 2, "signed": 3, "softpick": 4}
+METHODS = {"sigmoid": 0, "relu": 1, "power": 2, "signed": 3, "softpick": 4, "softmax": 5}
 NORMALISED = tl.constexpr(2)
+SOFTMAX = tl.constexpr(5)
 
 
 @triton.jit
@@ -110,11 +111,14 @@ def _weight(s, row, p, METHOD: tl.constexpr, POWER: tl.constexpr):
 
 
 @triton.jit
-def _reference(s, METHOD: tl.constexpr):
+def _reference(s, keep, METHOD: tl.constexpr):
     """A block's candidate [M] for the row reference m of scores ``s`` [M, N] (disallowed ones
-    0): the largest ReLU(s) (power), |s| (signed), max(0, s) (softpick)."""
+    0): the largest ReLU(s) (power), |s| (signed), max(0, s) (softpick), the largest allowed s
+    (softmax; −inf where none is)."""
     if METHOD == 3:
         ref = tl.max(tl.abs(s), 1)
+    elif METHOD == 5:
+        ref = tl.max(tl.where(keep, s, -float("inf")), 1)
     else:
         ref = tl.maximum(tl.max(s, 1), 0.0)
     return ref
@@ -147,6 +151,9 @@ def _normalised(s, m, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE:
     if METHOD == 2:
         u, _ = _powers(tl.maximum(s, 0.0) / tl.where(m > 0.0, m, 1.0), p, POWER)
         a = u
+    elif METHOD == 5:  # softmax: e^{s − m}, m the largest allowed score
+        u = tl.exp(tl.minimum(s - m, 0.0))
+        a = u
     elif METHOD == 3:
         a = tl.exp(tl.abs(s) - m)
         u = _sign(s) * a
@@ -177,6 +184,9 @@ def _grad(s, dp, row, m, z, dd, p, METHOD: tl.constexpr, POWER: tl.constexpr,
         sign = _sign(s)
         w = sign * tl.exp(tl.abs(s) - m) / z
         ds = (sign * dp - dd) * w
+    elif METHOD == 5:  # softmax: D carries the log-sum-exp's gradient (D − dL/dlse)
+        w = tl.exp(tl.minimum(s - m, 0.0)) / z
+        ds = (dp - dd) * w
     else:
         c, big_a, big_b = _softpick_shift(m, SHIFT_ABOVE)
         d = big_a * _expm1(s - c) + big_b
@@ -269,6 +279,8 @@ def _forward_kernel(
     row = row[:, None]
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)  # the running row reference (normalised)
+    if METHOD == SOFTMAX:  # the largest allowed score so far: none yet
+        m = m - float("inf")
     z = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ_j a_ij relative to m
     hi = lk
     if CAUSAL:  # keys past the block's last row's causal edge are hidden from every row
@@ -284,9 +296,17 @@ def _forward_kernel(
         keep = _visible(
             offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
         )
-        if METHOD >= NORMALISED:  # flash-style: the sums rescaled when m grows
+        if METHOD == SOFTMAX:  # flash attention; m = −inf until a row sees a key
+            m_new = tl.maximum(m, _reference(s, keep, METHOD))
+            m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
+            f = tl.exp(m - m_use)  # 0 while nothing was seen
+            w, a = _normalised(s, m_use[:, None], p, METHOD, POWER, SHIFT_ABOVE)
+            z = z * f + tl.sum(tl.where(keep, a, 0.0), 1)
+            acc = acc * f[:, None]
+            m = m_new
+        elif METHOD >= NORMALISED:  # flash-style: the sums rescaled when m grows
             s = tl.where(keep, s, 0.0)  # disallowed scores 0: no overflow there
-            m_new = tl.maximum(m, _reference(s, METHOD))
+            m_new = tl.maximum(m, _reference(s, keep, METHOD))
             f = _factor(m, m_new, p, METHOD, POWER)
             w, a = _normalised(s, m_new[:, None], p, METHOD, POWER, SHIFT_ABOVE)
             z = z * f + tl.sum(tl.where(keep, a, 0.0), 1)
@@ -303,6 +323,8 @@ def _forward_kernel(
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     if METHOD >= NORMALISED:
         acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
+        if METHOD == SOFTMAX:  # rows that see no key: m = 0 (and Z = 0)
+            m = tl.where(m == -float("inf"), 0.0, m)
         rows = b * heads * lq + h * lq + offs_m
         tl.store(m_ptr + rows, m, mask=offs_m < lq)
         tl.store(z_ptr + rows, z, mask=offs_m < lq)
@@ -567,9 +589,11 @@ def forward(launch: _Launch, q, k, v):
     return out, m, z
 
 
-def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=None):
+def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=None, glse=None):
     """(dq, dk, dv, Σ_j ds_ij per row [B, H, Lq, 1] or None); the normalised methods need the
-    forward's ``out``, m and Z (D_i = dO_i·out_i is taken here, one number per row)."""
+    forward's ``out``, m and Z (D_i = dO_i·out_i is taken here, one number per row); softmax
+    takes the gradient of its log-sum-exp too (``glse`` [B, H, Lq, 1] or None): ∂lse_i/∂s_ij =
+    w_ij, so it enters as D_i − glse_i."""
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
     dk = torch.empty(launch.b, launch.hkv, launch.lk, launch.d, dtype=k.dtype, device=q.device)
     dv = torch.empty(launch.b, launch.hkv, launch.lk, launch.dv, dtype=v.dtype, device=q.device)
@@ -577,8 +601,10 @@ def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=No
     mask, rs, ms = launch.common()
     rows = (launch.row,) * 3  # any pointers: never read
     if launch.normalised:
-        dd = torch.linalg.vecdot(g.to(torch.float32), out).contiguous()
-        rows = (m, z, dd)
+        dd = torch.linalg.vecdot(g.to(torch.float32), out)
+        if glse is not None:
+            dd = dd - glse.to(torch.float32).squeeze(-1)
+        rows = (m, z, dd.contiguous())
     bm, bn = launch.blocks
     sizes = (launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset)
     _dkdv_kernel[(triton.cdiv(launch.lk, bn), launch.b * launch.hkv)](
@@ -639,3 +665,39 @@ def attention(
     ``[B|1, H|1, Lq|1, 1]`` (sigmoid's b_i, relu's n_i; differentiable for sigmoid), ``blocks``
     (query rows, keys) per block (default: `BLOCKS_16BIT` / `BLOCKS_FLOAT32`)."""
     return TritonElementwise.apply(q, k, v, row, method, masking, scale, p, blocks)
+
+
+class TritonSoftmax(torch.autograd.Function):
+    """(out, lse) of softmax(scale·q·kᵀ)·v with out in float32 and lse = m + log Z ``[B, H, Lq,
+    1]`` (−inf on rows that see no key), both differentiable (the sink's σ(lse − b), adaptive's
+    entropy lse − Σ p·s take gradients through lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, masking, scale, blocks):
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        row = q.new_ones(1, 1, 1, 1, dtype=torch.float32)  # read by no softmax kernel
+        launch = _Launch("softmax", q, k, v, row, masking, scale, 1.0, blocks)
+        out, m, z = forward(launch, q, k, v)
+        ctx.save_for_backward(q, k, v, out, m, z)
+        ctx.launch = launch
+        return out, (m + torch.log(z)).unsqueeze(-1)
+
+    @staticmethod
+    def backward(ctx, g, glse):
+        q, k, v, out, m, z = ctx.saved_tensors
+        g = _unit_last(g.to(v.dtype))  # dO in the inputs' dtype, as the flash backward takes it
+        dq, dk, dv, _ = backward(ctx.launch, q, k, v, g, False, out, m, z, glse)
+        return dq, dk, dv, None, None, None
+
+
+def softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    blocks: tuple[int, int] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """softmax attention ``[B, H, Lq, Dv]`` (float32) and its log-sum-exp ``[B, H, Lq, 1]``
+    (float32, −inf on rows that see no key), both with gradients, through the kernels above."""
+    return TritonSoftmax.apply(q, k, v, masking, scale, blocks)

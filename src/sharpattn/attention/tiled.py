@@ -29,9 +29,6 @@ Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
 from ..normalizers._contract import compute_dtype, log_n

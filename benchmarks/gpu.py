@@ -50,9 +50,22 @@ from sharpattn.normalizers import available
 B, H, D = 1, 4, 64
 
 
-#: methods with Triton kernels on CUDA, and the rows of their ``impl="auto"`` path on the tiles
-TRITON = ("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick")
-TILES = [f"{m}:tiles" for m in ("sigmoid", "relu", "power", "signed", "softpick")]
+#: methods with Triton kernels on CUDA (``sink`` and ``adaptive``: the softmax kernel with its
+#: log-sum-exp), and the rows of their ``impl="auto"`` path without them (``SHARPATTN_TRITON=0``:
+#: the tiles; ``sink`` the sink as one more key of SDPA)
+TRITON = ("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick", "sink", "adaptive")
+TILES = [f"{m}:tiles" for m in ("sigmoid", "relu", "power", "signed", "softpick", "sink",
+                                "adaptive")]  # fmt: skip
+
+#: the targets (forward+backward time as a ratio to SDPA's flash kernel, bfloat16, n >= 4,096)
+#: by method: the softmax family and the sink within FlexAttention's distance of flash, the
+#: element-wise and row-normalised maps within FlashSigmoid's, adaptive two flash passes
+TARGETS = {
+    **dict.fromkeys(("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn"), 1.1),
+    "sink": 1.1,
+    **dict.fromkeys(("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick"), 1.3),
+    "adaptive": 2.2,
+}
 
 
 def methods(names: str) -> dict[str, tuple[str, dict]]:
@@ -264,9 +277,28 @@ def table(result: dict) -> str:
             f"{worst['memory_ratio']:.2f}x SDPA's ({worst['method']}, {worst['extra_mib']:.0f} MiB "
             f"against {worst['sdpa_extra_mib']:.0f} MiB).",
         ]
+    lines += targets(rows)
     if result.get("skipped"):
         lines.append(f"{len(result['skipped'])} cells skipped at the deadline.")
     return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The methods of `TARGETS` measured at n >= 4,096 forward+backward: the worst ratio to
+    SDPA over those cells against the target (meaningful in bfloat16, where SDPA is flash)."""
+    lines = []
+    for name, target in TARGETS.items():
+        cells = [r for r in rows if r["method"] == name and r["n"] >= 4096
+                 and r["mode"] == "fwdbwd"]  # fmt: skip
+        if cells:
+            worst = max(cells, key=lambda r: r["time_ratio"])
+            verdict = "met" if worst["time_ratio"] <= target else "missed"
+            lines.append(
+                f"- {name}: at most {worst['time_ratio']:.2f}x SDPA forward+backward at n >= 4k "
+                f"(worst: n = {worst['n']}{', causal' if worst['causal'] else ''}); target "
+                f"{target}: {verdict}"
+            )
+    return ["", "Targets (forward+backward, n >= 4k):", *lines] if lines else []
 
 
 if __name__ == "__main__":

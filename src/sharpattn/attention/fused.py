@@ -11,14 +11,17 @@ extra memory is O(n):
   statistics take `adaptive_tiled` instead (one q·kᵀ for both).
 * **sinks** — exp(s_i)/(exp(b) + Σ_j exp(s_j)) = softmax(s)_i·σ(lse − b): the softmax output
   times one factor per row. Its backward is the flash backward with lse replaced by
-  log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0). Where that kernel is
-  missing (a CUDA tensor), the virtual key is made real: `sink_as_key` appends it to k
+  log(exp(b) + Σ_j exp(s_j)) (a virtual key with score b and value 0). On CUDA the Triton
+  kernel's lse carries the gradient instead; where neither runs, the virtual key is made real: `sink_as_key` appends it to k
   and v (one more head column carries b) and calls torch's public SDPA, fused on every device.
 
 The kernel is the private ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (returns
-``(output, logsumexp)``; has autograd for the output, none for lse). Where it is missing (another
-torch version, a non-CPU device, value size != key size) the paths fall back to
-`chunked_softmax_attention` (query blocks, O(block·Lk)).
+``(output, logsumexp)``; has autograd for the output, none for lse). On a CUDA tensor where
+triton imports (`devices.triton_ready`) the passes that need the log-sum-exp (the sink,
+adaptive's entropy, statistics) take the Triton softmax kernel instead
+(`triton_elementwise.softmax_attention`, lse differentiable), and the ones that do not, SDPA.
+Where neither is there (another torch version, value size != key size on the CPU, CUDA without
+triton) the paths fall back to `chunked_softmax_attention` (query blocks, O(block·Lk)).
 
 Masks: the kernel takes an additive float mask (broadcast shapes accepted, so a padding mask
 ``[B, 1, 1, Lk]`` costs O(Lk)) and a top-left ``is_causal``. Our causal is bottom-right aligned:

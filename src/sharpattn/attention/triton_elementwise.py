@@ -1,5 +1,6 @@
 """Triton kernels on CUDA of the element-wise maps (``sigmoid``, ``relu``) and of the maps
-normalised by a row sum (``power``, ``signed``, ``softpick``), forward and backward.
+normalised by a row sum (``power``, ``signed``, ``softpick``, and ``softmax`` with its
+log-sum-exp, `softmax_attention`, for the sink and adaptive temperature), forward and backward.
 
 Flash-style: each program holds a block of query rows (or of keys, for dk and dv) and walks the
 other side's blocks, never forming the ``[Lq, Lk]`` score matrix. One set of kernels serves
@@ -18,7 +19,9 @@ every method through a ``constexpr`` switch (``METHOD``, `METHODS`); each formul
   nothing overflows at any score size; the forward stores m and Z per row for the backward.
   Their gradients, `_grad` (as ``tiled``'s ``grad``): with D_i = dO_i·out_i (one number per row,
   taken in PyTorch), power ds = (dP − D)·p·(r/m)^{p−1}/(m·Z), signed ds = (sign(s)·dP − D)·w,
-  softpick ds = (1[d > 0]·dP − sign(d)·D)·e^{s − m}/Z.
+  softpick ds = (1[d > 0]·dP − sign(d)·D)·e^{s − m}/Z. ``softmax``: u = a = e^{s − m}, m the
+  largest allowed score (−inf until a row sees one), ds = (dP − D)·w, and the log-sum-exp
+  lse = m + log Z is an output with a gradient: it enters as D − ∂L/∂lse.
 
 s = scale·q·kᵀ in float32 (the products accumulate in float32 for every input dtype; float32
 inputs multiply in IEEE float32, not TF32), out_i = Σ_j w_ij·v_j with w cast to v's dtype, as

@@ -27,7 +27,7 @@ from precision import assert_close, tolerance
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
 
 from sharpattn import normalizers as nz  # noqa: E402
-from sharpattn.attention import attend, fused, tiled  # noqa: E402
+from sharpattn.attention import attend, fused, sparse_tiled, tiled  # noqa: E402
 from sharpattn.attention import triton_elementwise as KERNELS  # noqa: E402
 from sharpattn.attention.fast import FAST, path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
@@ -73,6 +73,15 @@ LSE_METHODS = {
     "sink_bias": ("sink", {"bias": "tensor", "bias_log_n": 0.5}),
     "adaptive": ("adaptive", {}),
 }
+# the entmax family's kernel (a threshold from Newton passes over the keys, then one pass);
+# "beta_pre": "tensor" is ASEntmax's learnable per-head parameter
+ENTMAX_METHODS = {
+    "sparsemax": ("sparsemax", {}),
+    "entmax15": ("entmax15", {}),
+    "entmax_1.3": ("entmax", {"alpha": 1.3}),
+    "asentmax": ("asentmax", {"beta_pre": "tensor", "gamma_pre": 0.3}),
+}
+EVERY = {**METHODS, **LSE_METHODS, **ENTMAX_METHODS}
 
 
 @pytest.fixture
@@ -81,6 +90,7 @@ def on_triton(monkeypatch):
     monkeypatch.setattr(tiled, "triton_wanted", lambda name, *a: name in tiled.TRITON_METHODS)
     # the softmax passes that need the log-sum-exp (sink, adaptive, statistics)
     monkeypatch.setattr(fused, "_on_triton", lambda q, k: q.numel() > 0 and k.numel() > 0)
+    monkeypatch.setattr(sparse_tiled, "triton_ready", lambda device, dtype: True)
 
 
 def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
@@ -104,11 +114,11 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
 
 
 def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
-    params = dict({**METHODS, **LSE_METHODS}[name][1])
-    if params.get("bias") == "tensor":
-        bias = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
-        bias = bias.view(1, h, 1, 1)
-        params["bias"] = bias.requires_grad_()
+    params = dict(EVERY[name][1])
+    for key in ("bias", "beta_pre"):
+        if params.get(key) == "tensor":
+            x = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
+            params[key] = x.view(1, h, 1, 1).requires_grad_()
     return params
 
 
@@ -143,9 +153,9 @@ NAMES = ("out", "dq", "dk", "dv", "dbias")
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", [*METHODS, *LSE_METHODS])
+@pytest.mark.parametrize("name", EVERY)
 def test_triton_kernels_equal_the_float64_naive_path(on_triton, name, case, dtype):
-    method = {**METHODS, **LSE_METHODS}[name][0]
+    method = EVERY[name][0]
     q, k, v, mask, causal = inputs(case, dtype)
     params = params_of(name, q.shape[1], torch.float32)
     out, grads = run("triton", method, q, k, v, mask, causal, params)

@@ -40,6 +40,7 @@ from ..normalizers._contract import compute_dtype
 from ..normalizers.sparse import ALPHA, asentmax_scale
 from . import native
 from .chunked import chunked_attend
+from .devices import triton_kernels, triton_ready
 from .compiled import tile_function
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -563,6 +564,16 @@ def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
 # The fast paths (``FAST`` entries)
 
 
+def _on_triton(q: Tensor, k: Tensor, v: Tensor, want_stats: bool) -> bool:
+    """Whether a call runs the Triton kernels (`triton_elementwise`): a CUDA tensor
+    (`devices.triton_ready`), no statistics (the kernels give none), nothing empty."""
+    return (
+        not want_stats
+        and triton_ready(q.device, q.dtype)
+        and min(q.numel(), k.numel(), v.numel()) > 0
+    )
+
+
 def _stats(q, masking, want_stats, ent, mass) -> AttentionStats | None:
     if not want_stats:
         return None
@@ -598,6 +609,9 @@ def _kind(alpha) -> str:
 
 
 def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None):
+    if _on_triton(q, k, v, want_stats) and not torch.is_tensor(alpha):  # CUDA: one kernel
+        out = triton_kernels().entmax_attention(q, k, v, masking, scale, float(alpha), theta)
+        return out, None
     out, ent, mass = _EntmaxAttention.apply(q, k, v, theta, kind, alpha, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)
 

@@ -40,8 +40,8 @@ from ..normalizers._contract import compute_dtype
 from ..normalizers.sparse import ALPHA, asentmax_scale
 from . import native
 from .chunked import chunked_attend
-from .devices import triton_kernels, triton_ready
 from .compiled import tile_function
+from .devices import triton_kernels, triton_ready
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows

@@ -44,6 +44,7 @@ if DEVICE == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFun
     )
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 BLOCKS = (16, 32)  # query rows, keys per block: several blocks of each at n <= 45
+DEFAULT_BLOCKS = (KERNELS.BLOCKS_16BIT, KERNELS.BLOCKS_FLOAT32)
 
 # name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
 CASES = {
@@ -81,7 +82,13 @@ ENTMAX_METHODS = {
     "entmax_1.3": ("entmax", {"alpha": 1.3}),
     "asentmax": ("asentmax", {"beta_pre": "tensor", "gamma_pre": 0.3}),
 }
-EVERY = {**METHODS, **LSE_METHODS, **ENTMAX_METHODS}
+# top-k's kernel (the k largest scores kept per row as the key blocks pass, then one pass)
+TOPK_METHODS = {
+    "topk": ("topk", {}),  # k = 8
+    "topk_3": ("topk", {"top_k": 3}),
+    "hardmax": ("hardmax", {}),  # k = 1: no gradient in q and k
+}
+EVERY = {**METHODS, **LSE_METHODS, **ENTMAX_METHODS, **TOPK_METHODS}
 
 
 @pytest.fixture
@@ -91,6 +98,9 @@ def on_triton(monkeypatch):
     # the softmax passes that need the log-sum-exp (sink, adaptive, statistics)
     monkeypatch.setattr(fused, "_on_triton", lambda q, k: q.numel() > 0 and k.numel() > 0)
     monkeypatch.setattr(sparse_tiled, "triton_ready", lambda device, dtype: True)
+    # small blocks for the kernels called without ``blocks`` (the interpreter's sort is slow)
+    monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", BLOCKS)
+    monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", BLOCKS)
 
 
 def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
@@ -137,7 +147,14 @@ def run(path, method, q, k, v, mask, causal, params):
         out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
     leaves = [q, k, v] + [p for p in params.values() if torch.is_tensor(p)]
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-    return out.detach(), torch.autograd.grad(out, leaves, g)
+    return out.detach(), _grads(out, leaves, g)
+
+
+def _grads(out, leaves, g):
+    """The gradients of ``out`` in ``leaves`` for the output gradient ``g``; 0 for a leaf the
+    output does not depend on (hardmax's q and k on the naive path)."""
+    grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
+    return [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads, strict=True)]
 
 
 def _as(dtype, q, k, v, params):
@@ -253,11 +270,13 @@ def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
 # layouts, head sizes, any p, the default blocks
 
 
-def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton):
+def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton, monkeypatch):
     """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice;
     D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu and power with p = 1.5
     (exp2/log2), sigmoid with a per-row bias tensor, signed and softpick; the default block
     sizes."""
+    monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", DEFAULT_BLOCKS[0])
+    monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", DEFAULT_BLOCKS[1])
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 20, 2, 40, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 40]
     k = torch.randn(1, 1, 40, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
@@ -361,3 +380,23 @@ def test_statistics_from_the_softmax_kernel_equal_the_naive_ones(on_triton):
             assert torch.equal(torch.isinf(a), torch.isinf(b)), (method, field)
             finite = torch.isfinite(b)
             assert_close(a[finite], b[finite], n=k.shape[2], msg=f"{method} {field}")
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 5])
+def test_topk_breaks_ties_in_key_order_like_the_naive_path(on_triton, top_k):
+    """Whole-number q and k: many keys tie at the k-th score; the kept ties are the first in key
+    order, across key blocks (BLOCKS cut 40 keys in two), forward and backward."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 20, 8, generator=g).round() for _ in range(3))
+    k, v = (torch.randn(1, 2, 40, 8, generator=g).round() for _ in range(2))
+    masking = Masking.build(None, False, 20, 40, q.device)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    method = "hardmax" if top_k == 1 else "topk"
+    params = {} if top_k == 1 else {"top_k": top_k}
+    out, _ = path_of(nz.get(method))(*leaves, masking, 1.0, False, **params)
+    grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    ref64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = attend(*ref64, method, scale=1.0, impl="naive", **params)
+    want = _grads(ref, ref64, torch.ones_like(ref))
+    for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
+        assert_close(a, b.detach(), n=40, msg=f"{method} {what}")

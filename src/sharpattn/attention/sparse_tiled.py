@@ -694,6 +694,8 @@ def asentmax(
 
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
+    if _on_triton(q, k, v, want_stats) and top_k <= triton_kernels().TOPK_MAX:  # CUDA
+        return triton_kernels().topk_attention(q, k, v, masking, scale, top_k), None
     fn = _TopkSelected if _selects(q, masking, top_k) else _TopkAttention
     out, ent, mass = fn.apply(q, k, v, top_k, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)

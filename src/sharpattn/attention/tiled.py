@@ -423,7 +423,7 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
 
 
 #: the methods with Triton kernels (`triton_elementwise`)
-TRITON_METHODS = ("sigmoid", "relu", "power", "signed", "softpick")
+TRITON_METHODS = ("sigmoid", "relu", "power", "signed", "softpick", "hardmax")
 
 
 def triton_wanted(name: str, device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
@@ -527,6 +527,10 @@ def hardmax(q, k, v, masking, scale, want_stats, *, straight_through=False, bloc
     for q and k (its forward value cancels)."""
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
+    if not straight_through and triton_wanted("hardmax", q.device, q.dtype, want_stats):
+        fixed = blocks if blocks is not None and None not in blocks else None
+        out = _triton_kernels().topk_attention(q, k, v, masking, scale, 1, fixed)  # k = 1
+        return out, None
     grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, *(blocks or (None, None)))
     shape = (grid.b, grid.h, grid.lq, 1)
     best = torch.full(shape, float("-inf"), dtype=grid.dtype, device=q.device)

@@ -57,10 +57,12 @@ Tensor = torch.Tensor
 METHODS = {
     **{"sigmoid": 0, "relu": 1, "power": 2, "signed": 3, "softpick": 4, "softmax": 5},
     "entmax": 6,
+    "topk": 7,
 }
 NORMALISED = tl.constexpr(2)
 SOFTMAX = tl.constexpr(5)
 ENTMAX = tl.constexpr(6)
+TOPK = tl.constexpr(7)
 
 
 @triton.jit
@@ -195,6 +197,9 @@ def _grad(s, dp, row, m, z, dd, p, METHOD: tl.constexpr, POWER: tl.constexpr,
     elif METHOD == 5:  # softmax: D carries the log-sum-exp's gradient (D − dL/dlse)
         w = tl.exp(tl.minimum(s - m, 0.0)) / z
         ds = (dp - dd) * w
+    elif METHOD == 7:  # top-k: softmax on the kept keys (the caller's keep), m = lse
+        w = tl.exp(tl.minimum(s - m, 0.0))
+        ds = (dp - dd) * w
     elif METHOD == 6:  # α-entmax: t = [c1·s − c0]_+, w = t^e/Z, dL/dy = e·t^{e−1}·(dP − r)
         tp, tq = _powers(tl.maximum(row * s - m, 0.0), p, POWER)
         w = tp / z
@@ -249,10 +254,11 @@ def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m,
         rows = b * heads * lq + h * lq + offs_m
         m = tl.load(m_ptr + rows, mask=in_m, other=0.0)[:, None]
         z = tl.load(z_ptr + rows, mask=in_m, other=1.0)[:, None]
-        z = tl.where(z > 0.0, z, 1.0)
+        if METHOD != TOPK:  # top-k's z is the last kept tie's key index
+            z = tl.where(z > 0.0, z, 1.0)
         dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)[:, None]
         row = m
-        if METHOD == ENTMAX:  # and c1 per row
+        if METHOD >= ENTMAX:  # and c1 (entmax) or τ (top-k) per row
             row = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)
             row = row[:, None]
     else:
@@ -351,6 +357,13 @@ def _forward_kernel(
         acc.to(out_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < lq) & (offs_e[None, :] < dv),
     )
+
+
+@triton.jit
+def _kept(s, tau, last, offs_n):
+    """Top-k's kept keys [M, N] among the allowed ones: s > τ, or s = τ at a key index up to
+    ``last`` (the last tie kept, in key order; −1: none)."""
+    return (s > tau) | ((s == tau) & (offs_n[None, :].to(tl.float32) <= last))
 
 
 @triton.jit
@@ -485,6 +498,124 @@ def _entmax_forward_kernel(
 
 
 @triton.jit
+def _block_top(s, K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The K largest of each row of ``s`` [M, BLOCK_N] (BLOCK_N >= K, both powers of 2), in
+    ascending order: for K <= 8 the row maximum taken K times (each time the first one
+    removed), else a sort and its last K."""
+    if K <= 8:
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        slot = tl.arange(0, K)[None, :]
+        x = tl.zeros([s.shape[0], K], dtype=tl.float32) - float("inf")
+        for r in tl.static_range(K):
+            at = tl.argmax(s, 1)
+            x = tl.where(slot == K - 1 - r, tl.max(s, 1)[:, None], x)
+            s = tl.where(cols == at[:, None], -float("inf"), s)
+        return x
+    x = tl.sort(s)
+    if BLOCK_N > K:
+        x = tl.reshape(x, [x.shape[0], BLOCK_N // K, K])
+        last = tl.arange(0, BLOCK_N // K)[None, :, None] == BLOCK_N // K - 1
+        x = tl.max(tl.where(last, x, -float("inf")), 1)
+    return x
+
+
+@triton.jit
+def _topk_forward_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smm, smn,
+    sob, soh, som, sod,
+    heads, group, lq, lk, d, dv, offset, scale, top_k,
+    K: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Top-k attention of one block of query rows: a pass that keeps each row's K largest
+    allowed scores (the block's top K merged into the running ones: the elementwise maximum of
+    one list descending and the other ascending holds the K largest of both, then a sort), so
+    τ = the ``top_k``-th largest and how many of the top k tie at τ; then an output pass:
+    softmax over the kept keys (above τ, and the first ties at τ in key order). Writes out,
+    lse, τ and the key index of the last kept tie (−1: none) per row."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=in_m[:, None] & (offs_d[None, :] < d),
+        other=0.0,
+    )
+    hi = lk
+    if CAUSAL:
+        hi = tl.minimum(lk, start_m + BLOCK_M + offset)
+    top = tl.zeros([BLOCK_M, K], dtype=tl.float32) - float("inf")
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
+            other=0.0,
+        )
+        s = tl.dot(q, k, input_precision=PRECISION) * scale
+        keep = _visible(
+            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        )
+        new = _block_top(tl.where(keep, s, -float("inf")), K, BLOCK_N)  # ascending
+        top = tl.sort(tl.maximum(top, new), descending=True)
+    rank = tl.arange(0, K)[None, :]
+    tau = tl.max(tl.where(rank == top_k - 1, top, -float("inf")), 1)  # −inf: keep every key
+    need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
+    m = tl.max(top, 1)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    z = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ties = tl.zeros([BLOCK_M], dtype=tl.float32)  # ties at τ met so far
+    last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
+            other=0.0,
+        )
+        s = tl.dot(q, k, input_precision=PRECISION) * scale
+        keep = _visible(
+            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        )
+        eq = keep & (s == tau[:, None])
+        order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
+        tie_kept = eq & (order <= need[:, None])
+        last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
+        ties += tl.sum(eq.to(tl.float32), 1)
+        kept = keep & ((s > tau[:, None]) | tie_kept)
+        w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
+        z += tl.sum(w, 1)
+        v = tl.load(
+            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
+            other=0.0,
+        )
+        acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
+    rows = b * heads * lq + h * lq + offs_m
+    tl.store(m_ptr + rows, tl.where(z > 0.0, m + tl.log(tl.where(z > 0.0, z, 1.0)), 0.0), mask=in_m)
+    tl.store(tau_ptr + rows, tau, mask=in_m)
+    tl.store(last_ptr + rows, last, mask=in_m)
+    tl.store(
+        out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
+        acc,
+        mask=in_m[:, None] & (offs_e[None, :] < dv),
+    )
+
+
+@triton.jit
 def _dkdv_kernel(
     q_ptr, k_ptr, v_ptr, row_ptr, mask_ptr, do_ptr, dk_ptr, dv_ptr, m_ptr, z_ptr, dd_ptr,
     sqb, sqh, sqm, sqd,
@@ -547,6 +678,8 @@ def _dkdv_kernel(
                 offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL,
                 HAS_MASK,
             )  # fmt: skip
+            if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
+                keep = keep & _kept(s, row, z, offs_n)
             s = tl.where(keep, s, 0.0)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i·v_j [M, N]
             w, ds, _ = _grad(s, dp, row, m, z, dd, p, METHOD, POWER, SHIFT_ABOVE)
@@ -628,6 +761,8 @@ def _dq_kernel(
         keep = _visible(
             offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
         )
+        if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
+            keep = keep & _kept(s, row, z, offs_n)
         s = tl.where(keep, s, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         _, ds, dy = _grad(s, dp, row, m, z, dd, p, METHOD, POWER, SHIFT_ABOVE)
@@ -924,3 +1059,61 @@ def entmax_attention(
     if theta is not None:
         c1 = theta.to(torch.float32) * (alpha - 1.0)
     return TritonEntmax.apply(q, k, v, c1, float(alpha), masking, scale, blocks)
+
+
+class TritonTopk(torch.autograd.Function):
+    """Top-k attention (softmax over each row's ``top_k`` largest allowed scores, ties in key
+    order) through `_topk_forward_kernel` and the shared backward kernels (METHOD ``topk``:
+    softmax's gradient on the kept keys, found again from τ and the last kept tie)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, top_k, masking, scale, blocks):
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        launch = _Launch("topk", q, k, v, q.new_zeros(1, 1, 1, 1), masking, scale, 1.0, blocks)
+        bm, bn = launch.blocks
+        width = max(2, triton.next_power_of_2(top_k))
+        if width > bn:  # the merge needs a block of keys at least as wide as the kept list
+            bn = width
+        out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
+                          device=q.device)  # fmt: skip
+        lse, tau, last = (launch.rows(q.device) for _ in range(3))
+        mask, _, ms = launch.common()
+        _topk_forward_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
+            q, k, v, mask, out, lse, tau, last,
+            *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
+            launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset,
+            launch.scale, int(top_k),
+            K=width, CAUSAL=launch.causal, HAS_MASK=launch.mask is not None,
+            BLOCK_M=bm, BLOCK_N=bn, PRECISION=launch.precision, **launch.pads,
+        )  # fmt: skip
+        launch.row = tau.unsqueeze(-1)  # the backward reads τ as the row tensor
+        ctx.save_for_backward(q, k, v, out, lse, last)
+        ctx.launch, ctx.top_k = launch, top_k
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse, last = ctx.saved_tensors
+        g = _unit_last(g.to(v.dtype))
+        dq, dk, dv, _ = backward(ctx.launch, q, k, v, g, False, out, lse, last)
+        if ctx.top_k == 1:  # one weight of 1: no gradient in the scores (not rounding's)
+            dq, dk = torch.zeros_like(dq), torch.zeros_like(dk)
+        return dq, dk, dv, None, None, None, None
+
+
+def topk_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    top_k: int,
+    blocks: tuple[int, int] | None = None,
+) -> Tensor:
+    """Top-k attention ``[B, H, Lq, Dv]`` in q's dtype (``top_k`` = 1: hardmax, the first
+    arg-max); ``top_k`` up to `TOPK_MAX`."""
+    return TritonTopk.apply(q, k, v, int(top_k), masking, scale, blocks)
+
+
+#: the largest ``top_k`` the kernel keeps per row (a list of next_power_of_2(top_k) scores)
+TOPK_MAX = 128

@@ -181,6 +181,27 @@ def test_large_scores_stay_finite_and_exact(on_triton, gain):
         assert_close(got, want, n=m, magnitude=size, ulps=16, msg=f"{gain} {what}")
 
 
+def test_strided_inputs_and_the_default_blocks(on_triton):
+    """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice
+    (Dv = 24, stride 2); blocks the tiles would take, (3, 4), are not the kernels' sizes: the
+    kernels take their defaults (one block of 64 here)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 20, 2, 16, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 16]
+    k = torch.randn(1, 1, 16, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
+    v = torch.randn(1, 1, 30, 48, generator=g).to(DEVICE)[..., ::2]
+    assert q.stride(-2) != 16 and k.stride(-1) != 1 and v.stride(-1) == 2
+    mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
+    masking = Masking.build(mask, True, 20, 30, q.device)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, _ = FAST["stick_breaking"](*leaves, masking, 0.25, False, blocks=(3, 4))
+    grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    ref64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = attend(*ref64, "stick_breaking", mask=mask, causal=True, impl="naive")
+    want = torch.autograd.grad(ref, ref64, torch.ones_like(ref))
+    for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=True):
+        assert_close(a, b.detach(), n=30 * 16, ulps=16, msg=what)
+
+
 # ---------------------------------------------------------------------------------------------
 # dispatch
 

@@ -262,7 +262,7 @@ def stick_breaking(
 
     On CUDA (`triton_wanted`: float32, float16 and bfloat16, no statistics) the Triton kernels
     of `triton_stick` run instead, with ``blocks`` as their block sizes when both are powers
-    of 2 of at least 16; float64 and ``want_stats=True`` stay on the tiles.
+    of 2 from 16 to 128; float64 and ``want_stats=True`` stay on the tiles.
     """
     lq, lk = masking.lq, masking.lk
     offset = lk - lq if query_offset is None else int(query_offset)

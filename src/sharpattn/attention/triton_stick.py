@@ -251,8 +251,9 @@ def _backward_kernel(
 
 
 def _fits(blocks) -> bool:
-    """Whether (rows, keys) per block suit the kernels: powers of 2, at least 16 (tl.dot)."""
-    return all(n is not None and n >= 16 and n & (n - 1) == 0 for n in blocks)
+    """Whether (rows, keys) per block suit the kernels: powers of 2 from 16 (tl.dot's smallest)
+    to 128 (a tile's scores live in registers; the tiles' sizes, thousands, do not)."""
+    return all(n is not None and 16 <= n <= 128 and n & (n - 1) == 0 for n in blocks)
 
 
 class _Launch:
@@ -348,6 +349,6 @@ def stick_attention(
 ) -> Tensor:
     """Stick-breaking attention ``[B, H, Lq, Dv]`` in q's dtype: query i takes keys j <= i +
     ``diagonal`` inside ``masking``'s user mask (the causal edge is in ``diagonal``); ``blocks``
-    (query rows, keys) per block when both are powers of 2 of at least 16, else the defaults
+    (query rows, keys) per block when both are powers of 2 from 16 to 128, else the defaults
     (`triton_elementwise.BLOCKS_16BIT` / ``BLOCKS_FLOAT32``)."""
     return TritonStick.apply(q, k, v, masking, scale, diagonal, blocks)

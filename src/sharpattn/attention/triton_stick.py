@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .masking import Masking
-from .triton_elementwise import _blocks, _pad, _unit_last, _visible
+from .triton_elementwise import _pad, _unit_last, _visible
 
 Tensor = torch.Tensor
 
@@ -250,6 +250,21 @@ def _backward_kernel(
 # Launching
 
 
+#: warps per program: with 4, every block size below spills registers in the backward
+NUM_WARPS = 8
+
+
+def _default_blocks(dtype: torch.dtype, d: int, dv: int) -> tuple[int, int]:
+    """(query rows, keys) per block: the largest sizes whose kernels, with `NUM_WARPS` and a
+    user mask, compile for sm_90 without register spills (ptxas's resource usage; not timed on
+    a GPU): 16-bit (64, 32), at head dims above 64 (32, 64); float32 (its products on the
+    FMA units, not tensor cores) (64, 32), at head dims above 64 (16, 32)."""
+    wide = max(d, dv) > 64
+    if dtype == torch.float32:
+        return (16, 32) if wide else (64, 32)
+    return (32, 64) if wide else (64, 32)
+
+
 def _fits(blocks) -> bool:
     """Whether (rows, keys) per block suit the kernels: powers of 2 from 16 (tl.dot's smallest)
     to 128 (a tile's scores live in registers; the tiles' sizes, thousands, do not)."""
@@ -268,7 +283,7 @@ class _Launch:
             self.mask = masking.mask.expand(self.b, self.h, self.lq, self.lk).view(torch.uint8)
         self.diag, self.scale = int(diagonal), float(scale)
         self.blocks = blocks if blocks is not None and _fits(blocks) else None
-        self.blocks = self.blocks or _blocks(q.dtype, self.d, self.dv)
+        self.blocks = self.blocks or _default_blocks(q.dtype, self.d, self.dv)
         self.grid = (triton.cdiv(self.lq, self.blocks[0]), self.b * self.h)
         # float32 products in IEEE float32 (TF32 would cost float32 inputs 3 decimal digits)
         precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -279,6 +294,7 @@ class _Launch:
             D_PAD=_pad(self.d),
             DV_PAD=_pad(self.dv),
             PRECISION=precision,
+            num_warps=NUM_WARPS,
         )
 
     def mask_args(self, any_tensor: Tensor):
@@ -350,5 +366,5 @@ def stick_attention(
     """Stick-breaking attention ``[B, H, Lq, Dv]`` in q's dtype: query i takes keys j <= i +
     ``diagonal`` inside ``masking``'s user mask (the causal edge is in ``diagonal``); ``blocks``
     (query rows, keys) per block when both are powers of 2 from 16 to 128, else the defaults
-    (`triton_elementwise.BLOCKS_16BIT` / ``BLOCKS_FLOAT32``)."""
+    (`_default_blocks`)."""
     return TritonStick.apply(q, k, v, masking, scale, diagonal, blocks)

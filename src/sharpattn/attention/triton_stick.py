@@ -106,7 +106,12 @@ def _key_blocks(start_m, lk, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     return (tl.maximum(hi, 0) + BLOCK_N - 1) // BLOCK_N
 
 
-@triton.jit
+#: the sizes, which differ from call to call: not specialised (one compilation serves every
+#: sequence length; the strides still are, for the loads)
+SIZES = ["heads", "group", "lq", "lk", "d", "dv", "diag"]
+
+
+@triton.jit(do_not_specialize=SIZES)
 def _forward_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
     sqb, sqh, sqm, sqd,
@@ -161,7 +166,7 @@ def _forward_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SIZES + ["kv_heads"])
 def _backward_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, dd_ptr, dq_ptr, dk_ptr, dv_ptr,
     sqb, sqh, sqm, sqd,

@@ -46,18 +46,19 @@ import sharpattn
 from sharpattn import diagnostics, normalizers
 
 # every module of the library's layers imports, but the optional kernels (the gpu extra)
-KERNELS = {"sharpattn.attention.triton_elementwise"}
+KERNELS = {"sharpattn.attention.triton_elementwise", "sharpattn.attention.triton_stick"}
 for package in ("normalizers", "attention", "diagnostics", "models", "tasks", "integrations"):
     root = __import__(f"sharpattn.{package}", fromlist=["_"])
     for info in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
         if info.name not in KERNELS:
             __import__(info.name)
 import sharpattn.hf  # importable; its functions need transformers
-from sharpattn.attention import tiled
+from sharpattn.attention import stick_tiled, tiled
 
-# without triton the CUDA path of sigmoid and relu is the tiles'
+# without triton the CUDA path of sigmoid, relu and stick-breaking is the tiles'
 assert tiled._triton_kernels() is None
 assert not tiled.triton_wanted("sigmoid", torch.device("cuda"), torch.float16, False)
+assert not stick_tiled.triton_wanted(torch.device("cuda"), torch.float16, False)
 
 torch.manual_seed(0)
 q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 4)

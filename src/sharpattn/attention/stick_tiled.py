@@ -28,6 +28,11 @@ attention's backward).
 On float32 CPU tiles that are unmasked or causal, the element-wise work of a tile (log σ, the
 running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row
 (`native.stick_forward`, `native.stick_backward`), the same sums in the same order.
+
+On CUDA in float32, float16 and bfloat16 without statistics (`triton_wanted`), the same walk runs
+as Triton kernels (`triton_stick`: one program per block of query rows, key blocks from the
+diagonal back, the running sums carried in registers; dk and dv added atomically), unless
+``SHARPATTN_TRITON=0``; float64 and calls that want statistics stay on the tiles.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .devices import triton_ready
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiled import _exp_, empty_result
@@ -227,6 +233,13 @@ def _sees_past_itself(masking: Masking, offset: int) -> bool:
     return bool(bad)
 
 
+def triton_wanted(device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
+    """Whether a call runs the Triton kernels (`triton_stick`): no statistics wanted (the
+    kernels give none) and `devices.triton_ready` (a CUDA tensor, float32/float16/bfloat16,
+    not ``SHARPATTN_TRITON=0``)."""
+    return not want_stats and triton_ready(device, dtype)
+
+
 def stick_breaking(
     q: Tensor,
     k: Tensor,
@@ -246,6 +259,10 @@ def stick_breaking(
     ValueError; with ``causal=True`` (and the default offset) that cannot happen and nothing is
     checked (no host synchronisation); without it the sizes decide, or, with a user mask, one
     reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`.
+
+    On CUDA (`triton_wanted`: float32, float16 and bfloat16, no statistics) the Triton kernels
+    of `triton_stick` run instead, with ``blocks`` as their block sizes when both are powers
+    of 2 from 16 to 128; float64 and ``want_stats=True`` stay on the tiles.
     """
     lq, lk = masking.lq, masking.lk
     offset = lk - lq if query_offset is None else int(query_offset)
@@ -260,6 +277,10 @@ def stick_breaking(
     diagonal = offset if attend_current else offset - 1
     if masking.causal:
         diagonal = min(diagonal, masking.offset)
+    if triton_wanted(q.device, q.dtype, want_stats):
+        from . import triton_stick  # imports triton: reached only where triton_ready says so
+
+        return triton_stick.stick_attention(q, k, v, masking, scale, diagonal, blocks), None
     walk = _Walk(masking, scale, tuple(blocks or (None, None)), diagonal)
     out, ent, mass = _StickAttention.apply(q, k, v, walk, want_stats)
     if not want_stats:

@@ -1,0 +1,375 @@
+"""Stick-breaking attention as Triton kernels on CUDA, forward and backward.
+
+The weights are the normalizer's (`sharpattn.normalizers.stick_breaking`): query i's allowed
+keys j <= i + ``diagonal`` (the caller's `stick_tiled._Walk.diagonal`: the key before the
+query's own position, or that position with ``attend_current``), inside a user mask, take
+
+    log w_ij = log σ(s_ij) + Σ_{j<k, k allowed} log σ(−s_ik)
+
+each of the stick that the nearer keys left. Each program holds a block of query rows and walks
+the key blocks from the diagonal back to key 0, nearest first, carrying per row the running
+Σ log σ(−s) of the keys already passed (`_weights`). A key block is loaded in reversed order
+(nearest key first), so the sum over the nearer keys inside it is an exclusive cumulative sum
+along the block (`_exclusive_cumsum`: the inclusive sum less each key's own term, both in
+float64, so that the large log σ(−s) of a key with a large score does not leave its float32
+rounding in the sums of its neighbours). log σ(x) = min(x, 0) −
+log1p(e^{−|x|}) (`_log_sigmoid`), finite at any score, and log w <= 0, so nothing overflows.
+Masked keys (the user mask, past the diagonal, past Lk) take no share and give no log σ(−s).
+out_i = Σ_j w_ij·v_j with w cast to v's dtype, accumulated in float32 and kept in float32 (the
+backward's D_i = dO_i·out_i is taken from it in PyTorch).
+
+Backward (`_grad`, as ``stick_tiled``): with g_ij = dO_i·v_j,
+
+    dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,   A_ik = D_i − Σ_{j>k} w_ij·g_ij,
+
+the last sum carried from the diagonal outwards in the same walk as the forward's log carry
+(and inside a block the same exclusive scan). One kernel over query blocks gives dq and adds
+each block's dk_j = scale·Σ_i ds_ij·q_i and dv_j = Σ_i w_ij·dO_i into float32 buffers with
+atomic adds: a key's gradient needs, for every query row, the sums over all the keys nearer to
+that query, which only a walk over those keys gives, so a kernel over key blocks (as
+`triton_elementwise`'s, without atomics) would either walk them again for each key block
+(O(n³)) or store them per (row, key block) (O(n²/block) memory). The float32 sums of dk and dv
+are therefore not bitwise reproducible from run to run (rounding-level differences).
+
+s = scale·q·kᵀ in float32 (float32 inputs multiply in IEEE float32, not TF32). Rows that see
+no key give 0 and zero gradients. Causal only (the caller, `stick_tiled.stick_breaking`, has
+refused masks that see past a query's position); GQA by ``h // group``; Dv != D and head dims
+up to 128 by padded loads.
+
+This module imports triton; `stick_tiled` imports it only for CUDA tensors. The tests run
+these kernels on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .masking import Masking
+from .triton_elementwise import _pad, _unit_last, _visible
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _log_sigmoid(x):
+    """log σ(x) = min(x, 0) − log1p(e^{−|x|}), log1p(t) = log(1 + t)·t/((1 + t) − 1) (exact to
+    a few ulps where 1 + t rounds, t where it rounds to 1)."""
+    t = tl.exp(-tl.abs(x))
+    u = 1.0 + t
+    small = u == 1.0
+    log1p = tl.where(small, t, tl.log(u) * (t / tl.where(small, 1.0, u - 1.0)))
+    return tl.minimum(x, 0.0) - log1p
+
+
+@triton.jit
+def _exclusive_cumsum(x):
+    """Σ_{p' < p} x[:, p'] along the block's keys (nearest first), float32 [M, N]: the running
+    sum and the subtraction of x_p in float64, whose rounding (N·2^-53 of Σ|x|) stays far below
+    float32's. In float32 the subtraction would leave eps·|x_p| in key p's sum; measured in the
+    interpreter with q times 30 (scores to ~100): output errors of 6-7 ulps of max |v| instead
+    of 3 (q times 300: 26-33 instead of 3-12; the scores' own float32 rounding grows with them
+    either way)."""
+    x64 = x.to(tl.float64)
+    return (tl.cumsum(x64, 1) - x64).to(tl.float32)
+
+
+@triton.jit
+def _weights(s, keep, carry):
+    """(w, log σ(s), the next carry) of scores ``s`` [M, N] (disallowed ones 0), keys nearest
+    first: log w = log σ(s) + carry + Σ over the nearer keys of the block of log σ(−s), w = 0
+    where not ``keep``; ``carry`` [M] is Σ log σ(−s) over the allowed keys already passed."""
+    log_pos = _log_sigmoid(s)
+    log_neg = tl.where(keep, log_pos - s, 0.0)  # log σ(−s) = log σ(s) − s
+    log_w = log_pos + (carry[:, None] + _exclusive_cumsum(log_neg))
+    w = tl.where(keep, tl.exp(log_w), 0.0)
+    return w, log_pos, carry + tl.sum(log_neg, 1)
+
+
+@triton.jit
+def _grad(w, log_pos, gv, keep, dd, later):
+    """(dL/ds [M, N], the next ``later``) given g = dO·vᵀ: dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,
+    A_ik = D_i − Σ_{j>k} w_ij·g_ij; ``later`` [M] is Σ w·g over the keys already passed,
+    ``dd`` [M] is D = dO·out."""
+    wg = w * gv
+    nearer = later[:, None] + _exclusive_cumsum(wg)
+    ds = wg - tl.exp(log_pos) * (dd[:, None] - nearer)
+    return tl.where(keep, ds, 0.0), later + tl.sum(wg, 1)
+
+
+@triton.jit
+def _key_blocks(start_m, lk, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """How many key blocks (from key 0) hold a key that rows start_m.. start_m + BLOCK_M − 1
+    may see: those up to the last row's diagonal."""
+    hi = tl.minimum(lk, start_m + BLOCK_M + diag)
+    return (tl.maximum(hi, 0) + BLOCK_N - 1) // BLOCK_N
+
+
+#: the sizes, which differ from call to call: not specialised (one compilation serves every
+#: sequence length; the strides still are, for the loads)
+SIZES = ["heads", "group", "lq", "lk", "d", "dv", "diag"]
+
+
+@triton.jit(do_not_specialize=SIZES)
+def _forward_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smm, smn,
+    sob, soh, som, sod,
+    heads, group, lq, lk, d, dv, diag, scale,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """out (float32) of one block of query rows."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group  # the query head's key/value head (GQA)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, DV_PAD)
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=(offs_m[:, None] < lq) & (offs_d[None, :] < d),
+        other=0.0,
+    )
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    carry = tl.zeros([BLOCK_M], dtype=tl.float32)
+    blocks = _key_blocks(start_m, lk, diag, BLOCK_M, BLOCK_N)
+    for t in range(0, blocks):  # from the diagonal back, each block's keys nearest first
+        offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
+        k = tl.load(
+            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
+            other=0.0,
+        )  # kᵀ [D, N]
+        keep = _visible(
+            offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
+        )
+        s = tl.where(keep, tl.dot(q, k, input_precision=PRECISION) * scale, 0.0)
+        w, _, carry = _weights(s, keep, carry)
+        v = tl.load(
+            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
+            other=0.0,
+        )
+        acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    tl.store(
+        out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
+        acc,
+        mask=(offs_m[:, None] < lq) & (offs_e[None, :] < dv),
+    )
+
+
+@triton.jit(do_not_specialize=SIZES + ["kv_heads"])
+def _backward_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, dd_ptr, dq_ptr, dk_ptr, dv_ptr,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smm, smn,
+    sgb, sgh, sgm, sgd,
+    heads, kv_heads, group, lq, lk, d, dv, diag, scale,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dq of one block of query rows (contiguous [B, H, Lq, D]), and its share of dk and dv
+    added into float32 buffers (contiguous [B, Hkv, Lk, ·]); D = dO·out contiguous [B, H, Lq]."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=in_m[:, None] & (offs_d[None, :] < d),
+        other=0.0,
+    )
+    do = tl.load(
+        do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
+        mask=in_m[:, None] & (offs_e[None, :] < dv),
+        other=0.0,
+    )
+    rows = b * heads * lq + h * lq + offs_m
+    dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    carry = tl.zeros([BLOCK_M], dtype=tl.float32)
+    later = tl.zeros([BLOCK_M], dtype=tl.float32)
+    blocks = _key_blocks(start_m, lk, diag, BLOCK_M, BLOCK_N)
+    for t in range(0, blocks):
+        offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
+        in_n = offs_n < lk
+        k = tl.load(
+            k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+            mask=in_n[:, None] & (offs_d[None, :] < d),
+            other=0.0,
+        )  # [N, D]
+        v = tl.load(
+            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+            mask=in_n[:, None] & (offs_e[None, :] < dv),
+            other=0.0,
+        )  # [N, Dv]
+        keep = _visible(
+            offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
+        )
+        s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
+        w, log_pos, carry = _weights(s, keep, carry)
+        # the weights as the forward's out took them (rounded to v's dtype), so that D = dO·out
+        # is Σ_j w_ij·g_ij of these very weights: A = D − Σ_{j>k} w·g then holds no rounding
+        # of D, which every key's σ(s)·A would carry
+        w = w.to(v.dtype).to(tl.float32)
+        gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # g_ij = dO_i·v_j [M, N]
+        ds, later = _grad(w, log_pos, gv, keep, dd, later)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        keys = b * kv_heads * lk + hk * lk + offs_n
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION) * scale
+        tl.atomic_add(
+            dk_ptr + keys[:, None] * d + offs_d[None, :],
+            dk,
+            mask=in_n[:, None] & (offs_d[None, :] < d),
+        )
+        dvb = tl.dot(tl.trans(w.to(do.dtype)), do, input_precision=PRECISION)
+        tl.atomic_add(
+            dv_ptr + keys[:, None] * dv + offs_e[None, :],
+            dvb,
+            mask=in_n[:, None] & (offs_e[None, :] < dv),
+        )
+    tl.store(
+        dq_ptr + rows[:, None] * d + offs_d[None, :],
+        (dq * scale).to(dq_ptr.dtype.element_ty),
+        mask=in_m[:, None] & (offs_d[None, :] < d),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching
+
+
+#: warps per program: with 4, every block size below spills registers in the backward
+NUM_WARPS = 8
+
+
+def _default_blocks(dtype: torch.dtype, d: int, dv: int) -> tuple[int, int]:
+    """(query rows, keys) per block: the largest sizes whose kernels, with `NUM_WARPS` and a
+    user mask, compile for sm_90 without register spills (ptxas's resource usage; not timed on
+    a GPU): 16-bit (64, 32), at head dims above 64 (32, 64); float32 (its products on the
+    FMA units, not tensor cores) (64, 32), at head dims above 64 (16, 32)."""
+    wide = max(d, dv) > 64
+    if dtype == torch.float32:
+        return (16, 32) if wide else (64, 32)
+    return (32, 64) if wide else (64, 32)
+
+
+def _fits(blocks) -> bool:
+    """Whether (rows, keys) per block suit the kernels: powers of 2 from 16 (tl.dot's smallest)
+    to 128 (a tile's scores live in registers; the tiles' sizes, thousands, do not)."""
+    return all(n is not None and 16 <= n <= 128 and n & (n - 1) == 0 for n in blocks)
+
+
+class _Launch:
+    """What the kernels of one call share: sizes, the mask's broadcast strides, switches."""
+
+    def __init__(self, q, k, v, masking: Masking, scale, diagonal, blocks):
+        self.b, self.h, self.lq, self.d = q.shape
+        self.hkv, self.lk, self.dv = k.shape[1], k.shape[2], v.shape[-1]
+        self.group = self.h // self.hkv
+        self.mask = None
+        if masking.mask is not None:  # a view: uint8 of the same bytes, broadcast strides
+            self.mask = masking.mask.expand(self.b, self.h, self.lq, self.lk).view(torch.uint8)
+        self.diag, self.scale = int(diagonal), float(scale)
+        self.blocks = blocks if blocks is not None and _fits(blocks) else None
+        self.blocks = self.blocks or _default_blocks(q.dtype, self.d, self.dv)
+        self.grid = (triton.cdiv(self.lq, self.blocks[0]), self.b * self.h)
+        # float32 products in IEEE float32 (TF32 would cost float32 inputs 3 decimal digits)
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.switches = dict(
+            HAS_MASK=self.mask is not None,
+            BLOCK_M=self.blocks[0],
+            BLOCK_N=self.blocks[1],
+            D_PAD=_pad(self.d),
+            DV_PAD=_pad(self.dv),
+            PRECISION=precision,
+            num_warps=NUM_WARPS,
+        )
+
+    def mask_args(self, any_tensor: Tensor):
+        if self.mask is None:  # any pointer: never read
+            return any_tensor, (0, 0, 0, 0)
+        return self.mask, self.mask.stride()
+
+
+def forward(launch: _Launch, q, k, v) -> Tensor:
+    """out ``[B, H, Lq, Dv]`` in float32."""
+    out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
+                      device=q.device)  # fmt: skip
+    mask, ms = launch.mask_args(out)
+    _forward_kernel[launch.grid](
+        q, k, v, mask, out,
+        *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
+        launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.diag,
+        launch.scale, **launch.switches,
+    )  # fmt: skip
+    return out
+
+
+def backward(launch: _Launch, q, k, v, out, g):
+    """(dq, dk, dv) in the inputs' dtypes; D_i = dO_i·out_i is taken here (float32)."""
+    dd = torch.linalg.vecdot(g.to(torch.float32), out).contiguous()
+    dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(launch.b, launch.hkv, launch.lk, launch.d, dtype=torch.float32,
+                     device=q.device)  # fmt: skip
+    dv = torch.zeros(launch.b, launch.hkv, launch.lk, launch.dv, dtype=torch.float32,
+                     device=q.device)  # fmt: skip
+    mask, ms = launch.mask_args(dd)
+    _backward_kernel[launch.grid](
+        q, k, v, mask, g, dd, dq, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *ms, *g.stride(),
+        launch.h, launch.hkv, launch.group, launch.lq, launch.lk, launch.d, launch.dv,
+        launch.diag, launch.scale, **launch.switches,
+    )  # fmt: skip
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+class TritonStick(torch.autograd.Function):
+    """Stick-breaking attention through the kernels above, gradients for q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, masking, scale, diagonal, blocks):
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        launch = _Launch(q, k, v, masking, scale, diagonal, blocks)
+        out = forward(launch, q, k, v)
+        ctx.save_for_backward(q, k, v, out)  # out in float32, kept for D = dO·out
+        ctx.launch = launch
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out = ctx.saved_tensors
+        g = _unit_last(g.to(v.dtype))  # dO in the inputs' dtype for the products
+        return (*backward(ctx.launch, q, k, v, out, g), None, None, None, None)
+
+
+def stick_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    diagonal: int,
+    blocks: tuple[int | None, int | None] | None = None,
+) -> Tensor:
+    """Stick-breaking attention ``[B, H, Lq, Dv]`` in q's dtype: query i takes keys j <= i +
+    ``diagonal`` inside ``masking``'s user mask (the causal edge is in ``diagonal``); ``blocks``
+    (query rows, keys) per block when both are powers of 2 from 16 to 128, else the defaults
+    (`_default_blocks`)."""
+    return TritonStick.apply(q, k, v, masking, scale, diagonal, blocks)

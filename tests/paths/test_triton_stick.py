@@ -1,0 +1,234 @@
+"""The stick-breaking Triton kernels (``attention/triton_stick.py``) against the naive path in
+float64: outputs and the gradients of q, k and v, causal with Lq = Lk, Lq < Lk and Lq > Lk,
+padding, per-row and 2-D masks inside the causal one (an all-padded batch item, an empty row),
+``attend_current``, GQA, Dv != D, head dims padded up to 128, sizes that are not multiples of
+the blocks, and scores of ±30 and ±1e4.
+
+On the CPU they run in Triton's interpreter, float32 and float16 (the interpreter's bfloat16
+products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
+``tests/conftest.py`` does. With ``SHARPATTN_TEST_DEVICE=cuda`` the same tests run the compiled
+kernels on the GPU, bfloat16 too. The kernels run through the registry's fast path
+(``FAST["stick_breaking"]``) with ``stick_tiled.triton_wanted`` made to say yes for CPU tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from precision import assert_close, tolerance
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
+
+from sharpattn.attention import attend, stick_tiled  # noqa: E402
+from sharpattn.attention import triton_stick as KERNELS  # noqa: E402
+from sharpattn.attention.fast import FAST  # noqa: E402
+from sharpattn.attention.masking import Masking  # noqa: E402
+
+# Not marked `numerical`: the interpreter computes in NumPy, not in torch's CPU kernels (as
+# tests/paths/test_triton.py).
+
+DEVICE = "cuda" if os.environ.get("SHARPATTN_TEST_DEVICE") == "cuda" else "cpu"
+if DEVICE == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
+    pytest.skip(
+        "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
+        allow_module_level=True,
+    )
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+BLOCKS = (16, 16)  # query rows, keys per block: several blocks of each at n <= 45
+
+# name: (B, H, Hkv, Lq, Lk, D, Dv, mask, params); every case is causal
+CASES = {
+    "causal": (1, 2, 2, 40, 40, 16, 16, None, {}),  # Lq = Lk, D = Dv, no GQA
+    "lq_lt_lk": (1, 2, 1, 21, 45, 8, 5, None, {}),  # rows see Lk − Lq more keys; GQA, Dv != D
+    "lq_gt_lk": (1, 2, 1, 45, 27, 8, 5, None, {}),  # the first 19 rows see nothing
+    "padding": (2, 1, 1, 19, 37, 8, 5, "pad", {}),  # batch 1 all padding: empty rows
+    "per_row": (1, 2, 1, 33, 34, 8, 5, "rows", {}),  # row 4 empty
+    "2d": (1, 2, 2, 29, 35, 8, 12, "2d", {}),
+    "attend_current": (1, 2, 1, 37, 37, 8, 5, "pad", {"attend_current": True}),
+    "wide_heads": (1, 2, 1, 24, 30, 72, 40, None, {}),  # D, Dv padded to 128, 64
+}
+
+
+@pytest.fixture
+def on_triton(monkeypatch):
+    """The stick-breaking fast path takes the Triton kernels for the CPU tensors here."""
+    monkeypatch.setattr(stick_tiled, "triton_wanted", lambda device, dtype, stats: not stats)
+
+
+def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
+    """(q, k, v, mask, params) in ``dtype``, leaves requiring grad; q times ``gain``."""
+    b, h, hkv, lq, lk, d, dv, kind, params = CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g) * gain
+    k = torch.randn(b, hkv, lk, d, generator=g)
+    v = torch.randn(b, hkv, lk, dv, generator=g)
+    mask = None
+    if kind == "pad":
+        mask = torch.rand(b, 1, 1, lk, generator=g) < 0.7
+        mask[1:] = False
+    elif kind == "rows":
+        mask = torch.rand(b, h, lq, lk, generator=g) < 0.6
+        mask[:, :, 4] = False
+    elif kind == "2d":
+        mask = torch.rand(lq, lk, generator=g) < 0.6
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    return q, k, v, (mask if mask is None else mask.to(DEVICE)), dict(params)
+
+
+def run(path, q, k, v, mask, params):
+    """(output, gradients of q, k, v) of one path for a fixed output gradient."""
+    if path == "triton":
+        masking = Masking.build(mask, True, q.shape[2], k.shape[2], q.device)
+        scale = 1 / math.sqrt(q.shape[-1])
+        out, stats = FAST["stick_breaking"](q, k, v, masking, scale, False, blocks=BLOCKS,
+                                            **params)  # fmt: skip
+        assert stats is None
+    else:
+        out = attend(q, k, v, "stick_breaking", mask=mask, causal=True, impl="naive", **params)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    return out.detach(), torch.autograd.grad(out, (q, k, v), g)
+
+
+def _as(dtype, q, k, v):
+    return [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+
+
+def _sees_a_key(q, k, mask, params) -> torch.Tensor:
+    """[B, H, Lq] whether each query row takes a share of some key (its own only with
+    ``attend_current``)."""
+    lq, lk = q.shape[2], k.shape[2]
+    last = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+    if not params.get("attend_current"):
+        last = last - 1
+    allowed = torch.arange(lk, device=q.device) <= last
+    if mask is not None:
+        allowed = allowed & Masking.build(mask, False, lq, lk, q.device).mask
+    return allowed.expand(q.shape[0], q.shape[1], lq, lk).any(-1)
+
+
+NAMES = ("out", "dq", "dk", "dv")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES)
+def test_triton_stick_equals_the_float64_naive_path(on_triton, case, dtype):
+    q, k, v, mask, params = inputs(case, dtype)
+    out, grads = run("triton", q, k, v, mask, params)
+    assert out.dtype == dtype
+    assert [g.dtype for g in grads] == [dtype] * 3
+    ref = run("naive", *_as(torch.float64, q, k, v), mask, params)
+    lq, lk, d = q.shape[2], k.shape[2], q.shape[-1]
+    if dtype != torch.float32:
+        # within 4x the error of the same computation eagerly in 16 bits (weights rounded to
+        # 16 bits before the products, as both do), plus a quarter of the rounding of the
+        # largest entry
+        eager = run("naive", *_as(dtype, q, k, v), mask, params)
+    for i, (what, got, want) in enumerate(
+        zip(NAMES, (out, *grads), (ref[0], *ref[1]), strict=True)
+    ):
+        assert torch.isfinite(got).all(), what
+        if dtype == torch.float32:
+            # as tests/paths/test_stick_tiled.py: a gradient sums Lk d-sized products and two
+            # running sums (Σ w·g from the diagonal, D − that): 16 ulps
+            n = lk if i == 0 else max(lk, lq * q.shape[1] // k.shape[1]) * d
+            assert_close(got, want, n=n, ulps=8 if i == 0 else 16, msg=what)
+            continue
+        ours = float((got.double() - want).abs().max())
+        theirs = float((eager[0] if i == 0 else eager[1][i - 1]).double().sub(want).abs().max())
+        floor = tolerance(dtype, magnitude=float(want.abs().max()), ulps=0.25)
+        assert ours <= 4 * theirs + floor, f"{what}: {ours:.3g} against eager {theirs:.3g}"
+    empty = ~_sees_a_key(q, k, mask, params)
+    if case in ("lq_gt_lk", "padding", "per_row"):
+        assert empty.any()
+    assert (out[empty] == 0).all()
+    assert (grads[0][empty] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# large scores
+
+
+@pytest.mark.parametrize("gain", [30.0, 1e4], ids=["q_x30", "q_x1e4"])
+def test_large_scores_stay_finite_and_exact(on_triton, gain):
+    """Scores past 100 (q times 30: log σ(−s) of −100 next to keys of weight near 1) and of
+    ±1e4 (no NaN, no overflow: log w <= 0 everywhere). A gradient is held to the size of its terms: dq_i sums
+    ds_ij·scale·k_j and dk_j sums ds_ij·scale·q_i, with |ds| up to 2·max |dO_i·v_j| (where σ(s)
+    is 0 or 1, dq itself is 0 up to rounding: D − Σ w·g cancels)."""
+    q, k, v, mask, params = inputs("per_row", torch.float32, gain=gain)
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q.detach() @ k.detach().repeat_interleave(2, 1).transpose(-1, -2) * scale
+    assert float(s.abs().max()) > 3 * gain
+    out, grads = run("triton", q, k, v, mask, params)
+    ref = run("naive", *_as(torch.float64, q, k, v), mask, params)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))  # run's dO
+    dp = float((g @ v.detach().repeat_interleave(2, 1).transpose(-1, -2)).abs().max())
+    sizes = (
+        float(v.detach().abs().max()),
+        2 * dp * scale * float(k.detach().abs().max()),
+        2 * dp * scale * float(q.detach().abs().max()),
+        float(g.abs().max()),
+    )
+    n = (k.shape[2], k.shape[2] * q.shape[-1], 2 * q.shape[2] * q.shape[-1], 2 * q.shape[2])
+    for what, got, want, size, m in zip(
+        NAMES, (out, *grads), (ref[0], *ref[1]), sizes, n, strict=True
+    ):
+        assert torch.isfinite(got).all(), what
+        # two running sums in a row (the log carry, Σ w·g from the diagonal): 16 ulps
+        assert_close(got, want, n=m, magnitude=size, ulps=16, msg=f"{gain} {what}")
+
+
+def test_strided_inputs_and_the_default_blocks(on_triton):
+    """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice
+    (Dv = 24, stride 2); blocks the tiles would take, (3, 4), are not the kernels' sizes: the
+    kernels take their defaults (one block of 64 here)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 20, 2, 16, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 16]
+    k = torch.randn(1, 1, 16, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
+    v = torch.randn(1, 1, 30, 48, generator=g).to(DEVICE)[..., ::2]
+    assert q.stride(-2) != 16 and k.stride(-1) != 1 and v.stride(-1) == 2
+    mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
+    masking = Masking.build(mask, True, 20, 30, q.device)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, _ = FAST["stick_breaking"](*leaves, masking, 0.25, False, blocks=(3, 4))
+    grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    ref64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = attend(*ref64, "stick_breaking", mask=mask, causal=True, impl="naive")
+    want = torch.autograd.grad(ref, ref64, torch.ones_like(ref))
+    for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=True):
+        assert_close(a, b.detach(), n=30 * 16, ulps=16, msg=what)
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_triton_is_wanted_for_cuda_tensors_without_statistics(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert stick_tiled.triton_wanted(cuda, dtype, False)
+    assert not stick_tiled.triton_wanted(cuda, torch.float64, False)  # float64: the tiles
+    assert not stick_tiled.triton_wanted(cuda, torch.float32, True)  # statistics: the tiles
+    assert not stick_tiled.triton_wanted(cpu, torch.float32, False)
+    monkeypatch.setenv("SHARPATTN_TRITON", "0")
+    assert not stick_tiled.triton_wanted(cuda, torch.float16, False)
+
+
+def test_attend_takes_the_kernels_on_the_triton_route_and_the_tiles_otherwise(monkeypatch):
+    """CPU tensors never reach the kernels; with `triton_wanted` saying yes, ``attend``'s fused
+    path does (and agrees with the tiles), except for ``return_stats``."""
+    calls = []
+    real = KERNELS.stick_attention
+    monkeypatch.setattr(KERNELS, "stick_attention", lambda *a: calls.append(1) or real(*a))
+    q, k, v, mask, _ = inputs("lq_lt_lk", torch.float32)
+    tiles = attend(q, k, v, "stick_breaking", causal=True, impl="fused")
+    assert not calls
+    monkeypatch.setattr(stick_tiled, "triton_wanted", lambda device, dtype, stats: not stats)
+    attend(q, k, v, "stick_breaking", causal=True, impl="fused", return_stats=True)
+    assert not calls
+    out = attend(q, k, v, "stick_breaking", causal=True, impl="fused")
+    assert calls
+    assert_close(out, tiles, n=k.shape[2])

@@ -53,9 +53,15 @@ B, H, D = 1, 4, 64
 #: methods with Triton kernels on CUDA (``sink`` and ``adaptive``: the softmax kernel with its
 #: log-sum-exp), and the rows of their ``impl="auto"`` path without them (``SHARPATTN_TRITON=0``:
 #: the tiles; ``sink`` the sink as one more key of SDPA)
-TRITON = ("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick", "sink", "adaptive")
-TILES = [f"{m}:tiles" for m in ("sigmoid", "relu", "power", "signed", "softpick", "sink",
-                                "adaptive")]  # fmt: skip
+TRITON = (
+    *("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick", "sink", "adaptive"),
+    *("sparsemax", "entmax15", "entmax", "asentmax", "topk", "hardmax", "stick_breaking"),
+)
+TILES = [
+    f"{m}:tiles"
+    for m in TRITON
+    if "@" not in m and m not in ("entmax", "asentmax")  # their kernels are sparsemax's
+]
 
 #: the targets (forward+backward time as a ratio to SDPA's flash kernel, bfloat16, n >= 4,096)
 #: by method: the softmax family and the sink within FlexAttention's distance of flash, the
@@ -65,7 +71,21 @@ TARGETS = {
     "sink": 1.1,
     **dict.fromkeys(("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick"), 1.3),
     "adaptive": 2.2,
+    **dict.fromkeys(("sparsemax", "entmax15", "entmax", "asentmax", "stick_breaking"), 2.0),
+    **dict.fromkeys(("topk", "hardmax"), 1.5),
 }
+#: the sparse maps: each cell also reports the fraction of nonzero weights (their support)
+SPARSE = ("sparsemax", "entmax15", "entmax", "asentmax", "entmax@alpha=1.3")
+
+
+def support(method: str, params: dict, q, k, v, causal: bool, rows: int = 64) -> float:
+    """The fraction of a sparse map's weights that are nonzero among the visible ones, on the
+    last ``rows`` query rows (the naive path's weights: O(rows·n) memory)."""
+    with torch.no_grad():
+        _, w = attend(q[..., -rows:, :], k, v, method, causal=causal, return_weights=True,
+                      impl="naive", **params)  # fmt: skip
+    visible = w.shape[-1] * rows - (rows * (rows - 1) // 2 if causal else 0)
+    return float((w != 0).sum()) / (visible * w.shape[0] * w.shape[1])
 
 
 def methods(names: str) -> dict[str, tuple[str, dict]]:
@@ -184,7 +204,7 @@ def main(argv=None) -> None:
             for mode in args.modes.split(","):
                 base = measure(call("sdpa", {}, q, k, v, causal), mode, q, k, v, args.reps)
                 for name, (method, params) in todo.items():
-                    if method in CAUSAL_ONLY and not causal:
+                    if method.split(":")[0] in CAUSAL_ONLY and not causal:
                         continue
                     cell = {"method": name, "n": n, "causal": causal, "mode": mode}
                     if time.perf_counter() - t0 > args.deadline:
@@ -198,6 +218,8 @@ def main(argv=None) -> None:
                         result["rows"].append(cell)
                         torch.cuda.empty_cache()
                         continue
+                    if method.split(":")[0] in SPARSE and mode == "fwd":
+                        cell["support"] = support(method.split(":")[0], params, q, k, v, causal)
                     cell |= {
                         "ms": got["ms"],
                         "sdpa_ms": base["ms"],
@@ -278,6 +300,11 @@ def table(result: dict) -> str:
             f"against {worst['sdpa_extra_mib']:.0f} MiB).",
         ]
     lines += targets(rows)
+    kept = [r for r in rows if "support" in r]
+    if kept:
+        lines += ["", "Support of the sparse maps (nonzero weights / visible keys, last 64 rows):"]
+        lines += [f"- {r['method']}, n = {r['n']}{' causal' if r['causal'] else ''}: "
+                  f"{100 * r['support']:.2f} %" for r in kept]  # fmt: skip
     if result.get("skipped"):
         lines.append(f"{len(result['skipped'])} cells skipped at the deadline.")
     return "\n".join(lines)

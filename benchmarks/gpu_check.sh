@@ -3,7 +3,8 @@
 #   1. the CUDA tests: the Triton kernels (bfloat16 too), every path on the device, the
 #      adversarial suite on the device (SHARPATTN_TEST_DEVICE=cuda);
 #   2. benchmarks/gpu.py in bfloat16 (n = 1k to 64k) and float32 (1k to 16k) for the methods
-#      with CUDA kernels and their rows without them (":tiles"), each with a deadline.
+#      with CUDA kernels (every method but the plug-ins') and some of their rows without them
+#      (":tiles"), each with a deadline.
 # Results go to $OUT (default benchmarks/results); the tests' log to $OUT/gpu_tests.log.
 # Run from the repository root: bash benchmarks/gpu_check.sh
 set -u
@@ -17,7 +18,8 @@ start=$(date +%s)
 
 if $PY -c "import pytest, hypothesis" 2>/dev/null; then
   timeout 210 env SHARPATTN_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-    tests/paths/test_triton.py tests/paths/test_devices.py tests/contract/test_adversarial.py \
+    tests/paths/test_triton.py tests/paths/test_triton_stick.py tests/paths/test_devices.py \
+    tests/contract/test_adversarial.py \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   echo "tests: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s"
 else
@@ -25,10 +27,11 @@ else
 fi
 
 FAST="softmax,ssmax,sink,adaptive,sigmoid,relu,power,signed,softpick"
+FAST="$FAST,sparsemax,entmax15,entmax@alpha=1.3,asentmax,topk,hardmax,stick_breaking"
 $PY benchmarks/gpu.py --dtype bfloat16 --sizes 1024,4096,16384,65536 --methods "$FAST" \
   --deadline 150 --out "$OUT/gpu_bf16.json" | tail -30
 $PY benchmarks/gpu.py --dtype bfloat16 --sizes 4096,16384 --modes fwdbwd \
-  --methods "sigmoid:tiles,power:tiles,softpick:tiles,sink:tiles,adaptive:tiles" \
+  --methods "sigmoid:tiles,softpick:tiles,sink:tiles,adaptive:tiles,sparsemax:tiles,topk:tiles,stick_breaking:tiles" \
   --deadline 40 --out "$OUT/gpu_bf16_tiles.json" | tail -14
 $PY benchmarks/gpu.py --dtype float32 --sizes 1024,4096,16384 --methods "$FAST" \
   --deadline 60 --out "$OUT/gpu.json" | tail -26

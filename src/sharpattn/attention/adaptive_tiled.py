@@ -191,12 +191,10 @@ class _AdaptiveSlabs(torch.autograd.Function):
         h = _entropy(rows[1], rows[2])
         if detach:
             dbeta = torch.zeros_like(h)
-        else:  # β'(H) row by row (β acts on each row alone)
-            with torch.enable_grad():
-                hh = h.detach().requires_grad_(True)
-                (dbeta,) = torch.autograd.grad(
-                    beta_from_entropy(hh, coef, threshold, floor).sum(), hh
-                )
+        else:  # β'(H) row by row (β acts on each row alone); torch.func traces in a graph
+            dbeta = torch.func.grad(lambda x: beta_from_entropy(x, coef, threshold, floor).sum())(
+                h.detach()
+            )
         rows = (*rows.unbind(0), dd, dbeta)
         for t in walk.blocks():
             r0, r1 = t.r0, t.r1

@@ -352,3 +352,18 @@ def test_softmax_compiles_with_inductor():
     torch._dynamo.reset()
     got = torch.compile(run, fullgraph=True)(q, k, v, mask)
     assert_close(got, run(q, k, v, mask), n=LK, msg="inductor softmax")
+
+
+@pytest.mark.skipif(_cxx() is None, reason="inductor needs a C++ compiler")
+@pytest.mark.parametrize("method", ["softpick", "sparsemax"])
+def test_native_loops_compile_with_inductor(method):
+    """One real compile of a path whose C++ loops write their tiles in place (operators with
+    declared mutations, functionalised by Inductor), forward and backward."""
+    q, k, v, _ = _inputs()
+
+    def run(q, k, v, mask, params, check_finite=False):
+        return attend(q, k, v, method, causal=True, impl="fused", check_finite=check_finite)
+
+    torch._dynamo.reset()
+    got = _forward_backward(torch.compile(run, fullgraph=True), q, k, v, None, {})
+    _close(got, _forward_backward(run, q, k, v, None, {}), f"inductor {method}")

@@ -384,6 +384,7 @@ def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
     the same as on small square tiles, whose rows cross several of them."""
     from sharpattn.attention import policy
 
+    monkeypatch.setenv("SHARPATTN_COMPILE", "auto")  # the loops, whatever the environment says
     monkeypatch.setattr(policy, "ROW_TILE_ELEMENTS", 4 * 16 * 45)
     monkeypatch.setattr(policy, "ROW_TILE_ROWS", 4)
     monkeypatch.setattr(policy, "ROW_TILE_MAX", most)

@@ -30,8 +30,10 @@ its real implementation calls the ctypes function, its fake one (``register_fake
 shapes, dtypes and strides of what it returns, and the tensors it writes in place are declared in
 ``mutates_args``. So a graph that ``torch.compile`` traces calls the loops as it would any
 operator (``fullgraph=True`` included; ``tests/paths/test_compile.py``). A call goes through the
-dispatcher (about 10-20 µs more than ctypes alone, measured on the 2-core AMD EPYC), once per
-tile: the tiles are large enough that this is well under a per cent of a call.
+dispatcher once per tile: on the 2-core AMD EPYC, one thread, 23 µs against 2.7 µs for the
+ctypes call alone; at n = 4,096 (causal, 2 threads, a shared machine) that measured 0-5% of
+the CPU time of sigmoid, softpick, sparsemax and adaptive and 6-8% of stick-breaking's
+(136 tiles of 2^18 scores a forward).
 
 When it runs (`wanted`, `usable`): on float32 CPU tiles in which every key is visible or whose
 only mask is causal (each row sees a prefix of the tile's keys), eagerly or in a traced graph,

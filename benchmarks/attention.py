@@ -19,9 +19,9 @@ directly, with their default parameters, labelled "fn".
     python benchmarks/attention.py --sizes 1024,4096 --rounds 2   # a quick run
     SHARPATTN_COMPILE=0 python benchmarks/attention.py ...        # the pure-PyTorch tiles
 
-The tiled paths' per-tile functions run compiled (``sharpattn.attention.compiled``) on calls of
-at least 2^22 scores unless ``SHARPATTN_COMPILE=0``; timings are the min over rounds, so the
-first round's compilation is left out, and memory children compile at n = 1,024 first.
+The tiled paths' per-tile work runs in the C++ loops (``sharpattn.attention.native``) unless
+``SHARPATTN_COMPILE=0``; timings are the min over rounds, and memory children run once at
+n = 1,024 first, so the loops are loaded before the peak is measured.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sharpattn.attention import adaptive_tiled, attend, compiled
+from sharpattn.attention import adaptive_tiled, attend, native
 from sharpattn.attention.fast import path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.sparse_tiled import block_rows
@@ -47,8 +47,7 @@ from sharpattn.attention.tiles import Grid, Slabs
 from sharpattn.normalizers import available, get
 
 B, H, D = 1, 4, 64
-#: the size at which the memory children compile the tile functions before measuring (B·H·n²
-#: reaches compiled.COMPILE_MIN there, so SHARPATTN_COMPILE=auto compiles)
+#: the size at which the memory children run once before measuring (the C++ loops loaded)
 WARM_N = 1024
 GLIBC_DYNAMIC = False  # set by --glibc-dynamic
 #: targets at n = 4k and 16k, causal or not, as CPU-time ratios to SDPA (forward, fwd+bwd), by
@@ -205,8 +204,8 @@ def _status_kib(field: str) -> int:
 
 
 def child(case: str, n: int, causal: bool, mode: str, lq: int | None, block: int | None) -> None:
-    if compiled.mode() != "0" and n > WARM_N:  # compile first (at the threshold's size): the
-        small = make_inputs(WARM_N)  # peak is then the call's own, not the compiler's
+    if native.mode() != "0" and n > WARM_N:  # load the loops first: the peak is then the
+        small = make_inputs(WARM_N)  # call's own
         run_once(runner(case, *small, causal, block), mode, *small)
     q, k, v = make_inputs(n, lq)
     fn = runner(case, q, k, v, causal, block)
@@ -393,7 +392,7 @@ def machine() -> str:
     return (
         f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
         f"torch {torch.__version__}, Python {platform.python_version()}, "
-        f"SHARPATTN_COMPILE={compiled.mode()}"
+        f"SHARPATTN_COMPILE={native.mode()}"
     )
 
 

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters
 
 from sharpattn.experiments import clrs, leaderboard, runner
 from sharpattn.experiments import sequence as seq
@@ -104,13 +103,7 @@ def eval_costs(job: seq.Job, budget: float, cap: float) -> dict[str, list[dict[s
 
         # exactly ``sets`` sequences: no adaptive sampling, no stopping rule while measuring
         change = {"eval_sizes": {job.task: [size]}, "eval_sets": sets, "eval_se": 0.0}
-        graphs = counters["stats"]["unique_graphs"]
         seq.run_job(probe(job, **change, stop_zeros=0), progress=note)
-        if counters["stats"]["unique_graphs"] != graphs:  # it compiled tile functions (once
-            marks.clear()  # per process in a sweep): measured again, warm, without the cache
-            for cached in (job.folder / "eval").glob(f"*/n{size}.*"):
-                cached.unlink()
-            seq.run_job(probe(job, **change, stop_zeros=0), progress=note)
         slowest = 0.0
         for (phase, c0), (_, c1) in zip(marks, marks[1:], strict=False):
             name = phase[len("eval ") :].rsplit(" n=", 1)[0]

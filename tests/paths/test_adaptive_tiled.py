@@ -12,7 +12,7 @@ import torch
 import reference
 from precision import assert_close
 from sharpattn.attention import adaptive_tiled as at
-from sharpattn.attention import attend, native
+from sharpattn.attention import attend, native, policy
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers.softmax import resolve_coefficients
 from slab_inputs import masks, qkv
@@ -45,8 +45,8 @@ RULES = [
 def two_row_slabs(monkeypatch):
     """Slabs of 2 rows: the backward accumulates dk, dv over slabs, a causal slab stops at its
     own last key."""
-    monkeypatch.setattr(at, "SLAB_ELEMENTS", 1)
-    monkeypatch.setattr(at, "MIN_ROWS", 2)
+    monkeypatch.setattr(policy, "ADAPTIVE_SLAB_ELEMENTS", 1)
+    monkeypatch.setattr(policy, "ADAPTIVE_MIN_ROWS", 2)
 
 
 def run(q, k, v, mask, causal, rule, scale=0.7):
@@ -152,8 +152,8 @@ def test_loops_equal_the_pytorch_slabs(monkeypatch, case, rule):
     tiles with a mask other than causal stay in PyTorch either way."""
     if native.compiler() is None:
         pytest.skip("no C++ compiler on the PATH: the loops are not built here")
-    monkeypatch.setattr(at, "SLAB_ELEMENTS", 1)
-    monkeypatch.setattr(at, "MIN_ROWS", 3)
+    monkeypatch.setattr(policy, "ADAPTIVE_SLAB_ELEMENTS", 1)
+    monkeypatch.setattr(policy, "ADAPTIVE_MIN_ROWS", 3)
     _, lq, lk, hkv, kind, causal = case
     lq, lk = 5 * lq, 5 * lk
     q, k, v = qkv(lq=lq, lk=lk, hkv=hkv, d=8, gain=3.0, seed=5, dtype=torch.float32)
@@ -174,17 +174,21 @@ def test_loops_equal_the_pytorch_slabs(monkeypatch, case, rule):
 
 
 def test_groups_of_heads_equal_one_call(monkeypatch):
-    """A call whose slab would exceed SLAB_MAX is cut into groups of items, then of key heads
+    """A call whose slab would exceed ADAPTIVE_SLAB_MAX is cut into groups of items, then of key heads
     (with their query heads); the pieces give the same output and gradients."""
     if native.compiler() is None:
         pytest.skip("no C++ compiler on the PATH: the slab path is not taken here")
     q, k, v = qkv(b=3, h=6, hkv=3, lq=20, lk=24, d=8, dtype=torch.float32, gain=2.0)
     masking = Masking.build(None, True, 20, 24, "cpu")
     results = []
-    for most in (at.SLAB_MAX, 6 * 20 * 24, 2 * 20 * 24):  # whole, items, pairs of query heads
-        monkeypatch.setattr(at, "MIN_ROWS", 20)
-        monkeypatch.setattr(at, "SLAB_MAX", most)
-        expect = {at.SLAB_MAX: 1, 6 * 20 * 24: 3, 2 * 20 * 24: 9}[most]
+    for most in (
+        policy.ADAPTIVE_SLAB_MAX,
+        6 * 20 * 24,
+        2 * 20 * 24,
+    ):  # whole, items, pairs of query heads
+        monkeypatch.setattr(policy, "ADAPTIVE_MIN_ROWS", 20)
+        monkeypatch.setattr(policy, "ADAPTIVE_SLAB_MAX", most)
+        expect = {policy.ADAPTIVE_SLAB_MAX: 1, 6 * 20 * 24: 3, 2 * 20 * 24: 9}[most]
         assert len(at._head_groups(q, k)) == expect
         xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out, _ = at.adaptive(*xs, masking, 0.5, False)
@@ -214,5 +218,5 @@ def test_which_calls_take_the_slabs(monkeypatch):
     monkeypatch.setenv("SHARPATTN_COMPILE", "0")  # no loops: two passes
     assert not took()
     monkeypatch.setenv("SHARPATTN_COMPILE", "auto")
-    monkeypatch.setattr(at, "SLAB_MAX", 4 * 8)  # one head's slab too large: two passes
+    monkeypatch.setattr(policy, "ADAPTIVE_SLAB_MAX", 4 * 8)  # one head's slab too large: two passes
     assert not took()

@@ -126,6 +126,62 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
     _compiled_equals_eager(run, what, q, k, v, mask, params)
 
 
+#: the C++ tile loops each fast path calls on float32 CPU tiles without a mask but the causal
+#: one (attention/native.py), forward and backward: the graph must call them, not leave them
+LOOPS = {
+    "adaptive": {"adaptive_forward", "tempered_backward"},
+    **dict.fromkeys(("sigmoid", "relu"), {"elementwise_forward", "elementwise_backward"}),
+    **dict.fromkeys(("power", "signed", "softpick"), {"normalised_forward", "normalised_backward"}),
+    **dict.fromkeys(("sparsemax", "entmax15", "entmax", "asentmax"), {"sparse_prepare"}),
+    "topk": {"topk_select"},
+    "stick_breaking": {"stick_forward", "stick_backward"},
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "causal"),
+    [
+        pytest.param(m, c, id=f"{m}-{'causal' if c else 'full'}")
+        for m in nz.available()
+        if nz.get(m).fused
+        for c in ((True,) if m == "stick_breaking" else (False, True))
+    ],
+)
+def test_fast_paths_compile_whole_with_the_native_loops(method, causal):
+    """Without a padding mask the fast paths run their C++ loops (operators with fake
+    implementations, ``torch.ops.sharpattn``): captured in the graph, forward and backward,
+    and the same numbers as eager."""
+    from sharpattn.attention import native
+
+    q, k, v, _ = _inputs()
+    params = _params(method)
+    seen: set[str] = set()
+
+    def backend(gm, _inputs):
+        for mod in gm.modules():  # the autograd Functions' bodies are submodules
+            graph = getattr(mod, "graph", None)
+            seen.update(str(n.target) for n in getattr(graph, "nodes", ()))
+        return gm.forward
+
+    def run(q, k, v, mask, params, check_finite=False):
+        return attend(
+            q, k, v, method, causal=causal, impl="fused", check_finite=check_finite, **params
+        )
+
+    torch._dynamo.reset()
+    what = f"attend({method!r}, impl='fused', causal={causal}) without a mask"
+    try:
+        got = _forward_backward(torch.compile(run, fullgraph=True, backend=backend), q, k, v,
+                                None, params)  # fmt: skip
+    except torch._dynamo.exc.TorchDynamoException as err:
+        pytest.fail(_broke(what, err))
+    want = _forward_backward(lambda *a: run(*a, check_finite=True), q, k, v, None, params)
+    _close(got, want, what)
+    if native.library() is not None and method in LOOPS:
+        called = {name.split(".")[1] for name in seen if name.startswith("sharpattn.")}
+        assert LOOPS[method] <= called, f"{what}: the graph calls {sorted(called)}"
+
+
 @pytest.mark.parametrize("method", [m for m in nz.available() if nz.get(m).fused])
 def test_fast_path_statistics_compile_whole(method):
     """``return_stats=True`` on each fast path (its own entropy and mass code) in one graph."""
@@ -296,3 +352,18 @@ def test_softmax_compiles_with_inductor():
     torch._dynamo.reset()
     got = torch.compile(run, fullgraph=True)(q, k, v, mask)
     assert_close(got, run(q, k, v, mask), n=LK, msg="inductor softmax")
+
+
+@pytest.mark.skipif(_cxx() is None, reason="inductor needs a C++ compiler")
+@pytest.mark.parametrize("method", ["softpick", "sparsemax"])
+def test_native_loops_compile_with_inductor(method):
+    """One real compile of a path whose C++ loops write their tiles in place (operators with
+    declared mutations, functionalised by Inductor), forward and backward."""
+    q, k, v, _ = _inputs()
+
+    def run(q, k, v, mask, params, check_finite=False):
+        return attend(q, k, v, method, causal=True, impl="fused", check_finite=check_finite)
+
+    torch._dynamo.reset()
+    got = _forward_backward(torch.compile(run, fullgraph=True), q, k, v, None, {})
+    _close(got, _forward_backward(run, q, k, v, None, {}), f"inductor {method}")

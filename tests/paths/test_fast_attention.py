@@ -729,7 +729,7 @@ def test_multihead_attention_passes_impl_through(method):
 def test_auto_runs_large_inputs_of_methods_without_a_fused_path_chunked(
     monkeypatch, register_normalizer
 ):
-    from sharpattn.attention import functional
+    from sharpattn.attention import functional, policy
 
     plain = register_normalizer(plain_softmax())
     calls = []
@@ -740,7 +740,7 @@ def test_auto_runs_large_inputs_of_methods_without_a_fused_path_chunked(
     q, k, v = make_qkv(lq=3, lk=4)
     attend(q, k, v, plain)
     assert not calls  # small: naive
-    monkeypatch.setattr(functional, "NAIVE_MAX_ELEMENTS", 8)
+    monkeypatch.setattr(policy, "NAIVE_MAX_ELEMENTS", 8)
     out = attend(q, k, v, plain)
     assert calls
     close_out(out, attend(q, k, v), v)

@@ -379,13 +379,15 @@ def test_a_build_without_avx512_gives_the_same_answers(monkeypatch, tmp_path):
 @pytest.mark.parametrize("most", [10**6, 2 * 16 * 4], ids=["whole_rows", "rows_cut"])
 def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
     """The loops' kernels' default forward runs on tiles of whole rows
-    (tiles.row_tiles; of ROW_TILE_ROWS rows and fewer keys where a slab exceeds ROW_TILE_MAX):
+    (tiles.row_tiles; of ROW_TILE_ROWS rows and fewer keys where a slab exceeds ROW_TILE_MAX,
+    attention/policy.py):
     the same as on small square tiles, whose rows cross several of them."""
-    from sharpattn.attention import tiles
+    from sharpattn.attention import policy
 
-    monkeypatch.setattr(tiles, "ROW_TILE_ELEMENTS", 4 * 16 * 45)
-    monkeypatch.setattr(tiles, "ROW_TILE_ROWS", 4)
-    monkeypatch.setattr(tiles, "ROW_TILE_MAX", most)
+    monkeypatch.setenv("SHARPATTN_COMPILE", "auto")  # the loops, whatever the environment says
+    monkeypatch.setattr(policy, "ROW_TILE_ELEMENTS", 4 * 16 * 45)
+    monkeypatch.setattr(policy, "ROW_TILE_ROWS", 4)
+    monkeypatch.setattr(policy, "ROW_TILE_MAX", most)
     q, k, v, _, causal = inputs(case, scale=3.0)
     masking = Masking.build(None, causal, q.shape[2], k.shape[2], "cpu")
     normalised = counting(monkeypatch, "normalised_forward")

@@ -6,7 +6,6 @@ float64 gradcheck of every backward."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -237,7 +236,7 @@ def test_entropy_pass_gradcheck_float64(case):
 
 
 # ---------------------------------------------------------------------------------------------
-# the compiled tile functions (attention/compiled.py): the same maths as the eager ones
+# the switch around the C++ loops (attention/native.py), and the loops inside a user's graph
 
 
 @pytest.fixture
@@ -246,57 +245,59 @@ def compile_mode(monkeypatch):
     return lambda mode: monkeypatch.setenv("SHARPATTN_COMPILE", mode)
 
 
-def test_compile_mode_and_when_it_is_wanted(compile_mode):
-    from sharpattn.attention import compiled
+def test_compile_mode_and_when_the_loops_are_wanted(compile_mode):
+    from sharpattn.attention import native
 
     cpu = torch.device("cpu")
+    built = native.library() is not None
     compile_mode("0")
-    assert not compiled.wanted(cpu, 2**40)
-    compile_mode("1")
-    assert compiled.wanted(cpu, 1) and not compiled.wanted(torch.device("meta"), 1)
-    compile_mode("")
-    assert compiled.mode() == "auto" and not compiled.wanted(cpu, compiled.COMPILE_MIN - 1)
-    want = compiled.compiler_found() and compiled.vectorised()
-    assert compiled.wanted(cpu, compiled.COMPILE_MIN) == want
+    assert native.mode() == "0" and not native.wanted(cpu, torch.float32)
+    for mode in ("1", ""):
+        compile_mode(mode)
+        assert native.mode() == (mode or "auto")
+        assert native.wanted(cpu, torch.float32) == built
+        assert not native.wanted(cpu, torch.float64)
+        assert not native.wanted(torch.device("meta"), torch.float32)
     compile_mode("yes")
     with pytest.raises(ValueError, match="SHARPATTN_COMPILE must be 0, 1 or auto"):
-        compiled.mode()
+        native.mode()
 
 
-def test_a_function_that_does_not_compile_warns_once_and_runs_eagerly(monkeypatch):
-    from sharpattn.attention import compiled
-
-    def boom(*args, **kwargs):
-        raise RuntimeError("no compiler\nsecond line")
-
-    monkeypatch.setattr(torch, "compile", boom)
-    f = compiled.TileFunction(lambda x: x * 2)
-    with pytest.warns(RuntimeWarning, match="failed \\(RuntimeError: no compiler\\)"):
-        assert f(True, torch.ones(2)).tolist() == [2.0, 2.0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once: the second call is quietly eager
-        assert f(True, torch.ones(2)).tolist() == [2.0, 2.0]
-
-
-def test_a_users_compiled_graph_takes_the_eager_tile_functions_in(compile_mode):
-    """torch.compile(attend, fullgraph=True) with SHARPATTN_COMPILE=1: the tile functions are not
-    compiled again inside the user's graph (dynamo traces the eager ones)."""
+@pytest.mark.parametrize(
+    ("method", "op"),
+    [
+        ("adaptive", "adaptive_forward"),
+        ("softpick", "normalised_forward"),
+        ("sigmoid", "elementwise_forward"),
+        ("sparsemax", "sparse_prepare"),
+        ("topk", "topk_select"),
+    ],
+)
+def test_a_users_compiled_graph_calls_the_loops(compile_mode, method, op):
+    """torch.compile(attend, fullgraph=True): the C++ loops are operators
+    (``torch.ops.sharpattn``, with fake tensors for tracing), so the captured graph calls them,
+    and gives the eager result."""
     from sharpattn import attend
-    from sharpattn.attention import compiled
+    from sharpattn.attention import native
 
-    if not compiled.vectorised():  # auto does not compile there (see compiled.vectorised)
-        pytest.skip("compiled tiles run on torch's own CPU path only (ATEN_CPU_CAPABILITY set)")
-    compile_mode("1")
+    if native.library() is None:
+        pytest.skip("no C++ compiler on the PATH: the loops are not built here")
+    compile_mode("auto")
     q, k, v, _, _ = inputs(CASES[0], dtype=torch.float32)
     k, v = k.repeat(1, 2 // k.shape[1], 1, 1), v.repeat(1, 2 // v.shape[1], 1, 1)
-    for method in ("adaptive", "softpick"):
-        want = attend(q, k, v, method=method, impl="fused", check_finite=False)
-        got = torch.compile(
-            lambda q, k, v, m=method: attend(q, k, v, method=m, impl="fused", check_finite=False),
-            fullgraph=True,
-            backend="eager",
-        )(q, k, v)
-        assert_close(got, want, n=k.shape[2], magnitude=float(v.abs().max()))
+    seen = set()
+
+    def backend(gm, _inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def run(q, k, v):
+        return attend(q, k, v, method=method, impl="fused", check_finite=False)
+
+    torch._dynamo.reset()
+    got = torch.compile(run, fullgraph=True, backend=backend)(q, k, v)
+    assert f"sharpattn.{op}.default" in seen, sorted(seen)
+    assert_close(got, run(q, k, v), n=k.shape[2], magnitude=float(v.abs().max()))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -338,15 +339,15 @@ def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
 def test_tiles_on_other_devices_hold_more_scores(monkeypatch):
     """The CPU keeps every budget; other devices multiply it (GPU tiles cost launches, not
     entries), by DEVICE_TILE_FACTOR or SHARPATTN_DEVICE_TILES; a bad override is ignored."""
-    from sharpattn.attention import tiles
+    from sharpattn.attention import policy, tiles
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("SHARPATTN_DEVICE_TILES", raising=False)
     assert tiles.device_budget(2**20, cpu) == 2**20
-    assert tiles.device_budget(2**20, gpu) == 2**20 * tiles.DEVICE_TILE_FACTOR
+    assert tiles.device_budget(2**20, gpu) == 2**20 * policy.DEVICE_TILE_FACTOR
     monkeypatch.setenv("SHARPATTN_DEVICE_TILES", "4")
     assert tiles.device_budget(2**18, gpu) == 2**20
     assert tiles.device_budget(2**18, cpu) == 2**18
     for bad in ("0", "-2", "many"):
         monkeypatch.setenv("SHARPATTN_DEVICE_TILES", bad)
-        assert tiles.device_budget(2**18, gpu) == 2**18 * tiles.DEVICE_TILE_FACTOR
+        assert tiles.device_budget(2**18, gpu) == 2**18 * policy.DEVICE_TILE_FACTOR

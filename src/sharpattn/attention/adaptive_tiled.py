@@ -31,7 +31,7 @@ import torch
 
 from ..normalizers._contract import compute_dtype
 from ..normalizers.softmax import ADAPTIVE, beta_from_entropy, resolve_coefficients
-from . import native
+from . import native, policy
 from .fused import _LN2, _LOG2E, entropy_tile
 from .fused import adaptive as adaptive_two_pass
 from .masking import Masking
@@ -39,66 +39,44 @@ from .tiles import Grid, Slabs, device_budget, slab_rows
 
 Tensor = torch.Tensor
 
-#: Score entries per slab (B·H·bq·Lk'): 2^22 float32 = 16 MiB, but at least `MIN_ROWS`
-#: rows while that stays within `SLAB_MAX`. The q·kᵀ and p·v products need some 128 rows
-#: to run at speed. Measured (2-core Intel Xeon, B = 1, H = 4, D = 64, forward CPU time / SDPA's,
-#: non-causal): the two products alone at n = 16,384 2.0x with 16 rows, 1.45x with 32, 1.15x
-#: with 64, 1.12x with 128; the whole path at n = 4,096 1.84x with 64 rows, 1.48x with 128,
-#: 1.35x with 256 (2^22), 1.23x with 512 (2^23); at n = 16,384 1.50x with 64 rows, 1.45x with
-#: 128 (2^23).
-SLAB_ELEMENTS = 2**22
-#: The fewest query rows per slab while the slab stays within SLAB_MAX.
-MIN_ROWS = 128
-#: The largest slab (32 MiB in float32). Calls whose MIN_ROWS rows exceed it are cut into
-#: groups of heads.
-SLAB_MAX = 2**23
-#: Fewer rows per slab than this (one key head's query heads over more than SLAB_MAX / 64 keys,
-#: 131,072 for one query head) and the two-pass path is faster: at 32 rows the products alone
-#: cost 1.45x SDPA's forward.
-FEWEST_ROWS = 64
-
-
-#: The backward holds two slab-sized buffers at once (the scores and dO·vᵀ), so its slabs have
-#: 1/BACKWARD_PARTS of the forward's rows: 96 rows at n = 16,384 (two buffers of 24 MiB).
-#: Measured (2-core AMD EPYC, B = 1, H = 4, D = 64, forward+backward / SDPA's, min of 3 rounds,
-#: peak RSS at 16k / SDPA's): 64 rows (2 parts) 1.80x at 16k, RSS 1.20-1.22; 128 rows (1 part)
-#: 1.48-1.50x, RSS 1.29-1.30 (over the 1.3 target with the causal mask).
-BACKWARD_PARTS = 4 / 3
-
 
 def _rows_of(bh: int, lq: int, lk: int, device: torch.device, parts: float = 1) -> int:
     """Rows per slab, for ``parts`` slab-sized buffers' worth of rows within the memory of one
-    (the backward: `BACKWARD_PARTS`)."""
-    budget, most = int(device_budget(SLAB_ELEMENTS, device) / parts), int(SLAB_MAX / parts)
-    return slab_rows(bh, lq, lk, budget, max(1, int(MIN_ROWS / parts)), most)
+    (the backward: `policy.ADAPTIVE_BACKWARD_PARTS`)."""
+    budget = int(device_budget(policy.ADAPTIVE_SLAB_ELEMENTS, device) / parts)
+    most = int(policy.ADAPTIVE_SLAB_MAX / parts)
+    return slab_rows(bh, lq, lk, budget, max(1, int(policy.ADAPTIVE_MIN_ROWS / parts)), most)
 
 
 def slabs_wanted(q: Tensor, k: Tensor, v: Tensor, masking: Masking) -> bool:
     """Whether `adaptive` takes the slab path: the C++ loops run (a float32 compute dtype
-    on the CPU, not traced), no mask but the causal one, and `FEWEST_ROWS` rows of one key
-    head's query heads fit `SLAB_MAX`."""
+    on the CPU), no mask but the causal one, and `policy.ADAPTIVE_FEWEST_ROWS` rows of one key
+    head's query heads fit `policy.ADAPTIVE_SLAB_MAX`."""
+    fewest = min(policy.ADAPTIVE_FEWEST_ROWS, q.shape[-2])
     return (
         masking.mask is None
         and q.numel() > 0
         and k.numel() > 0
         and v.numel() > 0
-        and (q.shape[1] // k.shape[1]) * min(FEWEST_ROWS, q.shape[-2]) * k.shape[-2] <= SLAB_MAX
+        and (q.shape[1] // k.shape[1]) * fewest * k.shape[-2] <= policy.ADAPTIVE_SLAB_MAX
         and native.wanted(q.device, compute_dtype(q.dtype))
     )
 
 
 def _head_groups(q: Tensor, k: Tensor) -> list[tuple[int, int, int, int]]:
-    """(batch start, end, key-head start, end) of groups of heads whose slab of MIN_ROWS rows
-    fits SLAB_MAX: the whole call where it does."""
+    """(batch start, end, key-head start, end) of groups of heads whose slab of
+    `policy.ADAPTIVE_MIN_ROWS` rows fits `policy.ADAPTIVE_SLAB_MAX`: the whole call where it
+    does."""
     b, h, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    per_kv = (h // hkv) * min(MIN_ROWS, lq) * lk  # one key head's query heads
-    if b * hkv * per_kv <= SLAB_MAX:
+    most = policy.ADAPTIVE_SLAB_MAX
+    per_kv = (h // hkv) * min(policy.ADAPTIVE_MIN_ROWS, lq) * lk  # one key head's query heads
+    if b * hkv * per_kv <= most:
         return [(0, b, 0, hkv)]
-    if hkv * per_kv <= SLAB_MAX:  # whole items, several per group
-        step = max(1, SLAB_MAX // (hkv * per_kv))
+    if hkv * per_kv <= most:  # whole items, several per group
+        step = max(1, most // (hkv * per_kv))
         return [(b0, min(b0 + step, b), 0, hkv) for b0 in range(0, b, step)]
-    step = max(1, SLAB_MAX // per_kv)
+    step = max(1, most // per_kv)
     return [(i, i + 1, h0, min(h0 + step, hkv)) for i in range(b) for h0 in range(0, hkv, step)]
 
 
@@ -205,7 +183,7 @@ class _AdaptiveSlabs(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, rows = ctx.saved_tensors
         coef, threshold, floor, detach = ctx.rule
-        walk = _walk(q, k, v, ctx.masking, ctx.scale, parts=BACKWARD_PARTS)
+        walk = _walk(q, k, v, ctx.masking, ctx.scale, parts=policy.ADAPTIVE_BACKWARD_PARTS)
         grid = walk.grid
         big = torch.finfo(grid.dtype).max
         go, dq, dk, dv = walk.grads(d_out)
@@ -213,12 +191,10 @@ class _AdaptiveSlabs(torch.autograd.Function):
         h = _entropy(rows[1], rows[2])
         if detach:
             dbeta = torch.zeros_like(h)
-        else:  # β'(H) row by row (β acts on each row alone)
-            with torch.enable_grad():
-                hh = h.detach().requires_grad_(True)
-                (dbeta,) = torch.autograd.grad(
-                    beta_from_entropy(hh, coef, threshold, floor).sum(), hh
-                )
+        else:  # β'(H) row by row (β acts on each row alone); torch.func traces in a graph
+            dbeta = torch.func.grad(lambda x: beta_from_entropy(x, coef, threshold, floor).sum())(
+                h.detach()
+            )
         rows = (*rows.unbind(0), dd, dbeta)
         for t in walk.blocks():
             r0, r1 = t.r0, t.r1

@@ -15,18 +15,17 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..normalizers._contract import compute_dtype
+from . import policy
 from .masking import Masking
 from .stats import stats_from_weights
 
 Tensor = torch.Tensor
 
-#: Default budget of score entries per block (B·H·block·Lk); 2^23 float32 entries = 32 MiB.
-BLOCK_ELEMENTS = 2**23
-
 
 def default_block_size(b: int, h: int, lk: int) -> int:
-    """Query rows per block so that one block's scores hold about `BLOCK_ELEMENTS` entries."""
-    return max(16, BLOCK_ELEMENTS // max(1, b * h * lk))
+    """Query rows per block so that one block's scores hold about `policy.CHUNK_ELEMENTS`
+    entries."""
+    return max(16, policy.CHUNK_ELEMENTS // max(1, b * h * lk))
 
 
 def run_blocks(

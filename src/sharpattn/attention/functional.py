@@ -12,6 +12,7 @@ import torch
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
 from ..normalizers.registry import CHECK_FINITE
+from . import policy
 from .chunked import chunked_attend
 from .fast import FAST, path_of
 from .masking import Masking
@@ -22,10 +23,6 @@ Tensor = torch.Tensor
 IMPLS = ("auto", "fused", "chunked", "naive")
 #: the dtypes q, k, v may have (integer, complex and 8-bit floats are refused in one sentence)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-#: ``impl="auto"`` materialises the score matrix (the naive path) only up to this many entries
-#: (B·H·Lq·Lk); beyond it, methods without a fused path run chunked.
-NAIVE_MAX_ELEMENTS = 2**24
 
 #: The one observation point of attention (used by `sharpattn.diagnostics.capture`): when
 #: set, every `attend` call ends with ``out = observer(q, k, v, out, mask=, causal=, scale=,
@@ -104,7 +101,7 @@ def attend(
       entries per block), extra memory O(block·Lk) in forward and backward.
     * ``"naive"``: the whole ``[B, H, Lq, Lk]`` score matrix (the reference).
     * ``"auto"``: naive when ``return_weights``; else fused when the method has it; else naive
-      up to ``NAIVE_MAX_ELEMENTS`` score entries and chunked beyond.
+      up to ``policy.NAIVE_MAX_ELEMENTS`` score entries and chunked beyond.
 
     Forcing a path the method lacks (``impl="fused"`` without a fused path) raises ValueError.
 
@@ -178,7 +175,7 @@ def attend(
         elif entry.fused is not None:
             impl = "fused"
         else:
-            impl = "naive" if b * h * lq * lk <= NAIVE_MAX_ELEMENTS else "chunked"
+            impl = "naive" if b * h * lq * lk <= policy.NAIVE_MAX_ELEMENTS else "chunked"
     if return_weights and impl != "naive":
         raise ValueError(
             f"return_weights=True needs the weights matrix; use impl='naive' (not {impl!r}), "

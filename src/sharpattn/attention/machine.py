@@ -10,9 +10,8 @@ import os
 import torch
 
 from . import fused, native
-from .compiled import mode
 
-#: how to keep every tiled path in plain PyTorch (no C++ build, no Inductor)
+#: how to keep every tiled path in plain PyTorch (no C++ build)
 TURN_OFF = "SHARPATTN_COMPILE=0"
 
 
@@ -48,7 +47,7 @@ def info() -> dict:
         "version": version,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "compile": mode(),
+        "compile": native.mode(),
         "native": {**native.status(), "turn_off": TURN_OFF},
         "cpu_flash": fused.flash_kernel_available(),
         "cuda": cuda,
@@ -76,7 +75,7 @@ def info_text(state: dict | None = None) -> str:
         f"sharpattn {s['version']}, torch {s['torch']}, {s['threads']} CPU thread(s)",
         f"C++ tile loops (CPU, float32): {loops}",
         f"  cache folder: {n['cache']}",
-        f"  turn them off: {TURN_OFF} (also keeps Inductor out; now "
+        f"  turn them off: {TURN_OFF} (now "
         f"SHARPATTN_COMPILE={os.environ.get('SHARPATTN_COMPILE', 'auto')})",
         f"CPU flash kernel (softmax family, adaptive's second pass): {flash}",
         f"CUDA: {cuda}",

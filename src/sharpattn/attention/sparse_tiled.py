@@ -3,7 +3,7 @@ and top-k, forward and backward, without an ``[Lq, Lk]`` score matrix.
 
 Mechanism (chosen by measurement; costs in the README and ``benchmarks/sparse_tiled.py``): queries are cut into blocks of ``bq``
 rows, and the block's scores over every key it may see, a ``[B, H, bq, Lk']`` slab of about
-`SLAB_ELEMENTS` entries, are made once (a causal block stops at its last visible key, as in
+`policy.SPARSE_SLAB_ELEMENTS` entries, are made once (a causal block stops at its last visible key, as in
 `Grid`) and normalised in place:
 
 * y = (α−1)·θ·(s − max s) over the allowed keys (θ = 1 except for ASEntmax), clamped at −2:
@@ -38,9 +38,8 @@ import torch
 
 from ..normalizers._contract import compute_dtype
 from ..normalizers.sparse import ALPHA, asentmax_scale
-from . import native
+from . import native, policy
 from .chunked import chunked_attend
-from .compiled import tile_function
 from .devices import triton_kernels, triton_ready
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -48,20 +47,6 @@ from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 
 Tensor = torch.Tensor
 
-#: Score entries per query block (B·H·bq·Lk'): 2^21 float32 = 8 MiB, but at least
-#: `MIN_BLOCK_ROWS` rows while that stays under `SLAB_MAX`. Measured before the C++
-#: loops (B = 1, H = 4, one thread, forward CPU time / SDPA's): n = 4,096: bq = 64 (2^20) 1.84x
-#: sparsemax, 2.65x topk, bq = 128 (2^21) 2.46x, 2.81x; n = 16,384: bq = 16 (2^20) 2.50x,
-#: 3.19x, bq = 32 (2^21) 2.10x, 2.82x. With the loops (2-core Intel Xeon, 2 threads; sparsemax
-#: and α = 1.3, two runs each, run-to-run spread about 0.2): (2^20, at least 32 rows) 4k
-#: 1.95x, 2.68x, causal 2.47x, 3.36x, 16k 1.93x, 2.54x; (2^21, at least 64) 4k 1.73-1.79x,
-#: 2.45-2.48x, causal 2.13-2.19x, 3.22-3.24x, 16k 1.77-2.30x, 1.94-2.55x; (2^22, at least
-#: 128, up to 2^23) 16k 2.58x, 3.04x: the loops' several sweeps over a 32 MiB slab leave the
-#: cache.
-SLAB_ELEMENTS = 2**21
-#: The fewest query rows per block, unless that slab would exceed `SLAB_MAX` entries.
-MIN_BLOCK_ROWS = 64
-SLAB_MAX = 2**22
 #: Candidates per row (the maxima of as many chunks of keys) whose exact threshold starts the
 #: solver: a lower bound of the row's τ (the τ of any subset of the keys is), exact when every
 #: key of the support is the largest of its chunk (always when Lk' < 2·CANDIDATES). 32, not 64:
@@ -89,10 +74,11 @@ FLOOR = -2.0
 
 
 def block_rows(bh: int, lq: int, lk: int, budget: int | None = None) -> int:
-    """Query rows per block: about ``budget`` (default `SLAB_ELEMENTS`) score entries,
-    at least `MIN_BLOCK_ROWS` while the slab stays under `SLAB_MAX`, at least 1."""
-    return slab_rows(bh, lq, lk, SLAB_ELEMENTS if budget is None else budget,
-                     MIN_BLOCK_ROWS, SLAB_MAX)  # fmt: skip
+    """Query rows per block: about ``budget`` (default `policy.SPARSE_SLAB_ELEMENTS`) score
+    entries, at least `policy.SPARSE_MIN_ROWS` while the slab stays under
+    `policy.SPARSE_SLAB_MAX`, at least 1."""
+    budget = policy.SPARSE_SLAB_ELEMENTS if budget is None else budget
+    return slab_rows(bh, lq, lk, budget, policy.SPARSE_MIN_ROWS, policy.SPARSE_SLAB_MAX)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,12 +140,11 @@ def _candidate_tau(
     e,
     lo: Tensor,
     hi: Tensor,
-    compiled: bool = False,
     native_ok: bool = False,
 ) -> Tensor:
     """The exact τ of the sorted (descending) candidates ``c`` ``[.., K]``, ``[.., 1]``;
-    ``compiled``: other α's steps run as one compiled function (`_solve`), ``native_ok``:
-    as `native`'s loop (a number α only)."""
+    ``native_ok``: other α's steps run as `native`'s loop (a number α only), else as
+    `_solve`."""
     kk = c.shape[-1]
     rho = torch.arange(1, kk + 1, dtype=c.dtype, device=c.device)
     if kind == "sparsemax":
@@ -173,12 +158,11 @@ def _candidate_tau(
         tau = mean - delta.clamp_min(0.0).sqrt()
         support = (tau <= c).sum(-1, keepdim=True).clamp_min(1)
         return tau.gather(-1, support - 1)
-    # any α: safeguarded steps from the lower bound (eagerly ~25 small ops a step; compiled,
-    # α = 1.3's forward at n = 4,096 measured ~4.3 -> ~4.1x SDPA's, one thread, under load;
-    # in the native loops 6.2 -> see docs/performance.md)
+    # any α: safeguarded steps from the lower bound (eagerly ~25 small ops a step; the native
+    # loop does them per row, see docs/performance.md)
     if native_ok and native.usable(None, False, c, lo, hi):
         return native.sparse_solve(kind, e, c.clone(), lo, lo, hi, CANDIDATE_STEPS)[0]
-    return _solve(compiled, c, lo, lo, hi, kind, e, CANDIDATE_STEPS)
+    return _solve(c, lo, lo, hi, kind, e, CANDIDATE_STEPS)
 
 
 def _bracket(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
@@ -226,7 +210,6 @@ def _newton(y: Tensor, tau: Tensor, br: tuple, kind: str, e, buf=None):
     return torch.where(inside, step, 0.5 * (lo + hi)), (lo, hi)
 
 
-@tile_function
 def _solve(y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, kind: str, e, steps: int) -> Tensor:
     """τ of a block after ``steps`` safeguarded Newton steps from ``tau`` (`_newton`),
     the bracket [lo, hi]; ``y`` is not written."""
@@ -236,12 +219,10 @@ def _solve(y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, kind: str, e, steps: 
     return tau
 
 
-@tile_function
 def _final_weights(y: Tensor, tau: Tensor, kind: str, e) -> tuple[Tensor, Tensor]:
     """The block's weights [y − τ]_+^{1/(α−1)} before normalising, and their row sums (``y``
-    is overwritten eagerly; compiled, one fused loop that writes only the weights)."""
-    t = y - tau if torch.compiler.is_compiling() else y.sub_(tau)
-    p = _weights(t.clamp_(min=0.0), kind, e)
+    is overwritten)."""
+    p = _weights(y.sub_(tau).clamp_(min=0.0), kind, e)
     return p, p.sum(-1, keepdim=True)
 
 
@@ -252,7 +233,9 @@ def _final_weights(y: Tensor, tau: Tensor, kind: str, e) -> tuple[Tensor, Tensor
 def _Walk(q, k, v, masking, scale) -> Slabs:
     """The query blocks of one call (`Slabs`) at this module's slab size."""
     g = Grid(q, k, v, masking, scale)
-    return Slabs(g, block_rows(g.b * g.h, g.lq, g.lk, device_budget(SLAB_ELEMENTS, q.device)))
+    return Slabs(
+        g, block_rows(g.b * g.h, g.lq, g.lk, device_budget(policy.SPARSE_SLAB_ELEMENTS, q.device))
+    )
 
 
 def _row_any(s_max: Tensor) -> Tensor:
@@ -304,13 +287,13 @@ class _EntmaxAttention(torch.autograd.Function):
             lo = _lower_bound(cand, a)  # τ's bracket for the whole row: p_max >= 1/c1
             hi = cand[..., :1] - torch.as_tensor(float(t.c1), dtype=y.dtype).pow(1.0 - a)
             loops = grid.native and not torch.is_tensor(e)  # the loops take one α per call
-            tau = _candidate_tau(cand, kind, a, e, lo, hi, grid.compiled, loops)
+            tau = _candidate_tau(cand, kind, a, e, lo, hi, loops)
             tau = tau.clamp(lo, hi)
             if loops and native.usable(None, False, y, lo, hi):
                 tau, p, total = native.sparse_solve(kind, e, y, tau, lo, hi, steps)  # per row
             else:
-                tau = _solve(grid.compiled, y, tau, lo, hi, kind, e, steps)
-                p, total = _final_weights(grid.compiled, y, tau, kind, e)
+                tau = _solve(y, tau, lo, hi, kind, e, steps)
+                p, total = _final_weights(y, tau, kind, e)
             inv = live / total
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             m_all[..., r0:r1, :] = m
@@ -393,7 +376,6 @@ def _kept_exp(x: Tensor, keep: Tensor) -> Tensor:
     return x.clamp_(min=-80.0).exp_().masked_fill_(keep.logical_not_(), 0.0)
 
 
-@tile_function
 def _topk_weights(s: Tensor, tau: Tensor, need: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
     """exp(s − shift) on the kept keys (`_keep`), 0 elsewhere, and its row sums (``s``
     is scratch)."""
@@ -421,7 +403,7 @@ class _TopkAttention(torch.autograd.Function):
             m = vals[..., :1]
             live = _row_any(m)
             m = torch.where(live > 0, m, 0.0)
-            p, total = _topk_weights(grid.compiled, s, tau, need, m)
+            p, total = _topk_weights(s, tau, need, m)
             inv = live / torch.where(live > 0, total, 1.0)
             out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             tau_all[..., r0:r1, :] = tau
@@ -450,18 +432,11 @@ class _TopkAttention(torch.autograd.Function):
             r0, r1 = t.r0, t.r1
             s = walk.masked_scores(t)
             tau, need = tau_all[..., r0:r1, :], need_all[..., r0:r1, :]
-            p, _ = _topk_weights(walk.grid.compiled, s, tau, need, lse_all[..., r0:r1, :])
+            p, _ = _topk_weights(s, tau, need, lse_all[..., r0:r1, :])
             g = walk.g_scores(go, t)
             ds = g.sub_(delta[..., r0:r1, :]).mul_(p).mul_(ctx.scale)  # p·(g − Δ)
             walk.accumulate(t, ds, p, go, dq, dk, dv)
         return (*walk.finish_grads(q, k, v, dq, dk, dv), None, None, None, None)
-
-
-#: The largest ``top_k`` for which the C++ selection path keeps each row's chosen keys
-#: (`_TopkSelected`); larger ones take the slab path above.
-SELECT_MAX_K = 64
-#: Query rows × kept keys per block of the selected path's gathers (each ``[.., D]`` floats).
-GATHER_ENTRIES = 2**15
 
 
 def _key_rows(grid: Grid, idx: Tensor) -> Tensor:
@@ -530,7 +505,7 @@ class _TopkSelected(torch.autograd.Function):
         qh = grid.heads(grid.q)
         dq = torch.empty_like(qh)
         kk = idx_all.shape[-1]
-        step = max(1, GATHER_ENTRIES // max(1, grid.b * grid.h * kk))
+        step = max(1, policy.TOPK_GATHER_ENTRIES // max(1, grid.b * grid.h * kk))
         for r0 in range(0, grid.lq, step):
             r1 = min(r0 + step, grid.lq)
             rows = _key_rows(grid, idx_all[..., r0:r1, :])
@@ -553,7 +528,7 @@ class _TopkSelected(torch.autograd.Function):
 
 def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
     """Whether a top-k call takes `_TopkSelected` (the C++ selection)."""
-    if masking.mask is not None or not 1 <= top_k <= SELECT_MAX_K:
+    if masking.mask is not None or not 1 <= top_k <= policy.TOPK_SELECT_MAX_K:
         return False
     if q.numel() == 0 or masking.lk == 0:  # nothing to select: the slab path's empty cases
         return False

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import native, policy
 from .devices import triton_ready
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -56,9 +56,6 @@ CAUSAL_ERROR = (
     "stick_breaking is causal only: query i may attend only to keys j <= i + (Lk − Lq); "
     "pass causal=True (or a mask inside the causal one)."
 )
-
-#: rows per block when a user mask is checked against the causal one (O(rows·Lk) booleans)
-CHECK_ELEMENTS = 2**22
 
 
 @dataclass(frozen=True)
@@ -223,7 +220,7 @@ def _sees_past_itself(masking: Masking, offset: int) -> bool:
         i = max(0, -masking.offset) if masking.causal else 0
         last = min(lk - 1, i + masking.offset) if masking.causal else lk - 1
         return i < lq and last > i + offset
-    step = max(1, CHECK_ELEMENTS // max(1, lk))
+    step = max(1, policy.STICK_CHECK_ELEMENTS // max(1, lk))
     j = torch.arange(lk, device=masking.device)
     bad = torch.zeros((), dtype=torch.bool, device=masking.device)
     for r0 in range(0, lq, step):

@@ -32,13 +32,13 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import compute_dtype, log_n
-from . import native
+from . import native, policy
 from .devices import triton_kernels as _triton_kernels
 from .devices import triton_ready
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
-from .tiles import BUFFERED_TILE_ELEMENTS, Grid, row_slice, row_tiles
+from .tiles import Grid, row_slice, row_tiles
 
 Tensor = torch.Tensor
 
@@ -248,9 +248,9 @@ def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
 
 def _grid(q, k, v, masking, scale, blocks) -> Grid:
     """Every pass here uses each tile up before the next: buffered tiles of
-    `tiles.BUFFERED_TILE_ELEMENTS` scores."""
+    `policy.BUFFERED_TILE_ELEMENTS` scores."""
     return Grid(q, k, v, masking, scale, *blocks, fold_scale=True,
-                budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
+                budget=policy.BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
 
 
 def _forward(grid: Grid, kernel: _Kernel, row: Tensor):

@@ -26,44 +26,29 @@ from dataclasses import dataclass, field
 import torch
 
 from ..normalizers._contract import compute_dtype
-from . import native
-from .compiled import wanted
+from . import native, policy
 from .masking import Masking
+from .policy import BUFFERED_TILE_ELEMENTS  # noqa: F401 (fused.py reads it from here)
 
 Tensor = torch.Tensor
-
-#: Score entries per tile (B·H·bq·bk): 2^18 float32 = 1 MiB, about one core's L2 cache. Measured
-#: on the 2-core AMD EPYC (n = 4,096, B = 1, H = 4): 256 × 256 tiles ran a sigmoid forward at
-#: 1.1× SDPA's CPU time, 512 × 512 at 1.6×.
-TILE_ELEMENTS = 2**18
-#: Score entries per tile of a pass that writes its tiles into the grid's buffers (``reuse``):
-#: 2^20 = 4 MiB each, and no more than three at once. A quarter of the tiles means a quarter of
-#: the per-tile Python and thread wake-ups. On a 2-core Intel Xeon (n = 4,096 and 16,384, B = 1,
-#: H = 4; ``benchmarks/attention.py``, docs/performance.md) sigmoid, ReLU, power, signed and
-#: softpick went from 1.32-1.77x SDPA's CPU time forward with 2^18 to 1.27-1.62x; forward+backward
-#: 1.60-1.89x and 1.50-1.95x, within that host's run-to-run spread of about 0.2. Without the
-#: buffers, 2^20 tiles measured no better: each fresh 4 MiB tile's cost depends on glibc's mmap
-#: threshold and the process's allocation history. Sparse and stick-breaking keep TILE_ELEMENTS.
-BUFFERED_TILE_ELEMENTS = 2**20
-#: On a device other than the CPU every budget above is this many times larger (the environment
-#: variable ``SHARPATTN_DEVICE_TILES`` overrides it): a GPU runs a tile as a few kernels whose
-#: cost is launch and Python overhead until a tile holds millions of scores, so fewer, larger
-#: tiles. Measured with ``benchmarks/gpu.py`` on an H200 (docs/performance.md).
-DEVICE_TILE_FACTOR = 16
 
 
 def device_budget(budget: int, device: torch.device) -> int:
     """A tile budget in score entries for ``device``: ``budget`` on the CPU, ``budget`` ×
-    `DEVICE_TILE_FACTOR` (or ``SHARPATTN_DEVICE_TILES``) elsewhere."""
+    `policy.DEVICE_TILE_FACTOR` (or ``SHARPATTN_DEVICE_TILES``) elsewhere."""
     if device.type == "cpu":
         return budget
     factor = os.environ.get("SHARPATTN_DEVICE_TILES", "").strip()
-    return budget * (int(factor) if factor.isdigit() and int(factor) > 0 else DEVICE_TILE_FACTOR)
+    if factor.isdigit() and int(factor) > 0:
+        return budget * int(factor)
+    return budget * policy.DEVICE_TILE_FACTOR
 
 
-def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[int, int]:
+def tile_sizes(bh: int, lq: int, lk: int, budget: int | None = None) -> tuple[int, int]:
     """(bq, bk): query rows and key columns per tile for ``bh`` = B·H heads, about ``budget``
-    score entries per tile, square where the sizes allow, each at least 16."""
+    (default `policy.TILE_ELEMENTS`) score entries per tile, square where the sizes allow, each
+    at least 16."""
+    budget = policy.TILE_ELEMENTS if budget is None else budget
     per_head = max(256, budget // max(1, bh))
     side = 16
     while side * side * 4 <= per_head:
@@ -73,29 +58,17 @@ def tile_sizes(bh: int, lq: int, lk: int, budget: int = TILE_ELEMENTS) -> tuple[
     return bq, bk
 
 
-#: Score entries per tile of a forward pass over row tiles (`row_tiles`): whole rows while
-#: `ROW_TILE_ROWS` of them fit `ROW_TILE_MAX` entries, else ROW_TILE_ROWS rows and
-#: as many keys as fit. Measured (B = 1, H = 4, D = 64, forward CPU time / SDPA's, min of 3
-#: interleaved rounds, sigmoid / signed; power causal): on a 2-core AMD EPYC (1 MiB of L2 per
-#: core), 128 rows × 2,048 keys (2^20, 4 MiB) 1.18 / 1.24 at n = 4,096, 1.19 / 1.16 at 16,384,
-#: 1.14 causal; whole rows of 2^22-2^23 entries (up to 32 MiB) 1.33 / 1.29, 1.62 / 1.48, 1.33;
-#: 64 rows × 4,096 keys 1.35-1.50. On a 2-core Intel Xeon, whole rows (2^22, at least 128)
-#: beat square tiles of 2^20 at 16k (1.32-1.36 against 1.52-1.62; 128-row tiles not tried).
-ROW_TILE_MAX = 2**20
-ROW_TILE_ELEMENTS = ROW_TILE_MAX  # whole-row tiles as large as the cap
-ROW_TILE_ROWS = 128
-
-
 def row_tiles(bh: int, lq: int, lk: int) -> tuple[int, int]:
     """(bq, bk) for a forward pass over tiles of whole rows where they fit: about
-    `ROW_TILE_ELEMENTS` entries, at least `ROW_TILE_ROWS` rows while within
-    `ROW_TILE_MAX`; beyond, tiles of ROW_TILE_ROWS rows and as many keys as fit. The q·kᵀ
-    and p·v products need some 128 rows to run at speed, and a row's sums, taken in one tile,
-    need no rescaling."""
-    rows = min(max(lq, 1), ROW_TILE_ROWS)
-    if bh * rows * max(lk, 1) > ROW_TILE_MAX:
-        return rows, max(16, min(lk, ROW_TILE_MAX // (bh * rows)))
-    return slab_rows(bh, lq, lk, ROW_TILE_ELEMENTS, ROW_TILE_ROWS, ROW_TILE_MAX), max(lk, 1)
+    `policy.ROW_TILE_ELEMENTS` entries, at least `policy.ROW_TILE_ROWS` rows while within
+    `policy.ROW_TILE_MAX`; beyond, tiles of ROW_TILE_ROWS rows and as many keys as fit. The
+    q·kᵀ and p·v products need some 128 rows to run at speed, and a row's sums, taken in one
+    tile, need no rescaling."""
+    most, fewest = policy.ROW_TILE_MAX, policy.ROW_TILE_ROWS
+    rows = min(max(lq, 1), fewest)
+    if bh * rows * max(lk, 1) > most:
+        return rows, max(16, min(lk, most // (bh * rows)))
+    return slab_rows(bh, lq, lk, policy.ROW_TILE_ELEMENTS, fewest, most), max(lk, 1)
 
 
 @dataclass
@@ -142,7 +115,7 @@ class Grid:
         bk: int | None = None,
         fold_scale: bool = False,
         diagonal: int | None = None,
-        budget: int = TILE_ELEMENTS,
+        budget: int | None = None,
         reuse: bool = False,
     ):
         b, h, lq, d = q.shape
@@ -154,6 +127,7 @@ class Grid:
             diagonal = masking.offset
         self.diagonal = diagonal
         self.dtype = compute_dtype(q.dtype)
+        budget = policy.TILE_ELEMENTS if budget is None else budget
         auto_q, auto_k = tile_sizes(b * h, lq, lk, device_budget(budget, q.device))
         self.bq, self.bk = bq or auto_q, bk or auto_k
         self.q = q.to(self.dtype).reshape(b, hkv, self.g, lq, d)  # (B, Hkv, G, Lq, D)
@@ -163,8 +137,6 @@ class Grid:
         self.folded = fold_scale
         self.k = k.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, D)
         self.v = v.to(self.dtype).unsqueeze(2)  # (B, Hkv, 1, Lk, Dv)
-        #: whether this call's per-tile functions run compiled (`compiled`)
-        self.compiled = wanted(q.device, b * h * lq * lk)
         #: whether tiles with every key visible may run the C++ loops (`native`)
         self.native = native.wanted(q.device, self.dtype)
         #: ``reuse``: the tile-sized tensors a pass makes (`scores`, `product`, and

@@ -42,13 +42,13 @@ FAST.update(SPARSE_TILED)
 FAST["adaptive"] = adaptive  # slabs where they run, else fused.adaptive
 
 
-def top_k(family, q, k, v, masking, scale, want_stats, **params):
+def top_k(family, q, k, v, masking, scale, want_stats, /, **params):
     """The fast path of a user's `TopK` method: the top-k path with k = ``family.count``."""
     count = int(family.count(**params))
     return _topk(q, k, v, masking, scale, want_stats, top_k=count)
 
 
-def stick(family, q, k, v, masking, scale, want_stats, **params):
+def stick(family, q, k, v, masking, scale, want_stats, /, **params):
     """The fast path of a user's `StickBreaking` method: the stick-breaking tiles, given the
     parameters that family reads."""
     names = ("attend_current", "query_offset", "blocks")

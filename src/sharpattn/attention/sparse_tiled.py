@@ -678,7 +678,7 @@ def asentmax(
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta)
 
 
-def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, **params):
+def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /, **params):
     """The fast path of a user's `Sparse` method: α-entmax of θ·(s − max s) with α =
     ``family.alpha_of(params)`` and θ = ``family.scale(n, **params)`` of the rows' visible keys,
     as `asentmax` (the query-block path, through ``family.weights``, where α needs it)."""

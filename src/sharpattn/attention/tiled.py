@@ -516,7 +516,7 @@ def tiled_attention(
 # The registry's fast paths
 
 
-def elementwise(family, q, k, v, masking, scale, want_stats, *, blocks=None, **params):
+def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
     """The fast path of a user's `Elementwise` method:
     w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
     n = masking.visible_keys(dtype=_rows(0.0, q).dtype)
@@ -525,7 +525,7 @@ def elementwise(family, q, k, v, masking, scale, want_stats, *, blocks=None, **p
     return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
 
 
-def row_normalised(family, q, k, v, masking, scale, want_stats, *, blocks=None, **params):
+def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
     """The fast path of a user's `RowNormalised` method: a first pass over the tiles for each
     row's reference m (the largest of 0 and ``family.ref`` over its visible keys), then the
     tiles' sums u·v and a relative to it, as the built-in kernels do but without rescaling."""

@@ -366,7 +366,7 @@ def test_built_in_families_name_their_own_paths():
          (nz.Param("p", 2.0, "p", learnable=True),), "learnable parameter p"),
         (RowNormalised(signed_power_u, ref=1.0), (), "ref must be a function or None"),
         (RowNormalised(signed_power_u, constants=("p",)),
-         (nz.Param("p", 2.0, "p", learnable=True),), "this family takes none"),
+         (nz.Param("p", 2.0, "p", learnable=True),), "this family has no learnable ones"),
         (TopK(count=2), (), "count must be a function"),
         (Sparse(alpha=1.0), (), "alpha must be a number > 1"),
         (Sparse(scale=2.0), (), "scale must be a function or None"),

@@ -364,10 +364,9 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
                 f"the parameters, got {alpha!r}."
             )
     if isinstance(family, (Elementwise, RowNormalised)):
-        reads = "f" if isinstance(family, Elementwise) else "u and a"
-        enters = "let it enter through row" if isinstance(family, Elementwise) else (
-            "this family takes none"
-        )  # fmt: skip
+        elementwise = isinstance(family, Elementwise)
+        reads = "f" if elementwise else "u and a"
+        enters = "let it enter through row" if elementwise else "this family has no learnable ones"
         for name in family.constants:
             if name not in params:
                 raise ValueError(

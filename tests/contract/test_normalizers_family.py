@@ -39,7 +39,7 @@ def close_weights(w, expect, s, *, n=None, values=None, msg=None):
 
 
 def test_every_method_is_in_the_table():
-    assert list(TABLE) == nz.available()
+    assert sorted(TABLE) == sorted(nz.available())
 
 
 def masks(lq, lk, causal_only=False):

@@ -147,6 +147,11 @@ class Method:
     * ``loops``: the C++ loops its kernel has (``"normalised"``, ``"elementwise"``, or None)
       and ``loop_cases`` the settings they are tested with.
     * ``shift_invariant``, ``causal_only``: the properties the contract tests hold it to.
+    * ``row_sum``: what its rows sum to where the registry does not say one
+      (`test_documented_row_sum_property`): ``"sink"`` (< 1, the rest on the sink), ``"in (0,
+      1)"`` or ``">= 0"`` (element-wise weights), ``"1 or 0"`` (0 without a positive score),
+      ``"Σ|w| = 1"``, ``"softpick"`` (<= 1, 1 without negative scores, 0 without positive ones),
+      ``"< 1"``.
     """
 
     name: str
@@ -157,6 +162,7 @@ class Method:
     loop_cases: tuple[dict, ...] = ()
     shift_invariant: bool = False
     causal_only: bool = False
+    row_sum: str = "1"
 
 
 _ENTRIES = [
@@ -170,18 +176,19 @@ _ENTRIES = [
     Method("sink",
            lambda x, p: sink_row(x, p.get("bias", 0.0) + p.get("bias_log_n", 0.0) * math.log(len(x))),
            cases=({}, {"bias": 1.5},
-                  {"bias": per_head(-1.0, 0.0, 2.0), "bias_log_n": per_head(0.5, -1.0, 0.0)})),
+                  {"bias": per_head(-1.0, 0.0, 2.0), "bias_log_n": per_head(0.5, -1.0, 0.0)}),
+           row_sum="sink"),
     Method("sigmoid", sigmoid_row,
            cases=({}, {"bias": per_head(-1.0, 0.0, 2.0)}, {"subtract_log_n": False, "bias": 0.3}),
            tiles=({}, {"bias": 0.7}), loops="elementwise",
-           loop_cases=({}, {"bias": -2.0, "subtract_log_n": False})),
+           loop_cases=({}, {"bias": -2.0, "subtract_log_n": False}), row_sum="in (0, 1)"),
     Method("relu", lambda x, p: np.maximum(x, 0) ** p.get("p", 1.0) / len(x),
            cases=({}, {"p": 2.0}), tiles=({}, {"p": 2.0}), loops="elementwise",
-           loop_cases=({}, {"p": 2.0}, {"p": 1.5})),
+           loop_cases=({}, {"p": 2.0}, {"p": 1.5}), row_sum=">= 0"),
     Method("power", power_row, cases=({}, {"p": 1.0}, {"p": 5.0}), tiles=({}, {"p": 1.0}),
-           loops="normalised", loop_cases=({}, {"p": 1.0}, {"p": 2.5})),
+           loops="normalised", loop_cases=({}, {"p": 1.0}, {"p": 2.5}), row_sum="1 or 0"),
     Method("signed", lambda x, p: np.sign(x) * softmax_row(np.abs(x)), tiles=({},),
-           loops="normalised", loop_cases=({},)),
+           loops="normalised", loop_cases=({},), row_sum="Σ|w| = 1"),
     Method("topk", topk_row, cases=({}, {"top_k": 1}, {"top_k": 3}), shift_invariant=True),
     Method("hardmax", hardmax_row, cases=({}, {"straight_through": True}), tiles=({},),
            shift_invariant=True),
@@ -191,8 +198,9 @@ _ENTRIES = [
            cases=({}, {"alpha": 2.0}, {"alpha": 1.2}, {"alpha": per_head(1.1, 1.5, 3.0)}),
            shift_invariant=True),
     Method("stick_breaking", lambda x, p: stick_row(x), cases=({}, {"attend_current": True}),
-           causal_only=True),
-    Method("softpick", softpick_row, tiles=({},), loops="normalised", loop_cases=({},)),
+           causal_only=True, row_sum="< 1"),
+    Method("softpick", softpick_row, tiles=({},), loops="normalised", loop_cases=({},),
+           row_sum="softpick"),
     # small floor_scale / train_length so that β(n) varies across the rows of a causal mask
     Method("llama4_temperature", llama4_row,
            cases=({}, {"floor_scale": 3, "attn_scale": 0.5}, {"floor_scale": 2, "attn_scale": 2.0}),

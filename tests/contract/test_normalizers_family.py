@@ -123,31 +123,32 @@ def _row_property(method, w, s, allowed, params):
     def close(actual, expect, msg):
         assert_close(actual, expect, n=n, magnitude=mag, msg=f"{method}: {msg}")
 
+    kind = TABLE[method].row_sum
     if nz.get(method).sums_to_one:
         close(total, nonempty.to(total.dtype), "rows sum to 1")
-    elif method == "sink":  # < 1, the rest is the null attention
+    elif kind == "sink":  # < 1, the rest is the null attention
         b = params.get("bias", 0.0)
         lse = torch.logsumexp(s.masked_fill(~allowed, -math.inf), -1)
         null = torch.exp(b - torch.logaddexp(torch.full_like(lse, b), lse))
         assert (total < 1).all()
         close(nz.null_attention(w), null, "null attention")
-    elif method in ("sigmoid", "relu"):  # unnormalised, element-wise
+    elif kind in ("in (0, 1)", ">= 0"):  # unnormalised, element-wise
         assert (w >= 0).all()
-        if method == "sigmoid":
+        if kind == "in (0, 1)":
             assert (w[allowed] > 0).all() and (w < 1).all()
-    elif method == "power":  # 1 if any allowed score is positive, else 0
+    elif kind == "1 or 0":  # 1 if any allowed score is positive, else 0
         close(total, pos.to(total.dtype), "rows sum to 1 or 0")
-    elif method == "signed":  # Σ|w| = 1
+    elif kind == "Σ|w| = 1":
         close(w.abs().sum(-1), nonempty.to(total.dtype), "Σ|w| = 1")
-    elif method == "softpick":  # <= 1; = 1 iff no allowed score is negative; 0 without positives
+    elif kind == "softpick":  # <= 1; = 1 iff no allowed score is negative; 0 without positives
         assert (total <= 1 + tolerance(torch.float64, n=n, magnitude=mag)).all()
         none_neg = ~((s < 0) & allowed).any(-1) & pos
         close(total[none_neg], torch.ones_like(total[none_neg]), "rows without negatives sum to 1")
         assert (total[~pos] == 0).all()
-    elif method == "stick_breaking":  # 1 − Π(1 − σ(s)) over the pieces, < 1
+    elif kind == "< 1":  # stick-breaking: 1 − Π(1 − σ(s)) over the pieces
         assert (total < 1).all() and (w >= 0).all()
     else:
-        raise AssertionError(f"no documented row-sum property for {method}")
+        raise AssertionError(f"no documented row-sum property for {method} (tests/methods.py)")
 
 
 @pytest.mark.parametrize("method", NEW)

@@ -10,17 +10,18 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy.optimize import brentq
 
+from methods import CASES as ALL_CASES
+from methods import TABLE, H, case_id, reference
 from precision import assert_close, tolerance
 from sharpattn import normalizers as nz
 from sharpattn.attention import MultiheadAttention, attend, causal_mask
 
 # every registered method but softmax and adaptive (test_normalizers.py's): new registry entries
-# are picked up here, and fail test_every_method_has_a_reference until REFS and CASES cover them
+# are picked up here, and fail test_every_method_is_in_the_table until tests/methods.py has them;
+# the references and parameter cases are its table's
 NEW = [m for m in nz.available() if m not in ("softmax", "adaptive")]
-CAUSAL_ONLY = {"stick_breaking"}
-H = 3  # heads in the test tensors
+CAUSAL_ONLY = {m.name for m in TABLE.values() if m.causal_only}
 
 # tiny tensors run faster (and steadier on a shared machine) on one thread
 pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
@@ -37,195 +38,8 @@ def close_weights(w, expect, s, *, n=None, values=None, msg=None):
     assert_close(w, expect, n=n or s.shape[-1], magnitude=mag, msg=msg)
 
 
-# ---------------------------------------------------------------------------------------------
-# Independent float64 references, one row at a time. x: the row's scores at its allowed keys
-# (in key order), p: the row's parameters (per-head values already picked). Return the weights
-# of those keys; the caller scatters them back and leaves disallowed keys at 0.
-# ---------------------------------------------------------------------------------------------
-
-
-def _softmax(z):
-    e = np.exp(z - z.max())
-    return e / e.sum()
-
-
-def _entmax_ref(x, alpha):
-    """α-entmax by root finding on τ: Σ_i [(α−1)x_i − τ]_+^{1/(α−1)} = 1 (Peters et al. 2019)."""
-    z = (alpha - 1.0) * x
-
-    def excess(tau):
-        return (np.clip(z - tau, 0, None) ** (1.0 / (alpha - 1.0))).sum() - 1.0
-
-    tau = brentq(excess, z.max() - 1.0 - 1e-9, z.max(), xtol=1e-15, rtol=1e-15, maxiter=500)
-    return np.clip(z - tau, 0, None) ** (1.0 / (alpha - 1.0))
-
-
-def _sparsemax_ref(x):
-    """Martins & Astudillo 2016, Alg. 1: sort, support size k(z), threshold τ."""
-    zs = np.sort(x)[::-1]
-    cs = np.cumsum(zs)
-    ks = np.arange(1, len(x) + 1)
-    k = ks[1 + ks * zs > cs].max()
-    tau = (cs[k - 1] - 1.0) / k
-    return np.clip(x - tau, 0, None)
-
-
-def _stick_ref(x):
-    """x: the row's pieces in key order (the caller drops the query's own key unless kept)."""
-    out = np.zeros_like(x)
-    beta = 1.0 / (1.0 + np.exp(-x))
-    for j in range(len(x)):
-        out[j] = beta[j] * np.prod(1.0 - beta[j + 1 :])
-    return out
-
-
-def _sink_ref(x, b):
-    m = max(x.max(), b)
-    return np.exp(x - m) / (np.exp(b - m) + np.exp(x - m).sum())
-
-
-def _llama4_ref(x, p):
-    """transformers' Llama4TextAttention: attn_scales = log1p(floor((position + 1) / floor_scale))
-    · attn_scale + 1 on the queries, position + 1 = n (the row's keys)."""
-    n = len(x)
-    beta = math.log1p(math.floor(n / p.get("floor_scale", 8192))) * p.get("attn_scale", 0.1) + 1
-    return _softmax(beta * x)
-
-
-def _logn_ref(x, p):
-    """Qwen's modeling_qwen.py: logn_list = [math.log(i, L) if i > L else 1 for i in 1..],
-    the query at position p scaled by logn_list[p], p + 1 = n."""
-    n, length = len(x), p.get("train_length", 2048)
-    return _softmax((math.log(n, length) if n > length else 1.0) * x)
-
-
-def _asentmax_ref(x, p):
-    """deep-spin/asentmax sparse_gemma.py (adapt-softplus-tanh): θ = δ + softplus(b)·
-    log(position + 2)^{γ_max·tanh(c)}, position + 2 = n + 1; α-entmax of θ·scores."""
-    n = len(x)
-    beta = np.logaddexp(0.0, p.get("beta_pre", 0.0))  # softplus
-    gamma = p.get("gamma_max", 2.0) * math.tanh(p.get("gamma_pre", 0.0))
-    theta = p.get("delta", 1.0) + beta * math.log(n + 1) ** gamma
-    return _entmax_ref(theta * (x - x.max()), p.get("alpha", 1.5))
-
-
-def _softpick_ref(x):
-    d = np.exp(x) - 1.0
-    total = np.abs(d).sum()
-    return np.maximum(d, 0) / total if total > 0 else np.zeros_like(x)
-
-
-REFS = {
-    "softmax": lambda x, p: _softmax(x / p.get("temperature", 1.0)),
-    "ssmax": lambda x, p: _softmax(p.get("s", 0.43) * math.log(len(x)) * x),
-    "length_scaled": lambda x, p: _softmax((1 + p.get("c", 0.0) * math.log(len(x))) * x),
-    "sink": lambda x, p: _sink_ref(
-        x, p.get("bias", 0.0) + p.get("bias_log_n", 0.0) * math.log(len(x))
-    ),
-    "sigmoid": lambda x, p: (
-        1.0
-        / (
-            1.0
-            + np.exp(
-                -(
-                    x
-                    + p.get("bias", 0.0)
-                    - (math.log(len(x)) if p.get("subtract_log_n", True) else 0.0)
-                )
-            )
-        )
-    ),
-    "relu": lambda x, p: np.maximum(x, 0) ** p.get("p", 1.0) / len(x),
-    "power": lambda x, p: (lambda r: r / r.sum() if r.sum() > 0 else r)(
-        np.maximum(x, 0) ** p.get("p", 3.0)
-    ),
-    "signed": lambda x, p: np.sign(x) * _softmax(np.abs(x)),
-    "topk": lambda x, p: (lambda keep: np.where(keep, _softmax(np.where(keep, x, -np.inf)), 0.0))(
-        np.isin(np.arange(len(x)), np.argsort(-x, kind="stable")[: p.get("top_k", 8)])
-    ),
-    "hardmax": lambda x, p: np.eye(len(x))[np.argmax(x)],
-    "sparsemax": lambda x, p: _sparsemax_ref(x),
-    "entmax15": lambda x, p: _entmax_ref(x, 1.5),
-    "entmax": lambda x, p: _entmax_ref(x, p.get("alpha", 1.5)),
-    "stick_breaking": lambda x, p: _stick_ref(x),
-    "softpick": lambda x, p: _softpick_ref(x),
-    "llama4_temperature": _llama4_ref,
-    "logn": _logn_ref,
-    "asentmax": _asentmax_ref,
-}
-
-
-def reference(method, scores, allowed, params):
-    """Apply ``REFS[method]`` row by row to float64 numpy arrays ``[B, H, Lq, Lk]``."""
-    s = scores.detach().double().numpy()
-    a = allowed.numpy()
-    out = np.zeros_like(s)
-    b_, h_, lq, lk = s.shape
-    for b in range(b_):
-        for h in range(h_):
-            for i in range(lq):
-                ok = a[b, h, i].copy()
-                if method == "stick_breaking" and not params.get("attend_current", False):
-                    ok &= np.arange(lk) < i + (lk - lq)  # the query's own key is not a piece
-                if not ok.any():
-                    continue
-                p = {
-                    k: (float(v.flatten()[h]) if torch.is_tensor(v) else v)
-                    for k, v in params.items()
-                }
-                out[b, h, i, ok] = REFS[method](s[b, h, i, ok], p)
-    return out
-
-
-def per_head(*values):
-    return torch.tensor(values, dtype=torch.float64).view(1, H, 1, 1)
-
-
-# Parameter settings per method: defaults, non-defaults, and per-head tensors (as MHA passes).
-CASES = {
-    "softmax": [{}],
-    "ssmax": [{}, {"s": 1.3}, {"s": per_head(0.2, 0.43, 2.0)}],
-    "length_scaled": [{}, {"c": 0.7}, {"c": per_head(0.05, 0.5, 3.0)}],
-    "sink": [
-        {},
-        {"bias": 1.5},
-        {"bias": per_head(-1.0, 0.0, 2.0), "bias_log_n": per_head(0.5, -1.0, 0.0)},
-    ],
-    "sigmoid": [{}, {"bias": per_head(-1.0, 0.0, 2.0)}, {"subtract_log_n": False, "bias": 0.3}],
-    "relu": [{}, {"p": 2.0}],
-    "power": [{}, {"p": 1.0}, {"p": 5.0}],
-    "signed": [{}],
-    "topk": [{}, {"top_k": 1}, {"top_k": 3}],
-    "hardmax": [{}, {"straight_through": True}],
-    "sparsemax": [{}],
-    "entmax15": [{}],
-    "entmax": [{}, {"alpha": 2.0}, {"alpha": 1.2}, {"alpha": per_head(1.1, 1.5, 3.0)}],
-    "stick_breaking": [{}, {"attend_current": True}],
-    "softpick": [{}],
-    # small floor_scale / train_length so that β(n) varies across the rows of a causal mask
-    "llama4_temperature": [
-        {},
-        {"floor_scale": 3, "attn_scale": 0.5},
-        {"floor_scale": 2, "attn_scale": 2.0},
-    ],
-    "logn": [{}, {"train_length": 3}, {"train_length": 2}],
-    "asentmax": [
-        {},
-        {"beta_pre": 1.0, "gamma_pre": 0.5},
-        {"beta_pre": per_head(-1.0, 0.5, 2.0), "gamma_pre": per_head(-2.0, 0.0, 1.5)},
-        {"alpha": 2.0, "delta": 0.5, "gamma_max": 1.0, "beta_pre": 0.3, "gamma_pre": -0.7},
-    ],
-}
-ALL_CASES = [(m, p) for m in CASES for p in CASES[m]]
-
-
-def test_every_method_has_a_reference():
-    assert sorted(REFS) == sorted(CASES) == sorted(["softmax", *NEW])
-
-
-def case_id(case):
-    m, p = case
-    return m + "".join(f"-{k}={'tensor' if torch.is_tensor(v) else v}" for k, v in p.items())
+def test_every_method_is_in_the_table():
+    assert sorted(TABLE) == sorted(nz.available())
 
 
 def masks(lq, lk, causal_only=False):
@@ -309,31 +123,32 @@ def _row_property(method, w, s, allowed, params):
     def close(actual, expect, msg):
         assert_close(actual, expect, n=n, magnitude=mag, msg=f"{method}: {msg}")
 
+    kind = TABLE[method].row_sum
     if nz.get(method).sums_to_one:
         close(total, nonempty.to(total.dtype), "rows sum to 1")
-    elif method == "sink":  # < 1, the rest is the null attention
+    elif kind == "sink":  # < 1, the rest is the null attention
         b = params.get("bias", 0.0)
         lse = torch.logsumexp(s.masked_fill(~allowed, -math.inf), -1)
         null = torch.exp(b - torch.logaddexp(torch.full_like(lse, b), lse))
         assert (total < 1).all()
         close(nz.null_attention(w), null, "null attention")
-    elif method in ("sigmoid", "relu"):  # unnormalised, element-wise
+    elif kind in ("in (0, 1)", ">= 0"):  # unnormalised, element-wise
         assert (w >= 0).all()
-        if method == "sigmoid":
+        if kind == "in (0, 1)":
             assert (w[allowed] > 0).all() and (w < 1).all()
-    elif method == "power":  # 1 if any allowed score is positive, else 0
+    elif kind == "1 or 0":  # 1 if any allowed score is positive, else 0
         close(total, pos.to(total.dtype), "rows sum to 1 or 0")
-    elif method == "signed":  # Σ|w| = 1
+    elif kind == "Σ|w| = 1":
         close(w.abs().sum(-1), nonempty.to(total.dtype), "Σ|w| = 1")
-    elif method == "softpick":  # <= 1; = 1 iff no allowed score is negative; 0 without positives
+    elif kind == "softpick":  # <= 1; = 1 iff no allowed score is negative; 0 without positives
         assert (total <= 1 + tolerance(torch.float64, n=n, magnitude=mag)).all()
         none_neg = ~((s < 0) & allowed).any(-1) & pos
         close(total[none_neg], torch.ones_like(total[none_neg]), "rows without negatives sum to 1")
         assert (total[~pos] == 0).all()
-    elif method == "stick_breaking":  # 1 − Π(1 − σ(s)) over the pieces, < 1
+    elif kind == "< 1":  # stick-breaking: 1 − Π(1 − σ(s)) over the pieces
         assert (total < 1).all() and (w >= 0).all()
     else:
-        raise AssertionError(f"no documented row-sum property for {method}")
+        raise AssertionError(f"no documented row-sum property for {method} (tests/methods.py)")
 
 
 @pytest.mark.parametrize("method", NEW)
@@ -368,20 +183,7 @@ def test_stick_breaking_total_is_one_minus_unbroken_stick():
 # Shift invariance: holds for the softmax family, and must visibly fail for the others.
 # ---------------------------------------------------------------------------------------------
 
-SHIFT_INVARIANT = {
-    "softmax",
-    "adaptive",
-    "ssmax",
-    "length_scaled",
-    "topk",
-    "hardmax",
-    "sparsemax",
-    "entmax15",
-    "entmax",
-    "llama4_temperature",
-    "logn",
-    "asentmax",
-}
+SHIFT_INVARIANT = {m.name for m in TABLE.values() if m.shift_invariant}
 
 
 @pytest.mark.parametrize("method", nz.available())
@@ -518,7 +320,7 @@ def test_stick_breaking_refuses_non_causal_patterns():
 
 def _fixed_params(method):
     """The non-default, non-tensor parameter case of a method (or its defaults)."""
-    plain = [p for p in CASES[method] if not any(torch.is_tensor(v) for v in p.values())]
+    plain = [p for p in TABLE[method].cases if not any(torch.is_tensor(v) for v in p.values())]
     return plain[-1]
 
 

@@ -349,6 +349,48 @@ def test_a_plugin_that_declares_a_family_gets_its_fast_path(plugins):
     assert torch.allclose(outs["fused"][1], outs["naive"][1], atol=1e-12)
 
 
+def test_a_plugin_that_declares_a_row_normalised_family_gets_the_tile_path(plugins):
+    """A plug-in RowNormalised without a kernel (sign(s)·|s|^p / Σ|s|^p, a row reference m =
+    max |s|): probed, registered with the two-pass tile path, which gives the naive output and
+    passes a float64 gradcheck on tiles that rows cross."""
+    from sharpattn.attention.fast import path_of
+    from sharpattn.attention.masking import Masking
+    from sharpattn.normalizers import plugin
+
+    plugins("plug_rownorm", """
+        import torch
+        from sharpattn import normalizers as nz
+        from sharpattn.normalizers.families import RowNormalised
+
+        def a(s, m, p=2.0):
+            return (s.abs() / torch.where(m > 0, m, torch.ones_like(m))) ** p
+
+        def u(s, m, p=2.0):
+            return torch.sign(s) * a(s, m, p)
+
+        FAM = RowNormalised(u, a, ref=torch.abs, constants=("p",))
+        ENTRY = nz.Normalizer("x", FAM.weights, "sign(s)|s|^p / Σ|s|^p", "-", False,
+                              params=(nz.Param("p", 2.0, "p >= 1", low=1.0),), family=FAM)
+        """)  # fmt: skip
+    entry = plugin.load("plug_rownorm:ENTRY")
+    assert entry.fused == "row_normalised" and path_of(entry) is not None
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    outs = {}
+    for impl in ("naive", "fused"):
+        qq = q.clone().requires_grad_()
+        out = attend(qq, k, v, entry.name, causal=True, impl=impl, p=3.0)
+        outs[impl] = (out, torch.autograd.grad(out.square().sum(), qq)[0])
+    assert torch.allclose(outs["fused"][0], outs["naive"][0], atol=1e-12)
+    assert torch.allclose(outs["fused"][1], outs["naive"][1], atol=1e-12)
+    masking = Masking.build(None, True, 6, 6, "cpu")
+
+    def f(q, k, v):
+        return path_of(entry)(q, k, v, masking, 0.5, False, blocks=(2, 3), p=3.0)[0]
+
+    assert torch.autograd.gradcheck(f, [t.clone().requires_grad_() for t in (q, k, v)])
+
+
 @pytest.mark.parametrize(
     "body, needle",
     [

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from methods import LOOPS
 from precision import assert_close
 from sharpattn.attention import native
 from sharpattn.attention.fast import FAST
@@ -28,13 +29,7 @@ CASES = [
     ("causal_lq_gt_lk", 40, 27, 2, None, True),
     ("padding", 33, 41, 2, "pad", False),
 ]
-METHODS = [
-    ("power", {}),
-    ("power", {"p": 1.0}),
-    ("power", {"p": 2.5}),
-    ("signed", {}),
-    ("softpick", {}),
-]
+METHODS = [(m, p) for m, p, loops in LOOPS if loops == "normalised"]  # tests/methods.py
 
 
 @pytest.fixture(autouse=True)
@@ -79,13 +74,7 @@ def counting(monkeypatch, name):
     return calls
 
 
-ELEMENTWISE = [
-    ("sigmoid", {}),
-    ("sigmoid", {"bias": -2.0, "subtract_log_n": False}),
-    ("relu", {}),
-    ("relu", {"p": 2.0}),
-    ("relu", {"p": 1.5}),
-]
+ELEMENTWISE = [(m, p) for m, p, loops in LOOPS if loops == "elementwise"]
 
 # (method, params, the loops' name in attention/native.py)
 KERNELS = [(m, p, "normalised") for m, p in METHODS] + [

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from methods import TABLE
 from precision import assert_close
 from sharpattn.attention.fast import FAST, path_of
 from sharpattn.attention.fused import softmax_entropy
@@ -22,52 +23,9 @@ pytestmark = pytest.mark.numerical
 BLOCKS = (16, 8)  # query rows, key columns per tile
 
 
-def _sigmoid(s, a, p):
-    n = a.sum()
-    return 1 / (1 + np.exp(-(s + p.get("bias", 0.0) - np.log(n))))
-
-
-def _relu(s, a, p):
-    return np.maximum(s, 0) ** p.get("p", 1.0) / a.sum()
-
-
-def _power(s, a, p):
-    r = np.maximum(s, 0) ** p.get("p", 3.0)
-    return r / r.sum() if r.sum() > 0 else r
-
-
-def _signed(s, a, p):
-    e = np.exp(np.abs(s) - np.abs(s).max())
-    return np.sign(s) * e / e.sum()
-
-
-def _softpick(s, a, p):
-    d = np.expm1(s)  # scores here are O(1): e^s − 1 directly
-    return np.maximum(d, 0) / np.abs(d).sum()
-
-
-def _hardmax(s, a, p):
-    w = np.zeros_like(s)
-    w[np.argmax(s)] = 1.0
-    return w
-
-
-ROWS = {
-    "sigmoid": _sigmoid,
-    "relu": _relu,
-    "power": _power,
-    "signed": _signed,
-    "softpick": _softpick,
-    "hardmax": _hardmax,
-}
-PARAMS = {
-    "sigmoid": [{}, {"bias": 0.7}],
-    "relu": [{}, {"p": 2.0}],
-    "power": [{}, {"p": 1.0}],
-    "signed": [{}],
-    "softpick": [{}],
-    "hardmax": [{}],
-}
+# the kernels on the tiles and their settings, and the float64 row references: the method
+# table's (tests/methods.py)
+PARAMS = {m.name: list(m.tiles) for m in TABLE.values() if m.tiles}
 
 # (name, lq, lk, hkv, mask, causal)
 CASES = [
@@ -118,7 +76,7 @@ def np_weights(method, params, q, k, mask, causal):
     for idx in np.ndindex(s.shape[:-1]):
         a = allowed[idx]
         if a.any():
-            w[idx][a] = ROWS[method](s[idx][a], a, params)
+            w[idx][a] = TABLE[method].ref(s[idx][a], params)
     return w, allowed
 
 

@@ -667,6 +667,24 @@ def asentmax(
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta)
 
 
+def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /, **params):
+    """The fast path of a user's `Sparse` method: α-entmax of θ·(s − max s) with α =
+    ``family.alpha_of(params)`` and θ = ``family.scale(n, **params)`` of the rows' visible keys,
+    as `asentmax` (the query-block path, through ``family.weights``, where α needs it)."""
+    params.pop("blocks", None)
+    alpha = family.alpha_of(params)
+    _check_alpha(alpha)
+    if _needs_blocks(alpha):
+        out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,
+                                     want_stats=want_stats, check_finite=False, params=params)  # fmt: skip
+        return out, _stats(q, masking, want_stats, *(pieces or (None, None)))
+    theta = None
+    if family.scale is not None:
+        n = masking.visible_keys(dtype=compute_dtype(q.dtype))
+        theta = torch.as_tensor(family.scale(n, **params), dtype=n.dtype, device=q.device)
+    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta)
+
+
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
     if _on_triton(q, k, v, want_stats) and top_k <= triton_kernels().TOPK_MAX:  # CUDA

@@ -11,6 +11,8 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
   for power, |s| for signed, max(0, s) for softpick), and the accumulators are rescaled when m
   grows, as flash attention does for softmax, so nothing overflows at any score size.
   dL/du_ij = (dP_ij − D_i)/Z_i-type terms with D_i = dO_i·out_i (one number per row).
+* a user's **row-normalised** map (`RowNormalised` without a kernel): a first pass for m, then
+  the sums relative to it (no rescaling), u′ and a′ by autograd on each tile.
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
@@ -228,6 +230,43 @@ class _Family(_Kernel):
         return ds, _masked_(w.detach(), mask), dr
 
 
+class _RowFamily(_Kernel):
+    """A user's row-normalised map (`RowNormalised`): u and a on each tile, their derivatives by
+    autograd on the tile. The row reference m is found by a first pass (`row_normalised`) and
+    held fixed, so the running sums never need rescaling (``factor`` is 1)."""
+
+    normalised = True
+
+    def __init__(self, family, m0, **params):
+        super().__init__(**family.constants_of(params))
+        self.family, self.m0 = family, m0
+
+    def ref_of(self, s):
+        return torch.zeros_like(s[..., :1])  # m is m0 from the start
+
+    def factor(self, m_old, m_new):
+        return torch.ones_like(m_new)
+
+    def weights(self, s, m, mask):
+        u = _masked_(self.family.u(s, m, **self.params), mask)
+        a = u if self.family.a is None else _masked_(self.family.a(s, m, **self.params), mask)
+        return u, a.sum(-1, keepdim=True)
+
+    def grad(self, s, dp, m, mask, d, z):
+        # w = u/Z, Z = Σ a: dL/ds = (u′·dP − a′·D)/Z
+        with torch.enable_grad():
+            s1 = s.detach().requires_grad_()
+            u = self.family.u(s1, m, **self.params)
+            u = u if mask is None else u * mask  # not in place: u may be s1 itself
+            if self.family.a is None:
+                (ds,) = torch.autograd.grad(u, s1, dp - d)
+            else:
+                a = self.family.a(s1, m, **self.params)
+                a = a if mask is None else a * mask
+                (ds,) = torch.autograd.grad((u, a), s1, (dp, (-d).expand_as(a)))
+        return ds.div_(z), u.detach().div_(z)
+
+
 KERNELS = {
     "sigmoid": _Sigmoid,
     "relu": _Relu,
@@ -258,6 +297,8 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
     out = grid.empty_out()
     shape = (grid.b, grid.h, grid.lq, 1)
     m = torch.zeros(shape, dtype=grid.dtype, device=out.device) if kernel.normalised else None
+    if getattr(kernel, "m0", None) is not None:  # a reference found beforehand (`_RowFamily`)
+        m = kernel.m0.clone()
     z = torch.zeros_like(m) if kernel.normalised else None
     for r0, r1 in grid.row_blocks():
         qb, rb = grid.q_rows(r0, r1), row_slice(row, grid.lq, r0, r1)
@@ -475,13 +516,34 @@ def tiled_attention(
 # The registry's fast paths
 
 
-def elementwise(family, q, k, v, masking, scale, want_stats, *, blocks=None, **params):
+def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
     """The fast path of a user's `Elementwise` method:
     w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
     n = masking.visible_keys(dtype=_rows(0.0, q).dtype)
     row = _rows(family.row(n, **params), q)
     kernel = _Family(family, **params)
     return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
+
+
+def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
+    """The fast path of a user's `RowNormalised` method: a first pass over the tiles for each
+    row's reference m (the largest of 0 and ``family.ref`` over its visible keys), then the
+    tiles' sums u·v and a relative to it, as the built-in kernels do but without rescaling."""
+    blocks = blocks or (None, None)
+    if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
+        return empty_result(q, k, v, masking, want_stats)
+    grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks)
+    m = torch.zeros(grid.b, grid.h, grid.lq, 1, dtype=grid.dtype, device=q.device)
+    if family.ref is not None:
+        with torch.no_grad():
+            for r0, r1 in grid.row_blocks():
+                qb, mb = grid.q_rows(r0, r1), m[..., r0:r1, :]
+                for t in grid.tiles(r0, r1):
+                    keep = grid.keep(t)
+                    r = _masked_(family.ref(_masked_(grid.scores(qb, t), keep)), keep)
+                    mb.copy_(torch.maximum(mb, r.amax(-1, keepdim=True)))
+    kernel = _RowFamily(family, m, **params)
+    return tiled_attention(kernel, q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks)
 
 
 def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=True, blocks=None):

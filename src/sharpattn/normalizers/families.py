@@ -13,6 +13,15 @@ matrix, so each formula is written once. A user's normalizer (``sharpattn.normal
   ReLU). Fast path: one pass over key tiles, out_i = Σ_j w_ij·v_j, a backward that recomputes
   each tile; the built-in maps name their own kernels (C++ loops on the CPU), a user's map runs
   its ``f`` on each tile with autograd for f′.
+* `RowNormalised`: w_ij = u(s_ij, m_i)/Σ_j a(s_ij, m_i), m_i a row reference that keeps both
+  finite (power, signed, softpick). Fast path: tiles with running sums; the built-in maps name
+  their own kernels, a user's map runs two passes (m, then the sums) with autograd for u′, a′.
+* `TopK`: softmax over the ``count`` largest scores of a row (top-k, hardmax). Fast path: a
+  threshold per row, then one output pass (`sparse_tiled.topk`).
+* `Sparse`: α-entmax(θ_i·s_ij) (sparsemax, 1.5-entmax, α-entmax, ASEntmax): a threshold τ_i per
+  row. Fast path: candidates and Newton steps for τ, then one output pass (`sparse_tiled`).
+* `StickBreaking`: σ(s_ij)·Π_{j<k<i}(1 − σ(s_ik)) (causal only). Fast path: log-space running
+  sums over reversed key tiles (`stick_tiled`).
 
 Hooks are plain functions of tensors (picklable: module-level functions, not lambdas, so a
 sweep's worker processes can use them). ``n`` is a float tensor ``[..., Lq, 1]`` of the row's
@@ -29,8 +38,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
-from ._contract import finish, masked_softmax, prepare, visible_keys
+from . import _entmax  # the entmax package's functions in a form torch.compile can trace
+from ._contract import finish, masked_softmax, prepare, shift_to_row_max, visible_keys
 from .stats import entropy
 
 Tensor = torch.Tensor
@@ -136,25 +147,226 @@ class Sink:
         return finish(w, scores)
 
 
-FAMILIES = (RowScaled, Adaptive, Sink, Elementwise)
+@dataclass(frozen=True)
+class RowNormalised:
+    """w_ij = u_ij / Σ_j a_ij over the allowed keys of row i (0 where the sum is 0), with
+    u_ij = ``u(s_ij, m_i, **constants)`` and a_ij = ``a(s_ij, m_i, **constants)`` (``a`` None:
+    a = u, w = u/Σu). Rows need not sum to one (|u| <= a gives Σ|w| <= 1).
+
+    m_i is the row's reference: the largest of 0 and ``ref(s_ij)`` over its allowed keys
+    (``ref`` element-wise; None: m = 0). It only keeps the numbers finite: u and a must scale
+    alike with m (u(s, m)/a(s, m) and the ratios between keys do not depend on it, e.g. both
+    carry e^{−m} or m^{−p}), so no gradient flows through it. ``u`` and ``a`` are element-wise
+    in s, ``a`` >= 0, both finite for any finite s and m (with m above the row's ``ref``).
+    ``constants``: the parameters they read (plain numbers, as `Elementwise`'s; a learnable
+    parameter cannot enter this family). ``kernel``: a built-in tile kernel with this maths
+    (``"power"``, ``"signed"``, ``"softpick"``: running sums rescaled when m grows, C++ loops on
+    the CPU, Triton on CUDA); None runs two passes over key tiles (m, then the sums; any
+    device), u′ and a′ by autograd on each tile."""
+
+    u: Callable[..., Tensor]
+    a: Callable[..., Tensor] | None = None
+    ref: Callable[..., Tensor] | None = None
+    constants: tuple[str, ...] = ()
+    kernel: str | None = None
+    path: ClassVar[str] = "row_normalised"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        m = self.reference(x, allowed)
+        u, total = self.terms(x, m, allowed, **self.constants_of(params))
+        return finish(u / torch.where(total > 0, total, torch.ones_like(total)), scores)
+
+    def reference(self, x: Tensor, allowed: Tensor | None) -> Tensor:
+        """m per row ``[..., r, 1]``, detached: max(0, max of ``ref`` over the allowed keys)."""
+        if self.ref is None:
+            return x.new_zeros(*x.shape[:-1], 1)
+        r = self.ref(x.detach())
+        r = r if allowed is None else r.masked_fill(~allowed, 0.0)
+        return r.amax(dim=-1, keepdim=True).clamp_min(0.0)
+
+    def terms(self, x: Tensor, m: Tensor, allowed: Tensor | None, **constants):
+        """(u, Σ_j a) of scores ``x`` (a tile or the matrix) against the reference m, 0 at the
+        keys ``allowed`` leaves out."""
+        u = self.u(x, m, **constants)
+        a = u if self.a is None else self.a(x, m, **constants)
+        if allowed is not None:
+            u, a = u.masked_fill(~allowed, 0.0), a.masked_fill(~allowed, 0.0)
+        return u, a.sum(dim=-1, keepdim=True)
+
+    def constants_of(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The parameters ``u`` and ``a`` read, from a call's ``params``."""
+        return {name: params[name] for name in self.constants if name in params}
+
+
+@dataclass(frozen=True)
+class TopK:
+    """softmax over the k_i = ``count(**params)`` largest allowed scores of each row, 0
+    elsewhere (a row with fewer allowed keys keeps them all). Ties at the k-th place are broken
+    in key order: every score above the k-th largest is kept, then the first keys whose score
+    equals it. With k = 1 the weights are one-hot (hardmax) and their gradient is 0.
+
+    ``count`` returns a plain integer >= 1 (a parameter, not a tensor). ``kernel``: a built-in
+    path with this maths (``"topk_tiled"``, ``"hardmax"``); None runs the top-k path
+    (`sparse_tiled.topk`: a threshold per row from the tiles, then the kept keys) with k =
+    ``count(**params)``, which is this maths whatever the plug-in."""
+
+    count: Callable[..., int]
+    kernel: str | None = None
+    path: ClassVar[str] = "topk"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        kk = min(int(self.count(**params)), x.shape[-1])
+        logits = x.masked_fill(~allowed, float("-inf"))
+        tau = logits.topk(kk, dim=-1).values[..., -1:]  # the k-th largest (−inf: keep all allowed)
+        above = logits > tau
+        tie = (logits == tau) & allowed
+        need = kk - above.sum(-1, keepdim=True)  # how many of the ties at τ are kept, in key order
+        keep = above | (tie & (tie.cumsum(-1) <= need))
+        return finish(masked_softmax(x, keep), scores)
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """α-entmax of θ_i·s_ij over the allowed keys of row i (Peters, Niculae & Martins 2019):
+    p_ij = [(α−1)·θ_i·s_ij − τ_i]_+^{1/(α−1)} with τ_i such that the row sums to one; α = 2 is
+    sparsemax (Martins & Astudillo 2016), α → 1 softmax.
+
+    ``alpha``: a number > 1, or a function of the parameters (``alpha(**params)``: a number or
+    a tensor broadcastable to ``[..., Lq, 1]``, e.g. per head). ``scale``: θ_i =
+    ``scale(n_i, **params)`` > 0 from the row's visible keys (None: θ = 1; ASEntmax's length
+    scaling). Computed on θ·(s − max s) (shift invariant, so no score overflows); α = 2 and
+    α = 1.5 (numbers) exactly by sorting, other α by ``n_iter`` bisection steps (a parameter of
+    that name, else 50). ``kernel``: a built-in path with this maths (``"sparsemax_tiled"``,
+    ``"entmax15_tiled"``, ``"entmax_tiled"``, ``"asentmax_tiled"``); None runs the entmax
+    family's tile path with this α and θ (threshold by Newton steps, then one output pass;
+    gradients reach θ's parameters; a learnable α or α > 2 takes blocks of query rows, the
+    naive maths with autograd)."""
+
+    alpha: float | Callable[..., Any] = 1.5
+    scale: Callable[..., Any] | None = None
+    kernel: str | None = None
+    path: ClassVar[str] = "sparse"
+
+    def alpha_of(self, params: dict[str, Any]):
+        """α of a call with ``params``."""
+        return self.alpha(**params) if callable(self.alpha) else self.alpha
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        x, allowed = prepare(scores, mask, check_finite)
+        alpha = self.alpha_of(params)
+        if torch.is_tensor(alpha):
+            alpha = alpha.to(x.dtype)
+        z = shift_to_row_max(x, allowed)
+        if self.scale is not None:
+            theta = self.scale(visible_keys(allowed, dtype=x.dtype), **params)
+            big = torch.finfo(x.dtype).max
+            # θ > 0 and s − max s <= 0: θ·(s − max s) <= 0 cannot overflow to +inf
+            z = (theta * z).clamp(-big, big)
+        # a disallowed key below max − 1/(α − 1) gets exactly 0 (the entmax has no mask)
+        z = torch.where(allowed, z, -1.0 / (alpha - 1.0) - 1.0)
+        if not torch.is_tensor(alpha) and alpha == 2:
+            p = _entmax.sparsemax(z, dim=-1)
+        elif not torch.is_tensor(alpha) and alpha == 1.5:
+            p = _entmax.entmax15(z, dim=-1)
+        else:
+            p = _entmax.entmax_bisect(z, alpha, -1, params.get("n_iter", 50))
+        p = p.masked_fill(~allowed, 0.0).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        return finish(p, scores)
+
+
+@dataclass(frozen=True)
+class StickBreaking:
+    """Stick-breaking (Tan et al. 2025): w_ij = σ(s_ij)·Π_{j<k<i}(1 − σ(s_ik)) for the allowed
+    keys j before query i's own key position i + ``query_offset`` (default Lk − Lq), or up to it
+    with ``attend_current`` (the parameters of those names; the product then runs over
+    j < k <= i). Causal only: an allowed key past the query's position raises ``ValueError``
+    (with ``check_finite``, which reads the mask). Computed in log space, the product a reversed
+    exclusive cumulative sum of log σ(−s). No hooks: a plug-in that declares it gets the
+    stick-breaking tile path (log-space running sums over reversed key tiles), which is this
+    maths. ``kernel``: ``"stick_breaking"`` for the built-in (the same path, C++ loops on the
+    CPU)."""
+
+    kernel: str | None = None
+    path: ClassVar[str] = "stick_breaking"
+
+    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
+                **params) -> Tensor:  # fmt: skip
+        """The family's maths on the whole score matrix: the naive path of its members."""
+        if torch.is_tensor(scores) and scores.dim() < 2:
+            raise ValueError(
+                "stick_breaking needs scores [..., Lq, Lk] (it reads the query position from "
+                f"Lq), got shape {tuple(scores.shape)}."
+            )
+        x, allowed = prepare(scores, mask, check_finite)
+        lq, lk = x.shape[-2], x.shape[-1]
+        offset = params.get("query_offset")
+        i = torch.arange(lq, device=x.device).unsqueeze(-1)
+        j = torch.arange(lk, device=x.device)
+        current = i + (lk - lq if offset is None else offset)  # (Lq, 1): the key position
+        if check_finite and bool((allowed & (j > current)).any()):  # a host sync: checks only
+            raise ValueError(
+                "stick_breaking is causal only: query i may attend only to keys j <= i + "
+                "(Lk − Lq); pass causal=True (or a mask inside the causal one)."
+            )
+        if not params.get("attend_current", False):
+            allowed = allowed & (j < current)
+        log_keep = F.logsigmoid(-x).masked_fill(~allowed, 0.0)  # log(1 − σ(s_ik)), 0 if masked
+        # Σ_{k>j} log_keep_k: cumulative sum from the right, shifted by one (no subtraction)
+        later = F.pad(torch.cumsum(log_keep.flip(-1), dim=-1).flip(-1)[..., 1:], (0, 1))
+        w = torch.exp(F.logsigmoid(x) + later).masked_fill(~allowed, 0.0)
+        return finish(w, scores)
+
+
+FAMILIES = (RowScaled, Adaptive, Sink, Elementwise, RowNormalised, TopK, Sparse, StickBreaking)
+
+#: each family's hooks: (the functions it must have, those it may leave None)
+HOOKS = {
+    RowScaled: (("beta",), ()),
+    Adaptive: (("beta",), ()),
+    Sink: (("bias",), ()),
+    Elementwise: (("f", "row"), ()),
+    RowNormalised: (("u",), ("a", "ref")),
+    TopK: (("count",), ()),
+    Sparse: ((), ("scale",)),
+    StickBreaking: ((), ()),
+}
 
 
 def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) -> None:
     """Refuse (``ValueError``, one sentence naming ``owner``) a family that could not run: not
-    one of `FAMILIES`, a hook that is not callable, or an `Elementwise` constant
-    that is not a parameter of the method or is a learnable one."""
+    one of `FAMILIES`, a hook that is not callable, a `Sparse` α that is neither a
+    number > 1 nor a function, or an `Elementwise` or `RowNormalised` constant that is not a
+    parameter of the method or is a learnable one."""
     if not isinstance(family, FAMILIES):
         names = ", ".join(f.__name__ for f in FAMILIES)
         raise ValueError(f"method {owner!r}: family must be one of {names}, got {family!r}.")
-    table = {RowScaled: ("beta",), Adaptive: ("beta",), Sink: ("bias",), Elementwise: ("f", "row")}
-    hooks = next(names for kind, names in table.items() if isinstance(family, kind))
-    for attr in hooks:
-        if not callable(getattr(family, attr)):
+    needed, optional = HOOKS[type(family)]
+    for attr in needed + optional:
+        hook = getattr(family, attr)
+        if not callable(hook) and (attr in needed or hook is not None):
             raise ValueError(
-                f"method {owner!r}: the family's {attr} must be a function, got "
-                f"{getattr(family, attr)!r}."
+                f"method {owner!r}: the family's {attr} must be a function"
+                f"{'' if attr in needed else ' or None'}, got {hook!r}."
             )
-    if isinstance(family, Elementwise):
+    if isinstance(family, Sparse) and not callable(family.alpha):
+        alpha = family.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 1:
+            raise ValueError(
+                f"method {owner!r}: the family's alpha must be a number > 1 or a function of "
+                f"the parameters, got {alpha!r}."
+            )
+    if isinstance(family, (Elementwise, RowNormalised)):
+        elementwise = isinstance(family, Elementwise)
+        reads = "f" if elementwise else "u and a"
+        enters = "let it enter through row" if elementwise else "this family has no learnable ones"
         for name in family.constants:
             if name not in params:
                 raise ValueError(
@@ -163,9 +375,20 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
                 )
             if name in learnable:
                 raise ValueError(
-                    f"method {owner!r}: learnable parameter {name} cannot be a constant of f "
-                    "(no gradient reaches it on the tiles); let it enter through row."
+                    f"method {owner!r}: learnable parameter {name} cannot be a constant of "
+                    f"{reads} (no gradient reaches it on the tiles); {enters}."
                 )
 
 
-__all__ = ["FAMILIES", "Adaptive", "Elementwise", "RowScaled", "Sink", "check"]
+__all__ = [
+    "FAMILIES",
+    "Adaptive",
+    "Elementwise",
+    "RowNormalised",
+    "RowScaled",
+    "Sink",
+    "Sparse",
+    "StickBreaking",
+    "TopK",
+    "check",
+]

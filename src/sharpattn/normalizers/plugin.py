@@ -72,17 +72,17 @@ def load(spec: str) -> Normalizer:
             "Normalizer."
         )
     entry.validate()  # its parameters, query_dependent, ...: one sentence, before the probe
-    if entry.fused is not None and entry.fused != getattr(entry.family, "path", None):
-        raise ValueError(
-            f"method {spec!r} names the fused path {entry.fused!r}; a plug-in gets a fast path "
-            "by declaring its family (a named path is a built-in kernel of its own maths, which "
-            "cannot be checked to equal yours), so leave fused=None."
-        )
     if getattr(entry.family, "kernel", None) is not None:
         raise ValueError(
             f"method {spec!r}: its family names the built-in kernel {entry.family.kernel!r}, "
             "which computes that method's maths, not yours; leave kernel=None (your f then runs "
             "on the tiles)."
+        )
+    if entry.fused is not None and entry.fused != getattr(entry.family, "path", None):
+        raise ValueError(
+            f"method {spec!r} names the fused path {entry.fused!r}; a plug-in gets a fast path "
+            "by declaring its family (a named path is a built-in kernel of its own maths, which "
+            "cannot be checked to equal yours), so leave fused=None."
         )
     probe(entry)
     return register(replace(entry, fn=_watched(entry)), replace=True)

@@ -202,8 +202,9 @@ class Normalizer:
     citation: str
     sums_to_one: bool
     params: tuple[Param, ...] = field(default_factory=tuple)
-    #: the fast path (O(n) memory) that exists for it, by name: its family's (``family.path``)
-    #: when it declares one, else a built-in path of ``sharpattn.attention.fast.FAST``
+    #: the fast path (O(n) memory) that exists for it, by name: when it declares a family, the
+    #: built-in kernel the family names (``family.kernel``) or else the family's own path
+    #: (``family.path``); else a built-in path of ``sharpattn.attention.fast.FAST``
     fused: str | None = None
     #: learnable parameters that MultiheadAttention also makes a linear function of the query's
     #: input: p_{h,i} = p_h + w_h·x_i, per head h and query i (w initialised to 0)
@@ -214,7 +215,9 @@ class Normalizer:
 
     def __post_init__(self):
         if self.family is not None and self.fused is None:
-            path = getattr(self.family, "path", None)  # validate() refuses anything else
+            # the built-in kernel the family names, else its family's path (validate() refuses
+            # anything that is not a family)
+            path = getattr(self.family, "kernel", None) or getattr(self.family, "path", None)
             object.__setattr__(self, "fused", path if isinstance(path, str) else None)
 
     @property

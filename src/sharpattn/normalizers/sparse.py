@@ -1,10 +1,10 @@
 """Sparse normalizers: exact zeros outside a support (top-k, arg-max, sparsemax / entmax).
 
-sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins), through
-`_entmax` (the same computations as Functions ``torch.compile`` can trace). They take
+Each is a member of a family (`families.TopK`, `families.Sparse`), whose ``weights`` hold the
+maths. sparsemax and α-entmax come from the ``entmax`` package (Peters, Niculae & Martins),
+through `_entmax` (the same computations as Functions ``torch.compile`` can trace). They take
 no mask, so disallowed keys get a finite logit low enough that the mapping gives them exactly
-zero weight (below max − 1/(α−1), see `_fill_for_entmax`), and are zeroed again after.
-Both are shift-invariant, so they are given s − max s: at |s| = 1e8 in float32 the bisection's
+zero weight (below max − 1/(α−1)), and are zeroed again after. Both are shift-invariant, so they are given s − max s: at |s| = 1e8 in float32 the bisection's
 bracket max − 1 would round to max (NaN weights) and a masked key's fill value would tie the
 maximum (rows summing to 1/2); on s − max s neither happens.
 """
@@ -16,15 +16,8 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from . import _entmax  # the entmax package's functions in a form torch.compile can trace
-from ._contract import (
-    finish,
-    masked_softmax,
-    normalizer,
-    prepare,
-    shift_to_row_max,
-    visible_keys,
-)
+from ._contract import masked_softmax, normalizer, prepare
+from .families import Sparse, TopK
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -45,15 +38,20 @@ def topk(
     kept, then the first keys (lowest index) whose score equals it, until ``top_k`` are kept.
     (Named ``top_k`` because ``k`` is the key tensor of [`attend`][sharpattn.attend].)
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    kk = min(top_k, x.shape[-1])
-    logits = x.masked_fill(~allowed, float("-inf"))
-    tau = logits.topk(kk, dim=-1).values[..., -1:]  # the k-th largest (−inf: keep all allowed)
-    above = logits > tau
-    tie = (logits == tau) & allowed
-    need = kk - above.sum(-1, keepdim=True)  # how many of the ties at τ are kept, in key order
-    keep = above | (tie & (tie.cumsum(-1) <= need))
-    return finish(masked_softmax(x, keep), scores)
+    return TOPK.weights(scores, mask, check_finite=check_finite, top_k=top_k)
+
+
+def _top_k(top_k: int = 8, **_) -> int:
+    return top_k
+
+
+def _one(**_) -> int:
+    return 1
+
+
+TOPK = TopK(_top_k, kernel="topk_tiled")
+#: hardmax: top-1 (its straight-through gradient is the normalizer's own)
+HARDMAX = TopK(_one, kernel="hardmax")
 
 
 @normalizer
@@ -70,15 +68,13 @@ def hardmax(
     Its gradient is zero almost everywhere. With ``straight_through=True`` the forward value is
     unchanged and the backward pass is softmax's (straight-through estimator).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    logits = x.masked_fill(~allowed, float("-inf"))
-    first = logits.argmax(dim=-1, keepdim=True)  # torch returns the first maximal index
-    hard = torch.zeros_like(x).scatter(-1, first, 1.0)
-    hard = hard.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)  # empty rows stay 0
+    # top-1: one-hot, constant near any input, so its gradient is 0 and the graph is dropped
+    hard = HARDMAX.weights(scores, mask, check_finite=check_finite).detach()
     if straight_through:
+        x, allowed = prepare(scores, mask, check_finite=False)
         soft = masked_softmax(x, allowed)
-        hard = hard + (soft - soft.detach())
-    return finish(hard, scores)
+        hard = hard + (soft - soft.detach()).to(hard.dtype)
+    return hard
 
 
 #: α of the entmax family (entmax, asentmax; the tiled paths check a tensor α with it too)
@@ -90,18 +86,6 @@ ALPHA = Param(
 N_ITER = Param("n_iter", 50, "bisection steps", kind="int", low=1, high=10_000)
 
 
-def _fill_for_entmax(x: Tensor, allowed: Tensor, alpha) -> Tensor:
-    """``x − max`` (per row, over the allowed keys) with disallowed positions set to
-    −1/(α−1) − 1.
-
-    α-entmax gives p_i = [(α−1)x_i − τ]_+^{1/(α−1)} with τ >= (α−1)·max − 1 (as p_max <= 1), so
-    any x_i < max − 1/(α−1) gets exactly 0. The shift (`shift_to_row_max`) changes nothing
-    (τ absorbs it) but keeps the bisection and the fill value at the scale of 1 whatever the
-    scores' size. Empty rows become all zeros (zeroed afterwards).
-    """
-    return torch.where(allowed, shift_to_row_max(x, allowed), -1.0 / (alpha - 1.0) - 1.0)
-
-
 @normalizer
 def entmax(
     scores: Tensor,
@@ -111,34 +95,27 @@ def entmax(
     n_iter: int = 50,
     check_finite: bool = True,
 ) -> Tensor:
-    """α-entmax over the allowed keys (Peters et al. 2019), by bisection (``entmax.entmax_bisect``).
+    """α-entmax over the allowed keys (Peters et al. 2019): by bisection
+    (``entmax.entmax_bisect``), α = 1.5 and α = 2 (numbers) exactly by sorting.
 
     p = argmax_p ⟨p, s⟩ + H_α^T(p) over the simplex: p_i = [(α−1)s_i − τ]_+^{1/(α−1)} with τ
     such that Σ p = 1. α > 1; α → 1 is softmax, α = 2 is sparsemax. ``alpha`` may be a tensor
     broadcastable to ``[..., Lq, 1]`` (e.g. per head).
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    if torch.is_tensor(alpha):
-        alpha = alpha.to(x.dtype)
-    p = _entmax.entmax_bisect(_fill_for_entmax(x, allowed, alpha), alpha, -1, n_iter)
-    return finish(_zero_disallowed(p, allowed), scores)
+    return ENTMAX.weights(scores, mask, check_finite=check_finite, alpha=alpha, n_iter=n_iter)
 
 
 @normalizer
 def sparsemax(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True) -> Tensor:
     """sparsemax: the Euclidean projection of the scores onto the simplex (Martins & Astudillo
     2016), p_i = [s_i − τ]_+ with Σ p = 1 (α-entmax with α = 2), exact by sorting."""
-    x, allowed = prepare(scores, mask, check_finite)
-    p = _entmax.sparsemax(_fill_for_entmax(x, allowed, 2.0), dim=-1)
-    return finish(_zero_disallowed(p, allowed), scores)
+    return SPARSEMAX.weights(scores, mask, check_finite=check_finite)
 
 
 @normalizer
 def entmax15(scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True) -> Tensor:
     """1.5-entmax (Peters et al. 2019): p_i = [s_i/2 − τ]_+² with Σ p = 1, exact by sorting."""
-    x, allowed = prepare(scores, mask, check_finite)
-    p = _entmax.entmax15(_fill_for_entmax(x, allowed, 1.5), dim=-1)
-    return finish(_zero_disallowed(p, allowed), scores)
+    return ENTMAX15.weights(scores, mask, check_finite=check_finite)
 
 
 def asentmax_scale(
@@ -193,31 +170,30 @@ def asentmax(
 
     α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α > 1 by bisection.
     """
-    x, allowed = prepare(scores, mask, check_finite)
-    theta = asentmax_scale(
-        visible_keys(allowed, dtype=x.dtype), beta_pre, gamma_pre, delta, gamma_max
-    )
-    big = torch.finfo(x.dtype).max
-    # θ·(s − max s): entmax is shift-invariant, and every entry is <= 0 (θ > 0), so θ·s cannot
-    # overflow; the support threshold is then max − 1/(α − 1) = −1/(α − 1)
-    z = (theta * shift_to_row_max(x, allowed)).clamp(-big, big)
-    z = torch.where(allowed, z, -1.0 / (alpha - 1.0) - 1.0)
-    if not torch.is_tensor(alpha) and alpha == 1.5:
-        p = _entmax.entmax15(z, dim=-1)
-    else:
-        p = _entmax.entmax_bisect(z, alpha, -1, n_iter)
-    return finish(_zero_disallowed(p, allowed), scores)
+    return ASENTMAX.weights(scores, mask, check_finite=check_finite, beta_pre=beta_pre,
+                            gamma_pre=gamma_pre, delta=delta, gamma_max=gamma_max, alpha=alpha,
+                            n_iter=n_iter)  # fmt: skip
 
 
-def _zero_disallowed(p: Tensor, allowed: Tensor) -> Tensor:
-    return p.masked_fill(~allowed, 0.0).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+def _alpha(alpha: float | Tensor = 1.5, **_):
+    return alpha
+
+
+def _asentmax_theta(n: Tensor, beta_pre=0.0, gamma_pre=0.0, delta=1.0, gamma_max=2.0, **_):
+    return asentmax_scale(n, beta_pre, gamma_pre, delta, gamma_max)
+
+
+SPARSEMAX = Sparse(2.0, kernel="sparsemax_tiled")
+ENTMAX15 = Sparse(1.5, kernel="entmax15_tiled")
+ENTMAX = Sparse(_alpha, kernel="entmax_tiled")
+ASENTMAX = Sparse(_alpha, scale=_asentmax_theta, kernel="asentmax_tiled")
 
 
 topk = register(
     Normalizer(
         name="topk",
         fn=topk,
-        fused="topk_tiled",
+        family=TOPK,
         formula="softmax over the top_k largest s_j, 0 elsewhere",
         citation="—",
         sums_to_one=True,
@@ -231,7 +207,7 @@ hardmax = register(
         formula="one-hot(argmax_j s_j), ties: first",
         citation="zero-temperature limit of softmax (Veličković et al. 2025, §3)",
         sums_to_one=True,
-        fused="hardmax",
+        family=HARDMAX,
         params=(Param("straight_through", False, "backward pass of softmax (straight-through)"),),
     )
 ).fn
@@ -239,7 +215,7 @@ sparsemax = register(
     Normalizer(
         name="sparsemax",
         fn=sparsemax,
-        fused="sparsemax_tiled",
+        family=SPARSEMAX,
         formula="[s_i − τ]_+, Σ = 1",
         citation="Martins & Astudillo 2016, From Softmax to Sparsemax",
         sums_to_one=True,
@@ -249,7 +225,7 @@ entmax15 = register(
     Normalizer(
         name="entmax15",
         fn=entmax15,
-        fused="entmax15_tiled",
+        family=ENTMAX15,
         formula="[s_i/2 − τ]_+², Σ = 1",
         citation="Peters, Niculae & Martins 2019, Sparse Sequence-to-Sequence Models",
         sums_to_one=True,
@@ -259,7 +235,7 @@ entmax = register(
     Normalizer(
         name="entmax",
         fn=entmax,
-        fused="entmax_tiled",
+        family=ENTMAX,
         formula="[(α−1)s_i − τ]_+^{1/(α−1)}, Σ = 1",
         citation="Peters, Niculae & Martins 2019; Correia et al. 2019",
         sums_to_one=True,
@@ -270,7 +246,7 @@ asentmax = register(
     Normalizer(
         name="asentmax",
         fn=asentmax,
-        fused="asentmax_tiled",
+        family=ASENTMAX,
         formula=(
             "α-entmax over θ·s_j, θ = δ + softplus(b)·log(n + 1)^{γ_max·tanh(c)} "
             "(b = beta_pre, c = gamma_pre; per query in MultiheadAttention)"

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ._contract import finish, normalizer, prepare
+from ._contract import normalizer
+from .families import StickBreaking
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -38,31 +38,13 @@ def stick_breaking(
     −inf) take no share. Rows sum to 1 − Π_k(1 − σ(s_ik)) < 1.
 
     Computed in log space: log w_ij = log σ(s_ij) + Σ_{k>j} log σ(−s_ik), the sum a reversed,
-    exclusive cumulative sum (O(Lq·Lk) memory).
+    exclusive cumulative sum (O(Lq·Lk) memory); the maths is its family's (`STICK_BREAKING`).
     """
-    if torch.is_tensor(scores) and scores.dim() < 2:
-        raise ValueError(
-            "stick_breaking needs scores [..., Lq, Lk] (it reads the query position from Lq), got "
-            f"shape {tuple(scores.shape)}."
-        )
-    x, allowed = prepare(scores, mask, check_finite)
-    lq, lk = x.shape[-2], x.shape[-1]
-    i = torch.arange(lq, device=x.device).unsqueeze(-1)
-    j = torch.arange(lk, device=x.device)
-    current = i + (lk - lq if query_offset is None else query_offset)  # (Lq, 1): key position
-    if check_finite and bool((allowed & (j > current)).any()):  # a host sync: checks only
-        raise ValueError(
-            "stick_breaking is causal only: query i may attend only to keys j <= i + (Lk − Lq); "
-            "pass causal=True (or a mask inside the causal one)."
-        )
-    if not attend_current:
-        allowed = allowed & (j < current)
-    log_keep = F.logsigmoid(-x).masked_fill(~allowed, 0.0)  # log(1 − σ(s_ik)), 0 if masked
-    # Σ_{k>j} log_keep_k: cumulative sum from the right, shifted by one (no subtraction).
-    later = torch.cumsum(log_keep.flip(-1), dim=-1).flip(-1)[..., 1:]
-    later = F.pad(later, (0, 1))
-    w = torch.exp(F.logsigmoid(x) + later).masked_fill(~allowed, 0.0)
-    return finish(w, scores)
+    return STICK_BREAKING.weights(scores, mask, check_finite=check_finite,
+                                  attend_current=attend_current, query_offset=query_offset)  # fmt: skip
+
+
+STICK_BREAKING = StickBreaking(kernel="stick_breaking")
 
 
 stick_breaking = register(
@@ -72,7 +54,7 @@ stick_breaking = register(
         formula="σ(s_ij)·Π_{j<k<i}(1 − σ(s_ik)), j < i (causal only)",
         citation="Tan et al. 2025, Scaling Stick-Breaking Attention",
         sums_to_one=False,
-        fused="stick_breaking",
+        family=STICK_BREAKING,
         params=(
             Param("attend_current", False, "let query i take a share for its own key i"),
             Param(

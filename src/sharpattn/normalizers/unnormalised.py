@@ -93,7 +93,6 @@ sigmoid = register(
         formula="σ(s_i + b − log n), b learnable per head (default 0)",
         citation="Ramapuram et al. 2024, Theory, Analysis, and Best Practices for Sigmoid Self-Attention",
         sums_to_one=False,
-        fused="sigmoid",
         family=SIGMOID,
         params=(
             Param("bias", 0.0, "offset b added to −log n", learnable=True),
@@ -108,7 +107,6 @@ relu = register(
         formula="ReLU(s_i)^p / n",
         citation="Guo et al. 2024, Active-Dormant Attention Heads",
         sums_to_one=False,
-        fused="relu",
         family=RELU,
         params=(Param("p", 1.0, "power p >= 1", low=1.0),),
     )

@@ -4,11 +4,19 @@ pyproject.toml."""
 
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+# Triton's kernels run on the CPU in its interpreter (tests/paths/test_triton.py). Triton reads
+# TRITON_INTERPRET when it is imported (its own jitted functions, tl.sum among them, are defined
+# then), and importing sharpattn imports it (torch.library's operators do), so it is set before
+# any import here; not on a CUDA test run (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile
+# for the GPU.
+if os.environ.get("SHARPATTN_TEST_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from sharpattn import normalizers as nz
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from sharpattn import normalizers as nz  # noqa: E402
 
 # Property tests: enough examples to find edge cases, no per-example deadline (CPU CI is shared).
 # "default" draws the same examples on every run (derandomize), so a test suite that passed
@@ -17,12 +25,6 @@ from sharpattn import normalizers as nz
 settings.register_profile("default", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
-# Triton's kernels run on the CPU in its interpreter (tests/paths/test_triton.py). Triton reads
-# TRITON_INTERPRET when it is imported (its own jitted functions, tl.sum among them, are defined
-# then) and torch.compile imports it, so it is set before any test runs; not on a CUDA test run
-# (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile for the GPU.
-if os.environ.get("SHARPATTN_TEST_DEVICE", "cpu") != "cuda":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # Commands default --threads to the cores free now, which differs between runs (and between a
 # killed run and its resumption); the suite runs every command with one thread, subprocesses
 # included, unless a test passes --threads (tests/experiments/test_cli.py unsets it to test the

@@ -273,3 +273,38 @@ def test_huge_scores_bfloat16_and_value_size():
     assert_close(out, ref, n=20, magnitude=float(vb.detach().float().abs().max()))
     gq, gk, gv = torch.autograd.grad(out.float().sum(), (qb, kb, vb))
     assert gq.dtype == gk.dtype == gv.dtype == torch.bfloat16
+
+
+def test_the_score_shift_on_every_path_equals_a_float64_loop():
+    """b_i = shift + shift_log_position·log(i + 1) (a learnable per-head shift, −log i) on the
+    naive, chunked and fused paths against the stick broken key by key in float64, outputs and
+    gradients of q, k, v and the shift."""
+    g = torch.Generator().manual_seed(7)
+    b, h, n, d = 1, 2, 24, 8
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    shift = torch.tensor([0.3, -0.7], dtype=torch.float64).view(1, 2, 1, 1)
+    leaves = [t.requires_grad_() for t in (q, k, v, shift)]
+    s = (
+        q @ k.transpose(-1, -2) / math.sqrt(d)
+        + shift
+        - torch.log(torch.arange(1.0, n + 1, dtype=torch.float64))[:, None]
+    )
+    sig = torch.sigmoid(s)
+    rows = []
+    for i in range(n):  # key j < i takes σ(s_ij) of what the keys j < k < i left
+        left = torch.ones(b, h, dtype=torch.float64)
+        w = [None] * n
+        for j in range(n - 1, -1, -1):
+            w[j] = sig[..., i, j] * left if j < i else torch.zeros(b, h, dtype=torch.float64)
+            if j < i:
+                left = left * (1 - sig[..., i, j])
+        rows.append(torch.stack(w, -1))
+    ref = torch.stack(rows, -2) @ v
+    want = torch.autograd.grad(ref.sum(), leaves)
+    for impl in ("naive", "chunked", "fused"):
+        out = attend(q, k, v, "stick_breaking", causal=True, impl=impl, shift=shift,
+                     shift_log_position=-1.0)  # fmt: skip
+        got = torch.autograd.grad(out.sum(), leaves)
+        assert_close(out, ref.detach(), n=n, msg=impl)
+        for what, a, bb in zip(("dq", "dk", "dv", "dshift"), got, want, strict=True):
+            assert_close(a, bb, n=n * n, msg=f"{impl} {what}")

@@ -50,6 +50,8 @@ CASES = {
     "2d": (1, 2, 2, 29, 35, 8, 12, "2d", {}),
     "attend_current": (1, 2, 1, 37, 37, 8, 5, "pad", {"attend_current": True}),
     "wide_heads": (1, 2, 1, 24, 30, 72, 40, None, {}),  # D, Dv padded to 128, 64
+    # the score shift b_i = 0.5 − log(position): one more head column of q and k
+    "shift": (1, 2, 1, 30, 36, 8, 5, None, {"shift": 0.5, "shift_log_position": -1.0}),
 }
 
 

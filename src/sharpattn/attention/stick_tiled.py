@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..normalizers.families import score_shift
 from . import native, policy
 from .devices import triton_ready
 from .masking import Masking
@@ -247,9 +248,16 @@ def stick_breaking(
     *,
     attend_current: bool = False,
     query_offset: int | None = None,
+    shift=0.0,
+    shift_log_position=0.0,
     blocks: tuple[int | None, int | None] | None = None,
 ) -> tuple[Tensor, AttentionStats | None]:
     """Stick-breaking attention (``normalizers.stick_breaking``) over tiles, O(n) memory.
+
+    A score shift b_i (``shift`` + ``shift_log_position``·log of the query's 1-based key
+    position, `score_shift`) rides one more head column: q gets b_i/scale, every key 1, so
+    each path (tiles, C++ loops, Triton) computes s_ij + b_i with its own products, and b's
+    gradient (a learnable ``shift``) comes through the concatenation.
 
     ``query_offset``: the key position of query row 0 (default Lk − Lq, as ``causal=True``).
     A mask that lets a query see a key after its own position raises the naive path's
@@ -274,6 +282,11 @@ def stick_breaking(
     diagonal = offset if attend_current else offset - 1
     if masking.causal:
         diagonal = min(diagonal, masking.offset)
+    if torch.is_tensor(shift) or torch.is_tensor(shift_log_position) or shift or shift_log_position:
+        b = score_shift(lq, offset, shift, shift_log_position, q)
+        b = b.expand(q.shape[0], q.shape[1], lq, 1).to(q.dtype)
+        q = torch.cat([q, b / scale], dim=-1)
+        k = torch.cat([k, k.new_ones(*k.shape[:-1], 1)], dim=-1)
     if triton_wanted(q.device, q.dtype, want_stats):
         from . import triton_stick  # imports triton: reached only where triton_ready says so
 

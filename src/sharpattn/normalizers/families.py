@@ -318,11 +318,27 @@ class StickBreaking:
             )
         if not params.get("attend_current", False):
             allowed = allowed & (j < current)
+        shift, per_position = params.get("shift", 0.0), params.get("shift_log_position", 0.0)
+        if torch.is_tensor(shift) or torch.is_tensor(per_position) or shift or per_position:
+            start = lk - lq if offset is None else offset  # query row 0's key position
+            x = x + score_shift(lq, start, shift, per_position, x)
         log_keep = F.logsigmoid(-x).masked_fill(~allowed, 0.0)  # log(1 − σ(s_ik)), 0 if masked
         # Σ_{k>j} log_keep_k: cumulative sum from the right, shifted by one (no subtraction)
         later = F.pad(torch.cumsum(log_keep.flip(-1), dim=-1).flip(-1)[..., 1:], (0, 1))
         w = torch.exp(F.logsigmoid(x) + later).masked_fill(~allowed, 0.0)
         return finish(w, scores)
+
+
+def score_shift(lq: int, offset: int, shift, shift_log_position, like: Tensor) -> Tensor:
+    """Stick-breaking's score shift b_i = ``shift`` + ``shift_log_position``·log(i + offset + 1)
+    ``[1|B, 1|H, Lq, 1]`` (query i's 1-based key position; −1 gives −log i, which keeps long rows
+    from spending the stick on their nearest keys), in ``like``'s compute dtype; ``shift`` a
+    number or a per-head (per-row) tensor."""
+    cd = torch.promote_types(like.dtype, torch.float32)
+    pos = torch.arange(1, lq + 1, dtype=cd, device=like.device).add_(offset).clamp_(min=1.0)
+    b = torch.as_tensor(shift_log_position, dtype=cd, device=like.device) * torch.log(pos)[:, None]
+    b = torch.as_tensor(shift, dtype=cd, device=like.device) + b
+    return b.reshape(torch.broadcast_shapes(b.shape, (1, 1, 1, 1)))
 
 
 FAMILIES = (RowScaled, Adaptive, Sink, Elementwise, RowNormalised, TopK, Sparse, StickBreaking)

@@ -20,6 +20,8 @@ def stick_breaking(
     *,
     attend_current: bool = False,
     query_offset: int | None = None,
+    shift: float | Tensor = 0.0,
+    shift_log_position: float = 0.0,
     check_finite: bool = True,
 ) -> Tensor:
     """w_ij = σ(s_ij)·Π_{j<k<i}(1 − σ(s_ik)) for the allowed keys j < i of query i.
@@ -37,11 +39,16 @@ def stick_breaking(
     rows (the chunked attention path) sets it. Masked keys (padding,
     −inf) take no share. Rows sum to 1 − Π_k(1 − σ(s_ik)) < 1.
 
+    ``shift`` and ``shift_log_position`` add b_i = shift + shift_log_position·log(p_i) to every
+    score of row i, p_i its 1-based key position (`families.score_shift`): a learnable per-head
+    offset, and −1 for the −log i that lets a long row reach past its nearest keys.
+
     Computed in log space: log w_ij = log σ(s_ij) + Σ_{k>j} log σ(−s_ik), the sum a reversed,
     exclusive cumulative sum (O(Lq·Lk) memory); the maths is its family's (`STICK_BREAKING`).
     """
     return STICK_BREAKING.weights(scores, mask, check_finite=check_finite,
-                                  attend_current=attend_current, query_offset=query_offset)  # fmt: skip
+                                  attend_current=attend_current, query_offset=query_offset,
+                                  shift=shift, shift_log_position=shift_log_position)  # fmt: skip
 
 
 STICK_BREAKING = StickBreaking(kernel="stick_breaking")
@@ -57,6 +64,12 @@ stick_breaking = register(
         family=STICK_BREAKING,
         params=(
             Param("attend_current", False, "let query i take a share for its own key i"),
+            Param("shift", 0.0, "score shift b0 added to every score of a row", learnable=True),
+            Param(
+                "shift_log_position",
+                0.0,
+                "score shift per log of the query's position (−1: −log i)",
+            ),
             Param(
                 "query_offset",
                 None,

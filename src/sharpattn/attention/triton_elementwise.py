@@ -244,6 +244,46 @@ def _visible(
 
 
 @triton.jit
+def _query_block(q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d,
+                 BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr):  # fmt: skip
+    """What a program over a block of query rows starts from: (start_m, b, h, the query head's
+    key/value head hk (GQA), offs_m, offs_d, offs_e, in_m, the block of q [M, D])."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=in_m[:, None] & (offs_d[None, :] < d),
+        other=0.0,
+    )
+    return start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q
+
+
+@triton.jit
+def _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d, lq, lk, d,
+                  offset, scale, mask_ptr, smb, smh, smm, smn,
+                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """(s, keep) [M, N] of one key block: s = scale·q·kᵀ (float32) and which keys each row
+    sees (`_visible`); kᵀ is loaded [D, N]."""
+    k = tl.load(
+        k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+        mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
+        other=0.0,
+    )
+    s = tl.dot(q, k, input_precision=PRECISION) * scale
+    keep = _visible(
+        offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+    )
+    return s, keep
+
+
+@triton.jit
 def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m,
           METHOD: tl.constexpr):  # fmt: skip
     """The backward's per-row values [M, 1] of query rows offs_m of head h: the element-wise
@@ -286,18 +326,8 @@ def _forward_kernel(
 ):  # fmt: skip
     """out of one block of query rows; the normalised methods also write each row's reference
     m and sum Z (contiguous [B, H, Lq], float32) for the backward."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group  # the query head's key/value head (GQA)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=(offs_m[:, None] < lq) & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     row = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=offs_m < lq, other=1.0)
     row = row[:, None]
@@ -311,14 +341,32 @@ def _forward_kernel(
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-            other=0.0,
-        )  # kᵀ [D, N]
-        s = tl.dot(q, k, input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        s, keep = _block_scores(
+            q,
+            k_ptr,
+            skb,
+            skh,
+            skn,
+            skd,
+            b,
+            h,
+            hk,
+            offs_m,
+            offs_n,
+            offs_d,
+            lq,
+            lk,
+            d,
+            offset,
+            scale,
+            mask_ptr,
+            smb,
+            smh,
+            smm,
+            smn,
+            CAUSAL,
+            HAS_MASK,
+            PRECISION,
         )
         if METHOD == SOFTMAX:  # flash attention; m = −inf until a row sees a key
             m_new = tl.maximum(m, _reference(s, keep, METHOD))
@@ -393,19 +441,8 @@ def _entmax_forward_kernel(
     inside the bracket [−1, −n^{1−α}]; a last pass for out = Σ_j p_j·v_j / Σ_j p_j, p = [y −
     τ]_+^e, and r = Σ_j u_j·v_j / Σ_j u_j, u = [y − τ]_+^{e−1} (the backward's D_i = dO_i·r_i).
     Writes out, r (float32 [B, H, Lq, Dv]), c0 = max + τ and Z = Σ p per row."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=in_m[:, None] & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     c1 = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)[:, None]
     hi = lk
@@ -415,14 +452,32 @@ def _entmax_forward_kernel(
     n = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-            other=0.0,
-        )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        s, keep = _block_scores(
+            q,
+            k_ptr,
+            skb,
+            skh,
+            skn,
+            skd,
+            b,
+            h,
+            hk,
+            offs_m,
+            offs_n,
+            offs_d,
+            lq,
+            lk,
+            d,
+            offset,
+            scale,
+            mask_ptr,
+            smb,
+            smh,
+            smm,
+            smn,
+            CAUSAL,
+            HAS_MASK,
+            PRECISION,
         )
         top = tl.maximum(top, tl.max(tl.where(keep, c1 * s, -float("inf")), 1))
         n += tl.sum(keep.to(tl.float32), 1)
@@ -436,16 +491,33 @@ def _entmax_forward_kernel(
         c0 = (top + tau)[:, None]
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = tl.load(
-                k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-                other=0.0,
-            )
-            s = tl.dot(q, k, input_precision=PRECISION) * scale
-            keep = _visible(
-                offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL,
+            s, keep = _block_scores(
+                q,
+                k_ptr,
+                skb,
+                skh,
+                skn,
+                skd,
+                b,
+                h,
+                hk,
+                offs_m,
+                offs_n,
+                offs_d,
+                lq,
+                lk,
+                d,
+                offset,
+                scale,
+                mask_ptr,
+                smb,
+                smh,
+                smm,
+                smn,
+                CAUSAL,
                 HAS_MASK,
-            )  # fmt: skip
+                PRECISION,
+            )
             tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
             s0 += tl.sum(tp, 1)
             s1 += tl.sum(tq, 1)
@@ -464,14 +536,32 @@ def _entmax_forward_kernel(
     zu = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-            other=0.0,
-        )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        s, keep = _block_scores(
+            q,
+            k_ptr,
+            skb,
+            skh,
+            skn,
+            skd,
+            b,
+            h,
+            hk,
+            offs_m,
+            offs_n,
+            offs_d,
+            lq,
+            lk,
+            d,
+            offset,
+            scale,
+            mask_ptr,
+            smb,
+            smh,
+            smm,
+            smn,
+            CAUSAL,
+            HAS_MASK,
+            PRECISION,
         )
         tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
         v = tl.load(
@@ -538,19 +628,8 @@ def _topk_forward_kernel(
     τ = the ``top_k``-th largest and how many of the top k tie at τ; then an output pass:
     softmax over the kept keys (above τ, and the first ties at τ in key order). Writes out,
     lse, τ and the key index of the last kept tie (−1: none) per row."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=in_m[:, None] & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     hi = lk
     if CAUSAL:
@@ -558,14 +637,32 @@ def _topk_forward_kernel(
     top = tl.zeros([BLOCK_M, K], dtype=tl.float32) - float("inf")
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-            other=0.0,
-        )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        s, keep = _block_scores(
+            q,
+            k_ptr,
+            skb,
+            skh,
+            skn,
+            skd,
+            b,
+            h,
+            hk,
+            offs_m,
+            offs_n,
+            offs_d,
+            lq,
+            lk,
+            d,
+            offset,
+            scale,
+            mask_ptr,
+            smb,
+            smh,
+            smm,
+            smn,
+            CAUSAL,
+            HAS_MASK,
+            PRECISION,
         )
         new = _block_top(tl.where(keep, s, -float("inf")), K, BLOCK_N)  # ascending
         top = tl.sort(tl.maximum(top, new), descending=True)
@@ -580,14 +677,32 @@ def _topk_forward_kernel(
     last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
-            other=0.0,
-        )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
+        s, keep = _block_scores(
+            q,
+            k_ptr,
+            skb,
+            skh,
+            skn,
+            skd,
+            b,
+            h,
+            hk,
+            offs_m,
+            offs_n,
+            offs_d,
+            lq,
+            lk,
+            d,
+            offset,
+            scale,
+            mask_ptr,
+            smb,
+            smh,
+            smm,
+            smn,
+            CAUSAL,
+            HAS_MASK,
+            PRECISION,
         )
         eq = keep & (s == tau[:, None])
         order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
@@ -717,19 +832,8 @@ def _dq_kernel(
 ):  # fmt: skip
     """dq of one block of query rows (and Σ_j ds_ij per row when WANT_ROW); dq is written
     contiguous [B, H, Lq, D], the row sums [B, H, Lq]."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=in_m[:, None] & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     do = tl.load(
         do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,

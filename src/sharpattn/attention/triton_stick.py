@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .masking import Masking
-from .triton_elementwise import _pad, _unit_last, _visible
+from .triton_elementwise import _pad, _query_block, _unit_last, _visible
 
 Tensor = torch.Tensor
 
@@ -125,18 +125,8 @@ def _forward_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out (float32) of one block of query rows."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group  # the query head's key/value head (GQA)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=(offs_m[:, None] < lq) & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -181,19 +171,8 @@ def _backward_kernel(
 ):  # fmt: skip
     """dq of one block of query rows (contiguous [B, H, Lq, D]), and its share of dk and dv
     added into float32 buffers (contiguous [B, Hkv, Lk, ·]); D = dO·out contiguous [B, H, Lq]."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=in_m[:, None] & (offs_d[None, :] < d),
-        other=0.0,
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     do = tl.load(
         do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,

@@ -341,33 +341,9 @@ def _forward_kernel(
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(
-            q,
-            k_ptr,
-            skb,
-            skh,
-            skn,
-            skd,
-            b,
-            h,
-            hk,
-            offs_m,
-            offs_n,
-            offs_d,
-            lq,
-            lk,
-            d,
-            offset,
-            scale,
-            mask_ptr,
-            smb,
-            smh,
-            smm,
-            smn,
-            CAUSAL,
-            HAS_MASK,
-            PRECISION,
-        )
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         if METHOD == SOFTMAX:  # flash attention; m = −inf until a row sees a key
             m_new = tl.maximum(m, _reference(s, keep, METHOD))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -452,33 +428,9 @@ def _entmax_forward_kernel(
     n = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(
-            q,
-            k_ptr,
-            skb,
-            skh,
-            skn,
-            skd,
-            b,
-            h,
-            hk,
-            offs_m,
-            offs_n,
-            offs_d,
-            lq,
-            lk,
-            d,
-            offset,
-            scale,
-            mask_ptr,
-            smb,
-            smh,
-            smm,
-            smn,
-            CAUSAL,
-            HAS_MASK,
-            PRECISION,
-        )
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         top = tl.maximum(top, tl.max(tl.where(keep, c1 * s, -float("inf")), 1))
         n += tl.sum(keep.to(tl.float32), 1)
     top = tl.where(n > 0.0, top, 0.0)
@@ -491,33 +443,9 @@ def _entmax_forward_kernel(
         c0 = (top + tau)[:, None]
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            s, keep = _block_scores(
-                q,
-                k_ptr,
-                skb,
-                skh,
-                skn,
-                skd,
-                b,
-                h,
-                hk,
-                offs_m,
-                offs_n,
-                offs_d,
-                lq,
-                lk,
-                d,
-                offset,
-                scale,
-                mask_ptr,
-                smb,
-                smh,
-                smm,
-                smn,
-                CAUSAL,
-                HAS_MASK,
-                PRECISION,
-            )
+            s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                    lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                    CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
             tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
             s0 += tl.sum(tp, 1)
             s1 += tl.sum(tq, 1)
@@ -536,33 +464,9 @@ def _entmax_forward_kernel(
     zu = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(
-            q,
-            k_ptr,
-            skb,
-            skh,
-            skn,
-            skd,
-            b,
-            h,
-            hk,
-            offs_m,
-            offs_n,
-            offs_d,
-            lq,
-            lk,
-            d,
-            offset,
-            scale,
-            mask_ptr,
-            smb,
-            smh,
-            smm,
-            smn,
-            CAUSAL,
-            HAS_MASK,
-            PRECISION,
-        )
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
         v = tl.load(
             v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
@@ -637,33 +541,9 @@ def _topk_forward_kernel(
     top = tl.zeros([BLOCK_M, K], dtype=tl.float32) - float("inf")
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(
-            q,
-            k_ptr,
-            skb,
-            skh,
-            skn,
-            skd,
-            b,
-            h,
-            hk,
-            offs_m,
-            offs_n,
-            offs_d,
-            lq,
-            lk,
-            d,
-            offset,
-            scale,
-            mask_ptr,
-            smb,
-            smh,
-            smm,
-            smn,
-            CAUSAL,
-            HAS_MASK,
-            PRECISION,
-        )
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         new = _block_top(tl.where(keep, s, -float("inf")), K, BLOCK_N)  # ascending
         top = tl.sort(tl.maximum(top, new), descending=True)
     rank = tl.arange(0, K)[None, :]
@@ -677,33 +557,9 @@ def _topk_forward_kernel(
     last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(
-            q,
-            k_ptr,
-            skb,
-            skh,
-            skn,
-            skd,
-            b,
-            h,
-            hk,
-            offs_m,
-            offs_n,
-            offs_d,
-            lq,
-            lk,
-            d,
-            offset,
-            scale,
-            mask_ptr,
-            smb,
-            smh,
-            smm,
-            smn,
-            CAUSAL,
-            HAS_MASK,
-            PRECISION,
-        )
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         eq = keep & (s == tau[:, None])
         order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
         tie_kept = eq & (order <= need[:, None])

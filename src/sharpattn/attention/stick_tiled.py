@@ -257,7 +257,7 @@ def stick_breaking(
     A score shift b_i (``shift`` + ``shift_log_position``·log of the query's 1-based key
     position, `score_shift`) rides one more head column: q gets b_i/scale, every key 1, so
     each path (tiles, C++ loops, Triton) computes s_ij + b_i with its own products, and b's
-    gradient (a learnable ``shift``) comes through the concatenation.
+    gradient (a ``shift`` tensor that requires grad) comes through the concatenation.
 
     ``query_offset``: the key position of query row 0 (default Lk − Lq, as ``causal=True``).
     A mask that lets a query see a key after its own position raises the naive path's

@@ -40,8 +40,9 @@ def stick_breaking(
     −inf) take no share. Rows sum to 1 − Π_k(1 − σ(s_ik)) < 1.
 
     ``shift`` and ``shift_log_position`` add b_i = shift + shift_log_position·log(p_i) to every
-    score of row i, p_i its 1-based key position (`families.score_shift`): a learnable per-head
-    offset, and −1 for the −log i that lets a long row reach past its nearest keys.
+    score of row i, p_i its 1-based key position (`families.score_shift`): a number or a
+    per-head tensor (one that requires grad gets its gradient), and −1 for the −log i that lets
+    a long row reach past its nearest keys.
 
     Computed in log space: log w_ij = log σ(s_ij) + Σ_{k>j} log σ(−s_ik), the sum a reversed,
     exclusive cumulative sum (O(Lq·Lk) memory); the maths is its family's (`STICK_BREAKING`).
@@ -64,7 +65,7 @@ stick_breaking = register(
         family=STICK_BREAKING,
         params=(
             Param("attend_current", False, "let query i take a share for its own key i"),
-            Param("shift", 0.0, "score shift b0 added to every score of a row", learnable=True),
+            Param("shift", 0.0, "score shift b0 added to every score of a row", tensor=True),
             Param(
                 "shift_log_position",
                 0.0,

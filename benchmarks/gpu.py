@@ -91,8 +91,9 @@ def support(method: str, params: dict, q, k, v, causal: bool, rows: int = 64) ->
 def methods(names: str) -> dict[str, tuple[str, dict]]:
     """Case name → (method, params): every registered method, the CPU benchmark's extras, the
     Triton methods' ``relu@p=2`` and the tiles' rows (``NAME:tiles``)."""
-    every = [*available(), *EXTRA, "relu@p=2", *TILES]
-    return {m: method_case(m) for m in (names.split(",") if names else every)}
+    every = [*available(), *EXTRA, "relu@p=2", *TILES, *(f"anchor:{a}" for a in ANCHORS)]
+    return {m: (m, {}) if m.startswith("anchor:") else method_case(m)
+            for m in (names.split(",") if names else every)}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -110,9 +111,38 @@ def _tiles(on: bool):
             os.environ["SHARPATTN_TRITON"] = before
 
 
+#: other projects' kernels of the same maps, measured in the same process where their package
+#: imports (rows ``anchor:NAME``): AdaSplash's α-entmax (PyPI ``adasplash``; its 0.2 release
+#: runs causal α = 1.5 through AdaSplash-2, the rest through AdaSplash-1) and Tan et al.'s
+#: stick-breaking kernel (``stickbreaking_attention``, not on PyPI: GitHub only). The GPU
+#: machine has no network: ``benchmarks/gpu_check.sh`` installs the wheels it finds in
+#: benchmarks/wheels (``pip download adasplash --no-deps -d benchmarks/wheels``)
+ANCHORS = {"adasplash": ("adasplash", "entmax15"), "stickbreaking": ("stickbreaking_attention",
+                                                                      "stick_breaking")}  # fmt: skip
+
+
+def anchor(name: str, q, k, v, causal: bool):
+    """The call of anchor ``name`` (`ANCHORS`), or a reason it cannot run here."""
+    package, _ = ANCHORS[name]
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed"
+    if name == "adasplash":
+        from adasplash import adasplash
+
+        return lambda: adasplash(q, k, v, alpha=1.5, is_causal=causal)
+    if not causal:
+        return "stick-breaking is causal only"
+    from stickbreaking_attention.sb_attn import sb_attn
+
+    # its forward returns (out, remainder); the remainder is what our "remainder" adds back
+    return lambda: sb_attn(q, k, v, inv_temp=1 / q.shape[-1] ** 0.5)[0]
+
+
 def call(method: str, params: dict, q, k, v, causal: bool):
     if method == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if method.startswith("anchor:"):
+        return anchor(method.partition(":")[2], q, k, v, causal)
     method, _, path = method.partition(":")  # "sigmoid:tiles": without the Triton kernels
 
     def run():
@@ -210,11 +240,21 @@ def main(argv=None) -> None:
                     if time.perf_counter() - t0 > args.deadline:
                         result["skipped"].append(cell)
                         continue
+                    fn = call(method, params, q, k, v, causal)
+                    if isinstance(fn, str):  # an anchor that cannot run here: why
+                        result["rows"].append(cell | {"error": fn})
+                        continue
                     try:
-                        got = measure(call(method, params, q, k, v, causal), mode, q, k, v,
-                                      args.reps)  # fmt: skip
+                        got = measure(fn, mode, q, k, v, args.reps)
                     except torch.OutOfMemoryError:
                         cell["error"] = "out of GPU memory"
+                        result["rows"].append(cell)
+                        torch.cuda.empty_cache()
+                        continue
+                    except Exception as err:  # an anchor's kernel that fails on this GPU
+                        if not method.startswith("anchor:"):
+                            raise
+                        cell["error"] = f"{type(err).__name__}: {err}"[:300]
                         result["rows"].append(cell)
                         torch.cuda.empty_cache()
                         continue
@@ -305,6 +345,9 @@ def table(result: dict) -> str:
         lines += ["", "Support of the sparse maps (nonzero weights / visible keys, last 64 rows):"]
         lines += [f"- {r['method']}, n = {r['n']}{' causal' if r['causal'] else ''}: "
                   f"{100 * r['support']:.2f} %" for r in kept]  # fmt: skip
+    failed = {r["method"]: r["error"] for r in result["rows"] if "error" in r}
+    if failed:
+        lines += ["", "Not measured:", *(f"- {m}: {why}" for m, why in failed.items())]
     if result.get("skipped"):
         lines.append(f"{len(result['skipped'])} cells skipped at the deadline.")
     return "\n".join(lines)

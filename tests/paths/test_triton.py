@@ -81,6 +81,7 @@ ENTMAX_METHODS = {
     "entmax15": ("entmax15", {}),
     "entmax_1.3": ("entmax", {"alpha": 1.3}),
     "asentmax": ("asentmax", {"beta_pre": "tensor", "gamma_pre": 0.3}),
+    "entmax_heads": ("entmax", {"alpha": "tensor"}),  # a learnable α per head
 }
 # top-k's kernel (the k largest scores kept per row as the key blocks pass, then one pass)
 TOPK_METHODS = {
@@ -123,11 +124,16 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
     return q, k, v, (mask if mask is None else mask.to(DEVICE)), causal
 
 
+#: a learnable per-head parameter's values ("tensor" in a method's parameters)
+PER_HEAD = {"bias": [0.3, -0.5, 1.2, 0.0], "beta_pre": [0.3, -0.5, 1.2, 0.0],
+            "alpha": [1.2, 1.5, 1.8, 2.0]}  # fmt: skip
+
+
 def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
     params = dict(EVERY[name][1])
-    for key in ("bias", "beta_pre"):
+    for key, values in PER_HEAD.items():
         if params.get(key) == "tensor":
-            x = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
+            x = torch.tensor(values[:h], dtype=dtype, device=DEVICE)
             params[key] = x.view(1, h, 1, 1).requires_grad_()
     return params
 
@@ -174,7 +180,7 @@ NAMES = ("out", "dq", "dk", "dv", "dbias")
 #: rows, ASEntmax's θ over padded keys). On a GPU every pair runs in every dtype.
 SHORT = {
     **dict.fromkeys((*LSE_METHODS, "sparsemax", "topk"), ("causal_lq_lt_lk", "per_row")),
-    **dict.fromkeys(("entmax15", "entmax_1.3", "topk_3", "hardmax"), ("per_row",)),
+    **dict.fromkeys(("entmax15", "entmax_1.3", "entmax_heads", "topk_3", "hardmax"), ("per_row",)),
     "asentmax": ("padding", "per_row"),
 }
 #: the cases in float32 of the methods past the element-wise ones: all for one of each kernel,
@@ -425,3 +431,116 @@ def test_topk_breaks_ties_in_key_order_like_the_naive_path(on_triton, top_k):
     want = _grads(ref, ref64, torch.ones_like(ref))
     for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
         assert_close(a, b.detach(), n=40, msg=f"{method} {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# block support: the entmax and top-k backward visit only the blocks that hold a weight
+
+
+def _support_of(monkeypatch):
+    """A list that receives every block support table the kernels allocate."""
+    tables = []
+    make = KERNELS._Launch.support_table
+
+    def record(self, device):
+        tables.append(make(self, device))
+        return tables[-1]
+
+    monkeypatch.setattr(KERNELS._Launch, "support_table", record)
+    return tables
+
+
+def _block_flags(w: torch.Tensor, blocks: tuple[int, int]) -> torch.Tensor:
+    """[B·H, query blocks, key blocks]: whether the block of ``w`` [B, H, Lq, Lk] has a weight."""
+    bm, bn = blocks
+    b, h, lq, lk = w.shape
+    pad = torch.nn.functional.pad(w.abs(), (0, -lk % bn, 0, -lq % bm))
+    tiles = pad.reshape(b * h, pad.shape[2] // bm, bm, pad.shape[3] // bn, bn)
+    return tiles.amax((2, 4)) > 0
+
+
+@pytest.mark.parametrize("method", ["sparsemax", "entmax15", "topk"])
+def test_block_support_marks_every_block_with_a_weight_and_the_backward_skips_the_rest(
+    on_triton, monkeypatch, method
+):
+    """Local rows (key j is (cos jω, sin jω) over 8 frequencies ω, query i is 2 times key i +
+    80: scores fall with the distance |i + 80 − j|; 128 keys in 8 blocks, causal): the
+    forward's block support holds every block where the float64 naive weights are nonzero,
+    top-k's exactly those, and the backward skips the others (most of the blocks below the
+    causal edge); outputs and gradients equal the float64 naive path."""
+    tables = _support_of(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    angle = torch.arange(128.0)[:, None] * torch.logspace(-1.5, 0, 8)[None, :]
+    k = torch.cat([angle.cos(), angle.sin()], -1).expand(1, 2, 128, 16)
+    k = k + 0.01 * torch.randn(1, 2, 128, 16, generator=g)  # no ties
+    q = k[:, :, 80:] * 2.0
+    v = torch.randn(1, 2, 128, 8, generator=g)
+    blocks = (16, 16)
+    masking = Masking.build(None, True, 48, 128, q.device)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    kernel = KERNELS.topk_attention if method == "topk" else KERNELS.entmax_attention
+    arg = 8 if method == "topk" else {"sparsemax": 2.0, "entmax15": 1.5}[method]
+    out = kernel(*leaves, masking, 0.25, arg, blocks=blocks)
+    grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    ref64 = [t.detach().double().requires_grad_() for t in leaves]
+    params = {"top_k": 8} if method == "topk" else {}
+    ref = attend(*ref64, method, scale=0.25, causal=True, impl="naive", **params)
+    want = _grads(ref, ref64, torch.ones_like(ref))
+    for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
+        assert_close(a, b.detach(), n=128, msg=f"{method} {what}")
+    # the weights themselves: the identity as values
+    w = attend(*(t.detach() for t in ref64[:2]), torch.eye(128, dtype=torch.float64)
+               .expand(1, 2, 128, 128), method, scale=0.25, causal=True, impl="naive",
+               **params)  # fmt: skip
+    (sup,) = tables
+    truth = _block_flags(w, blocks)
+    flagged = sup.cpu() > 0
+    assert bool((flagged | ~truth).all()), "a block with a weight was skipped"
+    assert torch.equal(flagged, truth)  # (entmax's margin of a few roundings: none here)
+    visited = _block_flags(torch.ones(1, 2, 48, 128).tril(80), blocks)
+    assert int(flagged.sum()) < 0.6 * int(visited.sum())  # the backward skips blocks
+
+
+def test_the_entmax_kernels_alpha_gradient_equals_float64_finite_differences(on_triton):
+    """dL/dα per head (α = 1.25, 1.6, 1.9, 2.0, learnable) from the kernel's dL/dc1 and dL/de
+    against central differences (h = 1e-5) of the float64 naive path with 100 bisection
+    steps: an independent check of ∂w/∂e = w·ln t − u·Σ w·ln t / Σ u."""
+    q, k, v, mask, causal = inputs("per_row", torch.float32)
+    alpha = torch.tensor([1.25, 1.6, 1.9, 2.0], device=DEVICE).view(1, 4, 1, 1)
+    g = torch.randn(q.shape[:3] + (v.shape[-1],), generator=torch.Generator().manual_seed(2))
+    g = g.to(DEVICE)
+    a = alpha.clone().requires_grad_()
+    out, _ = FAST["entmax_tiled"](q, k, v, Masking.build(mask, causal, 33, 34, q.device), 8**-0.5,
+                            False, alpha=a)  # fmt: skip
+    (got,) = torch.autograd.grad(out, a, g)
+    qkv = [t.detach().double() for t in (q, k, v)]
+
+    def loss(al):
+        o = attend(*qkv, "entmax", mask=mask, causal=causal, impl="naive", alpha=al, n_iter=100)
+        return float((o * g.double()).sum())
+
+    want = torch.zeros(4, dtype=torch.float64)
+    for h in range(4):
+        step = torch.zeros(1, 4, 1, 1, dtype=torch.float64, device=DEVICE)
+        step[0, h] = 1e-5
+        a64 = alpha.double()
+        want[h] = (loss(a64 + step) - loss(a64 - step)) / 2e-5
+    assert_close(got.flatten().cpu(), want.float(), n=34 * 33, msg="dL/dalpha")
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_the_entmax_kernel_equals_the_entmax_package_in_float64(on_triton, alpha):
+    """Weights from the kernel (the identity as values) against the ``entmax`` package's
+    sparsemax, entmax15 and entmax_bisect (Peters, Niculae & Martins) on the float64 scores,
+    causal rows of 40 keys: an implementation independent of ours."""
+    entmax = pytest.importorskip("entmax")
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(1, 2, 40, 8, generator=g) * 2, torch.randn(1, 2, 40, 8, generator=g)
+    eye = torch.eye(40).expand(1, 2, 40, 40)
+    masking = Masking.build(None, True, 40, 40, q.device)
+    got = KERNELS.entmax_attention(*(t.to(DEVICE) for t in (q, k, eye)), masking, 8**-0.5, alpha)
+    s = (q.double() @ k.double().transpose(-1, -2) * 8**-0.5).tril()
+    s = s.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+    fn = {2.0: entmax.sparsemax, 1.5: entmax.entmax15}.get(alpha)
+    want = fn(s, dim=-1) if fn else entmax.entmax_bisect(s, alpha, dim=-1, n_iter=100)
+    assert_close(got.cpu(), want.float(), n=40)

@@ -583,9 +583,20 @@ def _kind(alpha) -> str:
     return {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "entmax")
 
 
+def _on_kernel(q, k, v, want_stats, alpha) -> bool:
+    """Whether an entmax-family call runs CUDA's kernel (`_on_triton`): α in (1, 2], a number
+    or a tensor (per head or row, learnable too), a tensor looked at eagerly (one look at its
+    H values; under ``torch.compile``, the query-block or tile path as before)."""
+    if not _on_triton(q, k, v, want_stats):
+        return False
+    if torch.is_tensor(alpha):
+        return not torch.compiler.is_compiling() and not bool((alpha > 2).any())
+    return alpha <= 2.0
+
+
 def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None):
-    if _on_triton(q, k, v, want_stats) and not torch.is_tensor(alpha):  # CUDA: one kernel
-        out = triton_kernels().entmax_attention(q, k, v, masking, scale, float(alpha), theta)
+    if _on_kernel(q, k, v, want_stats, alpha):  # CUDA: one kernel
+        out = triton_kernels().entmax_attention(q, k, v, masking, scale, alpha, theta)
         return out, None
     out, ent, mass = _EntmaxAttention.apply(q, k, v, theta, kind, alpha, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)
@@ -625,9 +636,10 @@ def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1
     A learnable α (a tensor that requires grad) and α > 2 (a number, or any head of a tensor;
     see `_needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive normalizer's bisection and autograd), which
     differentiates in α and converges for α > 2; a tensor α in (1, 2] runs here with
-    `TENSOR_ALPHA_STEPS` steps."""
+    `TENSOR_ALPHA_STEPS` steps. On CUDA the kernel takes every α in (1, 2], a learnable tensor
+    too (`_on_kernel`)."""
     _check_alpha(alpha)
-    if _needs_blocks(alpha):
+    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
         params = dict(alpha=alpha, n_iter=n_iter)
         return _chunked("entmax", q, k, v, masking, scale, want_stats, params)
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha)
@@ -652,7 +664,7 @@ def asentmax(
     (`asentmax_scale`); gradients flow to ``beta_pre`` and
     ``gamma_pre`` through θ."""
     _check_alpha(alpha)
-    if _needs_blocks(alpha):
+    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
         params = dict(
             beta_pre=beta_pre,
             gamma_pre=gamma_pre,
@@ -674,7 +686,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     params.pop("blocks", None)
     alpha = family.alpha_of(params)
     _check_alpha(alpha)
-    if _needs_blocks(alpha):
+    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
         out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,
                                      want_stats=want_stats, check_finite=False, params=params)  # fmt: skip
         return out, _stats(q, masking, want_stats, *(pieces or (None, None)))

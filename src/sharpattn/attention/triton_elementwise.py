@@ -284,11 +284,12 @@ def _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d
 
 
 @triton.jit
-def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m,
+def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p,
           METHOD: tl.constexpr):  # fmt: skip
     """The backward's per-row values [M, 1] of query rows offs_m of head h: the element-wise
     row tensor, or the normalised m, Z (1 where 0: rows with nothing to weigh) and D = dO·out
-    (contiguous [B, H, Lq])."""
+    (contiguous [B, H, Lq]); and the exponent: ``p``, or α-entmax's e = 1/(α−1) per row (the
+    row pair's second entry)."""
     in_m = offs_m < lq
     if METHOD >= NORMALISED:
         rows = b * heads * lq + h * lq + offs_m
@@ -299,14 +300,37 @@ def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m,
         dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)[:, None]
         row = m
         if METHOD >= ENTMAX:  # and c1 (entmax) or τ (top-k) per row
-            row = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)
-            row = row[:, None]
+            at = row_ptr + b * srb + h * srh + offs_m * srm
+            row = tl.load(at, mask=in_m, other=1.0)[:, None]
+            if METHOD == ENTMAX:
+                p = tl.load(at + 1, mask=in_m, other=1.0)[:, None]
     else:
         row = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)[:, None]
         m = row
         z = row
         dd = row
-    return row, m, z, dd
+    return row, m, z, dd, p
+
+
+@triton.jit
+def _support_row(sup_ptr, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where a forward program's query block starts in the block support [B·H, query blocks,
+    key blocks] (one entry per key block from there)."""
+    return sup_ptr + (tl.program_id(1) * tl.cdiv(lq, BLOCK_M) + tl.program_id(0)) * tl.cdiv(
+        lk, BLOCK_N
+    )
+
+
+@triton.jit
+def _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SUPPORT: tl.constexpr):  # fmt: skip
+    """Whether the backward visits the block pair (query rows from start_m, keys from start_n):
+    always, or (SUPPORT) where the forward's block support says a weight may be nonzero."""
+    go = True
+    if SUPPORT:
+        at = ((b * heads + h) * tl.cdiv(lq, BLOCK_M) + start_m // BLOCK_M) * tl.cdiv(lk, BLOCK_N)
+        go = tl.load(sup_ptr + at + start_n // BLOCK_N) > 0.0
+    return go
 
 
 @triton.jit
@@ -392,35 +416,67 @@ def _kept(s, tau, last, offs_n):
 
 @triton.jit
 def _entmax_sums(s, keep, c1, c0, p, POWER: tl.constexpr):
-    """(t^e, t^{e−1}) [M, N] of t = [c1·s − c0]_+ at the allowed keys, 0 elsewhere."""
+    """(t^e, t^{e−1}) [M, N] of t = [c1·s − c0]_+ at the allowed keys, 0 elsewhere (e = ``p``,
+    a number or [M, 1])."""
     t = tl.where(keep, tl.maximum(c1 * s - c0, 0.0), 0.0)
     return _powers(t, p, POWER)
 
 
 @triton.jit
+def _newton(s0, s1, tau, lo, up, p):
+    """One safeguarded Newton step on G(τ) = (Σ_j t_j^e)^{1/e} − 1 from the sums s0 = Σ t^e and
+    s1 = Σ t^{e−1} at τ: the bracket [lo, up] shrunk to the side of the root, then τ + G/|G′| =
+    τ + (S0 − S0^{1−1/e})/S1 if it stays inside, else the bracket's middle. (τ, lo, up) [M]."""
+    right = s0 < 1.0  # G(τ) < 0: τ is past the root
+    lo = tl.where(right, lo, tau)
+    up = tl.where(right, tau, up)
+    lead = tl.exp2((1.0 - 1.0 / p) * tl.log2(tl.maximum(s0, 1e-30)))
+    step = tau + (s0 - lead) / tl.maximum(s1, 1e-30)
+    inside = (step >= lo) & (step <= up)
+    return tl.where(inside, step, 0.5 * (lo + up)), lo, up
+
+
+@triton.jit
+def _slack(top):
+    """How far below a row's threshold a key block's bound must lie to be skipped: a few float32
+    roundings of the scores' size (t = c1·s − c0 and the bound c1·s − max round differently)."""
+    return 1e-6 * (1.0 + tl.max(tl.abs(top), 0))
+
+
+@triton.jit
 def _entmax_forward_kernel(
-    q_ptr, k_ptr, v_ptr, row_ptr, mask_ptr, out_ptr, r_ptr, m_ptr, z_ptr,
+    q_ptr, k_ptr, v_ptr, row_ptr, mask_ptr, out_ptr, r_ptr, m_ptr, z_ptr, sup_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     srb, srh, srm,
     smb, smh, smm, smn,
     sob, soh, som, sod,
-    heads, group, lq, lk, d, dv, offset, scale, p, alpha,
+    heads, group, lq, lk, d, dv, offset, scale,
     POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, STEPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """α-entmax attention of one block of query rows, y = c1·s − max_j c1·s_j (c1 = (α−1)·θ per
-    row, ``row``): a pass for the rows' maximum and visible keys n; ``STEPS`` passes of
-    safeguarded Newton steps on G(τ) = (Σ_j [y_j − τ]_+^e)^{1/e} − 1 from τ = −1 (G >= 0 there)
-    inside the bracket [−1, −n^{1−α}]; a last pass for out = Σ_j p_j·v_j / Σ_j p_j, p = [y −
-    τ]_+^e, and r = Σ_j u_j·v_j / Σ_j u_j, u = [y − τ]_+^{e−1} (the backward's D_i = dO_i·r_i).
-    Writes out, r (float32 [B, H, Lq, Dv]), c0 = max + τ and Z = Σ p per row."""
+    """α-entmax attention of one block of query rows, y = c1·s − max_j c1·s_j, with the row
+    pair ``row`` = (c1, e) per row, c1 = (α−1)·θ and e = 1/(α−1) (α per head or row): a pass
+    for the rows' maximum and visible keys n; ``STEPS`` passes of safeguarded Newton steps
+    (`_newton`) on G(τ) from τ = −1 (G >= 0 there) inside the bracket [−1, −n^{1−α}]; a last
+    pass for out = Σ_j p_j·v_j / Σ_j p_j, p = [y − τ]_+^e, and r = Σ_j u_j·v_j / Σ_j u_j, u =
+    [y − τ]_+^{e−1} (the backward's D_i = dO_i·r_i). Writes out, r (float32 [B, H, Lq, Dv]),
+    c0 = max + τ and Z = Σ p per row.
+
+    Block support, ``sup`` [B·H, query blocks, key blocks] (float32, zeros): the first Newton
+    pass writes each key block's bound, the largest y over the block's rows and keys; a later
+    pass skips a key block whose bound is below every row's τ (no weight there, t = 0), so the
+    passes cost less as τ rises; the last pass overwrites the bound with 1 where some weight of
+    the block may be nonzero, 0 where none is, for the backward kernels to skip the rest."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
-    c1 = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)[:, None]
+    at = row_ptr + b * srb + h * srh + offs_m * srm
+    c1 = tl.load(at, mask=in_m, other=1.0)[:, None]
+    e = tl.load(at + 1, mask=in_m, other=1.0)  # the pair's last dimension has stride 1
+    sup = _support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
     hi = lk
     if CAUSAL:
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
@@ -434,61 +490,79 @@ def _entmax_forward_kernel(
         top = tl.maximum(top, tl.max(tl.where(keep, c1 * s, -float("inf")), 1))
         n += tl.sum(keep.to(tl.float32), 1)
     top = tl.where(n > 0.0, top, 0.0)
+    slack = _slack(top)
+    live = n > 0.0
     lo = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
-    up = -tl.exp2((1.0 - alpha) * tl.log2(tl.maximum(n, 1.0)))
+    up = -tl.exp2((1.0 - (1.0 + 1.0 / e)) * tl.log2(tl.maximum(n, 1.0)))
     tau = lo
-    for _ in range(STEPS):
+    # the first Newton pass, at τ = −1 (every key block), writes the blocks' bounds
+    s0 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    c0 = (top + tau)[:, None]
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+        y = tl.where(keep, c1 * s - top[:, None], -float("inf"))
+        tl.store(sup + start_n // BLOCK_N, tl.max(tl.max(y, 1), 0))
+        tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
+        s0 += tl.sum(tp, 1)
+        s1 += tl.sum(tq, 1)
+    tau, lo, up = _newton(s0, s1, tau, lo, up, e)
+    for _ in range(STEPS - 1):
+        low = tl.min(tl.where(live, tau, float("inf")), 0) - slack  # skip below every row's τ
         s0 = tl.zeros([BLOCK_M], dtype=tl.float32)
         s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
         c0 = (top + tau)[:, None]
         for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
-                                    lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
-                                    CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-            tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
-            s0 += tl.sum(tp, 1)
-            s1 += tl.sum(tq, 1)
-        right = s0 < 1.0  # G(τ) < 0: τ is past the root
-        lo = tl.where(right, lo, tau)
-        up = tl.where(right, tau, up)
-        # Newton on G: τ + G/|G'| = τ + (S0 − S0^{1−1/e})/S1
-        lead = tl.exp2((1.0 - 1.0 / p) * tl.log2(tl.maximum(s0, 1e-30)))
-        step = tau + (s0 - lead) / tl.maximum(s1, 1e-30)
-        inside = (step >= lo) & (step <= up)
-        tau = tl.where(inside, step, 0.5 * (lo + up))
+            if tl.load(sup + start_n // BLOCK_N) > low:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n,
+                                        offs_d, lq, lk, d, offset, scale, mask_ptr, smb, smh, smm,
+                                        smn, CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+                tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
+                s0 += tl.sum(tp, 1)
+                s1 += tl.sum(tq, 1)
+        tau, lo, up = _newton(s0, s1, tau, lo, up, e)
+    low = tl.min(tl.where(live, tau, float("inf")), 0) - slack
     c0 = (top + tau)[:, None]
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     z = tl.zeros([BLOCK_M], dtype=tl.float32)
     zu = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
-                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
-                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        tp, tq = _entmax_sums(s, keep, c1, c0, p, POWER)
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-            other=0.0,
-        )
-        acc += tl.dot(tp.to(v.dtype), v, input_precision=PRECISION)
-        u_hi = tq.to(v.dtype)
-        acc_u += tl.dot(u_hi, v, input_precision=PRECISION)
-        if v.dtype != tl.float32:  # u to about 22 bits (r's rounding enters dθ over every key)
-            acc_u += tl.dot((tq - u_hi.to(tl.float32)).to(v.dtype), v)
-        z += tl.sum(tp, 1)
-        zu += tl.sum(tq, 1)
+        if tl.load(sup + start_n // BLOCK_N) > low:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n,
+                                    offs_d, lq, lk, d, offset, scale, mask_ptr, smb, smh, smm,
+                                    smn, CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+            near = tl.max(tl.max(tl.where(keep, c1 * s - c0, -float("inf")), 1), 0)
+            tl.store(sup + start_n // BLOCK_N, tl.where(near > -slack, 1.0, 0.0))
+            tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
+            v = tl.load(
+                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+                mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
+                other=0.0,
+            )
+            acc += tl.dot(tp.to(v.dtype), v, input_precision=PRECISION)
+            u_hi = tq.to(v.dtype)
+            acc_u += tl.dot(u_hi, v, input_precision=PRECISION)
+            if v.dtype != tl.float32:  # u to about 22 bits (r's rounding enters dθ over every key)
+                acc_u += tl.dot((tq - u_hi.to(tl.float32)).to(v.dtype), v)
+            z += tl.sum(tp, 1)
+            zu += tl.sum(tq, 1)
+        else:
+            tl.store(sup + start_n // BLOCK_N, 0.0)
     acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
     acc_u = acc_u / tl.where(zu > 0.0, zu, 1.0)[:, None]
     rows = b * heads * lq + h * lq + offs_m
     tl.store(m_ptr + rows, tl.reshape(c0, [BLOCK_M]), mask=in_m)
     tl.store(z_ptr + rows, z, mask=in_m)
     where = offs_m[:, None] * som + offs_e[None, :] * sod
-    live = in_m[:, None] & (offs_e[None, :] < dv)
-    tl.store(out_ptr + b * sob + h * soh + where, acc, mask=live)
-    tl.store(r_ptr + b * sob + h * soh + where, acc_u, mask=live)
+    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    tl.store(out_ptr + b * sob + h * soh + where, acc, mask=inside)
+    tl.store(r_ptr + b * sob + h * soh + where, acc_u, mask=inside)
 
 
 @triton.jit
@@ -515,7 +589,7 @@ def _block_top(s, K: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _topk_forward_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr, sup_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -531,7 +605,9 @@ def _topk_forward_kernel(
     one list descending and the other ascending holds the K largest of both, then a sort), so
     τ = the ``top_k``-th largest and how many of the top k tie at τ; then an output pass:
     softmax over the kept keys (above τ, and the first ties at τ in key order). Writes out,
-    lse, τ and the key index of the last kept tie (−1: none) per row."""
+    lse, τ and the key index of the last kept tie (−1: none) per row, and the block support
+    ``sup`` [B·H, query blocks, key blocks]: 1 where the block holds a kept key, else 0 (the
+    backward visits those blocks only)."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
@@ -551,6 +627,7 @@ def _topk_forward_kernel(
     need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
     m = tl.max(top, 1)
     m = tl.where(m == -float("inf"), 0.0, m)
+    sup = _support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     z = tl.zeros([BLOCK_M], dtype=tl.float32)
     ties = tl.zeros([BLOCK_M], dtype=tl.float32)  # ties at τ met so far
@@ -566,14 +643,17 @@ def _topk_forward_kernel(
         last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
         ties += tl.sum(eq.to(tl.float32), 1)
         kept = keep & ((s > tau[:, None]) | tie_kept)
-        w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
-        z += tl.sum(w, 1)
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-            other=0.0,
-        )
-        acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+        any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
+        tl.store(sup + start_n // BLOCK_N, any_kept)
+        if any_kept > 0.0:
+            w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
+            z += tl.sum(w, 1)
+            v = tl.load(
+                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+                mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
+                other=0.0,
+            )
+            acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
     rows = b * heads * lq + h * lq + offs_m
     tl.store(m_ptr + rows, tl.where(z > 0.0, m + tl.log(tl.where(z > 0.0, z, 1.0)), 0.0), mask=in_m)
@@ -589,6 +669,7 @@ def _topk_forward_kernel(
 @triton.jit
 def _dkdv_kernel(
     q_ptr, k_ptr, v_ptr, row_ptr, mask_ptr, do_ptr, dk_ptr, dv_ptr, m_ptr, z_ptr, dd_ptr,
+    sup_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -597,12 +678,14 @@ def _dkdv_kernel(
     sgb, sgh, sgm, sgd,
     heads, kv_heads, group, lq, lk, d, dv, offset, scale, p,
     METHOD: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    SHIFT_ABOVE: tl.constexpr,
+    SHIFT_ABOVE: tl.constexpr, SUPPORT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dk, dv of one block of keys of one key/value head: every query head of its group, every
-    query block that sees a key of the block. dk, dv are written contiguous [B, Hkv, Lk, ·]."""
+    query block that sees a key of the block (with SUPPORT, of those only the blocks where the
+    forward found a weight that may be nonzero, `_has_support`). dk, dv are written contiguous
+    [B, Hkv, Lk, ·]."""
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
     b = bh // kv_heads
@@ -629,35 +712,36 @@ def _dkdv_kernel(
     for g in range(0, group):
         h = hk * group + g
         for start_m in range(lo, lq, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            in_m = offs_m < lq
-            q = tl.load(
-                q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=in_m[:, None] & (offs_d[None, :] < d),
-                other=0.0,
-            )  # [M, D]
-            do = tl.load(
-                do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
-                mask=in_m[:, None] & (offs_e[None, :] < dv),
-                other=0.0,
-            )  # [M, Dv]
-            row, m, z, dd = _rows(
-                row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, METHOD
-            )
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
-            keep = _visible(
-                offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL,
-                HAS_MASK,
-            )  # fmt: skip
-            if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
-                keep = keep & _kept(s, row, z, offs_n)
-            s = tl.where(keep, s, 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i·v_j [M, N]
-            w, ds, _ = _grad(s, dp, row, m, z, dd, p, METHOD, POWER, SHIFT_ABOVE)
-            w = tl.where(keep, w, 0.0)
-            dvacc += tl.dot(tl.trans(w.to(do.dtype)), do, input_precision=PRECISION)
-            ds = tl.where(keep, ds, 0.0)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
+                            SUPPORT):  # fmt: skip
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                in_m = offs_m < lq
+                q = tl.load(
+                    q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                    mask=in_m[:, None] & (offs_d[None, :] < d),
+                    other=0.0,
+                )  # [M, D]
+                do = tl.load(
+                    do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
+                    mask=in_m[:, None] & (offs_e[None, :] < dv),
+                    other=0.0,
+                )  # [M, Dv]
+                row, m, z, dd, pr = _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h,
+                                          heads, lq, offs_m, p, METHOD)  # fmt: skip
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
+                keep = _visible(
+                    offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL,
+                    HAS_MASK,
+                )  # fmt: skip
+                if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept
+                    keep = keep & _kept(s, row, z, offs_n)
+                s = tl.where(keep, s, 0.0)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i·v_j [M, N]
+                w, ds, _ = _grad(s, dp, row, m, z, dd, pr, METHOD, POWER, SHIFT_ABOVE)
+                w = tl.where(keep, w, 0.0)
+                dvacc += tl.dot(tl.trans(w.to(do.dtype)), do, input_precision=PRECISION)
+                ds = tl.where(keep, ds, 0.0)
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     out = b * kv_heads * lk + hk * lk + offs_n  # dk, dv rows (contiguous)
     tl.store(
         dk_ptr + out[:, None] * d + offs_d[None, :],
@@ -674,6 +758,7 @@ def _dkdv_kernel(
 @triton.jit
 def _dq_kernel(
     q_ptr, k_ptr, v_ptr, row_ptr, mask_ptr, do_ptr, dq_ptr, drow_ptr, m_ptr, z_ptr, dd_ptr,
+    sup_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -682,12 +767,14 @@ def _dq_kernel(
     sgb, sgh, sgm, sgd,
     heads, group, lq, lk, d, dv, offset, scale, p,
     METHOD: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    SHIFT_ABOVE: tl.constexpr, WANT_ROW: tl.constexpr,
+    SHIFT_ABOVE: tl.constexpr, WANT_ROW: tl.constexpr, SUPPORT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dq of one block of query rows (and Σ_j ds_ij per row when WANT_ROW); dq is written
-    contiguous [B, H, Lq, D], the row sums [B, H, Lq]."""
+    """dq of one block of query rows (and Σ_j ds_ij per row when WANT_ROW; α-entmax: dL/dc1
+    and dL/de per row, `_entmax_exponent_grad`); dq is written contiguous [B, H, Lq, D], the
+    row sums [B, H, Lq] (α-entmax: [B, H, Lq, 2]). With SUPPORT only the key blocks where the
+    forward found a weight that may be nonzero (`_has_support`)."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
@@ -696,45 +783,47 @@ def _dq_kernel(
         mask=in_m[:, None] & (offs_e[None, :] < dv),
         other=0.0,
     )
-    row, m, z, dd = _rows(
-        row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, METHOD
+    row, m, z, dd, pr = _rows(
+        row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p, METHOD
     )
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     drow = tl.zeros([BLOCK_M], dtype=tl.float32)
+    dexp = tl.zeros([BLOCK_M], dtype=tl.float32)
     hi = lk
     if CAUSAL:
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_n = offs_n < lk
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-            mask=in_n[:, None] & (offs_d[None, :] < d),
-            other=0.0,
-        )  # [N, D]
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=in_n[:, None] & (offs_e[None, :] < dv),
-            other=0.0,
-        )  # [N, Dv]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        keep = _visible(
-            offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL, HAS_MASK
-        )
-        if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
-            keep = keep & _kept(s, row, z, offs_n)
-        s = tl.where(keep, s, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        _, ds, dy = _grad(s, dp, row, m, z, dd, p, METHOD, POWER, SHIFT_ABOVE)
-        ds = tl.where(keep, ds, 0.0)
-        if WANT_ROW:
-            if METHOD == ENTMAX:  # dL/dc1 = Σ_j dL/dy_j·s_j = Σ_j dL/dy_j·(s_j − c0/c1)
-                # (Σ_j dL/dy_j = 0: the shift near the row's largest score keeps the terms small)
-                shift = tl.where(row != 0.0, m / tl.where(row != 0.0, row, 1.0), 0.0)
-                drow += tl.sum(tl.where(keep, dy * (s - shift), 0.0), 1)
-            else:
-                drow += tl.sum(ds, 1)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
+                        SUPPORT):  # fmt: skip
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            in_n = offs_n < lk
+            k = tl.load(
+                k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                mask=in_n[:, None] & (offs_d[None, :] < d),
+                other=0.0,
+            )  # [N, D]
+            v = tl.load(
+                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
+                mask=in_n[:, None] & (offs_e[None, :] < dv),
+                other=0.0,
+            )  # [N, Dv]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            keep = _visible(offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h,
+                            CAUSAL, HAS_MASK)  # fmt: skip
+            if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
+                keep = keep & _kept(s, row, z, offs_n)
+            s = tl.where(keep, s, 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            w, ds, dy = _grad(s, dp, row, m, z, dd, pr, METHOD, POWER, SHIFT_ABOVE)
+            ds = tl.where(keep, ds, 0.0)
+            if WANT_ROW:
+                if METHOD == ENTMAX:
+                    dc1, de = _entmax_exponent_grad(s, keep, w, dy, dp, row, m, dd)
+                    drow += dc1
+                    dexp += de
+                else:
+                    drow += tl.sum(ds, 1)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     rows = b * heads * lq + h * lq + offs_m
     tl.store(
         dq_ptr + rows[:, None] * d + offs_d[None, :],
@@ -742,7 +831,27 @@ def _dq_kernel(
         mask=in_m[:, None] & (offs_d[None, :] < d),
     )
     if WANT_ROW:
-        tl.store(drow_ptr + rows, drow, mask=in_m)
+        if METHOD == ENTMAX:  # [B, H, Lq, 2]: (dL/dc1, dL/de)
+            tl.store(drow_ptr + 2 * rows, drow, mask=in_m)
+            tl.store(drow_ptr + 2 * rows + 1, dexp, mask=in_m)
+        else:
+            tl.store(drow_ptr + rows, drow, mask=in_m)
+
+
+@triton.jit
+def _entmax_exponent_grad(s, keep, w, dy, dp, c1, c0, dd):
+    """α-entmax's row gradients [M] from one key block: dL/dc1 = Σ_j dL/dy_j·s_j, taken as
+    Σ_j dL/dy_j·(s_j − c0/c1) (Σ_j dL/dy_j = 0, and the shift near the row's largest score
+    keeps the terms small), and dL/de at fixed y = Σ_j w_j·ln t_j·(dP_j − D) with t = [c1·s −
+    c0]_+ (from Σ_j t_j^e = 1 held by τ: ∂w_j/∂e = w_j·ln t_j − u_j·Σ_k w_k·ln t_k / Σ_k u_k,
+    u = t^{e−1}, and D = dO·r, r = Σ_k u_k·v_k / Σ_k u_k)."""
+    shift = tl.where(c1 != 0.0, c0 / tl.where(c1 != 0.0, c1, 1.0), 0.0)
+    dc1 = tl.sum(tl.where(keep, dy * (s - shift), 0.0), 1)
+    t = c1 * s - c0
+    pos = keep & (t > 0.0)
+    lt = tl.log(tl.where(pos, t, 1.0))
+    de = tl.sum(tl.where(pos, w * lt * (dp - dd), 0.0), 1)
+    return dc1, de
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,7 +888,8 @@ class _Launch:
         self.b, self.h, self.lq, self.d = q.shape
         self.hkv, self.lk, self.dv = k.shape[1], k.shape[2], v.shape[-1]
         self.group = self.h // self.hkv
-        self.row = row.to(torch.float32).expand(self.b, self.h, self.lq, 1)
+        self.row = row.to(torch.float32).expand(self.b, self.h, self.lq, row.shape[-1])
+        self.support = None  # the forward's block support, for the backward to skip blocks
         self.mask = None
         if masking.mask is not None:  # a view: uint8 of the same bytes, broadcast strides
             self.mask = masking.mask.expand(self.b, self.h, self.lq, self.lk).view(torch.uint8)
@@ -801,6 +911,16 @@ class _Launch:
     def rows(self, device) -> Tensor:
         """A float32 ``[B, H, Lq]`` per-row buffer."""
         return torch.empty(self.b, self.h, self.lq, dtype=torch.float32, device=device)
+
+    def support_table(self, device) -> Tensor:
+        """The block support the entmax and top-k forward kernels write and the backward
+        reads: float32 ``[B·H, query blocks, key blocks]``, zeros (blocks never visited, above
+        the causal edge, have no support). n²/(64·64) entries per head at the 16-bit blocks:
+        1 MiB of float32 at 32k tokens, an eighth of a bfloat16 q of head size 64."""
+        bm, bn = self.blocks
+        shape = (self.b * self.h, triton.cdiv(self.lq, bm), triton.cdiv(self.lk, bn))
+        self.support = torch.zeros(shape, dtype=torch.float32, device=device)
+        return self.support
 
     def switches(self):
         return dict(
@@ -839,15 +959,18 @@ def forward(launch: _Launch, q, k, v):
 
 
 def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=None, glse=None):
-    """(dq, dk, dv, Σ_j ds_ij per row [B, H, Lq, 1] or None); the normalised methods need the
+    """(dq, dk, dv, Σ_j ds_ij per row [B, H, Lq, 1] or None; α-entmax: its (dL/dc1, dL/de)
+    [B, H, Lq, 2]); with the launch's block support only the blocks it marks; the normalised methods need the
     forward's ``out``, m and Z (D_i = dO_i·out_i is taken here, one number per row); softmax
     takes the gradient of its log-sum-exp too (``glse`` [B, H, Lq, 1] or None): ∂lse_i/∂s_ij =
     w_ij, so it enters as D_i − glse_i."""
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
     dk = torch.empty(launch.b, launch.hkv, launch.lk, launch.d, dtype=k.dtype, device=q.device)
     dv = torch.empty(launch.b, launch.hkv, launch.lk, launch.dv, dtype=v.dtype, device=q.device)
-    drow = torch.empty(launch.b, launch.h, launch.lq, 1, dtype=torch.float32, device=q.device)
+    width = 2 if launch.method == ENTMAX.value else 1  # α-entmax: dL/dc1 and dL/de
+    drow = torch.empty(launch.b, launch.h, launch.lq, width, dtype=torch.float32, device=q.device)
     mask, rs, ms = launch.common()
+    sup = launch.support if launch.support is not None else launch.row  # never read if None
     rows = (launch.row,) * 3  # any pointers: never read
     if launch.normalised:
         dd = torch.linalg.vecdot(g.to(torch.float32), out)
@@ -856,17 +979,18 @@ def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=No
         rows = (m, z, dd.contiguous())
     bm, bn = launch.blocks
     sizes = (launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset)
+    support = launch.support is not None
     _dkdv_kernel[(triton.cdiv(launch.lk, bn), launch.b * launch.hkv)](
-        q, k, v, launch.row, mask, g, dk, dv, *rows,
+        q, k, v, launch.row, mask, g, dk, dv, *rows, sup,
         *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *g.stride(),
         launch.h, launch.hkv, *sizes, launch.scale, launch.p,
-        BLOCK_M=bm, BLOCK_N=bn, **launch.switches(),
+        SUPPORT=support, BLOCK_M=bm, BLOCK_N=bn, **launch.switches(),
     )  # fmt: skip
     _dq_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
-        q, k, v, launch.row, mask, g, dq, drow, *rows,
+        q, k, v, launch.row, mask, g, dq, drow, *rows, sup,
         *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *g.stride(),
         launch.h, *sizes, launch.scale, launch.p,
-        WANT_ROW=want_row, BLOCK_M=bm, BLOCK_N=bn, **launch.switches(),
+        WANT_ROW=want_row, SUPPORT=support, BLOCK_M=bm, BLOCK_N=bn, **launch.switches(),
     )  # fmt: skip
     return dq, dk, dv, (drow if want_row else None)
 
@@ -955,52 +1079,55 @@ def softmax_attention(
 #: Newton passes of the α-entmax threshold, by α: from τ = −1 they reached float32 rounding of
 #: the weights (against 200 bisection steps in float64) within 10 passes for sparsemax at n =
 #: 4,096 with flat rows (scores ~0.05, supports of thousands of keys) and within 6 for α = 1.5,
-#: 1.3 and 1.1 at scores from 0.05 to 100; a margin on top for longer rows
+#: 1.3 and 1.1 at scores from 0.05 to 100; a margin on top for longer rows. A tensor α (per
+#: head or row) takes the most, sparsemax's
 ENTMAX_STEPS = {2.0: 14}
 ENTMAX_STEPS_DEFAULT = 10
 
 
 class TritonEntmax(torch.autograd.Function):
-    """α-entmax attention (a number α in (1, 2]) of y = c1·s − max c1·s, c1 = (α−1)·θ per row
-    ``[B|1, H|1, Lq|1, 1]`` (θ = 1, or ASEntmax's scale, differentiable), through
-    `_entmax_forward_kernel` and the shared backward kernels (METHOD ``entmax``): dL/ds =
-    θ·u·(dP − r), u = [y − τ]_+^{e−1}, r_i = Σ_j u_ij·g_ij / Σ_j u_ij = dO_i·(Σ_j u_ij·v_j /
-    Σ_j u_ij) from the forward's second output; dL/dc1_i = Σ_j dL/dy_ij·s_ij."""
+    """α-entmax attention (α in (1, 2], a number or per head/row) of y = c1·s − max c1·s with
+    the row pair ``row`` = (c1, e) ``[B|1, H|1, Lq|1, 2]``, c1 = (α−1)·θ and e = 1/(α−1) (θ = 1,
+    or ASEntmax's scale; both differentiable), through `_entmax_forward_kernel` and the shared
+    backward kernels (METHOD ``entmax``, visiting only the block pairs of the forward's block
+    support): dL/ds = θ·u·(dP − r), u = [y − τ]_+^{e−1}, r_i = Σ_j u_ij·g_ij / Σ_j u_ij =
+    dO_i·(Σ_j u_ij·v_j / Σ_j u_ij) from the forward's second output; dL/dc1_i = Σ_j
+    dL/dy_ij·s_ij and dL/de_i (`_entmax_exponent_grad`). ``power``: e when it is 1, 2 or 3 for
+    every row (the kernels' cheaper powers), else 0."""
 
     @staticmethod
-    def forward(ctx, q, k, v, c1, alpha, masking, scale, blocks):
+    def forward(ctx, q, k, v, row, power, steps, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        launch = _Launch("entmax", q, k, v, c1, masking, scale, 1.0 / (alpha - 1.0), blocks)
+        launch = _Launch("entmax", q, k, v, row, masking, scale, float(power), blocks)
         out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
                           device=q.device)  # fmt: skip
         r = torch.empty_like(out)
         c0, z = launch.rows(q.device), launch.rows(q.device)
         mask, rs, ms = launch.common()
+        sup = launch.support_table(q.device)
         bm, bn = launch.blocks
         switches = launch.switches()
         del switches["METHOD"], switches["SHIFT_ABOVE"]
         _entmax_forward_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
-            q, k, v, launch.row, mask, out, r, c0, z,
+            q, k, v, launch.row, mask, out, r, c0, z, sup,
             *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *out.stride(),
             launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset,
-            launch.scale, launch.p, float(alpha),
-            STEPS=ENTMAX_STEPS.get(float(alpha), ENTMAX_STEPS_DEFAULT),
-            BLOCK_M=bm, BLOCK_N=bn, **switches,
+            launch.scale, STEPS=steps, BLOCK_M=bm, BLOCK_N=bn, **switches,
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, c1, r, c0, z)
+        ctx.save_for_backward(q, k, v, row, r, c0, z)
         ctx.launch = launch
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, c1, r, c0, z = ctx.saved_tensors
+        q, k, v, row, r, c0, z = ctx.saved_tensors
         launch = ctx.launch
         want_row = ctx.needs_input_grad[3]
         g = _unit_last(g.to(v.dtype))
-        dq, dk, dv, dc1 = backward(launch, q, k, v, g, want_row, r, c0, z)
-        if dc1 is not None:
-            dc1 = dc1.to(c1.dtype).sum_to_size(c1.shape)
-        return dq, dk, dv, dc1, None, None, None, None
+        dq, dk, dv, drow = backward(launch, q, k, v, g, want_row, r, c0, z)
+        if drow is not None:
+            drow = drow.to(row.dtype).sum_to_size(row.shape)
+        return dq, dk, dv, drow, None, None, None, None, None
 
 
 def entmax_attention(
@@ -1009,16 +1136,27 @@ def entmax_attention(
     v: Tensor,
     masking: Masking,
     scale: float,
-    alpha: float,
+    alpha: float | Tensor,
     theta: Tensor | None = None,
     blocks: tuple[int, int] | None = None,
 ) -> Tensor:
-    """α-entmax attention ``[B, H, Lq, Dv]`` in q's dtype, α a number in (1, 2] (2: sparsemax),
-    of θ·(s − max s) with θ ``[B|1, H|1, Lq|1, 1]`` (None: 1; differentiable)."""
-    c1 = torch.full((1, 1, 1, 1), alpha - 1.0, dtype=torch.float32, device=q.device)
-    if theta is not None:
-        c1 = theta.to(torch.float32) * (alpha - 1.0)
-    return TritonEntmax.apply(q, k, v, c1, float(alpha), masking, scale, blocks)
+    """α-entmax attention ``[B, H, Lq, Dv]`` in q's dtype of θ·(s − max s): α in (1, 2] (2:
+    sparsemax), a number or a tensor broadcast to ``[B, H, Lq, 1]`` (per head: ``[1, H, 1,
+    1]``; differentiable), θ ``[B|1, H|1, Lq|1, 1]`` (None: 1; differentiable)."""
+    if torch.is_tensor(alpha):
+        a = alpha.to(torch.float32)
+        power, steps = 0, ENTMAX_STEPS[2.0]
+    else:
+        a = torch.tensor(float(alpha), dtype=torch.float32, device=q.device)
+        e = 1.0 / (float(alpha) - 1.0)
+        power = int(e) if e in (1.0, 2.0, 3.0) else 0
+        steps = ENTMAX_STEPS.get(float(alpha), ENTMAX_STEPS_DEFAULT)
+    a = a.reshape((1,) * (4 - a.dim()) + tuple(a.shape)) if a.dim() < 4 else a
+    c1 = a - 1.0 if theta is None else theta.to(torch.float32) * (a - 1.0)
+    e = 1.0 / (a - 1.0)
+    c1, e = torch.broadcast_tensors(c1, e)
+    row = torch.cat([c1, e], -1)
+    return TritonEntmax.apply(q, k, v, row, power, steps, masking, scale, blocks)
 
 
 class TritonTopk(torch.autograd.Function):
@@ -1038,8 +1176,10 @@ class TritonTopk(torch.autograd.Function):
                           device=q.device)  # fmt: skip
         lse, tau, last = (launch.rows(q.device) for _ in range(3))
         mask, _, ms = launch.common()
+        launch.blocks = (bm, bn)  # the backward walks the forward's blocks (its support)
+        sup = launch.support_table(q.device)
         _topk_forward_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
-            q, k, v, mask, out, lse, tau, last,
+            q, k, v, mask, out, lse, tau, last, sup,
             *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
             launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset,
             launch.scale, int(top_k),

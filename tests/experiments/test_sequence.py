@@ -167,12 +167,33 @@ def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("positions", ["alibi", "nape"])
+def test_leaderboard_trains_with_linear_position_biases(tmp_path, positions):
+    """--positions reaches every attention layer and the run's config record, and its setup
+    sentence names it."""
+    out = tmp_path / "lb"
+    args = ["leaderboard", "--quick", "--methods", "sigmoid", "--seeds", "1", "--steps", "5",
+            "--eval-factor", "2", "--eval-sets", "4", "--workers", "1", "--positions", positions,
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    from sharpattn.experiments.runner import read_config
+
+    assert read_config(out, "leaderboard")["positions"] == positions
+    assert f"positions {positions}" in (out / "report.md").read_text()
+    cfg = leaderboard.make_config("quick", positions=positions)
+    model = seq.build_model(cfg, seq.methods()["sigmoid"], seq.task("flip_flop"), 0)
+    assert {m.alibi for m in model.modules() if hasattr(m, "alibi")} == {positions}
+    with pytest.raises(ValueError, match="heads >= 2"):
+        leaderboard.make_config("quick", positions="nape", heads=1)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
         (["leaderboard", "--quick", "--methods", "softmax,nope"], "unknown leaderboard method"),
         (["leaderboard", "--quick", "--tasks", "nope"], "unknown task"),
         (["reproduce", "clrs", "--quick", "--tasks", "flip_flopp"], "unknown task"),
+        (["leaderboard", "--quick", "--positions", "rope"], "is not one of 'rotary'"),
     ],
 )
 def test_mistakes_are_one_sentence_exit_2(tmp_path, capsys, args, words):

@@ -37,6 +37,11 @@ from ..tasks.sequence import default_eval_sizes
 from . import runner, runs
 from .runner import Progress, RunFolder, emit
 
+#: the position schemes of a sweep's decoder (`TransformerConfig.positions` without a learned
+#: table, which could not run beyond its length): RoPE, NoPE, ALiBi on every head, and NAPE
+#: (ALiBi on half of the heads, NoPE on the others)
+POSITIONS = ("rotary", "none", "alibi", "nape")
+
 #: seeds of the data streams (runner.generator(seed, purpose, ...))
 _INIT, _DATA, _TEST = 1, 2, 3
 
@@ -135,7 +140,7 @@ class SequenceConfig:
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    positions: str = "rotary"
+    positions: str = "rotary"  # one of `POSITIONS`
     eval_factor: int = 64  # evaluate up to this multiple of the largest training size
     eval_sets: int = 128  # test sequences per size (the same for every method and seed); the most
     eval_batch: int = 16  # with ``eval_se``, when adaptive sampling stops short of it
@@ -175,6 +180,15 @@ class SequenceConfig:
             raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
         if self.stop_zeros < 0:
             raise ValueError(f"stop_zeros must be >= 0, got {self.stop_zeros}.")
+        if self.positions not in POSITIONS:
+            raise ValueError(
+                f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}."
+            )
+        if self.positions == "nape" and self.heads < 2:
+            raise ValueError(
+                "positions nape puts ALiBi on half of the heads: it needs heads >= 2, "
+                f"got {self.heads}."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

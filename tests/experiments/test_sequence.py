@@ -533,3 +533,24 @@ def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(tmp_path, 
     width, height = Image.open(tmp_path / "h.png").size
     assert width >= 420 and height >= 380  # a one-task map was 324×252 px
     assert height >= 36 * methods  # rows of 0.3 inch at 120 dpi
+
+
+def test_rows_from_before_the_failure_analysis_still_load(trained, tmp_path):
+    """A run's rows carry answer_acc and failures; a record whose rows lack them (written
+    before they were recorded, as the published ones) loads and gives the same ranking, its
+    cells at 0 marked as not recorded."""
+    import json
+
+    record = json.loads(_rows(trained, "softmax").read_text())
+    assert all(set(seq.FAILURE_KEYS) <= set(r) for r in record["rows"])
+    run = _copy(trained, tmp_path / "run", strip=True)
+    for path in run.rglob("rows-*.json"):
+        value = json.loads(path.read_text())
+        rows = [{k: v for k, v in r.items() if k not in seq.FAILURE_KEYS} for r in value["rows"]]
+        value.update(rows=rows, digest=seq._digest(value["job"], rows))
+        path.write_text(json.dumps(value))
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 0
+    assert (run / "leaderboard.csv").read_text() == (trained / "leaderboard.csv").read_text()
+    failures = (run / "failures.md").read_text()
+    assert "answer-token accuracy" in failures
+    assert "not recorded" in failures or failures.count("\n") == 2  # a header alone: no cell at 0

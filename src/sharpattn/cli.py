@@ -36,6 +36,7 @@ from .cli_options import (
     seeds_option,
     threads_option,
 )
+from .experiments.sequence import POSITIONS as SEQUENCE_POSITIONS
 from .experiments.sweep import WorkerDied
 
 
@@ -625,6 +626,13 @@ def _sequence_options(f):
         seed_option("First seed."),
         seeds_option(),
         click.option("--steps", type=count(MAX_STEPS), help="Training steps per run."),
+        click.option(
+            "--positions",
+            type=click.Choice(SEQUENCE_POSITIONS),
+            help="Position scheme of the decoder: rotary (RoPE, the default), none (NoPE), alibi "
+            "(a linear bias on every head) or nape (ALiBi on half of the heads, NoPE on the "
+            "others, as ASEntmax trains).",
+        ),
         click.option(
             "--eval-factor",
             type=count(MAX_FACTOR),

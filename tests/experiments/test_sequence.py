@@ -167,12 +167,33 @@ def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("positions", ["alibi", "nape"])
+def test_leaderboard_trains_with_linear_position_biases(tmp_path, positions):
+    """--positions reaches every attention layer and the run's config record, and its setup
+    sentence names it."""
+    out = tmp_path / "lb"
+    args = ["leaderboard", "--quick", "--methods", "sigmoid", "--seeds", "1", "--steps", "5",
+            "--eval-factor", "2", "--eval-sets", "4", "--workers", "1", "--positions", positions,
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    from sharpattn.experiments.runner import read_config
+
+    assert read_config(out, "leaderboard")["positions"] == positions
+    assert f"positions {positions}" in (out / "report.md").read_text()
+    cfg = leaderboard.make_config("quick", positions=positions)
+    model = seq.build_model(cfg, seq.methods()["sigmoid"], seq.task("flip_flop"), 0)
+    assert {m.alibi for m in model.modules() if hasattr(m, "alibi")} == {positions}
+    with pytest.raises(ValueError, match="heads >= 2"):
+        leaderboard.make_config("quick", positions="nape", heads=1)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
         (["leaderboard", "--quick", "--methods", "softmax,nope"], "unknown leaderboard method"),
         (["leaderboard", "--quick", "--tasks", "nope"], "unknown task"),
         (["reproduce", "clrs", "--quick", "--tasks", "flip_flopp"], "unknown task"),
+        (["leaderboard", "--quick", "--positions", "rope"], "is not one of 'rotary'"),
     ],
 )
 def test_mistakes_are_one_sentence_exit_2(tmp_path, capsys, args, words):
@@ -512,3 +533,24 @@ def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(tmp_path, 
     width, height = Image.open(tmp_path / "h.png").size
     assert width >= 420 and height >= 380  # a one-task map was 324×252 px
     assert height >= 36 * methods  # rows of 0.3 inch at 120 dpi
+
+
+def test_rows_from_before_the_failure_analysis_still_load(trained, tmp_path):
+    """A run's rows carry answer_acc and failures; a record whose rows lack them (written
+    before they were recorded, as the published ones) loads and gives the same ranking, its
+    cells at 0 marked as not recorded."""
+    import json
+
+    record = json.loads(_rows(trained, "softmax").read_text())
+    assert all(set(seq.FAILURE_KEYS) <= set(r) for r in record["rows"])
+    run = _copy(trained, tmp_path / "run", strip=True)
+    for path in run.rglob("rows-*.json"):
+        value = json.loads(path.read_text())
+        rows = [{k: v for k, v in r.items() if k not in seq.FAILURE_KEYS} for r in value["rows"]]
+        value.update(rows=rows, digest=seq._digest(value["job"], rows))
+        path.write_text(json.dumps(value))
+    assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 0
+    assert (run / "leaderboard.csv").read_text() == (trained / "leaderboard.csv").read_text()
+    failures = (run / "failures.md").read_text()
+    assert "answer-token accuracy" in failures
+    assert "not recorded" in failures or failures.count("\n") == 2  # a header alone: no cell at 0

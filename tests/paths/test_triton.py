@@ -544,3 +544,32 @@ def test_the_entmax_kernel_equals_the_entmax_package_in_float64(on_triton, alpha
     fn = {2.0: entmax.sparsemax, 1.5: entmax.entmax15}.get(alpha)
     want = fn(s, dim=-1) if fn else entmax.entmax_bisect(s, alpha, dim=-1, n_iter=100)
     assert_close(got.cpu(), want.float(), n=40)
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "power", "softmax"])
+def test_linear_position_bias_columns_on_the_kernels(on_triton, name):
+    """ALiBi's two extra columns of q and k (D + 2 against Dv = D, queries at the last Lq of
+    Lk) through the kernels: the explicit bias matrix in float64, forward and gradients."""
+    from sharpattn.attention.positions import alibi_slopes, bias_columns
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 20, 8, generator=g).to(DEVICE).requires_grad_()
+    k = torch.randn(1, 2, 37, 8, generator=g).to(DEVICE).requires_grad_()
+    v = torch.randn(1, 2, 37, 8, generator=g).to(DEVICE).requires_grad_()
+    slopes, scale = [4 * m for m in alibi_slopes(2)], 8**-0.5
+    qa, ka = bias_columns(q, k, slopes, scale)
+    masking = Masking.build(None, True, 20, 37, q.device)
+    blocks = {"blocks": BLOCKS} if name in tiled.TRITON_METHODS else {}
+    out, _ = path_of(nz.get(name))(qa, ka, v, masking, scale, False, **blocks)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    p = torch.arange(20, dtype=torch.float64, device=DEVICE)[:, None] + 17
+    j = torch.arange(37, dtype=torch.float64, device=DEVICE)
+    m = torch.tensor(slopes, dtype=torch.float64, device=DEVICE).view(1, 2, 1, 1)
+    scores = q64 @ k64.transpose(-1, -2) * scale - m * (p - j)
+    allowed = j <= p
+    w = nz.get(name).fn(scores.masked_fill(~allowed, -math.inf), allowed)
+    ref = w @ v64
+    want = torch.autograd.grad(ref, (q64, k64, v64), torch.ones_like(ref))
+    for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
+        assert_close(a, b.detach(), n=37 * 10, msg=f"{name} {what}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from ..normalizers import Param, get
 from .functional import attend
+from .positions import LINEAR_BIASES, bias_columns, slopes_of
 from .rotary import apply_rotary
 from .selective import (
     SelectiveConfig,
@@ -52,6 +55,15 @@ class MultiheadAttention(nn.Module):
             τ_tok sees the unrotated projection; scaling a row commutes with rotating it). Keys
             are at positions 0..Lk−1 and queries at the last Lq of them (a cache's offset).
         rotary_base: the RoPE base (θ_i = base^{−2i/D}).
+        alibi: a linear position bias added to every score of head h, −m_h·(i − j) for query
+            position i and key position j (`sharpattn.attention.positions`): ``"alibi"``
+            (Press et al.: every head, slopes m_h = 2^{−8h/H} for H a power of 2) or
+            ``"nape"`` (NoPE + ALiBi, as ASEntmax's code has it: slopes 1, 1/2, … on the first
+            ⌊H/2⌋ heads, no bias on the others; needs H ≥ 2). It rides two extra columns of q
+            and k, so every normalizer runs it on every path (the fast ones in O(n) memory);
+            the normalizer sees the biased score (a temperature scales the bias too). 16-bit
+            inputs are attended in float32 (positions in a 16-bit column would be rounded).
+            Keys are at positions 0..Lk−1, queries at the last Lq of them. Not with ``rotary``.
         gate: gated attention (Qiu et al. 2025, *Gated Attention for Large Language Models:
             Non-linearity, Sparsity, and Attention-Sink-Free*, the gate at position G1): the
             attention output of head h at query i, Y_{h,i}, is multiplied by σ(x_i·W_θ) before the
@@ -85,6 +97,7 @@ class MultiheadAttention(nn.Module):
         sharing: bool | None = None,
         rotary: bool = False,
         rotary_base: float = 10000.0,
+        alibi: str | None = None,
         gate: str | None = None,
         device=None,
         dtype=None,
@@ -106,6 +119,15 @@ class MultiheadAttention(nn.Module):
             head_dim = embed_dim // num_heads
         if rotary and head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}.")
+        if alibi is not None:
+            if alibi not in LINEAR_BIASES:
+                raise ValueError(
+                    f"alibi must be None or one of {', '.join(map(repr, LINEAR_BIASES))}, "
+                    f"got {alibi!r}."
+                )
+            if rotary:
+                raise ValueError("alibi and rotary are two position schemes: pick one.")
+            slopes_of(alibi, num_heads)  # nape with one head: refused here, in one sentence
         for option in OPTIONS:  # the layer's own switches (a method parameter of the same name,
             # e.g. sink's bias, can not be given here: it starts at its registry default)
             option.check(locals()[option.name], "MultiheadAttention")
@@ -120,6 +142,10 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim, self.causal = head_dim, causal
         self.rotary, self.rotary_base = bool(rotary), float(rotary_base)
+        self.alibi = alibi
+        #: the heads' slopes of ``alibi`` (Python numbers: no buffer, so old checkpoints load
+        #: and a cast of the module to 16 bits does not round them)
+        self.alibi_slopes = None if alibi is None else tuple(slopes_of(alibi, num_heads))
         factory = {"device": device, "dtype": dtype}
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
@@ -222,6 +248,10 @@ class MultiheadAttention(nn.Module):
             )
         if self.rotary:
             q, k = self.rotate(q, k)
+        dtype = v.dtype
+        if self.alibi is not None:
+            q, k, v = self.bias(q, k, v)
+            params["scale"] = 1.0 / math.sqrt(hd)  # not 1/√ of the widened q
         fn = attend if self.selective is None else selective_attend
         result = fn(
             q,
@@ -235,6 +265,7 @@ class MultiheadAttention(nn.Module):
             **params,
         )
         out, weights = result if return_weights else (result, None)
+        out = out.to(dtype)
         out = out.transpose(1, 2)  # (B, Lq, H, hd)
         if self.gate is not None:  # Y ⊙ σ(x·W_θ), per head or per output dimension
             g = torch.sigmoid(self.gate_proj(query)).view(b, lq, h, -1)  # (B, Lq, H, 1|hd)
@@ -251,6 +282,17 @@ class MultiheadAttention(nn.Module):
         pos = torch.arange(max(lq, lk), device=q.device, dtype=torch.float32)
         q = apply_rotary(q, pos[:lq] + (lk - lq), self.rotary_base)
         return q, apply_rotary(k, pos[:lk], self.rotary_base)
+
+    def bias(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k with ``alibi``'s two columns appended (`positions.bias_columns`; keys at
+        0..Lk−1, queries at the last Lq of them), and v; all three in float32 where they were
+        16-bit (identity without ``alibi``)."""
+        if self.alibi is None:
+            return q, k, v
+        if q.dtype in (torch.float16, torch.bfloat16):
+            q, k, v = q.float(), k.float(), v.float()
+        q, k = bias_columns(q, k, self.alibi_slopes, 1.0 / math.sqrt(self.head_dim))
+        return q, k, v
 
     def _selective(self, selective, sharing, factory) -> nn.ModuleDict | None:
         if selective is None:
@@ -302,5 +344,6 @@ class MultiheadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, method={self.method!r}"
             + (f", rotary_base={self.rotary_base:g}" if self.rotary else "")
+            + (f", alibi={self.alibi!r}" if self.alibi is not None else "")
             + (f", gate={self.gate!r}" if self.gate is not None else "")
         )

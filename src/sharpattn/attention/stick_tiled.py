@@ -46,6 +46,7 @@ from ..normalizers.families import score_shift
 from . import native, policy
 from .devices import triton_ready
 from .masking import Masking
+from .positions import append_columns
 from .stats import AttentionStats, row_stats
 from .tiled import _exp_, empty_result
 from .tiles import Grid, Tile
@@ -284,9 +285,7 @@ def stick_breaking(
         diagonal = min(diagonal, masking.offset)
     if torch.is_tensor(shift) or torch.is_tensor(shift_log_position) or shift or shift_log_position:
         b = score_shift(lq, offset, shift, shift_log_position, q)
-        b = b.expand(q.shape[0], q.shape[1], lq, 1).to(q.dtype)
-        q = torch.cat([q, b / scale], dim=-1)
-        k = torch.cat([k, k.new_ones(*k.shape[:-1], 1)], dim=-1)
+        q, k = append_columns(q, k, b, k.new_ones(1, 1, 1, 1), scale)
     if triton_wanted(q.device, q.dtype, want_stats):
         from . import triton_stick  # imports triton: reached only where triton_ready says so
 

@@ -20,7 +20,14 @@ from ..normalizers import plugin
 from . import sequence as seq
 from .report import figure, image, markdown_table, write_report, write_table
 from .runner import Progress, read_config
-from .stats import holm
+from .stats import (
+    PairedEffect,
+    detectable,
+    detectable_at_power,
+    holm,
+    paired_effect,
+    verdict,
+)
 
 #: the standard profile's training steps where they are not its 2,000, chosen by softmax's
 #: in-distribution exact match measured at lr 3e-3 (one seed): two_back and local_count 1.000
@@ -115,13 +122,52 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
                 key: seq.compare(per[(t, m)], base, key) for key in ("auc", "id", "ood", "largest")
             }
         has = [t for t in tasks if (t, m) in per]
-        entry["score"] = seq.compare(overall(per, m, has), overall(per, "softmax", has), "auc")
+        mine, base = overall(per, m, has), overall(per, "softmax", has)
+        entry["score"] = seq.compare(mine, base, "auc")
+        entry["effect"] = _effect(mine, base, "auc")
+        for t in entry["tasks"]:
+            entry["tasks"][t]["effect"] = _effect(per[(t, m)], per.get((t, "softmax"), {}), "auc")
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
     adjusted = holm([e["score"][2] for e in out])  # the family: every method against softmax
     for e, p in zip(out, adjusted, strict=True):
         e["holm"] = float(p)
+        e["power"] = _power(e["effect"], e["holm"], _family(adjusted))
+    for t in tasks:  # per task, the family is that task's methods against softmax
+        cells = [e["tasks"][t] for e in out if t in e["tasks"]]
+        adjusted = holm([c["effect"].p for c in cells])
+        for c, p in zip(cells, adjusted, strict=True):
+            c["holm"] = float(p)
+            c["power"] = _power(c["effect"], c["holm"], _family(adjusted))
     return out
+
+
+#: the significance level of the leaderboard's verdicts (before Holm's correction) and the power
+#: its detectable difference is stated at
+ALPHA, POWER = 0.05, 0.8
+
+
+def _effect(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str):
+    """The paired effect (`stats.paired_effect`) of ``per`` against ``base`` on the seeds both
+    have."""
+    seeds = sorted(set(per) & set(base))
+    return paired_effect([base[s][key] for s in seeds], [per[s][key] for s in seeds])
+
+
+def _family(adjusted) -> int:
+    """How many tests a Holm family has (its finite p-values)."""
+    return int(np.isfinite(np.asarray(adjusted, dtype=float)).sum())
+
+
+def _power(effect: PairedEffect, adjusted: float, m: int) -> dict[str, Any]:
+    """What a comparison in a Holm family of ``m`` tests could detect: ``threshold``, the
+    smallest mean paired difference that passes Holm's strictest threshold α/m at the observed
+    spread of the differences; ``at_power``, the smallest true difference a test at α/m detects
+    with 80 % power at that spread; and the ``verdict`` in words (`stats.verdict`)."""
+    level = ALPHA / max(1, m)
+    at_power = detectable_at_power(effect.sd, effect.n, level, POWER)
+    return {"threshold": detectable(effect.sd, effect.n, level), "at_power": at_power,
+            "verdict": verdict(effect, adjusted, at_power, ALPHA)}  # fmt: skip
 
 
 def overall(per: dict[tuple[str, str], dict[int, dict[str, float]]], method: str,
@@ -179,6 +225,125 @@ def _versus(rows, method: str, tasks: list[str]) -> str:
         f"comparison{'s' * (len(body) != 1)} (Bonferroni: multiply by their number).\n\n"
         + markdown_table(header, body)
     )
+
+
+def _interval(e: PairedEffect) -> str:
+    return "–" if not np.isfinite(e.low) else f"[{e.low:+.3f}, {e.high:+.3f}]"
+
+
+def _num(x: float) -> str:
+    return "–" if not np.isfinite(x) else f"{x:.3f}"
+
+
+EFFECT_HEADER = ["task", "method", "seeds", "effect (method − softmax)", "95 % interval", "p",
+                 "p (Holm)", "detectable at α/m", "detectable (80 % power)", "verdict"]  # fmt: skip
+
+
+def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], list[list]]:
+    """Every comparison against softmax, overall (task "overall") then per task, as shown and
+    as raw values (`EFFECT_HEADER`): the paired effect with its interval, p, Holm's p, what the
+    run could detect and the verdict."""
+    shown, raw = [], []
+    for t in ["overall", *tasks]:
+        for e in table:
+            if e["method"] == "softmax":
+                continue
+            c = e if t == "overall" else e["tasks"].get(t)
+            if c is None:
+                continue
+            f, pw = c["effect"], c["power"]
+            shown.append([t, e["method"], str(f.n), "–" if not np.isfinite(f.mean) else
+                          f"{f.mean:+.3f}", _interval(f), _p(f.p), _p(c["holm"]),
+                          _num(pw["threshold"]), _num(pw["at_power"]), pw["verdict"]])  # fmt: skip
+            raw.append([t, e["method"], f.n, f.mean, f"{f.low};{f.high}", f.p, c["holm"],
+                        pw["threshold"], pw["at_power"], pw["verdict"]])  # fmt: skip
+    return shown, raw
+
+
+#: how the report reads the comparisons table (docs/leaderboard.md says the same)
+EFFECTS_TEXT = (
+    "Every method against softmax, overall and per task. **Effect**: the mean over seeds of the "
+    "paired difference (the method's score minus softmax's on the same seed and test "
+    "sequences). **95 % interval**: the t interval of that mean over the seeds' differences. "
+    "**p**: the two-sided paired t-test; **p (Holm)**: Holm-corrected over the m methods "
+    "compared with softmax (overall: one family; per task: one family per task). "
+    "**Detectable at α/m**: the smallest mean difference that would pass Holm's strictest "
+    "threshold α/m (α = 0.05) at the observed seed-to-seed spread of the differences, "
+    "t_{1−α/2m, n−1}·sd/√n with n seeds: no smaller effect can be called, whatever its sign. "
+    "**Detectable (80 % power)**: the smallest true difference a paired t-test at α/m would "
+    "detect with probability 0.8 at that spread (noncentral t). **Verdict**: better or worse "
+    "where Holm rejects at α = 0.05; otherwise not detectable at this power, with the 80 %-power "
+    "difference: an interval that spans 0 says the run cannot tell, not that the methods are "
+    "alike."
+)
+
+
+FAILURE_HEADER = ["task", "method", "size", "seeds", "token accuracy", "answer-token accuracy",
+                  "wrong answer token", "non-answer token", "early end", "missing end",
+                  "mostly"]  # fmt: skip
+#: how the failure kinds read in the report
+FAILURE_NAMES = {"wrong_token": "wrong answer token", "non_answer": "non-answer token",
+                 "early_end": "early end", "missing_end": "missing end"}  # fmt: skip
+
+
+def failure_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every cell (task, method, size) beyond the training sizes at exact match 0 on each seed
+    evaluated there (sizes the stopping rule skipped have no predictions to show), with what
+    the model predicted: the mean token and answer-token accuracy over seeds and the failure
+    kinds (`sequence.FAILURES`) summed over seeds, as counts and as ``shares`` of the wrong
+    positions. ``recorded``: False where the rows predate the failure analysis."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("skipped") or r["size"] <= seq.task(r["task"]).train_sizes[1]:
+            continue
+        groups.setdefault((r["task"], r["method"], r["size"]), []).append(r)
+    out = []
+    for (task, method, size), rs in groups.items():
+        if any(r["acc"] > 0 for r in rs):
+            continue
+        recorded = all(k in r for r in rs for k in seq.FAILURE_KEYS)
+        counts = {k: sum(r["failures"][k] for r in rs) if recorded else 0 for k in seq.FAILURES}
+        wrong = sum(counts.values())
+        out.append({
+            "task": task, "method": method, "size": size, "seeds": len(rs), "recorded": recorded,
+            "token_acc": float(np.mean([r["token_acc"] for r in rs])),
+            "answer_acc": float(np.mean([r["answer_acc"] for r in rs])) if recorded else None,
+            "failures": counts,
+            "shares": {k: v / wrong for k, v in counts.items()} if wrong else None,
+        })  # fmt: skip
+    return sorted(out, key=lambda c: (c["task"], c["method"], c["size"]))
+
+
+def _failure_table(cells: list[dict[str, Any]]) -> tuple[list[list], list[list]]:
+    shown, raw = [], []
+    for c in cells:
+        head = [c["task"], c["method"], str(c["size"]), str(c["seeds"]), f"{c['token_acc']:.3f}"]
+        if not c["recorded"]:
+            shown.append([*head, "not recorded", *["–"] * 5])
+            raw.append([*head[:3], c["seeds"], c["token_acc"], None, *[None] * 4, None])
+            continue
+        shares = c["shares"] or dict.fromkeys(seq.FAILURES, 0.0)
+        mostly = FAILURE_NAMES[max(seq.FAILURES, key=lambda k: c["failures"][k])]
+        shown.append([*head, f"{c['answer_acc']:.3f}",
+                      *(f"{shares[k]:.0%} ({c['failures'][k]})" for k in seq.FAILURES), mostly])  # fmt: skip
+        raw.append([c["task"], c["method"], c["size"], c["seeds"], c["token_acc"],
+                    c["answer_acc"], *(c["failures"][k] for k in seq.FAILURES), mostly])  # fmt: skip
+    return shown, raw
+
+
+#: how the report reads the failures table (docs/leaderboard.md says the same)
+FAILURES_TEXT = (
+    "Every cell beyond the training sizes at exact match 0 on each of its evaluated seeds: what "
+    "the model predicted at the scored positions (teacher-forced, so each position is judged "
+    "on its own). **Answer-token accuracy**: accuracy on the answer tokens alone, the end token "
+    "aside (on flip_flop, the answer bit: 0.5 is chance). The next four columns split the wrong "
+    "predictions, summed over seeds (share of the wrong positions, and their count): **wrong "
+    "answer token**, another token of the task's answer alphabet (on flip_flop, the wrong bit); "
+    "**non-answer token**, a token outside it (a command, a filler, a separator); **early "
+    "end**, the end token where an answer token was due; **missing end**, anything but the end "
+    "token where the answer ends. **Mostly**: the most frequent kind. Cells evaluated before "
+    "these were recorded say so."
+)
 
 
 def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
@@ -262,6 +427,21 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
                 detail.append([t, e["method"], _pm(*c["id"][:2]), _pm(*c["ood"][:2]),
                                _pm(*c["largest"][:2]), _p(c["largest"][2])])  # fmt: skip
     md_detail = write_table(folder, "accuracy", detail_header, detail)
+    md_effects = write_table(folder, "effects", EFFECT_HEADER, *effects(table, tasks))
+    cells = failure_cells(rows)
+    shown_f, raw_f = _failure_table(cells)
+    write_table(folder, "failures", FAILURE_HEADER, shown_f, raw_f)
+    last = {}  # the largest such size of each (task, method), for the report
+    for c, row in zip(cells, shown_f, strict=True):
+        last[(c["task"], c["method"])] = row
+    failures_section = (
+        "## What the models answered where they failed\n\n" + FAILURES_TEXT + " Below, the "
+        "largest such size of each task and method; `failures.md` and `failures.csv` have "
+        "every one.\n\n" + markdown_table(FAILURE_HEADER, list(last.values()))
+        if cells
+        else "## What the models answered where they failed\n\nNo cell beyond the training "
+        "sizes is at exact match 0 on every seed."
+    )
     added = [e["method"] for e in table if plugin.is_spec(e["method"])]
     versus = [_versus(rows, m, tasks) for m in added]
     order = [e["method"] for e in table]
@@ -294,7 +474,12 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             "## Ranking\n\n" + md,
             image("heatmap.png", "Score per method and task, mean over seeds"),
             image("leaderboard.png", "Accuracy against size, mean ± sd over seeds"),
+            "## Against softmax: effects, intervals and what the run could detect\n\n"
+            + EFFECTS_TEXT
+            + "\n\n"
+            + md_effects,
             "## Accuracy in and beyond the training sizes\n\n" + md_detail,
+            failures_section,
             *versus,
         ],
     )

@@ -37,6 +37,11 @@ from ..tasks.sequence import default_eval_sizes
 from . import runner, runs
 from .runner import Progress, RunFolder, emit
 
+#: the position schemes of a sweep's decoder (`TransformerConfig.positions` without a learned
+#: table, which could not run beyond its length): RoPE, NoPE, ALiBi on every head, and NAPE
+#: (ALiBi on half of the heads, NoPE on the others)
+POSITIONS = ("rotary", "none", "alibi", "nape")
+
 #: seeds of the data streams (runner.generator(seed, purpose, ...))
 _INIT, _DATA, _TEST = 1, 2, 3
 
@@ -135,7 +140,7 @@ class SequenceConfig:
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    positions: str = "rotary"
+    positions: str = "rotary"  # one of `POSITIONS`
     eval_factor: int = 64  # evaluate up to this multiple of the largest training size
     eval_sets: int = 128  # test sequences per size (the same for every method and seed); the most
     eval_batch: int = 16  # with ``eval_se``, when adaptive sampling stops short of it
@@ -175,6 +180,15 @@ class SequenceConfig:
             raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
         if self.stop_zeros < 0:
             raise ValueError(f"stop_zeros must be >= 0, got {self.stop_zeros}.")
+        if self.positions not in POSITIONS:
+            raise ValueError(
+                f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}."
+            )
+        if self.positions == "nape" and self.heads < 2:
+            raise ValueError(
+                "positions nape puts ALiBi on half of the heads: it needs heads >= 2, "
+                f"got {self.heads}."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -610,6 +624,15 @@ def _row_problem(r: dict[str, Any], cfg: SequenceConfig) -> str | None:
         return f"row has token_acc {r['token_acc']}, not an accuracy in [0, 1]"
     if not 1 <= r["sets"] <= cfg.eval_sets:
         return f"row counts {r['sets']} test sequences where this budget draws 1-{cfg.eval_sets}"
+    if "answer_acc" in r:  # rows written before the failure analysis have neither field
+        a = r["answer_acc"]
+        if not (isinstance(a, (int, float)) and math.isfinite(a) and 0 <= a <= 1):
+            return f"row has answer_acc {a}, not an accuracy in [0, 1]"
+    if "failures" in r:
+        f = r["failures"]
+        if not (isinstance(f, dict) and set(f) == set(FAILURES)
+                and all(isinstance(v, int) and v >= 0 for v in f.values())):  # fmt: skip
+            return f"row has failures {f!r}, not a count of each of {', '.join(FAILURES)}"
     return None
 
 
@@ -659,15 +682,34 @@ def task_key(name: str) -> int:
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") >> 1
 
 
-#: what `evaluate` returns (its cached files are checked against it)
+#: what `evaluate` returns (its cached files are checked against it; evaluations cached before
+#: `FAILURE_KEYS` were recorded lack them, and still load)
 EVALUATION = {"acc": float, "token_acc": float, "sets": int, "length": int}
+#: the kinds of wrong prediction at a scored position that `evaluate` counts (``failures``):
+#: ``wrong_token``, another token of the task's answer alphabet (`answer_tokens`: on
+#: flip_flop, the wrong bit); ``non_answer``, a token outside it that is not EOS (a command, a
+#: filler, a special token); ``early_end``, EOS where an answer token was due;
+#: ``missing_end``, anything but EOS where the answer should end
+FAILURES = ("wrong_token", "non_answer", "early_end", "missing_end")
+#: the fields of a row that `evaluate` adds beyond `EVALUATION` (rows written before them
+#: lack them): ``answer_acc``, the accuracy on the answer tokens alone (EOS aside: on
+#: flip_flop, the answer bit), and ``failures``, {kind: count} over the scored positions
+FAILURE_KEYS = ("answer_acc", "failures")
 
 
 @torch.inference_mode()
-def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, float]:
-    """Exact-match accuracy (every answer token right) and answer-token accuracy at one size."""
+def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, Any]:
+    """Exact-match accuracy (every answer token right), answer-token accuracy (every scored
+    position, EOS included), accuracy on the answer tokens alone (``answer_acc``, EOS aside)
+    and a tally of what the model predicted where it was wrong (``failures``, `FAILURES`) at
+    one size."""
+    from ..tasks.sequence import EOS
+
     model.eval()
-    solved = tokens = right = seqs = 0
+    solved = tokens = right = seqs = answers = answers_right = 0
+    kinds = dict.fromkeys(FAILURES, 0)
+    alphabet = torch.zeros(max(t.vocab_size, EOS + 1), dtype=torch.bool)
+    alphabet[list(t.answer_tokens())] = True
     for b in test_sets(t, size, cfg):  # a prefix of the same stream: paired across methods
         pred = model(b.tokens).argmax(-1)
         scored = b.targets != -100
@@ -676,10 +718,21 @@ def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, float]:
         seqs += b.tokens.shape[0]
         right += int((ok & scored).sum())
         tokens += int(scored.sum())
+        end = b.targets == EOS
+        answer, wrong = scored & ~end, ~ok
+        answers += int(answer.sum())
+        answers_right += int((answer & ok).sum())
+        due = wrong & answer  # wrong where an answer token was due
+        in_alphabet = alphabet[pred.clamp(0, len(alphabet) - 1)] & (pred < len(alphabet))
+        kinds["missing_end"] += int((wrong & end).sum())
+        kinds["early_end"] += int((due & (pred == EOS)).sum())
+        kinds["wrong_token"] += int((due & (pred != EOS) & in_alphabet).sum())
+        kinds["non_answer"] += int((due & (pred != EOS) & ~in_alphabet).sum())
         if enough(solved, seqs, cfg):
             break
     model.train()
-    return {"acc": solved / seqs, "token_acc": right / max(1, tokens), "sets": seqs,
+    return {"acc": solved / seqs, "token_acc": right / max(1, tokens),
+            "answer_acc": answers_right / max(1, answers), "failures": kinds, "sets": seqs,
             "length": int(t.length(size))}  # fmt: skip
 
 

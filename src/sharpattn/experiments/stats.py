@@ -1,4 +1,5 @@
-"""Statistics: over seeds (mean, standard deviation, a paired t-test per column) and linear fits."""
+"""Statistics: over seeds (mean, standard deviation, a paired t-test per column, a paired effect
+with its interval, the smallest detectable difference) and linear fits."""
 
 from __future__ import annotations
 
@@ -75,3 +76,92 @@ def holm(p_values) -> np.ndarray:
         running = max(running, min(1.0, (m - i) * p[j]))
         out[j] = running
     return out
+
+
+@dataclass
+class PairedEffect:
+    """A paired difference over seeds (b − a, one difference per seed): its ``mean``, the
+    differences' standard deviation ``sd`` (ddof=1), the ``level`` t interval of the mean
+    (``low``, ``high``) and the two-sided paired t-test ``p``; ``n`` seeds. NaN where undefined
+    (fewer than two seeds; ``p`` and the interval also where every difference is the same)."""
+
+    n: int
+    mean: float
+    sd: float
+    low: float
+    high: float
+    p: float
+    level: float = 0.95
+
+
+def paired_effect(a, b, level: float = 0.95) -> PairedEffect:
+    """The effect of b against a, paired by position (seed): mean of d = b − a, its sd, the t
+    interval mean ± t_{(1+level)/2, n−1}·sd/√n and the paired t-test's p-value (as
+    `paired_comparison`, NaN when every difference is the same)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must pair one value per seed: {a.shape} vs {b.shape}.")
+    d, n = b - a, len(a)
+    if n == 0:
+        return PairedEffect(0, float("nan"), float("nan"), float("nan"), float("nan"),
+                            float("nan"), level)  # fmt: skip
+    mean = float(d.mean())
+    if n < 2:
+        return PairedEffect(n, mean, float("nan"), float("nan"), float("nan"), float("nan"), level)
+    sd = float(d.std(ddof=1))
+    p = float(paired_comparison(a[:, None], b[:, None]).p_value[0])
+    if not np.isfinite(p):  # every difference the same: no spread to build an interval from
+        return PairedEffect(n, mean, sd, float("nan"), float("nan"), float("nan"), level)
+    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / np.sqrt(n)
+    return PairedEffect(n, mean, sd, mean - half, mean + half, p, level)
+
+
+def detectable(sd: float, n: int, alpha: float) -> float:
+    """The smallest |mean paired difference| that a two-sided paired t-test over ``n`` seeds
+    rejects at level ``alpha`` when the differences' standard deviation is ``sd``:
+    t_{1−α/2, n−1}·sd/√n (NaN for n < 2 or an undefined sd)."""
+    if n < 2 or not np.isfinite(sd):
+        return float("nan")
+    return float(stats.t.ppf(1 - alpha / 2, n - 1)) * sd / np.sqrt(n)
+
+
+def detectable_at_power(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest true mean paired difference δ that a two-sided paired t-test over ``n``
+    seeds at level ``alpha`` detects with probability ``power`` when the differences are normal
+    with standard deviation ``sd``: the δ where P(|T| > t_{1−α/2, n−1}) = power, T noncentral
+    t with n − 1 degrees of freedom and noncentrality δ√n/sd (NaN for n < 2 or an undefined sd;
+    0 when sd is 0)."""
+    if n < 2 or not np.isfinite(sd):
+        return float("nan")
+    if sd == 0:
+        return 0.0
+    from scipy.optimize import brentq
+
+    df, crit = n - 1, float(stats.t.ppf(1 - alpha / 2, n - 1))
+
+    def short(nc: float) -> float:  # power at noncentrality nc, minus the power wanted
+        # P(T < −crit | nc) as P(T > crit | −nc): scipy's far left tail (cdf) can be NaN
+        lower = float(np.nan_to_num(stats.nct.sf(crit, df, -nc)))
+        return float(stats.nct.sf(crit, df, nc)) + lower - power
+
+    hi = crit + 10.0
+    while short(hi) < 0:
+        hi *= 2
+    return brentq(short, 0.0, hi, xtol=1e-12) * sd / np.sqrt(n)
+
+
+def verdict(effect: PairedEffect, adjusted_p: float, detect: float, alpha: float = 0.05) -> str:
+    """One comparison's verdict in words: "better" or "worse" where the corrected p-value
+    ``adjusted_p`` is at most ``alpha``; otherwise "not detectable at this power (detectable:
+    ``detect``)", never a claim of no difference; "too few seeds" with one seed, and what the
+    seeds show where every seed's difference is the same (no t-test)."""
+    if np.isfinite(adjusted_p) and adjusted_p <= alpha:
+        return "better" if effect.mean > 0 else "worse"
+    if effect.n < 2:
+        return "too few seeds"
+    if not np.isfinite(effect.p):  # every seed's difference the same: no t-test
+        if effect.mean == 0:
+            return "the same score on every seed"
+        return f"{effect.mean:+.3f} on every seed (no spread to test)"
+    return f"not detectable at this power (detectable: {detect:.3f})"

@@ -23,7 +23,10 @@ Options beyond the paper's model (defaults keep it exactly): ``positions="rotary
 position table and rotates q and k in every attention layer instead
 (`sharpattn.attention.rotary`), so the model runs at any length (``max_len`` is then
 unused); ``positions="none"`` has no position signal at all (NoPE: the causal mask alone
-tells positions apart; Kazemnejad et al. 2023); ``selective="q" | "v" | "qv"`` with ``selective_terms`` ("both", "token", "position")
+tells positions apart; Kazemnejad et al. 2023); ``positions="alibi"`` adds ALiBi's linear
+bias −m_h·(i − j) to every head's scores (Press et al. 2022) and ``positions="nape"`` ALiBi on
+half of the heads and nothing on the others (NoPE + ALiBi, as ASEntmax trains), both without
+a position table (`sharpattn.attention.positions`); ``selective="q" | "v" | "qv"`` with ``selective_terms`` ("both", "token", "position")
 and ``sharing`` gives every attention layer selective temperatures (Zhang et al.; identity at
 initialisation, see `sharpattn.attention.selective`).
 """
@@ -38,12 +41,13 @@ from torch import nn
 
 from ..attention import MultiheadAttention, SelectiveConfig
 from ..attention.mha import GATES
+from ..attention.positions import LINEAR_BIASES, slopes_of
 from ..normalizers import get
 
 Tensor = torch.Tensor
 
 LAYER_KINDS = ("tf", "attn", "mlp")
-POSITIONS = ("learned", "rotary", "none")
+POSITIONS = ("learned", "rotary", "none", *LINEAR_BIASES)
 
 
 def parse_layers(spec: str | int | Iterable[str]) -> tuple[str, ...]:
@@ -96,7 +100,9 @@ class TransformerConfig:
     method_params: dict = field(default_factory=dict)  # fixed normalizer parameters
     mlp_ratio: int = 4
     init_std: float = 0.02
-    positions: str = "learned"  # "learned" (a table of max_len), "rotary" (RoPE on q, k), "none"
+    #: "learned" (a table of max_len), "rotary" (RoPE on q, k), "none" (NoPE), "alibi" (a linear
+    #: bias on every head) or "nape" (ALiBi on half of the heads, NoPE on the others)
+    positions: str = "learned"
     selective: str | None = None  # selective temperatures on "q", "v", "qv", ...
     selective_terms: str = "both"  # "both", "token" or "position"
     sharing: bool = False  # weight-sharing token temperature instead of the MLP
@@ -108,6 +114,8 @@ class TransformerConfig:
             raise ValueError(
                 f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}."
             )
+        if self.positions in LINEAR_BIASES:
+            slopes_of(self.positions, self.n_heads)  # nape with one head: one sentence
         self.selective_config()  # validates the selective options
         if self.gate not in GATES:
             raise ValueError(
@@ -159,6 +167,7 @@ class Layer(nn.Module):
                 causal=True,
                 check_finite=False,
                 rotary=cfg.positions == "rotary",
+                alibi=cfg.positions if cfg.positions in LINEAR_BIASES else None,
                 selective=cfg.selective_config(),
                 gate=cfg.gate,
                 **cfg.method_params,

@@ -252,6 +252,10 @@ class Mqar(_Synthetic):
         answer = torch.cat((q_sep, SYM0 + qv), dim=2).reshape(batch, -1)
         return assemble(torch.cat((context.reshape(batch, -1), queries), dim=1), answer)
 
+    def answer_tokens(self) -> tuple[int, ...]:
+        """``?`` and the symbols (an answer is ``? value`` per query)."""
+        return (Q_SEP, *range(SYM0, self.vocab_size))
+
     def _name(self, t: int) -> str:
         if t >= SYM0:
             return str(t - SYM0)
@@ -327,6 +331,10 @@ class LocalCount(_Labelled):
         block = torch.searchsorted(ends, pos, right=True)
         count = pos - (ends - lens).gather(1, block)
         return self._emit(VALUE0 + block_value.gather(1, block), self.count0 + count)
+
+    def answer_tokens(self) -> tuple[int, ...]:
+        """The counts (not the values)."""
+        return tuple(range(self.count0, self.vocab_size))
 
     def _label_line(self, ids: list[int]) -> str:
         return " ".join(
@@ -420,6 +428,10 @@ class FlipFlop(_Synthetic):
         src = torch.stack((cmd, BIT0 + bits), dim=2).reshape(batch, 2 * pairs)[:, :-1]
         return assemble(src, BIT0 + bits.gather(1, last_write[:, None]))
 
+    def answer_tokens(self) -> tuple[int, ...]:
+        """The two bits (not the commands)."""
+        return (BIT0, BIT0 + 1)
+
     def _name(self, t: int) -> str:
         names = {WRITE: "w", IGNORE_CMD: "i", READ: "r", BIT0: "0", BIT0 + 1: "1"}
         return names.get(t, SPECIAL_NAMES.get(t, f"?{t}"))
@@ -471,6 +483,10 @@ class Passkey(_Synthetic):
         if pattern != 5:
             self.options["pattern"] = pattern
         self._validate_sizes()
+
+    def answer_tokens(self) -> tuple[int, ...]:
+        """The ten digits (not the filler, the key marker or the question)."""
+        return tuple(range(DIGIT0, DIGIT0 + 10))
 
     def _length(self, size: int) -> int:
         return size + 2 * self.digits + 4

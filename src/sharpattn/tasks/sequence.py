@@ -137,6 +137,12 @@ class SequenceTask:
             raise ValueError(f"{self.name}: batch must be an integer >= 1, got {batch!r}.")
         return self._batch(size, batch, generator)
 
+    def answer_tokens(self) -> tuple[int, ...]:
+        """The token ids an answer is written in (its alphabet; EOS aside), which failure
+        analysis tells from other tokens: by default every id of the task's own (from
+        ``N_SPECIAL``); a task whose answers use fewer says which."""
+        return tuple(range(N_SPECIAL, self.vocab_size))
+
     def length(self, size: int) -> int:
         """T of a batch at this size."""
         self.check_size(size)

@@ -1,0 +1,108 @@
+"""The leaderboard's power statistics (experiments/stats.py): each formula against an independent
+computation, and the report's comparisons table and verdict wording."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from sharpattn.experiments import leaderboard
+from sharpattn.experiments.stats import (
+    detectable,
+    detectable_at_power,
+    paired_effect,
+    verdict,
+)
+
+A = [0.31, 0.29, 0.35, 0.30, 0.27]
+B = [0.36, 0.30, 0.41, 0.38, 0.29]
+
+
+def test_paired_effect_is_scipys_paired_t_interval():
+    e = paired_effect(A, B)
+    d = np.subtract(B, A)
+    res = sps.ttest_rel(B, A)
+    ci = res.confidence_interval(0.95)
+    assert e.n == 5 and e.mean == pytest.approx(d.mean(), rel=1e-12)
+    assert e.sd == pytest.approx(np.std(d, ddof=1), rel=1e-12)
+    assert (e.low, e.high) == pytest.approx((ci.low, ci.high), rel=1e-10)
+    assert e.p == pytest.approx(res.pvalue, rel=1e-10)
+    # one seed: a mean and nothing else; the same difference on every seed: no test
+    one = paired_effect([0.1], [0.4])
+    assert one.mean == pytest.approx(0.3) and math.isnan(one.sd) and math.isnan(one.p)
+    same = paired_effect([0.1, 0.2, 0.3], [0.2, 0.3, 0.4])
+    assert math.isnan(same.p) and math.isnan(same.low)
+
+
+def test_detectable_is_where_the_t_test_starts_to_reject():
+    """Differences of spread sd and mean just above (below) the threshold pass (fail) the test
+    at that level, built from scratch and tested with scipy."""
+    alpha, n = 0.05 / 22, 3
+    shape = np.array([-1.0, 0.0, 1.0])  # sd 1
+    sd = 0.04
+    th = detectable(sd, n, alpha)
+    assert th == pytest.approx(sps.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n), rel=1e-12)
+    for factor, rejects in ((1.001, True), (0.999, False)):
+        d = th * factor + sd * shape
+        p = sps.ttest_1samp(d, 0.0).pvalue
+        assert (p <= alpha) == rejects
+    assert math.isnan(detectable(sd, 1, alpha)) and math.isnan(detectable(float("nan"), 3, 0.05))
+
+
+@pytest.mark.parametrize("n, alpha", [(3, 0.05 / 22), (10, 0.05 / 22), (10, 0.05)])
+def test_detectable_at_power_has_that_power_by_simulation(n, alpha):
+    """An independent check of the noncentral-t solution: simulated paired differences of that
+    mean and spread are rejected in 80 % of 40,000 runs (± 3 standard errors)."""
+    sd = 0.05
+    delta = detectable_at_power(sd, n, alpha, 0.8)
+    rng = np.random.default_rng(0)
+    d = rng.normal(delta, sd, size=(40_000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+    crit = sps.t.ppf(1 - alpha / 2, n - 1)
+    power = np.mean(np.abs(t) > crit)
+    assert power == pytest.approx(0.8, abs=3 * math.sqrt(0.16 / 40_000))
+    # above the threshold of the test itself, and the normal approximation's order of size
+    assert delta > detectable(sd, n, alpha)
+    assert detectable_at_power(0.0, n, alpha) == 0.0
+    assert math.isnan(detectable_at_power(sd, 1, alpha))
+
+
+def test_verdict_wording_never_claims_no_difference():
+    e = paired_effect(A, B)
+    assert verdict(e, 0.01, 0.2) == "better"
+    assert verdict(paired_effect(B, A), 0.01, 0.2) == "worse"
+    assert verdict(e, 0.3, 0.123) == "not detectable at this power (detectable: 0.123)"
+    assert verdict(paired_effect([0.1], [0.2]), float("nan"), float("nan")) == "too few seeds"
+    same = paired_effect([0.1, 0.2], [0.1, 0.2])
+    assert verdict(same, float("nan"), 0.0) == "the same score on every seed"
+
+
+def _rows(scores: dict[str, list[float]], task: str = "flip_flop"):
+    """Rows of one size per (method, seed) whose accuracy is the score."""
+    return [{"task": task, "method": m, "seed": s, "size": 16, "acc": v, "token_acc": v,
+             "sets": 8, "length": 18, "skipped": False}
+            for m, vs in scores.items() for s, v in enumerate(vs)]  # fmt: skip
+
+
+def test_rank_states_every_comparison_with_its_interval_and_power():
+    base = [0.30, 0.32, 0.28, 0.31, 0.29, 0.30, 0.33, 0.27, 0.30, 0.31]
+    rows = _rows({"softmax": base, "good": [b + 0.2 for b in base[:9]] + [0.52],
+                  "noisy": [b + (0.1 if i % 2 else -0.1) for i, b in enumerate(base)]})  # fmt: skip
+    table = leaderboard.rank(rows, ["flip_flop"])
+    by = {e["method"]: e for e in table}
+    good, noisy = by["good"], by["noisy"]
+    assert good["power"]["verdict"] == "better"
+    assert noisy["power"]["verdict"].startswith("not detectable at this power (detectable: ")
+    # the family is the two methods compared with softmax: α/m = 0.025
+    e = noisy["effect"]
+    assert noisy["power"]["threshold"] == pytest.approx(detectable(e.sd, 10, 0.025))
+    assert noisy["power"]["at_power"] == pytest.approx(detectable_at_power(e.sd, 10, 0.025))
+    assert by["good"]["tasks"]["flip_flop"]["power"]["verdict"] == "better"
+    shown, raw = leaderboard.effects(table, ["flip_flop"])
+    assert [r[:2] for r in shown] == [["overall", "good"], ["overall", "noisy"],
+                                      ["flip_flop", "good"], ["flip_flop", "noisy"]]  # fmt: skip
+    assert len(shown[0]) == len(leaderboard.EFFECT_HEADER)
+    assert shown[0][4].startswith("[+0.1") and "does not differ" not in str(shown)

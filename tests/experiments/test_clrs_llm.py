@@ -113,6 +113,12 @@ def test_the_study_writes_its_report_and_paired_tests(tmp_path):
         assert (run / name).is_file()
     report = (run / "report.md").read_text()
     assert "### n = 6 (2× the largest training size)" in report
+    # beyond training, judged over seeds (the randomised unit); prompts' p-values secondary
+    assert "## Verdict over seeds" in report and "p (prompts, secondary)" in report
+    judged = cl.seed_verdicts(m["sizes"])
+    assert [(v["task"], v["size"]) for v in judged] == [("minimum", 6), ("binary_search", 6)]
+    for v in judged:
+        assert v["exact"].effect.n == 2 and v["exact"].verdict in report
 
 
 def test_bad_configurations_are_refused_in_one_sentence(tmp_path):

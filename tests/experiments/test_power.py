@@ -106,3 +106,22 @@ def test_rank_states_every_comparison_with_its_interval_and_power():
                                       ["flip_flop", "good"], ["flip_flop", "noisy"]]  # fmt: skip
     assert len(shown[0]) == len(leaderboard.EFFECT_HEADER)
     assert shown[0][4].startswith("[+0.1") and "does not differ" not in str(shown)
+
+
+def test_reproduction_verdict_reads_reproduced_contradicted_or_not_detectable():
+    """The paper says b − a > 0: a clear gain reproduces it, a clear loss contradicts it, a
+    noisy one is "not detectable" with the 80 %-power difference and the paper's effect."""
+    from sharpattn.experiments.stats import detectable_at_power, reproduction_verdict
+
+    a = np.array([0.50, 0.52, 0.49, 0.51, 0.50])
+    gain = reproduction_verdict(a, a + [0.10, 0.11, 0.09, 0.10, 0.12], paper="+0.02", sign=1)
+    assert gain.verdict == "reproduced" and gain.effect.low > 0
+    loss = reproduction_verdict(a, a - [0.10, 0.11, 0.09, 0.10, 0.12], paper="+0.02", sign=1)
+    assert loss.verdict == "contradicted"
+    noisy = reproduction_verdict(a[:2], a[:2] + [0.05, -0.03], paper="+0.02", sign=1)
+    want = detectable_at_power(float(np.std([0.05, -0.03], ddof=1)), 2, 0.05, 0.8)
+    assert noisy.verdict == f"not detectable at this power (detectable: {want:.3g}; paper: +0.02)"
+    assert noisy.effect.low < 0 < noisy.effect.high
+    assert reproduction_verdict(a[:1], a[:1], paper="x", sign=-1).verdict == "too few seeds"
+    with pytest.raises(ValueError, match="sign"):
+        reproduction_verdict(a, a, paper="x", sign=0)

@@ -82,6 +82,12 @@ def test_the_matched_study_fine_tunes_both_arms_and_pairs_them(tmp_path):
             assert kinds == {True}  # adapters and temperatures, never a pretrained weight
     for name in ("report.md", "table3_matched.md", "table3_matched.csv", "perplexity.png"):
         assert (run / name).is_file()
+    # judged over seeds against Table 3's gain; windows secondary
+    report = (run / "report.md").read_text()
+    for r in m["rows"]:
+        assert r["nll_change_low"] <= r["nll_change"] <= r["nll_change_high"]
+        assert r["verdict"] in report and np.isfinite(r["detectable"])
+    assert "p (windows, secondary)" in report and "-0.0063 nats" in report
 
 
 def test_the_matched_study_is_refused_what_it_cannot_do(tmp_path):

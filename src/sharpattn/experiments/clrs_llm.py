@@ -44,7 +44,7 @@ import torch
 from . import adapters, runner
 from . import sequence as seq
 from .clrs import _p, _pm, summarize
-from .report import image, markdown_table, require, write_report, write_table
+from .report import decimals, image, interval, markdown_table, require, write_report, write_table
 from .runner import (
     Clock,
     Progress,
@@ -56,7 +56,7 @@ from .runner import (
     write_metrics,
 )
 from .runs import damaged
-from .stats import paired_comparison
+from .stats import paired_comparison, reproduction_verdict
 
 IGNORE = -100
 METHODS = ("softmax", "adaptive")
@@ -350,6 +350,7 @@ def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
                                                    for x in sc])}  # fmt: skip
                 for k in ("exact", "tokens"):
                     v = per_seed[m][k]
+                    entry[f"{m}_{k}_seeds"] = [float(x) for x in v]
                     entry[f"{m}_{k}"] = float(v.mean())
                     entry[f"{m}_{k}_sd"] = float(v.std(ddof=1)) if len(v) > 1 else float("nan")
             a, b = METHODS
@@ -362,6 +363,25 @@ def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
                 entry[f"p_seeds_{k}"] = float(paired_comparison(
                     per_seed[a][k][:, None], per_seed[b][k][:, None]).p_value[0])  # fmt: skip
             out.append(entry)
+    return out
+
+
+#: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes
+PAPER_CLAIM = "adaptive ahead"
+
+
+def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Beyond the training sizes, per algorithm and size: adaptive against softmax over the
+    seeds (the randomised unit: each seed is one fine-tuning), exact match and answer tokens,
+    each a `stats.reproduction_verdict` of the paper's claim that adaptive is ahead."""
+    a, b = METHODS
+    out = []
+    for e in sizes:
+        if e["in_training"] or f"{a}_exact_seeds" not in e:
+            continue
+        out.append({"task": e["task"], "size": e["size"], **{
+            k: reproduction_verdict(e[f"{a}_{k}_seeds"], e[f"{b}_{k}_seeds"], paper=PAPER_CLAIM,
+                                    sign=1) for k in ("exact", "tokens")}})  # fmt: skip
     return out
 
 
@@ -385,8 +405,8 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     summary = write_table(folder, "clrs_llm", header, [
         [e["task"], e["method"], _pm(e["id"]), _pm(e["ood"]), _p(e["ood"]), _pm(e["id_token"]),
          _pm(e["ood_token"]), _p(e["ood_token"])] for e in m["summary"]])  # fmt: skip
-    size_header = ["algorithm", a, b, "p (prompts)", "p (seeds)", f"tokens {a}", f"tokens {b}",
-                   "p (prompts)", "p (seeds)"]  # fmt: skip
+    size_header = ["algorithm", a, b, "p (prompts, secondary)", "p (seeds)", f"tokens {a}",
+                   f"tokens {b}", "p (prompts, secondary)", "p (seeds)"]  # fmt: skip
     tables = []
     for size in cfg.sizes:
         entries = [e for e in m["sizes"] if e["size"] == size]
@@ -427,16 +447,44 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "softmax, over seeds in the first table, over test prompts (each averaged over seeds) "
         "and over seeds in the tables per size."
     )
+    judged = seed_verdicts(m["sizes"])
+    words = [v["exact"].verdict.split(" (")[0] for v in judged]
     verdict = (
         f"Beyond the training sizes adaptive temperature is ahead of softmax on {len(ahead)} of "
         f"{len(cfg.tasks)} algorithms in exact match, {len(signif)} of them at p < 0.05 (over "
         "seeds). The paper (Fig. 8, Gemma 2B fine-tuned on thirty algorithms) reports adaptive "
         "temperature ahead out of distribution on nearly all of them."
-    )
+        + (f" Over seeds, per algorithm and size beyond training (exact match): "
+           f"{words.count('reproduced')} reproduced, {words.count('contradicted')} contradicted, "
+           f"{sum(w.startswith('not detectable') for w in words)} not detectable at this power, "
+           f"{len(words) - sum(w in ('reproduced', 'contradicted') or w.startswith('not detectable') for w in words)} "
+           "without a test (too few seeds, or the same on every seed: e.g. both at 0)."
+           if judged else "")
+    )  # fmt: skip
+    seeds_section = None
+    if judged:
+        head = ["algorithm", "n", "effect (adaptive − softmax)", "95 % interval", "p (seeds)",
+                "detectable (80 % power)", "verdict", "tokens: effect", "tokens: verdict"]  # fmt: skip
+        body = [[v["task"], str(v["size"]), f"{v['exact'].effect.mean:+.3f}",
+                 interval(v["exact"].effect), _pv(v["exact"].effect.p),
+                 decimals(v["exact"].detectable), v["exact"].verdict,
+                 f"{v['tokens'].effect.mean:+.3f}", v["tokens"].verdict] for v in judged]  # fmt: skip
+        seeds_section = (
+            "## Verdict over seeds\n\nThe unit randomised here is the seed (one fine-tuning "
+            "each), so each comparison is judged over seeds: the effect is the mean over seeds of "
+            "adaptive's exact match minus softmax's, with its 95 % t interval; detectable is the "
+            "smallest true effect a paired t-test at 0.05 finds with 80 % power at the seeds' "
+            "spread; the verdict is reproduced (adaptive significantly ahead, as the paper has "
+            "it), contradicted (significantly behind) or not detectable at this power. The "
+            "per-size tables' p-values over prompts treat the trained models as fixed and are "
+            "secondary.\n\n" + markdown_table(head, body)
+        )
+
     return write_report(folder, "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
                         "(Softmax is not Enough, Fig. 8)", [
         "## Setup\n\n" + setup,
         "## Result\n\n" + verdict + "\n\n" + summary,
+        seeds_section,
         image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
         "## Per size\n\n" + "\n".join(tables),
         f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..normalizers import plugin
 from . import sequence as seq
-from .report import figure, image, markdown_table, write_report, write_table
+from .report import decimals, figure, image, interval, markdown_table, write_report, write_table
 from .runner import Progress, read_config
 from .stats import (
     PairedEffect,
@@ -227,14 +227,6 @@ def _versus(rows, method: str, tasks: list[str]) -> str:
     )
 
 
-def _interval(e: PairedEffect) -> str:
-    return "–" if not np.isfinite(e.low) else f"[{e.low:+.3f}, {e.high:+.3f}]"
-
-
-def _num(x: float) -> str:
-    return "–" if not np.isfinite(x) else f"{x:.3f}"
-
-
 EFFECT_HEADER = ["task", "method", "seeds", "effect (method − softmax)", "95 % interval", "p",
                  "p (Holm)", "detectable at α/m", "detectable (80 % power)", "verdict"]  # fmt: skip
 
@@ -253,8 +245,8 @@ def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], 
                 continue
             f, pw = c["effect"], c["power"]
             shown.append([t, e["method"], str(f.n), "–" if not np.isfinite(f.mean) else
-                          f"{f.mean:+.3f}", _interval(f), _p(f.p), _p(c["holm"]),
-                          _num(pw["threshold"]), _num(pw["at_power"]), pw["verdict"]])  # fmt: skip
+                          f"{f.mean:+.3f}", interval(f), _p(f.p), _p(c["holm"]),
+                          decimals(pw["threshold"]), decimals(pw["at_power"]), pw["verdict"]])  # fmt: skip
             raw.append([t, e["method"], f.n, f.mean, f"{f.low};{f.high}", f.p, c["holm"],
                         pw["threshold"], pw["at_power"], pw["verdict"]])  # fmt: skip
     return shown, raw

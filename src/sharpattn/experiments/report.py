@@ -101,6 +101,19 @@ def cell(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def interval(effect: Any) -> str:
+    """An effect's 95 % interval (`stats.PairedEffect`'s low and high) as a cell, signed to 3
+    decimals; "–" where it is undefined (one seed, or no spread)."""
+    if not math.isfinite(effect.low):
+        return "–"
+    return f"[{effect.low:+.3f}, {effect.high:+.3f}]"
+
+
+def decimals(value: float) -> str:
+    """A number to 3 decimals as a cell; "–" where it is NaN."""
+    return "–" if not math.isfinite(value) else f"{value:.3f}"
+
+
 def markdown_table(
     header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None
 ) -> str:

@@ -165,3 +165,44 @@ def verdict(effect: PairedEffect, adjusted_p: float, detect: float, alpha: float
             return "the same score on every seed"
         return f"{effect.mean:+.3f} on every seed (no spread to test)"
     return f"not detectable at this power (detectable: {detect:.3f})"
+
+
+@dataclass(frozen=True)
+class SeedVerdict:
+    """A reproduction's comparison over the randomised unit (seeds): the paired effect of the
+    method against its baseline, the smallest true difference the run detects with 80 % power
+    at ``alpha`` (``detectable``), the paper's effect in words, and the verdict."""
+
+    effect: PairedEffect
+    detectable: float
+    paper: str
+    verdict: str
+
+
+def reproduction_verdict(a, b, *, paper: str, sign: int, alpha: float = 0.05,
+                         power: float = 0.8) -> SeedVerdict:  # fmt: skip
+    """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
+    b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
+    ``alpha`` in that direction, "contradicted" where it rejects in the other, else "not
+    detectable at this power (detectable: X; paper: ``paper``)", X the difference detected
+    with probability ``power`` at the seeds' spread (`detectable_at_power`); "too few seeds"
+    below two, and what the seeds show where their differences are all the same (no test: the
+    same value on every seed, both at 0 on every seed, or one shift)."""
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
+    effect = paired_effect(a, b)
+    detect = detectable_at_power(effect.sd, effect.n, alpha, power)
+    if np.isfinite(effect.p) and effect.p <= alpha:
+        words = "reproduced" if np.sign(effect.mean) == sign else "contradicted"
+    elif effect.n < 2:
+        words = "too few seeds"
+    elif not np.isfinite(effect.p):  # no spread: no test
+        same = np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+        if same:
+            words = "both at 0 on every seed (no test)" if not np.any(a) else (
+                "the same on every seed (no test)")  # fmt: skip
+        else:
+            words = f"{effect.mean:+.3g} on every seed (no spread to test)"
+    else:
+        words = f"not detectable at this power (detectable: {detect:.3g}; paper: {paper})"
+    return SeedVerdict(effect, detect, paper, words)

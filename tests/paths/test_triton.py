@@ -573,3 +573,31 @@ def test_linear_position_bias_columns_on_the_kernels(on_triton, name):
     want = torch.autograd.grad(ref, (q64, k64, v64), torch.ones_like(ref))
     for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
         assert_close(a, b.detach(), n=37 * 10, msg=f"{name} {what}")
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="counts the interpreter's calls of the helpers")
+def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_threshold(
+    on_triton, monkeypatch
+):
+    """Local rows (as in the block-support test, 256 keys in 16 blocks): the Newton passes stop
+    before the cap once no row's τ moves, and the passes after the first skip key blocks, so
+    fewer block products are made than passes × blocks; the output equals the float64 path."""
+    calls = []
+    for name in ("_newton", "_block_scores"):
+        inner = getattr(KERNELS, name)
+        monkeypatch.setattr(KERNELS, name, lambda *a, _f=inner, _n=name, **kw: (
+            calls.append(_n), _f(*a, **kw))[1])  # fmt: skip
+    angle = torch.arange(256.0)[:, None] * torch.logspace(-2, 0, 8)[None, :]
+    k = torch.cat([angle.cos(), angle.sin()], -1).view(1, 1, 256, 16)
+    q, v = (
+        k[:, :, -16:] * 3.0,
+        torch.randn(1, 1, 256, 4, generator=torch.Generator().manual_seed(0)),
+    )
+    masking = Masking.build(None, True, 16, 256, q.device)
+    out = KERNELS.entmax_attention(q, k, v, masking, 0.25, 2.0, blocks=(16, 16))
+    passes, products = calls.count("_newton"), calls.count("_block_scores")
+    assert passes < KERNELS.ENTMAX_STEPS[2.0]
+    assert products < (passes + 2) * 16
+    want = attend(q.double(), k.double(), v.double(), "sparsemax", scale=0.25, causal=True,
+                  impl="naive")  # fmt: skip
+    assert_close(out, want.float(), n=256)

@@ -459,8 +459,9 @@ def _entmax_forward_kernel(
 ):  # fmt: skip
     """α-entmax attention of one block of query rows, y = c1·s − max_j c1·s_j, with the row
     pair ``row`` = (c1, e) per row, c1 = (α−1)·θ and e = 1/(α−1) (α per head or row): a pass
-    for the rows' maximum and visible keys n; ``STEPS`` passes of safeguarded Newton steps
-    (`_newton`) on G(τ) from τ = −1 (G >= 0 there) inside the bracket [−1, −n^{1−α}]; a last
+    for the rows' maximum and visible keys n; passes of safeguarded Newton steps (`_newton`) on
+    G(τ) from τ = −1 (G >= 0 there) inside the bracket [−1, −n^{1−α}], until no row's τ moves
+    by more than float32's resolution of its scores, at most ``STEPS``; a last
     pass for out = Σ_j p_j·v_j / Σ_j p_j, p = [y − τ]_+^e, and r = Σ_j u_j·v_j / Σ_j u_j, u =
     [y − τ]_+^{e−1} (the backward's D_i = dO_i·r_i). Writes out, r (float32 [B, H, Lq, Dv]),
     c0 = max + τ and Z = Σ p per row.
@@ -509,8 +510,14 @@ def _entmax_forward_kernel(
         tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
         s0 += tl.sum(tp, 1)
         s1 += tl.sum(tq, 1)
+    before = tau
     tau, lo, up = _newton(s0, s1, tau, lo, up, e)
-    for _ in range(STEPS - 1):
+    # the next passes, until every row's τ moved by less than float32's resolution of the scores
+    # (``tol``: the threshold is then as exact as y) or ``STEPS`` passes in all
+    tol = 2.5e-7 * (1.0 + tl.abs(top))
+    moving = tl.max(tl.where(live & (tl.abs(tau - before) > tol), 1, 0), 0)
+    taken = 1
+    while (taken < STEPS) & (moving > 0):
         low = tl.min(tl.where(live, tau, float("inf")), 0) - slack  # skip below every row's τ
         s0 = tl.zeros([BLOCK_M], dtype=tl.float32)
         s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -524,7 +531,10 @@ def _entmax_forward_kernel(
                 tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
                 s0 += tl.sum(tp, 1)
                 s1 += tl.sum(tq, 1)
+        before = tau
         tau, lo, up = _newton(s0, s1, tau, lo, up, e)
+        moving = tl.max(tl.where(live & (tl.abs(tau - before) > tol), 1, 0), 0)
+        taken += 1
     low = tl.min(tl.where(live, tau, float("inf")), 0) - slack
     c0 = (top + tau)[:, None]
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)

@@ -551,6 +551,16 @@ def _names(ctx, param, value):
     return None if value is None else tuple(_items(value))
 
 
+def _sizes(ctx, param, value):
+    """``N,N,...`` (whole numbers >= 1) as a tuple, or None."""
+    if value is None:
+        return None
+    parts = _items(value)
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise click.BadParameter(f"expected sizes >= 1 such as 10,12, got {value!r}.")
+    return tuple(int(p) for p in parts)
+
+
 def _size_range(ctx, param, value):
     """``LO,HI`` (two whole numbers, 1 <= LO <= HI) as a tuple, or None."""
     if value is None:
@@ -722,6 +732,12 @@ def reproduce_clrs(profile, out, ray_address, **options):
               help="Learning rate of the adapters [default: 1e-3].")  # fmt: skip
 @click.option("--eval-factor", type=count(MAX_FACTOR),
               help="Evaluate up to this multiple of the largest training size [default: 4].")  # fmt: skip
+@click.option("--eval-sizes", callback=_sizes, metavar="N,N,...",
+              help="More sizes to evaluate, e.g. 10,12 (between the training range and the "
+              "doublings); may be added to an existing run.")  # fmt: skip
+@click.option("--adaptive-steps", type=count(MAX_STEPS),
+              help="AdamW steps of the adaptive fine-tunings where they differ from --steps "
+              "(to compare at matched in-distribution accuracy).")  # fmt: skip
 @click.option("--prompts", type=count(MAX_SETS),
               help="Test prompts per algorithm and size, the same for both methods and every "
               "seed (overrides the profile).")  # fmt: skip

@@ -6,7 +6,9 @@ numbers of an uninterrupted run, and one-sentence errors."""
 from __future__ import annotations
 
 import copy
+import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,29 @@ def test_train_sizes_reach_the_configuration_and_bad_ones_are_refused(tmp_path, 
         err = capsys.readouterr().err
         assert "--train-sizes" in err and "Traceback" not in err, err
     assert len(seen) == 1
+
+
+def test_more_evaluation_sizes_and_more_adaptive_steps(tmp_path):
+    """``eval_sizes`` adds sizes (here 4, between the training range and 6) and may be asked of
+    an existing run, which evaluates only the new size; ``adaptive_steps`` trains adaptive
+    longer (part of the run's identity: a folder of the other value is refused), and the
+    report states the in-distribution gap over seeds beside it."""
+    net, tok = tiny_hf.pretrained()
+    cfg = _cfg(steps=4, seeds=2, adaptive_steps=6)
+    assert cfg.sizes == [2, 3, 6] and _cfg(eval_sizes=(4,)).sizes == [2, 3, 4, 6]
+    assert (cfg.steps_of("softmax"), cfg.steps_of("adaptive")) == (4, 6)
+    run, m = cl.run(tmp_path / "r", cfg, net=net, tok=tok)
+    assert m["training"]["adaptive seed 0"]["steps_per_s"] > 0
+    log = (run / "seed0" / "adaptive" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["step"] == 6
+    report = (run / "report.md").read_text()
+    assert "(6 for adaptive temperature)" in report and "In distribution" in report
+    inside = cl.in_distribution(m["rows"], cfg)
+    assert set(inside) == {"minimum", "binary_search"} and inside["minimum"].n == 2
+    more = replace(cfg, eval_sizes=(4,))
+    _, m2 = cl.run(tmp_path / "r", more, net=net, tok=tok)
+    assert {r["size"] for r in m2["rows"]} == {2, 3, 4, 6}
+    with pytest.raises(ValueError, match="adaptive_steps"):
+        cl.run(tmp_path / "r", replace(cfg, adaptive_steps=8), net=net, tok=tok)
+    with pytest.raises(ValueError, match="eval_sizes"):
+        _cfg(eval_sizes=(0,))

@@ -56,7 +56,7 @@ from .runner import (
     write_metrics,
 )
 from .runs import damaged
-from .stats import paired_comparison, reproduction_verdict
+from .stats import paired_comparison, paired_effect, reproduction_verdict
 
 IGNORE = -100
 METHODS = ("softmax", "adaptive")
@@ -82,10 +82,21 @@ class Config:
     eval_batch: int = 8
     checkpoint_every: int = 50
     threads: int | None = None
+    #: sizes evaluated besides `sizes`' doublings (e.g. 10 and 12 items: between the training
+    #: range and the sizes where both methods are at 0)
+    eval_sizes: tuple[int, ...] = ()
+    #: adaptive temperature's AdamW steps where they differ from ``steps`` (None: the same):
+    #: to compare the methods at matched in-distribution accuracy when adaptive learns slower
+    adaptive_steps: int | None = None
 
     def __post_init__(self):
         self.tasks = tuple(self.tasks)
         self.train_sizes = tuple(int(s) for s in self.train_sizes)
+        self.eval_sizes = tuple(sorted({int(s) for s in self.eval_sizes}))
+        if any(s < 1 for s in self.eval_sizes):
+            raise ValueError(f"eval_sizes must be sizes >= 1, got {self.eval_sizes}.")
+        if self.adaptive_steps is not None and self.adaptive_steps < 1:
+            raise ValueError(f"adaptive_steps must be >= 1, got {self.adaptive_steps}.")
         for name in ("eval_factor", "values", "seeds", "steps", "batch", "rank", "prompts",
                      "eval_batch", "checkpoint_every"):  # fmt: skip
             if getattr(self, name) < 1:
@@ -102,12 +113,19 @@ class Config:
     @property
     def sizes(self) -> list[int]:
         """The evaluated sizes: the training range's ends and the powers of two inside it, then
-        doublings of its largest size up to ``eval_factor`` × it (and that multiple itself)."""
+        doublings of its largest size up to ``eval_factor`` × it (and that multiple itself),
+        and ``eval_sizes``."""
         lo, hi = self.train_sizes
         inside = {lo, hi} | {2**k for k in range(hi.bit_length()) if lo <= 2**k <= hi}
         beyond = {hi * 2**k for k in range(1, self.eval_factor.bit_length())
                   if 2**k <= self.eval_factor}  # fmt: skip
-        return sorted(inside | beyond | {hi * self.eval_factor})
+        return sorted(inside | beyond | {hi * self.eval_factor} | set(self.eval_sizes))
+
+    def steps_of(self, method: str) -> int:
+        """A method's AdamW steps: ``adaptive_steps`` for adaptive where given, else ``steps``."""
+        if method == "adaptive" and self.adaptive_steps is not None:
+            return self.adaptive_steps
+        return self.steps
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -119,7 +137,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 #: what defines the fine-tuned models (a folder of other values is refused); more seeds, other
 #: evaluation sizes or prompt counts may be asked of an existing folder
-IDENTITY = ("model", "tasks", "train_sizes", "values", "steps", "batch", "lr", "rank", "seed")
+IDENTITY = ("model", "tasks", "train_sizes", "values", "steps", "batch", "lr", "rank", "seed",
+            "adaptive_steps")  # fmt: skip
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> Config:
@@ -302,7 +321,7 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
 
     trainer = Trainer(
         where, holder, torch.optim.AdamW(holder.parameters(), lr=cfg.lr),
-        steps=cfg.steps, batch=batch, loss=loss, generators={"data": data},
+        steps=cfg.steps_of(method), batch=batch, loss=loss, generators={"data": data},
         checkpoint_every=cfg.checkpoint_every, log_every=max(1, cfg.steps // 20),
         task=f"{method} seed {s}", progress=progress, clip_grad_norm=1.0,
     )  # fmt: skip
@@ -363,6 +382,23 @@ def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
                 entry[f"p_seeds_{k}"] = float(paired_comparison(
                     per_seed[a][k][:, None], per_seed[b][k][:, None]).p_value[0])  # fmt: skip
             out.append(entry)
+    return out
+
+
+def in_distribution(rows: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """Per algorithm: adaptive against softmax in exact match at the training sizes (each seed's
+    mean over those sizes), paired over seeds (`stats.paired_effect`): how well matched the two
+    fine-tunings are where both were trained."""
+    lo, hi = cfg.train_sizes
+    out = {}
+    for name in cfg.tasks:
+        per = {m: {} for m in METHODS}
+        for r in rows:
+            if r["task"] == name and lo <= r["size"] <= hi:
+                per[r["method"]].setdefault(r["seed"], []).append(r["acc"])
+        seeds = sorted(set(per[METHODS[0]]) & set(per[METHODS[1]]))
+        out[name] = paired_effect([np.mean(per[METHODS[0]][s]) for s in seeds],
+                                  [np.mean(per[METHODS[1]][s]) for s in seeds])  # fmt: skip
     return out
 
 
@@ -432,12 +468,14 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
                      if v["seconds"] is not None and v["steps_per_s"])  # fmt: skip
     first = next(iter(t.values()))
     setup = (
-        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice with identical "
-        f"budgets: low-rank adapters (LoRA rank {cfg.rank}, α = {2 * cfg.rank}, on "
+        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice"
+        f"{' with identical budgets' if cfg.adaptive_steps is None else ''}: low-rank adapters (LoRA rank {cfg.rank}, α = {2 * cfg.rank}, on "
         f"{', '.join(adapters.TARGETS)} of every layer; {first['adapter_parameters']:,} trained "
         "parameters, the pretrained weights frozen) trained with softmax attention and with "
         "adaptive temperature in every layer (in training and at inference, as §4.2 does), from "
-        f"the same initial adapters on the same batches: {cfg.steps} AdamW steps (lr {cfg.lr:g}, "
+        f"the same initial adapters on the same batches: {cfg.steps} AdamW steps"
+        + (f" ({cfg.adaptive_steps} for adaptive temperature)" if cfg.adaptive_steps else "")
+        + f" (lr {cfg.lr:g}, "
         f"gradient norm clipped at 1) of {cfg.batch} CLRS-Text examples of "
         f"{', '.join(cfg.tasks)} at {cfg.train_sizes[0]}-{cfg.train_sizes[1]} items (keys 0-"
         f"{cfg.values - 1}), loss on the answer tokens. {cfg.prompts} test prompts per algorithm "
@@ -449,6 +487,12 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     )
     judged = seed_verdicts(m["sizes"])
     words = [v["exact"].verdict.split(" (")[0] for v in judged]
+    inside = in_distribution(m["rows"], cfg)
+    matched = "; ".join(f"{name} {e.mean:+.3f} {interval(e)}" for name, e in inside.items())
+    setup += (" In distribution (exact match at the training sizes, adaptive − softmax over "
+              f"seeds, 95 % interval): {matched}. Where adaptive is behind there, it is less "
+              "trained, and the comparison beyond the training sizes is confounded by it "
+              "(`--adaptive-steps` gives adaptive more steps to match).")  # fmt: skip
     verdict = (
         f"Beyond the training sizes adaptive temperature is ahead of softmax on {len(ahead)} of "
         f"{len(cfg.tasks)} algorithms in exact match, {len(signif)} of them at p < 0.05 (over "

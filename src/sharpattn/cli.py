@@ -643,6 +643,15 @@ def _sequence_options(f):
             "(a linear bias on every head) or nape (ALiBi on half of the heads, NoPE on the "
             "others, as ASEntmax trains).",
         ),
+        click.option("--layers", type=count(64), help="Decoder layers [default: 2]."),
+        click.option("--d-model", type=count(4096), help="Decoder width [default: 64]."),
+        click.option("--heads", type=count(64), help="Attention heads per layer [default: 4]."),
+        click.option(
+            "--lr",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="AdamW learning rate (overrides the profile).",
+        ),  # fmt: skip
         click.option(
             "--eval-factor",
             type=count(MAX_FACTOR),

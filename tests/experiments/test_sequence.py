@@ -554,3 +554,15 @@ def test_rows_from_before_the_failure_analysis_still_load(trained, tmp_path):
     failures = (run / "failures.md").read_text()
     assert "answer-token accuracy" in failures
     assert "not recorded" in failures or failures.count("\n") == 2  # a header alone: no cell at 0
+
+
+def test_the_decoder_size_options_reach_the_config_and_bad_sizes_are_refused_first(tmp_path):
+    """--layers, --d-model, --heads and --lr set the sweep's decoder and optimiser; a width the
+    heads do not divide is refused in one sentence before any folder is written."""
+    from sharpattn.experiments import leaderboard
+
+    cfg = leaderboard.make_config("quick", layers=3, d_model=48, heads=3, lr=2e-3)
+    assert (cfg.layers, cfg.d_model, cfg.heads, cfg.lr) == (3, 48, 3, 2e-3)
+    out = tmp_path / "lb"
+    code = main(["leaderboard", "--quick", "--d-model", "30", "--heads", "4", "--out", str(out)])
+    assert code != 0 and not out.exists()

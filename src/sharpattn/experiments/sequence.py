@@ -173,6 +173,8 @@ class SequenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}.")
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads}).")
         for name, steps in (self.task_steps or {}).items():
             if not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"task_steps[{name!r}] must be an integer >= 1, got {steps!r}.")

@@ -6,9 +6,9 @@ import os
 
 # Triton's kernels run on the CPU in its interpreter (tests/paths/test_triton.py). Triton reads
 # TRITON_INTERPRET when it is imported (its own jitted functions, tl.sum among them, are defined
-# then), and importing sharpattn imports it (torch.library's operators do), so it is set before
-# any import here; not on a CUDA test run (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile
-# for the GPU.
+# then), and any test that touches torch.compile imports it (torch._dynamo does; importing
+# sharpattn does not: tests/api/test_import_cost.py), so it is set before any import here; not on
+# a CUDA test run (SHARPATTN_TEST_DEVICE=cuda), where the kernels compile for the GPU.
 if os.environ.get("SHARPATTN_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -232,6 +232,7 @@ def test_every_path_equals_the_formula_with_gradients(register_normalizer, name,
             assert_close(g, ref, n=9, ulps=2 * ulps, msg=f"{impl} d/d{name_}")
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("name", ["softplus", "relu_power", "signed_power", "softplus_share"])
 def test_the_tile_paths_of_user_maps_pass_gradcheck(register_normalizer, name):
     """float64 gradcheck of the user's element-wise and row-normalised paths on small tiles (rows

@@ -181,6 +181,7 @@ bb.train(sys.argv[1], bb.RunConfig(**json.loads(sys.argv[2])))
 """
 
 
+@pytest.mark.cpu_independent
 def test_a_run_killed_mid_step_resumes_to_the_same_numbers(task, tmp_path):
     cfg = tiny(steps=9, n_measure=9, checkpoint_every=4)
     args = [str(tmp_path / "killed"), json.dumps(cfg.to_dict())]
@@ -246,6 +247,7 @@ def test_linear_fit_of_the_findings():
     )
 
 
+@pytest.mark.cpu_independent
 def test_runs_trained_in_a_process_pool_longest_first_give_the_sequential_numbers(
     task, tmp_path, monkeypatch
 ):

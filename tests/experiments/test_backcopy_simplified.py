@@ -199,6 +199,7 @@ bsm.train(sys.argv[1], bsm.SimplifiedConfig(**json.loads(sys.argv[2])))
 """
 
 
+@pytest.mark.cpu_independent
 def test_a_run_killed_mid_step_resumes_to_the_same_numbers(task, tmp_path):
     cfg = tiny()
     args = [str(tmp_path / "killed"), json.dumps(cfg.to_dict())]

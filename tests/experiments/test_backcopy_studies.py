@@ -207,6 +207,7 @@ def test_a_run_without_bos(task, tmp_path):
     assert seen and all(bool((b != task.bos).all()) and b.shape[1] == 13 for b in seen)
 
 
+@pytest.mark.cpu_independent
 def test_chosen_variants_in_a_process_pool_give_the_sequential_numbers(task, tmp_path, monkeypatch):
     tiny = dict(d_model=16, seq_len=12, batch=4, steps=6, eval_batch=4, n_measure=3,
                 checkpoint_every=3, lr=3e-3)  # fmt: skip

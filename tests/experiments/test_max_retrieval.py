@@ -158,17 +158,20 @@ def _final(run: Path, seeds: list[int]) -> dict[str, torch.Tensor]:
 
 
 def test_training_loss_decreases_and_prop_3_1_bound_holds(tmp_path):
-    config = mr.Config(**{**TINY, "steps": 200, "log_every": 20, "group": 1})
+    # 120 steps: the last three logged CEs (steps 80-120) measured 0.31-0.34 against 2.27 at
+    # step 20, far under the 0.8x asked (200 steps, as before: 0.04-0.16)
+    config = mr.Config(**{**TINY, "steps": 120, "log_every": 20, "group": 1})
     state = mr.train_group(tmp_path, config, [0])
     records = mr.training_records(tmp_path, config)[0]
     ce = [m["ce"] for m in records if m["step"] > 0]
-    assert state["step"] == 200 and (mr.group_dir(tmp_path, [0]) / "model.safetensors").is_file()
+    assert state["step"] == 120 and (mr.group_dir(tmp_path, [0]) / "model.safetensors").is_file()
     assert np.mean(ce[-3:]) < 0.8 * ce[0], ce  # chance level is log 10 = 2.3
     for m in records:
         assert 0 <= m["delta"] <= m["bound"], m  # Proposition 3.1
         assert m["l2"] > 0
 
 
+@pytest.mark.cpu_independent
 def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
     config = mr.Config(**{**TINY, "seeds": 2, "group": 2, "threads": 1})
     seeds = [0, 1]

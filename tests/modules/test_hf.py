@@ -226,6 +226,7 @@ def test_minilm_offline_same_embeddings_as_eager():
     close_out(got[real], ref[real], width=384, mlp=1536)  # MiniLM: width 384, MLP 1536
 
 
+@pytest.mark.cpu_independent
 def test_import_sharpattn_does_not_import_transformers():
     import subprocess
     import sys
@@ -237,6 +238,7 @@ def test_import_sharpattn_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.cpu_independent
 def test_every_way_to_reach_sharpattn_hf_gives_the_one_module():
     # sharpattn/hf.py is the one alias (it puts integrations.hf in sys.modules under its name);
     # sharpattn.__getattr__ only imports it lazily for `import sharpattn; sharpattn.hf`.

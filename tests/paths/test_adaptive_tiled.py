@@ -81,6 +81,7 @@ def exact(q, k, v, mask, causal, rule, scale=0.7):
     return w @ v
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("rule", [RULES[0], RULES[2]], ids=["icml", "negative_beta"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gradcheck_of_the_slab_backward(two_row_slabs, case, rule):

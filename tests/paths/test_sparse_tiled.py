@@ -53,6 +53,7 @@ def two_row_blocks(monkeypatch):
     monkeypatch.setattr(policy, "SPARSE_MIN_ROWS", 2)
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("method,params", METHODS, ids=lambda x: str(x))
 def test_gradcheck_of_the_tiled_backward(two_row_blocks, method, params, case):
@@ -66,6 +67,7 @@ def test_gradcheck_of_the_tiled_backward(two_row_blocks, method, params, case):
     assert torch.autograd.gradcheck(f, (q, k, v), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("per", ["head", "query"])
 def test_gradcheck_asentmax_parameters(two_row_blocks, per, case):

@@ -102,6 +102,7 @@ GRADCHECK = [
 ]
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("case", GRADCHECK, ids=[c[0] for c in GRADCHECK])
 def test_gradcheck_float64(case):
     _, lq, lk, h, hkv, kind, params = case

@@ -110,6 +110,7 @@ def test_tiled_path_equals_the_float64_formula(method, params, case):
     assert (out.detach().numpy()[empty] == 0).all()
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize(
     "method,params",
@@ -184,6 +185,7 @@ def test_entropy_pass_equals_the_float64_entropy(case):
     assert_close(lse.squeeze(-1), ref_lse, n=k.shape[2], magnitude=1 + smax)
 
 
+@pytest.mark.cpu_independent
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_entropy_pass_gradcheck_float64(case):
     q, k, _, mask, causal = small(*inputs(case))

@@ -174,29 +174,43 @@ def _as(dtype, q, k, v, params):
 NAMES = ("out", "dq", "dk", "dv", "dbias")
 
 
-#: (method, case) pairs that run in 16 bits as well as float32 on the CPU: every case of the
-#: element-wise and normalised maps; of the others (several passes or a selection per key
-#: block, slow in the interpreter) the cases whose 16-bit rounding is hardest (masks, empty
-#: rows, ASEntmax's θ over padded keys). On a GPU every pair runs in every dtype.
+#: (method, case) pairs that run in 16 bits as well as float32 on the CPU, where the interpreter
+#: is slow (a case takes seconds): each method and setting in at least one case, the mask kinds
+#: and causal shapes of the element-wise and normalised maps spread over their methods (each
+#: case in 16 bits at least once; they share one kernel, `_forward_kernel`), and of the others
+#: (several passes or a selection per key block) the cases whose 16-bit rounding is hardest
+#: (masks, empty rows, ASEntmax's θ over padded keys). On a GPU every pair runs in every dtype.
 SHORT = {
+    "sigmoid": ("plain", "per_row"),
+    "sigmoid_bias": ("per_row",),  # the bias gradient: Lk float32 terms, the largest error
+    "sigmoid_no_log_n": ("causal",),
+    "relu": ("causal_lq_gt_lk", "padding"),
+    "relu_p2": ("2d",),
+    "power": ("causal_lq_lt_lk", "per_row"),
+    "power_p2": ("padding",),
+    "signed": ("causal", "2d"),
+    "softpick": ("causal_lq_lt_lk", "padding", "per_row"),  # expm1 and its shifted form
     **dict.fromkeys((*LSE_METHODS, "sparsemax", "topk"), ("causal_lq_lt_lk", "per_row")),
     **dict.fromkeys(("entmax15", "entmax_1.3", "entmax_heads", "topk_3", "hardmax"), ("per_row",)),
     "asentmax": ("padding", "per_row"),
 }
-#: the cases in float32 of the methods past the element-wise ones: all for one of each kernel,
-#: else three (the mask kinds, causal with Lq > Lk)
+#: the cases in float32 of the methods past the first of each kernel and map (a setting of
+#: one: a bias, p = 2, no log n; another α; ASEntmax; top-k's other k): three (the mask kinds,
+#: causal with Lq > Lk); the first of each runs every case
 FEWER = ("causal_lq_gt_lk", "padding", "per_row")
+#: the methods that run every case in float32
+FULL = (*("sigmoid", "relu", "power", "signed", "softpick"), "sink_bias", "adaptive")
+FULL += ("sparsemax", "topk")
 
 
 def _pairs():
     for name in EVERY:
-        full = name in METHODS or name in ("sink_bias", "adaptive", "sparsemax", "topk")
         for case in CASES:
             for dtype in DTYPES:
-                if DEVICE == "cpu" and name not in METHODS:
-                    if dtype == torch.float32 and not full and case not in FEWER:
+                if DEVICE == "cpu":
+                    if dtype == torch.float32 and name not in FULL and case not in FEWER:
                         continue
-                    if dtype != torch.float32 and case not in SHORT.get(name, ()):
+                    if dtype != torch.float32 and case not in SHORT[name]:
                         continue
                 yield pytest.param(name, case, dtype, id=f"{name}-{case}-{dtype}")
 

@@ -29,7 +29,10 @@ Each loop is a PyTorch operator, ``torch.ops.sharpattn.NAME`` (``torch.library.c
 its real implementation calls the ctypes function, its fake one (``register_fake``) gives the
 shapes, dtypes and strides of what it returns, and the tensors it writes in place are declared in
 ``mutates_args``. So a graph that ``torch.compile`` traces calls the loops as it would any
-operator (``fullgraph=True`` included; ``tests/paths/test_compile.py``). A call goes through the
+operator (``fullgraph=True`` included; ``tests/paths/test_compile.py``). The operators are
+registered when the library loads (`library`, which every path reaches through `wanted` before
+it calls a loop, in a traced graph too), not on import: ``custom_op`` costs ~1 ms an operator,
+and nothing here imports ``torch._dynamo`` (over a second) on ``import sharpattn``. A call goes through the
 dispatcher once per tile: on the 2-core AMD EPYC, one thread, 23 µs against 2.7 µs for the
 ctypes call alone; at n = 4,096 (causal, 2 threads, a shared machine) that measured 0-5% of
 the CPU time of sigmoid, softpick, sparsemax and adaptive and 6-8% of stick-breaking's
@@ -270,7 +273,7 @@ def library() -> ctypes.CDLL | None:
     if cxx is None:
         return None
     try:
-        return load(build(cxx))
+        lib = load(build(cxx))
     except Exception as exc:  # a compiler that cannot build it (no OpenMP, another platform)
         warnings.warn(
             f"sharpattn: the native tile loops could not be built or loaded "
@@ -280,6 +283,8 @@ def library() -> ctypes.CDLL | None:
             stacklevel=3,
         )
         return None
+    _register()
+    return lib
 
 
 def status() -> dict:
@@ -294,6 +299,14 @@ def status() -> dict:
     }
 
 
+def _constant(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` (over a
+    second, triton with it) on ``import sharpattn``: dynamo's decorator sets this one attribute
+    (``torch._dynamo.decorators``), which ``tests/paths/test_compile.py`` checks."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def wanted(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a call's tiles (on ``device``, computed in ``dtype``) may use the loops; also
     inside a graph that ``torch.compile`` traces (the loops are operators with fake tensors)."""
@@ -302,7 +315,7 @@ def wanted(device: torch.device, dtype: torch.dtype) -> bool:
     return _built()
 
 
-@torch.compiler.assume_constant_result
+@_constant
 def _built() -> bool:
     """Whether the library is loaded (built on first use); a constant in a traced graph."""
     return library() is not None
@@ -343,10 +356,12 @@ class _Loop:
     """A loop as ``torch.ops.sharpattn.NAME`` inside a graph that ``torch.compile`` traces, and
     as its plain function eagerly: the dispatcher costs a call about 20 µs more (23 µs against
     2.7 µs on the 2-core AMD EPYC, one thread), and stick-breaking makes 136 calls a forward at
-    n = 4,096. The operator's real implementation is that same function."""
+    n = 4,096. The operator's real implementation is that same function; it is registered by
+    `_register` when the library loads (``op`` is None before)."""
 
-    def __init__(self, fn, op):
-        self.fn, self.op = fn, op
+    def __init__(self, fn, name: str, mutates: tuple[str, ...]):
+        self.fn, self.name, self.mutates = fn, name, mutates
+        self.fake = self.op = None
 
     def __call__(self, *args):
         if torch.compiler.is_compiling():
@@ -354,16 +369,31 @@ class _Loop:
         return self.fn(*args)
 
     def register_fake(self, fake):
-        return self.op.register_fake(fake)
+        self.fake = fake
+        return fake
+
+
+#: every loop, in the order defined below; `_register` makes each an operator
+_LOOPS: list[_Loop] = []
 
 
 def _op(name: str, mutates: tuple[str, ...]):
     def wrap(fn):
-        op = torch.library.custom_op(f"sharpattn::{name}", mutates_args=mutates,
-                                     device_types="cpu")(fn)  # fmt: skip
-        return _Loop(fn, op)
+        _LOOPS.append(loop := _Loop(fn, name, mutates))
+        return loop
 
     return wrap
+
+
+@functools.cache
+def _register() -> None:
+    """Every loop as ``torch.ops.sharpattn.NAME`` with its fake implementation, once a process
+    (`library` calls it when the library loads; a traced graph reaches it through `wanted`)."""
+    for loop in _LOOPS:
+        op = torch.library.custom_op(f"sharpattn::{loop.name}", mutates_args=loop.mutates,
+                                     device_types="cpu")(loop.fn)  # fmt: skip
+        op.register_fake(loop.fake)
+        loop.op = op
 
 
 @_op("entropy_forward", ("m", "z", "a"))

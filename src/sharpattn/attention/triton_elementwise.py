@@ -244,6 +244,17 @@ def _visible(
 
 
 @triton.jit
+def _tile(ptr, sb, sh, sr, sc, b, h, offs_r, offs_c, n_r, n_c):
+    """The block ``[len(offs_r), len(offs_c)]`` of the ``[B, H, rows, cols]`` tensor at ``ptr``
+    (strides sb, sh, sr, sc) at batch b and head h; 0 outside ``n_r`` rows and ``n_c`` columns."""
+    return tl.load(
+        ptr + b * sb + h * sh + offs_r[:, None] * sr + offs_c[None, :] * sc,
+        mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+        other=0.0,
+    )
+
+
+@triton.jit
 def _query_block(q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d,
                  BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr):  # fmt: skip
     """What a program over a block of query rows starts from: (start_m, b, h, the query head's
@@ -703,16 +714,8 @@ def _dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     offs_e = tl.arange(0, DV_PAD)
-    k = tl.load(
-        k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-        mask=(offs_n[:, None] < lk) & (offs_d[None, :] < d),
-        other=0.0,
-    )  # [N, D]
-    v = tl.load(
-        v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-        mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-        other=0.0,
-    )  # [N, Dv]
+    k = _tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+    v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dvacc = tl.zeros([BLOCK_N, DV_PAD], dtype=tl.float32)
     lo = 0
@@ -725,17 +728,8 @@ def _dkdv_kernel(
             if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
                             SUPPORT):  # fmt: skip
                 offs_m = start_m + tl.arange(0, BLOCK_M)
-                in_m = offs_m < lq
-                q = tl.load(
-                    q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                    mask=in_m[:, None] & (offs_d[None, :] < d),
-                    other=0.0,
-                )  # [M, D]
-                do = tl.load(
-                    do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
-                    mask=in_m[:, None] & (offs_e[None, :] < dv),
-                    other=0.0,
-                )  # [M, Dv]
+                q = _tile(q_ptr, sqb, sqh, sqm, sqd, b, h, offs_m, offs_d, lq, d)  # [M, D]
+                do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)  # [M, Dv]
                 row, m, z, dd, pr = _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h,
                                           heads, lq, offs_m, p, METHOD)  # fmt: skip
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
@@ -806,17 +800,8 @@ def _dq_kernel(
         if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
                         SUPPORT):  # fmt: skip
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            in_n = offs_n < lk
-            k = tl.load(
-                k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                mask=in_n[:, None] & (offs_d[None, :] < d),
-                other=0.0,
-            )  # [N, D]
-            v = tl.load(
-                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-                mask=in_n[:, None] & (offs_e[None, :] < dv),
-                other=0.0,
-            )  # [N, Dv]
+            k = _tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+            v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             keep = _visible(offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h,
                             CAUSAL, HAS_MASK)  # fmt: skip

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .masking import Masking
-from .triton_elementwise import _pad, _query_block, _unit_last, _visible
+from .triton_elementwise import _pad, _query_block, _tile, _unit_last, _visible
 
 Tensor = torch.Tensor
 
@@ -188,16 +188,8 @@ def _backward_kernel(
     for t in range(0, blocks):
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
         in_n = offs_n < lk
-        k = tl.load(
-            k_ptr + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-            mask=in_n[:, None] & (offs_d[None, :] < d),
-            other=0.0,
-        )  # [N, D]
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=in_n[:, None] & (offs_e[None, :] < dv),
-            other=0.0,
-        )  # [N, Dv]
+        k = _tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+        v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
         keep = _visible(
             offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
         )

@@ -65,7 +65,7 @@ def _stream(p: float):
 def test_evaluate_draws_blocks_until_the_rule_says_enough(p, monkeypatch):
     batches, solved = _stream(p)
     monkeypatch.setattr(seq, "test_sets", lambda t, size, cfg: iter(batches))
-    task = SimpleNamespace(length=lambda size: 5)
+    task = SimpleNamespace(length=lambda size: 5, vocab_size=3, answer_tokens=lambda: (1, 2))
     cfg = _cfg(eval_sets=512, eval_se=0.04, eval_min=32, eval_batch=16)
     got = seq.evaluate(_Oracle(), task, 64, cfg)
     # independently: the first multiple of 16 at or above 32 where the float64 Agresti-Coull

@@ -125,7 +125,7 @@ def test_rotary_transformer_runs_at_4x_context_and_is_causal():
     with pytest.raises(ValueError, match="max_len"):
         lm("learned")(idx)
     with pytest.raises(ValueError, match="positions"):
-        TransformerConfig(positions="alibi")
+        TransformerConfig(positions="sinusoidal")
     with pytest.raises(ValueError, match="terms"):
         TransformerConfig(selective="q", selective_terms="tokens")
 

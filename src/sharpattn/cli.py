@@ -765,8 +765,10 @@ def reproduce_clrs_llm(profile, out, **options):
     plain = exp.make_config(profile, checkpoint_every=config.checkpoint_every,
                             threads=config.threads)  # fmt: skip
     changed = config != plain
+    steps = f"{config.steps} steps" + (f" ({config.adaptive_steps} for adaptive)"
+                                       if config.adaptive_steps else "")  # fmt: skip
     announce("reproduce clrs-llm", profile, f"{len(exp.METHODS) * config.seeds} fine-tunings of "
-             f"{config.steps} steps", changed)  # fmt: skip
+             f"{steps}", changed)  # fmt: skip
     with ProgressRenderer(transient=True) as progress:
         run_dir, _ = exp.run(out or f"runs/clrs-llm-{profile}", config, progress)
     print_markdown((run_dir / "clrs_llm.md").read_text(encoding="utf-8"))

@@ -268,11 +268,7 @@ def _query_block(q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d,
     offs_d = tl.arange(0, D_PAD)
     offs_e = tl.arange(0, DV_PAD)
     in_m = offs_m < lq
-    q = tl.load(
-        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=in_m[:, None] & (offs_d[None, :] < d),
-        other=0.0,
-    )
+    q = _tile(q_ptr, sqb, sqh, sqm, sqd, b, h, offs_m, offs_d, lq, d)
     return start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q
 
 
@@ -398,11 +394,7 @@ def _forward_kernel(
         else:
             w, _ = _weight(s, row, p, METHOD, POWER)
         w = tl.where(keep, w, 0.0)
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-            other=0.0,
-        )
+        v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     if METHOD >= NORMALISED:
         acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
@@ -561,11 +553,7 @@ def _entmax_forward_kernel(
             near = tl.max(tl.max(tl.where(keep, c1 * s - c0, -float("inf")), 1), 0)
             tl.store(sup + start_n // BLOCK_N, tl.where(near > -slack, 1.0, 0.0))
             tp, tq = _entmax_sums(s, keep, c1, c0, e[:, None], POWER)
-            v = tl.load(
-                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-                mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-                other=0.0,
-            )
+            v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
             acc += tl.dot(tp.to(v.dtype), v, input_precision=PRECISION)
             u_hi = tq.to(v.dtype)
             acc_u += tl.dot(u_hi, v, input_precision=PRECISION)
@@ -669,11 +657,7 @@ def _topk_forward_kernel(
         if any_kept > 0.0:
             w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
             z += tl.sum(w, 1)
-            v = tl.load(
-                v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-                mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-                other=0.0,
-            )
+            v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
             acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
     rows = b * heads * lq + h * lq + offs_m
@@ -782,11 +766,7 @@ def _dq_kernel(
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
-    do = tl.load(
-        do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
-        mask=in_m[:, None] & (offs_e[None, :] < dv),
-        other=0.0,
-    )
+    do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
     row, m, z, dd, pr = _rows(
         row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p, METHOD
     )

@@ -143,11 +143,7 @@ def _forward_kernel(
         )
         s = tl.where(keep, tl.dot(q, k, input_precision=PRECISION) * scale, 0.0)
         w, _, carry = _weights(s, keep, carry)
-        v = tl.load(
-            v_ptr + b * svb + hk * svh + offs_n[:, None] * svn + offs_e[None, :] * svd,
-            mask=(offs_n[:, None] < lk) & (offs_e[None, :] < dv),
-            other=0.0,
-        )
+        v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     tl.store(
         out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
@@ -174,11 +170,7 @@ def _backward_kernel(
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
-    do = tl.load(
-        do_ptr + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_e[None, :] * sgd,
-        mask=in_m[:, None] & (offs_e[None, :] < dv),
-        other=0.0,
-    )
+    do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
     rows = b * heads * lq + h * lq + offs_m
     dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)

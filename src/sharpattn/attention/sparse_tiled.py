@@ -594,8 +594,11 @@ def _on_kernel(q, k, v, want_stats, alpha) -> bool:
     return alpha <= 2.0
 
 
-def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None):
-    if _on_kernel(q, k, v, want_stats, alpha):  # CUDA: one kernel
+def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None, kernel=None):
+    """``kernel``: `_on_kernel` where the caller has it (one look at a tensor α a call)."""
+    if kernel is None:
+        kernel = _on_kernel(q, k, v, want_stats, alpha)
+    if kernel:  # CUDA: one kernel
         out = triton_kernels().entmax_attention(q, k, v, masking, scale, alpha, theta)
         return out, None
     out, ent, mass = _EntmaxAttention.apply(q, k, v, theta, kind, alpha, masking, scale, want_stats)
@@ -639,10 +642,11 @@ def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1
     `TENSOR_ALPHA_STEPS` steps. On CUDA the kernel takes every α in (1, 2], a learnable tensor
     too (`_on_kernel`)."""
     _check_alpha(alpha)
-    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
+    kernel = _on_kernel(q, k, v, want_stats, alpha)
+    if not kernel and _needs_blocks(alpha):
         params = dict(alpha=alpha, n_iter=n_iter)
         return _chunked("entmax", q, k, v, masking, scale, want_stats, params)
-    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha)
+    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, None, kernel)
 
 
 def asentmax(
@@ -664,7 +668,8 @@ def asentmax(
     (`asentmax_scale`); gradients flow to ``beta_pre`` and
     ``gamma_pre`` through θ."""
     _check_alpha(alpha)
-    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
+    kernel = _on_kernel(q, k, v, want_stats, alpha)
+    if not kernel and _needs_blocks(alpha):
         params = dict(
             beta_pre=beta_pre,
             gamma_pre=gamma_pre,
@@ -676,7 +681,7 @@ def asentmax(
         return _chunked("asentmax", q, k, v, masking, scale, want_stats, params)
     cd = compute_dtype(q.dtype)
     theta = asentmax_scale(masking.visible_keys(dtype=cd), beta_pre, gamma_pre, delta, gamma_max)
-    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta)
+    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta, kernel)
 
 
 def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /, **params):
@@ -686,7 +691,8 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     params.pop("blocks", None)
     alpha = family.alpha_of(params)
     _check_alpha(alpha)
-    if _needs_blocks(alpha) and not _on_kernel(q, k, v, want_stats, alpha):
+    kernel = _on_kernel(q, k, v, want_stats, alpha)
+    if not kernel and _needs_blocks(alpha):
         out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,
                                      want_stats=want_stats, check_finite=False, params=params)  # fmt: skip
         return out, _stats(q, masking, want_stats, *(pieces or (None, None)))
@@ -694,7 +700,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     if family.scale is not None:
         n = masking.visible_keys(dtype=compute_dtype(q.dtype))
         theta = torch.as_tensor(family.scale(n, **params), dtype=n.dtype, device=q.device)
-    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta)
+    return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta, kernel)
 
 
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):

@@ -308,6 +308,13 @@ def reproduce():
     help="Adaptive-temperature polynomial at inference: icml, arxiv or a JSON file.",
 )
 @click.option(
+    "--regulariser",
+    default="l2",
+    show_default=True,
+    help="How λ = 0.001 enters training: l2 (λ·Σw²), half_l2 (λ/2·Σw²), l2_kernels (λ·Σw² "
+    "without biases) or adamw (decoupled decay).",
+)
+@click.option(
     "--test-sets",
     type=count(MAX_SETS),
     help="Most test sets per size (overrides the profile).",
@@ -322,14 +329,15 @@ def reproduce():
 @cluster_options
 @threads_option()
 @out_option(None, "Run folder (default runs/max-retrieval-<profile>); re-running resumes it.")
-def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets, checkpoint_every,
-                  group, workers, ray_address, threads, out):  # fmt: skip
+def max_retrieval(profile, seeds, steps, sizes, method, coefficients, regulariser, test_sets,
+                  checkpoint_every, group, workers, ray_address, threads, out):  # fmt: skip
     """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
     from .experiments import max_retrieval as mr
 
     config = mr.make_config(profile, seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets,
                             group=group, workers=workers, threads=threads, method=method,
-                            coefficients=coefficients, checkpoint_every=checkpoint_every)  # fmt: skip
+                            coefficients=coefficients, regulariser=regulariser,
+                            checkpoint_every=checkpoint_every)  # fmt: skip
     out = out or f"runs/max-retrieval-{profile}"
     if threads is None:
         picked = pick_threads(None, config.workers, ray_address)
@@ -351,6 +359,50 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, test_sets,
     speed = result["steps_per_s"]
     console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
     console.print(f"wrote {result['run']}/report.md")
+
+
+@reproduce.command(
+    "max-retrieval-regularisers", short_help="Table 1 under each reading of its L2 term."
+)
+@profile_options(
+    "reproduce max-retrieval-regularisers",
+    "2 seeds x 2,000 steps per reading, sizes to 2,048",
+    "5 seeds x 100,000 steps per reading, sizes 16..16,384",
+)
+@seeds_option()
+@click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
+@click.option(
+    "--regularisers",
+    default=None,
+    help="Comma-separated readings of the L2 term to train under (default: all four, see "
+    "reproduce max-retrieval --regulariser).",
+)
+@checkpoint_option(1000)
+@cluster_options
+@threads_option()
+@out_option("runs/max-retrieval-regularisers", "Study folder; re-running resumes it.")
+def max_retrieval_regularisers(profile, seeds, steps, regularisers, checkpoint_every, workers,
+                               ray_address, threads, out):  # fmt: skip
+    """Table 1's baseline under each reading of App. A.4's L2 term (λΣw², λ/2·Σw², without
+    biases, AdamW), each a max-retrieval run in OUT/<name>, compared with the paper's column."""
+    from .experiments import max_retrieval as mr
+    from .experiments import regularisers as rg
+
+    config = rg.make_config(profile, seeds=seeds, steps=steps, workers=workers,
+                            checkpoint_every=checkpoint_every)  # fmt: skip
+    if seeds is not None:
+        config = dataclasses.replace(config, group=seeds)
+    config = dataclasses.replace(config, threads=pick_threads(threads, config.workers, ray_address))
+    names = ([r.strip() for r in regularisers.split(",") if r.strip()] if regularisers
+             else list(mr.REGULARISERS))  # fmt: skip
+    announce("reproduce max-retrieval-regularisers", profile,
+             f"{len(names) * len(mr.groups(config))} training jobs of {config.group} seeds",
+             changed=seeds is not None or steps is not None)  # fmt: skip
+    with ProgressRenderer() as progress:
+        result = rg.study(out, config, names, progress, ray_address)
+    print_markdown((Path(out) / "regularisers.md").read_text(),
+                   "Max retrieval: Table 1's baseline under each reading of the L2 term")  # fmt: skip
+    console.print(f"wrote {result['report']}")
 
 
 @cli.command("fit-temperature", short_help="Refit adaptive temperature on a max-retrieval run.")

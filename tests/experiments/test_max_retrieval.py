@@ -119,11 +119,31 @@ def test_scores_and_weights_match_float64_reference():
     assert_close(wa, ra / ra.sum(-1, keepdims=True), n=128 * 128, magnitude=1 + 3 * emax)  # β ≤ 3
 
 
-def test_coupled_weight_decay_is_exactly_the_l2_term():
-    """Adam(weight_decay=2λ) on CE takes the same step as Adam on CE + λ·Σw²."""
+def _explicit_penalty(model, regulariser: str, lam: float):
+    """The regulariser's term of the objective, written out: λ·Σw², λ/2·Σw², λ·Σ over the
+    weight matrices; AdamW has none."""
+    if regulariser == "adamw":
+        return 0.0
+    named = list(model.named_parameters())
+    if regulariser == "l2_kernels":
+        named = [(n, p) for n, p in named if not n.endswith("bias")]
+    scale = 0.5 if regulariser == "half_l2" else 1.0
+    return scale * lam * sum(p.pow(2).sum() for _, p in named)
+
+
+@pytest.mark.parametrize("regulariser", list(mr.REGULARISERS))
+def test_each_regulariser_takes_the_step_of_its_objective(regulariser):
+    """The optimizer of each convention takes the step of plain Adam on CE + its explicit
+    penalty; AdamW's is plain Adam's step minus lr·λ·w (w before the step). `l2_penalty` logs
+    that same term."""
     b = sample_max_retrieval(32, 8, torch.Generator().manual_seed(0), dtype=torch.float64)
-    config = mr.Config(**TINY)
+    config = mr.Config(**TINY, regulariser=regulariser)
     models = [mr.build_model(config, 0).double() for _ in range(2)]  # float64: the maths only
+    with torch.no_grad():  # nonzero biases, so "without biases" shows
+        for m in models:
+            for n, p in m.named_parameters():
+                if n.endswith("bias"):
+                    p.copy_(torch.linspace(-0.5, 0.5, p.numel(), dtype=p.dtype).view_as(p))
     fast = mr.make_optimizer(models[0], config)
     slow = torch.optim.Adam(models[1].parameters(), lr=config.lr)
     for _ in range(3):
@@ -132,8 +152,13 @@ def test_coupled_weight_decay_is_exactly_the_l2_term():
         fast.step()
         slow.zero_grad()
         loss = F.cross_entropy(models[1](b.x, b.q), b.target)
-        (loss + config.l2 * sum(p.pow(2).sum() for p in models[1].parameters())).backward()
+        (loss + _explicit_penalty(models[1], regulariser, config.l2)).backward()
+        before = [p.detach().clone() for p in models[1].parameters()]
         slow.step()
+        if regulariser == "adamw":
+            with torch.no_grad():
+                for p, w in zip(models[1].parameters(), before, strict=True):
+                    p.sub_(config.lr * config.l2 * w)
     for p, r in zip(models[0].parameters(), models[1].parameters(), strict=True):
         # float64; the two losses' gradients differ by the rounding of sums over the batch and
         # the parameter (ε·√n of the size of their terms). Adam's step lr·m/√v divides each
@@ -142,6 +167,28 @@ def test_coupled_weight_decay_is_exactly_the_l2_term():
         # paths): ulps 8e4 allows 1e4, of three steps of size lr.
         n = 32 * p.numel()
         assert_close(p, r, n=n, magnitude=3 * config.lr, ulps=8e4)
+    with torch.no_grad():
+        explicit = float(_explicit_penalty(models[0], regulariser, config.l2))
+    assert mr.l2_penalty(models[0], config) == pytest.approx([explicit])
+
+
+def test_a_run_folder_keeps_its_regulariser(tmp_path):
+    """Resuming with another regulariser is refused; a folder written before the setting
+    existed resumes as "l2", the convention it was trained with."""
+    config = mr.Config(**{**TINY, "steps": 1})
+    mr.RunFolder(tmp_path, "max-retrieval", asdict(config), identity=mr._TRAINING)
+    with pytest.raises(ValueError, match="regulariser"):
+        mr.RunFolder(tmp_path, "max-retrieval",
+                     asdict(dataclasses.replace(config, regulariser="adamw")),
+                     identity=mr._TRAINING, missing=mr._BEFORE)  # fmt: skip
+    stored = json.loads((tmp_path / "config.json").read_text())
+    del stored["regulariser"]
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    mr.RunFolder(tmp_path, "max-retrieval", asdict(config), identity=mr._TRAINING,
+                 missing=mr._BEFORE)  # fmt: skip
+    assert mr.read_config(tmp_path).regulariser == "l2"
+    with pytest.raises(ValueError, match="unknown regulariser 'l1'; known: l2, half_l2"):
+        mr.Config(regulariser="l1")
 
 
 # --- training, checkpoints, resume ------------------------------------------------------------

@@ -13,7 +13,8 @@ Run folder layout::
     RUN/train/seeds{a}-{b}/checkpoint.safetensors   an ensemble of seeds a..b while training
     RUN/train/seeds{a}-{b}/model.safetensors        its final parameters (member s = seed a+s)
     RUN/train/seeds{a}-{b}/metrics.jsonl            per step: CE, λ·Σw², δ and its bound, per seed
-    RUN/eval.json                 accuracy per seed and test-set SE, per (method, size, test sets)
+    RUN/eval/<group>/n<size>/       the test sets' correctness per method and block (a cache)
+    RUN/accuracy.json             accuracy (%) per method, seed and size
     RUN/table1.{md,csv,json}, RUN/*.png, RUN/summary.json, RUN/report.md
 
 Everything around the experiment is the runner's (`runner`): the run folder, the seeds
@@ -90,6 +91,16 @@ PAPER_TABLE1 = {
 }
 
 
+#: How App. A.4's "L2 regularisation with λ = 0.001" can enter training; the paper does not say
+#: which. Each is one change from "l2", the reading the reproduction defaults to.
+REGULARISERS = {
+    "l2": "CE + λ·Σw² over all parameters, Adam",
+    "half_l2": "CE + λ/2·Σw² over all parameters, Adam",
+    "l2_kernels": "CE + λ·Σw² over the weight matrices only (biases free), Adam",
+    "adamw": "CE, AdamW with decoupled decay w ← w − lr·λ·w on all parameters",
+}
+
+
 @dataclass
 class Config:
     """Everything that defines a run; stored in config.json. Defaults are the paper's (App. A.4)."""
@@ -101,7 +112,8 @@ class Config:
     coefficients: str | list[float] = "icml"  # adaptive temperature at inference
     batch: int = 128
     lr: float = 1e-3
-    l2: float = 1e-3  # λ in CE + λ·Σ w² over all parameters
+    l2: float = 1e-3  # λ of App. A.4's "L2 regularisation"; how it enters: ``regulariser``
+    regulariser: str = "l2"  # a key of REGULARISERS
     min_items: int = 5
     max_items: int = 16
     test_sets: int = 10_000  # per size: standard error <= 0.5 points
@@ -135,6 +147,10 @@ class Config:
             raise ValueError(f"need lr > 0 and l2 >= 0, got lr={self.lr}, l2={self.l2}.")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}.")
+        if self.regulariser not in REGULARISERS:
+            raise ValueError(
+                f"unknown regulariser {self.regulariser!r}; known: {', '.join(REGULARISERS)}."
+            )
         if self.threads is None and self.workers > 1:
             self.threads = max(1, cores() // self.workers)
         nz.get(self.method)  # unknown names raise ValueError listing the known
@@ -228,22 +244,44 @@ def group_dir(run: Path, seeds: list[int]) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Adam:
-    """Adam on CE + λ·Σ w². ∇(λ·Σ w²) = 2λ·w, which is exactly what Adam's (coupled, not AdamW)
-    ``weight_decay=2λ`` adds to every gradient, so the penalty costs no extra graph. Adam is
-    elementwise, so one Adam over an ensemble's stacked parameters is each member's own Adam."""
-    return torch.optim.Adam(
-        model.parameters(), lr=config.lr, weight_decay=2 * config.l2, fused=True
-    )
+def _is_bias(name: str) -> bool:
+    return name.endswith("bias")
 
 
-def l2_penalty(model: SetAttention, l2: float) -> list[float]:
-    """λ·Σ w² over all parameters, per member (one value for a single model)."""
+def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
+    """Adam on CE plus the penalty of ``config.regulariser`` (AdamW for "adamw").
+
+    A penalty c·Σw² has gradient 2c·w, which is exactly what Adam's coupled ``weight_decay=2c``
+    (not AdamW's) adds to every gradient, so the penalty costs no extra graph: 2λ for "l2", λ
+    for "half_l2", 2λ on the weights and 0 on the biases for "l2_kernels". "adamw" has no
+    penalty: each step shrinks every parameter by lr·λ after Adam's update (PyTorch's AdamW and
+    optax's adamw alike). Adam is elementwise, so one Adam over an ensemble's stacked
+    parameters is each member's own Adam."""
+    lam, kind = config.l2, config.regulariser
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=lam, fused=True)
+    decay = lam if kind == "half_l2" else 2 * lam
+    named = list(model.named_parameters())
+    free = [p for n, p in named if kind == "l2_kernels" and _is_bias(n)]
+    decayed = [p for n, p in named if not (kind == "l2_kernels" and _is_bias(n))]
+    param_groups = [{"params": decayed, "weight_decay": decay}]
+    if free:
+        param_groups.append({"params": free, "weight_decay": 0.0})
+    return torch.optim.Adam(param_groups, lr=config.lr, fused=True)
+
+
+def l2_penalty(model: SetAttention, config: Config) -> list[float]:
+    """The penalty term of ``config.regulariser`` in the training objective, per member (one
+    value for a single model): λ·Σw² ("l2"), λ/2·Σw² ("half_l2"), λ·Σw² over the weight
+    matrices ("l2_kernels"), 0 for "adamw" (its decay is not a term of the objective)."""
+    kind = config.regulariser
+    scale = {"l2": 1.0, "half_l2": 0.5, "l2_kernels": 1.0, "adamw": 0.0}[kind] * config.l2
+    params = [p for n, p in model.named_parameters() if not (kind == "l2_kernels" and _is_bias(n))]
     with torch.no_grad():
         if model.members is None:
-            return [l2 * float(sum(p.pow(2).sum() for p in model.parameters()))]
-        per = sum(p.pow(2).flatten(1).sum(1) for p in model.parameters())
-        return [l2 * float(v) for v in per]
+            return [scale * float(sum(p.pow(2).sum() for p in params))]
+        per = sum(p.pow(2).flatten(1).sum(1) for p in params)
+        return [scale * float(v) for v in per]
 
 
 @torch.no_grad()
@@ -309,7 +347,7 @@ def trainer(
         return ce.view(len(seeds), -1).mean(1)  # one CE per member
 
     def on_log(step: int, losses: list[float] | None) -> dict[str, Any]:
-        """CE of the step's batch, λ·Σw², their sum, and on a fixed probe batch of
+        """CE of the step's batch, the regulariser's penalty, their sum, and on a fixed probe batch of
         in-distribution sets the logit spread δ and its Prop. 3.1 bound (Figure 9); per member."""
         if not probe:
             gens = [generator(s, _PROBE) for s in seeds]
@@ -318,7 +356,7 @@ def trainer(
                     [sample_max_retrieval(config.batch, config.max_items, g) for g in gens]
                 )
             )
-        penalty = l2_penalty(model, config.l2)
+        penalty = l2_penalty(model, config)
         delta, bound = logit_spread_bound(model, probe[0][0], probe[0][1])
         total = None if losses is None else [c + p for c, p in zip(losses, penalty, strict=True)]
         return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound}
@@ -913,11 +951,14 @@ def plot_logit_spread(path: Path, records: list[list[dict[str, float]]]) -> None
 # ---------------------------------------------------------------------------------------------
 
 # Settings that change what a seed's training produces: a run folder keeps them fixed.
-_TRAINING = ("steps", "method", "batch", "lr", "l2", "min_items", "max_items", "log_every")
+_TRAINING = ("steps", "method", "batch", "lr", "l2", "regulariser", "min_items", "max_items",
+             "log_every")  # fmt: skip
+#: what a run folder written before a training setting existed was trained with
+_BEFORE = {"regulariser": "l2"}
 
 
 def read_config(run: Path) -> Config:
-    return Config(**read_config_json(run, "max-retrieval"))
+    return Config(**{**_BEFORE, **read_config_json(run, "max-retrieval")})
 
 
 def reproduce(
@@ -925,7 +966,7 @@ def reproduce(
 ) -> dict[str, Any]:
     """Train and evaluate every seed (resuming what exists), then write tables, figures, report."""
     check_sizes(config.sizes)  # before the run folder is written
-    folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING)
+    folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING, missing=_BEFORE)
     run = folder.path
     clock = Clock()
     states = train_all(run, config, progress, ray)
@@ -935,6 +976,7 @@ def reproduce(
         result["accuracy"], config.sizes, se=result["se_of_mean"], sets=result["test_sets"]
     )
     write_table1(run, rows)
+    write_json(run / "accuracy.json", result["accuracy"])
     evaluated = clock.wall
     plot_accuracy(run / "accuracy.png", rows)
     plot_attention(run / "attention.png", load_model(run, config, 0), config, max(config.sizes))
@@ -1117,7 +1159,8 @@ def write_report(run: Path) -> Path:
                else {})  # fmt: skip
     parts = [
         f"{config.seeds} seed(s) × {config.steps:,} Adam steps (lr {config.lr:g}, batch {config.batch}, "
-        f"n ~ U{{{config.min_items}..{config.max_items}}}, CE + {config.l2:g}·Σw²); trained normalizer "
+        f"n ~ U{{{config.min_items}..{config.max_items}}}, regulariser `{config.regulariser}`: "
+        f"{REGULARISERS[config.regulariser]}, λ = {config.l2:g}); trained normalizer "
         f"`{config.method}`; adaptive θ with coefficients `{config.coefficients}` at inference only. "
         f"{config.test_sets:,} test sets per size, the same for every seed and method; p: paired "
         "t-test over seeds (scipy `ttest_rel`); test-set SE: the standard error, over test sets, of "

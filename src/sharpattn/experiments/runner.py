@@ -275,7 +275,8 @@ class RunFolder:
     settings); a folder whose config.json differs in any of them, or holds another experiment,
     is refused. Other keys (evaluation sizes, threads, ...) may change between invocations;
     config.json then records the latest. ``identity=None`` means every key; a dotted key
-    ("lm.steps") names a key of a nested configuration.
+    ("lm.steps") names a key of a nested configuration. ``missing`` gives, for a key added to
+    the configuration after a folder was written, the value such a folder was run with.
     """
 
     def __init__(
@@ -284,6 +285,7 @@ class RunFolder:
         experiment: str,
         config: dict[str, Any],
         identity: Iterable[str] | None = None,
+        missing: dict[str, Any] | None = None,
     ):
         self.path = Path(out)
         self.experiment = experiment
@@ -291,6 +293,7 @@ class RunFolder:
         path = self.path / "config.json"
         if path.is_file():
             old = read_json(path, dict, fix="restore it from a backup, or use another --out")
+            old = {**(missing or {}), **old}
             if old.get("experiment") != experiment:
                 found = old.get("experiment")
                 raise ValueError(

@@ -1,0 +1,82 @@
+"""Table 1 under each reading of its L2 term: one run per reading, compared with the paper."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sharpattn.cli import main
+from sharpattn.experiments import max_retrieval as mr
+from sharpattn.experiments import regularisers as rg
+from sharpattn.experiments.stats import paired_effect
+
+pytestmark = pytest.mark.numerical
+
+TINY = dict(seeds=2, group=2, steps=20, batch=16, threads=1, sizes=(16, 64), test_sets=100, checkpoint_every=10,
+            log_every=10)  # fmt: skip
+
+
+def test_study_trains_each_reading_and_compares_with_the_paper(tmp_path):
+    config = mr.Config(**TINY)
+    out = rg.study(tmp_path, config, ["l2", "adamw"])
+    assert [r["regulariser"] for r in out["rows"]] == ["l2", "adamw"]
+    for name in ("l2", "adamw"):
+        run = tmp_path / name
+        assert mr.read_config(run).regulariser == name
+        assert (run / "table1.md").is_file() and (run / "accuracy.json").is_file()
+    # the gap recomputed from the run's own accuracies, against the paper's Table 1
+    acc = json.loads((tmp_path / "l2" / "accuracy.json").read_text())
+    ours = [acc["baseline"][s]["64"] for s in ("0", "1")]
+    e = paired_effect(np.full(2, mr.PAPER_TABLE1["baseline"][64]), ours)
+    row = out["rows"][0]
+    assert row["gap_sizes"] == [64]  # no size of GAP_SIZES: those beyond training
+    assert row["baseline"]["gap"] == pytest.approx(e.mean)
+    assert (row["baseline"]["low"], row["baseline"]["high"]) == pytest.approx((e.low, e.high))
+    assert row["verdict"].split(" (")[0] in ("consistent with the paper's column",
+                                            "below the paper's column",
+                                            "above the paper's column")  # fmt: skip
+    # adamw against l2, paired over the same seeds
+    other = json.loads((tmp_path / "adamw" / "accuracy.json").read_text())
+    v = paired_effect(ours, [other["baseline"][s]["64"] for s in ("0", "1")])
+    assert out["rows"][1]["versus_l2"]["effect"] == pytest.approx(v.mean)
+    assert "versus_l2" not in row
+    md = (tmp_path / "regularisers.md").read_text()
+    assert "| adamw |" in md and "Readings whose interval holds" in md
+    assert (tmp_path / "report.md").is_file()
+    # the two readings trained different models from the same seeds
+    assert out["rows"][0]["sum_w2"] != out["rows"][1]["sum_w2"]
+
+
+def test_study_refuses_unknown_readings_and_changed_training(tmp_path):
+    config = mr.Config(**TINY)
+    with pytest.raises(ValueError, match="unknown regulariser 'l3'; known: l2, half_l2"):
+        rg.study(tmp_path, config, ["l2", "l3"])
+    assert not (tmp_path / "l2").exists()  # refused before any work
+    (tmp_path / "l2").mkdir()
+    mr.RunFolder(tmp_path / "l2", "max-retrieval", mr.asdict(mr.Config(**{**TINY, "steps": 5})),
+                 identity=mr._TRAINING)  # fmt: skip
+    with pytest.raises(ValueError, match="different steps"):
+        rg.study(tmp_path, config, ["l2"])
+
+
+def test_gap_sizes():
+    assert rg.gap_sizes(mr.PAPER_SIZES) == rg.GAP_SIZES
+    assert rg.gap_sizes((16, 32, 64)) == (32, 64)
+
+
+def test_cli_refuses_an_unknown_reading(tmp_path, capsys):
+    argv = ["reproduce", "max-retrieval-regularisers", "--regularisers", "l2,l1", "--out",
+            str(tmp_path / "s")]  # fmt: skip
+    assert main(argv) == 2
+    assert "unknown regulariser 'l1'" in capsys.readouterr().err
+
+
+def test_verdict_never_calls_a_wide_interval_the_same():
+    v = rg._verdict({"gap": -1.0, "low": -40.0, "high": 38.0})
+    assert v.startswith("consistent with the paper's column") and "78.0 points wide" in v
+    assert rg._verdict({"gap": -10.0, "low": -14.0, "high": -6.0}).startswith("below")
+    assert rg._verdict({"gap": 3.0, "low": 1.0, "high": 5.0}).startswith("above")
+    nan = float("nan")
+    assert "too few seeds" in rg._verdict({"gap": 3.0, "low": nan, "high": nan})

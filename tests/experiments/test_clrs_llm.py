@@ -200,6 +200,34 @@ def test_train_sizes_reach_the_configuration_and_bad_ones_are_refused(tmp_path, 
     assert len(seen) == 1
 
 
+def test_a_run_packed_without_weights_resumes_without_training(tmp_path, monkeypatch):
+    """A finished run folder without its weights, checkpoints and training logs (how a record
+    is packed) gives the same metrics again, loading no adapters and taking no training step;
+    a new evaluation size then needs the weights, so that fine-tuning trains again."""
+    import shutil
+
+    net, tok = tiny_hf.pretrained()
+    cfg = _cfg(steps=4)
+    run, m = cl.run(tmp_path / "r", cfg, net=net, tok=tok)
+    packed = tmp_path / "packed"
+    shutil.copytree(run, packed, ignore=shutil.ignore_patterns("*.safetensors", "metrics.jsonl"))
+    assert not list(packed.rglob("*.safetensors")) and list(packed.rglob("training.json"))
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished fine-tuning was trained or loaded again")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(cl.Trainer, "run", no_training)
+        mp.setattr(cl.adapters, "prepare", no_training)
+        _, again = cl.run(packed, cfg, net=net, tok=tok)
+    assert again["rows"] == m["rows"] and again["training"] == m["training"]
+    assert json.dumps(again["sizes"]) == json.dumps(m["sizes"])  # NaN where a test is undefined
+    (packed / "seed0" / "softmax" / "eval_minimum_n2_p6.json").unlink()
+    _, third = cl.run(packed, cfg, net=net, tok=tok)  # trains seed 0's softmax again
+    assert third["rows"] == m["rows"]
+    assert (packed / "seed0" / "softmax" / "model.safetensors").is_file()
+
+
 def test_more_evaluation_sizes_and_more_adaptive_steps(tmp_path):
     """``eval_sizes`` adds sizes (here 4, between the training range and 6) and may be asked of
     an existing run, which evaluates only the new size; ``adaptive_steps`` trains adaptive

@@ -55,7 +55,7 @@ from .runner import (
     profile_settings,
     write_metrics,
 )
-from .runs import damaged
+from .runs import damaged, read_json, write_json
 from .stats import paired_comparison, paired_effect, reproduction_verdict
 
 IGNORE = -100
@@ -303,9 +303,29 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
         return folder.path, metrics
 
 
+#: a finished fine-tuning's summary, kept beside its evaluations (what the report needs of it)
+TRAINING = {"seconds": (float, type(None)), "steps_per_s": (float, type(None)),
+            "first_loss": (float, type(None)), "last_loss": (float, type(None)),
+            "adapter_parameters": int, "method_parameters": int}  # fmt: skip
+
+
+def _whole(path: Path, sc: dict[str, list[int]], pairs: list) -> dict[str, list[int]]:
+    """An evaluation's scores, refused as damaged unless they hold every prompt of ``pairs``."""
+    if not len(sc["exact"]) == len(sc["right"]) == len(sc["tokens"]) == len(pairs):
+        raise damaged(path, f"it holds {len(sc['exact'])} prompts, not {len(pairs)}")
+    return sc
+
+
 def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok, tests: dict,
               progress: Progress | None) -> dict[str, Any]:  # fmt: skip
-    """One fine-tuning (resumed or loaded if done) and its evaluations."""
+    """One fine-tuning (resumed or loaded if done) and its evaluations. A folder that holds the
+    summary ``training.json`` and every evaluation is finished: it is read, not loaded, so a
+    run folder packed without its weights (a record) resumes without training again."""
+    evals = {key: where / f"eval_{key[0]}_n{key[1]}_p{cfg.prompts}.json" for key in tests}
+    summary = where / "training.json"
+    if summary.is_file() and all(p.is_file() for p in evals.values()):
+        scores = {key: _whole(p, read_json(p, SCORES), tests[key]) for key, p in evals.items()}
+        return {"training": read_json(summary, TRAINING), "scores": scores}
     holder = adapters.prepare(net, method, {}, cfg.rank, s)
     pad = int(tok.eos_token_id)
     data = generator(s, _TRAIN)  # the same batches for every method of a seed
@@ -328,13 +348,11 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
     state = trainer.run()
     holder.eval()
     scores = {}
-    for i, ((name, size), pairs) in enumerate(tests.items()):
-        path = where / f"eval_{name}_n{size}_p{cfg.prompts}.json"
+    for i, (key, pairs) in enumerate(tests.items()):
+        path = evals[key]
         sc = runner.once(path, functools.partial(score, net, pairs, pad, cfg.eval_batch), SCORES)
-        if not len(sc["exact"]) == len(sc["right"]) == len(sc["tokens"]) == len(pairs):
-            raise damaged(path, f"it holds {len(sc['exact'])} prompts, not {len(pairs)}")
-        scores[(name, size)] = sc
-        emit(progress, f"evaluate {method} seed {s}", f"{name} n={size}", i + 1, len(tests))
+        scores[key] = _whole(path, sc, pairs)
+        emit(progress, f"evaluate {method} seed {s}", f"{key[0]} n={key[1]}", i + 1, len(tests))
     curve = [r for r in trainer.metrics.read() if r.get("loss") is not None]
     params = dict(holder.named_parameters())
     training = {
@@ -345,6 +363,7 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
         "method_parameters": sum(p.numel() for n, p in params.items()
                                  if not adapters.is_adapter(n)),
     }  # fmt: skip
+    write_json(summary, training)
     return {"training": training, "scores": scores}
 
 

@@ -27,7 +27,8 @@ and vocabulary). Totals: training CPU s/step × steps × seeds, and evaluation C
 test sequences × seeds at every size; the wall time is the profile's job list (the engine's order)
 scheduled on ``workers`` single-threaded processes, each on its own core.
 
-    python benchmarks/sequence_cost.py [--profile leaderboard|clrs|both] [--steps 20] [--warmup 3]
+    python benchmarks/sequence_cost.py [--profile leaderboard|clrs|both] [--sweep paper|standard]
+        [--seeds N] [--steps 20] [--warmup 3]
         [--tasks copy,...] [--methods softmax,...] [--eval-tasks longest|all|copy,...]
         [--eval-budget 1] [--eval-cap 4] [--out benchmarks/results/sequence_cost.json]
 """
@@ -53,8 +54,8 @@ from sharpattn.experiments import sequence as seq
 
 PROFILES = {"leaderboard": leaderboard.make_config, "clrs": clrs.make_config}
 COMMANDS = {
-    "leaderboard": "sharpattn leaderboard --paper",
-    "clrs": "sharpattn reproduce clrs --paper",
+    "leaderboard": "sharpattn leaderboard --{sweep}",
+    "clrs": "sharpattn reproduce clrs --{sweep}",
 }
 DEFAULT_EVAL_TASKS = {"leaderboard": "longest", "clrs": "all"}
 
@@ -132,6 +133,35 @@ def per_sequence(points: list[dict[str, Any]], length: int) -> tuple[float, bool
     raise AssertionError
 
 
+def step_flops(cfg: seq.SequenceConfig, name: str) -> float:
+    """Matrix-product FLOPs of one training step of task ``name`` with softmax (forward and
+    backward, ``FlopCounterMode``), the mean over five training sizes across its range."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    t = seq.task(name)
+    model = seq.build_model(cfg, seq.resolve(["softmax"])[0], t, 0)
+    g = torch.Generator().manual_seed(0)
+    lo, hi = t.train_sizes
+    counts = []
+    for size in sorted({lo + (hi - lo) * i // 4 for i in range(5)}):
+        with FlopCounterMode(display=False) as counter:
+            seq.loss_fn(model, t.batch(size, cfg.batch, g)).backward()
+        counts.append(counter.get_total_flops())
+    return sum(counts) / len(counts)
+
+
+def gemm_rate(m: int = 4096, k: int = 64, n: int = 256, repeats: int = 20) -> float:
+    """float32 FLOP/s of an (m, k) @ (k, n) product on this thread, best of ``repeats``: the
+    shape of the decoder's projections at width 64 (a batch's tokens times a 4× MLP)."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best
+
+
 def wall_time(costs: list[float], workers: int) -> float:
     """The jobs' CPU seconds, in the engine's order, on a pool of ``workers`` (each job goes to
     the first worker free, as ``ProcessPoolExecutor`` hands them out)."""
@@ -142,10 +172,11 @@ def wall_time(costs: list[float], workers: int) -> float:
 
 
 def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    full = PROFILES[profile]("paper")
+    full = PROFILES[profile](args.sweep)
     tasks = args.tasks.split(",") if args.tasks else list(full.tasks)
     names = args.methods.split(",") if args.methods else list(full.methods)
-    cfg = PROFILES[profile]("paper", tasks=tuple(tasks), methods=tuple(names))
+    cfg = PROFILES[profile](args.sweep, tasks=tuple(tasks), methods=tuple(names),
+                            seeds=args.seeds)  # fmt: skip
     if args.eval_tasks == "longest":
         top = {name: seq.task(name).length(seq.sizes_of(cfg, name)[-1]) for name in full.tasks}
         eval_tasks = [max(full.tasks, key=lambda n: top[n])]
@@ -199,11 +230,16 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
                 cost_fewest += per * fewest
         job_costs.append(cost)
         job_costs_fewest.append(cost_fewest)
+    flops = {name: step_flops(cfg, name) for name in tasks}
+    recipes = len({m.recipe for m in seq.resolve(list(cfg.methods))})
+    train_flops = sum(f * seq.steps_of(cfg, n) for n, f in flops.items()) * recipes * cfg.seeds
+    rate = gemm_rate()
     total = sum(r["train"] + r["eval"] for r in rows.values())
     total_fewest = sum(r["train"] + r["eval_fewest"] for r in rows.values())
     return {
         "profile": profile,
-        "command": COMMANDS[profile],
+        "command": COMMANDS[profile].format(sweep=args.sweep)
+        + (f" --seeds {args.seeds}" if args.seeds else ""),
         "config": {k: v for k, v in cfg.to_dict().items() if k != "eval_sizes"},
         "measured": {
             "steps": args.steps,
@@ -237,6 +273,10 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
         "wall_fewest_h": wall_time(job_costs_fewest, cfg.workers) / 3600,
         "workers": cfg.workers,
         "largest_job_cpu_h": max(job_costs) / 3600,
+        "step_gflop": {n: f / 1e9 for n, f in flops.items()},
+        "train_pflop": train_flops / 1e15,
+        "gemm_gflops": rate / 1e9,
+        "train_floor_cpu_h": train_flops / rate / 3600,
     }
 
 
@@ -265,6 +305,12 @@ def show(result: dict[str, Any]) -> None:
     print(f"wall on {result['workers']} cores with {result['workers']} single-threaded workers "
           f"(the engine's job order): {result['wall_h']:.1f} h; the longest job "
           f"{result['largest_job_cpu_h']:.2f} CPU-h")  # fmt: skip
+    if "train_floor_cpu_h" in result:
+        per = ", ".join(f"{n} {g:.2f}" for n, g in result["step_gflop"].items())
+        print(f"matrix products of training (softmax's, every recipe counted alike): "
+              f"{result['train_pflop']:.2f} PFLOP (GFLOP a step: {per}); at this thread's "
+              f"{result['gemm_gflops']:.0f} GFLOP/s on the decoder's product shape that alone is "
+              f"{result['train_floor_cpu_h']:.1f} CPU-h, a floor no batching of seeds lowers")  # fmt: skip
     if result.get("fewest_sets", c["eval_sets"]) < c["eval_sets"]:
         print(f"with adaptive sampling every size costs {result['fewest_sets']} to "
               f"{c['eval_sets']} test sequences: the totals above are the most; with "
@@ -276,6 +322,8 @@ def show(result: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=["leaderboard", "clrs", "both"], default="both")
+    ap.add_argument("--sweep", default="paper", help="the profile to cost: paper or standard")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds (default: the profile's)")
     ap.add_argument("--steps", type=int, default=20, help="timed training steps per job")
     ap.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
     ap.add_argument("--tasks", default=None, help="a subset of the profile's tasks")

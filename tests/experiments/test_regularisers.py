@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -47,6 +48,15 @@ def test_study_trains_each_reading_and_compares_with_the_paper(tmp_path):
     assert (tmp_path / "report.md").is_file()
     # the two readings trained different models from the same seeds
     assert out["rows"][0]["sum_w2"] != out["rows"][1]["sum_w2"]
+    # Σw² from the training log is the final weights'; the comparison needs no weights
+    final = [sum(float(p.detach().double().pow(2).sum()) for p in mr.load_model(tmp_path / "l2", config,
+                                                                       s).parameters())
+             for s in (0, 1)]  # fmt: skip
+    assert out["rows"][0]["sum_w2"] == pytest.approx(np.mean(final), rel=1e-12)
+    packed = tmp_path / "packed"
+    shutil.copytree(tmp_path, packed, ignore=shutil.ignore_patterns("*.safetensors", "packed"))
+    again, _ = rg.compare({n: packed / n for n in ("l2", "adamw")})
+    assert json.dumps(again) == json.dumps(out["rows"])
 
 
 def test_study_refuses_unknown_readings_and_changed_training(tmp_path):

@@ -12,7 +12,7 @@ Run folder layout::
     RUN/config.json                 the configuration
     RUN/train/seeds{a}-{b}/checkpoint.safetensors   an ensemble of seeds a..b while training
     RUN/train/seeds{a}-{b}/model.safetensors        its final parameters (member s = seed a+s)
-    RUN/train/seeds{a}-{b}/metrics.jsonl            per step: CE, λ·Σw², δ and its bound, per seed
+    RUN/train/seeds{a}-{b}/metrics.jsonl            per step: CE, the penalty, δ, its bound, Σw², per seed
     RUN/eval/<group>/n<size>/       the test sets' correctness per method and block (a cache)
     RUN/accuracy.json             accuracy (%) per method, seed and size
     RUN/table1.{md,csv,json}, RUN/*.png, RUN/summary.json, RUN/report.md
@@ -270,18 +270,23 @@ def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimi
     return torch.optim.Adam(param_groups, lr=config.lr, fused=True)
 
 
+@torch.no_grad()
+def sum_of_squares(model: SetAttention, biases: bool = True) -> list[float]:
+    """Σw² over the parameters (without the biases where ``biases`` is False), per member (one
+    value for a single model)."""
+    params = [p for n, p in model.named_parameters() if biases or not _is_bias(n)]
+    if model.members is None:
+        return [float(sum(p.double().pow(2).sum() for p in params))]
+    return [float(v) for v in sum(p.double().pow(2).flatten(1).sum(1) for p in params)]
+
+
 def l2_penalty(model: SetAttention, config: Config) -> list[float]:
     """The penalty term of ``config.regulariser`` in the training objective, per member (one
     value for a single model): λ·Σw² ("l2"), λ/2·Σw² ("half_l2"), λ·Σw² over the weight
     matrices ("l2_kernels"), 0 for "adamw" (its decay is not a term of the objective)."""
     kind = config.regulariser
     scale = {"l2": 1.0, "half_l2": 0.5, "l2_kernels": 1.0, "adamw": 0.0}[kind] * config.l2
-    params = [p for n, p in model.named_parameters() if not (kind == "l2_kernels" and _is_bias(n))]
-    with torch.no_grad():
-        if model.members is None:
-            return [scale * float(sum(p.pow(2).sum() for p in params))]
-        per = sum(p.pow(2).flatten(1).sum(1) for p in params)
-        return [scale * float(v) for v in per]
+    return [scale * v for v in sum_of_squares(model, biases=kind != "l2_kernels")]
 
 
 @torch.no_grad()
@@ -359,7 +364,8 @@ def trainer(
         penalty = l2_penalty(model, config)
         delta, bound = logit_spread_bound(model, probe[0][0], probe[0][1])
         total = None if losses is None else [c + p for c, p in zip(losses, penalty, strict=True)]
-        return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound}
+        return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound,
+                "sum_w2": sum_of_squares(model)}  # fmt: skip
 
     gens = {"sizes": sizes, **{f"data{s}": g for s, g in zip(seeds, data, strict=True)}}
     return Trainer(
@@ -404,7 +410,8 @@ def load_model(run: Path, config: Config, seed: int) -> SetAttention:
 
 
 def training_records(run: Path, config: Config) -> dict[int, list[dict[str, Any]]]:
-    """Per seed: its metrics records (step, ce, l2, total, delta, bound) from metrics.jsonl."""
+    """Per seed: its metrics records (step, ce, l2, total, delta, bound, and Σw² over all
+    parameters where the run logged it) from metrics.jsonl."""
     out: dict[int, list[dict[str, Any]]] = {}
     for g in groups(config):
         for rec in MetricsLog(group_dir(run, g) / "metrics.jsonl").read():
@@ -417,6 +424,7 @@ def training_records(run: Path, config: Config) -> dict[int, list[dict[str, Any]
                         "loss": None if rec["total"] is None else rec["total"][i],
                         "delta": rec["delta"][i],
                         "bound": rec["bound"][i],
+                        "sum_w2": rec["sum_w2"][i] if "sum_w2" in rec else None,
                     }
                 )
     return dict(sorted(out.items()))

@@ -49,9 +49,8 @@ def test_study_trains_each_reading_and_compares_with_the_paper(tmp_path):
     # the two readings trained different models from the same seeds
     assert out["rows"][0]["sum_w2"] != out["rows"][1]["sum_w2"]
     # Σw² from the training log is the final weights'; the comparison needs no weights
-    final = [sum(float(p.detach().double().pow(2).sum()) for p in mr.load_model(tmp_path / "l2", config,
-                                                                       s).parameters())
-             for s in (0, 1)]  # fmt: skip
+    models = [mr.load_model(tmp_path / "l2", config, s) for s in (0, 1)]
+    final = [sum(float(p.detach().double().pow(2).sum()) for p in m.parameters()) for m in models]
     assert out["rows"][0]["sum_w2"] == pytest.approx(np.mean(final), rel=1e-12)
     packed = tmp_path / "packed"
     shutil.copytree(tmp_path, packed, ignore=shutil.ignore_patterns("*.safetensors", "packed"))

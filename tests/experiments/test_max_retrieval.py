@@ -176,16 +176,13 @@ def test_a_run_folder_keeps_its_regulariser(tmp_path):
     """Resuming with another regulariser is refused; a folder written before the setting
     existed resumes as "l2", the convention it was trained with."""
     config = mr.Config(**{**TINY, "steps": 1})
-    mr.RunFolder(tmp_path, "max-retrieval", asdict(config), identity=mr._TRAINING)
+    mr.open_run(tmp_path, config)
     with pytest.raises(ValueError, match="regulariser"):
-        mr.RunFolder(tmp_path, "max-retrieval",
-                     asdict(dataclasses.replace(config, regulariser="adamw")),
-                     identity=mr._TRAINING, missing=mr._BEFORE)  # fmt: skip
+        mr.open_run(tmp_path, dataclasses.replace(config, regulariser="adamw"))
     stored = json.loads((tmp_path / "config.json").read_text())
     del stored["regulariser"]
     (tmp_path / "config.json").write_text(json.dumps(stored))
-    mr.RunFolder(tmp_path, "max-retrieval", asdict(config), identity=mr._TRAINING,
-                 missing=mr._BEFORE)  # fmt: skip
+    mr.open_run(tmp_path, config)
     assert mr.read_config(tmp_path).regulariser == "l2"
     with pytest.raises(ValueError, match="unknown regulariser 'l1'; known: l2, half_l2"):
         mr.Config(regulariser="l1")

@@ -63,9 +63,7 @@ def test_study_refuses_unknown_readings_and_changed_training(tmp_path):
     with pytest.raises(ValueError, match="unknown regulariser 'l3'; known: l2, half_l2"):
         rg.study(tmp_path, config, ["l2", "l3"])
     assert not (tmp_path / "l2").exists()  # refused before any work
-    (tmp_path / "l2").mkdir()
-    mr.RunFolder(tmp_path / "l2", "max-retrieval", mr.asdict(mr.Config(**{**TINY, "steps": 5})),
-                 identity=mr._TRAINING)  # fmt: skip
+    mr.open_run(tmp_path / "l2", mr.Config(**{**TINY, "steps": 5}))
     with pytest.raises(ValueError, match="different steps"):
         rg.study(tmp_path, config, ["l2"])
 

@@ -641,8 +641,24 @@ def train_all(
     run: Path, config: Config, progress: Progress | None = None, ray: str | None = None
 ) -> list[dict[str, Any]]:
     """Train (or resume) every group; ``config.workers`` local processes or Ray tasks."""
-    jobs = [{"run": str(run), "config": asdict(config), "seeds": g} for g in groups(config)]
-    return _run(_group_job, jobs, config, ray, progress)
+    return train_runs([(run, config)], config, progress, ray)
+
+
+def train_runs(
+    runs: list[tuple[Path, Config]],
+    pool: Config,
+    progress: Progress | None = None,
+    ray: str | None = None,
+) -> list[dict[str, Any]]:
+    """Train (or resume) every group of every ``(run folder, config)`` of ``runs`` as one list
+    of jobs on ``pool.workers`` local processes (or Ray tasks), so the runs share the workers;
+    each group's state, in order."""
+    jobs = [
+        {"run": str(run), "config": asdict(config), "seeds": g}
+        for run, config in runs
+        for g in groups(config)
+    ]
+    return _run(_group_job, jobs, pool, ray, progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,7 +711,7 @@ def _fmt_p(p) -> str:
     return "n/a" if p is None or not np.isfinite(p) else f"{p:.2g}"
 
 
-def _paper(v) -> str:
+def paper_cell(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
@@ -722,10 +738,10 @@ def write_table1(
         cells = [
             f"{r['size']:,}",
             _fmt(r["baseline_mean"], r["baseline_std"]),
-            _paper(r["paper_baseline"]),
+            paper_cell(r["paper_baseline"]),
             *([_fmt(r["adaptive_mean"], r["adaptive_std"])] if extra else []),
             _fmt(r[f"{treatment}_mean"], r[f"{treatment}_std"]),
-            _paper(r["paper_adaptive"]),
+            paper_cell(r["paper_adaptive"]),
             _fmt_p(r["p_value"]),
             _fmt_p(r["paper_p_value"]),
             *([f"{r.get('test_sets', 0):,}", f"{r['test_se']:.2f}"] if se else []),
@@ -958,11 +974,19 @@ def plot_logit_spread(path: Path, records: list[list[dict[str, float]]]) -> None
 # The whole reproduction
 # ---------------------------------------------------------------------------------------------
 
-# Settings that change what a seed's training produces: a run folder keeps them fixed.
-_TRAINING = ("steps", "method", "batch", "lr", "l2", "regulariser", "min_items", "max_items",
-             "log_every")  # fmt: skip
+#: Settings that change what a seed's training produces: a run folder keeps them fixed.
+TRAINING_SETTINGS = ("steps", "method", "batch", "lr", "l2", "regulariser", "min_items",
+                     "max_items", "log_every")  # fmt: skip
 #: what a run folder written before a training setting existed was trained with
 _BEFORE = {"regulariser": "l2"}
+
+
+def open_run(out: str | Path, config: Config) -> Path:
+    """The run folder ``out`` for ``config``: written, or checked to hold a run of the same
+    `TRAINING_SETTINGS` (refused in one sentence otherwise; a folder from before the
+    ``regulariser`` setting holds "l2")."""
+    return RunFolder(out, "max-retrieval", asdict(config), identity=TRAINING_SETTINGS,
+                     missing=_BEFORE).path  # fmt: skip
 
 
 def read_config(run: Path) -> Config:
@@ -974,8 +998,7 @@ def reproduce(
 ) -> dict[str, Any]:
     """Train and evaluate every seed (resuming what exists), then write tables, figures, report."""
     check_sizes(config.sizes)  # before the run folder is written
-    folder = RunFolder(out, "max-retrieval", asdict(config), identity=_TRAINING, missing=_BEFORE)
-    run = folder.path
+    run = open_run(out, config)
     clock = Clock()
     states = train_all(run, config, progress, ray)
     trained = clock.wall

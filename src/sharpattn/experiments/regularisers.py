@@ -62,9 +62,7 @@ def gap_sizes(sizes) -> tuple[int, ...]:
 
 def _folder(out: Path, config: mr.Config, name: str) -> tuple[Path, mr.Config]:
     cfg = dataclasses.replace(config, regulariser=name)
-    folder = RunFolder(out / name, "max-retrieval", asdict(cfg), identity=mr._TRAINING,
-                       missing=mr._BEFORE)  # fmt: skip
-    return folder.path, cfg
+    return mr.open_run(out / name, cfg), cfg
 
 
 def study(
@@ -87,15 +85,10 @@ def study(
     out = Path(out)
     RunFolder(out, "max-retrieval-regularisers",
               {"run": asdict(config), "regularisers": regularisers},
-              identity=[f"run.{k}" for k in mr._TRAINING if k != "regulariser"])  # fmt: skip
+              identity=[f"run.{k}" for k in mr.TRAINING_SETTINGS if k != "regulariser"])  # fmt: skip
     runs = {name: _folder(out, config, name) for name in regularisers}  # refused before any work
     clock = Clock()
-    jobs = [
-        {"run": str(path), "config": asdict(cfg), "seeds": g}
-        for path, cfg in runs.values()
-        for g in mr.groups(cfg)
-    ]
-    mr._run(mr._group_job, jobs, config, ray, progress)  # every reading's groups share the pool
+    mr.train_runs(list(runs.values()), config, progress, ray)  # the readings share the workers
     trained = clock.wall
     for path, cfg in runs.values():
         mr.reproduce(path, cfg, progress, ray)  # trained: evaluates, writes Table 1 and report
@@ -174,7 +167,7 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
     gap = ", ".join(f"{n:,}" for n in rows[0]["gap_sizes"])
     per_size = report.markdown_table(
         ["size", "paper", *[r["regulariser"] for r in rows]],
-        [[f"{n:,}", mr._paper(mr.PAPER_TABLE1["baseline"].get(n)),
+        [[f"{n:,}", mr.paper_cell(mr.PAPER_TABLE1["baseline"].get(n)),
           *[f"{r['baseline']['per_size'][n]:.1f}" for r in rows]] for n in sizes],
     )  # fmt: skip
     summary_table = report.markdown_table(
@@ -182,7 +175,7 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
          "baseline gap to the paper", "adaptive θ gap to the paper", "baseline vs l2 (p)",
          "δ at the end", "Σw² at the end", "verdict"],
         [[r["regulariser"], mr.REGULARISERS[r["regulariser"]], r["seeds"],
-          f"{r['in_distribution']:.1f} ({mr._paper(r['paper_in_distribution'])})",
+          f"{r['in_distribution']:.1f} ({mr.paper_cell(r['paper_in_distribution'])})",
           _gap(r["baseline"]), _gap(r["adaptive"]), _versus(r.get("versus_l2")),
           f"{r['delta']:.2f}", f"{r['sum_w2']:.0f}", r["verdict"]] for r in rows],
         align="l" * 2 + "r" * 7 + "l",

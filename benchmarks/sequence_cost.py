@@ -28,7 +28,7 @@ test sequences × seeds at every size; the wall time is the profile's job list (
 scheduled on ``workers`` single-threaded processes, each on its own core.
 
     python benchmarks/sequence_cost.py [--profile leaderboard|clrs|both] [--sweep paper|standard]
-        [--seeds N] [--steps 20] [--warmup 3]
+        [--seeds N] [--set KEY=JSON ...] [--steps 20] [--warmup 3]
         [--tasks copy,...] [--methods softmax,...] [--eval-tasks longest|all|copy,...]
         [--eval-budget 1] [--eval-cap 4] [--out benchmarks/results/sequence_cost.json]
 """
@@ -175,8 +175,9 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
     full = PROFILES[profile](args.sweep)
     tasks = args.tasks.split(",") if args.tasks else list(full.tasks)
     names = args.methods.split(",") if args.methods else list(full.methods)
+    changes = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     cfg = PROFILES[profile](args.sweep, tasks=tuple(tasks), methods=tuple(names),
-                            seeds=args.seeds)  # fmt: skip
+                            seeds=args.seeds, **changes)  # fmt: skip
     if args.eval_tasks == "longest":
         top = {name: seq.task(name).length(seq.sizes_of(cfg, name)[-1]) for name in full.tasks}
         eval_tasks = [max(full.tasks, key=lambda n: top[n])]
@@ -239,7 +240,8 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
     return {
         "profile": profile,
         "command": COMMANDS[profile].format(sweep=args.sweep)
-        + (f" --seeds {args.seeds}" if args.seeds else ""),
+        + (f" --seeds {args.seeds}" if args.seeds else "")
+        + "".join(f" [{kv}]" for kv in args.set),
         "config": {k: v for k, v in cfg.to_dict().items() if k != "eval_sizes"},
         "measured": {
             "steps": args.steps,
@@ -324,6 +326,9 @@ def main() -> None:
     ap.add_argument("--profile", choices=["leaderboard", "clrs", "both"], default="both")
     ap.add_argument("--sweep", default="paper", help="the profile to cost: paper or standard")
     ap.add_argument("--seeds", type=int, default=None, help="seeds (default: the profile's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="another setting of the profile, e.g. --set d_model=256 --set "
+                    'positions=\'"nape"\' (repeatable)')  # fmt: skip
     ap.add_argument("--steps", type=int, default=20, help="timed training steps per job")
     ap.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
     ap.add_argument("--tasks", default=None, help="a subset of the profile's tasks")

@@ -103,6 +103,44 @@ def test_long_rows_in_float32_stay_on_the_fast_path_within_the_stated_error(meth
     torch.testing.assert_close(out.double(), want, atol=2e-4, rtol=0)
 
 
+@pytest.mark.parametrize("want_lse", [False, True])
+def test_softmax_with_bias_columns_keeps_a_fused_kernel(monkeypatch, want_lse):
+    """q and k carry two more columns than v: the CPU's fused kernels get one head size (zero
+    columns added), so softmax stays on them, never on torch's O(n²)-memory reference path
+    (which SDPA picks for unequal sizes) nor on the block fallback; the result is unchanged."""
+    from sharpattn.attention import fused
+
+    q, k, v = inputs(lq=9, lk=9, d=8, heads=4, kv=4, dtype=torch.float32, seed=2)
+    qa, ka = bias_columns(q, k, alibi_slopes(4), 0.3)
+    seen = []
+    sdpa, flash = torch.nn.functional.scaled_dot_product_attention, fused._FLASH
+
+    def record(real):
+        def call(q_, k_, v_, *a, **kw):
+            seen.append((q_.shape[-1], k_.shape[-1], v_.shape[-1]))
+            return real(q_, k_, v_, *a, **kw)
+
+        return call
+
+    def no_fallback(*a, **kw):
+        raise AssertionError("softmax with bias columns took the block fallback")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", record(sdpa))
+    monkeypatch.setattr(fused, "_FLASH", record(flash))
+    monkeypatch.setattr(fused, "chunked_softmax_attention", no_fallback)
+    if want_lse:
+        from sharpattn.attention.masking import Masking
+
+        masking = Masking.build(None, True, 9, 9, "cpu")
+        out, _ = fused.softmax_attention(qa, ka, v, masking, 0.3)
+    else:
+        out = attend(qa, ka, v, "softmax", causal=True, scale=0.3)
+    assert seen and all(a == b == c and a % 8 == 0 for a, b, c in seen), seen
+    assert out.shape == v.shape
+    want = explicit(q, k, v, alibi_slopes(4), "softmax", 0.3)[2]
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_head_of_slope_zero_is_left_unbiased():
     q, k, v = inputs()
     m = [0.5, 0.0, 0.25, 0.0]

@@ -150,12 +150,26 @@ def softmax_attention(
     if _on_triton(q, k):
         out, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
         return out.to(q.dtype), torch.where(torch.isinf(lse), 0.0, lse)
-    if not flash_available(q, v):
+    qw, kw, vw = one_head_size(q, k, v)
+    if not flash_available(qw, vw):
         return chunked_softmax_attention(q, k, v, masking, scale)
     lay = _layout(masking, q.dtype)
-    q, k, v = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
-    out, lse = _FLASH(q, k, v, 0.0, lay.is_causal, attn_mask=lay.mask, scale=scale)
-    return _rows_out(out, lay), _rows_out(lse.unsqueeze(-1), lay)
+    qw, kw, vw = unit_stride(_rows_in(qw, lay)), unit_stride(kw), unit_stride(vw)
+    out, lse = _FLASH(qw, kw, vw, 0.0, lay.is_causal, attn_mask=lay.mask, scale=scale)
+    return _rows_out(out[..., : v.shape[-1]], lay), _rows_out(lse.unsqueeze(-1), lay)
+
+
+def one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v with one head size where q's and v's differ (linear position biases add
+    columns to q and k only, `positions.bias_columns`): all three zero-padded to a multiple of
+    `KEY_ALIGN` at least as large as both. torch's fused kernels take one head size, and
+    choose the O(n²)-memory reference path otherwise; zero columns change no score, and the
+    output's padded columns (0) are cut by the caller. As they are where the sizes agree."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d == dv:
+        return q, k, v
+    width = -(-max(d, dv) // KEY_ALIGN) * KEY_ALIGN
+    return F.pad(q, (0, width - d)), F.pad(k, (0, width - d)), F.pad(v, (0, width - dv))
 
 
 def _on_triton(q: Tensor, k: Tensor) -> bool:
@@ -165,14 +179,20 @@ def _on_triton(q: Tensor, k: Tensor) -> bool:
 
 
 def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float) -> Tensor:
-    """softmax(scale·q·kᵀ)·v only: the kernel, else torch's public SDPA (no lse needed)."""
-    if flash_available(q, v) or q.numel() == 0 or v.numel() == 0:  # empty: the block fallback
+    """softmax(scale·q·kᵀ)·v only: the kernel, else torch's public SDPA (no lse needed), with
+    one head size for q, k and v (`one_head_size`) so that SDPA keeps a fused kernel."""
+    qw, kw, vw = one_head_size(q, k, v)
+    if flash_available(qw, vw) or q.numel() == 0 or v.numel() == 0:  # empty: the block fallback
         return softmax_attention(q, k, v, masking, scale)[0]
     gqa = k.shape[1] != q.shape[1]
+    dv = v.shape[-1]
     if masking.causal and masking.mask is None and masking.offset == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(qw, kw, vw, is_causal=True, scale=scale,
+                                             enable_gqa=gqa)  # fmt: skip
+        return out[..., :dv]
     mask = masking.dense()
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out = out[..., :dv]
     if mask is not None:  # rows with no visible key: 0, as in every other path
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out

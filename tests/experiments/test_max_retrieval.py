@@ -401,6 +401,16 @@ def test_table1_files_carry_ours_beside_the_paper(tmp_path):
     assert data[0]["p_value"] is None and data[1]["paper_p_value"] == 0.002
     csv = (tmp_path / "table1.csv").read_text().splitlines()
     assert csv[0].startswith("size,seeds,baseline_mean") and len(csv) == 3
+    # the gain over seeds: 1, 2, 3 points at 64 items; its t interval and power; the verdict
+    # only where the paper found a gain (p = 0.002 at 64, 0.4 at 16)
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    assert rows[1]["gain"] == 2.0 and rows[1]["paper_gain"] == 0.2
+    assert (rows[1]["gain_low"], rows[1]["gain_high"]) == pytest.approx((2 - half, 2 + half))
+    assert rows[1]["verdict"].startswith("not detectable at this power (detectable: ")
+    assert rows[1]["verdict"].endswith("; paper: +0.2)")
+    assert rows[0]["verdict"] == "–" and rows[0]["gain"] == 0.0
+    verdicts = (tmp_path / "table1_verdicts.md").read_text()
+    assert f"| 64 | +2.0 | [{2 - half:+.1f}, {2 + half:+.1f}] |" in verdicts
 
 
 # --- App. F: the temperature fit --------------------------------------------------------------

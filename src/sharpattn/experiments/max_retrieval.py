@@ -60,7 +60,7 @@ from .runner import (
 )
 from .runner import read_config as read_config_json
 from .runs import available_memory, check_memory, read_json, write_atomic, write_json
-from .stats import paired_comparison
+from .stats import paired_comparison, reproduction_verdict
 
 Tensor = torch.Tensor
 
@@ -673,8 +673,11 @@ def table1(
     se: dict[str, dict[int, float]] | None = None,
     sets: dict[int, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per size: ours (mean, std over seeds, paired t-test p) beside the paper's.
-    ``accuracy[method][seed][size]``; ``se[method][size]``: test-set standard error of the mean."""
+    """One row per size: ours (mean, std over seeds, paired t-test p) beside the paper's, and the
+    gain over seeds (treatment − baseline, its 95 % interval, the gain detected with 80 % power
+    and the verdict against the paper's gain where the paper found one, p ≤ 0.05; "–" where it
+    did not). ``accuracy[method][seed][size]``; ``se[method][size]``: test-set standard error of
+    the mean."""
     seeds = sorted(accuracy["baseline"])
     a = np.array([[accuracy["baseline"][s][n] for n in sizes] for s in seeds])
     b = np.array([[accuracy[treatment][s][n] for n in sizes] for s in seeds])
@@ -693,12 +696,37 @@ def table1(
             "paper_adaptive": PAPER_TABLE1["adaptive"].get(n),
             "paper_p_value": PAPER_TABLE1["p_value"].get(n),
         }
+        pa, pb, pp = (PAPER_TABLE1[k].get(n) for k in ("baseline", "adaptive", "p_value"))
+        paper_gain = None if pa is None else round(pb - pa, 1)
+        claim = "–" if paper_gain is None else f"{paper_gain:+.1f}"
+        v = reproduction_verdict(a[:, j], b[:, j], paper=claim, sign=1)
+        row.update(gain=v.effect.mean, gain_low=v.effect.low, gain_high=v.effect.high,
+                   detectable=v.detectable, paper_gain=paper_gain,
+                   verdict=v.verdict if pp is not None and pp <= 0.05 else "–")  # fmt: skip
         if se is not None:
             row["test_se"] = max(se["baseline"][n], se[treatment][n])
         if sets is not None:
             row["test_sets"] = sets[n]
         rows.append(row)
     return rows
+
+
+def verdict_table(rows: list[dict[str, Any]], label: str = "adaptive θ") -> str:
+    """Markdown: per size, the gain over seeds with its 95 % interval, the gain detected with
+    80 % power, the paper's gain and the verdict (where the paper claims a gain)."""
+
+    def num(x: float) -> str:
+        return "–" if x is None or not np.isfinite(x) else f"{x:+.1f}"
+
+    return report.markdown_table(
+        ["size", f"gain of {label} (ours)", "95 % interval (seeds)", "detectable (80 % power)",
+         "gain (paper)", "verdict"],
+        [[f"{r['size']:,}", num(r["gain"]),
+          "–" if not np.isfinite(r["gain_low"]) else f"[{r['gain_low']:+.1f}, {r['gain_high']:+.1f}]",
+          "–" if not np.isfinite(r["detectable"]) else f"{r['detectable']:.1f}",
+          num(r["paper_gain"]), r["verdict"]] for r in rows],
+        align="rrrrrl",
+    )  # fmt: skip
 
 
 def _fmt(mean, std) -> str:
@@ -749,6 +777,7 @@ def write_table1(
         shown.append(cells)
     md = report.markdown_table(header, shown, align="r" * len(header))
     write_atomic(run / f"{name}.md", md)
+    write_atomic(run / f"{name}_verdicts.md", verdict_table(rows, label))
     cols = list(rows[0])
     write_atomic(run / f"{name}.csv", report.csv_text(cols, [[r[c] for c in cols] for r in rows]))
     write_json(run / f"{name}.json", [{k: _json_num(v) for k, v in r.items()} for r in rows])
@@ -1210,6 +1239,14 @@ def write_report(run: Path) -> Path:
     ):
         if (run / f"{name}.md").is_file():
             parts.append(f"## {title}\n\n{(run / f'{name}.md').read_text()}")
+        if (run / f"{name}_verdicts.md").is_file():
+            parts.append(
+                "Verdict over seeds, the unit that was randomised: the gain (accuracy points) "
+                "with its 95 % t interval, the gain a paired t-test at 0.05 detects with 80 % "
+                "power at the seeds' spread, and, where the paper found a gain (its p ≤ 0.05), "
+                "reproduced / contradicted / not detectable at this power.\n\n"
+                + (run / f"{name}_verdicts.md").read_text()
+            )
     if (run / "fit_temperature.json").is_file():
         fit = read_json(run / "fit_temperature.json", {"coefficients": [float], "samples": int})
         coeffs = ", ".join(f"{c:.4g}" for c in fit["coefficients"])

@@ -152,8 +152,7 @@ COSTS: dict[str, dict[str, str]] = {
     "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
     "reproduce max-retrieval-regularisers": {
         "quick": "about 3 minutes",
-        "paper": "≈ 1.5 h on 2 cores (not yet measured: 4 ensembles of 5 seeds at the paper "
-        "profile's 45 steps/s a seed)",
+        "paper": "≈ 1.5 h on 2 cores (not yet measured)",
     },
     "reproduce clrs": {
         "quick": "4 min 16 s wall",

@@ -107,7 +107,7 @@ def test_every_profile_default_is_quick_and_long_profiles_are_named():
         for long in ("medium", "standard", "paper"):
             if long in helps:
                 assert "the default" not in helps[long] and COSTS[command][long] in helps[long]
-    assert with_profiles == 7
+    assert with_profiles == 8
 
 
 def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):

@@ -516,18 +516,19 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
         w = torch.where(seen, torch.sigmoid(torch.where(seen, lse, 0.0) - bias), 0.0)
         out = (o * w).to(q.dtype)
         lse = torch.where(seen, lse, 0.0).detach()
-    elif flash_available(q, v):
+    elif flash_available(*one_head_size(q, k, v)[::2]):
         lay = _layout(masking, q.dtype)
-        q2, k2, v2 = unit_stride(_rows_in(q, lay)), unit_stride(k), unit_stride(v)
+        qw, kw, vw = one_head_size(q, k, v)
+        q2, k2, v2 = unit_stride(_rows_in(qw, lay)), unit_stride(kw), unit_stride(vw)
         out, lse = _SinkAttention.apply(
             q2, k2, v2, _rows_in(bias, lay), lay.mask, lay.is_causal, scale
         )
-        out, lse = _rows_out(out, lay), _rows_out(lse, lay)
+        out, lse = _rows_out(out[..., : v.shape[-1]], lay), _rows_out(lse, lay)
         w = torch.sigmoid(lse.detach() - bias) if want_stats else None
     elif not want_stats and sink_key_fits(masking) and q.numel() > 0 and k.numel() > 0:
         return sink_as_key(q, k, v, masking, scale, bias), None
     else:
-        o, lse = softmax_attention(q, k, v, masking, scale)  # lse differentiable here
+        o, lse = softmax_attention(q, k, v, masking, scale)  # no kernel: lse differentiable
         w = torch.sigmoid(lse - bias)  # (B, H, Lq, 1)
         out = (o * w).to(o.dtype)
     if not want_stats:

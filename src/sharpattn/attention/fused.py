@@ -516,9 +516,9 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
         w = torch.where(seen, torch.sigmoid(torch.where(seen, lse, 0.0) - bias), 0.0)
         out = (o * w).to(q.dtype)
         lse = torch.where(seen, lse, 0.0).detach()
-    elif flash_available(*one_head_size(q, k, v)[::2]):
+    elif flash_available(*(qkv := one_head_size(q, k, v))[::2]):
         lay = _layout(masking, q.dtype)
-        qw, kw, vw = one_head_size(q, k, v)
+        qw, kw, vw = qkv
         q2, k2, v2 = unit_stride(_rows_in(qw, lay)), unit_stride(kw), unit_stride(vw)
         out, lse = _SinkAttention.apply(
             q2, k2, v2, _rows_in(bias, lay), lay.mask, lay.is_causal, scale

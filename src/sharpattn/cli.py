@@ -367,7 +367,7 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, regularise
 @profile_options(
     "reproduce max-retrieval-regularisers",
     "2 seeds x 2,000 steps per reading, sizes to 2,048",
-    "5 seeds x 100,000 steps per reading, sizes 16..16,384",
+    "5 seeds x 100,000 steps per reading, sizes 16..2,048",
 )
 @seeds_option()
 @click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
@@ -377,12 +377,19 @@ def max_retrieval(profile, seeds, steps, sizes, method, coefficients, regularise
     help="Comma-separated readings of the L2 term to train under (default: all four, see "
     "reproduce max-retrieval --regulariser).",
 )
+@click.option(
+    "--reuse",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A max-retrieval run folder whose trained seeds a reading with the same training "
+    "settings takes instead of training them again (e.g. Table 1's --paper run for l2).",
+)
 @checkpoint_option(1000)
 @cluster_options
 @threads_option()
 @out_option("runs/max-retrieval-regularisers", "Study folder; re-running resumes it.")
-def max_retrieval_regularisers(profile, seeds, steps, regularisers, checkpoint_every, workers,
-                               ray_address, threads, out):  # fmt: skip
+def max_retrieval_regularisers(profile, seeds, steps, regularisers, reuse, checkpoint_every,
+                               workers, ray_address, threads, out):  # fmt: skip
     """Table 1's baseline under each reading of App. A.4's L2 term (λΣw², λ/2·Σw², without
     biases, AdamW), each a max-retrieval run in OUT/<name>, compared with the paper's column."""
     from .experiments import max_retrieval as mr
@@ -399,7 +406,7 @@ def max_retrieval_regularisers(profile, seeds, steps, regularisers, checkpoint_e
              f"{len(names) * len(mr.groups(config))} training jobs of {config.group} seeds",
              changed=seeds is not None or steps is not None)  # fmt: skip
     with ProgressRenderer() as progress:
-        result = rg.study(out, config, names, progress, ray_address)
+        result = rg.study(out, config, names, progress, ray_address, reuse=reuse)
     print_markdown((Path(out) / "regularisers.md").read_text(),
                    "Max retrieval: Table 1's baseline under each reading of the L2 term")  # fmt: skip
     console.print(f"wrote {result['report']}")

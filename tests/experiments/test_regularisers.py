@@ -87,3 +87,27 @@ def test_verdict_never_calls_a_wide_interval_the_same():
     assert rg._verdict({"gap": 3.0, "low": 1.0, "high": 5.0}).startswith("above")
     nan = float("nan")
     assert "too few seeds" in rg._verdict({"gap": 3.0, "low": nan, "high": nan})
+
+
+def test_a_reading_takes_the_trained_seeds_of_a_run_with_its_settings(tmp_path, monkeypatch):
+    config = mr.Config(**TINY)
+    source = tmp_path / "table1"
+    mr.reproduce(source, config)  # a Table 1 run: the "l2" reading's settings
+    fresh = rg.study(tmp_path / "fresh", config, ["l2"])  # the premise: l2 trained again ...
+    log = "train/seeds0-1/metrics.jsonl"
+    assert (tmp_path / "fresh" / "l2" / log).read_bytes() == (source / log).read_bytes()
+    out = tmp_path / "study"
+    trained = []
+    real = mr.train_runs
+    monkeypatch.setattr(mr, "train_runs", lambda runs, *a: trained.extend(
+        p.name for p, c in runs if not mr.group_dir(p, [0, 1]).exists()) or real(runs, *a))  # fmt: skip
+    result = rg.study(out, config, ["l2", "adamw"], reuse=source)
+    assert trained == ["adamw"]  # ... so only the other reading trains
+    assert (out / "l2" / log).read_bytes() == (source / log).read_bytes()
+    assert result["rows"][0] == fresh["rows"][0]
+    assert result["summary"]["reused"] == {"from": str(source), "groups": ["l2/seeds0-1"]}
+    assert f"Trained seeds taken from `{source}`" in (out / "regularisers.md").read_text()
+    again = rg.study(out, config, ["l2", "adamw"], reuse=source)  # resumed: still says so
+    assert again["summary"]["reused"] == result["summary"]["reused"]
+    with pytest.raises(ValueError, match="is not a max-retrieval run folder"):
+        rg.study(out, config, ["l2"], reuse=tmp_path / "nothing")

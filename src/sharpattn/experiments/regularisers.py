@@ -11,11 +11,16 @@ short, with its 95 % interval over seeds.
     OUT/config.json                 the study: the runs' shared configuration and the readings
     OUT/<name>/                     a max-retrieval run folder (config, train, eval, Table 1, report)
     OUT/regularisers.{md,json}      the comparison; OUT/report.md
+
+A reading whose training settings equal an existing max-retrieval run's (Table 1's ``--paper``
+run is the "l2" reading of the paper profile) can take that run's trained seeds (``reuse``):
+the same settings and seeds train the same model, so only the other readings are trained.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,20 +30,21 @@ import numpy as np
 from . import max_retrieval as mr
 from . import report
 from .runner import Clock, Progress, RunFolder, profile_settings, write_metrics
-from .runs import read_json, write_atomic
+from .runs import read_json, write_atomic, write_json
 from .stats import paired_effect
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": dict(
         seeds=2, group=2, steps=2_000, sizes=mr.PAPER_SIZES[:8], test_sets=1_000, log_every=100
     ),  # fmt: skip
-    # one ensemble of 5 seeds per reading, two single-threaded workers (as Table 1's --paper)
+    # one ensemble of 5 seeds per reading, two single-threaded workers (as Table 1's --paper);
+    # evaluated to 2,048 items, the largest size the comparison uses (`GAP_SIZES`)
     "paper": dict(
         seeds=5,
         group=5,
         workers=2,
         steps=100_000,
-        sizes=mr.PAPER_SIZES,
+        sizes=mr.PAPER_SIZES[:8],
         test_sets=10_000,
         log_every=1_000,
     ),  # fmt: skip
@@ -65,15 +71,41 @@ def _folder(out: Path, config: mr.Config, name: str) -> tuple[Path, mr.Config]:
     return mr.open_run(out / name, cfg), cfg
 
 
+def reuse_training(source: str | Path, runs: dict[str, tuple[Path, mr.Config]]) -> list[str]:
+    """Copy into each reading's folder the trained seed groups of the max-retrieval run
+    ``source`` where its `TRAINING_SETTINGS <max_retrieval.TRAINING_SETTINGS>` equal the
+    reading's and it has a group of the same seeds that the reading's folder lacks (an unfinished
+    group resumes from its checkpoint). Returns the groups copied, as "reading/seeds"."""
+    source = Path(source)
+    if not (source / "config.json").is_file():
+        raise ValueError(f"{source} is not a max-retrieval run folder (no config.json).")
+    theirs = mr.read_config(source)
+    copied = []
+    for name, (path, cfg) in runs.items():
+        if any(getattr(theirs, k) != getattr(cfg, k) for k in mr.TRAINING_SETTINGS):
+            continue
+        for seeds in mr.groups(cfg):
+            src, dst = mr.group_dir(source, seeds), mr.group_dir(path, seeds)
+            if src.is_dir() and not dst.exists():
+                tmp = dst.with_name(dst.name + ".copying")
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(src, tmp)
+                tmp.rename(dst)  # whole or absent: an interrupted copy is redone
+                copied.append(f"{name}/{dst.name}")
+    return copied
+
+
 def study(
     out: str | Path,
     config: mr.Config,
     regularisers: list[str],
     progress: Progress | None = None,
     ray: str | None = None,
+    reuse: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) ``config`` under each of ``regularisers``, evaluate each run as Table 1,
-    and write the comparison; returns {"rows", "summary", "report"}."""
+    and write the comparison; returns {"rows", "summary", "report"}. ``reuse``: a max-retrieval
+    run whose trained seeds a reading with its training settings takes (`reuse_training`)."""
     unknown = [r for r in regularisers if r not in mr.REGULARISERS]
     if unknown or not regularisers:
         raise ValueError(
@@ -87,6 +119,12 @@ def study(
               {"run": asdict(config), "regularisers": regularisers},
               identity=[f"run.{k}" for k in mr.TRAINING_SETTINGS if k != "regulariser"])  # fmt: skip
     runs = {name: _folder(out, config, name) for name in regularisers}  # refused before any work
+    if reuse is not None:
+        copied = reuse_training(reuse, runs)
+        if copied:  # kept in the study folder, so that a resumed study still says so
+            before = read_json(out / "reused.json", dict) if (out / "reused.json").is_file() else {}
+            groups = sorted({*before.get("groups", []), *copied})
+            write_json(out / "reused.json", {"from": str(reuse), "groups": groups})
     clock = Clock()
     mr.train_runs(list(runs.values()), config, progress, ray)  # the readings share the workers
     trained = clock.wall
@@ -94,6 +132,8 @@ def study(
         mr.reproduce(path, cfg, progress, ray)  # trained: evaluates, writes Table 1 and report
     rows, summary = compare({name: path for name, (path, _) in runs.items()})
     summary["train_s"], summary["elapsed_s"] = trained, clock.wall
+    if (out / "reused.json").is_file():
+        summary["reused"] = read_json(out / "reused.json", dict)
     md = write_comparison(out, rows, summary)
     write_metrics(out, {"rows": rows, **summary}, "regularisers.json")
     path = report.write_report(
@@ -181,6 +221,7 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
         align="l" * 2 + "r" * 7 + "l",
     )  # fmt: skip
     matching = summary["matching"]
+    reused = summary.get("reused")
     md = (
         f"Gap: the mean over {gap} items of ours − the paper's Table 1 (accuracy points), with "
         "its 95 % t interval over seeds (the paper's column taken as exact). Baseline vs l2: "
@@ -191,7 +232,14 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
         + summary_table
         + "\n**Readings whose interval holds the paper's baseline column:** "
         + (", ".join(matching) if isinstance(matching, list) else "none")
-        + ".\n\nBaseline accuracy (%) per size, mean over seeds:\n\n"
+        + ".\n\n"
+        + (
+            f"Trained seeds taken from `{reused['from']}` (the same training settings and "
+            f"seeds): {', '.join(reused['groups'])}.\n\n"
+            if reused
+            else ""
+        )
+        + "Baseline accuracy (%) per size, mean over seeds:\n\n"
         + per_size
     )
     write_atomic(out / "regularisers.md", md)

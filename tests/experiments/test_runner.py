@@ -41,6 +41,29 @@ def test_run_folder_writes_config_once_and_refuses_another(tmp_path):
         RunFolder(tmp_path / "file", "exp", {})
 
 
+def test_run_folder_lists_the_code_versions_that_ran_it(tmp_path, monkeypatch):
+    import sharpattn
+
+    here = runner.code_version()
+    assert here["version"] == sharpattn.__version__
+    # in a git checkout (the tests' own): the commit that the checkout has
+    head = subprocess.run(["git", "-C", str(Path(runner.__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert here["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
+    RunFolder(tmp_path, "demo", {"a": 1})
+    RunFolder(tmp_path, "demo", {"a": 1})  # resumed by the same code: listed once
+    listed = json.loads((tmp_path / "code_versions.json").read_text())
+    assert [{k: v[k] for k in here} for v in listed] == [here]
+    other = {"version": "9.9", "commit": "f" * 40, "modified": False}
+    monkeypatch.setattr(runner, "code_version", lambda: other)
+    RunFolder(tmp_path, "demo", {"a": 1})  # resumed by other code: listed after
+    listed = json.loads((tmp_path / "code_versions.json").read_text())
+    assert [{k: v[k] for k in here} for v in listed] == [here, other]
+    text = report.write_report(tmp_path, "t", ["body"]).read_text()
+    assert text.endswith(f"then sharpattn 9.9 at commit {'f' * 12} (resumed by other code).\n")
+    assert report.code_line([]) == ""
+
+
 def test_read_config_names_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a exp run folder"):
         runner.read_config(tmp_path, "exp")
@@ -85,6 +108,7 @@ def test_write_metrics_is_atomic_and_reads_back_equal(tmp_path, monkeypatch):
         runner.write_metrics(folder, {"wall_seconds": 2.0})
     assert json.loads(path.read_text()) == metrics
     assert sorted(p.name for p in folder.path.iterdir()) == [
+        "code_versions.json",
         "config.json",
         "metrics.json",
         "results.json",

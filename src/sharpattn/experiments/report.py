@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
-from .runs import write_atomic
+from .runs import CODE_VERSIONS, read_json, write_atomic
 
 
 def pyplot():
@@ -176,9 +176,30 @@ def require(results: Sized, what: str) -> None:
         )
 
 
+def code_line(versions: list[dict[str, Any]]) -> str:
+    """One line naming the code versions that ran a run folder: sharpattn's version, the git
+    commit (short) and whether its files were modified, first to last."""
+
+    def one(v: dict[str, Any]) -> str:
+        commit = v.get("commit")
+        where = f" at commit {commit[:12]}" if commit else ""
+        return f"sharpattn {v.get('version')}{where}{' (modified)' if v.get('modified') else ''}"
+
+    if not versions:
+        return ""
+    what = "; then ".join(one(v) for v in versions)
+    many = len({(v.get("version"), v.get("commit")) for v in versions}) > 1
+    return f"Code: {what}{' (resumed by other code)' if many else ''}.\n"
+
+
 def write_report(folder: str | Path, title: str, sections: Sequence[str | None]) -> Path:
-    """``report.md`` in ``folder``: ``# title`` then the non-empty sections, atomically."""
+    """``report.md`` in ``folder``: ``# title``, the non-empty sections, then the code versions
+    that ran it (its ``code_versions.json``, where it has one), atomically."""
     parts = [f"# {title}\n"] + [s.rstrip() + "\n" for s in sections if s]
+    versions = Path(folder) / CODE_VERSIONS
+    line = code_line(read_json(versions, list)) if versions.is_file() else ""
+    if line:
+        parts.append(line)
     path = Path(folder) / "report.md"
     write_atomic(path, "\n".join(parts))
     return path

@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,7 +51,7 @@ import torch
 
 from .checkpoint import damaged as checkpoint_damaged
 from .checkpoint import load_checkpoint, save_checkpoint
-from .runs import damaged, make_dir, mismatch, read_json, write_atomic, write_json
+from .runs import CODE_VERSIONS, damaged, make_dir, mismatch, read_json, write_atomic, write_json
 
 Tensor = torch.Tensor
 Progress = Callable[[dict[str, Any]], None]
@@ -267,9 +268,47 @@ def profile_settings(
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def code_version() -> dict[str, Any]:
+    """The code this process runs: sharpattn's version, and where the package is a git checkout,
+    its commit and whether tracked files differ from it (``modified``); ``commit`` is None where
+    git or the checkout is not there (an installed package)."""
+    from .. import __version__
+
+    here = Path(__file__).resolve()
+    out: dict[str, Any] = {"version": __version__, "commit": None, "modified": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True,
+                                  text=True, timeout=10, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    # only a checkout that tracks this very file is the code running (not a venv inside one)
+    if git("ls-files", "--error-unmatch", here.name) is not None:
+        out["commit"] = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+        out["modified"] = None if status is None else bool(status)
+    return out
+
+
+def record_code_version(folder: str | Path) -> list[dict[str, Any]]:
+    """Append this process's `code_version` to ``folder/code_versions.json`` where it differs
+    from the last one listed (a run resumed by other code lists both); returns the list."""
+    path = Path(folder) / CODE_VERSIONS
+    versions = read_json(path, list) if path.is_file() else []
+    if not versions or {k: versions[-1].get(k) for k in code_version()} != code_version():
+        versions.append({**code_version(), "first_run": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+        write_json(path, versions)
+    return versions
+
+
 class RunFolder:
-    """A run folder: ``config.json`` (experiment name + configuration), ``metrics.jsonl``,
-    checkpoints, tables, figures and ``report.md``.
+    """A run folder: ``config.json`` (experiment name + configuration), ``code_versions.json``
+    (the code that ran it: `record_code_version`), ``metrics.jsonl``, checkpoints, tables,
+    figures and ``report.md``.
 
     ``identity`` names the configuration keys that define what the run computes (its training
     settings); a folder whose config.json differs in any of them, or holds another experiment,
@@ -315,6 +354,7 @@ class RunFolder:
         else:
             make_dir(self.path)
             write_json(path, record)
+        record_code_version(self.path)
         self.config = record
 
     def __truediv__(self, name: str) -> Path:

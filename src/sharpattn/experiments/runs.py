@@ -9,6 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+#: the file of a run folder that lists the code versions that ran it, in order
+CODE_VERSIONS = "code_versions.json"
+
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename, so a crash never leaves a

@@ -379,7 +379,8 @@ def trainer(
         checkpoint_every=config.checkpoint_every,
         log_every=config.log_every,
         on_log=on_log,
-        task=f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}",
+        task=(f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}")
+        + ("" if config.regulariser == "l2" else f", {config.regulariser}"),  # a study's bars
         progress=progress,
     )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 
+__all__ = ["EXTRAS", "INSTALL_SMOLLM2", "extra_of", "install", "missing", "missing_module_message"]
+
 EXTRAS: dict[str, tuple[str, ...]] = {
     # sharpattn.hf; transformers itself needs safetensors, which from_pretrained reads directly
     "hf": ("transformers", "safetensors"),

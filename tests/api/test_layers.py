@@ -144,7 +144,7 @@ def _private_uses(path: Path, source: str) -> list[str]:
                 full = f"{module}.{alias.name}"
                 if module.partition(".")[0] != "sharpattn":
                     foreign.add(alias.asname or alias.name)
-                elif _of_library(full) and any(map(_private, full.split("."))):
+                elif any(map(_private, full.split("."))):  # the library's, or another experiment's
                     wrong.append(f"line {node.lineno}: {full}")
     for node in ast.walk(tree):
         if (
@@ -168,8 +168,8 @@ def test_reproductions_use_only_the_public_api(path):
 
 def test_the_public_api_check_sees_private_names_modules_and_attributes():
     """An underscore name from a library module, a private library module and an underscore
-    attribute of a library module or model are caught; the experiments' own underscore names
-    (``from .backcopy import _label``) and the standard library's are not."""
+    attribute of a library module or model are caught, and so is another experiment's underscore
+    name (``from .backcopy import _label``); the standard library's are not."""
     path = PACKAGE / "experiments" / "max_retrieval.py"
     planted = path.read_text() + (
         "\n\ndef _late(m, row):\n"
@@ -181,8 +181,98 @@ def test_the_public_api_check_sees_private_names_modules_and_attributes():
         "    return nz._registry, os._exit, m._qkv, row._replace, self._x\n"
     )
     wrong = _private_uses(path, planted)
-    assert len(wrong) == 5, wrong
+    assert len(wrong) == 6, wrong
     assert wrong[0].endswith("sharpattn.models.set_attention._helper")
     assert wrong[1].endswith("sharpattn.normalizers._contract.prepare")
     assert wrong[2].endswith("import sharpattn.normalizers._contract")
-    assert wrong[3].endswith("nz._registry") and wrong[4].endswith("m._qkv")
+    assert wrong[3].endswith("sharpattn.experiments.backcopy._label")
+    assert wrong[4].endswith("nz._registry") and wrong[5].endswith("m._qkv")
+
+
+#: public module names that are another module's object (``sys.modules`` swaps them)
+MODULE_ALIASES = {"sharpattn.hf": "sharpattn.integrations.hf"}
+
+
+def _module_file(module: str) -> Path | None:
+    """The source file of the package's module ``module`` ("sharpattn.models.transformer")."""
+    module = MODULE_ALIASES.get(module, module)
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _declared_all(module: str) -> set[str]:
+    """The names of ``module``'s ``__all__`` (a literal list or tuple), read from its source."""
+    path = _module_file(module)
+    for node in ast.parse(path.read_text()).body if path else ():
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def _unexported_uses(path: Path, source: str) -> list[str]:
+    """Library names ``source`` (the file ``path``) uses that the module it takes them from does
+    not list in its ``__all__``: ``from sharpattn.m import name`` and ``alias.name`` of an
+    imported library module (submodules and dunders are not names of the API)."""
+    here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    tree = ast.parse(source, str(path))
+    wrong, modules = [], {}
+
+    def check(line: int, module: str, name: str) -> None:
+        full = f"{module}.{name}"
+        if _module_file(full) is not None:  # a module
+            return
+        if name.startswith("__") or name in _declared_all(module):
+            return
+        wrong.append(f"line {line}: {full}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _of_library(alias.name):
+                    modules[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            for alias in node.names:
+                full = f"{module}.{alias.name}"
+                if not _of_library(full):
+                    continue
+                if _module_file(full) is not None:
+                    modules[alias.asname or alias.name] = full
+                else:
+                    check(node.lineno, module, alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in modules:
+                check(node.lineno, modules[node.value.id], node.attr)
+    return wrong
+
+
+@pytest.mark.parametrize("path", REPRODUCTIONS, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_reproductions_use_only_names_the_library_exports(path):
+    wrong = _unexported_uses(path, path.read_text())
+    assert not wrong, f"{path.relative_to(PACKAGE)} uses names no __all__ exports: " + "; ".join(
+        wrong
+    )
+
+
+def test_the_export_check_sees_names_missing_from_all():
+    path = PACKAGE / "experiments" / "max_retrieval.py"
+    planted = path.read_text() + (
+        "\n\ndef _late():\n"
+        "    from ..models.transformer import not_exported\n"
+        "    from ..models import transformer\n"
+        "    from .. import normalizers as nz2\n"
+        "    return transformer.also_not, nz2.softmax, nz2.no_such_name, nz2.__name__\n"
+    )
+    wrong = _unexported_uses(path, planted)
+    assert len(wrong) == 3, wrong
+    assert wrong[0].endswith("sharpattn.models.transformer.not_exported")
+    assert wrong[1].endswith("transformer.also_not") and wrong[2].endswith(
+        "sharpattn.normalizers.no_such_name"
+    )

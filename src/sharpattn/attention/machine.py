@@ -11,6 +11,8 @@ import torch
 
 from . import fused, native
 
+__all__ = ["TURN_OFF", "info", "info_text"]
+
 #: how to keep every tiled path in plain PyTorch (no C++ build)
 TURN_OFF = "SHARPATTN_COMPILE=0"
 

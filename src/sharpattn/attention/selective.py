@@ -64,6 +64,33 @@ from ..normalizers.scaled import length_scaled_beta
 from .functional import attend
 from .masking import Masking
 
+__all__ = [
+    "ACTIVATIONS",
+    "AUTHORS_C0",
+    "DEFAULT_BETA",
+    "DEFAULT_C0",
+    "OPTIONS",
+    "Overhead",
+    "POSITION_PARAMS",
+    "SelectiveConfig",
+    "TERMS",
+    "TOKEN_FORMS",
+    "Temperature",
+    "apply_temperatures",
+    "initial_theta",
+    "key_positions",
+    "parameter_overhead",
+    "position_coefficient",
+    "position_temperature",
+    "query_positions",
+    "selective_attend",
+    "selective_parameter_count",
+    "token_activation",
+    "token_temperature_feature",
+    "token_temperature_mlp",
+    "token_temperature_shared",
+]
+
 Tensor = torch.Tensor
 
 TOKEN_FORMS = ("mlp", "shared", "feature")

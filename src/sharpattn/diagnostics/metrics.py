@@ -22,6 +22,21 @@ import torch
 
 from ..normalizers.stats import effective_support, entropy, max_weight
 
+__all__ = [
+    "classify_heads",
+    "dispersion_horizon",
+    "head_logit_spread",
+    "logit_spread",
+    "norm_ratio",
+    "qk_operator_norm",
+    "residual_peak",
+    "sink_mass",
+    "sink_tokens",
+    "spikiness",
+    "value_drain",
+    "weight_stats",
+]
+
 Tensor = torch.Tensor
 
 

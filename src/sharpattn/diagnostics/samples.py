@@ -4,6 +4,8 @@ Guo et al. find heads that are dormant (attention sinks) on prose and active on 
 ``sharpattn diagnose`` one input from each domain without any download.
 """
 
+__all__ = ["CODE", "PROSE", "SAMPLES"]
+
 PROSE = """\
 The village sat where the river bent twice before reaching the sea. In summer the water ran low and \
 warm, and children waded across to the far bank to pick blackberries along the old wall. In winter \

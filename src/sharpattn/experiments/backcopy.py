@@ -883,7 +883,7 @@ def finding_7(steps: int = 10_000, fit_from: int = 1_000) -> tuple[Finding, dict
 
 
 # ----- plots ----------------------------------------------------------------------------------
-def _label(task, t) -> str:
+def token_label(task, t) -> str:
     """A tick label for a token: ⟨s⟩ for BOS, · for space, ↵ for newline."""
     if int(t) == task.bos:
         return "⟨s⟩"
@@ -897,7 +897,7 @@ def _attention_panel(ax, run: Run, task, seq: Tensor, n: int, title: str) -> Non
     w = cap["layers.0.attn.weights"][0].mean(0).cpu().numpy()
     im = ax.imshow(w, cmap="Blues", vmin=0, vmax=max(float(w.max()), 1e-9))
     ax.figure.colorbar(im, ax=ax, shrink=0.8, label="attention weight (mean over heads)")
-    labels = [_label(task, t) for t in seq[:n]]
+    labels = [token_label(task, t) for t in seq[:n]]
     ax.set_xticks(range(n), labels, fontsize=6, rotation=90)
     ax.set_yticks(range(n), labels, fontsize=6)
     for tick_set in (ax.get_xticklabels(), ax.get_yticklabels()):
@@ -916,7 +916,7 @@ def _value_norm_panel(ax, run: Run, task, seq: Tensor, n: int, name: str) -> Non
     norms = cap["layers.0.attn.values"][0].mean(0).cpu().numpy()
     colors = ["tab:red" if int(t) < task.n_triggers else "tab:blue" for t in seq[1:n]]
     ax.bar(range(n), norms, color=["black", *colors])
-    ax.set_xticks(range(n), [_label(task, t) for t in seq[:n]], fontsize=6)
+    ax.set_xticks(range(n), [token_label(task, t) for t in seq[:n]], fontsize=6)
     ax.set_title(f"{name}: ‖Val‖ per position (BOS black, triggers red)", fontsize=9)
 
 

@@ -544,12 +544,12 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
         ax[0].set_yscale("log")
     first = next(iter(runs.values()))
     seq = eval_tokens(first.cfg, task)[0, :32]
-    from .backcopy import _label
+    from .backcopy import token_label
 
     with torch.no_grad():
         w = torch.softmax(first.model.scores(seq[None]), -1)[0].cpu().numpy()
         norms = first.model.value_norms(seq[None])[0].cpu().numpy()
-    labels = [_label(task, t) for t in seq]
+    labels = [token_label(task, t) for t in seq]
     with report.figure(out / "statics.png", 1, 2, figsize=(12, 5)) as (_, ax):
         ax[0].imshow(w, cmap="Blues", vmin=0, vmax=1)
         ax[0].set_xticks(range(len(seq)), labels, fontsize=6)

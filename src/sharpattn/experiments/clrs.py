@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import sequence as seq
-from .report import figure, image, write_report, write_table
+from .report import figure, image, mean_sd, p_cell, write_report, write_table
 from .runner import Progress
 
 METHODS = ("softmax", "adaptive")
@@ -70,13 +70,7 @@ def summarize(rows, tasks: list[str], methods: list[str],
 
 
 def _pm(c) -> str:
-    mean, sd, _ = c
-    return "n/a" if not np.isfinite(mean) else (
-        f"{mean:.3f}" if not np.isfinite(sd) else f"{mean:.3f} ± {sd:.3f}")  # fmt: skip
-
-
-def _p(c) -> str:
-    return "–" if not np.isfinite(c[2]) else f"{c[2]:.2g}"
+    return mean_sd(c[0], c[1])
 
 
 def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
@@ -84,8 +78,9 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     header = ["algorithm", "method", "in distribution", "out of distribution", "p",
               "tokens in", "tokens out", "p"]  # fmt: skip
     keys = ("id", "ood", "id_token", "ood_token")
-    shown = [[e["task"], e["method"], _pm(e["id"]), _pm(e["ood"]), _p(e["ood"]),
-              _pm(e["id_token"]), _pm(e["ood_token"]), _p(e["ood_token"])] for e in table]  # fmt: skip
+    shown = [[e["task"], e["method"], _pm(e["id"]), _pm(e["ood"]), p_cell(e["ood"][2]),
+              _pm(e["id_token"]), _pm(e["ood_token"]), p_cell(e["ood_token"][2])]
+             for e in table]  # fmt: skip
     raw = [[e["task"], e["method"], *(e[k][0] for k in keys[:2]), e["ood"][2],
             *(e[k][0] for k in keys[2:]), e["ood_token"][2]] for e in table]  # fmt: skip
     md = write_table(folder, "clrs", header, shown, raw)

@@ -43,8 +43,18 @@ import torch
 
 from . import adapters, runner
 from . import sequence as seq
-from .clrs import _p, _pm, summarize
-from .report import decimals, image, interval, markdown_table, require, write_report, write_table
+from .clrs import summarize
+from .report import (
+    decimals,
+    image,
+    interval,
+    markdown_table,
+    mean_sd,
+    p_cell,
+    require,
+    write_report,
+    write_table,
+)
 from .runner import (
     Clock,
     Progress,
@@ -445,31 +455,24 @@ def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _cell(mean: float, sd: float) -> str:
-    return _pm((mean, sd, float("nan")))
-
-
-def _pv(p: float) -> str:
-    return _p((float("nan"), float("nan"), p))
-
-
 def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     a, b = METHODS
     header = ["algorithm", "method", "in distribution", "out of distribution", "p",
               "tokens in", "tokens out", "p"]  # fmt: skip
     summary = write_table(folder, "clrs_llm", header, [
-        [e["task"], e["method"], _pm(e["id"]), _pm(e["ood"]), _p(e["ood"]), _pm(e["id_token"]),
-         _pm(e["ood_token"]), _p(e["ood_token"])] for e in m["summary"]])  # fmt: skip
+        [e["task"], e["method"], mean_sd(*e["id"][:2]), mean_sd(*e["ood"][:2]),
+         p_cell(e["ood"][2]), mean_sd(*e["id_token"][:2]), mean_sd(*e["ood_token"][:2]),
+         p_cell(e["ood_token"][2])] for e in m["summary"]])  # fmt: skip
     size_header = ["algorithm", a, b, "p (prompts, secondary)", "p (seeds)", f"tokens {a}",
                    f"tokens {b}", "p (prompts, secondary)", "p (seeds)"]  # fmt: skip
     tables = []
     for size in cfg.sizes:
         entries = [e for e in m["sizes"] if e["size"] == size]
-        shown = [[e["task"], _cell(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
-                  _cell(e[f"{b}_exact"], e[f"{b}_exact_sd"]), _pv(e["p_prompts_exact"]),
-                  _pv(e["p_seeds_exact"]), _cell(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
-                  _cell(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), _pv(e["p_prompts_tokens"]),
-                  _pv(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
+        shown = [[e["task"], mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
+                  mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]), p_cell(e["p_prompts_exact"]),
+                  p_cell(e["p_seeds_exact"]), mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
+                  mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), p_cell(e["p_prompts_tokens"]),
+                  p_cell(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
         where = "training size" if entries[0]["in_training"] else (
             f"{size / cfg.train_sizes[1]:g}× the largest training size")  # fmt: skip
         tables.append(f"### n = {size} ({where})\n\n" + markdown_table(size_header, shown))
@@ -529,7 +532,7 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         head = ["algorithm", "n", "effect (adaptive − softmax)", "95 % interval", "p (seeds)",
                 "detectable (80 % power)", "verdict", "tokens: effect", "tokens: verdict"]  # fmt: skip
         body = [[v["task"], str(v["size"]), f"{v['exact'].effect.mean:+.3f}",
-                 interval(v["exact"].effect), _pv(v["exact"].effect.p),
+                 interval(v["exact"].effect), p_cell(v["exact"].effect.p),
                  decimals(v["exact"].detectable), v["exact"].verdict,
                  f"{v['tokens'].effect.mean:+.3f}", v["tokens"].verdict] for v in judged]  # fmt: skip
         seeds_section = (

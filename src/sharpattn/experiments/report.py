@@ -109,6 +109,19 @@ def interval(effect: Any) -> str:
     return f"[{effect.low:+.3f}, {effect.high:+.3f}]"
 
 
+def mean_sd(mean: float, sd: float) -> str:
+    """A mean ± standard deviation as a cell, to 3 decimals: the mean alone where the deviation
+    is undefined (one seed), "n/a" where the mean is."""
+    if not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.3f}" if not math.isfinite(sd) else f"{mean:.3f} ± {sd:.3f}"
+
+
+def p_cell(p: float) -> str:
+    """A p-value as a cell, to 2 significant digits; "–" where it is undefined."""
+    return "–" if not math.isfinite(p) else f"{p:.2g}"
+
+
 def decimals(value: float) -> str:
     """A number to 3 decimals as a cell; "–" where it is NaN."""
     return "–" if not math.isfinite(value) else f"{value:.3f}"

@@ -79,6 +79,22 @@ from ..attention.selective import parameter_overhead as _parameter_overhead
 from ..diagnostics.capture import add_model_kind
 from ..extras import install
 
+__all__ = [
+    "FIXED_ATTR",
+    "PARAMS_ATTR",
+    "PREFIX",
+    "PROJ_ATTR",
+    "SELECTIVE",
+    "SELECTIVE_ATTR",
+    "apply",
+    "attention_modules",
+    "from_pretrained",
+    "implementation_name",
+    "learnable_parameters",
+    "parameter_overhead",
+    "register_all",
+]
+
 Tensor = torch.Tensor
 PREFIX = "sharpattn:"
 PARAMS_ATTR = "sharpattn_params"  # ParameterDict of learnable per-head parameters

@@ -20,6 +20,17 @@ from pathlib import Path
 from ..attention.native import cache_dir  # the one user cache folder of sharpattn
 from ..extras import INSTALL_SMOLLM2, install
 
+__all__ = [
+    "MINILM",
+    "NAMES",
+    "SMOLLM2",
+    "canonical",
+    "load_pretrained",
+    "minilm_path",
+    "model_path",
+    "smollm2_path",
+]
+
 SMOLLM2 = "smollm2-135m"
 MINILM = "minilm"
 _ALIASES = {

@@ -21,6 +21,8 @@ import math
 import torch
 from torch import nn
 
+__all__ = ["StackedLinear", "member_state", "stack_states"]
+
 Tensor = torch.Tensor
 
 

@@ -44,6 +44,17 @@ from ..attention.mha import GATES
 from ..attention.positions import LINEAR_BIASES, slopes_of
 from ..normalizers import get
 
+__all__ = [
+    "LAYER_KINDS",
+    "Layer",
+    "MLP",
+    "POSITIONS",
+    "Transformer",
+    "TransformerConfig",
+    "layers_name",
+    "parse_layers",
+]
+
 Tensor = torch.Tensor
 
 LAYER_KINDS = ("tf", "attn", "mlp")

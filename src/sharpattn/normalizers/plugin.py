@@ -20,6 +20,8 @@ import torch
 
 from .registry import Normalizer, get, register
 
+__all__ = ["PluginFailed", "ensure", "is_spec", "load", "probe"]
+
 #: the probe's shape: batch, heads, queries = keys
 _B, _H, _L = 2, 2, 6
 

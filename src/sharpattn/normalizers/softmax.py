@@ -14,6 +14,19 @@ from .families import Adaptive, RowScaled
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
+__all__ = [
+    "ADAPTIVE",
+    "COEFFICIENTS",
+    "SOFTMAX",
+    "adaptive",
+    "adaptive_beta",
+    "beta_from_entropy",
+    "entropy_crossings",
+    "polyval",
+    "resolve_coefficients",
+    "softmax",
+]
+
 Tensor = torch.Tensor
 
 #: Adaptive-temperature polynomials β = polyval(c, H), highest power first (as numpy.polyval).

@@ -30,6 +30,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+__all__ = [
+    "BigramBackcopy",
+    "KIND_BACKCOPY",
+    "KIND_BIGRAM",
+    "KIND_BOS",
+    "PACKAGED",
+    "count_text",
+    "packaged_counts",
+    "write_counts",
+]
+
 Tensor = torch.Tensor
 
 # Kinds of query positions (what the next token depends on).

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["MaxRetrievalBatch", "N_CLASSES", "sample_max_retrieval"]
+
 Tensor = torch.Tensor
 
 N_CLASSES = 10

@@ -25,6 +25,27 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = [
+    "BOS",
+    "EOS",
+    "FAMILIES",
+    "IGNORE",
+    "LAYOUTS",
+    "N_SPECIAL",
+    "PAD",
+    "SEP",
+    "SPECIAL_NAMES",
+    "SequenceBatch",
+    "SequenceTask",
+    "TASKS",
+    "assemble",
+    "assemble_labelled",
+    "available",
+    "default_eval_sizes",
+    "get",
+    "register",
+]
+
 Tensor = torch.Tensor
 
 IGNORE = -100

@@ -158,35 +158,29 @@ def _private_uses(path: Path, source: str) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("path", REPRODUCTIONS, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_reproductions_use_only_the_public_api(path):
-    wrong = _private_uses(path, path.read_text())
-    assert not wrong, f"{path.relative_to(PACKAGE)} uses the library's internals: " + "; ".join(
-        wrong
-    )
+def _planted(*lines: str) -> tuple[Path, str]:
+    """A reproduction's path and its source with ``lines`` appended (a check's test input)."""
+    path = PACKAGE / "experiments" / "max_retrieval.py"
+    return path, path.read_text() + "\n\n" + "\n".join(lines) + "\n"
 
 
 def test_the_public_api_check_sees_private_names_modules_and_attributes():
     """An underscore name from a library module, a private library module and an underscore
     attribute of a library module or model are caught, and so is another experiment's underscore
     name (``from .backcopy import _label``); the standard library's are not."""
-    path = PACKAGE / "experiments" / "max_retrieval.py"
-    planted = path.read_text() + (
-        "\n\ndef _late(m, row):\n"
-        "    import os\n"
-        "    from ..models.set_attention import _helper\n"
-        "    from ..normalizers._contract import prepare\n"
-        "    import sharpattn.normalizers._contract\n"
-        "    from .backcopy import _label\n"
-        "    return nz._registry, os._exit, m._qkv, row._replace, self._x\n"
-    )
-    wrong = _private_uses(path, planted)
-    assert len(wrong) == 6, wrong
-    assert wrong[0].endswith("sharpattn.models.set_attention._helper")
-    assert wrong[1].endswith("sharpattn.normalizers._contract.prepare")
-    assert wrong[2].endswith("import sharpattn.normalizers._contract")
-    assert wrong[3].endswith("sharpattn.experiments.backcopy._label")
-    assert wrong[4].endswith("nz._registry") and wrong[5].endswith("m._qkv")
+    wrong = _private_uses(*_planted(
+        "def _late(m, row):",
+        "    import os",
+        "    from ..models.set_attention import _helper",
+        "    from ..normalizers._contract import prepare",
+        "    import sharpattn.normalizers._contract",
+        "    from .backcopy import _label",
+        "    return nz._registry, os._exit, m._qkv, row._replace, self._x",
+    ))  # fmt: skip
+    assert [w.partition(": ")[2] for w in wrong] == [
+        "sharpattn.models.set_attention._helper", "sharpattn.normalizers._contract.prepare",
+        "import sharpattn.normalizers._contract", "sharpattn.experiments.backcopy._label",
+        "nz._registry", "m._qkv"]  # fmt: skip
 
 
 #: public module names that are another module's object (``sys.modules`` swaps them)
@@ -254,25 +248,23 @@ def _unexported_uses(path: Path, source: str) -> list[str]:
 
 
 @pytest.mark.parametrize("path", REPRODUCTIONS, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_reproductions_use_only_names_the_library_exports(path):
-    wrong = _unexported_uses(path, path.read_text())
-    assert not wrong, f"{path.relative_to(PACKAGE)} uses names no __all__ exports: " + "; ".join(
-        wrong
-    )
+def test_reproductions_use_only_the_public_api(path):
+    """No private name of the library or of another experiment, and only names an ``__all__``
+    exports."""
+    source = path.read_text()
+    for what, wrong in (("the library's internals", _private_uses(path, source)),
+                        ("names no __all__ exports", _unexported_uses(path, source))):  # fmt: skip
+        assert not wrong, f"{path.relative_to(PACKAGE)} uses {what}: " + "; ".join(wrong)
 
 
 def test_the_export_check_sees_names_missing_from_all():
-    path = PACKAGE / "experiments" / "max_retrieval.py"
-    planted = path.read_text() + (
-        "\n\ndef _late():\n"
-        "    from ..models.transformer import not_exported\n"
-        "    from ..models import transformer\n"
-        "    from .. import normalizers as nz2\n"
-        "    return transformer.also_not, nz2.softmax, nz2.no_such_name, nz2.__name__\n"
-    )
-    wrong = _unexported_uses(path, planted)
-    assert len(wrong) == 3, wrong
-    assert wrong[0].endswith("sharpattn.models.transformer.not_exported")
-    assert wrong[1].endswith("transformer.also_not") and wrong[2].endswith(
-        "sharpattn.normalizers.no_such_name"
-    )
+    wrong = _unexported_uses(*_planted(
+        "def _late():",
+        "    from ..models.transformer import not_exported",
+        "    from ..models import transformer",
+        "    from .. import normalizers as nz2",
+        "    return transformer.also_not, nz2.softmax, nz2.no_such_name, nz2.__name__",
+    ))  # fmt: skip
+    assert [w.partition(": ")[2] for w in wrong] == [
+        "sharpattn.models.transformer.not_exported", "sharpattn.models.transformer.also_not",
+        "sharpattn.normalizers.no_such_name"]  # fmt: skip

@@ -14,13 +14,16 @@ from precision import assert_close
 from sharpattn import MultiheadAttention
 from sharpattn import normalizers as nz
 from sharpattn.diagnostics import (
+    attention_on,
     capture,
     classify_heads,
+    delta_logit,
     dispersion_horizon,
     head_ablation,
     head_logit_spread,
     logit_spread,
     residual_peak,
+    sink_logit_stats,
     sink_mass,
     sink_tokens,
     value_drain,
@@ -422,3 +425,40 @@ def test_capture_of_a_model_no_integration_knows_says_what_to_import(monkeypatch
         capture(model).__enter__()
     assert "\n" not in str(info.value)
     assert model.config._attn_implementation == "eager"  # nothing left switched
+
+
+# --- the sink's logit and weight (Guo et al.) ----------------------------------------------
+
+
+def test_sink_measures_by_hand():
+    # one batch, one head, T = 3: query 2 sees keys 0, 1, 2
+    s = torch.tensor([[[[0.0, 0, 0], [5.0, 1.0, 0], [4.0, 2.0, 0.0]]]])
+    query = torch.tensor([[False, True, True]])
+    # Δlogit: query 1: 5 − 1 = 4; query 2: 4 − (2 + 0)/2 = 3  →  3.5
+    assert_close(delta_logit(s, query), 3.5, dtype=torch.float32, n=3)
+    w = torch.tensor([[[[1.0, 0, 0], [0.7, 0.3, 0], [0.2, 0.5, 0.3]]]])
+    assert_close(attention_on(w, query), (0.7 + 0.2) / 2, dtype=torch.float32, n=2)
+    assert_close(
+        attention_on(w, torch.tensor([[False, False, True]]), offset=1), 0.5, dtype=torch.float32
+    )
+    assert_close(attention_on(w, query, offset=1), (0.7 + 0.5) / 2, dtype=torch.float32, n=2)
+    # capture stores the scores of keys after the query as -inf: same Δlogit
+    masked = s.masked_fill(~torch.ones(3, 3, dtype=torch.bool).tril(), -math.inf)
+    assert_close(delta_logit(masked, query), 3.5, dtype=torch.float32, n=3)
+
+
+def test_sink_logit_stats_by_hand():
+    # one sequence, T = 4; queries 1, 2, 3 all selected; tokens 7, 9, 7 at positions 1..3
+    s = torch.tensor([[[0.0, 0, 0, 0], [3.0, 1.0, 0, 0], [5.0, 1.0, 3.0, 0], [4.0, 0.0, 2.0, 1.0]]])
+    tokens = torch.tensor([[64, 7, 9, 7]])
+    q = torch.tensor([[True, True, True, True]])  # position 0 is dropped whatever it says
+    # token 7: BOS logits 3, 4 → 3.5; Δ: 3 − 1 = 2, 4 − 1 = 3 → 2.5. token 9: BOS 5, Δ 5 − 2 = 3
+    c = sink_logit_stats(s, tokens, q)
+    assert c["tokens"] == 2
+    assert_close(c["bos_logit_mean"], 4.25, dtype=torch.float64, n=4)
+    assert_close(c["bos_logit_std"], 0.75, dtype=torch.float64, n=4)
+    assert_close(c["delta_mean"], 2.75, dtype=torch.float64, n=4)
+    assert_close(c["rel_spread"], 0.75 / 2.75, dtype=torch.float64, n=4)
+    # keys after the query stored as -inf (as capture does) change nothing
+    masked = s.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), -np.inf)
+    assert sink_logit_stats(masked, tokens, q) == c

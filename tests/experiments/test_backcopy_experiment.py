@@ -41,23 +41,6 @@ def tiny(**kw):
     return bb.RunConfig(**base)
 
 
-def test_measures_by_hand():
-    # one batch, one head, T = 3: query 2 sees keys 0, 1, 2
-    s = torch.tensor([[[[0.0, 0, 0], [5.0, 1.0, 0], [4.0, 2.0, 0.0]]]])
-    query = torch.tensor([[False, True, True]])
-    # Δlogit: query 1: 5 − 1 = 4; query 2: 4 − (2 + 0)/2 = 3  →  3.5
-    assert_close(bb.delta_logit(s, query), 3.5, dtype=torch.float32, n=3)
-    w = torch.tensor([[[[1.0, 0, 0], [0.7, 0.3, 0], [0.2, 0.5, 0.3]]]])
-    assert_close(bb.attention_on(w, query), (0.7 + 0.2) / 2, dtype=torch.float32, n=2)
-    assert_close(
-        bb.attention_on(w, torch.tensor([[False, False, True]]), offset=1), 0.5, dtype=torch.float32
-    )
-    assert_close(bb.attention_on(w, query, offset=1), (0.7 + 0.5) / 2, dtype=torch.float32, n=2)
-    # capture stores the scores of keys after the query as -inf: same Δlogit
-    masked = s.masked_fill(~torch.ones(3, 3, dtype=torch.bool).tril(), -math.inf)
-    assert_close(bb.delta_logit(masked, query), 3.5, dtype=torch.float32, n=3)
-
-
 @pytest.mark.parametrize("method", ["softmax", "relu"])
 def test_measure_equals_a_direct_computation(task, method):
     """measure() on a two-layer model (+ an MLP-only layer) against float64 NumPy from the
@@ -109,18 +92,6 @@ def test_measure_equals_a_direct_computation(task, method):
             row = s[bi, :, n]  # (H, T)
             dl.append((row[:, 0] - row[:, 1 : n + 1].mean(-1)).mean())
         close_measure(got[f"{pre}.attn.delta_logit"], np.mean(dl))
-
-
-def test_risks_of_the_true_distribution_are_bayes(task):
-    x = task.sample(8, 40, seed=0)
-    p = task.next_token_distribution(x)
-    r = bb.risks(torch.log(p.clamp_min(1e-300)), task, x)
-    # a risk minus the Bayes risk: means over 8·40 positions of float64 terms up to log 64
-    for key in ("bigram_excess", "backcopy_excess"):
-        assert_close(r[key], 0.0, dtype=torch.float64, n=8 * 40, magnitude=math.log(64))
-    uniform = bb.risks(torch.zeros(8, 40, 64), task, x)
-    assert_close(uniform["backcopy_risk"], math.log(64), dtype=torch.float32, n=8 * 40)
-    assert uniform["bigram_excess"] > 1.0
 
 
 def test_log_steps():

@@ -61,23 +61,6 @@ def test_prop_b0_adam_outgrows_sgd():
         prop_b0_simulation("lion", 10)
 
 
-def test_sink_logit_stats_by_hand():
-    # one sequence, T = 4; queries 1, 2, 3 all selected; tokens 7, 9, 7 at positions 1..3
-    s = torch.tensor([[[0.0, 0, 0, 0], [3.0, 1.0, 0, 0], [5.0, 1.0, 3.0, 0], [4.0, 0.0, 2.0, 1.0]]])
-    tokens = torch.tensor([[64, 7, 9, 7]])
-    q = torch.tensor([[True, True, True, True]])  # position 0 is dropped whatever it says
-    # token 7: BOS logits 3, 4 → 3.5; Δ: 3 − 1 = 2, 4 − 1 = 3 → 2.5. token 9: BOS 5, Δ 5 − 2 = 3
-    c = bb.sink_logit_stats(s, tokens, q)
-    assert c["tokens"] == 2
-    assert_close(c["bos_logit_mean"], 4.25, dtype=torch.float64, n=4)
-    assert_close(c["bos_logit_std"], 0.75, dtype=torch.float64, n=4)
-    assert_close(c["delta_mean"], 2.75, dtype=torch.float64, n=4)
-    assert_close(c["rel_spread"], 0.75 / 2.75, dtype=torch.float64, n=4)
-    # keys after the query stored as -inf (as capture does) change nothing
-    masked = s.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), -np.inf)
-    assert bb.sink_logit_stats(masked, tokens, q) == c
-
-
 def test_zeroing_layer_0_leaves_the_embeddings_as_its_output(task):
     torch.manual_seed(0)
     cfg = bb.RunConfig(layers="attn+mlp+attn+mlp+mlp", d_model=16, seq_len=12, n_measure=2)
@@ -196,7 +179,7 @@ def test_a_run_without_bos(task, tmp_path):
     # the risks are those of the model reading the evaluation sequences without their BOS
     ev = bb.eval_tokens(cfg, task)
     with torch.no_grad():
-        want = bb.risks(run.model.eval()(ev[:, 1:]), task, ev, drop=1)
+        want = task.risks(run.model.eval()(ev[:, 1:]), ev, drop=1)
     assert last["bigram_excess"] == want["bigram_excess"]
     # the training batches hold no BOS: the model never reads one
     seen = []

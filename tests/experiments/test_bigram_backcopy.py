@@ -1,5 +1,6 @@
 """The Bigram-Backcopy task: counts against the corpus, sampler properties, exact Bayes risk."""
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -167,3 +168,15 @@ def test_counts_helper_matches_counter():
     c = count_text(text, vocab_size=5)
     freq = Counter(text)
     assert c["unigram_counts"] == [freq[ch] for ch in c["chars"]]
+
+
+def test_risks_of_the_true_distribution_are_bayes(task):
+    x = task.sample(8, 40, seed=0)
+    p = task.next_token_distribution(x)
+    r = task.risks(torch.log(p.clamp_min(1e-300)), x)
+    # a risk minus the Bayes risk: means over 8·40 positions of float64 terms up to log 64
+    for key in ("bigram_excess", "backcopy_excess"):
+        assert_close(r[key], 0.0, dtype=torch.float64, n=8 * 40, magnitude=math.log(64))
+    uniform = task.risks(torch.zeros(8, 40, 64), x)
+    assert_close(uniform["backcopy_risk"], math.log(64), dtype=torch.float32, n=8 * 40)
+    assert uniform["bigram_excess"] > 1.0

@@ -2,13 +2,17 @@
 
 from .capture import Capture, capture, head_ablation, side_by_side
 from .metrics import (
+    attention_on,
     classify_heads,
+    delta_logit,
     dispersion_horizon,
     head_logit_spread,
     logit_spread,
     norm_ratio,
     qk_operator_norm,
     residual_peak,
+    sink_logit_gap,
+    sink_logit_stats,
     sink_mass,
     sink_tokens,
     spikiness,
@@ -18,8 +22,10 @@ from .metrics import (
 
 __all__ = [
     "Capture",
+    "attention_on",
     "capture",
     "classify_heads",
+    "delta_logit",
     "dispersion_horizon",
     "head_ablation",
     "head_logit_spread",
@@ -29,6 +35,8 @@ __all__ = [
     "residual_peak",
     "weight_stats",
     "side_by_side",
+    "sink_logit_gap",
+    "sink_logit_stats",
     "sink_mass",
     "sink_tokens",
     "spikiness",

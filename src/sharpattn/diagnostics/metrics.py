@@ -23,13 +23,17 @@ import torch
 from ..normalizers.stats import effective_support, entropy, max_weight
 
 __all__ = [
+    "attention_on",
     "classify_heads",
+    "delta_logit",
     "dispersion_horizon",
     "head_logit_spread",
     "logit_spread",
     "norm_ratio",
     "qk_operator_norm",
     "residual_peak",
+    "sink_logit_gap",
+    "sink_logit_stats",
     "sink_mass",
     "sink_tokens",
     "spikiness",
@@ -167,3 +171,71 @@ def classify_heads(delta: Mapping[tuple[int, int], float], threshold: float) -> 
     if not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"threshold must be a finite number >= 0, got {threshold!r}.")
     return {h: ("active" if d > threshold else "dormant") for h, d in delta.items()}
+
+
+# ----- the sink's logit (Guo et al., Sec. 3 and Table 1) ----------------------------------------
+
+
+def sink_logit_gap(scores: Tensor) -> Tensor:
+    """Δ_n = s(n, 0) − mean_{1≤i≤n} s(n, i) for every query n of ``scores`` ``[..., T, T]``: how
+    far above the other visible keys the first key's logit is (keys after the query are ignored,
+    whatever they hold: capture stores them as -inf). ``[..., T]``; Δ_0 = s(0, 0)."""
+    t = scores.shape[-1]
+    others = torch.ones(t, t, dtype=torch.bool, device=scores.device).tril()
+    others[:, 0] = False  # keys 1..n
+    mean = scores.masked_fill(~others, 0.0).sum(-1) / others.sum(-1).clamp_min(1)
+    return scores[..., 0] - mean
+
+
+def _after_first(query: Tensor) -> Tensor:
+    q = query.clone()
+    q[:, 0] = False  # position 0 has no other key
+    return q
+
+
+def delta_logit(scores: Tensor, query: Tensor) -> float:
+    """Mean of `sink_logit_gap` over the selected queries (``query`` ``[B, T]``, n ≥ 1) and the
+    heads of ``scores`` ``[B, H, T, T]``."""
+    return float(sink_logit_gap(scores).mean(1)[_after_first(query)].mean())
+
+
+def attention_on(weights: Tensor, query: Tensor, offset: int | None = None) -> float:
+    """Mean weight of ``weights`` ``[B, H, T, T]`` (over the selected queries ``query``
+    ``[B, T]`` and the heads) on key 0 (``offset=None``) or on the key ``offset`` positions back
+    (1: the previous token)."""
+    w = weights.mean(1)  # (B, T, T)
+    if offset is None:
+        col = w[..., 0]
+    else:
+        col = torch.diagonal(w, offset=-offset, dim1=-2, dim2=-1)  # (B, T - offset)
+        col = torch.nn.functional.pad(col, (offset, 0))
+        query = query.clone()
+        query[:, :offset] = False
+    return float(col[query].mean())
+
+
+def sink_logit_stats(scores: Tensor, tokens: Tensor, query: Tensor) -> dict[str, float]:
+    """Guo et al.'s Table 1 / Fig. 10b from ``scores`` ``[B, T, T]`` (one head, or heads
+    averaged), ``tokens`` and the selected queries ``query`` ``[B, T]`` (position 0 never
+    counts): for each token v at a selected query, the mean over its positions n of s(n, 0) and
+    of `sink_logit_gap`. Returns the number of such tokens, the mean and the population standard
+    deviation across tokens of their first-key logits, their mean gap and ``rel_spread`` = that
+    standard deviation / that mean gap (small: every query gives the sink about the same
+    logit)."""
+    sc = scores.double()
+    first, gap = sc[..., 0], sink_logit_gap(sc)  # (B, T)
+    q = _after_first(query)
+    per_first, per_gap = [], []
+    for v in torch.unique(tokens[q]).tolist():
+        sel = q & (tokens == v)
+        per_first.append(float(first[sel].mean()))
+        per_gap.append(float(gap[sel].mean()))
+    b, d = torch.tensor(per_first, dtype=torch.float64), torch.tensor(per_gap, dtype=torch.float64)
+    std = float(b.std(correction=0))
+    return {
+        "tokens": len(per_first),
+        "bos_logit_mean": float(b.mean()),
+        "bos_logit_std": std,
+        "delta_mean": float(d.mean()),
+        "rel_spread": std / float(d.mean()),
+    }

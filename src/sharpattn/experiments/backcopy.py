@@ -37,8 +37,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..diagnostics import Capture, capture
-from ..diagnostics.metrics import residual_peak, sink_mass, value_drain
+from ..diagnostics import (
+    Capture,
+    attention_on,
+    capture,
+    delta_logit,
+    residual_peak,
+    sink_logit_stats,  # fmt: skip
+    sink_mass,
+    value_drain,
+)
 from ..models.transformer import Transformer, TransformerConfig, layers_name, parse_layers
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import report, runner
@@ -143,54 +151,8 @@ def log_steps(total: int, n: int) -> list[int]:
 
 
 # ----- measures -------------------------------------------------------------------------------
-def risks(logits: Tensor, task: BigramBackcopy, tokens: Tensor, drop: int = 0) -> dict[str, float]:
-    """Bigram and backcopy risk (expected cross-entropy under the true next-token distribution)
-    and excess risk (that minus the exact Bayes risk = mean KL) over the positions of each kind.
-    ``drop``: the model read ``tokens[:, drop:]`` (1: the sequences without BOS of App. C.4)."""
-    p = task.next_token_distribution(tokens)[:, drop:]  # (B, T, V) float64
-    logq = torch.log_softmax(logits.double(), dim=-1)
-    ce = -(p * logq).sum(-1)
-    bayes = task.bayes_risk(tokens)[:, drop:]
-    kind = task.position_kind(tokens)[:, drop:]
-    out = {}
-    for name, k in (("bigram", KIND_BIGRAM), ("backcopy", KIND_BACKCOPY)):
-        sel = kind == k
-        out[f"{name}_risk"] = float(ce[sel].mean())
-        out[f"{name}_excess"] = float((ce - bayes)[sel].mean())
-    return out
-
-
 def _query_mask(task: BigramBackcopy, tokens: Tensor, k: int) -> Tensor:
     return task.position_kind(tokens) == k  # (B, T)
-
-
-def delta_logit(scores: Tensor, query: Tensor) -> float:
-    """Mean over the selected queries n (``query`` ``[B, T]``, n ≥ 1) and heads of
-    s(n, 0) − mean_{1≤i≤n} s(n, i); ``scores`` ``[B, H, T, T]`` (keys after the query are
-    ignored, whatever they hold: capture stores them as -inf)."""
-    t = scores.shape[-1]
-    vis = torch.ones(t, t, dtype=torch.bool, device=scores.device).tril()
-    vis[:, 0] = False  # the other keys: 1..n
-    n_other = vis.sum(-1).clamp_min(1)  # (T,)
-    other = scores.masked_fill(~vis, 0.0).sum(-1) / n_other  # (B, H, T)
-    d = scores[..., 0] - other  # (B, H, T)
-    q = query.clone()
-    q[:, 0] = False
-    return float(d.mean(1)[q].mean())
-
-
-def attention_on(weights: Tensor, query: Tensor, offset: int | None = None) -> float:
-    """Mean weight (over selected queries and heads) on key 0 (``offset=None``) or on the key
-    ``offset`` positions back (1 = the previous token)."""
-    w = weights.mean(1)  # (B, T, T)
-    if offset is None:
-        col = w[..., 0]
-    else:
-        col = torch.diagonal(w, offset=-offset, dim1=-2, dim2=-1)  # (B, T - offset)
-        col = F.pad(col, (offset, 0))
-        query = query.clone()
-        query[:, :offset] = False
-    return float(col[query].mean())
 
 
 @torch.no_grad()
@@ -213,7 +175,7 @@ def measure(model: Transformer, task: BigramBackcopy, tokens: Tensor, zero=()) -
     """Every measure of the module docstring on the sequences ``tokens`` ``[B, T]`` (with the
     sublayers named in ``zero`` zeroed: the interventions of Fig. 7b)."""
     logits, cap = internals(model, tokens, zero)
-    out = risks(logits, task, tokens)
+    out = task.risks(logits, tokens)
     bigram_q = _query_mask(task, tokens, KIND_BIGRAM)
     copy_q = _query_mask(task, tokens, KIND_BACKCOPY)
     for i, kind in enumerate(model.cfg.layers):
@@ -279,7 +241,7 @@ def measure_no_bos(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> 
     norms of the first position and of the others."""
     x = tokens[:, 1:]
     logits, cap = internals(model, x)
-    out = risks(logits, task, tokens, drop=1)
+    out = task.risks(logits, tokens, drop=1)
     q = _query_mask(task, x, KIND_BIGRAM)
     q[:, 0] = False  # the first query sees only itself: no choice to measure
     for i, kind in enumerate(model.cfg.layers):
@@ -300,7 +262,7 @@ def interventions(model: Transformer, task: BigramBackcopy, tokens: Tensor) -> l
     rows = []
     for zero in [None, *model.sublayers]:
         logits = model(tokens, zero=() if zero is None else (zero,))
-        rows.append({"zeroed": zero or "none", **risks(logits, task, tokens)})
+        rows.append({"zeroed": zero or "none", **task.risks(logits, tokens)})
     model.train()
     return rows
 
@@ -794,37 +756,6 @@ def finding_5(
     return Finding(
         5, "Simplified model: α ≈ ½ log t + O(1); β → β̄(0)·1 − e^{−α}M∘ξ", _verdict(checks), text
     ), (sm, fa, fb, off, beta0, exact, alpha_fixed)
-
-
-def sink_logit_stats(scores: Tensor, tokens: Tensor, query: Tensor) -> dict[str, float]:
-    """Table 1 / Fig. 10b from ``scores`` ``[B, T, T]`` (one head, or heads averaged; keys
-    after the query ignored), ``tokens`` and the selected queries ``query`` ``[B, T]``
-    (position 0 never counts): for each token v at a selected query, the mean over its
-    positions n of s(n, 0) and of Δ_n = s(n, 0) − mean_{1≤i≤n} s(n, i). Returns the number of
-    such tokens, the mean and the population standard deviation across tokens of their BOS
-    logits, their mean Δlogit and ``rel_spread`` = that standard deviation / that mean Δlogit
-    (small: every query gives BOS about the same logit)."""
-    sc = scores.double()
-    t = sc.shape[-1]
-    vis = torch.ones(t, t, dtype=torch.bool, device=sc.device).tril()
-    vis[:, 0] = False
-    other = sc.masked_fill(~vis, 0.0).sum(-1) / vis.sum(-1).clamp_min(1)
-    bos, delta = sc[..., 0], sc[..., 0] - other  # (B, T)
-    q = query.clone()
-    q[:, 0] = False
-    per_bos, per_delta = [], []
-    for v in torch.unique(tokens[q]).tolist():
-        sel = q & (tokens == v)
-        per_bos.append(float(bos[sel].mean()))
-        per_delta.append(float(delta[sel].mean()))
-    b, d = np.array(per_bos), np.array(per_delta)
-    return {
-        "tokens": len(b),
-        "bos_logit_mean": float(b.mean()),
-        "bos_logit_std": float(b.std()),
-        "delta_mean": float(d.mean()),
-        "rel_spread": float(b.std() / d.mean()),
-    }
 
 
 @torch.no_grad()

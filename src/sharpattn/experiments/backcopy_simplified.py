@@ -44,18 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..diagnostics import attention_on, delta_logit
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import backcopy, report, runner
-from .backcopy import (
-    CONVERGED,
-    Run,
-    attention_on,
-    delta_logit,
-    eval_tokens,
-    initialise,
-    risks,
-    task_trainer,
-)
+from .backcopy import CONVERGED, Run, eval_tokens, initialise, task_trainer
 from .runner import Clock, Progress, RunFolder, Trainer, emit, write_metrics
 from .stats import linear_fit
 
@@ -305,7 +297,7 @@ def measure(model: SimplifiedModel, task: BigramBackcopy, tokens: Tensor) -> dic
     alpha = model.alpha.detach().double()
     nt = alpha[task.n_triggers :].cpu().numpy()
     return {
-        **risks(logits, task, tokens),
+        **task.risks(logits, tokens),
         "bos_weight": attention_on(w, bigram_q),
         "bos_weight_trigger": attention_on(w, copy_q),
         "prev_weight_trigger": attention_on(w, copy_q, offset=1),

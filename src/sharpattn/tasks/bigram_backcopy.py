@@ -260,6 +260,22 @@ class BigramBackcopy:
         risk[kind == KIND_BOS] = float(_entropy(self._first))
         return risk.masked_fill(kind == KIND_BACKCOPY, 0.0)
 
+    def risks(self, logits: Tensor, tokens: Tensor, drop: int = 0) -> dict[str, float]:
+        """Bigram and backcopy risk of a model's ``logits`` (its expected cross-entropy under the
+        true next-token distribution) and excess risk (that minus the exact Bayes risk: the mean
+        KL) over the positions of each kind. ``drop``: the model read ``tokens[:, drop:]`` (1:
+        sequences without their BOS)."""
+        p = self.next_token_distribution(tokens)[:, drop:]  # (B, T, V) float64
+        ce = -(p * torch.log_softmax(logits.double(), dim=-1)).sum(-1)
+        bayes = self.bayes_risk(tokens)[:, drop:]
+        kind = self.position_kind(tokens)[:, drop:]
+        out = {}
+        for name, k in (("bigram", KIND_BIGRAM), ("backcopy", KIND_BACKCOPY)):
+            sel = kind == k
+            out[f"{name}_risk"] = float(ce[sel].mean())
+            out[f"{name}_excess"] = float((ce - bayes)[sel].mean())
+        return out
+
     def stationary_distribution(self) -> Tensor:
         """``[V]`` stationary distribution π of the bigram chain P (π = πP)."""
         evals, evecs = torch.linalg.eig(self._transition.T)

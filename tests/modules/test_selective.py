@@ -654,3 +654,33 @@ def test_reproduce_selective_cli(tmp_path, capsys):
         assert (out / name).stat().st_size > 0
     assert main(argv + ["--sigmas", "0,x", "--out", str(out)]) == 2
     assert "sigmas" in capsys.readouterr().err
+
+
+def test_selective_verdicts_are_the_paired_seed_statistics():
+    """`compare`'s change, interval, detectable change and verdict against vanilla, recomputed
+    from the seeds by scipy (paired t), and the verdict table that shows them."""
+    from scipy import stats as sps
+
+    from sharpattn.experiments import selective_common as common
+    from sharpattn.experiments.stats import detectable_at_power
+
+    vanilla = [[0.50, 1.0], [0.46, 1.2], [0.47, 0.9], [0.52, 1.1]]
+    selective = [[0.36, 1.1], [0.35, 1.0], [0.33, 1.2], [0.40, 1.3]]  # spikier; no claim on 2
+    cols = common.compare(selective, vanilla, [("0.39 → 0.26", -1), None])
+    d = np.array(selective)[:, 0] - np.array(vanilla)[:, 0]
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    c = cols[0]
+    assert c.change == pytest.approx(d.mean()) and c.p == pytest.approx(sps.ttest_rel(
+        np.array(selective)[:, 0], np.array(vanilla)[:, 0]).pvalue)  # fmt: skip
+    assert (c.low, c.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert c.detectable == pytest.approx(detectable_at_power(d.std(ddof=1), 4, 0.05))
+    assert c.verdict == "reproduced" and c.paper == "0.39 → 0.26"
+    assert cols[1].verdict == "–" and cols[1].paper == "–"  # the paper claims nothing there
+    # the other direction is contradicted
+    assert common.compare(vanilla, selective, [("0.39 → 0.26", -1), None])[0].verdict == (
+        "contradicted")  # fmt: skip
+    rows = [{"variant": "vanilla"}, {"variant": "group τ_q"}]
+    common.store(rows[1], "spikiness", c)
+    md = common.verdict_markdown(rows, {"spikiness": "spikiness", "qk_norm": "‖W‖"})
+    assert f"| group τ_q | spikiness | {d.mean():.3g} |" in md and "| reproduced |" in md
+    assert "vanilla |" not in md.split("\n\n")[1].split("\n", 2)[2]  # vanilla is the baseline

@@ -6,6 +6,7 @@ numbers, the seed keys, the ensemble of one-head attention models (`selective_gr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,12 +17,14 @@ from ..attention import selective_attend
 from ..models.ensemble import StackedLinear
 from . import report
 from .runner import Trainer, generator, once
-from .stats import paired_comparison
+from .stats import paired_comparison, reproduction_verdict
 
 # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
 # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
 PAPER_FIG2 = {"spikiness": {"vanilla": "0.39", "selective": "0.26"},
               "norm_ratio": "≈ 3 (vanilla / SSA)"}  # fmt: skip
+#: Fig. 2's claims as changes from vanilla (the paper's numbers in words, and their sign)
+FIG2_CLAIMS = {"spikiness": ("0.39 → 0.26", -1), "qk_norm": ("≈ 3× smaller", -1)}
 
 # Seeds: runner.seed_int(seed, task, purpose, ...) — one stream per seed, task and purpose.
 GRAPH, DENOISE, LM = 1, 2, 3
@@ -155,12 +158,89 @@ def finish(trainer: Trainer, stop_at: int | None, evaluate, shape: Any = None) -
 # ---------------------------------------------------------------- statistics and tables
 
 
-def compare(values, baseline) -> list[tuple[float, float, float]]:
-    """Per column of ``values`` ``[seeds, columns]``: (mean, sd (0 for one seed), paired p-value
-    against ``baseline`` of the same shape, NaN where undefined)."""
+@dataclass(frozen=True)
+class Column:
+    """One measure of a variant over seeds against vanilla's (`compare`): its mean and sd (0 for
+    one seed), and the paired change from vanilla with its 95 % interval, the paired t-test p,
+    the change detected with 80 % power and the verdict against the paper's claim ("–" where
+    the paper makes none); NaN where undefined."""
+
+    mean: float
+    sd: float
+    p: float
+    change: float
+    low: float
+    high: float
+    detectable: float
+    paper: str
+    verdict: str
+
+
+def compare(values, baseline, claims=None) -> list[Column]:
+    """Per column of ``values`` ``[seeds, columns]`` against ``baseline`` of the same shape (the
+    same seeds), a `Column`. ``claims``: per column, the paper's change ``(in words, sign)``
+    (`stats.reproduction_verdict`), or None where the paper makes no claim."""
     c = paired_comparison(baseline, values)
-    return [(float(m), float(np.nan_to_num(sd)), float(p))
-            for m, sd, p in zip(c.mean_b, c.std_b, c.p_value, strict=True)]  # fmt: skip
+    a, b = np.asarray(baseline, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    out = []
+    for j, (m, sd) in enumerate(zip(c.mean_b, c.std_b, strict=True)):
+        paper, sign = (claims or [None] * len(c.mean_b))[j] or ("–", -1)
+        v = reproduction_verdict(a[:, j], b[:, j], paper=paper, sign=sign)
+        out.append(Column(float(m), float(np.nan_to_num(sd)), float(c.p_value[j]),
+                          v.effect.mean, v.effect.low, v.effect.high, v.detectable, paper,
+                          v.verdict if paper != "–" else "–"))  # fmt: skip
+    return out
+
+
+def store(row: dict[str, Any], key: str, col: Column) -> None:
+    """``row``'s fields for measure ``key``: ``key`` (the mean), ``key_sd``, ``key_p`` and the
+    change from vanilla (``key_change``, ``_low``, ``_high``, ``_detectable``, ``_paper``,
+    ``_verdict``)."""
+    row[key], row[f"{key}_sd"], row[f"{key}_p"] = col.mean, col.sd, col.p
+    for field in ("change", "low", "high", "detectable", "paper", "verdict"):
+        row[f"{key}_{field}"] = getattr(col, field)
+
+
+def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -> str:
+    """The seed-level verdicts of every non-vanilla row of ``rows`` on ``measures`` (key ->
+    label; `store`'s fields): the change from vanilla with its 95 % interval over seeds, the
+    change detected with 80 % power, the paper's change and the verdict; ``group``: a row key
+    shown first (the readout, the noise level). Empty where no row has them."""
+    header = ([group] if group else []) + ["variant", "measure", "change vs vanilla",
+              "95 % interval (seeds)", "detectable (80 % power)", "paper", "verdict"]  # fmt: skip
+    body = []
+    for r in rows:
+        if r["variant"] == "vanilla":
+            continue
+        for key, label in measures.items():
+            if f"{key}_change" not in r:
+                continue
+            body.append(
+                ([r[group]] if group else [])
+                + [
+                    r["variant"],
+                    label,
+                    report.cell(r[f"{key}_change"]),
+                    _interval(r[f"{key}_low"], r[f"{key}_high"]),
+                    report.cell(r[f"{key}_detectable"]),
+                    r[f"{key}_paper"],
+                    # the verdict's words: its numbers are in the columns beside it
+                    r[f"{key}_verdict"].split(" (detectable:")[0],
+                ]
+            )
+    if not body:
+        return ""
+    return (
+        "Each variant against vanilla over seeds (the unit randomised; paired): the change, its "
+        "95 % t interval, the change the paired t-test detects with 80 % power at α = 0.05, and "
+        "the verdict where the paper claims a change.\n\n"
+        + report.markdown_table(header, body, ("r" if group else "") + "llrrrll")
+    )
+
+
+def _interval(low: float, high: float) -> str:
+    """An interval as a cell, 3 significant digits; "–" where it is undefined."""
+    return f"[{low:+.3g}, {high:+.3g}]" if math.isfinite(low) else "–"
 
 
 FIG2_METRICS = ("spikiness", "qk_norm", "effective_qk_norm")

@@ -34,6 +34,7 @@ from . import report
 from .runner import Progress, Trainer, generator
 from .selective_common import (
     DATA,
+    FIG2_CLAIMS,
     FIG2_METRICS,
     GRAPH,
     OneHeadEnsemble,
@@ -43,6 +44,8 @@ from .selective_common import (
     mean_cell,
     member_linear,
     memberwise,
+    store,
+    verdict_markdown,
 )
 
 PAPER = {  # as printed in the paper
@@ -234,6 +237,11 @@ def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str =
 
 
 GRAPH_METRICS = ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_sum")
+#: Table 1's claims as changes from vanilla (the paper's numbers in words, and their sign)
+GRAPH_CLAIMS = {"cross_entropy": ("0.0126 → 0.009", -1), "err_map": ("0.543 → 0.358", -1)}
+#: the measures judged against the paper, with their labels
+GRAPH_VERDICTS = {"cross_entropy": "cross-entropy", "err_map": "err_map",
+                  "spikiness": "spikiness (Fig. 2)", "qk_norm": "‖W_q·W_kᵀ‖₂ (Fig. 2)"}  # fmt: skip
 
 
 def summarize_graph(runs: list[dict], variants) -> list[dict]:
@@ -245,12 +253,14 @@ def summarize_graph(runs: list[dict], variants) -> list[dict]:
         rs = [r for r in runs if r["variant"] == v]
         base = vanilla if len(vanilla) == len(rs) else rs
         row = dict(variant=v, seeds=len(rs))
-        for key, (m, sd, p) in zip(GRAPH_METRICS, compare(table(rs), table(base)), strict=True):
-            row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+        claims = [GRAPH_CLAIMS.get(k) for k in GRAPH_METRICS]
+        for key, col in zip(GRAPH_METRICS, compare(table(rs), table(base), claims), strict=True):
+            store(row, key, col)
         if all(k in r for r in rs + base for k in FIG2_METRICS):  # runs before Fig. 2 lack them
             fig2 = lambda rs: [[r[k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
-            for key, (m, sd, p) in zip(FIG2_METRICS, compare(fig2(rs), fig2(base)), strict=True):
-                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+            claims = [FIG2_CLAIMS.get(k) for k in FIG2_METRICS]
+            for key, col in zip(FIG2_METRICS, compare(fig2(rs), fig2(base), claims), strict=True):
+                store(row, key, col)
         groups = sorted(rs[0]["tau_by_group"], key=int)
         row["tau_by_group"] = {
             int(c): float(np.mean([r["tau_by_group"][c] for r in rs])) for c in groups
@@ -318,6 +328,8 @@ def graph_markdown(rows) -> str:
         + "\n"
         + report.markdown_table(tau_header, temperature, "rlr" + "r" * len(sel_rows))
         + ("\n" + fig2_markdown(rows, "graph") if all("spikiness" in r for r in rows) else "")
+        + "\n"
+        + verdict_markdown(rows, GRAPH_VERDICTS, group="readout")
     )
 
 

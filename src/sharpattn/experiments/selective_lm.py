@@ -28,6 +28,7 @@ from . import report
 from .runner import Progress, Trainer, emit, generator, seeded
 from .selective_common import (
     DATA,
+    FIG2_CLAIMS,
     FIG2_METRICS,
     INIT,
     LM,
@@ -35,10 +36,14 @@ from .selective_common import (
     fig2_markdown,
     finish,
     mean_cell,
+    store,
+    verdict_markdown,
 )
 
 # The paper's Tables 5-6 (fine-tuning Pythia-160m / GPT-2 on Wikitext, perplexity): printed beside
 # ours for the shape of the comparison only; our numbers are character-level losses of tiny models.
+#: the direction of Tables 5-6 (selective lowers the perplexity), as a claim on our losses
+LM_CLAIM = ("lower (Tables 5-6)", -1)
 PAPER_LM = {  # variant: (Pythia ppl, GPT-2 ppl)
     "vanilla": ("28.781", "36.503"),
     "q · both": ("27.416", "34.832"), "q · position": ("27.995", "34.970"),
@@ -288,14 +293,17 @@ def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
         row = dict(variant=v, seeds=len(rs), added_parameters=rs[0]["added_parameters"],
                    base_parameters=rs[0]["base_parameters"])  # fmt: skip
         paired = [r["seed"] for r in rs] == [r["seed"] for r in vanilla]
-        for c, (m, sd, p) in zip(contexts, compare(table(rs), table(vanilla if paired else rs)),
-                                 strict=True):  # fmt: skip
-            row[f"loss_{c}"], row[f"sd_{c}"], row[f"p_{c}"] = m, sd, p
+        claims = [LM_CLAIM] * len(contexts)
+        for c, col in zip(contexts, compare(table(rs), table(vanilla if paired else rs), claims),
+                          strict=True):  # fmt: skip
+            store(row, f"loss_{c}", col)
+            row[f"sd_{c}"], row[f"p_{c}"] = col.sd, col.p
         if all("fig2" in r for r in rs + vanilla):  # runs before Fig. 2 lack it
             fig2 = lambda rs: [[r["fig2"][k] for k in FIG2_METRICS] for r in rs]  # noqa: E731
             base = vanilla if paired else rs
-            for key, (m, sd, p) in zip(FIG2_METRICS, compare(fig2(rs), fig2(base)), strict=True):
-                row[key], row[key + "_sd"], row[key + "_p"] = m, sd, p
+            claims = [FIG2_CLAIMS.get(k) for k in FIG2_METRICS]
+            for key, col in zip(FIG2_METRICS, compare(fig2(rs), fig2(base), claims), strict=True):
+                store(row, key, col)
         rows.append(row)
     return rows
 
@@ -306,7 +314,9 @@ def lm_markdown(rows, contexts) -> str:
     body = [[r["variant"], r["seeds"], r["added_parameters"]]
             + [mean_cell(r[f"loss_{c}"], r[f"sd_{c}"], r[f"p_{c}"]) for c in contexts]
             + [" / ".join(PAPER_LM.get(r["variant"], ("–", "–")))] for r in rows]  # fmt: skip
-    return report.markdown_table(header, body)
+    measures = {f"loss_{c}": f"val loss @ {c}" for c in contexts}
+    measures.update(spikiness="spikiness (Fig. 2)", qk_norm="‖W_q·W_kᵀ‖₂ (Fig. 2)")
+    return report.markdown_table(header, body) + "\n" + verdict_markdown(rows, measures)
 
 
 def plot_lm(rows, contexts, path: Path) -> None:

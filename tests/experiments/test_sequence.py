@@ -137,6 +137,28 @@ def test_reproduce_clrs_command(tmp_path):
     assert len(table) == 1 + 2 * 2  # two algorithms x (softmax, adaptive)
     assert (out / "fig8.png").is_file() and (out / "bars.png").is_file()
     assert "softmax vs adaptive" in (out / "report.md").read_text()
+    assert "| insertion_sort | adaptive |" in (out / "report.md").read_text()  # over seeds
+
+
+def test_clrs_verdicts_are_paired_over_seeds_beyond_the_training_sizes():
+    """`clrs.seed_verdicts`: adaptive's exact match beyond the training range against softmax's,
+    paired over seeds, recomputed here by scipy from rows written by hand."""
+    from scipy import stats as sps
+
+    from sharpattn.experiments import clrs
+
+    hi = (0, 8)  # training range of the made-up task: sizes 4, 8 inside; 16, 32 beyond
+    acc = {"softmax": [[0.9, 0.2, 0.0], [0.8, 0.1, 0.1], [0.9, 0.3, 0.0]],
+           "adaptive": [[0.9, 0.4, 0.2], [0.9, 0.3, 0.1], [0.8, 0.4, 0.2]]}  # fmt: skip
+    rows = [{"task": "t", "method": m, "seed": s, "size": n, "acc": a[s][i], "token_acc": 0.5}
+            for m, a in acc.items() for s in range(3)
+            for i, n in enumerate((8, 16, 32))]  # fmt: skip
+    [j] = clrs.seed_verdicts(rows, ["t"], ["softmax", "adaptive"], spans={"t": hi})
+    ood = {m: np.array(a)[:, 1:].mean(1) for m, a in acc.items()}
+    v = j["verdict"]
+    assert v.effect.mean == pytest.approx((ood["adaptive"] - ood["softmax"]).mean())
+    assert v.effect.p == pytest.approx(sps.ttest_rel(ood["adaptive"], ood["softmax"]).pvalue)
+    assert v.verdict == "reproduced" and j["method"] == "adaptive"
 
 
 def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch):

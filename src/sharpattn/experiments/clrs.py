@@ -18,10 +18,23 @@ from typing import Any
 import numpy as np
 
 from . import sequence as seq
-from .report import figure, image, mean_sd, p_cell, write_report, write_table
+from .report import (
+    decimals,
+    figure,
+    image,
+    interval,
+    markdown_table,
+    mean_sd,
+    p_cell,
+    write_report,  # fmt: skip
+    write_table,
+)
 from .runner import Progress
+from .stats import reproduction_verdict
 
 METHODS = ("softmax", "adaptive")
+#: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes
+PAPER_CLAIM = "adaptive ahead"
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"methods": METHODS, "seeds": 2, "steps": 1500, "batch": 32, "eval_sets": 64,
               "eval_factor": 16, "workers": 2,
@@ -67,6 +80,36 @@ def summarize(rows, tasks: list[str], methods: list[str],
                             **{k: seq.compare(per[(t, m)], base, k)
                                for k in ("id", "ood", "auc", "id_token", "ood_token")}})  # fmt: skip
     return out
+
+
+def seed_verdicts(rows, tasks: list[str], methods: list[str],
+                  spans: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Per algorithm and method after the first (softmax): its out-of-distribution exact match
+    against the first's over the seeds both have, as a `stats.reproduction_verdict` of the
+    paper's claim that it is ahead (`PAPER_CLAIM`)."""
+    per = seq.measures(rows, spans)
+    out = []
+    for t in tasks:
+        base = per.get((t, methods[0]), {})
+        for m in methods[1:]:
+            mine = per.get((t, m), {})
+            seeds = sorted(set(base) & set(mine))
+            a, b = ([d[s]["ood"] for s in seeds] for d in (base, mine))
+            v = reproduction_verdict(a, b, paper=PAPER_CLAIM, sign=1)
+            out.append({"task": t, "method": m, "verdict": v})
+    return out
+
+
+def verdict_markdown(judged: list[dict[str, Any]], baseline: str) -> str:
+    """`seed_verdicts` as a table: the change, its 95 % interval over seeds, the change the
+    paired t-test detects with 80 % power, and the verdict."""
+    header = ["algorithm", "method", f"out of distribution: change vs {baseline}",
+              "95 % interval (seeds)", "detectable (80 % power)", "verdict"]  # fmt: skip
+    body = [[j["task"], j["method"], f"{j['verdict'].effect.mean:+.3f}",
+             interval(j["verdict"].effect),
+             decimals(j["verdict"].detectable if np.isfinite(j["verdict"].effect.p) else np.nan),
+             j["verdict"].verdict] for j in judged]  # fmt: skip
+    return markdown_table(header, body, "llrrrl")
 
 
 def _pm(c) -> str:
@@ -118,12 +161,25 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         "distribution: the larger ones. p: two-sided paired t-test against softmax over seeds "
         "(out of distribution)."
     )
+    judged = seed_verdicts(rows, list(cfg.tasks), methods)
+    over_seeds = (
+        (
+            "Over seeds, the unit that was randomised (each seed trains both methods from its own "
+            "initialisation and batches), out-of-distribution exact match, against the paper's "
+            f"claim ({PAPER_CLAIM}): the paired change, its 95 % t interval, the change a paired "
+            "t-test detects with 80 % power at α = 0.05, and the verdict.\n\n"
+            + verdict_markdown(judged, methods[0])
+        )
+        if judged
+        else ""
+    )
     return write_report(
         folder,
         "CLRS-Text in small: softmax vs adaptive temperature (Softmax is not Enough, Fig. 8)",
         [
             "## Setup\n\n" + setup,
             "## Result\n\n" + summary + "\n\n" + md,
+            over_seeds,
             image("fig8.png", "Accuracy against size per algorithm, mean ± sd over seeds"),
             image("bars.png", "Accuracy in and out of distribution per algorithm"),
         ],

@@ -43,7 +43,7 @@ import torch
 
 from . import adapters, runner
 from . import sequence as seq
-from .clrs import summarize
+from .clrs import PAPER_CLAIM, summarize
 from .report import (
     decimals,
     image,
@@ -429,10 +429,6 @@ def in_distribution(rows: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
         out[name] = paired_effect([np.mean(per[METHODS[0]][s]) for s in seeds],
                                   [np.mean(per[METHODS[1]][s]) for s in seeds])  # fmt: skip
     return out
-
-
-#: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes
-PAPER_CLAIM = "adaptive ahead"
 
 
 def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -73,35 +73,63 @@ M = TypeVar("M", bound=torch.nn.Module)
 
 
 @dataclass
-class RunConfig:
-    """One training run. ``lr=None`` takes 3e-4 for AdamW and 0.03 for SGD (App. C.1).
+class Training:
+    """What every Bigram-Backcopy training run sets (`RunConfig`, the simplified model's
+    `backcopy_simplified.SimplifiedConfig`): ``steps`` steps, each on ``batch`` fresh sequences
+    of ``seq_len`` tokens (BOS first) from the run's data stream; AdamW's ``betas`` and
+    ``weight_decay``; the ``seed``; ``eval_batch`` held-out sequences; a checkpoint every
+    ``checkpoint_every`` steps (the only setting a run folder lets change)."""
 
-    SGD is plain (no weight decay; heavy-ball ``momentum`` if given, none by default); AdamW uses betas (0.9, 0.99), ε = 1e-8 and
-    weight decay 0.01. The model reads ``seq_len`` tokens (BOS first) and predicts the next
-    token at every position; every step draws ``batch`` fresh sequences from the run's data
-    stream. Measures at ``n_measure`` log-spaced steps; a checkpoint every ``checkpoint_every``
-    steps (the only setting a run folder lets change).
+    steps: int = 10_000
+    batch: int = 512
+    seq_len: int = 256
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.99)
+    seed: int = 0
+    eval_batch: int = 64
+    checkpoint_every: int = 100
+
+    #: the settings that count something (each >= 1)
+    COUNTS: ClassVar[tuple[str, ...]] = ("steps", "batch", "seq_len", "eval_batch",
+                                         "checkpoint_every")  # fmt: skip
+
+    def __post_init__(self):
+        for name in self.COUNTS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.seq_len < 3:
+            raise ValueError(f"seq_len must be >= 3, got {self.seq_len}.")
+        self.betas = tuple(self.betas)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+
+@dataclass
+class RunConfig(Training):
+    """One training run of a transformer (`Training`'s settings, then these). ``lr=None``
+    takes 3e-4 for AdamW and 0.03 for SGD (App. C.1).
+
+    SGD is plain (no weight decay; heavy-ball ``momentum`` if given, none by default); AdamW
+    uses betas (0.9, 0.99), ε = 1e-8 and weight decay 0.01. The model predicts the next token at
+    every position. Measures at ``n_measure`` log-spaced steps.
     """
 
     layers: str = "tf"
     method: str = "softmax"
     optimizer: str = "adam"
     lr: float | None = None
-    weight_decay: float = 0.01
-    batch: int = 512
-    steps: int = 10_000
-    seq_len: int = 256
     d_model: int = 256
     n_heads: int = 1
-    seed: int = 0
-    eval_batch: int = 64
     n_measure: int = 30
-    checkpoint_every: int = 100
-    betas: tuple[float, float] = (0.9, 0.99)
     # Options beyond App. C.1; None keeps the paper's setting (and the identity of older runs).
     momentum: float | None = None  # SGD (heavy-ball) momentum; None = plain SGD
     loss_from: int | None = None  # first query position in the loss; None = 0 (BOS's too)
     bos: bool | None = None  # False: the task without BOS (App. C.4); None = with BOS
+
+    COUNTS: ClassVar[tuple[str, ...]] = (*Training.COUNTS, "d_model", "n_measure")
 
     def __post_init__(self):
         self.layers = layers_name(parse_layers(self.layers))
@@ -109,13 +137,7 @@ class RunConfig:
             raise ValueError(
                 f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}."
             )
-        for name in ("batch", "steps", "seq_len", "d_model", "eval_batch", "n_measure",
-                     "checkpoint_every"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.seq_len < 3:
-            raise ValueError(f"seq_len must be >= 3, got {self.seq_len}.")
-        self.betas = tuple(self.betas)
+        super().__post_init__()
         if self.loss_from is not None and not 0 <= self.loss_from < self.seq_len:
             raise ValueError(f"loss_from must be in [0, seq_len), got {self.loss_from}.")
         if self.momentum is not None:
@@ -127,11 +149,6 @@ class RunConfig:
     @property
     def learning_rate(self) -> float:
         return DEFAULT_LR[self.optimizer] if self.lr is None else float(self.lr)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"] = list(self.betas)
-        return d
 
     def model_config(self, task: BigramBackcopy) -> TransformerConfig:
         return TransformerConfig(

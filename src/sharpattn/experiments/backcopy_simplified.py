@@ -36,8 +36,9 @@ up to step 400 and at log-spaced steps after it (Fig. 18's axis).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ from torch import nn
 from ..diagnostics import attention_on, delta_logit
 from ..tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 from . import backcopy, report, runner
-from .backcopy import CONVERGED, Run, eval_tokens, initialise, task_trainer
+from .backcopy import CONVERGED, Run, Training, eval_tokens, initialise, task_trainer
 from .runner import Clock, Progress, RunFolder, Trainer, emit, write_metrics
 from .stats import linear_fit
 
@@ -55,43 +56,29 @@ Tensor = torch.Tensor
 
 
 @dataclass
-class SimplifiedConfig:
-    """One training run of the simplified model (App. C.3). Measures at every ``linear_every``
-    steps up to ``linear_until`` and at ``n_log`` log-spaced steps after it; a checkpoint every
-    ``checkpoint_every`` steps (the only setting a run folder lets change)."""
+class SimplifiedConfig(Training):
+    """One training run of the simplified model (App. C.3): `Training`'s settings (here 5,000
+    steps, weight decay 1e-4, a checkpoint every 250 steps), then these. Measures at every
+    ``linear_every`` steps up to ``linear_until`` and at ``n_log`` log-spaced steps after it."""
 
     steps: int = 5000
-    batch: int = 512
-    seq_len: int = 256
-    lr: float = 0.03
     weight_decay: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.99)
+    checkpoint_every: int = 250
+    lr: float = 0.03
     hidden: int = 256
-    seed: int = 0
-    eval_batch: int = 64
     linear_until: int = 400
     linear_every: int = 20
     n_log: int = 30
-    checkpoint_every: int = 250
+
+    COUNTS: ClassVar[tuple[str, ...]] = (*Training.COUNTS, "hidden", "linear_every", "n_log")
 
     def __post_init__(self):
-        for name in ("steps", "batch", "hidden", "eval_batch", "linear_every", "n_log",
-                     "checkpoint_every"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.seq_len < 3:
-            raise ValueError(f"seq_len must be >= 3, got {self.seq_len}.")
+        super().__post_init__()
         if not self.lr > 0 or self.weight_decay < 0 or self.linear_until < 0:
             raise ValueError(
                 f"need lr > 0, weight_decay >= 0 and linear_until >= 0, got {self.lr}, "
                 f"{self.weight_decay} and {self.linear_until}."
             )
-        self.betas = tuple(self.betas)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"] = list(self.betas)
-        return d
 
     def log_at(self) -> list[int]:
         return runner.log_steps(self.steps, self.n_log, self.linear_until, self.linear_every)

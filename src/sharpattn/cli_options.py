@@ -152,7 +152,7 @@ COSTS: dict[str, dict[str, str]] = {
     "reproduce max-retrieval": {"quick": "about a minute", "paper": "42 min 20 s wall"},
     "reproduce max-retrieval-regularisers": {
         "quick": "about 3 minutes",
-        "paper": "≈ 1.5 h on 2 cores (not yet measured)",
+        "paper": "1 h 45 min wall with --reuse (3 readings trained)",
     },
     "reproduce clrs": {
         "quick": "4 min 16 s wall",

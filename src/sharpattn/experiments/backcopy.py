@@ -43,7 +43,7 @@ from ..diagnostics import (
     capture,
     delta_logit,
     residual_peak,
-    sink_logit_stats,  # fmt: skip
+    sink_logit_stats,
     sink_mass,
     value_drain,
 )

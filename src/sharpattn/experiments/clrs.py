@@ -26,7 +26,7 @@ from .report import (
     markdown_table,
     mean_sd,
     p_cell,
-    write_report,  # fmt: skip
+    write_report,
     write_table,
 )
 from .runner import Progress

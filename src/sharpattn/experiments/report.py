@@ -104,9 +104,12 @@ def cell(value: Any, digits: int = 3) -> str:
 def interval(effect: Any) -> str:
     """An effect's 95 % interval (`stats.PairedEffect`'s low and high) as a cell, signed to 3
     decimals; "–" where it is undefined (one seed, or no spread)."""
-    if not math.isfinite(effect.low):
-        return "–"
-    return f"[{effect.low:+.3f}, {effect.high:+.3f}]"
+    return bounds(effect.low, effect.high)
+
+
+def bounds(low: float, high: float, spec: str = "+.3f") -> str:
+    """An interval ``[low, high]`` as a cell in the format ``spec``; "–" where it is undefined."""
+    return f"[{low:{spec}}, {high:{spec}}]" if math.isfinite(low) else "–"
 
 
 def mean_sd(mean: float, sd: float) -> str:

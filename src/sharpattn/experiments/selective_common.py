@@ -221,7 +221,7 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
                     r["variant"],
                     label,
                     report.cell(r[f"{key}_change"]),
-                    _interval(r[f"{key}_low"], r[f"{key}_high"]),
+                    report.bounds(r[f"{key}_low"], r[f"{key}_high"], "+.3g"),
                     report.cell(r[f"{key}_detectable"]),
                     r[f"{key}_paper"],
                     # the verdict's words: its numbers are in the columns beside it
@@ -236,11 +236,6 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
         "the verdict where the paper claims a change.\n\n"
         + report.markdown_table(header, body, ("r" if group else "") + "llrrrll")
     )
-
-
-def _interval(low: float, high: float) -> str:
-    """An interval as a cell, 3 significant digits; "–" where it is undefined."""
-    return f"[{low:+.3g}, {high:+.3g}]" if math.isfinite(low) else "–"
 
 
 FIG2_METRICS = ("spikiness", "qk_norm", "effective_qk_norm")

@@ -244,10 +244,14 @@ def main(argv=None) -> None:
                     if isinstance(fn, str):  # an anchor that cannot run here: why
                         result["rows"].append(cell | {"error": fn})
                         continue
+                    # the cell's name first, so that a cell that never ends is named
+                    print(f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22}",
+                          end=" ", flush=True)  # fmt: skip
                     try:
                         got = measure(fn, mode, q, k, v, args.reps)
                     except torch.OutOfMemoryError:
                         cell["error"] = "out of GPU memory"
+                        print(cell["error"], flush=True)
                         result["rows"].append(cell)
                         torch.cuda.empty_cache()
                         continue
@@ -255,6 +259,7 @@ def main(argv=None) -> None:
                         if not method.startswith("anchor:"):
                             raise
                         cell["error"] = f"{type(err).__name__}: {err}"[:300]
+                        print(cell["error"], flush=True)
                         result["rows"].append(cell)
                         torch.cuda.empty_cache()
                         continue
@@ -270,7 +275,6 @@ def main(argv=None) -> None:
                     }
                     result["rows"].append(cell)
                     print(
-                        f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22} "
                         f"{got['ms']:9.2f} ms  {cell['time_ratio']:7.2f}x SDPA  "
                         f"extra {got['extra_mib']:8.1f} MiB ({cell['memory_ratio']:.2f}x)",
                         flush=True,

@@ -3,8 +3,9 @@
 Compares, in one process and interleaved (the machine is shared, so absolute numbers drift):
   * eager baseline: the textbook loop (CE + λ·Σw² in the graph, default Adam, default threads,
     input checks on);
-  * sharpattn: ``experiments.max_retrieval.train_seed`` as the CLI runs it (fused Adam with the
-    exactly equivalent coupled weight decay 2λ, checks off, one thread, logging and checkpoints);
+  * sharpattn: ``experiments.max_retrieval.train_group`` of one seed as the CLI runs it (fused
+    Adam with the exactly equivalent coupled weight decay 2λ, checks off, one thread, logging and
+    checkpoints);
   * optionally (--compile) the eager loop under torch.compile, with its compile time.
 
 The issue's bar: an independent JAX/Flax implementation trains at about 90 steps/s here.
@@ -59,10 +60,11 @@ def eager_baseline(steps: int, compile: bool = False, threads: int | None = None
 
 
 def sharpattn_loop(steps: int):
-    config = mr.Config(seeds=1, steps=steps, checkpoint_every=500, log_every=100)
-    with tempfile.TemporaryDirectory() as tmp, mr.torch_threads(config.train_threads):
+    config = mr.Config(seeds=1, group=1, steps=steps, checkpoint_every=500, log_every=100,
+                       threads=1)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
-        mr.train_seed(Path(tmp), config, 0)
+        mr.train_group(Path(tmp), config, [0])
         return steps / (time.perf_counter() - t0), steps / (time.process_time() - c0), 0.0
 
 
@@ -75,7 +77,7 @@ def main() -> None:
     loops = {
         "eager baseline": lambda: eager_baseline(args.steps),
         "eager, 1 thread": lambda: eager_baseline(args.steps, threads=1),
-        "sharpattn train_seed": lambda: sharpattn_loop(args.steps),
+        "sharpattn train_group": lambda: sharpattn_loop(args.steps),
     }
     if args.compile:
         loops["eager + torch.compile"] = lambda: eager_baseline(args.steps, compile=True)

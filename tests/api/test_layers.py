@@ -160,7 +160,7 @@ def _private_uses(path: Path, source: str) -> list[str]:
 
 def _planted(*lines: str) -> tuple[Path, str]:
     """A reproduction's path and its source with ``lines`` appended (a check's test input)."""
-    path = PACKAGE / "experiments" / "max_retrieval.py"
+    path = PACKAGE / "experiments" / "clrs.py"
     return path, path.read_text() + "\n\n" + "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,8 @@ from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import checkpoint as ckpt
 from sharpattn.experiments import max_retrieval as mr
+from sharpattn.experiments import report as report_kit
+from sharpattn.experiments.runner import RunFolder
 from sharpattn.experiments.stats import paired_comparison
 from sharpattn.models import SetAttention
 from sharpattn.tasks import sample_max_retrieval
@@ -250,7 +252,7 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
     assert not (gdir / "checkpoint.safetensors").exists()
 
     # A finished group is never retrained.
-    monkeypatch.setattr(mr, "sample_max_retrieval", lambda *a, **k: pytest.fail("retrained"))
+    monkeypatch.setattr(mr.training, "sample_max_retrieval", lambda *a, **k: pytest.fail("retrained"))
     mr.train_group(tmp_path / "b", config, seeds)
 
 
@@ -561,9 +563,9 @@ def test_fig5_theta_boundary_follows_the_registry_floor(monkeypatch):
 
 
 def test_fig5_plot_draws_the_computed_boundaries(tmp_path, monkeypatch):
-    monkeypatch.setattr(mr, "fig5_boundaries", lambda items=10, floor=None: (0.7, 0.3))
+    monkeypatch.setattr(mr.figures, "fig5_boundaries", lambda items=10, floor=None: (0.7, 0.3))
     drawn = {}
-    real = mr.report.figure
+    real = report_kit.figure
 
     @contextlib.contextmanager
     def spy(*args, **kwargs):
@@ -572,7 +574,7 @@ def test_fig5_plot_draws_the_computed_boundaries(tmp_path, monkeypatch):
             drawn["x"] = [ln.get_xdata()[0] for ln in ax.lines]
             drawn["y"] = [ln.get_ydata()[0] for ln in ax.lines]
 
-    monkeypatch.setattr(mr.report, "figure", spy)
+    monkeypatch.setattr(report_kit, "figure", spy)
     assert mr.plot_entropy_landscape(tmp_path / "f5.png") == (0.7, 0.3)
     assert 0.7 in drawn["x"] and 0.3 in drawn["y"]
     assert (tmp_path / "f5.png").is_file()
@@ -606,19 +608,19 @@ def test_fig5_region_entropies_match_numpy():
 def test_seeds_without_a_group_train_together_up_to_the_memory_bound(tmp_path, monkeypatch):
     config = mr.make_config("quick", seeds=10)
     assert config.group == 1  # the profile's, for its one seed
-    monkeypatch.setattr(mr, "available_memory", lambda: 64 << 30)
+    monkeypatch.setattr(mr.config, "available_memory", lambda: 64 << 30)
     assert mr.seeds_together(config)[0] == 10
     assert mr.seeds_together(dataclasses.replace(config, workers=2))[0] == 5  # one per worker
     assert mr.seeds_together(dataclasses.replace(config, seeds=7, workers=2))[0] == 4
-    monkeypatch.setattr(mr, "available_memory", lambda: 3 * mr.member_bytes(config))
+    monkeypatch.setattr(mr.config, "available_memory", lambda: 3 * mr.member_bytes(config))
     group, why = mr.seeds_together(config)
     assert group == 3 and "memory" in why
-    monkeypatch.setattr(mr, "available_memory", lambda: 1)
+    monkeypatch.setattr(mr.config, "available_memory", lambda: 1)
     assert mr.seeds_together(config)[0] == 1  # never below one seed
-    monkeypatch.setattr(mr, "available_memory", lambda: None)  # unknown: no bound
+    monkeypatch.setattr(mr.config, "available_memory", lambda: None)  # unknown: no bound
     assert mr.seeds_together(config)[0] == 10
     # a run folder being resumed keeps the group its ensembles were trained in
-    mr.RunFolder(tmp_path, "max-retrieval", asdict(dataclasses.replace(config, group=2)))
+    RunFolder(tmp_path, "max-retrieval", asdict(dataclasses.replace(config, group=2)))
     assert mr.seeds_together(config, tmp_path) == (
         2,
         f"the group of the run it resumes in {tmp_path}",

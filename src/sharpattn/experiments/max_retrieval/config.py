@@ -1,0 +1,230 @@
+"""Max retrieval's configuration: the paper's numbers, `Config` and its profiles, the seeds'
+groups and streams, and the run folder."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ... import normalizers as nz
+from ...models import SetAttention
+from ..runner import Progress, RunFolder, cores, profile_settings, seeded
+from ..runner import read_config as read_config_json
+from ..runs import available_memory
+
+PAPER_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+#: Table 1 of the ICML version (accuracy %, averaged over ten seeds).
+PAPER_TABLE1 = {
+    "baseline": dict(
+        zip(
+            PAPER_SIZES,
+            (98.6, 97.1, 94.3, 89.7, 81.3, 70.1, 53.8, 35.7, 22.6, 15.7, 12.4),
+            strict=True,
+        )
+    ),
+    "adaptive": dict(
+        zip(
+            PAPER_SIZES,
+            (98.6, 97.1, 94.5, 89.9, 82.1, 72.5, 57.7, 39.4, 24.9, 17.5, 14.0),
+            strict=True,
+        )
+    ),
+    "p_value": dict(
+        zip(
+            PAPER_SIZES,
+            (0.4, 0.4, 0.002, 2e-5, 2e-4, 3e-5, 1e-4, 6e-4, 0.02, 1e-3, 4e-3),
+            strict=True,
+        )
+    ),
+}
+
+
+#: How App. A.4's "L2 regularisation with λ = 0.001" can enter training; the paper does not say
+#: which. Each is one change from "l2", the reading the reproduction defaults to.
+REGULARISERS = {
+    "l2": "CE + λ·Σw² over all parameters, Adam",
+    "half_l2": "CE + λ/2·Σw² over all parameters, Adam",
+    "l2_kernels": "CE + λ·Σw² over the weight matrices only (biases free), Adam",
+    "adamw": "CE, AdamW with decoupled decay w ← w − lr·λ·w on all parameters",
+}
+
+
+@dataclass
+class Config:
+    """Everything that defines a run; stored in config.json. Defaults are the paper's (App. A.4)."""
+
+    seeds: int = 10
+    steps: int = 100_000
+    sizes: tuple[int, ...] = PAPER_SIZES
+    method: str = "softmax"  # the normalizer trained with ("baseline")
+    coefficients: str | list[float] = "icml"  # adaptive temperature at inference
+    batch: int = 128
+    lr: float = 1e-3
+    l2: float = 1e-3  # λ of App. A.4's "L2 regularisation"; how it enters: ``regulariser``
+    regulariser: str = "l2"  # a key of REGULARISERS
+    min_items: int = 5
+    max_items: int = 16
+    test_sets: int = 10_000  # per size: standard error <= 0.5 points
+    checkpoint_every: int = 1_000
+    log_every: int = 100
+    group: int = 10  # seeds trained together as one batched ensemble
+    workers: int = 1  # groups trained in parallel local processes (or Ray tasks)
+    threads: int | None = None  # torch threads per process (default: cores // workers)
+
+    def __post_init__(self):
+        self.sizes = tuple(int(n) for n in self.sizes)
+        for name in (
+            "seeds",
+            "steps",
+            "batch",
+            "test_sets",
+            "checkpoint_every",
+            "log_every",
+            "group",
+            "workers",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"sizes must be positive integers, got {list(self.sizes)}.")
+        if not 1 <= self.min_items <= self.max_items:
+            raise ValueError(
+                f"need 1 <= min_items <= max_items, got {self.min_items}, {self.max_items}."
+            )
+        if not (self.lr > 0 and self.l2 >= 0):
+            raise ValueError(f"need lr > 0 and l2 >= 0, got lr={self.lr}, l2={self.l2}.")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}.")
+        if self.regulariser not in REGULARISERS:
+            raise ValueError(
+                f"unknown regulariser {self.regulariser!r}; known: {', '.join(REGULARISERS)}."
+            )
+        if self.threads is None and self.workers > 1:
+            self.threads = max(1, cores() // self.workers)
+        nz.get(self.method)  # unknown names raise ValueError listing the known
+        nz.resolve_coefficients(self.coefficients)
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": dict(
+        seeds=1, group=1, steps=5_000, sizes=PAPER_SIZES[:9], test_sets=1_000, log_every=100
+    ),
+    # two single-threaded processes of 5 seeds each: as fast as one two-threaded process of 10
+    # (benchmarks/batched_seeds.py), and no thread waits on a core another job holds
+    "paper": dict(
+        seeds=10,
+        group=5,
+        workers=2,
+        steps=100_000,
+        sizes=PAPER_SIZES,
+        test_sets=10_000,
+        log_every=1_000,
+    ),
+}
+
+
+def make_config(profile: str = "quick", **overrides: Any) -> Config:
+    """The configuration of a profile (a key of PROFILES), with ``overrides`` (None values
+    ignored); the rest are Config's defaults, the paper's."""
+    return Config(**profile_settings(PROFILES, profile, overrides))
+
+
+#: the generator streams of a run (``runner.generator(seed, stream, …)``): fixed numbers, so a
+#: run draws the same models and sets whatever else changes
+(
+    STREAM_INIT,
+    STREAM_DATA,
+    STREAM_PROBE,
+    STREAM_TEST,
+    STREAM_FIGURE,
+    STREAM_FIT,
+    STREAM_SIZES,
+    STREAM_SCATTER,
+) = range(8)
+#: the test sets' seed: they are shared by all seeds and methods (paired comparison)
+TEST_SEED = 20250101
+
+
+#: peak bytes per member of a training ensemble at batch 128 and 16 items a set (activations,
+#: gradients, Adam's state): 14 MiB measured (peak RSS growth of `train_group` from 10 to 40
+#: members), twice that here
+_MEMBER_BYTES = 32 << 20
+
+
+def member_bytes(config: Config) -> int:
+    """Training memory of one member of an ensemble, scaled from `_MEMBER_BYTES` by the
+    batch's items (``batch × max_items``)."""
+    return _MEMBER_BYTES * max(1, config.batch * config.max_items) // (128 * 16)
+
+
+def seeds_together(config: Config, run: str | Path | None = None) -> tuple[int, str]:
+    """The ``group`` for ``config.seeds`` seeds when the user did not choose one, and why.
+
+    Every seed in one ensemble (``ceil(seeds / workers)`` per worker process, so each worker
+    gets one), up to the memory bound: the ensembles that train at once (one per worker) must
+    fit in the memory available now (`member_bytes` per member). A run folder ``run`` that
+    already holds a max-retrieval run keeps its stored ``group``, so its trained ensembles are
+    resumed, never trained again in another grouping."""
+    stored = Path(run, "config.json") if run is not None else None
+    if stored is not None and stored.is_file():
+        with contextlib.suppress(ValueError, FileNotFoundError, TypeError):
+            old = read_config_json(run, "max-retrieval")
+            if isinstance(old.get("group"), int) and old["group"] >= 1:
+                return old["group"], f"the group of the run it resumes in {run}"
+    per_worker = -(-config.seeds // config.workers)
+    free = available_memory()
+    bound = per_worker if free is None else max(1, free // (config.workers * member_bytes(config)))
+    if per_worker <= bound:
+        return per_worker, "all seeds together" if config.workers == 1 else "one per worker"
+    return bound, f"as many as fit in the {free / 2**30:,.1f} GiB of memory available"
+
+
+def build_model(config: Config, seed: int) -> SetAttention:
+    """A freshly initialised model for ``seed`` (initialisation does not touch the global RNG)."""
+    with seeded(seed, STREAM_INIT):
+        return SetAttention(method=config.method)
+
+
+def groups(config: Config) -> list[list[int]]:
+    """Seeds trained together: consecutive blocks of ``config.group`` seeds."""
+    seeds = list(range(config.seeds))
+    return [seeds[i : i + config.group] for i in range(0, len(seeds), config.group)]
+
+
+def group_dir(run: Path, seeds: list[int]) -> Path:
+    return (
+        Path(run)
+        / "train"
+        / (f"seed{seeds[0]}" if len(seeds) == 1 else f"seeds{seeds[0]}-{seeds[-1]}")
+    )
+
+
+#: Settings that change what a seed's training produces: a run folder keeps them fixed.
+TRAINING_SETTINGS = ("steps", "method", "batch", "lr", "l2", "regulariser", "min_items",
+                     "max_items", "log_every")  # fmt: skip
+#: what a run folder written before a training setting existed was trained with
+_BEFORE = {"regulariser": "l2"}
+
+
+def open_run(out: str | Path, config: Config) -> Path:
+    """The run folder ``out`` for ``config``: written, or checked to hold a run of the same
+    `TRAINING_SETTINGS` (refused in one sentence otherwise; a folder from before the
+    ``regulariser`` setting holds "l2")."""
+    return RunFolder(out, "max-retrieval", asdict(config), identity=TRAINING_SETTINGS,
+                     missing=_BEFORE).path  # fmt: skip
+
+
+def read_config(run: Path) -> Config:
+    return Config(**{**_BEFORE, **read_config_json(run, "max-retrieval")})
+
+
+def run_jobs(fn, jobs, config: Config, ray: str | None, progress: Progress | None):
+    """``fn(job, progress)`` for every job: in this process, or on ``config.workers`` local
+    processes or Ray (`sweep.run_jobs`); the results in order."""
+    if config.workers == 1 and ray is None:
+        return [fn(job, progress) for job in jobs]
+    from ..sweep import run_jobs as sweep_jobs
+
+    return sweep_jobs(fn, jobs, workers=config.workers, ray=ray, progress=progress)

@@ -14,7 +14,8 @@ from precision import assert_close
 from reference import transformer_internals
 from sharpattn.experiments import backcopy as bb
 from sharpattn.experiments.runner import RunFolder
-from sharpattn.tasks.bigram_backcopy import BigramBackcopy
+from sharpattn.models.transformer import Transformer
+from sharpattn.tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +48,15 @@ def test_measure_equals_a_direct_computation(task, method):
     model's own weights: norms, drains, peaks, sink mass, Δlogit, weights by kind of query."""
     cfg = tiny(layers="tf,tf,mlp", method=method)
     torch.manual_seed(0)
-    model = bb.Transformer(cfg.model_config(task)).double()
+    model = Transformer(cfg.model_config(task)).double()
     for p in model.parameters():  # away from the near-uniform initialisation
         p.data.add_(0.3 * torch.randn_like(p))
     x = task.sample(3, cfg.seq_len, seed=5)
     got = bb.measure(model, task, x)
     ref, _ = transformer_internals(model, x)
     kind = task.position_kind(x).numpy()
-    bigram = kind == bb.KIND_BIGRAM
-    copy = kind == bb.KIND_BACKCOPY
+    bigram = kind == KIND_BIGRAM
+    copy = kind == KIND_BACKCOPY
     assert not bigram[:, 0].any()  # position 0 is BOS
     t = x.shape[1]
 

@@ -655,7 +655,7 @@ def _size_range(ctx, param, value):
 def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address, threads, out):
     """Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, no-bos,
     structures; and simplified, App. C.3's simplified model of Theorem 2 trained by Adam."""
-    from .experiments import backcopy_studies as bs
+    from .experiments.backcopy import studies as bs
 
     if steps is not None and study != "simplified":
         raise click.UsageError("--steps applies to the simplified study only.")
@@ -669,7 +669,7 @@ def reproduce_backcopy_study(study, seeds, steps, variants, workers, ray_address
             ray=ray_address,
         )  # fmt: skip
     if study == "simplified":
-        from .experiments import backcopy_simplified as bsm
+        from .experiments.backcopy import simplified as bsm
 
         print_markdown(
             bsm.summary_markdown(results), "App. C.3: the simplified model trained by Adam"

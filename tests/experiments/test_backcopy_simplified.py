@@ -1,5 +1,5 @@
 """App. C.3 of Guo et al. (issue 15, item 7): the simplified model of Theorem 2 trained by Adam
-(`sharpattn.experiments.backcopy_simplified`, `sharpattn reproduce backcopy-study simplified`)."""
+(`sharpattn.experiments.backcopy.simplified`, `sharpattn reproduce backcopy-study simplified`)."""
 
 import json
 import os
@@ -14,9 +14,10 @@ import torch.nn.functional as F
 
 from precision import assert_close
 from sharpattn.cli import main
-from sharpattn.experiments import backcopy_simplified as bsm
-from sharpattn.experiments import backcopy_studies as bs
 from sharpattn.experiments import runner
+from sharpattn.experiments.backcopy import simplified as bsm
+from sharpattn.experiments.backcopy import simplified_model as bsmm
+from sharpattn.experiments.backcopy import studies as bs
 from sharpattn.tasks.bigram_backcopy import KIND_BIGRAM, BigramBackcopy
 
 pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]
@@ -39,7 +40,7 @@ def small_task(v=6, n_triggers=2, seed=0):
 
 def random_model(task, hidden=5, seed=0, logit_shift=0.0):
     """Every parameter N(0, 1) (α and λ shifted by ``logit_shift``: large attention logits)."""
-    m = bsm.SimplifiedModel(task.V, task.n_triggers, hidden)
+    m = bsmm.SimplifiedModel(task.V, task.n_triggers, hidden)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
@@ -116,7 +117,7 @@ def test_fused_loss_gradient_against_finite_differences():
             for s in ((task.V + 1, task.V), (task.V,), (task.V,), inp.shape, inp.shape,
                       inp.shape)]  # fmt: skip
     assert torch.autograd.gradcheck(
-        lambda *a: bsm._NextTokenLoss.apply(*a, inp, target, 2), args, eps=1e-6, atol=1e-8
+        lambda *a: bsmm._NextTokenLoss.apply(*a, inp, target, 2), args, eps=1e-6, atol=1e-8
     )
 
 
@@ -186,7 +187,7 @@ def test_a_run_logs_fig18s_axis_and_resumes_to_the_same_numbers(task, tmp_path):
 # checkpoint of step 4 and with metrics.jsonl holding the record of step 6.
 _KILLED = """
 import json, os, signal, sys, torch
-from sharpattn.experiments import backcopy_simplified as bsm
+from sharpattn.experiments.backcopy import simplified as bsm
 torch.set_num_threads(1)
 calls, step = [0], torch.optim.AdamW.step
 def dying(self, *args, **kwargs):
@@ -265,7 +266,7 @@ def test_bad_settings_are_one_sentence():
             bsm.SimplifiedConfig(**kw)
         assert str(err.value).endswith(".") and "\n" not in str(err.value)
     with pytest.raises(ValueError, match="n_triggers < V"):
-        bsm.SimplifiedModel(4, 4)
+        bsmm.SimplifiedModel(4, 4)
 
 
 @pytest.mark.parametrize(

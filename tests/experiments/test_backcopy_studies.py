@@ -8,8 +8,8 @@ import torch
 from precision import assert_close
 from sharpattn.cli import main
 from sharpattn.experiments import backcopy as bb
-from sharpattn.experiments import backcopy_studies as bs
-from sharpattn.experiments.backcopy_theory import prop_b0_gradient, prop_b0_simulation
+from sharpattn.experiments.backcopy import studies as bs
+from sharpattn.experiments.backcopy.theory import prop_b0_gradient, prop_b0_simulation
 from sharpattn.models.transformer import Transformer
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from precision import assert_close
-from sharpattn.experiments.backcopy_theory import SimplifiedModel, gradient_flow
+from sharpattn.experiments.backcopy.theory import SimplifiedModel, gradient_flow
 from sharpattn.tasks.bigram_backcopy import BigramBackcopy
 
 pytestmark = pytest.mark.numerical

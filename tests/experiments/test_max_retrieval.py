@@ -252,7 +252,9 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
     assert not (gdir / "checkpoint.safetensors").exists()
 
     # A finished group is never retrained.
-    monkeypatch.setattr(mr.training, "sample_max_retrieval", lambda *a, **k: pytest.fail("retrained"))
+    monkeypatch.setattr(
+        mr.training, "sample_max_retrieval", lambda *a, **k: pytest.fail("retrained")
+    )
     mr.train_group(tmp_path / "b", config, seeds)
 
 

@@ -26,7 +26,10 @@ The internals come from `sharpattn.diagnostics.capture`; only the task-specific 
 
 The modules: `config` (a run's settings, the report's runs and profiles), `measures`,
 `training`, `findings` (the paper's seven, checked), `figures`; this one opens the run folder,
-trains the runs, checks the findings and writes report.md, and re-exports their public names.
+trains the runs, checks the findings and writes report.md, and re-exports those modules' public
+names. Beside them: `theory` (the simplified model's gradient flow and Prop. B.0),
+`simplified_model` and `simplified` (App. C.3's model trained by Adam, its own study) and
+`studies` (variants of the runs over seeds, `sharpattn reproduce backcopy-study`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ M = TypeVar("M", bound=torch.nn.Module)
 @dataclass
 class Training:
     """What every Bigram-Backcopy training run sets (`RunConfig`, the simplified model's
-    `backcopy_simplified.SimplifiedConfig`): ``steps`` steps, each on ``batch`` fresh sequences
+    `simplified_model.SimplifiedConfig`): ``steps`` steps, each on ``batch`` fresh sequences
     of ``seq_len`` tokens (BOS first) from the run's data stream; AdamW's ``betas`` and
     ``weight_decay``; the ``seed``; ``eval_batch`` held-out sequences; a checkpoint every
     ``checkpoint_every`` steps (the only setting a run folder lets change)."""

@@ -242,7 +242,7 @@ def finding_5(
     task, t_alpha: float = 1e16, t_beta: float = 1e9, alpha_fixed: float = 3.0, seed: int = 0
 ):
     """Theorem 2 on the tiny-Shakespeare simplified model; returns the Finding and the flows."""
-    from ..backcopy_theory import SimplifiedModel, gradient_flow
+    from .theory import SimplifiedModel, gradient_flow
 
     sm = SimplifiedModel.from_task(task)
     off = sm.alpha_offset()
@@ -331,7 +331,7 @@ def finding_6(soft: Run, task, tokens) -> Finding:
 def finding_7(steps: int = 10_000, fit_from: int = 1_000) -> tuple[Finding, dict]:
     """Prop. B.0 / Fig. 15: m trained on dm = log t / (√t m³) by Adam grows linearly, by SGD
     it stays small (lr 0.3 both)."""
-    from ..backcopy_theory import prop_b0_simulation
+    from .theory import prop_b0_simulation
 
     adam, sgd = prop_b0_simulation("adam", steps), prop_b0_simulation("sgd", steps)
     t = np.arange(steps + 1)

@@ -69,7 +69,7 @@ def next_token_loss(model: Transformer, x: Tensor, loss_from: int = 0) -> Tensor
 @dataclass
 class Run:
     """A trained (or partly trained) run: its folder, config, model and measurements (also the
-    simplified model's runs, `backcopy_simplified`)."""
+    simplified model's runs, `simplified`)."""
 
     dir: Path
     cfg: RunConfig

@@ -16,7 +16,7 @@ Studies:
 * ``fig7b`` (item 7): attn+mlp+attn+mlp+mlp with Adam; measures with layer 0 zeroed.
 * ``structures`` (item 7, Fig. 11): which stacks of attn / mlp / TF layers form a BOS peak.
 * ``simplified`` (item 7, App. C.3): not a transformer study; the simplified model of Theorem 2
-  trained by Adam, in `backcopy_simplified` (one run per seed, its own report).
+  trained by Adam, in `simplified` (one run per seed, its own report).
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tasks.bigram_backcopy import BigramBackcopy
-from . import report, runner
-from .backcopy import CONVERGED, Run, RunConfig, eval_tokens, measure, train, train_runs
-from .runner import Clock, Progress, RunFolder, emit, write_metrics
-from .stats import linear_fit
+from ...tasks.bigram_backcopy import BigramBackcopy
+from .. import report, runner
+from ..runner import Clock, Progress, RunFolder, emit, write_metrics
+from ..stats import linear_fit
+from .config import CONVERGED, RunConfig
+from .measures import measure
+from .training import Run, eval_tokens, train, train_runs
 
 #: the quick profile's sizes (backcopy.PROFILES["quick"]) for a three-layer run
 QUICK_3L = dict(
@@ -219,12 +221,12 @@ def run_study(
     the results. The runs are independent: ``workers`` > 1 trains them in a local process pool,
     ``ray`` as Ray tasks (`sweep.run_jobs`), then this process loads them. A folder keeps
     the runs of earlier invocations, so variants can be trained a few at a time; the report covers
-    the ones asked for. ``simplified`` is `backcopy_simplified.run` (``steps``: its
+    the ones asked for. ``simplified`` is `simplified.run` (``steps``: its
     training steps; the transformer studies fix theirs per variant)."""
     if name == "simplified":
-        from . import backcopy_simplified
+        from . import simplified
 
-        return backcopy_simplified.run(
+        return simplified.run(
             out, seeds=seeds, steps=steps, threads=threads, progress=progress, task=task
         )
     if steps is not None:

@@ -201,7 +201,7 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
         ]
         try:
             got = head_ablation(
-                net, diagnose._loss_fn("causal-lm" if causal else "encoder", net), {"a": [enc]},
+                net, diagnose.ablation_loss("causal-lm" if causal else "encoder", net), {"a": [enc]},
                 heads, batch=batch, reuse_prefix=True, workers=workers,
             )["a"]  # fmt: skip
         finally:

@@ -34,7 +34,7 @@ def _by(rows, method):
 
 
 def test_softmax_numbers_match_numpy_and_lemma_2_1(rows):
-    g = runner.generator(3, disp._WINNER)
+    g = runner.generator(3, disp.STREAM_WINNER)
     for n in SIZES:
         s, where = disp.logits_with_winner(n, 16, 2.0, g)
         x = s[:, 0].numpy()
@@ -98,7 +98,7 @@ def test_demo_numbers_match_numpy_and_lemma_2_1():
         ("bounded", "softmax", 256),
         ("bounded", "adaptive", 256),
     ]
-    g = runner.generator(5, disp._DEMO)
+    g = runner.generator(5, disp.STREAM_DEMO)
     for n in (16, 256):  # the bounded setting draws its rows from a fresh generator
         x = disp.demo_logits(n, 8, None, g)[:, 0].numpy()
         p = np.exp(x - x.max(-1, keepdims=True))
@@ -227,7 +227,7 @@ def test_smith_toy_rows_match_numpy(seed):
 def test_gaussian_dispersion_matches_numpy():
     sizes, rows, seed = (2, 5, 25, 1000), 400, 5
     got = disp.gaussian_dispersion(sizes, rows=rows, seed=seed)
-    g = runner.generator(seed, disp._GAUSSIAN)
+    g = runner.generator(seed, disp.STREAM_GAUSSIAN)
     for r, n in zip(got, sizes, strict=True):
         p = _np_softmax(disp.gaussian_logits(n, rows, g).numpy())
         top, h = p.max(-1), -(p * np.log(p)).sum(-1)

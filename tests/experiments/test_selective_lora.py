@@ -54,7 +54,7 @@ def test_the_arms_differ_only_in_the_temperatures():
     assert extra and not any("lora_" in k for k in extra)
     assert all("sharpattn_selective" in k for k in extra)  # and nothing else trains besides
     train_ids, windows = sl.split(_ids(), cfg)
-    a, b = (sl.window_batches(train_ids, cfg, generator(5, sl._TRAIN)) for _ in range(2))
+    a, b = (sl.window_batches(train_ids, cfg, generator(5, sl.STREAM_TRAIN)) for _ in range(2))
     assert all(torch.equal(a(step), b(step)) for step in range(4))  # the same windows
     nll = {name: window_nll(arm, windows[:2], cfg.context) for name, arm in arms.items()}
     # τ = 1 + c₀·log n, c₀ ≈ 5.1e-6, n ≤ 8 (see test_selective_llm.py): ~1e-5 nats at most

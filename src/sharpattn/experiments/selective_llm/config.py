@@ -1,0 +1,85 @@
+"""The selective-LLM study's configuration: `Config`, its profiles, what a run folder fixes, and
+the generator streams."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ...attention.selective import SelectiveConfig
+from ..runner import (
+    profile_settings,
+)
+
+STREAM_TRAIN, STREAM_EVAL, STREAM_INIT = 0, 1, 2  # generator purposes
+
+
+@dataclass
+class Config:
+    model: str = "smollm2-135m"
+    steps: int = 200
+    context: int = 256  # training window (tokens)
+    factors: tuple[int, ...] = (1, 2, 4)  # evaluation lengths, multiples of the context
+    batch: int = 1
+    lr: float = 1e-3  # the token term's
+    position_lr: float = 3e-2  # the position parameter's (β of c = e^{−e^β}: Adam moves it by
+    # about its learning rate per step, so at 1e-3 it would stay at its identity value)
+    targets: str = "qv"
+    sharing: bool = False  # False: base SSA (MLP token term); True: weight sharing
+    terms: str = "both"  # "both", "token" or "position" (τ = 1 + c·log n alone: the control
+    # that cannot adapt to the text's tokens, only to lengths)
+    eval_windows: int = 16
+    train_fraction: float = 0.8
+    seed: int = 0
+    checkpoint_every: int = 50
+    threads: int | None = None
+    #: the matched study (`run_matched`): LoRA adapters of this rank fine-tuned with and
+    #: without the temperatures (0: the frozen study), at ``lora_lr``, for ``seeds`` seeds
+    lora: int = 0
+    lora_lr: float = 1e-3
+    seeds: int = 1
+
+    def __post_init__(self):
+        self.factors = tuple(int(f) for f in self.factors)
+        for name in ("steps", "context", "batch", "eval_windows", "checkpoint_every", "seeds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.lora < 0:
+            raise ValueError(f"lora must be a rank >= 1 (or 0: no adapters), got {self.lora}.")
+        if self.seeds > 1 and not self.lora:
+            raise ValueError("several seeds are for the fine-tuned study (--lora); the frozen "
+                             "study trains one.")  # fmt: skip
+        if not self.factors or min(self.factors) < 1:
+            raise ValueError(f"factors must be positive integers, got {list(self.factors)}.")
+        for name in ("lr", "position_lr", "lora_lr"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}.")
+        if not 0 < self.train_fraction < 1:
+            raise ValueError(f"train_fraction must be in (0, 1), got {self.train_fraction}.")
+        # targets, sharing and terms as hf.apply will check them, before any work
+        SelectiveConfig(targets=self.targets, sharing=bool(self.sharing), terms=self.terms)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.context * f for f in self.factors]
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {"steps": 20, "eval_windows": 4, "factors": (1, 2)},
+    "paper": {"steps": 100, "eval_windows": 8, "factors": (1, 2, 4)},
+}
+
+#: what a run computes; threads and the evaluation window count may change between invocations
+#: (and, in the matched study, the number of seeds)
+IDENTITY = ("model", "steps", "context", "batch", "lr", "position_lr", "targets", "sharing",
+            "terms", "train_fraction", "seed")  # fmt: skip
+MATCHED_IDENTITY = (*IDENTITY, "lora", "lora_lr")
+MATCHED_SEEDS = 2  # the matched study's seeds unless told
+
+
+def make_config(profile: str = "quick", **overrides: Any) -> Config:
+    values = profile_settings(PROFILES, profile, overrides)
+    if values.get("lora") and "seeds" not in values:
+        values["seeds"] = MATCHED_SEEDS
+    return Config(**values)

@@ -1,6 +1,7 @@
 """Every method's ``impl="auto"`` path on a CUDA GPU, as ratios to torch's SDPA on the same GPU.
 
-For each n (Lq = Lk; B = 1, H = 4, D = 64, float32 unless ``--dtype``), non-causal and causal,
+For each n (Lq = Lk; B = 1, H = 4 unless ``--heads``, D = 64, float32 unless ``--dtype``),
+non-causal and causal,
 forward and forward+backward:
 
 * time: CUDA-event time of one call (its backward included for ``fwdbwd``), the minimum over
@@ -192,6 +193,8 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="1024,4096,16384")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--methods", default="", help="comma-separated (default: every one)")
+    p.add_argument("--heads", type=int, default=H,
+                   help="heads per call (more: each call further past launch overhead)")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no memory)")
@@ -216,7 +219,7 @@ def main(argv=None) -> None:
         "dtype": args.dtype,
         # the tile budget's factor on this device (SHARPATTN_DEVICE_TILES or the default)
         "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
-        "shape": {"B": B, "H": H, "D": D},
+        "shape": {"B": B, "H": args.heads, "D": D},
         "reps": args.reps,
         "rows": [],
         "skipped": [],
@@ -228,7 +231,7 @@ def main(argv=None) -> None:
         for causal in (False, True):
             g = torch.Generator().manual_seed(0)
             q, k, v = (
-                torch.randn(B, H, n, D, generator=g).to(device, dtype).requires_grad_()
+                torch.randn(B, args.heads, n, D, generator=g).to(device, dtype).requires_grad_()
                 for _ in range(3)
             )
             for mode in args.modes.split(","):
@@ -303,14 +306,15 @@ def table(result: dict) -> str:
     cols = sorted({(r["n"], r["causal"]) for r in rows})
     names = list(dict.fromkeys(r["method"] for r in rows))
     cell = {(r["method"], r["n"], r["causal"], r["mode"]): r for r in rows}
+    shape = result.get("shape", {"B": B, "H": H, "D": D})
     head = ["method"] + [
         f"{f'{n // 1024}k' if n >= 1024 else n}{' causal' if c else ''}" for n, c in cols
     ]
     lines = [
         f"{result['device']}, torch {result['torch']}"
         + (f", triton {result['triton']}" if result.get("triton") else "")
-        + f", {result['dtype']}, B = {B}, H = {H}, "
-        f"D = {D}: time as a ratio to SDPA's, forward / forward+backward",
+        + f", {result['dtype']}, B = {shape['B']}, H = {shape['H']}, "
+        f"D = {shape['D']}: time as a ratio to SDPA's, forward / forward+backward",
         "",
         "| " + " | ".join(head) + " |",
         "|---" * len(head) + "|",

@@ -75,7 +75,7 @@ def test_both_methods_start_from_the_same_adapters_on_the_same_batches():
         "sharpattn:softmax", "sharpattn:adaptive"]  # fmt: skip
     cfg = _cfg()
     ts = [cl.task(n, cfg) for n in cfg.tasks]
-    first, second = (cl.draw(ts, cfg, generator(3, cl._TRAIN)) for _ in range(2))
+    first, second = (cl.draw(ts, cfg, generator(3, cl.STREAM_TRAIN)) for _ in range(2))
     assert [(t.name, r.tolist()) for t, r in first] == [(t.name, r.tolist()) for t, r in second]
 
 

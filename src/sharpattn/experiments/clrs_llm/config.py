@@ -1,0 +1,124 @@
+"""The CLRS-LLM study's configuration: `Config`, its profiles, what a run folder fixes, the
+algorithms' tasks and the generator streams."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..runner import (
+    profile_settings,
+)
+
+IGNORE = -100
+METHODS = ("softmax", "adaptive")
+STREAM_TRAIN, STREAM_TEST = 0, 1  # purposes of a run seed (runner.generator(seed, purpose, ...))
+#: one stored evaluation: per test prompt, exact match and answer tokens right / scored
+SCORES = {"exact": [int], "right": [int], "tokens": [int]}
+
+
+@dataclass
+class Config:
+    model: str = "smollm2-135m"
+    tasks: tuple[str, ...] = ("minimum", "insertion_sort")
+    train_sizes: tuple[int, int] = (4, 8)
+    eval_factor: int = 4  # evaluate up to this multiple of the largest training size
+    values: int = 10  # keys 0 … values-1: one digit each at 10
+    seeds: int = 2
+    seed: int = 0
+    steps: int = 40
+    batch: int = 4
+    lr: float = 1e-3
+    rank: int = 8  # LoRA rank (α = 2·rank)
+    prompts: int = 16  # test prompts per algorithm and size
+    eval_batch: int = 8
+    checkpoint_every: int = 50
+    threads: int | None = None
+    #: sizes evaluated besides `sizes`' doublings (e.g. 10 and 12 items: between the training
+    #: range and the sizes where both methods are at 0)
+    eval_sizes: tuple[int, ...] = ()
+    #: adaptive temperature's AdamW steps where they differ from ``steps`` (None: the same):
+    #: to compare the methods at matched in-distribution accuracy when adaptive learns slower
+    adaptive_steps: int | None = None
+
+    def __post_init__(self):
+        self.tasks = tuple(self.tasks)
+        self.train_sizes = tuple(int(s) for s in self.train_sizes)
+        self.eval_sizes = tuple(sorted({int(s) for s in self.eval_sizes}))
+        if any(s < 1 for s in self.eval_sizes):
+            raise ValueError(f"eval_sizes must be sizes >= 1, got {self.eval_sizes}.")
+        if self.adaptive_steps is not None and self.adaptive_steps < 1:
+            raise ValueError(f"adaptive_steps must be >= 1, got {self.adaptive_steps}.")
+        for name in ("eval_factor", "values", "seeds", "steps", "batch", "rank", "prompts",
+                     "eval_batch", "checkpoint_every"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.tasks:
+            raise ValueError("choose at least one algorithm.")
+        if len(self.train_sizes) != 2 or not 1 <= self.train_sizes[0] <= self.train_sizes[1]:
+            raise ValueError(f"train_sizes must be two sizes lo <= hi, got {self.train_sizes}.")
+        if not (self.lr > 0 and np.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}.")
+        for name in self.tasks:
+            task(name, self)  # an unknown algorithm or size: one sentence, before any work
+
+    @property
+    def sizes(self) -> list[int]:
+        """The evaluated sizes: the training range's ends and the powers of two inside it, then
+        doublings of its largest size up to ``eval_factor`` × it (and that multiple itself),
+        and ``eval_sizes``."""
+        lo, hi = self.train_sizes
+        inside = {lo, hi} | {2**k for k in range(hi.bit_length()) if lo <= 2**k <= hi}
+        beyond = {hi * 2**k for k in range(1, self.eval_factor.bit_length())
+                  if 2**k <= self.eval_factor}  # fmt: skip
+        return sorted(inside | beyond | {hi * self.eval_factor} | set(self.eval_sizes))
+
+    def steps_of(self, method: str) -> int:
+        """A method's AdamW steps: ``adaptive_steps`` for adaptive where given, else ``steps``."""
+        if method == "adaptive" and self.adaptive_steps is not None:
+            return self.adaptive_steps
+        return self.steps
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {"tasks": ("minimum", "insertion_sort"), "train_sizes": (4, 8), "seeds": 2,
+              "steps": 40, "batch": 4, "prompts": 16},
+    "paper": {"tasks": ("insertion_sort", "binary_search", "activity_selector"),
+              "train_sizes": (4, 8), "seeds": 2, "steps": 400, "batch": 8, "prompts": 48},
+}  # fmt: skip
+
+#: what defines the fine-tuned models (a folder of other values is refused); more seeds, other
+#: evaluation sizes or prompt counts may be asked of an existing folder
+IDENTITY = ("model", "tasks", "train_sizes", "values", "steps", "batch", "lr", "rank", "seed",
+            "adaptive_steps")  # fmt: skip
+
+
+def make_config(profile: str = "quick", **overrides: Any) -> Config:
+    return Config(**profile_settings(PROFILES, profile, overrides))
+
+
+def task(name: str, cfg: Config):
+    """The CLRS-Text algorithm ``name`` trained at ``cfg.train_sizes`` (keys ``0 … values-1``
+    where the algorithm has keys), checked to make every evaluated size. Its own evaluation
+    sizes are left at their default, which no option of this study changes: a task whose data
+    depend on them (``bfs``'s label pool) draws the same training examples whatever sizes are
+    evaluated."""
+    from ...tasks import sequence as tasks
+
+    known = tasks.available("clrs")
+    if name not in known:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(known)}.")
+    options: dict[str, Any] = {"train_sizes": cfg.train_sizes}
+    if "values" in inspect.signature(tasks.TASKS[name]).parameters:
+        options["values"] = cfg.values
+    t = tasks.get(name, **options)
+    for size in cfg.sizes:
+        t.check_size(size)
+    return t
+
+
+def seeds_of(cfg: Config) -> list[int]:
+    return [cfg.seed + i for i in range(cfg.seeds)]

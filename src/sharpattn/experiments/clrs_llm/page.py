@@ -1,0 +1,197 @@
+"""The CLRS-LLM study's tables: per size (paired over prompts and over seeds), in distribution,
+the verdicts over seeds, and report.md with its figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import adapters
+from .. import sequence as seq
+from ..clrs import PAPER_CLAIM
+from ..report import (
+    decimals,
+    image,
+    interval,
+    markdown_table,
+    mean_sd,
+    p_cell,
+    write_report,
+    write_table,
+)
+from ..stats import paired_comparison, paired_effect, reproduction_verdict
+from .config import METHODS, Config, seeds_of
+
+
+def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
+    """Per algorithm and size: each method's exact match and answer-token accuracy (mean and sd
+    over seeds) and adaptive against softmax, paired over test prompts (each prompt's score
+    averaged over seeds) and over seeds."""
+    seeds = seeds_of(cfg)
+    out = []
+    for name in cfg.tasks:
+        for size in cfg.sizes:
+            entry: dict[str, Any] = {"task": name, "size": size,
+                                     "in_training": size <= cfg.train_sizes[1]}  # fmt: skip
+            per_prompt, per_seed = {}, {}
+            for m in METHODS:
+                sc = [scores[(name, m, s, size)] for s in seeds]
+                exact = np.array([x["exact"] for x in sc], dtype=float)  # [seeds, prompts]
+                tok_ = np.array([np.divide(x["right"], x["tokens"]) for x in sc])
+                per_prompt[m] = {"exact": exact.mean(0), "tokens": tok_.mean(0)}
+                per_seed[m] = {"exact": exact.mean(1),
+                               "tokens": np.array([sum(x["right"]) / sum(x["tokens"])
+                                                   for x in sc])}  # fmt: skip
+                for k in ("exact", "tokens"):
+                    v = per_seed[m][k]
+                    entry[f"{m}_{k}_seeds"] = [float(x) for x in v]
+                    entry[f"{m}_{k}"] = float(v.mean())
+                    entry[f"{m}_{k}_sd"] = float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+            a, b = METHODS
+            for k in ("exact", "tokens"):
+                entry[f"p_prompts_{k}"] = float(
+                    paired_comparison(per_prompt[a][k][:, None], per_prompt[b][k][:, None]).p_value[
+                        0
+                    ]
+                )
+                entry[f"p_seeds_{k}"] = float(paired_comparison(
+                    per_seed[a][k][:, None], per_seed[b][k][:, None]).p_value[0])  # fmt: skip
+            out.append(entry)
+    return out
+
+
+def in_distribution(rows: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """Per algorithm: adaptive against softmax in exact match at the training sizes (each seed's
+    mean over those sizes), paired over seeds (`stats.paired_effect`): how well matched the two
+    fine-tunings are where both were trained."""
+    lo, hi = cfg.train_sizes
+    out = {}
+    for name in cfg.tasks:
+        per = {m: {} for m in METHODS}
+        for r in rows:
+            if r["task"] == name and lo <= r["size"] <= hi:
+                per[r["method"]].setdefault(r["seed"], []).append(r["acc"])
+        seeds = sorted(set(per[METHODS[0]]) & set(per[METHODS[1]]))
+        out[name] = paired_effect([np.mean(per[METHODS[0]][s]) for s in seeds],
+                                  [np.mean(per[METHODS[1]][s]) for s in seeds])  # fmt: skip
+    return out
+
+
+def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Beyond the training sizes, per algorithm and size: adaptive against softmax over the
+    seeds (the randomised unit: each seed is one fine-tuning), exact match and answer tokens,
+    each a `stats.reproduction_verdict` of the paper's claim that adaptive is ahead."""
+    a, b = METHODS
+    out = []
+    for e in sizes:
+        if e["in_training"] or f"{a}_exact_seeds" not in e:
+            continue
+        out.append({"task": e["task"], "size": e["size"], **{
+            k: reproduction_verdict(e[f"{a}_{k}_seeds"], e[f"{b}_{k}_seeds"], paper=PAPER_CLAIM,
+                                    sign=1) for k in ("exact", "tokens")}})  # fmt: skip
+    return out
+
+
+def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
+    a, b = METHODS
+    header = ["algorithm", "method", "in distribution", "out of distribution", "p",
+              "tokens in", "tokens out", "p"]  # fmt: skip
+    summary = write_table(folder, "clrs_llm", header, [
+        [e["task"], e["method"], mean_sd(*e["id"][:2]), mean_sd(*e["ood"][:2]),
+         p_cell(e["ood"][2]), mean_sd(*e["id_token"][:2]), mean_sd(*e["ood_token"][:2]),
+         p_cell(e["ood_token"][2])] for e in m["summary"]])  # fmt: skip
+    size_header = ["algorithm", a, b, "p (prompts, secondary)", "p (seeds)", f"tokens {a}",
+                   f"tokens {b}", "p (prompts, secondary)", "p (seeds)"]  # fmt: skip
+    tables = []
+    for size in cfg.sizes:
+        entries = [e for e in m["sizes"] if e["size"] == size]
+        shown = [[e["task"], mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
+                  mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]), p_cell(e["p_prompts_exact"]),
+                  p_cell(e["p_seeds_exact"]), mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
+                  mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), p_cell(e["p_prompts_tokens"]),
+                  p_cell(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
+        where = "training size" if entries[0]["in_training"] else (
+            f"{size / cfg.train_sizes[1]:g}× the largest training size")  # fmt: skip
+        tables.append(f"### n = {size} ({where})\n\n" + markdown_table(size_header, shown))
+    seq.plot_curves(folder / "fig8.png", m["rows"], list(cfg.tasks), list(METHODS),
+                    "Exact match against size (shaded: training sizes)",
+                    colors={"softmax": "tab:blue", "adaptive": "tab:red"},
+                    spans={name: cfg.train_sizes for name in cfg.tasks})  # fmt: skip
+    ahead = [e for e in m["summary"] if e["method"] == b and np.isfinite(e["ood"][0])
+             and e["ood"][0] > next(x["ood"][0] for x in m["summary"]
+                                    if x["task"] == e["task"] and x["method"] == a)]  # fmt: skip
+    signif = [e for e in ahead if np.isfinite(e["ood"][2]) and e["ood"][2] < 0.05]
+    t = m["training"]
+    cost = "; ".join(f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s), loss "
+                     f"{v['first_loss']:.3f} → {v['last_loss']:.3f}" for k, v in t.items()
+                     if v["seconds"] is not None and v["steps_per_s"])  # fmt: skip
+    first = next(iter(t.values()))
+    setup = (
+        f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice"
+        f"{' with identical budgets' if cfg.adaptive_steps is None else ''}: low-rank adapters (LoRA rank {cfg.rank}, α = {2 * cfg.rank}, on "
+        f"{', '.join(adapters.TARGETS)} of every layer; {first['adapter_parameters']:,} trained "
+        "parameters, the pretrained weights frozen) trained with softmax attention and with "
+        "adaptive temperature in every layer (in training and at inference, as §4.2 does), from "
+        f"the same initial adapters on the same batches: {cfg.steps} AdamW steps"
+        + (f" ({cfg.adaptive_steps} for adaptive temperature)" if cfg.adaptive_steps else "")
+        + f" (lr {cfg.lr:g}, "
+        f"gradient norm clipped at 1) of {cfg.batch} CLRS-Text examples of "
+        f"{', '.join(cfg.tasks)} at {cfg.train_sizes[0]}-{cfg.train_sizes[1]} items (keys 0-"
+        f"{cfg.values - 1}), loss on the answer tokens. {cfg.prompts} test prompts per algorithm "
+        "and size, the same for both methods and every seed. Exact match: every answer token and "
+        "the closing end-of-text token the most likely one (what greedy decoding produces); "
+        "tokens: the share of them right. p: two-sided paired t-tests of adaptive against "
+        "softmax, over seeds in the first table, over test prompts (each averaged over seeds) "
+        "and over seeds in the tables per size."
+    )
+    judged = seed_verdicts(m["sizes"])
+    words = [v["exact"].verdict.split(" (")[0] for v in judged]
+    inside = in_distribution(m["rows"], cfg)
+    matched = "; ".join(f"{name} {e.mean:+.3f} {interval(e)}" for name, e in inside.items())
+    setup += (" In distribution (exact match at the training sizes, adaptive − softmax over "
+              f"seeds, 95 % interval): {matched}. Where adaptive is behind there, it is less "
+              "trained, and the comparison beyond the training sizes is confounded by it "
+              "(`--adaptive-steps` gives adaptive more steps to match).")  # fmt: skip
+    verdict = (
+        f"Beyond the training sizes adaptive temperature is ahead of softmax on {len(ahead)} of "
+        f"{len(cfg.tasks)} algorithms in exact match, {len(signif)} of them at p < 0.05 (over "
+        "seeds). The paper (Fig. 8, Gemma 2B fine-tuned on thirty algorithms) reports adaptive "
+        "temperature ahead out of distribution on nearly all of them."
+        + (f" Over seeds, per algorithm and size beyond training (exact match): "
+           f"{words.count('reproduced')} reproduced, {words.count('contradicted')} contradicted, "
+           f"{sum(w.startswith('not detectable') for w in words)} not detectable at this power, "
+           f"{len(words) - sum(w in ('reproduced', 'contradicted') or w.startswith('not detectable') for w in words)} "
+           "without a test (too few seeds, or the same on every seed: e.g. both at 0)."
+           if judged else "")
+    )  # fmt: skip
+    seeds_section = None
+    if judged:
+        head = ["algorithm", "n", "effect (adaptive − softmax)", "95 % interval", "p (seeds)",
+                "detectable (80 % power)", "verdict", "tokens: effect", "tokens: verdict"]  # fmt: skip
+        body = [[v["task"], str(v["size"]), f"{v['exact'].effect.mean:+.3f}",
+                 interval(v["exact"].effect), p_cell(v["exact"].effect.p),
+                 decimals(v["exact"].detectable), v["exact"].verdict,
+                 f"{v['tokens'].effect.mean:+.3f}", v["tokens"].verdict] for v in judged]  # fmt: skip
+        seeds_section = (
+            "## Verdict over seeds\n\nThe unit randomised here is the seed (one fine-tuning "
+            "each), so each comparison is judged over seeds: the effect is the mean over seeds of "
+            "adaptive's exact match minus softmax's, with its 95 % t interval; detectable is the "
+            "smallest true effect a paired t-test at 0.05 finds with 80 % power at the seeds' "
+            "spread; the verdict is reproduced (adaptive significantly ahead, as the paper has "
+            "it), contradicted (significantly behind) or not detectable at this power. The "
+            "per-size tables' p-values over prompts treat the trained models as fixed and are "
+            "secondary.\n\n" + markdown_table(head, body)
+        )
+
+    return write_report(folder, "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
+                        "(Softmax is not Enough, Fig. 8)", [
+        "## Setup\n\n" + setup,
+        "## Result\n\n" + verdict + "\n\n" + summary,
+        seeds_section,
+        image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
+        "## Per size\n\n" + "\n".join(tables),
+        f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "
+        f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} thread{'s' * (m['threads'] != 1)}).",
+    ])  # fmt: skip

@@ -9,18 +9,9 @@ from typing import Any
 import numpy as np
 
 from .. import adapters
+from .. import report as kit
 from .. import sequence as seq
 from ..clrs import PAPER_CLAIM
-from ..report import (
-    decimals,
-    image,
-    interval,
-    markdown_table,
-    mean_sd,
-    p_cell,
-    write_report,
-    write_table,
-)
 from ..stats import paired_comparison, paired_effect, reproduction_verdict
 from .config import METHODS, Config, seeds_of
 
@@ -98,23 +89,23 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     a, b = METHODS
     header = ["algorithm", "method", "in distribution", "out of distribution", "p",
               "tokens in", "tokens out", "p"]  # fmt: skip
-    summary = write_table(folder, "clrs_llm", header, [
-        [e["task"], e["method"], mean_sd(*e["id"][:2]), mean_sd(*e["ood"][:2]),
-         p_cell(e["ood"][2]), mean_sd(*e["id_token"][:2]), mean_sd(*e["ood_token"][:2]),
-         p_cell(e["ood_token"][2])] for e in m["summary"]])  # fmt: skip
+    summary = kit.write_table(folder, "clrs_llm", header, [
+        [e["task"], e["method"], kit.mean_sd(*e["id"][:2]), kit.mean_sd(*e["ood"][:2]),
+         kit.p_cell(e["ood"][2]), kit.mean_sd(*e["id_token"][:2]), kit.mean_sd(*e["ood_token"][:2]),
+         kit.p_cell(e["ood_token"][2])] for e in m["summary"]])  # fmt: skip
     size_header = ["algorithm", a, b, "p (prompts, secondary)", "p (seeds)", f"tokens {a}",
                    f"tokens {b}", "p (prompts, secondary)", "p (seeds)"]  # fmt: skip
     tables = []
     for size in cfg.sizes:
         entries = [e for e in m["sizes"] if e["size"] == size]
-        shown = [[e["task"], mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
-                  mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]), p_cell(e["p_prompts_exact"]),
-                  p_cell(e["p_seeds_exact"]), mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
-                  mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), p_cell(e["p_prompts_tokens"]),
-                  p_cell(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
+        shown = [[e["task"], kit.mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
+                  kit.mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]), kit.p_cell(e["p_prompts_exact"]),
+                  kit.p_cell(e["p_seeds_exact"]), kit.mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
+                  kit.mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), kit.p_cell(e["p_prompts_tokens"]),
+                  kit.p_cell(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
         where = "training size" if entries[0]["in_training"] else (
             f"{size / cfg.train_sizes[1]:g}× the largest training size")  # fmt: skip
-        tables.append(f"### n = {size} ({where})\n\n" + markdown_table(size_header, shown))
+        tables.append(f"### n = {size} ({where})\n\n" + kit.markdown_table(size_header, shown))
     seq.plot_curves(folder / "fig8.png", m["rows"], list(cfg.tasks), list(METHODS),
                     "Exact match against size (shaded: training sizes)",
                     colors={"softmax": "tab:blue", "adaptive": "tab:red"},
@@ -149,7 +140,7 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     judged = seed_verdicts(m["sizes"])
     words = [v["exact"].verdict.split(" (")[0] for v in judged]
     inside = in_distribution(m["rows"], cfg)
-    matched = "; ".join(f"{name} {e.mean:+.3f} {interval(e)}" for name, e in inside.items())
+    matched = "; ".join(f"{name} {e.mean:+.3f} {kit.interval(e)}" for name, e in inside.items())
     setup += (" In distribution (exact match at the training sizes, adaptive − softmax over "
               f"seeds, 95 % interval): {matched}. Where adaptive is behind there, it is less "
               "trained, and the comparison beyond the training sizes is confounded by it "
@@ -171,8 +162,8 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         head = ["algorithm", "n", "effect (adaptive − softmax)", "95 % interval", "p (seeds)",
                 "detectable (80 % power)", "verdict", "tokens: effect", "tokens: verdict"]  # fmt: skip
         body = [[v["task"], str(v["size"]), f"{v['exact'].effect.mean:+.3f}",
-                 interval(v["exact"].effect), p_cell(v["exact"].effect.p),
-                 decimals(v["exact"].detectable), v["exact"].verdict,
+                 kit.interval(v["exact"].effect), kit.p_cell(v["exact"].effect.p),
+                 kit.decimals(v["exact"].detectable), v["exact"].verdict,
                  f"{v['tokens'].effect.mean:+.3f}", v["tokens"].verdict] for v in judged]  # fmt: skip
         seeds_section = (
             "## Verdict over seeds\n\nThe unit randomised here is the seed (one fine-tuning "
@@ -182,15 +173,15 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
             "spread; the verdict is reproduced (adaptive significantly ahead, as the paper has "
             "it), contradicted (significantly behind) or not detectable at this power. The "
             "per-size tables' p-values over prompts treat the trained models as fixed and are "
-            "secondary.\n\n" + markdown_table(head, body)
+            "secondary.\n\n" + kit.markdown_table(head, body)
         )
 
-    return write_report(folder, "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
+    return kit.write_report(folder, "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
                         "(Softmax is not Enough, Fig. 8)", [
         "## Setup\n\n" + setup,
         "## Result\n\n" + verdict + "\n\n" + summary,
         seeds_section,
-        image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
+        kit.image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
         "## Per size\n\n" + "\n".join(tables),
         f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "
         f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} thread{'s' * (m['threads'] != 1)}).",

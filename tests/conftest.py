@@ -30,6 +30,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # included, unless a test passes --threads (tests/experiments/test_cli.py unsets it to test the
 # default).
 os.environ["SHARPATTN_THREADS"] = "1"
+# SHARPATTN_TEST_TRITON_CPU=1: CPU tensors of float32 and float16 take the Triton kernels (in
+# Triton's interpreter) wherever a CUDA tensor of that dtype would, so a suite written for every
+# path (tests/contract/test_adversarial.py) meets the kernels without a GPU; bfloat16 stays on the
+# tiles (the interpreter's bfloat16 tl.dot is wrong). Slow: a developer's tool, not CI's.
+if os.environ.get("SHARPATTN_TEST_TRITON_CPU") == "1":
+    from sharpattn.attention import fused, sparse_tiled, stick_tiled, tiled  # noqa: E402
+
+    def _triton_on_cpu(device: torch.device, dtype: torch.dtype) -> bool:
+        return (
+            dtype in (torch.float32, torch.float16)
+            and os.environ.get("SHARPATTN_TRITON", "1").strip() != "0"
+            and not torch.compiler.is_compiling()
+        )
+
+    for _module in (fused, sparse_tiled, stick_tiled, tiled):
+        _module.triton_ready = _triton_on_cpu
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))

@@ -255,7 +255,7 @@ def cluster_options(f):
     def connected(*args, ray_address: str | None = None, **kwargs):
         if ray_address is None or kwargs.get("list_"):
             return f(*args, ray_address=ray_address, **kwargs)
-        from .experiments.sweep import cluster
+        from .experiments.ray_jobs import cluster
 
         with cluster(ray_address):
             return f(*args, ray_address=ray_address, **kwargs)

@@ -1,4 +1,4 @@
-"""Failure analysis of the sequence tasks (experiments/sequence.py `evaluate`, the leaderboard's
+"""Failure analysis of the sequence tasks (experiments/sequence/ `evaluate`, the leaderboard's
 report): what a model predicted at the answer positions, on hand-built models whose answers
 are known, and rows written before it was recorded."""
 
@@ -122,9 +122,9 @@ def test_rows_without_the_failure_fields_still_load_and_bad_ones_are_named():
     rows = [_row("softmax", job.seed, s, 0.5) for s in sizes]
     for r in rows:
         r["sets"] = 4
-    assert seq._rows_problem(rows, job, CFG) is None  # the format before the failure analysis
+    assert seq.rows._rows_problem(rows, job, CFG) is None  # the format before the failure analysis
     rows[0] = {**rows[0], "answer_acc": 0.5, "failures": {"wrong_token": 1}}
-    assert "not a count of each of" in seq._rows_problem(rows, job, CFG)
+    assert "not a count of each of" in seq.rows._rows_problem(rows, job, CFG)
     rows[0] = {**rows[0], "answer_acc": 1.5, "failures": dict.fromkeys(seq.FAILURES, 0)}
-    assert "answer_acc 1.5" in seq._rows_problem(rows, job, CFG)
+    assert "answer_acc 1.5" in seq.rows._rows_problem(rows, job, CFG)
     json.dumps(rows)  # the rows stay JSON

@@ -55,7 +55,7 @@ def test_run_folder_lists_the_code_versions_that_ran_it(tmp_path, monkeypatch):
     listed = json.loads((tmp_path / "code_versions.json").read_text())
     assert [{k: v[k] for k in here} for v in listed] == [here]
     other = {"version": "9.9", "commit": "f" * 40, "modified": False}
-    monkeypatch.setattr(runner, "code_version", lambda: other)
+    monkeypatch.setattr(runner.folder, "code_version", lambda: other)
     RunFolder(tmp_path, "demo", {"a": 1})  # resumed by other code: listed after
     listed = json.loads((tmp_path / "code_versions.json").read_text())
     assert [{k: v[k] for k in here} for v in listed] == [here, other]
@@ -140,14 +140,15 @@ def test_experiments_time_and_write_metrics_only_through_the_runner():
     runner.write_metrics do."""
     import re
 
-    root = Path(runner.__file__).parent
+    root = Path(runner.__file__).parents[1]
     pattern = re.compile(
         r"time\.(perf_counter|process_time|time|monotonic)\(|write_json\(.*metrics\.json"
     )
     found = [
-        f"{path.name}:{i}"
-        for path in sorted(root.glob("*.py"))
-        if path.name not in ("runner.py", "sweep.py")  # sweep: deadlines of worker processes
+        f"{path.relative_to(root)}:{i}"
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "runner"
+        and path.name not in ("sweep.py", "ray_jobs.py")  # deadlines of worker processes
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if pattern.search(line)
     ]
@@ -181,14 +182,14 @@ def test_experiments_seed_only_through_the_runner():
     torch's or NumPy's generators itself."""
     import re
 
-    root = Path(runner.__file__).parent
+    root = Path(runner.__file__).parents[1]
     pattern = re.compile(
         r"manual_seed\(|np\.random\.(seed|default_rng|RandomState)\(|random\.seed\("
     )
     found = [
-        f"{path.name}:{i}"
-        for path in sorted(root.glob("*.py"))
-        if path.name != "runner.py"
+        f"{path.relative_to(root)}:{i}"
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "runner"
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if pattern.search(line)
     ]
@@ -254,12 +255,12 @@ def test_no_experiment_reads_its_profiles_by_hand():
     """Profiles are resolved only by runner.profile_settings."""
     import re
 
-    root = Path(runner.__file__).parent
-    paths = [*sorted(root.glob("*.py")), *sorted(root.parent.glob("cli*.py"))]
+    root = Path(runner.__file__).parents[1]
+    paths = [*sorted(root.rglob("*.py")), *sorted(root.parent.glob("cli*.py"))]
     found = [
         f"{path.name}:{i}"
         for path in paths
-        if path.name not in ("runner.py",)
+        if path.parent.name != "runner"
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"PROFILES\[|unknown profile", line) and not line.lstrip().startswith("#")
     ]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sharpattn.experiments import leaderboard
+from sharpattn.experiments import leaderboard, runner
 from sharpattn.experiments import sequence as seq
 from sharpattn.experiments.stats import holm
 
@@ -64,7 +64,7 @@ def _stream(p: float):
 @pytest.mark.parametrize("p", [0.0, 1.0, 0.5, 0.9])
 def test_evaluate_draws_blocks_until_the_rule_says_enough(p, monkeypatch):
     batches, solved = _stream(p)
-    monkeypatch.setattr(seq, "test_sets", lambda t, size, cfg: iter(batches))
+    monkeypatch.setattr(seq.evaluation, "test_sets", lambda t, size, cfg: iter(batches))
     task = SimpleNamespace(length=lambda size: 5, vocab_size=3, answer_tokens=lambda: (1, 2))
     cfg = _cfg(eval_sets=512, eval_se=0.04, eval_min=32, eval_batch=16)
     got = seq.evaluate(_Oracle(), task, 64, cfg)
@@ -92,7 +92,7 @@ def test_the_stopping_rule_skips_sizes_after_consecutive_zeros_beyond_training(t
         seen.append(size)
         return {"acc": acc[size], "token_acc": 0.5, "sets": 32, "length": int(t.length(size))}
 
-    monkeypatch.setattr(seq, "evaluate", fake)
+    monkeypatch.setattr(seq.training, "evaluate", fake)
     cfg = _cfg(
         steps=2, eval_sets=64, eval_se=0.04, stop_zeros=2, eval_sizes={"flip_flop": list(acc)}
     )
@@ -117,7 +117,7 @@ def test_a_zero_on_too_few_sequences_does_not_count(tmp_path, monkeypatch):
     def fake(model, t, size, cfg):
         return {"acc": 0.0, "token_acc": 0.0, "sets": 16, "length": 1}
 
-    monkeypatch.setattr(seq, "evaluate", fake)
+    monkeypatch.setattr(seq.training, "evaluate", fake)
     cfg = _cfg(steps=2, eval_min=32, stop_zeros=2, eval_sizes={"flip_flop": [64, 128, 256, 512]})
     rows = seq.run_job(seq.jobs(tmp_path, cfg)[0])
     assert not any(r["skipped"] for r in rows)
@@ -163,7 +163,7 @@ def test_the_paper_profile_is_the_standard_training_with_more_seeds_evaluated_to
 def test_sizes_given_as_a_task_option_are_kept_whatever_the_factor(monkeypatch):
     cfg = leaderboard.make_config("paper", tasks=("flip_flop",))
     own = type(seq.task("flip_flop"))(eval_sizes=(64, 100))
-    monkeypatch.setattr(seq, "task", lambda name: own)
+    monkeypatch.setattr(seq.config, "task", lambda name: own)
     assert seq.sizes_of(cfg, "flip_flop") == [16, 32, 64, 100]
 
 
@@ -172,7 +172,7 @@ def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired
     def fake(model, t, size, cfg):
         return {"acc": 0.0 if size > 48 else 1.0, "token_acc": 0.5, "sets": 32, "length": 1}
 
-    monkeypatch.setattr(seq, "evaluate", fake)
+    monkeypatch.setattr(seq.training, "evaluate", fake)
     cfg = leaderboard.make_config("standard", tasks=("flip_flop",), methods=("softmax", "sink"),
                                   seeds=2, steps=2, task_steps={}, workers=1)  # fmt: skip
     assert seq.steps_of(cfg, "flip_flop") == 2  # not the profile's steps for the task
@@ -199,7 +199,7 @@ def test_models_from_evaluates_another_runs_models_without_training(tmp_path, ca
     assert (far / "report.md").is_file()
     assert weights.stat().st_mtime_ns == stamp  # loaded, not trained again
     mine = far / weights.parent.relative_to(first)  # evaluations and rows are this run's
-    assert not seq.runner.has_training_files(mine) and list(mine.glob("rows-*.json"))
+    assert not runner.has_training_files(mine) and list(mine.glob("rows-*.json"))
     sizes = {int(p.name[1:].split(".")[0]) for p in mine.glob("eval/*/n*.json")}
     assert max(sizes) >= 4 * 48  # the larger sizes were evaluated on first's models
     assert sorted(first.rglob("*")) == files  # nothing written there

@@ -1,4 +1,4 @@
-"""The sequence-task engine (experiments/sequence.py) behind `reproduce clrs` and `leaderboard`:
+"""The sequence-task engine (experiments/sequence/) behind `reproduce clrs` and `leaderboard`:
 its measures against independent computations, the method list, training/evaluation of one job,
 resume, and both commands end to end on a tiny configuration."""
 
@@ -14,7 +14,7 @@ from scipy import stats
 from processes import kill_9_once_written, sharpattn
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
-from sharpattn.experiments import leaderboard
+from sharpattn.experiments import leaderboard, runner
 from sharpattn.experiments import sequence as seq
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -246,20 +246,20 @@ def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypat
     cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=30,
                                   eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
     first = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
-    for name in seq.runner.TRAINING_FILES:
+    for name in runner.TRAINING_FILES:
         for path in tmp_path.rglob(name):
             path.unlink()
     rows_files = sorted(tmp_path.rglob("rows-*.json"))
     assert len(rows_files) == 2
     rows_files[1].unlink()  # the second seed's job must run again
     trained = []
-    real = seq.runner.Trainer.run
+    real = runner.Trainer.run
 
     def counted(self, *args, **kwargs):
         trained.append(self.folder.name)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(seq.runner.Trainer, "run", counted)
+    monkeypatch.setattr(runner.Trainer, "run", counted)
     again = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
     assert trained == ["seed1"]  # seed0 from its rows, seed1 retrained from nothing
     strip = ("train_seconds",)  # the retrained job's clock differs, its numbers do not
@@ -306,7 +306,7 @@ def _copy(src, dst, strip: bool = False):
 
     shutil.copytree(src, dst)
     if strip:
-        for name in seq.runner.TRAINING_FILES:
+        for name in runner.TRAINING_FILES:
             for path in dst.rglob(name):
                 path.unlink()
     return dst
@@ -440,7 +440,7 @@ def test_models_from_only_reads_the_other_run(trained, tmp_path):
         assert main(args) == 0
         assert _listing(src) == before
         rows = _rows(far, "softmax")
-        assert not seq.runner.has_training_files(rows.parent)
+        assert not runner.has_training_files(rows.parent)
         assert max(int(p.name[1:].split(".")[0]) for p in rows.parent.glob("eval/*/n*.json")) > 48
         table = (far / "leaderboard.csv").read_text()
         rows.write_text("[]")  # damaged: evaluated again on SRC's model
@@ -569,7 +569,7 @@ def test_rows_from_before_the_failure_analysis_still_load(trained, tmp_path):
     for path in run.rglob("rows-*.json"):
         value = json.loads(path.read_text())
         rows = [{k: v for k, v in r.items() if k not in seq.FAILURE_KEYS} for r in value["rows"]]
-        value.update(rows=rows, digest=seq._digest(value["job"], rows))
+        value.update(rows=rows, digest=seq.rows._digest(value["job"], rows))
         path.write_text(json.dumps(value))
     assert main([*SMALL, "--methods", "softmax,sink", "--out", str(run)]) == 0
     assert (run / "leaderboard.csv").read_text() == (trained / "leaderboard.csv").read_text()

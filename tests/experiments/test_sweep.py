@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharpattn.experiments import sweep
+from sharpattn.experiments import ray_jobs, sweep
 from sharpattn.experiments.runner import threads
 from sharpattn.experiments.sweep import run_jobs
 
@@ -106,7 +106,7 @@ def local_table():
 def ray_local():
     """One real local Ray instance (2 CPUs) for the module."""
     ray = pytest.importorskip("ray")  # the dev extra installs it; `make test` always runs these
-    started = sweep.connect("local", num_cpus=2)
+    started = ray_jobs.connect("local", num_cpus=2)
     yield ray
     if started:
         ray.shutdown()

@@ -12,11 +12,11 @@ from rich.table import Table
 
 from . import extras
 from . import normalizers as nz
+from .cli_experiments import add_experiments
 from .cli_options import (
     COSTS,
     MAX_FACTOR,
     MAX_ITEMS,
-    MAX_LENGTH,
     MAX_RANK,
     MAX_SEEDS,
     MAX_SETS,
@@ -517,66 +517,10 @@ def reproduce_selective(profile, out, **options):
     )
 
 
-@reproduce.command(
-    "selective-llm", short_help="Selective temperatures on SmolLM2, frozen or with LoRA."
-)
-@profile_options(
-    "reproduce selective-llm",
-    "20 steps, 4 held-out windows at 1x and 2x the context",
-    "100 steps, 8 windows at 1x, 2x and 4x the context",
-)
-@click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
-@click.option("--steps", type=count(MAX_STEPS), default=None, help="AdamW steps.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Learning rate of the temperatures [default: 1e-3].")  # fmt: skip
-@click.option("--context", type=count(MAX_LENGTH, minimum=2), default=None,
-              help="Training window in tokens [default: 256].")  # fmt: skip
-@click.option("--targets", default=None, help="Temperatures on q, k and/or v [default: qv].")
-@click.option("--sharing", is_flag=True, default=None,
-              help="The paper's weight sharing instead of base SSA's MLP token term.")  # fmt: skip
-@click.option("--terms", type=click.Choice(["both", "token", "position"]), default=None,
-              help="Token and position terms, or one of them [default: both].")  # fmt: skip
-@click.option("--position-lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Learning rate of the position parameter [default: 3e-2].")  # fmt: skip
-@click.option("--eval-windows", type=count(MAX_SETS), default=None,
-              help="Held-out windows per length (overrides the profile).")  # fmt: skip
-@click.option("--lora", type=count(MAX_RANK), default=None, metavar="RANK",
-              help="The matched study: LoRA adapters of this rank fine-tuned with and without "
-              "the temperatures, on the same windows and seeds.")  # fmt: skip
-@click.option("--lora-lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Learning rate of the adapters (with --lora) [default: 1e-3].")  # fmt: skip
-@seeds_option("Seeds of the matched study (with --lora) [default: 2].")
-@seed_option("Seed of the training windows (the first seed with --lora).")
-@checkpoint_option(50)
-@threads_option()
-@out_option(None, "Run folder (default runs/selective-llm-<profile>, with --lora "
-            "runs/selective-llm-lora-<profile>); re-running resumes it.")  # fmt: skip
-def reproduce_selective_llm(profile, out, **options):
-    """Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out
-    perplexity at 1x, 2x and 4x the fine-tuning context against the unpatched model (Zhang et
-    al.'s Table 3 in small). With --lora, the matched study: the same fine-tuning of low-rank
-    adapters with and without selective temperatures."""
-    from .experiments import selective_llm as exp
-
-    if options["seeds"] is not None and options["lora"] is None:
-        raise click.UsageError("--seeds applies to the matched study: add --lora RANK.")
-    if options["lora_lr"] is not None and options["lora"] is None:
-        raise click.UsageError("--lora-lr applies to the matched study: add --lora RANK.")
-    options["threads"] = pick_threads(options["threads"])
-    config = exp.make_config(profile, **options)
-    matched = config.lora > 0
-    command = "reproduce selective-llm" + (" --lora" if matched else "")
-    trainings = 2 * config.seeds if matched else 1
-    announce(command, profile, f"{trainings} training{'s' * (trainings > 1)} of {config.steps} "
-             "steps")  # fmt: skip
-    default = f"runs/selective-llm-{'lora-' * matched}{profile}"
-    with ProgressRenderer(transient=True) as progress:
-        run_dir, _ = exp.run(out or default, config, progress)
-    print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
-    console.print(f"wrote {run_dir}/report.md, metrics.json and perplexity.png")
-
-
 # ---- end reproduce selective ------------------------------------------------------------------
+
+
+add_experiments(reproduce)  # the commands generated from the experiment protocol
 
 
 # --- reproduce backcopy (Guo et al., Active-Dormant Attention Heads) ----------------

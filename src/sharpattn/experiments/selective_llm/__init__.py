@@ -42,6 +42,7 @@ import torch
 
 from .. import adapters, runner
 from ..llm import heldout_text, window_nll
+from ..protocol import Result
 from ..runner import Clock, Progress, RunFolder, Trainer, generator, write_metrics
 from .config import (
     IDENTITY,
@@ -91,6 +92,10 @@ __all__ = [
     "plot_perplexity",
     "position_coefficients",
     "run",
+    "run_experiment",
+    "check",
+    "plan",
+    "default_folder",
     "run_matched",
     "split",
     "summarize",
@@ -242,3 +247,33 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
         write_metrics(folder, metrics)
         write_matched(folder.path, cfg, metrics)
         return folder.path, metrics
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+def check(given: dict[str, Any]) -> None:
+    """Options that apply only to the matched study, given without ``--lora``: one sentence."""
+    for name in ("seeds", "lora_lr"):
+        if name in given and "lora" not in given:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} applies to the matched study: add --lora RANK.")
+
+
+def plan(cfg: Config) -> tuple[str, str]:
+    """The cost key of the command as configured and its work, as a long profile announces it."""
+    matched = cfg.lora > 0
+    trainings = 2 * cfg.seeds if matched else 1
+    command = "reproduce selective-llm" + (" --lora" if matched else "")
+    return command, f"{trainings} training{'s' * (trainings > 1)} of {cfg.steps} steps"
+
+
+def default_folder(cfg: Config, profile: str) -> str:
+    return f"runs/selective-llm-{'lora-' * (cfg.lora > 0)}{profile}"
+
+
+def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    """`run` as the protocol calls it (``pool``: one process; the study has no jobs to spread)."""
+    path, metrics = run(folder, cfg, progress)
+    return Result(path, "report.md", ("report.md", "metrics.json", "perplexity.png"), metrics)

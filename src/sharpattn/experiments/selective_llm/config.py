@@ -8,37 +8,46 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...attention.selective import SelectiveConfig
-from ..runner import (
-    profile_settings,
-)
+from ..protocol import option
+from ..runner import profile_settings
 
 STREAM_TRAIN, STREAM_EVAL, STREAM_INIT = 0, 1, 2  # generator purposes
 
 
 @dataclass
 class Config:
-    model: str = "smollm2-135m"
-    steps: int = 200
-    context: int = 256  # training window (tokens)
+    model: str = option("smollm2-135m", "Pretrained decoder.")
+    steps: int = option(200, "AdamW steps.", maximum="steps")
+    context: int = option(256, "Training window in tokens.", maximum="length", minimum=2)
     factors: tuple[int, ...] = (1, 2, 4)  # evaluation lengths, multiples of the context
     batch: int = 1
-    lr: float = 1e-3  # the token term's
-    position_lr: float = 3e-2  # the position parameter's (β of c = e^{−e^β}: Adam moves it by
-    # about its learning rate per step, so at 1e-3 it would stay at its identity value)
-    targets: str = "qv"
-    sharing: bool = False  # False: base SSA (MLP token term); True: weight sharing
-    terms: str = "both"  # "both", "token" or "position" (τ = 1 + c·log n alone: the control
-    # that cannot adapt to the text's tokens, only to lengths)
-    eval_windows: int = 16
+    lr: float = option(1e-3, "Learning rate of the temperatures.")  # the token term's
+    # the position parameter's (β of c = e^{−e^β}: Adam moves it by about its learning rate per
+    # step, so at 1e-3 it would stay at its identity value)
+    position_lr: float = option(3e-2, "Learning rate of the position parameter.")
+    targets: str = option("qv", "Temperatures on q, k and/or v.")
+    # False: base SSA (MLP token term); True: weight sharing
+    sharing: bool = option(False, "The paper's weight sharing instead of base SSA's MLP token "
+                           "term.")  # fmt: skip
+    # "both", "token" or "position" (τ = 1 + c·log n alone: the control that cannot adapt to
+    # the text's tokens, only to lengths)
+    terms: str = option("both", "Token and position terms, or one of them.", kind="choice",
+                        choices=("both", "token", "position"))  # fmt: skip
+    eval_windows: int = option(16, "Held-out windows per length (overrides the profile).",
+                               maximum="sets")  # fmt: skip
     train_fraction: float = 0.8
-    seed: int = 0
-    checkpoint_every: int = 50
-    threads: int | None = None
     #: the matched study (`run_matched`): LoRA adapters of this rank fine-tuned with and
     #: without the temperatures (0: the frozen study), at ``lora_lr``, for ``seeds`` seeds
-    lora: int = 0
-    lora_lr: float = 1e-3
-    seeds: int = 1
+    lora: int = option(0, "The matched study: LoRA adapters of this rank fine-tuned with and "
+                       "without the temperatures, on the same windows and seeds.",
+                       maximum="rank", metavar="RANK", show_default=False)  # fmt: skip
+    lora_lr: float = option(1e-3, "Learning rate of the adapters (with --lora).")
+    seeds: int = option(1, "Seeds of the matched study (with --lora) [default: 2].",
+                        maximum="seeds", show_default=False)  # fmt: skip
+    seed: int = option(0, "Seed of the training windows (the first seed with --lora).",
+                       kind="seed")  # fmt: skip
+    checkpoint_every: int = option(50, "", kind="checkpoint")
+    threads: int | None = option(None, "", kind="threads")
 
     def __post_init__(self):
         self.factors = tuple(int(f) for f in self.factors)

@@ -1,0 +1,154 @@
+"""``sharpattn reproduce NAME`` for every registered experiment, generated from the protocol
+(`experiments.protocol`): the profile flags from its profiles, one option per ``Config`` field
+declared with ``option``, the shared ``--seed``, ``--threads``, ``--checkpoint-every`` and
+``--out``; then one body for all: configure, announce a long profile, run with progress, print
+the headline table and name the files written.
+
+A command is built when it is first used (its ``--help`` or a run), so listing the commands
+imports no experiment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .cli_options import (
+    MAX_FACTOR,
+    MAX_LENGTH,
+    MAX_RANK,
+    MAX_SEEDS,
+    MAX_SETS,
+    MAX_STEPS,
+    SEED,
+    ProgressRenderer,
+    announce,
+    checkpoint_option,
+    console,
+    count,
+    out_option,
+    pick_threads,
+    print_markdown,
+    profile_options,
+    threads_option,
+)
+from .experiments.protocol import REGISTRY, Experiment, describe_default, options_of
+
+#: the bounds a count option names (``option(..., maximum="steps")``)
+BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,
+          "length": MAX_LENGTH, "rank": MAX_RANK}  # fmt: skip
+
+
+def _with_default(help: str, value: Any) -> str:
+    """``help`` with ``[default: X]`` before its final full stop."""
+    text = f"[default: {describe_default(value)}]"
+    return f"{help[:-1]} {text}." if help.endswith(".") else f"{help} {text}"
+
+
+def _option(field, meta: dict[str, Any], profiled: set[str]):
+    """The click option of one ``Config`` field."""
+    name = meta["name"] or "--" + field.name.replace("_", "-")
+    kind, help = meta["kind"], meta["help"]
+    if kind == "seed":
+        return click.option(name, field.name, type=SEED, default=field.default,
+                            show_default=True, help=help)  # fmt: skip
+    if kind == "threads":
+        return threads_option()
+    if kind == "checkpoint":
+        return checkpoint_option(field.default)
+    # a profile may set it: None unless given, so the profile's value stands
+    shown = meta["show_default"]
+    if shown is None:
+        shown = field.name not in profiled and kind != "flag"
+    if shown:
+        help = _with_default(help, field.default)
+    settings: dict[str, Any] = {"default": None, "help": help, "metavar": meta["metavar"]}
+    if kind == "flag":
+        settings.update(is_flag=True)
+    elif kind == "count":
+        bound = meta["maximum"]
+        settings.update(type=count(BOUNDS.get(bound, bound), minimum=meta["minimum"]))
+    elif kind == "positive":
+        settings.update(type=click.FloatRange(min=0, min_open=True))
+    elif kind == "choice":
+        settings.update(type=click.Choice(list(meta["choices"])))
+    return click.option(name, field.name, **settings)
+
+
+def _profiles(exp: Experiment):
+    """``--quick``, ``--paper`` and any profile between them, as `profile_options` makes them."""
+    named = dict(exp.profiles)
+    middle = [n for n in named if n not in ("quick", "paper")]
+    between = {"medium": named[middle[0]], "middle": middle[0]} if middle else {}
+    return profile_options(exp.command, named["quick"], named["paper"], **between)
+
+
+def build(exp: Experiment) -> click.Command:
+    """The command of ``exp``, built from its module's Config and profiles."""
+    module = exp.load()
+    profiled = {k for settings in module.PROFILES.values() for k in settings}
+
+    def body(profile: str, out: str | None, **given: Any) -> None:
+        check = getattr(module, "check", None)
+        if check is not None:
+            try:
+                check({k: v for k, v in given.items() if v is not None})
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
+        if "threads" in given:
+            given["threads"] = pick_threads(given["threads"])
+        config = module.make_config(profile, **given)
+        cost, jobs = module.plan(config)
+        announce(cost, profile, jobs)
+        folder = out or module.default_folder(config, profile)
+        with ProgressRenderer(transient=True) as progress:
+            result = module.run_experiment(folder, config, progress, None)
+        print_markdown((result.folder / result.headline).read_text(encoding="utf-8"))
+        files = list(result.files)
+        named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1]
+        console.print(f"wrote {result.folder}/{named}")
+
+    decorators = [
+        _profiles(exp),
+        *(_option(f, meta, profiled) for f, meta in options_of(module.Config)),
+        out_option(None, exp.out_help),
+    ]
+    for decorate in reversed(decorators):
+        body = decorate(body)
+    return click.command(exp.name, help=exp.help, short_help=exp.short_help)(body)
+
+
+class ExperimentCommand(click.Command):
+    """A registered experiment's command, built (`build`) the first time its options or its
+    body are needed: listing the commands and their one-line help imports nothing."""
+
+    def __init__(self, exp: Experiment):
+        self._exp, self._built = exp, None
+        super().__init__(exp.name, help=exp.help, short_help=exp.short_help)
+
+    def _real(self) -> click.Command:
+        if self._built is None:
+            self._built = build(self._exp)
+        return self._built
+
+    @property
+    def params(self):  # noqa: D102
+        return self._real().params
+
+    @params.setter
+    def params(self, value) -> None:  # click.Command.__init__ sets [] before anything is built
+        pass
+
+    @property
+    def callback(self):  # noqa: D102
+        return self._real().callback
+
+    @callback.setter
+    def callback(self, value) -> None:
+        pass
+
+
+def add_experiments(group: click.Group) -> None:
+    """Every registered experiment as a command of ``group`` (``reproduce``)."""
+    for exp in REGISTRY.values():
+        group.add_command(ExperimentCommand(exp))

@@ -1,0 +1,134 @@
+"""The experiment protocol: what a reproduction is to the runner and to the command line.
+
+An experiment is a registered `Experiment`: a name (its command, ``sharpattn reproduce NAME``), a
+``Config`` dataclass, its profiles as data, and ``run(folder, config, progress, pool)`` returning
+a `Result`. The command line is generated from it (``cli_experiments``): every ``Config`` field
+declared with `option` is an option of the command, named after the field (``lora_lr`` →
+``--lora-lr``), its help text written beside the field, its default the field's unless a profile
+sets it. Adding a reproduction is one module (its Config, profiles and ``run``) plus one
+`REGISTRY` line.
+
+The protocol holds data only (no click): the command-line layer reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment", "option",
+           "options_of"]  # fmt: skip
+
+#: the kinds of option values the command line knows (`option`'s ``kind``)
+KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint")
+
+
+def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
+           minimum: int = 1, choices: tuple[str, ...] = (), metavar: str | None = None,
+           name: str | None = None, show_default: bool | None = None) -> Any:  # fmt: skip
+    """A ``Config`` field that is an option of the experiment's command.
+
+    ``help``: what the option does, as ``--help`` prints it (the default is added unless
+    ``show_default`` is False: ``[default: X]`` where a profile may override it, click's own
+    ``[default: X]`` where none does). ``kind``: how the command line reads the value (`KINDS`;
+    from the default's type if not given: ``bool`` a flag, ``int`` a count, ``float`` a positive
+    number, ``str`` text); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
+    ``name`` the option's name where it is not the field's."""
+    if kind is None:
+        kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
+    if kind not in KINDS:
+        raise ValueError(f"unknown option kind {kind!r}; known: {', '.join(KINDS)}.")
+    meta = {"help": help, "kind": kind, "maximum": maximum, "minimum": minimum,
+            "choices": tuple(choices), "metavar": metavar, "name": name,
+            "show_default": show_default}  # fmt: skip
+    return field(default=default, metadata={"option": meta})
+
+
+def options_of(config: type) -> list[tuple[dataclasses.Field, dict[str, Any]]]:
+    """The fields of a ``Config`` dataclass declared with `option`, in their order, each with
+    its option's settings."""
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(config) if "option" in f.metadata]
+
+
+def describe_default(value: Any) -> str:
+    """A default as ``--help`` shows it: ``1e-3`` rather than ``0.001``, ``qv``, ``256``."""
+    if isinstance(value, float) and 0 < abs(value) < 0.1:
+        exponent = math.floor(math.log10(abs(value)))
+        mantissa = value / 10**exponent
+        if abs(mantissa - round(mantissa)) < 1e-9:
+            return f"{round(mantissa)}e{exponent}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a run produced: its folder, the table the command prints (a markdown file of the
+    folder) and every file the command names as written."""
+
+    folder: Path
+    headline: str
+    files: tuple[str, ...]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A reproduction as the runner and the command line see it.
+
+    ``module`` is imported only when the experiment is configured or run, so listing the
+    commands stays fast. That module provides ``Config`` (a dataclass), ``PROFILES`` (profile
+    name → settings), ``make_config(profile, **overrides)`` and ``run_experiment(folder,
+    config, progress, pool) -> Result``; optionally ``check(given)`` (refuses a combination of
+    options in one sentence before any work), ``plan(config) -> (cost, jobs)`` (the cost key
+    of `cli_options.COSTS` and the work, as announced before a long profile) and
+    ``default_folder(config, profile)``."""
+
+    name: str
+    module: str
+    short_help: str
+    help: str
+    #: profile name → what it runs (its measured cost is added from ``COSTS``), in the order
+    #: of the flags; the first is the default
+    profiles: tuple[tuple[str, str], ...]
+    #: ``--out``'s help: the default folder and that re-running resumes it
+    out_help: str = "Run folder; re-running resumes it."
+
+    def load(self) -> Any:
+        return importlib.import_module(self.module)
+
+    @property
+    def command(self) -> str:
+        return f"reproduce {self.name}"
+
+
+#: every experiment that the protocol runs, by command name
+REGISTRY: dict[str, Experiment] = {}
+
+
+def experiment(exp: Experiment) -> Experiment:
+    """Register ``exp`` (one line per reproduction)."""
+    if exp.name in REGISTRY:
+        raise ValueError(f"experiment {exp.name!r} is registered twice.")
+    REGISTRY[exp.name] = exp
+    return exp
+
+
+experiment(Experiment(
+    name="selective-llm",
+    module="sharpattn.experiments.selective_llm",
+    short_help="Selective temperatures on SmolLM2, frozen or with LoRA.",
+    help="Selective temperatures trained on a frozen SmolLM2 (base weights fixed): held-out "
+    "perplexity at 1x, 2x and 4x the fine-tuning context against the unpatched model (Zhang et "
+    "al.'s Table 3 in small). With --lora, the matched study: the same fine-tuning of low-rank "
+    "adapters with and without selective temperatures.",
+    profiles=(("quick", "20 steps, 4 held-out windows at 1x and 2x the context"),
+              ("paper", "100 steps, 8 windows at 1x, 2x and 4x the context")),
+    out_help="Run folder (default runs/selective-llm-<profile>, with --lora "
+    "runs/selective-llm-lora-<profile>); re-running resumes it.",
+))  # fmt: skip

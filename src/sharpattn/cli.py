@@ -17,9 +17,9 @@ from .cli_options import (
     COSTS,
     MAX_FACTOR,
     MAX_ITEMS,
-    MAX_RANK,
     MAX_SEEDS,
     MAX_SETS,
+    MAX_SIZE,
     MAX_STEPS,
     ProgressRenderer,
     announce,
@@ -36,35 +36,18 @@ from .cli_options import (
     seeds_option,
     threads_option,
 )
+from .cli_options import (
+    csv as _csv,
+)
+from .cli_options import (
+    items as _items,
+)
+from .cli_options import (
+    names as _names,
+)
 from .experiments.sequence import POSITIONS as SEQUENCE_POSITIONS
 from .experiments.sweep import WorkerDied
 
-
-def _items(value: str) -> list[str]:
-    """The items of a comma-separated option, each stripped of surrounding spaces (a name may
-    hold spaces inside: "adaptive (inference)"); empty items dropped."""
-    return [x.strip() for x in value.split(",") if x.strip()]
-
-
-def _csv(convert, ok, what: str, empty=None):
-    """A click callback: a comma-separated list, each item ``convert``ed and passing ``ok``."""
-
-    def parse(ctx, param, value):
-        if value is None:
-            return empty
-        try:
-            items = [convert(x) for x in _items(value)]
-        except ValueError:
-            items = []
-        if not items or not all(ok(x) for x in items):
-            raise click.BadParameter(f"expected comma-separated {what}, got {value!r}.")
-        return items
-
-    return parse
-
-
-#: the largest size a command accepts before any work: one attention row of 2**31 keys
-MAX_SIZE = 2**31 - 1
 _sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
@@ -550,33 +533,6 @@ def reproduce_backcopy(profile, seed, workers, ray_address, threads, out):
     console.print(f"wrote {run}/report.md and its PNGs")
 
 
-def _names(ctx, param, value):
-    return None if value is None else tuple(_items(value))
-
-
-def _sizes(ctx, param, value):
-    """``N,N,...`` (whole numbers >= 1) as a tuple, or None."""
-    if value is None:
-        return None
-    parts = _items(value)
-    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise click.BadParameter(f"expected sizes >= 1 such as 10,12, got {value!r}.")
-    return tuple(int(p) for p in parts)
-
-
-def _size_range(ctx, param, value):
-    """``LO,HI`` (two whole numbers, 1 <= LO <= HI) as a tuple, or None."""
-    if value is None:
-        return None
-    parts = _items(value)
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise click.BadParameter(f"expected two sizes LO,HI such as 4,16, got {value!r}.")
-    lo, hi = (int(p) for p in parts)
-    if not 1 <= lo <= hi:
-        raise click.BadParameter(f"expected 1 <= LO <= HI, got {lo},{hi}.")
-    return lo, hi
-
-
 @reproduce.command("backcopy-study", short_help="Bigram-Backcopy one-factor studies.")
 @click.argument(
     "study",
@@ -723,59 +679,6 @@ def reproduce_clrs(profile, out, ray_address, **options):
         return
     print_markdown((result["run"] / "clrs.md").read_text())
     console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
-
-
-@reproduce.command("clrs-llm", short_help="Fig. 8 by fine-tuning SmolLM2 with LoRA.")
-@profile_options(
-    "reproduce clrs-llm",
-    "2 algorithms, 2 seeds, 40 steps of batch 4 per run, sizes to 4x",
-    "3 algorithms trained at 4-8 items, 2 seeds, 400 steps of batch 8 per run, sizes to 4x",
-)
-@click.option("--model", default="smollm2-135m", show_default=True, help="Pretrained decoder.")
-@click.option("--tasks", callback=_names, help="Comma-separated CLRS algorithms (overrides the "
-              "profile; see reproduce clrs --list).")  # fmt: skip
-@click.option("--train-sizes", callback=_size_range, metavar="LO,HI",
-              help="Sizes trained at, inclusive (overrides the profile's 4,8).")  # fmt: skip
-@seed_option("First seed (adapters and training batches; the test prompts).")
-@seeds_option()
-@click.option("--steps", type=count(MAX_STEPS), help="AdamW steps per fine-tuning.")
-@click.option("--rank", type=count(MAX_RANK), help="Rank of the LoRA adapters [default: 8].")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Learning rate of the adapters [default: 1e-3].")  # fmt: skip
-@click.option("--eval-factor", type=count(MAX_FACTOR),
-              help="Evaluate up to this multiple of the largest training size [default: 4].")  # fmt: skip
-@click.option("--eval-sizes", callback=_sizes, metavar="N,N,...",
-              help="More sizes to evaluate, e.g. 10,12 (between the training range and the "
-              "doublings); may be added to an existing run.")  # fmt: skip
-@click.option("--adaptive-steps", type=count(MAX_STEPS),
-              help="AdamW steps of the adaptive fine-tunings where they differ from --steps "
-              "(to compare at matched in-distribution accuracy).")  # fmt: skip
-@click.option("--prompts", type=count(MAX_SETS),
-              help="Test prompts per algorithm and size, the same for both methods and every "
-              "seed (overrides the profile).")  # fmt: skip
-@checkpoint_option(50)
-@threads_option()
-@out_option(None, "Run folder (default runs/clrs-llm-<profile>); re-running resumes it.")
-def reproduce_clrs_llm(profile, out, **options):
-    """CLRS-Text algorithms on a fine-tuned SmolLM2: low-rank adapters trained with softmax and
-    with adaptive temperature on the same budget (Softmax is not Enough's Figure 8), accuracy in
-    and up to 4x beyond the training sizes."""
-    from .experiments import clrs_llm as exp
-
-    options["threads"] = pick_threads(options["threads"])
-    config = exp.make_config(profile, **options)
-    # options that leave the work alone (checkpoints, threads) do not change the quoted cost
-    plain = exp.make_config(profile, checkpoint_every=config.checkpoint_every,
-                            threads=config.threads)  # fmt: skip
-    changed = config != plain
-    steps = f"{config.steps} steps" + (f" ({config.adaptive_steps} for adaptive)"
-                                       if config.adaptive_steps else "")  # fmt: skip
-    announce("reproduce clrs-llm", profile, f"{len(exp.METHODS) * config.seeds} fine-tunings of "
-             f"{steps}", changed)  # fmt: skip
-    with ProgressRenderer(transient=True) as progress:
-        run_dir, _ = exp.run(out or f"runs/clrs-llm-{profile}", config, progress)
-    print_markdown((run_dir / "clrs_llm.md").read_text(encoding="utf-8"))
-    console.print(f"wrote {run_dir}/report.md, metrics.json and fig8.png")
 
 
 @cli.command("leaderboard", short_help="Every attention method ranked on sequence tasks.")

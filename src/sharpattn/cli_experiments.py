@@ -26,10 +26,13 @@ from .cli_options import (
     checkpoint_option,
     console,
     count,
+    names,
     out_option,
     pick_threads,
     print_markdown,
     profile_options,
+    size_list,
+    size_range,
     threads_option,
 )
 from .experiments.protocol import REGISTRY, Experiment, describe_default, options_of
@@ -37,6 +40,10 @@ from .experiments.protocol import REGISTRY, Experiment, describe_default, option
 #: the bounds a count option names (``option(..., maximum="steps")``)
 BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,
           "length": MAX_LENGTH, "rank": MAX_RANK}  # fmt: skip
+
+
+#: the comma-separated kinds and their parsers
+PARSERS = {"names": names, "sizes": size_list, "size_range": size_range}
 
 
 def _with_default(help: str, value: Any) -> str:
@@ -72,6 +79,8 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
         settings.update(type=click.FloatRange(min=0, min_open=True))
     elif kind == "choice":
         settings.update(type=click.Choice(list(meta["choices"])))
+    elif kind in PARSERS:
+        settings.update(callback=PARSERS[kind])
     return click.option(name, field.name, **settings)
 
 
@@ -98,8 +107,8 @@ def build(exp: Experiment) -> click.Command:
         if "threads" in given:
             given["threads"] = pick_threads(given["threads"])
         config = module.make_config(profile, **given)
-        cost, jobs = module.plan(config)
-        announce(cost, profile, jobs)
+        cost, jobs, changed = module.plan(config, profile)
+        announce(cost, profile, jobs, changed)
         folder = out or module.default_folder(config, profile)
         with ProgressRenderer(transient=True) as progress:
             result = module.run_experiment(folder, config, progress, None)

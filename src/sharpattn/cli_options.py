@@ -277,6 +277,64 @@ def cluster_options(f):
     )(connected)
 
 
+# --- comma-separated values -----------------------------------------------------------------
+
+
+def items(value: str) -> list[str]:
+    """The items of a comma-separated option, each stripped of surrounding spaces (a name may
+    hold spaces inside: "adaptive (inference)"); empty items dropped."""
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def csv(convert, ok, what: str, empty=None):
+    """A click callback: a comma-separated list, each item ``convert``ed and passing ``ok``."""
+
+    def parse(ctx, param, value):
+        if value is None:
+            return empty
+        try:
+            parsed = [convert(x) for x in items(value)]
+        except ValueError:
+            parsed = []
+        if not parsed or not all(ok(x) for x in parsed):
+            raise click.BadParameter(f"expected comma-separated {what}, got {value!r}.")
+        return parsed
+
+    return parse
+
+
+#: the largest size a command accepts before any work: one attention row of 2**31 keys
+MAX_SIZE = 2**31 - 1
+
+
+def names(ctx, param, value):
+    """``A,B,...`` as a tuple of names, or None."""
+    return None if value is None else tuple(items(value))
+
+
+def size_list(ctx, param, value):
+    """``N,N,...`` (whole numbers >= 1) as a tuple, or None."""
+    if value is None:
+        return None
+    parts = items(value)
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise click.BadParameter(f"expected sizes >= 1 such as 10,12, got {value!r}.")
+    return tuple(int(p) for p in parts)
+
+
+def size_range(ctx, param, value):
+    """``LO,HI`` (two whole numbers, 1 <= LO <= HI) as a tuple, or None."""
+    if value is None:
+        return None
+    parts = items(value)
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise click.BadParameter(f"expected two sizes LO,HI such as 4,16, got {value!r}.")
+    lo, hi = (int(p) for p in parts)
+    if not 1 <= lo <= hi:
+        raise click.BadParameter(f"expected 1 <= LO <= HI, got {lo},{hi}.")
+    return lo, hi
+
+
 def duration(seconds: float) -> str:
     """A duration as a person reads it: "45 s", "12 min 5 s", "3 h 20 min"."""
     s = max(0, round(seconds))

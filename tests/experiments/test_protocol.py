@@ -25,8 +25,8 @@ def test_every_registered_module_provides_the_protocol(name):
     for profile, _ in REGISTRY[name].profiles:
         assert profile in module.PROFILES
         config = module.make_config(profile)
-        cost, jobs = module.plan(config)
-        assert cost.startswith(REGISTRY[name].command) and jobs
+        cost, jobs, changed = module.plan(config, profile)
+        assert cost.startswith(REGISTRY[name].command) and jobs and not changed
         assert module.default_folder(config, profile).startswith("runs/")
     for field, meta in options_of(module.Config):
         assert meta["help"] or meta["kind"] in ("threads", "checkpoint"), field.name

@@ -24,7 +24,8 @@ __all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment",
            "options_of"]  # fmt: skip
 
 #: the kinds of option values the command line knows (`option`'s ``kind``)
-KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint")
+KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint", "names",
+         "sizes", "size_range")  # fmt: skip
 
 
 def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
@@ -36,7 +37,8 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     ``show_default`` is False: ``[default: X]`` where a profile may override it, click's own
     ``[default: X]`` where none does). ``kind``: how the command line reads the value (`KINDS`;
     from the default's type if not given: ``bool`` a flag, ``int`` a count, ``float`` a positive
-    number, ``str`` text); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
+    number, ``str`` text; ``names``, ``sizes`` and ``size_range``: comma-separated names, sizes
+    ``N,N,...`` and ``LO,HI``); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
     ``name`` the option's name where it is not the field's."""
     if kind is None:
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
@@ -84,10 +86,10 @@ class Experiment:
     ``module`` is imported only when the experiment is configured or run, so listing the
     commands stays fast. That module provides ``Config`` (a dataclass), ``PROFILES`` (profile
     name → settings), ``make_config(profile, **overrides)`` and ``run_experiment(folder,
-    config, progress, pool) -> Result``; optionally ``check(given)`` (refuses a combination of
-    options in one sentence before any work), ``plan(config) -> (cost, jobs)`` (the cost key
-    of `cli_options.COSTS` and the work, as announced before a long profile) and
-    ``default_folder(config, profile)``."""
+    config, progress, pool) -> Result``, ``plan(config, profile) -> (cost, jobs, changed)`` (the
+    cost key of `cli_options.COSTS`, the work as announced before a long profile, and whether
+    options changed the profile's work) and ``default_folder(config, profile)``; optionally
+    ``check(given)`` (refuses a combination of options in one sentence before any work)."""
 
     name: str
     module: str
@@ -131,4 +133,17 @@ experiment(Experiment(
               ("paper", "100 steps, 8 windows at 1x, 2x and 4x the context")),
     out_help="Run folder (default runs/selective-llm-<profile>, with --lora "
     "runs/selective-llm-lora-<profile>); re-running resumes it.",
+))  # fmt: skip
+
+experiment(Experiment(
+    name="clrs-llm",
+    module="sharpattn.experiments.clrs_llm",
+    short_help="Fig. 8 by fine-tuning SmolLM2 with LoRA.",
+    help="CLRS-Text algorithms on a fine-tuned SmolLM2: low-rank adapters trained with softmax "
+    "and with adaptive temperature on the same budget (Softmax is not Enough's Figure 8), "
+    "accuracy in and up to 4x beyond the training sizes.",
+    profiles=(("quick", "2 algorithms, 2 seeds, 40 steps of batch 4 per run, sizes to 4x"),
+              ("paper", "3 algorithms trained at 4-8 items, 2 seeds, 400 steps of batch 8 per "
+               "run, sizes to 4x")),
+    out_help="Run folder (default runs/clrs-llm-<profile>); re-running resumes it.",
 ))  # fmt: skip

@@ -45,6 +45,7 @@ import torch
 
 from .. import adapters, runner
 from ..clrs import summarize
+from ..protocol import Result
 from ..report import require
 from ..runner import Clock, Progress, RunFolder, Trainer, emit, generator, write_metrics
 from ..runs import damaged, read_json, write_json
@@ -97,6 +98,9 @@ __all__ = [
     "per_size",
     "prompt_and_answer",
     "run",
+    "run_experiment",
+    "plan",
+    "default_folder",
     "score",
     "seed_verdicts",
     "seeds_of",
@@ -220,3 +224,27 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
     }  # fmt: skip
     write_json(summary, training)
     return {"training": training, "scores": scores}
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+def plan(cfg: Config, profile: str) -> tuple[str, str, bool]:
+    """The cost key, the work as a long profile announces it, and whether options changed the
+    profile's work (those that leave it alone, checkpoints and threads, do not)."""
+    plain = make_config(profile, checkpoint_every=cfg.checkpoint_every, threads=cfg.threads)
+    steps = f"{cfg.steps} steps" + (f" ({cfg.adaptive_steps} for adaptive)"
+                                    if cfg.adaptive_steps else "")  # fmt: skip
+    jobs = f"{len(METHODS) * cfg.seeds} fine-tunings of {steps}"
+    return "reproduce clrs-llm", jobs, cfg != plain
+
+
+def default_folder(cfg: Config, profile: str) -> str:
+    return f"runs/clrs-llm-{profile}"
+
+
+def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    """`run` as the protocol calls it (``pool``: one process; the fine-tunings run in turn)."""
+    path, metrics = run(folder, cfg, progress)
+    return Result(path, "clrs_llm.md", ("report.md", "metrics.json", "fig8.png"), metrics)

@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runner import (
-    profile_settings,
-)
+from ..protocol import option
+from ..runner import profile_settings
 
 IGNORE = -100
 METHODS = ("softmax", "adaptive")
@@ -22,27 +21,40 @@ SCORES = {"exact": [int], "right": [int], "tokens": [int]}
 
 @dataclass
 class Config:
-    model: str = "smollm2-135m"
-    tasks: tuple[str, ...] = ("minimum", "insertion_sort")
-    train_sizes: tuple[int, int] = (4, 8)
-    eval_factor: int = 4  # evaluate up to this multiple of the largest training size
-    values: int = 10  # keys 0 … values-1: one digit each at 10
-    seeds: int = 2
-    seed: int = 0
-    steps: int = 40
-    batch: int = 4
-    lr: float = 1e-3
-    rank: int = 8  # LoRA rank (α = 2·rank)
-    prompts: int = 16  # test prompts per algorithm and size
-    eval_batch: int = 8
-    checkpoint_every: int = 50
-    threads: int | None = None
+    model: str = option("smollm2-135m", "Pretrained decoder.")
+    tasks: tuple[str, ...] = option(("minimum", "insertion_sort"), "Comma-separated CLRS "
+                                    "algorithms (overrides the profile; see reproduce clrs "
+                                    "--list).", kind="names")  # fmt: skip
+    train_sizes: tuple[int, int] = option((4, 8), "Sizes trained at, inclusive (overrides the "
+                                          "profile's 4,8).", kind="size_range",
+                                          metavar="LO,HI")  # fmt: skip
+    seed: int = option(0, "First seed (adapters and training batches; the test prompts).",
+                       kind="seed")  # fmt: skip
+    seeds: int = option(2, "Number of seeds (overrides the profile).", maximum="seeds")
+    steps: int = option(40, "AdamW steps per fine-tuning.", maximum="steps")
+    rank: int = option(8, "Rank of the LoRA adapters.", maximum="rank")  # α = 2·rank
+    lr: float = option(1e-3, "Learning rate of the adapters.")
+    eval_factor: int = option(4, "Evaluate up to this multiple of the largest training size.",
+                              maximum="factor")  # fmt: skip
     #: sizes evaluated besides `sizes`' doublings (e.g. 10 and 12 items: between the training
     #: range and the sizes where both methods are at 0)
-    eval_sizes: tuple[int, ...] = ()
+    eval_sizes: tuple[int, ...] = option((), "More sizes to evaluate, e.g. 10,12 (between the "
+                                         "training range and the doublings); may be added to "
+                                         "an existing run.", kind="sizes", metavar="N,N,...",
+                                         show_default=False)  # fmt: skip
     #: adaptive temperature's AdamW steps where they differ from ``steps`` (None: the same):
     #: to compare the methods at matched in-distribution accuracy when adaptive learns slower
-    adaptive_steps: int | None = None
+    adaptive_steps: int | None = option(None, "AdamW steps of the adaptive fine-tunings where "
+                                        "they differ from --steps (to compare at matched "
+                                        "in-distribution accuracy).", kind="count",
+                                        maximum="steps", show_default=False)  # fmt: skip
+    prompts: int = option(16, "Test prompts per algorithm and size, the same for both methods "
+                          "and every seed (overrides the profile).", maximum="sets")  # fmt: skip
+    checkpoint_every: int = option(50, "", kind="checkpoint")
+    threads: int | None = option(None, "", kind="threads")
+    values: int = 10  # keys 0 … values-1: one digit each at 10
+    batch: int = 4
+    eval_batch: int = 8
 
     def __post_init__(self):
         self.tasks = tuple(self.tasks)

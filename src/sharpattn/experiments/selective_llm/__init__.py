@@ -260,12 +260,13 @@ def check(given: dict[str, Any]) -> None:
             raise ValueError(f"{flag} applies to the matched study: add --lora RANK.")
 
 
-def plan(cfg: Config) -> tuple[str, str]:
-    """The cost key of the command as configured and its work, as a long profile announces it."""
+def plan(cfg: Config, profile: str) -> tuple[str, str, bool]:
+    """The cost key of the command as configured and its work, as a long profile announces it
+    (the cost quoted is the profile's as measured)."""
     matched = cfg.lora > 0
     trainings = 2 * cfg.seeds if matched else 1
     command = "reproduce selective-llm" + (" --lora" if matched else "")
-    return command, f"{trainings} training{'s' * (trainings > 1)} of {cfg.steps} steps"
+    return command, f"{trainings} training{'s' * (trainings > 1)} of {cfg.steps} steps", False
 
 
 def default_folder(cfg: Config, profile: str) -> str:

@@ -17,7 +17,6 @@ from .cli_options import (
     COSTS,
     MAX_FACTOR,
     MAX_ITEMS,
-    MAX_SEEDS,
     MAX_SETS,
     MAX_SIZE,
     MAX_STEPS,
@@ -52,7 +51,6 @@ _sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
 _layers = _csv(int, lambda n: n >= 0, "layer indices >= 0", empty=[])
-_floats = _csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -272,129 +270,6 @@ def reproduce():
     """Reproduce a paper's experiment from one command (resumable: re-run to continue)."""
 
 
-@reproduce.command("max-retrieval", short_help="Softmax is not Enough, Table 1.")
-@profile_options(
-    "reproduce max-retrieval",
-    "1 seed, 5,000 steps, sizes to 4,096",
-    "10 seeds x 100,000 steps, sizes 16..16,384",
-)
-@seeds_option()
-@click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
-@click.option("--sizes", callback=_sizes, help="Comma-separated evaluation set sizes.")
-@click.option(
-    "--method", default="softmax", show_default=True, help="Normalizer trained with (the baseline)."
-)
-@click.option(
-    "--coefficients",
-    default="icml",
-    show_default=True,
-    help="Adaptive-temperature polynomial at inference: icml, arxiv or a JSON file.",
-)
-@click.option(
-    "--regulariser",
-    default="l2",
-    show_default=True,
-    help="How λ = 0.001 enters training: l2 (λ·Σw²), half_l2 (λ/2·Σw²), l2_kernels (λ·Σw² "
-    "without biases) or adamw (decoupled decay).",
-)
-@click.option(
-    "--test-sets",
-    type=count(MAX_SETS),
-    help="Most test sets per size (overrides the profile).",
-)
-@checkpoint_option(1000)
-@click.option(
-    "--group",
-    type=count(MAX_SEEDS),
-    default=None,
-    help="Seeds trained together as one batched ensemble (default: the profile's).",
-)
-@cluster_options
-@threads_option()
-@out_option(None, "Run folder (default runs/max-retrieval-<profile>); re-running resumes it.")
-def max_retrieval(profile, seeds, steps, sizes, method, coefficients, regulariser, test_sets,
-                  checkpoint_every, group, workers, ray_address, threads, out):  # fmt: skip
-    """Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report."""
-    from .experiments import max_retrieval as mr
-
-    config = mr.make_config(profile, seeds=seeds, steps=steps, sizes=sizes, test_sets=test_sets,
-                            group=group, workers=workers, threads=threads, method=method,
-                            coefficients=coefficients, regulariser=regulariser,
-                            checkpoint_every=checkpoint_every)  # fmt: skip
-    out = out or f"runs/max-retrieval-{profile}"
-    if threads is None:
-        picked = pick_threads(None, config.workers, ray_address)
-        config = dataclasses.replace(config, threads=picked)
-    if seeds is not None and group is None:  # more seeds: trained together, not one by one
-        picked, why = mr.seeds_together(config, out)
-        config = dataclasses.replace(config, group=picked)
-        click.echo(f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
-                   f"{len(mr.groups(config))} ensemble(s) of up to {picked} ({why}; --group N "
-                   "to choose).", err=True)  # fmt: skip
-    announce("reproduce max-retrieval", profile,
-             f"{len(mr.groups(config))} training jobs of {config.group} seeds")  # fmt: skip
-    with ProgressRenderer() as progress:
-        result = mr.reproduce(out, config, progress, ray_address)
-    print_markdown((result["run"] / "table1.md").read_text(), mr.table_title(config.seeds))
-    note = mr.table_note(result["rows"], config.seeds)
-    if note:
-        console.print(note, markup=False, highlight=False)
-    speed = result["steps_per_s"]
-    console.print(f"training {speed:.0f} steps/s per seed; " if speed else "", end="")
-    console.print(f"wrote {result['run']}/report.md")
-
-
-@reproduce.command(
-    "max-retrieval-regularisers", short_help="Table 1 under each reading of its L2 term."
-)
-@profile_options(
-    "reproduce max-retrieval-regularisers",
-    "2 seeds x 2,000 steps per reading, sizes to 2,048",
-    "5 seeds x 100,000 steps per reading, sizes 16..2,048",
-)
-@seeds_option()
-@click.option("--steps", type=count(MAX_STEPS), help="Adam steps per seed (overrides the profile).")
-@click.option(
-    "--regularisers",
-    default=None,
-    help="Comma-separated readings of the L2 term to train under (default: all four, see "
-    "reproduce max-retrieval --regulariser).",
-)
-@click.option(
-    "--reuse",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="A max-retrieval run folder whose trained seeds a reading with the same training "
-    "settings takes instead of training them again (e.g. Table 1's --paper run for l2).",
-)
-@checkpoint_option(1000)
-@cluster_options
-@threads_option()
-@out_option("runs/max-retrieval-regularisers", "Study folder; re-running resumes it.")
-def max_retrieval_regularisers(profile, seeds, steps, regularisers, reuse, checkpoint_every,
-                               workers, ray_address, threads, out):  # fmt: skip
-    """Table 1's baseline under each reading of App. A.4's L2 term (λΣw², λ/2·Σw², without
-    biases, AdamW), each a max-retrieval run in OUT/<name>, compared with the paper's column."""
-    from .experiments import max_retrieval as mr
-    from .experiments import regularisers as rg
-
-    config = rg.make_config(profile, seeds=seeds, steps=steps, workers=workers,
-                            checkpoint_every=checkpoint_every)  # fmt: skip
-    if seeds is not None:
-        config = dataclasses.replace(config, group=seeds)
-    config = dataclasses.replace(config, threads=pick_threads(threads, config.workers, ray_address))
-    names = ([r.strip() for r in regularisers.split(",") if r.strip()] if regularisers
-             else list(mr.REGULARISERS))  # fmt: skip
-    announce("reproduce max-retrieval-regularisers", profile,
-             f"{len(names) * len(mr.groups(config))} training jobs of {config.group} seeds",
-             changed=seeds is not None or steps is not None)  # fmt: skip
-    with ProgressRenderer() as progress:
-        result = rg.study(out, config, names, progress, ray_address, reuse=reuse)
-    print_markdown((Path(out) / "regularisers.md").read_text(),
-                   "Max retrieval: Table 1's baseline under each reading of the L2 term")  # fmt: skip
-    console.print(f"wrote {result['report']}")
-
-
 @cli.command("fit-temperature", short_help="Refit adaptive temperature on a max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
@@ -440,67 +315,6 @@ def corollary_b1(run, pairs, seeds):
 
 
 # ---- reproduce selective ------------------------------------------------------------
-
-
-@reproduce.command("selective", short_help="Selective attention: graph, denoising, a char LM.")
-@profile_options(
-    "reproduce selective",
-    "3 seeds, few steps, 4 LM variants",
-    "The paper's steps and seeds, all twelve LM variants",
-)
-@seed_option("First seed.")
-@seeds_option("Seeds per setting (overrides the profile).")
-@click.option(
-    "--steps",
-    type=count(MAX_STEPS),
-    default=None,
-    help="Adam steps per task (and per LM run unless --lm-steps is given).",
-)
-@click.option(
-    "--sigmas", callback=_floats, default=None, help="Denoising noise levels σ, e.g. 0.1,0.3."
-)
-@click.option(
-    "--tasks",
-    default="graph,denoise,lm",
-    show_default=True,
-    help="Which parts to run: graph, denoise, lm (comma-separated).",
-)
-@click.option(
-    "--text",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Text for the language model (default: the first 100 KB of tiny Shakespeare, shipped "
-    "with the package; the documented --paper numbers used the whole 1.1 MB corpus: pass it here).",
-)
-@click.option("--lm-steps", type=count(MAX_STEPS), default=None, help="LM training steps.")
-@click.option(
-    "--lm-variants",
-    default=None,
-    help="LM variants, e.g. vanilla,q:both,qv:token (default: all twelve, k:both and kqv:both included; --quick: four).",
-)
-@checkpoint_option(500)
-@threads_option()
-@out_option(None, "Run folder (default runs/selective-<profile>); re-running resumes it.")
-def reproduce_selective(profile, out, **options):
-    """Selective attention (Zhang et al., NeurIPS 2024): graph next-token task, denoising and a
-    character language model (ours) at 1x, 2x and 4x its training context."""
-    from .experiments import selective as exp
-
-    options["threads"] = pick_threads(options["threads"])
-    config = exp.make_config(profile, **options)
-    announce("reproduce selective", profile, f"{exp.trainings(config)} trainings")
-    with ProgressRenderer(transient=True) as progress:
-        run_dir, result = exp.run(out or f"runs/selective-{profile}", config, progress)
-    for name, title in exp.TABLE_TITLES.items():
-        if (run_dir / f"{name}.md").is_file() and (name in result or name == "overhead"):
-            print_markdown((run_dir / f"{name}.md").read_text(), title)
-    console.print(
-        f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see {run_dir}/report.md "
-        "for what each column means and why some of the paper's numbers cannot be compared."
-    )
-
-
-# ---- end reproduce selective ------------------------------------------------------------------
 
 
 add_experiments(reproduce)  # the commands generated from the experiment protocol

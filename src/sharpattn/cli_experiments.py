@@ -9,6 +9,7 @@ imports no experiment."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -19,13 +20,16 @@ from .cli_options import (
     MAX_RANK,
     MAX_SEEDS,
     MAX_SETS,
+    MAX_SIZE,
     MAX_STEPS,
     SEED,
     ProgressRenderer,
     announce,
     checkpoint_option,
+    cluster_options,
     console,
     count,
+    csv,
     names,
     out_option,
     pick_threads,
@@ -43,7 +47,9 @@ BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MA
 
 
 #: the comma-separated kinds and their parsers
-PARSERS = {"names": names, "sizes": size_list, "size_range": size_range}
+PARSERS = {"names": names, "sizes": size_list, "size_range": size_range,
+           "set_sizes": csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}"),
+           "floats": csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")}  # fmt: skip
 
 
 def _with_default(help: str, value: Any) -> str:
@@ -79,6 +85,10 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
         settings.update(type=click.FloatRange(min=0, min_open=True))
     elif kind == "choice":
         settings.update(type=click.Choice(list(meta["choices"])))
+    elif kind == "file":
+        settings.update(type=click.Path(dir_okay=False))
+    elif kind == "folder":
+        settings.update(type=click.Path(exists=True, file_okay=False))
     elif kind in PARSERS:
         settings.update(callback=PARSERS[kind])
     return click.option(name, field.name, **settings)
@@ -104,23 +114,36 @@ def build(exp: Experiment) -> click.Command:
                 check({k: v for k, v in given.items() if v is not None})
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
-        if "threads" in given:
-            given["threads"] = pick_threads(given["threads"])
-        config = module.make_config(profile, **given)
+        pool = given.pop("ray_address", None)
+        threads = given.pop("threads", False)  # False: the command has no --threads
+        configure = getattr(module, "configure", None) or module.make_config
+        config = configure(profile, **{k: v for k, v in given.items() if v is not None})
+        if threads is not False:  # the cores free now, or one per worker process
+            picked = pick_threads(threads, getattr(config, "workers", None), pool)
+            with_threads = getattr(module, "with_threads", None)
+            config = (with_threads(config, picked) if with_threads
+                      else dataclasses.replace(config, threads=picked))  # fmt: skip
+        folder = out or module.default_folder(config, profile)
+        if hasattr(module, "prepare"):
+            config, note = module.prepare(config, folder, given)
+            if note:
+                click.echo(note, err=True)
         cost, jobs, changed = module.plan(config, profile)
         announce(cost, profile, jobs, changed)
-        folder = out or module.default_folder(config, profile)
-        with ProgressRenderer(transient=True) as progress:
-            result = module.run_experiment(folder, config, progress, None)
-        print_markdown((result.folder / result.headline).read_text(encoding="utf-8"))
+        with ProgressRenderer(transient=exp.transient) as progress:
+            result = module.run_experiment(folder, config, progress, pool)
+        for name, title in result.tables:
+            print_markdown((result.folder / name).read_text(encoding="utf-8"), title)
         files = list(result.files)
-        named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1]
-        console.print(f"wrote {result.folder}/{named}")
+        named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1:][0]
+        closing = result.closing or f"wrote {result.folder}/{named}"
+        console.print(closing, markup=False, highlight=False)
 
     decorators = [
         _profiles(exp),
-        *(_option(f, meta, profiled) for f, meta in options_of(module.Config)),
-        out_option(None, exp.out_help),
+        *(_option(f, meta, profiled) for f, meta in options_of(module)),
+        *([cluster_options] if exp.pool else []),
+        out_option(exp.out_default, exp.out_help),
     ]
     for decorate in reversed(decorators):
         body = decorate(body)

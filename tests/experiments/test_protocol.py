@@ -21,14 +21,14 @@ def test_every_registered_module_provides_the_protocol(name):
     module = REGISTRY[name].load()
     for attr in ("Config", "PROFILES", "make_config", "run_experiment", "plan", "default_folder"):
         assert hasattr(module, attr), f"{name}: {attr} missing"
-    assert dataclasses.is_dataclass(module.Config)
+    assert dataclasses.is_dataclass(getattr(module, "Options", None) or module.Config)
     for profile, _ in REGISTRY[name].profiles:
         assert profile in module.PROFILES
-        config = module.make_config(profile)
+        config = (getattr(module, "configure", None) or module.make_config)(profile)
         cost, jobs, changed = module.plan(config, profile)
         assert cost.startswith(REGISTRY[name].command) and jobs and not changed
         assert module.default_folder(config, profile).startswith("runs/")
-    for field, meta in options_of(module.Config):
+    for field, meta in options_of(module):
         assert meta["help"] or meta["kind"] in ("threads", "checkpoint"), field.name
 
 
@@ -38,7 +38,7 @@ def test_the_generated_help_has_every_option_with_its_default(name):
     out = CliRunner().invoke(cli, ["reproduce", name, "--help"], terminal_width=200).output
     assert "--quick" in out and "--paper" in out and "--out" in out
     profiled = {k for settings in module.PROFILES.values() for k in settings}
-    for field, meta in options_of(module.Config):
+    for field, meta in options_of(module):
         flag = meta["name"] or "--" + field.name.replace("_", "-")
         assert flag in out, flag
         line = next(x for x in out.splitlines() if x.strip().startswith(flag))

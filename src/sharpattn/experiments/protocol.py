@@ -25,7 +25,7 @@ __all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment",
 
 #: the kinds of option values the command line knows (`option`'s ``kind``)
 KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint", "names",
-         "sizes", "size_range")  # fmt: skip
+         "sizes", "size_range", "floats", "file", "set_sizes", "folder")  # fmt: skip
 
 
 def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
@@ -37,8 +37,9 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     ``show_default`` is False: ``[default: X]`` where a profile may override it, click's own
     ``[default: X]`` where none does). ``kind``: how the command line reads the value (`KINDS`;
     from the default's type if not given: ``bool`` a flag, ``int`` a count, ``float`` a positive
-    number, ``str`` text; ``names``, ``sizes`` and ``size_range``: comma-separated names, sizes
-    ``N,N,...`` and ``LO,HI``); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
+    number, ``str`` text; ``names``, ``sizes``, ``size_range`` and ``floats``: comma-separated names, sizes
+    ``N,N,...``, ``LO,HI`` and positive numbers; ``set_sizes``: sizes from 2 to 2**31 - 1;
+    ``file``: a file's path; ``folder``: an existing folder's); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
     ``name`` the option's name where it is not the field's."""
     if kind is None:
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
@@ -50,9 +51,10 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     return field(default=default, metadata={"option": meta})
 
 
-def options_of(config: type) -> list[tuple[dataclasses.Field, dict[str, Any]]]:
-    """The fields of a ``Config`` dataclass declared with `option`, in their order, each with
-    its option's settings."""
+def options_of(module: Any) -> list[tuple[dataclasses.Field, dict[str, Any]]]:
+    """The fields of an experiment module's ``Options`` (else ``Config``) declared with
+    `option`, in their order, each with its option's settings."""
+    config = getattr(module, "Options", None) or module.Config
     return [(f, f.metadata["option"]) for f in dataclasses.fields(config) if "option" in f.metadata]
 
 
@@ -70,13 +72,15 @@ def describe_default(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Result:
-    """What a run produced: its folder, the table the command prints (a markdown file of the
-    folder) and every file the command names as written."""
+    """What a run produced: its folder, the tables the command prints (markdown files of the
+    folder, each with a title or None), the files the command names as written, and its
+    metrics. ``closing``: the command's last line, where it says more than the files written."""
 
     folder: Path
-    headline: str
-    files: tuple[str, ...]
+    tables: tuple[tuple[str, str | None], ...]
+    files: tuple[str, ...] = ()
     summary: dict[str, Any] = field(default_factory=dict)
+    closing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,17 @@ class Experiment:
 
     ``module`` is imported only when the experiment is configured or run, so listing the
     commands stays fast. That module provides ``Config`` (a dataclass), ``PROFILES`` (profile
-    name → settings), ``make_config(profile, **overrides)`` and ``run_experiment(folder,
+    name → settings), ``Config`` or, where the run's configuration is not flat, ``Options``
+    (the dataclass whose `option` fields are the command's options), ``make_config(profile,
+    **options)`` (the options given, None left out) and ``run_experiment(folder,
     config, progress, pool) -> Result``, ``plan(config, profile) -> (cost, jobs, changed)`` (the
     cost key of `cli_options.COSTS`, the work as announced before a long profile, and whether
     options changed the profile's work) and ``default_folder(config, profile)``; optionally
-    ``check(given)`` (refuses a combination of options in one sentence before any work)."""
+    ``check(given)`` (refuses a combination of options in one sentence before any work) and
+    ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the run
+    folder, with a line saying what was chosen). A module whose run takes more than one
+    configuration object provides ``configure(profile, **options)`` instead of ``make_config``
+    and ``with_threads(config, n)`` (the threads picked for its processes)."""
 
     name: str
     module: str
@@ -100,6 +110,12 @@ class Experiment:
     profiles: tuple[tuple[str, str], ...]
     #: ``--out``'s help: the default folder and that re-running resumes it
     out_help: str = "Run folder; re-running resumes it."
+    #: ``--out``'s default where it does not depend on the profile (shown in ``--help``)
+    out_default: str | None = None
+    #: the jobs may run on worker processes or Ray (``--workers``, ``--ray``: the ``pool``)
+    pool: bool = False
+    #: progress bars removed when the run ends (the long sweeps keep theirs)
+    transient: bool = True
 
     def load(self) -> Any:
         return importlib.import_module(self.module)
@@ -133,6 +149,42 @@ experiment(Experiment(
               ("paper", "100 steps, 8 windows at 1x, 2x and 4x the context")),
     out_help="Run folder (default runs/selective-llm-<profile>, with --lora "
     "runs/selective-llm-lora-<profile>); re-running resumes it.",
+))  # fmt: skip
+
+experiment(Experiment(
+    name="max-retrieval",
+    module="sharpattn.experiments.max_retrieval",
+    short_help="Softmax is not Enough, Table 1.",
+    help="Softmax is not Enough, Table 1: train, evaluate over sizes, t-tests, figures, report.",
+    profiles=(("quick", "1 seed, 5,000 steps, sizes to 4,096"),
+              ("paper", "10 seeds x 100,000 steps, sizes 16..16,384")),
+    out_help="Run folder (default runs/max-retrieval-<profile>); re-running resumes it.",
+    pool=True,
+    transient=False,
+))  # fmt: skip
+
+experiment(Experiment(
+    name="max-retrieval-regularisers",
+    module="sharpattn.experiments.regularisers",
+    short_help="Table 1 under each reading of its L2 term.",
+    help="Table 1's baseline under each reading of App. A.4's L2 term (λΣw², λ/2·Σw², without "
+    "biases, AdamW), each a max-retrieval run in OUT/<name>, compared with the paper's column.",
+    profiles=(("quick", "2 seeds x 2,000 steps per reading, sizes to 2,048"),
+              ("paper", "5 seeds x 100,000 steps per reading, sizes 16..2,048")),
+    out_help="Study folder; re-running resumes it.",
+    out_default="runs/max-retrieval-regularisers",
+    pool=True,
+))  # fmt: skip
+
+experiment(Experiment(
+    name="selective",
+    module="sharpattn.experiments.selective",
+    short_help="Selective attention: graph, denoising, a char LM.",
+    help="Selective attention (Zhang et al., NeurIPS 2024): graph next-token task, denoising and "
+    "a character language model (ours) at 1x, 2x and 4x its training context.",
+    profiles=(("quick", "3 seeds, few steps, 4 LM variants"),
+              ("paper", "The paper's steps and seeds, all twelve LM variants")),
+    out_help="Run folder (default runs/selective-<profile>); re-running resumes it.",
 ))  # fmt: skip
 
 experiment(Experiment(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from . import max_retrieval as mr
 from . import report
+from .protocol import Result, option
 from .runner import Clock, Progress, RunFolder, profile_settings, write_metrics
 from .runs import read_json, write_atomic, write_json
 from .stats import paired_effect
@@ -54,6 +55,75 @@ PROFILES: dict[str, dict[str, Any]] = {
 def make_config(profile: str = "quick", **overrides: Any) -> mr.Config:
     """The shared run configuration of a profile (a key of PROFILES), with ``overrides``."""
     return mr.Config(**profile_settings(PROFILES, profile, overrides))
+
+
+@dataclass
+class Options:
+    """The command's options (`protocol`)."""
+
+    seeds: int | None = option(None, "Number of seeds (overrides the profile).", kind="count",
+                               maximum="seeds", show_default=False)  # fmt: skip
+    steps: int | None = option(None, "Adam steps per seed (overrides the profile).",
+                               kind="count", maximum="steps", show_default=False)  # fmt: skip
+    regularisers: str | None = option(None, "Comma-separated readings of the L2 term to train "
+                                      "under (default: all four, see reproduce max-retrieval "
+                                      "--regulariser).", kind="text", show_default=False)  # fmt: skip
+    reuse: str | None = option(None, "A max-retrieval run folder whose trained seeds a reading "
+                               "with the same training settings takes instead of training them "
+                               "again (e.g. Table 1's --paper run for l2).", kind="folder",
+                               show_default=False)  # fmt: skip
+    checkpoint_every: int = option(1000, "", kind="checkpoint")
+    threads: int | None = option(None, "", kind="threads")
+
+
+@dataclass(frozen=True)
+class Study:
+    """What the study runs: the shared run configuration, the readings, and a run to reuse."""
+
+    config: mr.Config
+    regularisers: tuple[str, ...]
+    reuse: str | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.config.workers
+
+
+def configure(profile: str = "quick", *, regularisers: str | None = None,
+              reuse: str | None = None, seeds: int | None = None, **overrides: Any) -> Study:  # fmt: skip
+    """The study of a profile with the command's options: more seeds train as one ensemble."""
+    config = make_config(profile, seeds=seeds, **overrides)
+    if seeds is not None:
+        config = replace(config, group=seeds)
+    names = ([r.strip() for r in regularisers.split(",") if r.strip()] if regularisers
+             else list(mr.REGULARISERS))  # fmt: skip
+    return Study(config, tuple(names), reuse)
+
+
+def with_threads(study: Study, threads: int) -> Study:
+    return replace(study, config=replace(study.config, threads=threads))
+
+
+def plan(study: Study, profile: str) -> tuple[str, str, bool]:
+    plain = make_config(profile)
+    jobs = len(study.regularisers) * len(mr.groups(study.config))
+    changed = (study.config.seeds, study.config.steps) != (plain.seeds, plain.steps)
+    return ("reproduce max-retrieval-regularisers",
+            f"{jobs} training jobs of {study.config.group} seeds", changed)  # fmt: skip
+
+
+def default_folder(study: Study, profile: str) -> str:
+    return "runs/max-retrieval-regularisers"
+
+
+def run_experiment(folder: str | Path, chosen: Study, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    result = study(
+        folder, chosen.config, list(chosen.regularisers), progress, pool, reuse=chosen.reuse
+    )
+    title = "Max retrieval: Table 1's baseline under each reading of the L2 term"
+    return Result(Path(folder), (("regularisers.md", title),), (), result,
+                  f"wrote {result['report']}")  # fmt: skip
 
 
 #: the sizes where the default reading's baseline fell 6–20 points below the paper's
@@ -260,5 +330,6 @@ def _gap(g: dict[str, Any]) -> str:
     return f"{g['gap']:+.1f} [{g['low']:+.1f}, {g['high']:+.1f}]"
 
 
-__all__ = ["GAP_SIZES", "PROFILES", "compare", "gap_sizes", "make_config", "study",
+__all__ = ["Options", "Study", "configure", "default_folder", "plan", "run_experiment",
+           "with_threads", "GAP_SIZES", "PROFILES", "compare", "gap_sizes", "make_config", "study",
            "write_comparison"]  # fmt: skip

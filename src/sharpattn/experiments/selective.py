@@ -25,6 +25,7 @@ from typing import Any
 from ..attention import SelectiveConfig
 from ..attention.selective import selective_parameter_count
 from . import report
+from .protocol import Result, option
 from .runner import Clock, Progress, RunFolder, profile_settings, threads, write_metrics
 from .runs import write_atomic
 from .selective_common import PAPER_FIG2, fig2_markdown
@@ -190,6 +191,34 @@ def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = No
                    checkpoint_every=checkpoint_every)  # fmt: skip
 
 
+@dataclass
+class Options:
+    """The command's options (`protocol`): ``make_config`` applies them to a profile's
+    nested configuration (seeds and steps to every part)."""
+
+    seed: int = option(0, "First seed.", kind="seed")
+    seeds: int | None = option(None, "Seeds per setting (overrides the profile).", kind="count",
+                               maximum="seeds", show_default=False)  # fmt: skip
+    steps: int | None = option(None, "Adam steps per task (and per LM run unless --lm-steps is "
+                               "given).", kind="count", maximum="steps",
+                               show_default=False)  # fmt: skip
+    sigmas: tuple[float, ...] | None = option(None, "Denoising noise levels σ, e.g. 0.1,0.3.",
+                                              kind="floats", show_default=False)  # fmt: skip
+    tasks: str = option(",".join(TASKS), "Which parts to run: graph, denoise, lm "
+                        "(comma-separated).")  # fmt: skip
+    text: str | None = option(None, "Text for the language model (default: the first 100 KB of "
+                              "tiny Shakespeare, shipped with the package; the documented "
+                              "--paper numbers used the whole 1.1 MB corpus: pass it here).",
+                              kind="file", show_default=False)  # fmt: skip
+    lm_steps: int | None = option(None, "LM training steps.", kind="count", maximum="steps",
+                                  show_default=False)  # fmt: skip
+    lm_variants: str | None = option(None, "LM variants, e.g. vanilla,q:both,qv:token (default: "
+                                     "all twelve, k:both and kqv:both included; --quick: "
+                                     "four).", kind="text", show_default=False)  # fmt: skip
+    checkpoint_every: int = option(500, "", kind="checkpoint")
+    threads: int | None = option(None, "", kind="threads")
+
+
 def trainings(config: ReproduceConfig) -> int:
     """How many trainings ``config`` runs: one ensemble per graph readout, one for denoising,
     one run per LM variant and seed (of the tasks it names)."""
@@ -322,3 +351,27 @@ width d/2, our choice: the paper does not give it).
 {overhead_markdown(result["overhead"])}""")
     title = "Selective attention: reproductions (Zhang et al., NeurIPS 2024)"
     return report.write_report(run_dir, title, parts)
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+def plan(config: ReproduceConfig, profile: str) -> tuple[str, str, bool]:
+    """The cost key and the work, as a long profile announces it."""
+    return "reproduce selective", f"{trainings(config)} trainings", False
+
+
+def default_folder(config: ReproduceConfig, profile: str) -> str:
+    return f"runs/selective-{profile}"
+
+
+def run_experiment(folder: str | Path, config: ReproduceConfig, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    """`run` as the protocol calls it: every part's table that ran, then the overhead."""
+    path, result = run(folder, config, progress)
+    tables = tuple((f"{name}.md", title) for name, title in TABLE_TITLES.items()
+                   if (path / f"{name}.md").is_file() and (name in result or name == "overhead"))  # fmt: skip
+    closing = (f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see "
+               f"{path}/report.md for what each column means and why some of the paper's "
+               "numbers cannot be compared.")  # fmt: skip
+    return Result(path, tables, ("report.md",), result, closing)

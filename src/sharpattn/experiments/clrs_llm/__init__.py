@@ -247,4 +247,6 @@ def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = 
                    pool: str | None = None) -> Result:  # fmt: skip
     """`run` as the protocol calls it (``pool``: one process; the fine-tunings run in turn)."""
     path, metrics = run(folder, cfg, progress)
-    return Result(path, "clrs_llm.md", ("report.md", "metrics.json", "fig8.png"), metrics)
+    return Result(
+        path, (("clrs_llm.md", None),), ("report.md", "metrics.json", "fig8.png"), metrics
+    )

@@ -28,11 +28,13 @@ The modules: `config` (Config, profiles, seeds' groups and streams, the run fold
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..protocol import Result
 from ..runner import Clock, Progress, write_metrics
 from ..runs import write_json
 from .config import (
@@ -97,6 +99,10 @@ from .training import (
 )
 
 __all__ = [
+    "default_folder",
+    "plan",
+    "prepare",
+    "run_experiment",
     "batch_bytes",
     "BLOCK",
     "build_model",
@@ -192,3 +198,44 @@ def reproduce(
     write_metrics(run, summary, "summary.json")
     write_report(run)
     return {"run": run, "rows": rows, **summary}
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+def prepare(config: Config, folder: str | Path, given: dict[str, Any]) -> tuple[Config, str | None]:
+    """More seeds than the profile's, without ``--group``: trained together (`seeds_together`),
+    not one by one; the line says how."""
+    if given.get("seeds") is None or given.get("group") is not None:
+        return config, None
+    picked, why = seeds_together(config, folder)
+    config = replace(config, group=picked)
+    return config, (f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
+                    f"{len(groups(config))} ensemble(s) of up to {picked} ({why}; --group N to "
+                    "choose).")  # fmt: skip
+
+
+def plan(config: Config, profile: str) -> tuple[str, str, bool]:
+    return (
+        "reproduce max-retrieval",
+        f"{len(groups(config))} training jobs of {config.group} seeds",
+        False,
+    )
+
+
+def default_folder(config: Config, profile: str) -> str:
+    return f"runs/max-retrieval-{profile}"
+
+
+def run_experiment(folder: str | Path, config: Config, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    """`reproduce` as the protocol calls it (``pool``: a Ray address, else local processes)."""
+    result = reproduce(Path(folder), config, progress, pool)
+    run, speed = result["run"], result["steps_per_s"]
+    note = table_note(result["rows"], config.seeds)
+    closing = (
+        (f"{note}\n" if note else "")
+        + (f"training {speed:.0f} steps/s per seed; " if speed else "")
+        + f"wrote {run}/report.md"
+    )
+    return Result(run, (("table1.md", table_title(config.seeds)),), ("report.md",), result, closing)

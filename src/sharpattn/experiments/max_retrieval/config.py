@@ -10,6 +10,7 @@ from typing import Any
 
 from ... import normalizers as nz
 from ...models import SetAttention
+from ..protocol import option
 from ..runner import Progress, RunFolder, cores, profile_settings, seeded
 from ..runner import read_config as read_config_json
 from ..runs import available_memory
@@ -55,23 +56,35 @@ REGULARISERS = {
 class Config:
     """Everything that defines a run; stored in config.json. Defaults are the paper's (App. A.4)."""
 
-    seeds: int = 10
-    steps: int = 100_000
-    sizes: tuple[int, ...] = PAPER_SIZES
-    method: str = "softmax"  # the normalizer trained with ("baseline")
-    coefficients: str | list[float] = "icml"  # adaptive temperature at inference
+    seeds: int = option(10, "Number of seeds (overrides the profile).", maximum="seeds")
+    steps: int = option(100_000, "Adam steps per seed (overrides the profile).", maximum="steps")
+    sizes: tuple[int, ...] = option(PAPER_SIZES, "Comma-separated evaluation set sizes.",
+                                    kind="set_sizes", show_default=False)  # fmt: skip
+    # the normalizer trained with ("baseline")
+    method: str = option("softmax", "Normalizer trained with (the baseline).")
+    # adaptive temperature at inference
+    coefficients: str | list[float] = option("icml", "Adaptive-temperature polynomial at "
+                                             "inference: icml, arxiv or a JSON file.",
+                                             kind="text")  # fmt: skip
     batch: int = 128
     lr: float = 1e-3
     l2: float = 1e-3  # λ of App. A.4's "L2 regularisation"; how it enters: ``regulariser``
-    regulariser: str = "l2"  # a key of REGULARISERS
+    # a key of REGULARISERS
+    regulariser: str = option("l2", "How λ = 0.001 enters training: l2 (λ·Σw²), half_l2 (λ/2·Σw²), "
+                              "l2_kernels (λ·Σw² without biases) or adamw (decoupled decay).")  # fmt: skip
     min_items: int = 5
     max_items: int = 16
-    test_sets: int = 10_000  # per size: standard error <= 0.5 points
-    checkpoint_every: int = 1_000
+    # per size: standard error <= 0.5 points
+    test_sets: int = option(10_000, "Most test sets per size (overrides the profile).",
+                            maximum="sets")  # fmt: skip
+    checkpoint_every: int = option(1_000, "", kind="checkpoint")
     log_every: int = 100
-    group: int = 10  # seeds trained together as one batched ensemble
+    # seeds trained together as one batched ensemble
+    group: int = option(10, "Seeds trained together as one batched ensemble (default: the "
+                        "profile's).", maximum="seeds")  # fmt: skip
     workers: int = 1  # groups trained in parallel local processes (or Ray tasks)
-    threads: int | None = None  # torch threads per process (default: cores // workers)
+    # torch threads per process (default: cores // workers)
+    threads: int | None = option(None, "", kind="threads")
 
     def __post_init__(self):
         self.sizes = tuple(int(n) for n in self.sizes)

@@ -277,4 +277,6 @@ def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = 
                    pool: str | None = None) -> Result:  # fmt: skip
     """`run` as the protocol calls it (``pool``: one process; the study has no jobs to spread)."""
     path, metrics = run(folder, cfg, progress)
-    return Result(path, "report.md", ("report.md", "metrics.json", "perplexity.png"), metrics)
+    return Result(
+        path, (("report.md", None),), ("report.md", "metrics.json", "perplexity.png"), metrics
+    )

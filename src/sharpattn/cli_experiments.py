@@ -62,6 +62,9 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
     """The click option of one ``Config`` field."""
     name = meta["name"] or "--" + field.name.replace("_", "-")
     kind, help = meta["kind"], meta["help"]
+    if kind == "argument":
+        return click.argument(field.name, metavar=meta["metavar"] or field.name.upper(),
+                              type=click.Choice(list(meta["choices"])))  # fmt: skip
     if kind == "seed":
         return click.option(name, field.name, type=SEED, default=field.default,
                             show_default=True, help=help)  # fmt: skip
@@ -95,7 +98,10 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
 
 
 def _profiles(exp: Experiment):
-    """``--quick``, ``--paper`` and any profile between them, as `profile_options` makes them."""
+    """``--quick``, ``--paper`` and any profile between them, as `profile_options` makes them
+    (none where the experiment has no profiles)."""
+    if not exp.profiles:
+        return lambda f: f
     named = dict(exp.profiles)
     middle = [n for n in named if n not in ("quick", "paper")]
     between = {"medium": named[middle[0]], "middle": middle[0]} if middle else {}
@@ -105,9 +111,9 @@ def _profiles(exp: Experiment):
 def build(exp: Experiment) -> click.Command:
     """The command of ``exp``, built from its module's Config and profiles."""
     module = exp.load()
-    profiled = {k for settings in module.PROFILES.values() for k in settings}
+    profiled = {k for settings in getattr(module, "PROFILES", {}).values() for k in settings}
 
-    def body(profile: str, out: str | None, **given: Any) -> None:
+    def body(out: str | None, profile: str = "quick", **given: Any) -> None:
         check = getattr(module, "check", None)
         if check is not None:
             try:
@@ -134,6 +140,8 @@ def build(exp: Experiment) -> click.Command:
             result = module.run_experiment(folder, config, progress, pool)
         for name, title in result.tables:
             print_markdown((result.folder / name).read_text(encoding="utf-8"), title)
+        for markdown, title in result.printed:
+            print_markdown(markdown, title)
         files = list(result.files)
         named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1:][0]
         closing = result.closing or f"wrote {result.folder}/{named}"

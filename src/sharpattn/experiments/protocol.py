@@ -25,7 +25,7 @@ __all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment",
 
 #: the kinds of option values the command line knows (`option`'s ``kind``)
 KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint", "names",
-         "sizes", "size_range", "floats", "file", "set_sizes", "folder")  # fmt: skip
+         "sizes", "size_range", "floats", "file", "set_sizes", "folder", "argument")  # fmt: skip
 
 
 def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
@@ -39,7 +39,8 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     from the default's type if not given: ``bool`` a flag, ``int`` a count, ``float`` a positive
     number, ``str`` text; ``names``, ``sizes``, ``size_range`` and ``floats``: comma-separated names, sizes
     ``N,N,...``, ``LO,HI`` and positive numbers; ``set_sizes``: sizes from 2 to 2**31 - 1;
-    ``file``: a file's path; ``folder``: an existing folder's); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
+    ``file``: a file's path; ``folder``: an existing folder's; ``argument``: the command's
+    positional argument, one of ``choices``); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
     ``name`` the option's name where it is not the field's."""
     if kind is None:
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
@@ -81,6 +82,8 @@ class Result:
     files: tuple[str, ...] = ()
     summary: dict[str, Any] = field(default_factory=dict)
     closing: str | None = None
+    #: markdown printed after the tables, each with a title or None (findings no file holds)
+    printed: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class Experiment:
     short_help: str
     help: str
     #: profile name → what it runs (its measured cost is added from ``COSTS``), in the order
-    #: of the flags; the first is the default
+    #: of the flags; the first is the default (none: the command has no profile flags)
     profiles: tuple[tuple[str, str], ...]
     #: ``--out``'s help: the default folder and that re-running resumes it
     out_help: str = "Run folder; re-running resumes it."
@@ -185,6 +188,32 @@ experiment(Experiment(
     profiles=(("quick", "3 seeds, few steps, 4 LM variants"),
               ("paper", "The paper's steps and seeds, all twelve LM variants")),
     out_help="Run folder (default runs/selective-<profile>); re-running resumes it.",
+))  # fmt: skip
+
+experiment(Experiment(
+    name="backcopy",
+    module="sharpattn.experiments.backcopy",
+    short_help="Bigram-Backcopy: sinks, drains, residual peaks.",
+    help="Bigram-Backcopy: attention sinks, value drains, residual peaks, and Theorem 2.",
+    profiles=(("quick", "d = 64, 64 tokens, batch 16, 600-1,500 steps per run"),
+              ("paper", "The paper's settings, App. C.1"),
+              ("medium", "d = 128, 128 tokens, batch 32, the paper's lr 3e-4 and 10,000 steps")),
+    out_help="Run folder (default runs/backcopy-<profile>); re-running resumes it.",
+    pool=True,
+    transient=False,
+))  # fmt: skip
+
+experiment(Experiment(
+    name="backcopy-study",
+    module="sharpattn.experiments.backcopy.studies",
+    short_help="Bigram-Backcopy one-factor studies.",
+    help="Bigram-Backcopy controlled studies (one factor at a time): relu-peak, sgd, fig7b, "
+    "no-bos, structures; and simplified, App. C.3's simplified model of Theorem 2 trained by "
+    "Adam.",
+    profiles=(),
+    out_help="Run folder (default runs/backcopy-study-<study>); re-running resumes it.",
+    pool=True,
+    transient=False,
 ))  # fmt: skip
 
 experiment(Experiment(

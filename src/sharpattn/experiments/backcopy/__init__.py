@@ -34,13 +34,14 @@ names. Beside them: `theory` (the simplified model's gradient flow and Prop. B.0
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ...tasks.bigram_backcopy import BigramBackcopy
 from .. import report, runner
+from ..protocol import Result, option
 from ..runner import Clock, Progress, RunFolder, emit, write_metrics
 from .config import (
     CONVERGED,
@@ -103,6 +104,12 @@ from .training import (
 Tensor = torch.Tensor
 
 __all__ = [
+    "Invocation",
+    "Options",
+    "configure",
+    "default_folder",
+    "plan",
+    "run_experiment",
     "CONVERGED",
     "DEFAULT_LR",
     "DELIMITERS",
@@ -339,3 +346,48 @@ def write_report(out: Path, runs: dict[str, Run], inter, findings, results, task
     sections.append("## Notes\n\n" + "".join(f"- {n}\n" for n in notes))
     title = "Bigram-Backcopy: attention sinks, value drains and residual peaks"
     return report.write_report(out, title, sections)
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+@dataclass
+class Options:
+    """The command's options (`protocol`); the profiles fix everything else (`PROFILES`)."""
+
+    seed: int = option(0, "Seed of every run (initialisation, batches, evaluation sequences).",
+                       kind="seed")  # fmt: skip
+    threads: int | None = option(None, "", kind="threads")
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What `reproduce` is called with."""
+
+    profile: str
+    seed: int = 0
+    threads: int | None = 1
+    workers: int = 1
+
+
+def configure(profile: str = "quick", *, seed: int = 0, workers: int | None = None,
+              threads: int | None = 1) -> Invocation:  # fmt: skip
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}.")
+    return Invocation(profile, seed, threads, workers or 1)
+
+
+def plan(inv: Invocation, profile: str) -> tuple[str, str, bool]:
+    return "reproduce backcopy", f"{len(RUNS)} training runs", False
+
+
+def default_folder(inv: Invocation, profile: str) -> str:
+    return f"runs/backcopy-{profile}"
+
+
+def run_experiment(folder: str | Path, inv: Invocation, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    run, findings = reproduce(folder, profile=inv.profile, seed=inv.seed, threads=inv.threads,
+                              progress=progress, workers=inv.workers, ray=pool)  # fmt: skip
+    printed = ((findings_markdown(findings), "Bigram-Backcopy findings (Guo et al.)"),)
+    return Result(Path(run), (), ("report.md and its PNGs",), {}, printed=printed)

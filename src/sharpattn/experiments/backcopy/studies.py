@@ -29,6 +29,7 @@ import numpy as np
 
 from ...tasks.bigram_backcopy import BigramBackcopy
 from .. import report, runner
+from ..protocol import Result, option
 from ..runner import Clock, Progress, RunFolder, emit, write_metrics
 from ..stats import linear_fit
 from .config import CONVERGED, RunConfig
@@ -334,3 +335,75 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
             "middle layer's BOS logit and value norm return to normal (no sink, no drain)."
         )
     return report.write_report(out, f"Bigram-Backcopy study: {name}", sections)
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+@dataclass
+class Options:
+    """The command's options (`protocol`): the study, then what may change in it."""
+
+    study: str = option("relu-peak", "", kind="argument", choices=NAMES, metavar="STUDY")
+    seeds: int | None = option(None, "Seeds per variant (default: the study's own; simplified: "
+                               "1).", kind="count", maximum="seeds", show_default=False)  # fmt: skip
+    steps: int | None = option(None, "Training steps of the simplified study (default 5,000).",
+                               kind="count", maximum="steps", show_default=False)  # fmt: skip
+    variants: tuple[str, ...] | None = option(None, "Only these of the study's variants, "
+                                              "comma-separated (runs already in the folder are "
+                                              "kept; the report covers the ones asked for).",
+                                              kind="names", show_default=False)  # fmt: skip
+    threads: int | None = option(None, "", kind="threads")
+
+
+def check(given: dict) -> None:
+    """Options that do not apply to the study asked for: one sentence."""
+    if given.get("steps") is not None and given["study"] != "simplified":
+        raise ValueError("--steps applies to the simplified study only.")
+    if given["study"] == "simplified" and (given.get("variants") or given.get("workers")
+                                           or given.get("ray_address")):  # fmt: skip
+        raise ValueError("--variants, --workers and --ray apply to the transformer studies.")
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """What `run_study` is called with."""
+
+    study: str
+    seeds: int | None = None
+    steps: int | None = None
+    variants: tuple[str, ...] | None = None
+    threads: int | None = 1
+    workers: int = 1
+
+
+def configure(profile: str = "quick", *, study: str, seeds: int | None = None,
+              steps: int | None = None, variants: Sequence[str] | None = None,
+              workers: int | None = None, threads: int | None = 1) -> StudyRun:  # fmt: skip
+    """The study's run (it has no profiles: each study fixes its own settings)."""
+    variants = tuple(variants) if variants is not None else None
+    return StudyRun(study, seeds, steps, variants, threads, workers or 1)
+
+
+def plan(chosen: StudyRun, profile: str) -> tuple[str, str, bool]:
+    return "reproduce backcopy-study", f"study {chosen.study}", False
+
+
+def default_folder(chosen: StudyRun, profile: str) -> str:
+    return f"runs/backcopy-study-{chosen.study}"
+
+
+def run_experiment(folder: str | Path, chosen: StudyRun, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    run, results = run_study(folder, chosen.study, seeds=chosen.seeds, threads=chosen.threads,
+                             progress=progress, steps=chosen.steps, variants=chosen.variants,
+                             workers=chosen.workers, ray=pool)  # fmt: skip
+    if chosen.study == "simplified":
+        from . import simplified
+
+        printed = (simplified.summary_markdown(results),
+                   "App. C.3: the simplified model trained by Adam")  # fmt: skip
+    else:
+        printed = (summary_markdown(results),
+                   f"Bigram-Backcopy study {chosen.study}: ‖Res_BOS‖ at layer 0")  # fmt: skip
+    return Result(Path(run), (), ("report.md",), results, printed=(printed,))

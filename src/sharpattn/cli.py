@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,24 +14,17 @@ from . import normalizers as nz
 from .cli_experiments import add_experiments
 from .cli_options import (
     COSTS,
-    MAX_FACTOR,
     MAX_ITEMS,
     MAX_SETS,
     MAX_SIZE,
-    MAX_STEPS,
     ProgressRenderer,
     announce,
-    checkpoint_option,
-    cluster_options,
-    compose,
     console,
     count,
     out_option,
     pick_threads,
     print_markdown,
-    profile_options,
     seed_option,
-    seeds_option,
     threads_option,
 )
 from .cli_options import (
@@ -41,10 +33,6 @@ from .cli_options import (
 from .cli_options import (
     items as _items,
 )
-from .cli_options import (
-    names as _names,
-)
-from .experiments.sequence import POSITIONS as SEQUENCE_POSITIONS
 from .experiments.sweep import WorkerDied
 
 _sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
@@ -320,159 +308,7 @@ def corollary_b1(run, pairs, seeds):
 add_experiments(reproduce)  # the commands generated from the experiment protocol
 
 
-# --- sequence tasks: reproduce clrs and the leaderboard -----------------------------
-def _sequence_options(f):
-    """The options ``reproduce clrs`` and ``leaderboard`` share."""
-    return compose(
-        click.option("--tasks", callback=_names, help="Comma-separated tasks (see --list)."),
-        click.option(
-            "--list",
-            "list_",
-            is_flag=True,
-            help="Print the command's tasks (sizes as configured) and methods, then exit.",
-        ),
-        seed_option("First seed."),
-        seeds_option(),
-        click.option("--steps", type=count(MAX_STEPS), help="Training steps per run."),
-        click.option(
-            "--positions",
-            type=click.Choice(SEQUENCE_POSITIONS),
-            help="Position scheme of the decoder: rotary (RoPE, the default), none (NoPE), alibi "
-            "(a linear bias on every head) or nape (ALiBi on half of the heads, NoPE on the "
-            "others, as ASEntmax trains).",
-        ),
-        click.option("--layers", type=count(64), help="Decoder layers [default: 2]."),
-        click.option("--d-model", type=count(4096), help="Decoder width [default: 64]."),
-        click.option("--heads", type=count(64), help="Attention heads per layer [default: 4]."),
-        click.option(
-            "--lr",
-            type=click.FloatRange(min=0, min_open=True),
-            default=None,
-            help="AdamW learning rate (overrides the profile).",
-        ),  # fmt: skip
-        click.option(
-            "--eval-factor",
-            type=count(MAX_FACTOR),
-            help="Evaluate up to this multiple of the largest training size (overrides the profile).",
-        ),
-        click.option(
-            "--eval-sets",
-            type=count(MAX_SETS),
-            help="Test sequences per size, the same for every method and seed (overrides the profile).",
-        ),
-        checkpoint_option(500),
-        cluster_options,
-        threads_option(),
-    )(f)
-
-
-def _sequence_run(command, module, profile, out, ray_address, methods=None, list_=False,
-                  config_args=None, **options):  # fmt: skip
-    from .experiments import sequence
-
-    name = command.split()[-1]
-    out = out or f"runs/{name}-{profile}"
-    config = module.make_config(profile, methods=methods, **(config_args or {}), **options)
-    if list_:
-        _sequence_list(module.catalogue(config))
-        return None
-    if options.get("threads") is None:
-        picked = pick_threads(None, config.workers, ray_address)
-        config = dataclasses.replace(config, threads=picked)
-    announce(command, profile, f"{len(sequence.jobs(out, config))} training jobs")
-    with ProgressRenderer(transient=True) as progress:
-        result = module.run(out, config, progress, ray_address)
-    return result
-
-
-def _sequence_list(catalogue) -> None:
-    """``--list``: the tasks (* = run by the command as given) and the methods."""
-    table = Table(title="tasks (* = run as given)")
-    for col in ("task", "trained at", "evaluated at", "what"):
-        table.add_column(col)
-    for r in catalogue["tasks"]:
-        lo, hi = r["train_sizes"]
-        sizes = ", ".join(map(str, r["eval_sizes"]))
-        star = "*" if r["chosen"] else " "
-        table.add_row(f"{star} {r['task']}", f"{lo}-{hi}", sizes, escape(r["about"]))
-    console.print(table)
-    names = [("*" if m["chosen"] else "") + m["method"] for m in catalogue["methods"]]
-    console.print("methods (* = run as given): " + ", ".join(names), markup=False)
-
-
-@reproduce.command("clrs", short_help="CLRS-style algorithms, Fig. 8 in small.")
-@profile_options(
-    "reproduce clrs",
-    "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x",
-    "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes",
-)
-@_sequence_options
-@out_option(None, "Run folder (default runs/clrs-<profile>); re-running resumes it.")
-def reproduce_clrs(profile, out, ray_address, **options):
-    """CLRS-Text-style algorithms, softmax vs adaptive temperature in training (Softmax is not
-    Enough's Figure 8 in small): accuracy in and beyond the training sizes."""
-    from .experiments import clrs
-
-    result = _sequence_run("reproduce clrs", clrs, profile, out, ray_address, **options)
-    if result is None:
-        return
-    print_markdown((result["run"] / "clrs.md").read_text())
-    console.print(f"wrote {result['run']}/report.md, fig8.png and bars.png")
-
-
-@cli.command("leaderboard", short_help="Every attention method ranked on sequence tasks.")
-@profile_options(
-    "leaderboard",
-    "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x",
-    "Every synthetic task, every method, 5 seeds, sizes to >= 256x, test sequences sampled "
-    "adaptively",
-    "Every synthetic task, every method, 3 seeds, sizes to >= 16x, test sequences sampled "
-    "adaptively",
-    middle="standard",
-)
-@click.option("--methods", callback=_names, help="Comma-separated methods (default: every one).")
-@click.option(
-    "--method",
-    "plugins",
-    multiple=True,
-    metavar="MODULE:FUNCTION",
-    help="Your own normalizer (a function or Normalizer, imported from the current directory or "
-    "PYTHONPATH), added to the methods; with an existing --out it joins that run. Repeatable.",
-)
-@click.option(
-    "--models-from",
-    "models",
-    type=click.Path(file_okay=False, exists=True),
-    help="Evaluate the models another leaderboard run trained (same profile and training "
-    "options), writing this run's evaluations and report into --out: e.g. more sizes for a few "
-    "tasks. That folder is only read; a method, task or seed it has no model for is refused.",
-)
-@_sequence_options
-@out_option(None, "Run folder (default runs/leaderboard-<profile>); re-running resumes it.")
-def leaderboard(profile, out, ray_address, plugins, **options):
-    """Every attention method on the same sequence tasks, seeds and budget, ranked by accuracy
-    from the training sizes to a multiple of them (8x by default, 16x --standard, 256x --paper;
-    area under accuracy against log size)."""
-    from .experiments import leaderboard as lb
-
-    if plugins:  # joining a run: its stored settings stand where no option is given
-        ctx = click.get_current_context()
-        default = click.core.ParameterSource.DEFAULT
-        options = {k: None if ctx.get_parameter_source(k) == default else v
-                   for k, v in options.items()}  # fmt: skip
-    config_args = {"out": out or f"runs/leaderboard-{profile}", "plugins": plugins}
-    result = _sequence_run("leaderboard", lb, profile, out, ray_address, config_args=config_args,
-                           **options)  # fmt: skip
-    if result is None:
-        return
-    print_markdown((result["run"] / "leaderboard.md").read_text())
-    console.print(f"wrote {result['run']}/report.md, leaderboard.csv and leaderboard.png")
-    if result["failed"]:  # the other methods are reported; the command still failed
-        raise ValueError(
-            f"{'; '.join(result['failed'])}; the report covers the other methods, and the same "
-            "command resumes the failed jobs from what they saved (delete their folders under "
-            f"{result['run']}/train to train them afresh)."
-        )
+add_experiments(cli, top_level=True)  # leaderboard
 
 
 class _Terminated(KeyboardInterrupt):

@@ -13,6 +13,8 @@ import dataclasses
 from typing import Any
 
 import click
+from rich.markup import escape
+from rich.table import Table
 
 from .cli_options import (
     MAX_FACTOR,
@@ -65,6 +67,8 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
     if kind == "argument":
         return click.argument(field.name, metavar=meta["metavar"] or field.name.upper(),
                               type=click.Choice(list(meta["choices"])))  # fmt: skip
+    if kind == "plugins":
+        return click.option(name, field.name, multiple=True, metavar=meta["metavar"], help=help)
     if kind == "seed":
         return click.option(name, field.name, type=SEED, default=field.default,
                             show_default=True, help=help)  # fmt: skip
@@ -113,7 +117,12 @@ def build(exp: Experiment) -> click.Command:
     module = exp.load()
     profiled = {k for settings in getattr(module, "PROFILES", {}).values() for k in settings}
 
-    def body(out: str | None, profile: str = "quick", **given: Any) -> None:
+    def body(out: str | None, profile: str = "quick", list_: bool = False, **given: Any) -> None:
+        # the options the user gave (on the line or in the environment): the others leave the
+        # profile's settings, or those of the run a plug-in joins, as they are
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        given = {k: v for k, v in given.items() if ctx.get_parameter_source(k) != default}
         check = getattr(module, "check", None)
         if check is not None:
             try:
@@ -121,9 +130,14 @@ def build(exp: Experiment) -> click.Command:
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
         pool = given.pop("ray_address", None)
-        threads = given.pop("threads", False)  # False: the command has no --threads
+        threads = given.pop("threads", None) if has_threads else False  # False: no --threads
         configure = getattr(module, "configure", None) or module.make_config
-        config = configure(profile, **{k: v for k, v in given.items() if v is not None})
+        if exp.joins:
+            given["out"] = out or module.default_folder(None, profile)
+        config = configure(profile, **given)
+        if list_:
+            _print_catalogue(module.catalogue(config))
+            return
         if threads is not False:  # the cores free now, or one per worker process
             picked = pick_threads(threads, getattr(config, "workers", None), pool)
             with_threads = getattr(module, "with_threads", None)
@@ -146,9 +160,15 @@ def build(exp: Experiment) -> click.Command:
         named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1:][0]
         closing = result.closing or f"wrote {result.folder}/{named}"
         console.print(closing, markup=False, highlight=False)
+        if result.error:
+            raise ValueError(result.error)
 
+    has_threads = any(meta["kind"] == "threads" for _, meta in options_of(module))
+    listing = click.option("--list", "list_", is_flag=True, help="Print the command's tasks "
+                           "(sizes as configured) and methods, then exit.")  # fmt: skip
     decorators = [
         _profiles(exp),
+        *([listing] if exp.lists else []),
         *(_option(f, meta, profiled) for f, meta in options_of(module)),
         *([cluster_options] if exp.pool else []),
         out_option(exp.out_default, exp.out_help),
@@ -156,6 +176,21 @@ def build(exp: Experiment) -> click.Command:
     for decorate in reversed(decorators):
         body = decorate(body)
     return click.command(exp.name, help=exp.help, short_help=exp.short_help)(body)
+
+
+def _print_catalogue(catalogue: dict[str, Any]) -> None:
+    """``--list``: the tasks (* = run by the command as given) and the methods."""
+    table = Table(title="tasks (* = run as given)")
+    for col in ("task", "trained at", "evaluated at", "what"):
+        table.add_column(col)
+    for r in catalogue["tasks"]:
+        lo, hi = r["train_sizes"]
+        sizes = ", ".join(map(str, r["eval_sizes"]))
+        star = "*" if r["chosen"] else " "
+        table.add_row(f"{star} {r['task']}", f"{lo}-{hi}", sizes, escape(r["about"]))
+    console.print(table)
+    names = [("*" if m["chosen"] else "") + m["method"] for m in catalogue["methods"]]
+    console.print("methods (* = run as given): " + ", ".join(names), markup=False)
 
 
 class ExperimentCommand(click.Command):
@@ -188,7 +223,9 @@ class ExperimentCommand(click.Command):
         pass
 
 
-def add_experiments(group: click.Group) -> None:
-    """Every registered experiment as a command of ``group`` (``reproduce``)."""
+def add_experiments(group: click.Group, top_level: bool = False) -> None:
+    """Every registered experiment as a command of ``group``: ``reproduce``'s, or with
+    ``top_level`` those that are commands of their own."""
     for exp in REGISTRY.values():
-        group.add_command(ExperimentCommand(exp))
+        if exp.top_level == top_level:
+            group.add_command(ExperimentCommand(exp))

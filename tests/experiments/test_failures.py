@@ -97,14 +97,14 @@ def test_the_report_explains_the_cells_at_zero(tmp_path):
         _row("sink", 1, 32, 1.0),
         _row("sink", 1, 64, 0.5),  # one seed above 0: not a cell at 0
     ]
-    cells = leaderboard.failure_cells(rows)
+    cells = seq.failure_cells(rows)
     assert [(c["method"], c["size"]) for c in cells] == [("softmax", 64)]
     (c,) = cells
     assert c["answer_acc"] == pytest.approx(0.1875) and c["seeds"] == 2
     assert c["failures"] == {k: 2 * v for k, v in kinds.items()}
     assert c["shares"]["non_answer"] == pytest.approx(0.75)
     rows[-1] = _row("sink", 1, 64, 0.0)
-    old = [c for c in leaderboard.failure_cells(rows) if c["method"] == "sink"]
+    old = [c for c in seq.failure_cells(rows) if c["method"] == "sink"]
     assert len(old) == 1 and not old[0]["recorded"]
     cfg = leaderboard.make_config("quick", methods=("softmax", "sink"), seeds=2)
     table = leaderboard.rank(rows, ["flip_flop"])

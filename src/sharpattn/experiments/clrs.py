@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import sequence as seq
+from .protocol import Result
 from .report import (
     decimals,
     figure,
@@ -63,6 +64,26 @@ def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = No
     table = summarize(rows, list(cfg.tasks), list(cfg.methods))
     write(folder.path, rows, table, cfg)
     return {"run": folder.path, "table": table, "rows": rows}
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+Options = seq.SequenceOptions
+
+
+def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:
+    return "reproduce clrs", f"{len(seq.jobs('', cfg))} training jobs", False
+
+
+def default_folder(cfg: seq.SequenceConfig, profile: str) -> str:
+    return f"runs/clrs-{profile}"
+
+
+def run_experiment(folder: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    result = run(folder, cfg, progress, pool)
+    return Result(result["run"], (("clrs.md", None),), ("report.md", "fig8.png", "bars.png"),
+                  result)  # fmt: skip
 
 
 def summarize(rows, tasks: list[str], methods: list[str],

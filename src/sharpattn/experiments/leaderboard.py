@@ -10,7 +10,7 @@ test sequences). The engine is `sequence`.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from ..normalizers import plugin
 from . import sequence as seq
+from .protocol import Result, option
 from .report import decimals, figure, image, interval, markdown_table, write_report, write_table
 from .runner import Progress, read_config
 from .stats import (
@@ -104,6 +105,50 @@ def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = No
     table = rank(rows, list(cfg.tasks))
     write(folder.path, rows, table, cfg)
     return {"run": folder.path, "table": table, "rows": rows, "failed": failed}
+
+
+# --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+@dataclass
+class Options(seq.SequenceOptions):
+    """The sweep's options, then the leaderboard's own: which methods, users' plug-ins, and
+    the models of another run."""
+
+    methods: tuple[str, ...] | None = option(None, "Comma-separated methods (default: every "
+                                             "one).", kind="names", show_default=False)  # fmt: skip
+    plugins: tuple[str, ...] = option((), "Your own normalizer (a function or Normalizer, "
+                                      "imported from the current directory or PYTHONPATH), "
+                                      "added to the methods; with an existing --out it joins "
+                                      "that run. Repeatable.", kind="plugins", name="--method",
+                                      metavar="MODULE:FUNCTION", show_default=False)  # fmt: skip
+    models: str | None = option(None, "Evaluate the models another leaderboard run trained "
+                                "(same profile and training options), writing this run's "
+                                "evaluations and report into --out: e.g. more sizes for a few "
+                                "tasks. That folder is only read; a method, task or seed it has "
+                                "no model for is refused.", kind="folder", name="--models-from",
+                                show_default=False)  # fmt: skip
+
+
+def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:
+    return "leaderboard", f"{len(seq.jobs('', cfg))} training jobs", False
+
+
+def default_folder(cfg: seq.SequenceConfig | None, profile: str) -> str:
+    return f"runs/leaderboard-{profile}"
+
+
+def run_experiment(folder: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
+                   pool: str | None = None) -> Result:  # fmt: skip
+    """`run` as the protocol calls it; a failed plug-in is the Result's error, after the table."""
+    result = run(folder, cfg, progress, pool)
+    error = None
+    if result["failed"]:  # the other methods are reported; the command still failed
+        error = (f"{'; '.join(result['failed'])}; the report covers the other methods, and the "
+                 "same command resumes the failed jobs from what they saved (delete their "
+                 f"folders under {result['run']}/train to train them afresh).")  # fmt: skip
+    return Result(result["run"], (("leaderboard.md", None),),
+                  ("report.md", "leaderboard.csv", "leaderboard.png"), result, error=error)  # fmt: skip
 
 
 def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
@@ -270,74 +315,6 @@ EFFECTS_TEXT = (
 )
 
 
-FAILURE_HEADER = ["task", "method", "size", "seeds", "token accuracy", "answer-token accuracy",
-                  "wrong answer token", "non-answer token", "early end", "missing end",
-                  "mostly"]  # fmt: skip
-#: how the failure kinds read in the report
-FAILURE_NAMES = {"wrong_token": "wrong answer token", "non_answer": "non-answer token",
-                 "early_end": "early end", "missing_end": "missing end"}  # fmt: skip
-
-
-def failure_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every cell (task, method, size) beyond the training sizes at exact match 0 on each seed
-    evaluated there (sizes the stopping rule skipped have no predictions to show), with what
-    the model predicted: the mean token and answer-token accuracy over seeds and the failure
-    kinds (`sequence.FAILURES`) summed over seeds, as counts and as ``shares`` of the wrong
-    positions. ``recorded``: False where the rows predate the failure analysis."""
-    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("skipped") or r["size"] <= seq.task(r["task"]).train_sizes[1]:
-            continue
-        groups.setdefault((r["task"], r["method"], r["size"]), []).append(r)
-    out = []
-    for (task, method, size), rs in groups.items():
-        if any(r["acc"] > 0 for r in rs):
-            continue
-        recorded = all(k in r for r in rs for k in seq.FAILURE_KEYS)
-        counts = {k: sum(r["failures"][k] for r in rs) if recorded else 0 for k in seq.FAILURES}
-        wrong = sum(counts.values())
-        out.append({
-            "task": task, "method": method, "size": size, "seeds": len(rs), "recorded": recorded,
-            "token_acc": float(np.mean([r["token_acc"] for r in rs])),
-            "answer_acc": float(np.mean([r["answer_acc"] for r in rs])) if recorded else None,
-            "failures": counts,
-            "shares": {k: v / wrong for k, v in counts.items()} if wrong else None,
-        })  # fmt: skip
-    return sorted(out, key=lambda c: (c["task"], c["method"], c["size"]))
-
-
-def _failure_table(cells: list[dict[str, Any]]) -> tuple[list[list], list[list]]:
-    shown, raw = [], []
-    for c in cells:
-        head = [c["task"], c["method"], str(c["size"]), str(c["seeds"]), f"{c['token_acc']:.3f}"]
-        if not c["recorded"]:
-            shown.append([*head, "not recorded", *["–"] * 5])
-            raw.append([*head[:3], c["seeds"], c["token_acc"], None, *[None] * 4, None])
-            continue
-        shares = c["shares"] or dict.fromkeys(seq.FAILURES, 0.0)
-        mostly = FAILURE_NAMES[max(seq.FAILURES, key=lambda k: c["failures"][k])]
-        shown.append([*head, f"{c['answer_acc']:.3f}",
-                      *(f"{shares[k]:.0%} ({c['failures'][k]})" for k in seq.FAILURES), mostly])  # fmt: skip
-        raw.append([c["task"], c["method"], c["size"], c["seeds"], c["token_acc"],
-                    c["answer_acc"], *(c["failures"][k] for k in seq.FAILURES), mostly])  # fmt: skip
-    return shown, raw
-
-
-#: how the report reads the failures table (docs/leaderboard.md says the same)
-FAILURES_TEXT = (
-    "Every cell beyond the training sizes at exact match 0 on each of its evaluated seeds: what "
-    "the model predicted at the scored positions (teacher-forced, so each position is judged "
-    "on its own). **Answer-token accuracy**: accuracy on the answer tokens alone, the end token "
-    "aside (on flip_flop, the answer bit: 0.5 is chance). The next four columns split the wrong "
-    "predictions, summed over seeds (share of the wrong positions, and their count): **wrong "
-    "answer token**, another token of the task's answer alphabet (on flip_flop, the wrong bit); "
-    "**non-answer token**, a token outside it (a command, a filler, a separator); **early "
-    "end**, the end token where an answer token was due; **missing end**, anything but the end "
-    "token where the answer ends. **Mostly**: the most frequent kind. Cells evaluated before "
-    "these were recorded say so."
-)
-
-
 def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
     """Method × task: each cell the mean score over seeds (rows in ranking order, the overall
     score as the last column), its value printed in the cell. The figure is sized from the
@@ -420,16 +397,16 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
                                _pm(*c["largest"][:2]), _p(c["largest"][2])])  # fmt: skip
     md_detail = write_table(folder, "accuracy", detail_header, detail)
     md_effects = write_table(folder, "effects", EFFECT_HEADER, *effects(table, tasks))
-    cells = failure_cells(rows)
-    shown_f, raw_f = _failure_table(cells)
-    write_table(folder, "failures", FAILURE_HEADER, shown_f, raw_f)
+    cells = seq.failure_cells(rows)
+    shown_f, raw_f = seq.failure_table(cells)
+    write_table(folder, "failures", seq.FAILURE_HEADER, shown_f, raw_f)
     last = {}  # the largest such size of each (task, method), for the report
     for c, row in zip(cells, shown_f, strict=True):
         last[(c["task"], c["method"])] = row
     failures_section = (
-        "## What the models answered where they failed\n\n" + FAILURES_TEXT + " Below, the "
+        "## What the models answered where they failed\n\n" + seq.FAILURES_TEXT + " Below, the "
         "largest such size of each task and method; `failures.md` and `failures.csv` have "
-        "every one.\n\n" + markdown_table(FAILURE_HEADER, list(last.values()))
+        "every one.\n\n" + markdown_table(seq.FAILURE_HEADER, list(last.values()))
         if cells
         else "## What the models answered where they failed\n\nNo cell beyond the training "
         "sizes is at exact match 0 on every seed."

@@ -25,7 +25,7 @@ __all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment",
 
 #: the kinds of option values the command line knows (`option`'s ``kind``)
 KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint", "names",
-         "sizes", "size_range", "floats", "file", "set_sizes", "folder", "argument")  # fmt: skip
+         "sizes", "size_range", "floats", "file", "set_sizes", "folder", "argument", "plugins")  # fmt: skip
 
 
 def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
@@ -40,7 +40,7 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     number, ``str`` text; ``names``, ``sizes``, ``size_range`` and ``floats``: comma-separated names, sizes
     ``N,N,...``, ``LO,HI`` and positive numbers; ``set_sizes``: sizes from 2 to 2**31 - 1;
     ``file``: a file's path; ``folder``: an existing folder's; ``argument``: the command's
-    positional argument, one of ``choices``); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
+    positional argument, one of ``choices``; ``plugins``: a repeatable option); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
     ``name`` the option's name where it is not the field's."""
     if kind is None:
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
@@ -84,6 +84,8 @@ class Result:
     closing: str | None = None
     #: markdown printed after the tables, each with a title or None (findings no file holds)
     printed: tuple[tuple[str, str | None], ...] = ()
+    #: where part of the run failed: one sentence, raised after the rest is printed
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,19 @@ class Experiment:
     pool: bool = False
     #: progress bars removed when the run ends (the long sweeps keep theirs)
     transient: bool = True
+    #: ``--list`` prints the module's ``catalogue(config)`` (tasks and methods) and runs nothing
+    lists: bool = False
+    #: a command of its own (``sharpattn NAME``), not of ``reproduce``
+    top_level: bool = False
+    #: ``configure`` is given the run folder (``out``): a run may join an existing one
+    joins: bool = False
 
     def load(self) -> Any:
         return importlib.import_module(self.module)
 
     @property
     def command(self) -> str:
-        return f"reproduce {self.name}"
+        return self.name if self.top_level else f"reproduce {self.name}"
 
 
 #: every experiment that the protocol runs, by command name
@@ -214,6 +222,38 @@ experiment(Experiment(
     out_help="Run folder (default runs/backcopy-study-<study>); re-running resumes it.",
     pool=True,
     transient=False,
+))  # fmt: skip
+
+experiment(Experiment(
+    name="clrs",
+    module="sharpattn.experiments.clrs",
+    short_help="CLRS-style algorithms, Fig. 8 in small.",
+    help="CLRS-Text-style algorithms, softmax vs adaptive temperature in training (Softmax is not "
+    "Enough's Figure 8 in small): accuracy in and beyond the training sizes.",
+    profiles=(("quick", "4 algorithms, 2 seeds, 1,500 steps per run, sizes to 16x"),
+              ("paper", "8 algorithms, 5 seeds, 5,000 steps, sizes to 64x the training sizes")),
+    out_help="Run folder (default runs/clrs-<profile>); re-running resumes it.",
+    pool=True,
+    lists=True,
+))  # fmt: skip
+
+experiment(Experiment(
+    name="leaderboard",
+    module="sharpattn.experiments.leaderboard",
+    short_help="Every attention method ranked on sequence tasks.",
+    help="Every attention method on the same sequence tasks, seeds and budget, ranked by accuracy "
+    "from the training sizes to a multiple of them (8x by default, 16x --standard, 256x --paper; "
+    "area under accuracy against log size).",
+    profiles=(("quick", "flip_flop, every method, 2 seeds x 500 steps, sizes to 8x"),
+              ("paper", "Every synthetic task, every method, 5 seeds, sizes to >= 256x, test "
+               "sequences sampled adaptively"),
+              ("standard", "Every synthetic task, every method, 3 seeds, sizes to >= 16x, test "
+               "sequences sampled adaptively")),
+    out_help="Run folder (default runs/leaderboard-<profile>); re-running resumes it.",
+    pool=True,
+    lists=True,
+    top_level=True,
+    joins=True,
 ))  # fmt: skip
 
 experiment(Experiment(

@@ -21,6 +21,13 @@ beyond the chunk size.
 
 from __future__ import annotations
 
+from .answers import (
+    FAILURE_HEADER,
+    FAILURE_NAMES,
+    FAILURES_TEXT,
+    failure_cells,
+    failure_table,
+)
 from .choices import (
     LENGTH_PARAMS,
     POSITIONS,
@@ -37,6 +44,7 @@ from .config import (
     IDENTITY,
     Job,
     SequenceConfig,
+    SequenceOptions,
     catalogue,
     method_params,
     profile_config,
@@ -90,6 +98,12 @@ from .training import (
 )
 
 __all__ = [
+    "FAILURE_HEADER",
+    "FAILURE_NAMES",
+    "FAILURES_TEXT",
+    "failure_cells",
+    "failure_table",
+    "SequenceOptions",
     "EVALUATION",
     "FAILURES",
     "FAILURE_KEYS",

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...tasks.sequence import default_eval_sizes
 from .. import runner
+from ..protocol import option
 from .choices import POSITIONS, Method, methods, resolve
 
 
@@ -85,6 +86,41 @@ class SequenceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class SequenceOptions:
+    """The options of the commands that run sweeps (``reproduce clrs``, ``leaderboard``;
+    `protocol`): the fields of `SequenceConfig` a user sets, None where the profile's stand."""
+
+    tasks: tuple[str, ...] | None = option(None, "Comma-separated tasks (see --list).",
+                                           kind="names", show_default=False)  # fmt: skip
+    seed: int = option(0, "First seed.", kind="seed")
+    seeds: int | None = option(None, "Number of seeds (overrides the profile).", kind="count",
+                               maximum="seeds", show_default=False)  # fmt: skip
+    steps: int | None = option(None, "Training steps per run.", kind="count", maximum="steps",
+                               show_default=False)  # fmt: skip
+    positions: str | None = option(None, "Position scheme of the decoder: rotary (RoPE, the "
+                                   "default), none (NoPE), alibi (a linear bias on every head) "
+                                   "or nape (ALiBi on half of the heads, NoPE on the others, as "
+                                   "ASEntmax trains).", kind="choice", choices=POSITIONS,
+                                   show_default=False)  # fmt: skip
+    layers: int | None = option(None, "Decoder layers [default: 2].", kind="count", maximum=64,
+                                show_default=False)  # fmt: skip
+    d_model: int | None = option(None, "Decoder width [default: 64].", kind="count",
+                                 maximum=4096, show_default=False)  # fmt: skip
+    heads: int | None = option(None, "Attention heads per layer [default: 4].", kind="count",
+                               maximum=64, show_default=False)  # fmt: skip
+    lr: float | None = option(None, "AdamW learning rate (overrides the profile).",
+                              kind="positive", show_default=False)  # fmt: skip
+    eval_factor: int | None = option(None, "Evaluate up to this multiple of the largest training "
+                                     "size (overrides the profile).", kind="count",
+                                     maximum="factor", show_default=False)  # fmt: skip
+    eval_sets: int | None = option(None, "Test sequences per size, the same for every method and "
+                                   "seed (overrides the profile).", kind="count", maximum="sets",
+                                   show_default=False)  # fmt: skip
+    checkpoint_every: int = option(500, "", kind="checkpoint")
+    threads: int | None = option(None, "", kind="threads")
 
 
 def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: str,

@@ -112,9 +112,15 @@ def test_every_profile_default_is_quick_and_long_profiles_are_named():
 
 def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
     from sharpattn.experiments import leaderboard as lb
+    from sharpattn.experiments.protocol import Result
 
     seen = []
-    monkeypatch.setattr(lb, "run", lambda out, cfg, *a: seen.append((out, cfg)))
+
+    def run(out, cfg, *a):
+        seen.append((out, cfg))
+        return Result(tmp_path, (), ("report.md",))
+
+    monkeypatch.setattr(lb, "run_experiment", run)
     assert main(["leaderboard", "--out", str(tmp_path / "q")]) == 0
     assert seen[0][1] == lb.make_config("quick")
     assert capsys.readouterr().err == ""  # the quick profile starts without a word

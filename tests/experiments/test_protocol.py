@@ -37,7 +37,11 @@ def test_every_registered_module_provides_the_protocol(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_generated_help_has_every_option_with_its_default(name):
     module = REGISTRY[name].load()
-    out = CliRunner().invoke(cli, ["reproduce", name, "--help"], terminal_width=200).output
+    out = (
+        CliRunner()
+        .invoke(cli, [*REGISTRY[name].command.split(), "--help"], terminal_width=200)
+        .output
+    )
     assert "--out" in out
     assert all(f"--{profile}" in out for profile, _ in REGISTRY[name].profiles)
     profiled = {k for settings in getattr(module, "PROFILES", {}).values() for k in settings}

@@ -168,7 +168,7 @@ def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch
 
     from rich.console import Console
 
-    from sharpattn import cli
+    from sharpattn import cli_experiments as cli
 
     def listed(*args: str) -> list[str]:
         buf = io.StringIO()

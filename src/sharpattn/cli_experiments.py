@@ -41,7 +41,7 @@ from .cli_options import (
     size_range,
     threads_option,
 )
-from .experiments.protocol import REGISTRY, Experiment, describe_default, options_of
+from .experiments.protocol import REGISTRY, Experiment, Result, describe_default, options_of
 
 #: the bounds a count option names (``option(..., maximum="steps")``)
 BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,
@@ -101,6 +101,15 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
     return click.option(name, field.name, **settings)
 
 
+def closing(result: Result) -> str:
+    """A run's last line: its own, or the files it wrote ("wrote RUN/a, b and c")."""
+    if result.closing:
+        return result.closing
+    files = list(result.files) or ["report.md"]
+    named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1]
+    return f"wrote {result.folder}/{named}"
+
+
 def _profiles(exp: Experiment):
     """``--quick``, ``--paper`` and any profile between them, as `profile_options` makes them
     (none where the experiment has no profiles)."""
@@ -156,10 +165,7 @@ def build(exp: Experiment) -> click.Command:
             print_markdown((result.folder / name).read_text(encoding="utf-8"), title)
         for markdown, title in result.printed:
             print_markdown(markdown, title)
-        files = list(result.files)
-        named = ", ".join(files[:-1]) + (" and " if len(files) > 1 else "") + files[-1:][0]
-        closing = result.closing or f"wrote {result.folder}/{named}"
-        console.print(closing, markup=False, highlight=False)
+        console.print(closing(result), markup=False, highlight=False)
         if result.error:
             raise ValueError(result.error)
 

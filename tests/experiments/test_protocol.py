@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from sharpattn.cli import cli
-from sharpattn.experiments.protocol import REGISTRY, describe_default, option, options_of
+from sharpattn.cli_experiments import closing
+from sharpattn.experiments.protocol import REGISTRY, Result, describe_default, option, options_of
 
 NAMES = sorted(REGISTRY)
 
@@ -81,3 +82,13 @@ def test_defaults_are_written_as_people_write_them():
 def test_an_unknown_option_kind_is_refused():
     with pytest.raises(ValueError, match="unknown option kind"):
         option(1, "x", kind="integer")
+
+
+def test_the_last_line_names_what_was_written(tmp_path):
+    assert (
+        closing(Result(tmp_path, (), ("a.md", "b.png", "c.csv")))
+        == f"wrote {tmp_path}/a.md, b.png and c.csv"
+    )
+    assert closing(Result(tmp_path, (), ("a.md",))) == f"wrote {tmp_path}/a.md"
+    assert closing(Result(tmp_path, (), ())) == f"wrote {tmp_path}/report.md"
+    assert closing(Result(tmp_path, (), (), closing="done")) == "done"

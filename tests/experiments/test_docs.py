@@ -139,6 +139,23 @@ def _anchors(page: Path) -> set[str]:
     return {_slug(h) for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
 
 
+def _results_table(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index("| paper, result | ours | the paper's | verdict |")
+    end = next(
+        i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].startswith("|")
+    )
+    return lines[start:end]
+
+
+def test_the_site_home_shows_the_readme_results_table():
+    """docs/index.md's "Results at a glance" is README's, its links relative to docs/."""
+    readme = [
+        row.replace("](docs/", "](") for row in _results_table((ROOT / "README.md").read_text())
+    ]
+    assert _results_table((ROOT / "docs" / "index.md").read_text()) == readme
+
+
 def test_readme_links_and_images_exist():
     pytest.importorskip("markdown")
     text = FENCE.sub("", (ROOT / "README.md").read_text(encoding="utf-8"))

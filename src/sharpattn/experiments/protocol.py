@@ -31,17 +31,23 @@ KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "chec
 def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
            minimum: int = 1, choices: tuple[str, ...] = (), metavar: str | None = None,
            name: str | None = None, show_default: bool | None = None) -> Any:  # fmt: skip
-    """A ``Config`` field that is an option of the experiment's command.
+    """A ``Config`` (or ``Options``) field that is an option of the experiment's command.
 
-    ``help``: what the option does, as ``--help`` prints it (the default is added unless
-    ``show_default`` is False: ``[default: X]`` where a profile may override it, click's own
-    ``[default: X]`` where none does). ``kind``: how the command line reads the value (`KINDS`;
-    from the default's type if not given: ``bool`` a flag, ``int`` a count, ``float`` a positive
-    number, ``str`` text; ``names``, ``sizes``, ``size_range`` and ``floats``: comma-separated names, sizes
-    ``N,N,...``, ``LO,HI`` and positive numbers; ``set_sizes``: sizes from 2 to 2**31 - 1;
-    ``file``: a file's path; ``folder``: an existing folder's; ``argument``: the command's
-    positional argument, one of ``choices``; ``plugins``: a repeatable option); ``maximum``/``minimum`` bound a count; ``choices`` a choice;
-    ``name`` the option's name where it is not the field's."""
+    ``help``: what the option does, as ``--help`` prints it; ``[default: X]`` is added where no
+    profile sets the field, unless ``show_default`` says otherwise. ``kind``: how the command
+    line reads the value (one of `KINDS`; from the default's type where not given: ``bool`` a
+    flag, ``int`` a count, ``float`` a positive number, ``str`` text):
+
+    - ``count`` (an integer from ``minimum`` to ``maximum``, a number or the name of one of the
+      command line's bounds: "steps", "sets", "seeds", "factor", "length", "rank"), ``positive``,
+      ``text``, ``flag``, ``choice`` (one of ``choices``), ``seed``;
+    - comma-separated ``names``, ``sizes`` (``N,N,...``), ``size_range`` (``LO,HI``),
+      ``floats`` (positive numbers), ``set_sizes`` (sizes from 2 to 2**31 - 1);
+    - ``file`` (a file's path), ``folder`` (an existing folder), ``plugins`` (repeatable);
+    - ``argument``: the command's positional argument, one of ``choices``;
+    - ``threads`` and ``checkpoint``: the shared ``--threads`` and ``--checkpoint-every``.
+
+    ``name``: the option's name where it is not the field's (``--models-from``)."""
     if kind is None:
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
     if kind not in KINDS:
@@ -93,18 +99,20 @@ class Experiment:
     """A reproduction as the runner and the command line see it.
 
     ``module`` is imported only when the experiment is configured or run, so listing the
-    commands stays fast. That module provides ``Config`` (a dataclass), ``PROFILES`` (profile
-    name → settings), ``Config`` or, where the run's configuration is not flat, ``Options``
-    (the dataclass whose `option` fields are the command's options), ``make_config(profile,
-    **options)`` (the options given, None left out) and ``run_experiment(folder,
-    config, progress, pool) -> Result``, ``plan(config, profile) -> (cost, jobs, changed)`` (the
-    cost key of `cli_options.COSTS`, the work as announced before a long profile, and whether
-    options changed the profile's work) and ``default_folder(config, profile)``; optionally
-    ``check(given)`` (refuses a combination of options in one sentence before any work) and
-    ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the run
-    folder, with a line saying what was chosen). A module whose run takes more than one
-    configuration object provides ``configure(profile, **options)`` instead of ``make_config``
-    and ``with_threads(config, n)`` (the threads picked for its processes)."""
+    commands stays fast. It provides:
+
+    - ``Config`` (a dataclass), or ``Options`` where the run's configuration is nested: the
+      dataclass whose `option` fields are the command's options;
+    - ``PROFILES`` (profile name → settings) and ``make_config(profile, **options)`` (the
+      options the user gave), or ``configure(profile, **options)`` where the run takes another
+      object than a Config (then ``with_threads(config, n)`` sets its processes' threads);
+    - ``plan(config, profile) -> (cost, jobs, changed)``: the key of ``cli_options.COSTS``, the
+      work a long profile announces, and whether the options changed the profile's work;
+    - ``default_folder(config, profile)`` and ``run_experiment(folder, config, progress, pool)
+      -> Result`` (``pool``: a Ray address, or None);
+    - optionally ``check(given)`` (refuses a combination of options in one sentence before any
+      work), ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the
+      run folder, and a line saying what was chosen) and ``catalogue(config)`` (``--list``)."""
 
     name: str
     module: str

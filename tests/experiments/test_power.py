@@ -125,3 +125,23 @@ def test_reproduction_verdict_reads_reproduced_contradicted_or_not_detectable():
     assert reproduction_verdict(a[:1], a[:1], paper="x", sign=-1).verdict == "too few seeds"
     with pytest.raises(ValueError, match="sign"):
         reproduction_verdict(a, a, paper="x", sign=0)
+
+
+def test_a_run_that_could_see_the_papers_effect_and_did_not_says_not_reproduced():
+    """Not significant, the paper's effect detectable and outside the interval: "not
+    reproduced"; inside the interval, or beyond the run's power: "not detectable"."""
+    import numpy as np
+
+    from sharpattn.experiments.stats import reproduction_verdict
+
+    a = np.zeros(12)
+    small = np.array([0.003, -0.002, 0.001, -0.003, 0.002, -0.001, 0.0, 0.002, -0.002, 0.001,
+                      -0.001, 0.0])  # fmt: skip
+    v = reproduction_verdict(a, small, paper="-0.02", sign=-1, paper_effect=-0.02)
+    assert v.verdict.startswith("not reproduced") and v.detectable < 0.02
+    assert not v.effect.low <= -0.02 <= v.effect.high
+    inside = reproduction_verdict(a, small, paper="-0.001", sign=-1, paper_effect=-0.001)
+    assert inside.verdict.startswith("not detectable")
+    noisy = reproduction_verdict(a[:3], [0.05, -0.04, 0.01], paper="-0.02", sign=-1,
+                                 paper_effect=-0.02)  # fmt: skip
+    assert noisy.verdict.startswith("not detectable") and noisy.detectable > 0.02

@@ -180,14 +180,17 @@ class SeedVerdict:
 
 
 def reproduction_verdict(a, b, *, paper: str, sign: int, alpha: float = 0.05,
-                         power: float = 0.8) -> SeedVerdict:  # fmt: skip
+                         power: float = 0.8, paper_effect: float | None = None) -> SeedVerdict:  # fmt: skip
     """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
     ``alpha`` in that direction, "contradicted" where it rejects in the other, else "not
     detectable at this power (detectable: X; paper: ``paper``)", X the difference detected
     with probability ``power`` at the seeds' spread (`detectable_at_power`); "too few seeds"
     below two, and what the seeds show where their differences are all the same (no test: the
-    same value on every seed, both at 0 on every seed, or one shift)."""
+    same value on every seed, both at 0 on every seed, or one shift). Where the paper's effect
+    is a number (``paper_effect``, b − a), a run that could detect it (detectable at most its
+    size) and whose interval excludes it, without a significant change, is "not reproduced":
+    the effect, if any, is smaller than the paper's."""
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
     effect = paired_effect(a, b)
@@ -203,6 +206,10 @@ def reproduction_verdict(a, b, *, paper: str, sign: int, alpha: float = 0.05,
                 "the same on every seed (no test)")  # fmt: skip
         else:
             words = f"{effect.mean:+.3g} on every seed (no spread to test)"
+    elif (paper_effect is not None and detect <= abs(paper_effect)
+          and not effect.low <= paper_effect <= effect.high):  # fmt: skip
+        words = (f"not reproduced: the paper's {paper_effect:+.3g} is outside the interval, and "
+                 f"the run detects {detect:.3g}")  # fmt: skip
     else:
         words = f"not detectable at this power (detectable: {detect:.3g}; paper: {paper})"
     return SeedVerdict(effect, detect, paper, words)

@@ -43,7 +43,8 @@ def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> d
             "p_seeds": float(paired_comparison(a.mean(1)[:, None], b.mean(1)[:, None]).p_value[0]),
         })  # fmt: skip
         judged = reproduction_verdict(a.mean(1), b.mean(1), sign=-1,
-                                      paper=f"{PAPER_NLL_CHANGE:+.4f} nats")  # fmt: skip
+                                      paper=f"{PAPER_NLL_CHANGE:+.4f} nats",
+                                      paper_effect=PAPER_NLL_CHANGE)  # fmt: skip
         rows[-1] |= {"nll_change_low": judged.effect.low, "nll_change_high": judged.effect.high,
                      "detectable": judged.detectable, "verdict": judged.verdict}  # fmt: skip
     return {"rows": rows}

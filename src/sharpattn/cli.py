@@ -16,7 +16,6 @@ from .cli_options import (
     COSTS,
     MAX_ITEMS,
     MAX_SETS,
-    MAX_SIZE,
     ProgressRenderer,
     announce,
     console,
@@ -27,15 +26,11 @@ from .cli_options import (
     seed_option,
     threads_option,
 )
-from .cli_options import (
-    csv as _csv,
-)
-from .cli_options import (
-    items as _items,
-)
+from .cli_options import csv as _csv
+from .cli_options import items as _items
+from .cli_options import set_sizes as _sizes
 from .experiments.sweep import WorkerDied
 
-_sizes = _csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
 _layers = _csv(int, lambda n: n >= 0, "layer indices >= 0", empty=[])

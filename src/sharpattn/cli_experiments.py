@@ -22,7 +22,6 @@ from .cli_options import (
     MAX_RANK,
     MAX_SEEDS,
     MAX_SETS,
-    MAX_SIZE,
     MAX_STEPS,
     SEED,
     ProgressRenderer,
@@ -37,6 +36,7 @@ from .cli_options import (
     pick_threads,
     print_markdown,
     profile_options,
+    set_sizes,
     size_list,
     size_range,
     threads_option,
@@ -50,7 +50,7 @@ BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MA
 
 #: the comma-separated kinds and their parsers
 PARSERS = {"names": names, "sizes": size_list, "size_range": size_range,
-           "set_sizes": csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}"),
+           "set_sizes": set_sizes,
            "floats": csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")}  # fmt: skip
 
 

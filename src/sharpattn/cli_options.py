@@ -305,6 +305,8 @@ def csv(convert, ok, what: str, empty=None):
 
 #: the largest size a command accepts before any work: one attention row of 2**31 keys
 MAX_SIZE = 2**31 - 1
+#: ``--sizes`` of the set and max-retrieval commands: sizes from 2 to `MAX_SIZE`
+set_sizes = csv(int, lambda n: 2 <= n <= MAX_SIZE, f"integers from 2 to {MAX_SIZE:,}")
 
 
 def names(ctx, param, value):

@@ -135,7 +135,7 @@ def build(exp: Experiment) -> click.Command:
         check = getattr(module, "check", None)
         if check is not None:
             try:
-                check({k: v for k, v in given.items() if v is not None})
+                check(given)
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
         pool = given.pop("ray_address", None)

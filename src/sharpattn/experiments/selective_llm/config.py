@@ -14,6 +14,9 @@ from ..runner import profile_settings
 STREAM_TRAIN, STREAM_EVAL, STREAM_INIT = 0, 1, 2  # generator purposes
 
 
+MATCHED_SEEDS = 2  # the matched study's seeds unless told
+
+
 @dataclass
 class Config:
     model: str = option("smollm2-135m", "Pretrained decoder.")
@@ -42,7 +45,7 @@ class Config:
                        "without the temperatures, on the same windows and seeds.",
                        maximum="rank", metavar="RANK", show_default=False)  # fmt: skip
     lora_lr: float = option(1e-3, "Learning rate of the adapters (with --lora).")
-    seeds: int = option(1, "Seeds of the matched study (with --lora) [default: 2].",
+    seeds: int = option(1, f"Seeds of the matched study (with --lora) [default: {MATCHED_SEEDS}].",
                         maximum="seeds", show_default=False)  # fmt: skip
     seed: int = option(0, "Seed of the training windows (the first seed with --lora).",
                        kind="seed")  # fmt: skip
@@ -84,7 +87,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 IDENTITY = ("model", "steps", "context", "batch", "lr", "position_lr", "targets", "sharing",
             "terms", "train_fraction", "seed")  # fmt: skip
 MATCHED_IDENTITY = (*IDENTITY, "lora", "lora_lr")
-MATCHED_SEEDS = 2  # the matched study's seeds unless told
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> Config:

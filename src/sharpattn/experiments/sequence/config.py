@@ -105,11 +105,11 @@ class SequenceOptions:
                                    "or nape (ALiBi on half of the heads, NoPE on the others, as "
                                    "ASEntmax trains).", kind="choice", choices=POSITIONS,
                                    show_default=False)  # fmt: skip
-    layers: int | None = option(None, "Decoder layers [default: 2].", kind="count", maximum=64,
+    layers: int | None = option(None, f"Decoder layers [default: {SequenceConfig.layers}].", kind="count", maximum=64,
                                 show_default=False)  # fmt: skip
-    d_model: int | None = option(None, "Decoder width [default: 64].", kind="count",
+    d_model: int | None = option(None, f"Decoder width [default: {SequenceConfig.d_model}].", kind="count",
                                  maximum=4096, show_default=False)  # fmt: skip
-    heads: int | None = option(None, "Attention heads per layer [default: 4].", kind="count",
+    heads: int | None = option(None, f"Attention heads per layer [default: {SequenceConfig.heads}].", kind="count",
                                maximum=64, show_default=False)  # fmt: skip
     lr: float | None = option(None, "AdamW learning rate (overrides the profile).",
                               kind="positive", show_default=False)  # fmt: skip

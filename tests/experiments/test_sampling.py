@@ -211,6 +211,15 @@ def test_models_from_evaluates_another_runs_models_without_training(tmp_path, ca
     assert len(err.strip().splitlines()) == 1
 
 
+def test_steps_given_replace_the_profiles_steps_per_task():
+    std = leaderboard.make_config("standard", tasks=("flip_flop",))
+    assert seq.steps_of(std, "flip_flop") == std.task_steps["flip_flop"] != std.steps
+    given = leaderboard.make_config("standard", tasks=("flip_flop", "copy"), steps=4000)
+    assert [seq.steps_of(given, t) for t in given.tasks] == [4000, 4000]
+    both = leaderboard.make_config("standard", steps=40, task_steps={"copy": 7})
+    assert (seq.steps_of(both, "copy"), seq.steps_of(both, "sort")) == (7, 40)
+
+
 def test_task_steps_train_a_task_for_its_own_number_of_steps(tmp_path):
     cfg = _cfg(steps=7, task_steps={"flip_flop": 3}, eval_sets=4, eval_factor=1)
     assert seq.steps_of(cfg, "flip_flop") == 3 and seq.steps_of(cfg, "copy") == 7

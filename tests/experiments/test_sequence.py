@@ -41,6 +41,24 @@ def test_every_trainable_registry_method_is_on_the_leaderboard():
         seq.resolve(["softmax", "nope"])
 
 
+def test_shifted_stick_breaking_trains_its_own_model_with_scores_shifted_by_minus_log_i():
+    import torch
+
+    from sharpattn.normalizers import stick_breaking
+
+    (m,) = seq.resolve(["stick_breaking_shifted"])
+    assert m.train == "stick_breaking" and m.recipe != seq.methods()["stick_breaking"].recipe
+    cfg = seq.SequenceConfig(tasks=("flip_flop",), methods=(m.name,), seeds=1, steps=1)
+    model = seq.build_model(cfg, m, seq.task("flip_flop"), 0)
+    attn = [mod for mod in model.modules() if hasattr(mod, "method_params")]
+    assert attn and all(a.method_params["shift_log_position"] == -1.0 for a in attn)
+    s = torch.randn(1, 1, 5, 5, dtype=torch.float64)
+    i = torch.arange(1, 6, dtype=torch.float64)[:, None]  # query i's 1-based position
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    assert torch.allclose(stick_breaking(s, mask, shift_log_position=-1.0),
+                          stick_breaking(s - torch.log(i), mask))  # fmt: skip
+
+
 def test_compare_is_scipys_paired_t_test():
     a = {0: {"auc": 0.1}, 1: {"auc": 0.3}, 2: {"auc": 0.2}}
     b = {0: {"auc": 0.4}, 1: {"auc": 0.35}, 2: {"auc": 0.6}}
@@ -103,13 +121,13 @@ def test_leaderboard_command_writes_ranked_tables_and_plots(tmp_path):
 
 
 def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_path, monkeypatch):
-    """23 methods on 8 tasks (no spare panel): each method has its own colour, line style and
+    """24 methods on 8 tasks (no spare panel): each method has its own colour, line style and
     marker, and the legend sits in a column of its own inside the saved figure."""
     import matplotlib.pyplot as plt
 
     figures, close = [], plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))  # kept to inspect
-    names = [f"m{i}" for i in range(23)]
+    names = [f"m{i}" for i in range(len(seq.methods()))]
     tasks = ["copy", "flip_flop", "local_count", "mqar", "passkey", "reverse", "sort", "two_back"]
     rows = [{"task": t, "method": m, "seed": 0, "size": n, "acc": 0.5}
             for t in tasks for m in names for n in (16, 64)]  # fmt: skip

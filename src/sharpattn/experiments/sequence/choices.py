@@ -49,19 +49,23 @@ UNTRAINABLE = {"hardmax": "argmax has zero gradient almost everywhere"}
 #: training time relative to softmax where it is much longer (leaderboard --quick, measured:
 #: entmax's bisection 6x, the other sorting-based normalizers 1.4-2.2x); orders the jobs
 SLOW = {"entmax": 6.0, "entmax15": 2.2, "sparsemax": 1.8, "asentmax": 1.4, "topk": 1.4,
-        "stick_breaking": 1.2}  # fmt: skip
+        "stick_breaking": 1.2, "stick_breaking_shifted": 1.2}  # fmt: skip
 #: fixed parameters whose value is the longest training sequence (see `Method`)
 LENGTH_PARAMS = {"logn": ("train_length",), "llama4_temperature": ("floor_scale",)}
 
 
 def methods() -> dict[str, Method]:
-    """Every method of the leaderboard: each trainable registry normalizer, adaptive temperature
-    at inference only (on the softmax model), selective temperatures and gated attention."""
+    """Every method of the leaderboard: each trainable registry normalizer, stick-breaking with
+    its scores shifted by −log i (query i's 1-based position), adaptive temperature at inference
+    only (on the softmax model), selective temperatures and gated attention."""
     out: dict[str, Method] = {}
     for name in available():
         if name in UNTRAINABLE or plugin.is_spec(name):  # a plug-in runs where it is named
             continue
         out[name] = Method(name, name, length_params=LENGTH_PARAMS.get(name, ()))
+    if "stick_breaking" in out:  # scores shifted by −log i: the stick starts spread over keys
+        out["stick_breaking_shifted"] = Method("stick_breaking_shifted", "stick_breaking",
+                                               params=(("shift_log_position", -1.0),))  # fmt: skip
     out["adaptive (inference)"] = Method("adaptive (inference)", "softmax", evaluate="adaptive")
     for which in ("q", "v", "qv"):
         out[f"selective_{which}"] = Method(f"selective_{which}", "softmax", selective=which)

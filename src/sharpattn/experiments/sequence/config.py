@@ -98,7 +98,8 @@ class SequenceOptions:
     seed: int = option(0, "First seed.", kind="seed")
     seeds: int | None = option(None, "Number of seeds (overrides the profile).", kind="count",
                                maximum="seeds", show_default=False)  # fmt: skip
-    steps: int | None = option(None, "Training steps per run.", kind="count", maximum="steps",
+    steps: int | None = option(None, "Training steps per run, for every task (replaces the "
+                               "profile's steps per task).", kind="count", maximum="steps",
                                show_default=False)  # fmt: skip
     positions: str | None = option(None, "Position scheme of the decoder: rotary (RoPE, the "
                                    "default), none (NoPE), alibi (a linear bias on every head) "
@@ -127,10 +128,13 @@ def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: st
                    overrides: dict[str, Any]) -> SequenceConfig:  # fmt: skip
     """A command's configuration: its ``profile`` (a key of ``profiles``), then ``overrides``
     (None values ignored); no tasks given means every task of ``family``, no methods every
-    method of the leaderboard."""
+    method of the leaderboard. Steps given without ``task_steps`` train every task that many
+    steps (the profile's per-task steps are dropped)."""
     from ...tasks import sequence as tasks
 
     values = runner.profile_settings(profiles, profile, overrides)
+    if overrides.get("steps") is not None and overrides.get("task_steps") is None:
+        values["task_steps"] = None  # steps given: every task trains that many, not the profile's
     if values.get("tasks") is None:
         values["tasks"] = tuple(tasks.available(family))
     if values.get("methods") is None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from sharpattn.experiments import max_retrieval as mr
-from sharpattn.experiments.runner import cores
+from sharpattn.lab.runner import cores
 from sharpattn.tasks import sample_max_retrieval
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sharpattn.experiments import clrs_llm, selective_llm
-from sharpattn.experiments.stats import detectable_at_power
+from sharpattn.lab.stats import detectable_at_power
 
 RECORDS = Path(__file__).resolve().parent.parent / "docs" / "records"
 

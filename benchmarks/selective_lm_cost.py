@@ -27,8 +27,8 @@ from batched_seeds import matmul_rate
 from torch.utils.flop_counter import FlopCounterMode
 
 from sharpattn.experiments import selective_lm as sel
-from sharpattn.experiments.runner import cores, threads
 from sharpattn.experiments.selective import make_config
+from sharpattn.lab.runner import cores, threads
 
 
 def cpu_of(cfg: sel.LMConfig, corpus, variant: str, steps: int) -> float:

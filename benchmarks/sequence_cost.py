@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 
-from sharpattn.experiments import clrs, leaderboard, runner
+from sharpattn.experiments import clrs, leaderboard
 from sharpattn.experiments import sequence as seq
+from sharpattn.lab import runner
 
 PROFILES = {"leaderboard": leaderboard.make_config, "clrs": clrs.make_config}
 COMMANDS = {

@@ -57,7 +57,7 @@ def one_thread():
     run many small ops, which two threads slow down badly on a shared 2-core machine, and a
     bitwise comparison of two runs needs one thread. Module-wide:
     ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    from sharpattn.experiments.runner import threads
+    from sharpattn.lab.runner import threads
 
     with threads(1) as n:
         yield n

@@ -29,7 +29,7 @@ from .cli_options import (
 from .cli_options import csv as _csv
 from .cli_options import items as _items
 from .cli_options import set_sizes as _sizes
-from .experiments.sweep import WorkerDied
+from .lab.sweep import WorkerDied
 
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)

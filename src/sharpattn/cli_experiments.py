@@ -1,5 +1,5 @@
 """``sharpattn reproduce NAME`` for every registered experiment, generated from the protocol
-(`experiments.protocol`): the profile flags from its profiles, one option per ``Config`` field
+(`lab.protocol`): the profile flags from its profiles, one option per ``Config`` field
 declared with ``option``, the shared ``--seed``, ``--threads``, ``--checkpoint-every`` and
 ``--out``; then one body for all: configure, announce a long profile, run with progress, print
 the headline table and name the files written.
@@ -41,7 +41,8 @@ from .cli_options import (
     size_range,
     threads_option,
 )
-from .experiments.protocol import REGISTRY, Experiment, Result, describe_default, options_of
+from .experiments.registry import REGISTRY
+from .lab.protocol import Experiment, Result, describe_default, options_of
 
 #: the bounds a count option names (``option(..., maximum="steps")``)
 BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,

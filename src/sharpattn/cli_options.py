@@ -3,7 +3,7 @@
 Each command is a few lines: its own options, the shared ones below, a configuration built from
 them, a call into ``experiments``, its result printed as the report kit wrote it
 (`print_markdown`). Progress reaches the user through
-`ProgressRenderer`, which draws the runner's events (``experiments.runner.event``): on a
+`ProgressRenderer`, which draws the runner's events (``lab.runner.event``): on a
 terminal one bar per task, advancing with ``step``/``total``, showing ``phase``, the latest
 ``loss`` and the time left; elsewhere (a log file, a pipe) plain lines every ten seconds.
 """
@@ -133,7 +133,7 @@ def pick_threads(threads: int | None, workers: int | None = None, ray: str | Non
     if ray is not None or (workers or 1) > 1:
         n, why = 1, "one per worker process"
     else:
-        from .experiments.runner import cores, free_cores
+        from .lab.runner import cores, free_cores
 
         n, load = free_cores()
         why = "every core" if load is None else f"{cores()} cores, load {load:.1f}"
@@ -255,7 +255,7 @@ def cluster_options(f):
     def connected(*args, ray_address: str | None = None, **kwargs):
         if ray_address is None or kwargs.get("list_"):
             return f(*args, ray_address=ray_address, **kwargs)
-        from .experiments.ray_jobs import cluster
+        from .lab.ray_jobs import cluster
 
         with cluster(ray_address):
             return f(*args, ray_address=ray_address, **kwargs)

@@ -1,7 +1,8 @@
 """The library's layers import in one direction, and only torch, numpy and entmax (the
 integrations also their extras' modules), checked on the source: every import statement, also
 the ones inside functions that run only on some paths. The reproductions (experiments/, cli*.py)
-use only the library's public API."""
+use only the library's public API; the experiment kit (lab/) is used by them and never uses
+them."""
 
 import ast
 import sys
@@ -101,10 +102,11 @@ def test_the_check_sees_imports_inside_functions():
 
 # --- the reproductions are a client of the library's public API ---------------------------------
 
-#: the reproductions and the CLI: everything else of the package is the library
+#: the reproductions, their kit and the CLI: everything else of the package is the library
 REPRODUCTIONS = sorted(
-    [*(PACKAGE / "experiments").rglob("*.py"), *PACKAGE.glob("cli*.py"), PACKAGE / "__main__.py"]
-)
+    [*(PACKAGE / "experiments").rglob("*.py"), *(PACKAGE / "lab").rglob("*.py"),
+     *PACKAGE.glob("cli*.py"), PACKAGE / "__main__.py"]
+)  # fmt: skip
 
 
 NAMEDTUPLE = {"_asdict", "_fields", "_field_defaults", "_make", "_replace"}
@@ -117,7 +119,8 @@ def _private(name: str) -> bool:
 def _of_library(module: str) -> bool:
     parts = module.split(".")
     return parts[0] == "sharpattn" and not (
-        len(parts) > 1 and (parts[1] == "experiments" or parts[1].startswith(("cli", "__main__")))
+        len(parts) > 1
+        and (parts[1] in ("experiments", "lab") or parts[1].startswith(("cli", "__main__")))
     )
 
 
@@ -268,3 +271,12 @@ def test_the_export_check_sees_names_missing_from_all():
     assert [w.partition(": ")[2] for w in wrong] == [
         "sharpattn.models.transformer.not_exported", "sharpattn.models.transformer.also_not",
         "sharpattn.normalizers.no_such_name"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "lab").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))  # fmt: skip
+def test_the_experiment_kit_never_imports_the_reproductions_or_the_cli(path):
+    wrong = [f"line {line}: {module}" for line, module in _imports(path, path.read_text())
+             if module.split(".")[:2] in (["sharpattn", "experiments"], ["sharpattn", "cli"])
+             or module.startswith(("sharpattn.cli", "sharpattn.__main__"))]  # fmt: skip
+    assert not wrong, f"{path.relative_to(PACKAGE)} imports " + "; ".join(wrong)

@@ -74,7 +74,7 @@ def test_diagnose_local_causal_lm_folder(tmp_path):
 
 
 def assert_runner_events(events, tasks):
-    """``events`` are well-formed runner events (experiments.runner.event) of exactly ``tasks``,
+    """``events`` are well-formed runner events (lab.runner.event) of exactly ``tasks``,
     each task's steps rising to its total; the CLI's renderer draws them."""
     from sharpattn.cli_options import ProgressRenderer
 

@@ -13,7 +13,7 @@ import torch
 from precision import assert_close
 from reference import transformer_internals
 from sharpattn.experiments import backcopy as bb
-from sharpattn.experiments.runner import RunFolder
+from sharpattn.lab.runner import RunFolder
 from sharpattn.models.transformer import Transformer
 from sharpattn.tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
 
@@ -140,7 +140,7 @@ def test_resume_gives_the_same_run(task, tmp_path, optimizer):
 _KILLED = """
 import json, os, signal, sys, torch
 from sharpattn.experiments import backcopy as bb
-from sharpattn.experiments.runner import RunFolder
+from sharpattn.lab.runner import RunFolder
 torch.set_num_threads(1)
 calls, step = [0], torch.optim.AdamW.step
 def dying(self, *args, **kwargs):
@@ -206,7 +206,7 @@ def test_interventions_rows(task):
 
 
 def test_linear_fit_of_the_findings():
-    from sharpattn.experiments.stats import linear_fit
+    from sharpattn.lab.stats import linear_fit
 
     x = np.log(np.array([10.0, 20, 50, 100, 200]))
     y = 2.0 * x + 1 + np.array([0.1, -0.1, 0.05, 0.0, -0.05])
@@ -223,7 +223,7 @@ def test_linear_fit_of_the_findings():
 def test_runs_trained_in_a_process_pool_longest_first_give_the_sequential_numbers(
     task, tmp_path, monkeypatch
 ):
-    from sharpattn.experiments import sweep
+    from sharpattn.lab import sweep
 
     cfgs = {"short": tiny(steps=4), "deep": tiny(layers="tf+tf", steps=4), "long": tiny(steps=6)}
     order = []

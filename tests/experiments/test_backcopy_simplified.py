@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from precision import assert_close
 from sharpattn.cli import main
-from sharpattn.experiments import runner
 from sharpattn.experiments.backcopy import simplified as bsm
 from sharpattn.experiments.backcopy import simplified_model as bsmm
 from sharpattn.experiments.backcopy import studies as bs
+from sharpattn.lab import runner
 from sharpattn.tasks.bigram_backcopy import KIND_BIGRAM, BigramBackcopy
 
 pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("one_thread")]

@@ -112,7 +112,7 @@ def test_every_profile_default_is_quick_and_long_profiles_are_named():
 
 def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
     from sharpattn.experiments import leaderboard as lb
-    from sharpattn.experiments.protocol import Result
+    from sharpattn.lab.protocol import Result
 
     seen = []
 
@@ -207,7 +207,7 @@ def test_progress_without_a_terminal_prints_plain_lines(monkeypatch):
     from rich.console import Console
 
     from sharpattn import cli_options
-    from sharpattn.experiments.runner import event
+    from sharpattn.lab.runner import event
 
     buf = io.StringIO()
     monkeypatch.setattr(cli_options, "console", Console(file=buf, width=200))
@@ -258,7 +258,7 @@ def test_every_command_has_the_same_threads_option():
 
 def test_threads_default_to_the_free_cores_and_say_so(monkeypatch, capsys):
     from sharpattn import cli_options
-    from sharpattn.experiments import runner
+    from sharpattn.lab import runner
 
     monkeypatch.setattr(runner, "cores", lambda: 4)
     monkeypatch.setattr(runner.resources, "cores", lambda: 4)  # as free_cores reads it
@@ -283,7 +283,7 @@ def test_threads_default_to_the_free_cores_and_say_so(monkeypatch, capsys):
 def test_a_command_picks_its_threads_from_the_free_cores(tmp_path, monkeypatch, capsys):
     """End to end: without --threads (nor $SHARPATTN_THREADS) the run's config records the cores
     free now, and stderr says so; with worker processes each keeps one thread."""
-    from sharpattn.experiments import runner
+    from sharpattn.lab import runner
 
     monkeypatch.delenv("SHARPATTN_THREADS")
     monkeypatch.setattr(runner, "free_cores", lambda: (2, 0.1))

@@ -18,9 +18,9 @@ import torch
 from cli_checks import one_sentence
 from processes import sharpattn, wait_until_in_main
 from sharpattn.cli import main
-from sharpattn.experiments import checkpoint as ckpt
-from sharpattn.experiments import report
-from sharpattn.experiments.runs import write_json
+from sharpattn.lab import checkpoint as ckpt
+from sharpattn.lab import report
+from sharpattn.lab.runs import write_json
 
 HUGE = "1000000000000"
 
@@ -498,7 +498,7 @@ def test_a_killed_worker_is_one_sentence(tmp_path):
 
 
 def test_a_job_os_error_keeps_its_path(tmp_path):
-    from sharpattn.experiments.sweep import run_jobs
+    from sharpattn.lab.sweep import run_jobs
 
     with pytest.raises(IsADirectoryError) as err:
         run_jobs(_write_into, [str(tmp_path)])
@@ -627,7 +627,7 @@ def test_selective_llm_targets_are_checked_before_any_work(capsys, tmp_path):
 
 
 def test_a_directory_where_a_run_file_belongs_is_refused_before_training(tmp_path):
-    from sharpattn.experiments import runner
+    from sharpattn.lab import runner
 
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

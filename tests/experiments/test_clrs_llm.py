@@ -20,8 +20,8 @@ from processes import killed_and_whole, same_fine_tunings
 from sharpattn.cli import main
 from sharpattn.experiments import adapters
 from sharpattn.experiments import clrs_llm as cl
-from sharpattn.experiments.runner import generator
 from sharpattn.integrations import pretrained
+from sharpattn.lab.runner import generator
 
 
 def _cfg(**kw) -> cl.Config:

@@ -14,7 +14,7 @@ from precision import assert_close
 from sharpattn.cli import main
 from sharpattn.experiments import corollary_b1 as cb
 from sharpattn.experiments import max_retrieval as mr
-from sharpattn.experiments.runner import RunFolder
+from sharpattn.lab.runner import RunFolder
 from sharpattn.models import SetAttention
 
 pytestmark = pytest.mark.numerical

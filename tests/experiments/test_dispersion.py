@@ -16,7 +16,7 @@ from precision import assert_close
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
 from sharpattn.experiments import dispersion as disp
-from sharpattn.experiments import runner
+from sharpattn.lab import runner
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SIZES = (16, 64, 256, 1024)

@@ -20,11 +20,11 @@ from scipy import stats
 from precision import assert_close, tolerance
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
-from sharpattn.experiments import checkpoint as ckpt
 from sharpattn.experiments import max_retrieval as mr
-from sharpattn.experiments import report as report_kit
-from sharpattn.experiments.runner import RunFolder
-from sharpattn.experiments.stats import paired_comparison
+from sharpattn.lab import checkpoint as ckpt
+from sharpattn.lab import report as report_kit
+from sharpattn.lab.runner import RunFolder
+from sharpattn.lab.stats import paired_comparison
 from sharpattn.models import SetAttention
 from sharpattn.tasks import sample_max_retrieval
 

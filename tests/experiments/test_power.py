@@ -1,4 +1,4 @@
-"""The leaderboard's power statistics (experiments/stats.py): each formula against an independent
+"""The leaderboard's power statistics (lab/stats.py): each formula against an independent
 computation, and the report's comparisons table and verdict wording."""
 
 from __future__ import annotations
@@ -10,12 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from sharpattn.experiments import leaderboard
-from sharpattn.experiments.stats import (
-    detectable,
-    detectable_at_power,
-    paired_effect,
-    verdict,
-)
+from sharpattn.lab.stats import detectable, detectable_at_power, paired_effect, verdict
 
 A = [0.31, 0.29, 0.35, 0.30, 0.27]
 B = [0.36, 0.30, 0.41, 0.38, 0.29]
@@ -111,7 +106,7 @@ def test_rank_states_every_comparison_with_its_interval_and_power():
 def test_reproduction_verdict_reads_reproduced_contradicted_or_not_detectable():
     """The paper says b − a > 0: a clear gain reproduces it, a clear loss contradicts it, a
     noisy one is "not detectable" with the 80 %-power difference and the paper's effect."""
-    from sharpattn.experiments.stats import detectable_at_power, reproduction_verdict
+    from sharpattn.lab.stats import detectable_at_power, reproduction_verdict
 
     a = np.array([0.50, 0.52, 0.49, 0.51, 0.50])
     gain = reproduction_verdict(a, a + [0.10, 0.11, 0.09, 0.10, 0.12], paper="+0.02", sign=1)
@@ -132,7 +127,7 @@ def test_a_run_that_could_see_the_papers_effect_and_did_not_says_not_reproduced(
     reproduced"; inside the interval, or beyond the run's power: "not detectable"."""
     import numpy as np
 
-    from sharpattn.experiments.stats import reproduction_verdict
+    from sharpattn.lab.stats import reproduction_verdict
 
     a = np.zeros(12)
     small = np.array([0.003, -0.002, 0.001, -0.003, 0.002, -0.001, 0.0, 0.002, -0.002, 0.001,

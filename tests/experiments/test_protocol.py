@@ -1,4 +1,4 @@
-"""The experiment protocol (`experiments.protocol`) and the commands generated from it
+"""The experiment protocol (`lab.protocol`) and the commands generated from it
 (`cli_experiments`)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from sharpattn.cli import cli
 from sharpattn.cli_experiments import closing
-from sharpattn.experiments.protocol import REGISTRY, Result, describe_default, option, options_of
+from sharpattn.experiments.registry import REGISTRY
+from sharpattn.lab.protocol import Result, describe_default, option, options_of
 
 NAMES = sorted(REGISTRY)
 

@@ -11,7 +11,7 @@ import pytest
 from sharpattn.cli import main
 from sharpattn.experiments import max_retrieval as mr
 from sharpattn.experiments import regularisers as rg
-from sharpattn.experiments.stats import paired_effect
+from sharpattn.lab.stats import paired_effect
 
 pytestmark = pytest.mark.numerical
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from processes import ctrl_c_as_at_a_terminal, kill_9_once_written, sharpattn
-from sharpattn.experiments import report, runner
-from sharpattn.experiments.runner import MetricsLog, RunFolder, Trainer
+from sharpattn.lab import report, runner
+from sharpattn.lab.runner import MetricsLog, RunFolder, Trainer
 
 # --- run folders ------------------------------------------------------------------------------
 
@@ -135,18 +135,29 @@ def test_clock_measures_wall_and_cpu_seconds():
     assert busy.stop() is busy and busy.stop().wall == busy.wall
 
 
+#: the package's source folder
+PACKAGE = Path(runner.__file__).parents[2]
+
+
+def _client_sources() -> list[Path]:
+    """Every module of the reproductions and of their kit (lab/), checked to be there."""
+    paths = sorted([*(PACKAGE / "experiments").rglob("*.py"), *(PACKAGE / "lab").rglob("*.py")])
+    assert any(p.parent.name == "runner" for p in paths) and len(paths) > 60
+    return paths
+
+
 def test_experiments_time_and_write_metrics_only_through_the_runner():
     """No reproduction reads a clock or writes metrics.json itself: runner.Clock and
     runner.write_metrics do."""
     import re
 
-    root = Path(runner.__file__).parents[1]
+    root = PACKAGE
     pattern = re.compile(
         r"time\.(perf_counter|process_time|time|monotonic)\(|write_json\(.*metrics\.json"
     )
     found = [
         f"{path.relative_to(root)}:{i}"
-        for path in sorted(root.rglob("*.py"))
+        for path in _client_sources()
         if path.parent.name != "runner"
         and path.name not in ("sweep.py", "ray_jobs.py")  # deadlines of worker processes
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
@@ -182,13 +193,13 @@ def test_experiments_seed_only_through_the_runner():
     torch's or NumPy's generators itself."""
     import re
 
-    root = Path(runner.__file__).parents[1]
+    root = PACKAGE
     pattern = re.compile(
         r"manual_seed\(|np\.random\.(seed|default_rng|RandomState)\(|random\.seed\("
     )
     found = [
         f"{path.relative_to(root)}:{i}"
-        for path in sorted(root.rglob("*.py"))
+        for path in _client_sources()
         if path.parent.name != "runner"
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if pattern.search(line)
@@ -279,7 +290,7 @@ def test_threads_are_set_for_the_block_and_restored():
 
 _FAULTS_PER_STEP = """
 import resource, torch
-from sharpattn.experiments import runner
+from sharpattn.lab import runner
 torch.set_num_threads(1)
 with runner.threads(1):
     w = [torch.randn(128, 128, requires_grad=True) for _ in range(3)]
@@ -401,12 +412,11 @@ def test_experiments_read_tensors_into_numpy_through_the_cpu():
     the diagnostics goes through ``.cpu()`` first."""
     import re
 
-    src = Path(runner.__file__).parents[1]
+    src = PACKAGE
     bare = re.compile(r"(?<!\.cpu\(\))\.numpy\(\)")
     found = [
         f"{path.relative_to(src)}:{i}"
-        for folder in ("experiments", "diagnostics")
-        for path in sorted((src / folder).rglob("*.py"))
+        for path in [*_client_sources(), *sorted((src / "diagnostics").rglob("*.py"))]
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if bare.search(line)
     ]
@@ -507,7 +517,7 @@ _SIGINT_CHILD = """
 import sys, torch
 sys.path[:0] = [{tests!r}, {helpers!r}]
 from test_runner import _toy
-from sharpattn.experiments import runner
+from sharpattn.lab import runner
 torch.set_num_threads(1)
 said = []
 def ready(ev):  # training has started

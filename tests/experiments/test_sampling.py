@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from sharpattn.experiments import leaderboard, runner
+from sharpattn.experiments import leaderboard
 from sharpattn.experiments import sequence as seq
-from sharpattn.experiments.stats import holm
+from sharpattn.lab import runner
+from sharpattn.lab.stats import holm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -225,7 +226,7 @@ def test_task_steps_train_a_task_for_its_own_number_of_steps(tmp_path):
     assert seq.steps_of(cfg, "flip_flop") == 3 and seq.steps_of(cfg, "copy") == 7
     job = seq.jobs(tmp_path, cfg)[0]
     seq.run_job(job)
-    from sharpattn.experiments.runner import MetricsLog
+    from sharpattn.lab.runner import MetricsLog
 
     assert max(r["step"] for r in MetricsLog(job.folder / "metrics.jsonl").read()) == 3
     with pytest.raises(ValueError, match="task_steps"):

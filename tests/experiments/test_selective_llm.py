@@ -15,8 +15,8 @@ import tiny_hf
 from processes import kill_9_once_written, sharpattn
 from sharpattn.cli import main
 from sharpattn.experiments import selective_llm as sl
-from sharpattn.experiments.runner import Trainer
 from sharpattn.integrations import pretrained
+from sharpattn.lab.runner import Trainer
 
 
 def _net():

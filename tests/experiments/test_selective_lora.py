@@ -18,7 +18,7 @@ from sharpattn.cli import main
 from sharpattn.experiments import adapters
 from sharpattn.experiments import selective_llm as sl
 from sharpattn.experiments.llm import window_nll
-from sharpattn.experiments.runner import generator
+from sharpattn.lab.runner import generator
 
 
 def _net():

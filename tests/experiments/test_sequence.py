@@ -14,8 +14,9 @@ from scipy import stats
 from processes import kill_9_once_written, sharpattn
 from sharpattn import normalizers as nz
 from sharpattn.cli import main
-from sharpattn.experiments import leaderboard, runner
+from sharpattn.experiments import leaderboard
 from sharpattn.experiments import sequence as seq
+from sharpattn.lab import runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +89,7 @@ def test_adaptive_at_inference_is_the_softmax_model_evaluated_with_adaptive(tmp_
     rows = seq.run_job(job)
     t = seq.task(job.task)
     model = seq.build_model(cfg, job.methods[0], t, job.seed)
-    from sharpattn.experiments.runner import read_weights
+    from sharpattn.lab.runner import read_weights
 
     read_weights(job.folder / "model.safetensors", model)
     for size in seq.sizes_of(cfg, job.task):
@@ -216,7 +217,7 @@ def test_leaderboard_trains_with_linear_position_biases(tmp_path, positions):
             "--eval-factor", "2", "--eval-sets", "4", "--workers", "1", "--positions", positions,
             "--out", str(out)]  # fmt: skip
     assert main(args) == 0
-    from sharpattn.experiments.runner import read_config
+    from sharpattn.lab.runner import read_config
 
     assert read_config(out, "leaderboard")["positions"] == positions
     assert f"positions {positions}" in (out / "report.md").read_text()
@@ -527,7 +528,7 @@ def test_an_evaluation_cache_with_an_impossible_accuracy_is_named(trained, tmp_p
 def test_a_method_keeps_its_look_in_every_figure():
     """Styles come from the leaderboard's catalogue order: the same method looks the same
     whatever else a figure draws; methods outside it (plug-ins) take free slots, still distinct."""
-    from sharpattn.experiments.report import method_styles
+    from sharpattn.lab.report import method_styles
 
     catalogue = list(seq.methods())
     every = method_styles(catalogue, catalogue)

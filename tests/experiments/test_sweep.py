@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharpattn.experiments import ray_jobs, sweep
-from sharpattn.experiments.runner import threads
-from sharpattn.experiments.sweep import run_jobs
+from sharpattn.lab import ray_jobs, sweep
+from sharpattn.lab.runner import threads
+from sharpattn.lab.sweep import run_jobs
 
 SRC = Path(sweep.__file__).resolve().parents[2]
 JOBS = [
@@ -77,7 +77,7 @@ def unreachable():
     """run_jobs(ray='nonsense:1') in a fresh interpreter (this one may be connected to the
     module's Ray instance), started first so that its waiting overlaps the other tests."""
     code = (
-        "from sharpattn.experiments.sweep import run_jobs\n"
+        "from sharpattn.lab.sweep import run_jobs\n"
         "try:\n"
         "    run_jobs(print, [1], ray='nonsense:1')\n"
         "except ValueError as e:\n"

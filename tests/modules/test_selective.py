@@ -211,7 +211,7 @@ def test_graph_task_default_is_the_uncapped_scale(tmp_path):
 
     from sharpattn.experiments import selective as exp
     from sharpattn.experiments import selective_graph as graph
-    from sharpattn.experiments.runner import RunFolder
+    from sharpattn.lab.runner import RunFolder
 
     assert graph.GraphConfig().query_activation == "exp"
     model = graph.GraphEnsemble(8, 8, [("selective", 0)], activation="exp")
@@ -519,7 +519,7 @@ def test_one_head_ensembles_start_and_project_as_before(task):
     the draws of before (x·W layout [d_in, d_out] from its own generator, transposed), and a
     member-wise projection is the einsum of before to float32 rounding."""
     from sharpattn.experiments import selective_common as common
-    from sharpattn.experiments.runner import generator
+    from sharpattn.lab.runner import generator
 
     model = _one_head_ensembles()[task]
     layers = {"q": (0, 3), "k": (1, 4), "v": (2, 5)} | (
@@ -550,7 +550,7 @@ def test_checkpoints_of_the_layout_before_still_load(task, tmp_path):
 
     from torch import nn
 
-    from sharpattn.experiments.checkpoint import load_checkpoint, save_checkpoint
+    from sharpattn.lab.checkpoint import load_checkpoint, save_checkpoint
 
     new = _one_head_ensembles()[task]
     linear = {"q": "q", "k": "k", "v": "v", "c": "classifier"}
@@ -662,7 +662,7 @@ def test_selective_verdicts_are_the_paired_seed_statistics():
     from scipy import stats as sps
 
     from sharpattn.experiments import selective_common as common
-    from sharpattn.experiments.stats import detectable_at_power
+    from sharpattn.lab.stats import detectable_at_power
 
     vanilla = [[0.50, 1.0], [0.46, 1.2], [0.47, 0.9], [0.52, 1.1]]
     selective = [[0.36, 1.1], [0.35, 1.0], [0.33, 1.2], [0.40, 1.3]]  # spikier; no claim on 2

@@ -409,7 +409,7 @@ def test_the_loops_give_the_same_answers_on_any_number_of_threads(monkeypatch, m
     among torch's OpenMP threads, so here they run on one and on three (rows not a multiple of
     three, causal rows of every length), through ``attend``, forward and backward."""
     from sharpattn import attend
-    from sharpattn.experiments.runner import threads
+    from sharpattn.lab.runner import threads
 
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 301, 8, generator=g) for _ in range(3))

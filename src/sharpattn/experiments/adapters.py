@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from . import runner
+from ..lab import runner
 
 #: the modules adapted: Llama's query, key, value and output projections of every attention layer
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")

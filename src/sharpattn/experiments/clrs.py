@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from . import sequence as seq
-from .protocol import Result
-from .report import (
+from ..lab.protocol import Result
+from ..lab.report import (
     decimals,
     figure,
     image,
@@ -30,8 +29,9 @@ from .report import (
     write_report,
     write_table,
 )
-from .runner import Progress
-from .stats import reproduction_verdict
+from ..lab.runner import Progress
+from ..lab.stats import reproduction_verdict
+from . import sequence as seq
 
 METHODS = ("softmax", "adaptive")
 #: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes

@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from .. import normalizers as nz
+from ..lab import report
+from ..lab.runner import Progress, emit, generator
+from ..lab.runs import check_memory, write_json
 from ..models import SetAttention
 from ..normalizers.softmax import beta_from_entropy
 from ..tasks.max_retrieval import N_CLASSES
-from . import report
-from .runner import Progress, emit, generator
-from .runs import check_memory, write_json
 
 Tensor = torch.Tensor
 

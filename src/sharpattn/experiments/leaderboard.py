@@ -16,19 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from ..lab.protocol import Result, option
+from ..lab.report import (
+    decimals,
+    figure,
+    image,
+    interval,
+    markdown_table,
+    write_report,
+    write_table,
+)
+from ..lab.runner import Progress, read_config
+from ..lab.stats import PairedEffect, detectable, detectable_at_power, holm, paired_effect, verdict
 from ..normalizers import plugin
 from . import sequence as seq
-from .protocol import Result, option
-from .report import decimals, figure, image, interval, markdown_table, write_report, write_table
-from .runner import Progress, read_config
-from .stats import (
-    PairedEffect,
-    detectable,
-    detectable_at_power,
-    holm,
-    paired_effect,
-    verdict,
-)
 
 #: the standard profile's training steps where they are not its 2,000, chosen by softmax's
 #: in-distribution exact match measured at lr 3e-3 (one seed): two_back and local_count 1.000

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from ..diagnostics import capture
-from . import report as kit
-from . import runner
-from .runner import Clock, Progress, RunFolder, emit, write_metrics
+from ..lab import report as kit
+from ..lab import runner
+from ..lab.runner import Clock, Progress, RunFolder, emit, write_metrics
 
 _PROMPTS = 0  # purpose of a run seed (runner.generator(seed, purpose, n))
 

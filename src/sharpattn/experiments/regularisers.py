@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from ..lab import report
+from ..lab.protocol import Result, option
+from ..lab.runner import Clock, Progress, RunFolder, profile_settings, write_metrics
+from ..lab.runs import read_json, write_atomic, write_json
+from ..lab.stats import paired_effect
 from . import max_retrieval as mr
-from . import report
-from .protocol import Result, option
-from .runner import Clock, Progress, RunFolder, profile_settings, write_metrics
-from .runs import read_json, write_atomic, write_json
-from .stats import paired_effect
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": dict(

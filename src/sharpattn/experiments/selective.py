@@ -24,10 +24,10 @@ from typing import Any
 
 from ..attention import SelectiveConfig
 from ..attention.selective import selective_parameter_count
-from . import report
-from .protocol import Result, option
-from .runner import Clock, Progress, RunFolder, profile_settings, threads, write_metrics
-from .runs import write_atomic
+from ..lab import report
+from ..lab.protocol import Result, option
+from ..lab.runner import Clock, Progress, RunFolder, profile_settings, threads, write_metrics
+from ..lab.runs import write_atomic
 from .selective_common import PAPER_FIG2, fig2_markdown
 from .selective_denoise import PAPER as PAPER_DENOISE
 from .selective_denoise import (

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from ..attention import selective_attend
+from ..lab import report
+from ..lab.runner import Trainer, generator, once
+from ..lab.stats import paired_comparison, reproduction_verdict
 from ..models.ensemble import StackedLinear
-from . import report
-from .runner import Trainer, generator, once
-from .stats import paired_comparison, reproduction_verdict
 
 # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
 # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from ..attention import SelectiveConfig
 from ..attention.selective import Temperature
-from . import report
-from .runner import Progress, Trainer, generator
+from ..lab import report
+from ..lab.runner import Progress, Trainer, generator
 from .selective_common import (
     DATA,
     DENOISE,

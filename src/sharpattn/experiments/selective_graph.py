@@ -30,8 +30,8 @@ from .. import normalizers as nz
 from ..attention import SelectiveConfig
 from ..attention.selective import Temperature
 from ..diagnostics import qk_operator_norm, spikiness
-from . import report
-from .runner import Progress, Trainer, generator
+from ..lab import report
+from ..lab.runner import Progress, Trainer, generator
 from .selective_common import (
     DATA,
     FIG2_CLAIMS,

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from ..attention.selective import parameter_overhead
 from ..diagnostics import qk_operator_norm, spikiness
-from . import report
-from .runner import Progress, Trainer, emit, generator, seeded
+from ..lab import report
+from ..lab.runner import Progress, Trainer, emit, generator, seeded
 from .selective_common import (
     DATA,
     FIG2_CLAIMS,

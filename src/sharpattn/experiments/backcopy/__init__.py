@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
+from ...lab import report, runner
+from ...lab.protocol import Result, option
+from ...lab.runner import Clock, Progress, RunFolder, emit, write_metrics
 from ...tasks.bigram_backcopy import BigramBackcopy
-from .. import report, runner
-from ..protocol import Result, option
-from ..runner import Clock, Progress, RunFolder, emit, write_metrics
 from .config import (
     CONVERGED,
     DEFAULT_LR,

@@ -8,16 +8,14 @@ from typing import ClassVar, TypeVar
 
 import torch
 
+from ...lab import runner
+from ...lab.runner import profile_settings
 from ...models.transformer import (
     TransformerConfig,
     layers_name,
     parse_layers,
 )
 from ...tasks.bigram_backcopy import BigramBackcopy
-from .. import runner
-from ..runner import (
-    profile_settings,
-)
 
 Tensor = torch.Tensor
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import report
+from ...lab import report
 from .findings import series
 from .measures import internals
 from .training import Run

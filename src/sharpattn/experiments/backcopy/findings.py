@@ -12,12 +12,12 @@ import torch
 from ...diagnostics import (
     sink_logit_stats,
 )
+from ...lab import report, runner
+from ...lab.stats import linear_fit
 from ...models.transformer import (
     Transformer,
 )
 from ...tasks.bigram_backcopy import KIND_BIGRAM, BigramBackcopy
-from .. import report, runner
-from ..stats import linear_fit
 from .config import CONVERGED, STREAM_BETA0
 from .measures import internals, query_mask
 from .training import Run

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...lab import report, runner
+from ...lab.runner import Clock, Progress, RunFolder, Trainer, emit, write_metrics
+from ...lab.stats import linear_fit
 from ...tasks.bigram_backcopy import BigramBackcopy
-from .. import report, runner
-from ..runner import Clock, Progress, RunFolder, Trainer, emit, write_metrics
-from ..stats import linear_fit
 from . import training
 from .config import CONVERGED
 from .simplified_model import (

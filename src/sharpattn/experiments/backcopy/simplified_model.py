@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...diagnostics import attention_on, delta_logit
+from ...lab import runner
 from ...tasks.bigram_backcopy import KIND_BACKCOPY, KIND_BIGRAM, BigramBackcopy
-from .. import runner
 from .config import Training
 from .training import initialise
 

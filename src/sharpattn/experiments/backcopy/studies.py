@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ...lab import report, runner
+from ...lab.protocol import Result, option
+from ...lab.runner import Clock, Progress, RunFolder, emit, write_metrics
+from ...lab.stats import linear_fit
 from ...tasks.bigram_backcopy import BigramBackcopy
-from .. import report, runner
-from ..protocol import Result, option
-from ..runner import Clock, Progress, RunFolder, emit, write_metrics
-from ..stats import linear_fit
 from .config import CONVERGED, RunConfig
 from .measures import measure
 from .training import Run, eval_tokens, train, train_runs

@@ -10,19 +10,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ...lab import runner
+from ...lab.runner import Progress, RunFolder, Trainer, generator, seeded
 from ...models.transformer import (
     Transformer,
     parse_layers,
 )
 from ...tasks.bigram_backcopy import BigramBackcopy
-from .. import runner
-from ..runner import (
-    Progress,
-    RunFolder,
-    Trainer,
-    generator,
-    seeded,
-)
 from .config import STREAM_DATA, STREAM_EVAL, STREAM_INIT, M, RunConfig, log_steps
 from .measures import measure, measure_no_bos
 
@@ -193,7 +187,7 @@ def train_runs(
     caller trains them in order, which resumes or loads each)."""
     if workers <= 1 and ray is None:
         return
-    from ..sweep import run_jobs
+    from ...lab.sweep import run_jobs
 
     def cost(c: RunConfig) -> int:
         return len(parse_layers(c.layers)) * c.steps * c.batch * c.seq_len * c.d_model

@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import adapters, runner
+from ...lab import runner
+from ...lab.protocol import Result
+from ...lab.report import require
+from ...lab.runner import Clock, Progress, RunFolder, Trainer, emit, generator, write_metrics
+from ...lab.runs import damaged, read_json, write_json
+from .. import adapters
 from ..clrs import summarize
-from ..protocol import Result
-from ..report import require
-from ..runner import Clock, Progress, RunFolder, Trainer, emit, generator, write_metrics
-from ..runs import damaged, read_json, write_json
 from .config import (
     IDENTITY,
     IGNORE,

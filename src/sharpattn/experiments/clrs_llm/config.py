@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..protocol import option
-from ..runner import profile_settings
+from ...lab.protocol import option
+from ...lab.runner import profile_settings
 
 IGNORE = -100
 METHODS = ("softmax", "adaptive")

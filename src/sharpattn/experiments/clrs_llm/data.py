@@ -8,10 +8,8 @@ from typing import Any
 
 import torch
 
+from ...lab.runner import generator
 from .. import sequence as seq
-from ..runner import (
-    generator,
-)
 from .config import IGNORE, STREAM_TEST, Config
 
 

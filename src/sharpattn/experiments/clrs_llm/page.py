@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ...lab import report as kit
+from ...lab.stats import paired_comparison, paired_effect, reproduction_verdict
 from .. import adapters
-from .. import report as kit
 from .. import sequence as seq
 from ..clrs import PAPER_CLAIM
-from ..stats import paired_comparison, paired_effect, reproduction_verdict
 from .config import METHODS, Config, seeds_of
 
 

@@ -25,8 +25,8 @@ import torch
 
 from ...diagnostics import dispersion_horizon, head_ablation, side_by_side
 from ...diagnostics.samples import SAMPLES
-from .. import runner
-from ..runner import Progress, RunFolder, emit, write_metrics
+from ...lab import runner
+from ...lab.runner import Progress, RunFolder, emit, write_metrics
 from .measures import (
     EPS,
     GEMMA_2B,

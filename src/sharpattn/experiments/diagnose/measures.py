@@ -22,8 +22,8 @@ from ...diagnostics import (
 )
 from ...diagnostics.samples import SAMPLES
 from ...extras import install
-from .. import runner
-from ..runner import Progress, emit
+from ...lab import runner
+from ...lab.runner import Progress, emit
 
 # Purposes of a run seed (runner.generator / runner.seeded): independent streams
 STREAM_PROBE, STREAM_LOAD = range(2)

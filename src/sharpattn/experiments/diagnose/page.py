@@ -7,7 +7,7 @@ from pathlib import Path
 from ...diagnostics import (
     dispersion_horizon,
 )
-from .. import report as kit
+from ...lab import report as kit
 from .measures import EPS, GEMMA_2B, PROMPT
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ... import normalizers as nz
 from ...diagnostics.metrics import logit_spread
-from .. import report, runner
+from ...lab import report, runner
 from .winner import check_sizes, uniform_logits, write_run
 
 # ---------------------------------------------------------------- `sharpattn demo`

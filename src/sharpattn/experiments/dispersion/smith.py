@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from ... import normalizers as nz
-from .. import report, runner
-from ..runs import check_memory, read_json
+from ...lab import report, runner
+from ...lab.runs import check_memory, read_json
 
 # ---------------------------------------------------------------- Smith's blog
 #

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from ... import normalizers as nz
-from .. import report, runner
-from ..runner import Progress, RunFolder, emit, write_metrics
-from ..runs import check_memory, write_json
+from ...lab import report, runner
+from ...lab.runner import Progress, RunFolder, emit, write_metrics
+from ...lab.runs import check_memory, write_json
 from .smith import gaussian_dispersion, smith_markdown, smith_scores, smith_toy
 
 # Purposes of a run seed (runner.generator(seed, purpose)): one independent stream per toy

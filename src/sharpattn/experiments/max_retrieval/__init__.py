@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..protocol import Result
-from ..runner import Clock, Progress, write_metrics
-from ..runs import write_json
+from ...lab.protocol import Result
+from ...lab.runner import Clock, Progress, write_metrics
+from ...lab.runs import write_json
 from .config import (
     PAPER_SIZES,
     PAPER_TABLE1,

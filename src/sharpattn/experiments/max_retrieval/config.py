@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ... import normalizers as nz
+from ...lab.protocol import option
+from ...lab.runner import Progress, RunFolder, cores, profile_settings, seeded
+from ...lab.runner import read_config as read_config_json
+from ...lab.runs import available_memory
 from ...models import SetAttention
-from ..protocol import option
-from ..runner import Progress, RunFolder, cores, profile_settings, seeded
-from ..runner import read_config as read_config_json
-from ..runs import available_memory
 
 PAPER_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 #: Table 1 of the ICML version (accuracy %, averaged over ten seeds).
@@ -238,6 +238,6 @@ def run_jobs(fn, jobs, config: Config, ray: str | None, progress: Progress | Non
     processes or Ray (`sweep.run_jobs`); the results in order."""
     if config.workers == 1 and ray is None:
         return [fn(job, progress) for job in jobs]
-    from ..sweep import run_jobs as sweep_jobs
+    from ...lab.sweep import run_jobs as sweep_jobs
 
     return sweep_jobs(fn, jobs, workers=config.workers, ray=ray, progress=progress)

@@ -14,10 +14,10 @@ import safetensors.torch
 import torch
 
 from ... import normalizers as nz
+from ...lab.runner import Progress, emit, generator, threads
+from ...lab.runs import check_memory, write_atomic
 from ...models import SetAttention
 from ...tasks import sample_max_retrieval
-from ..runner import Progress, emit, generator, threads
-from ..runs import check_memory, write_atomic
 from .config import STREAM_TEST, TEST_SEED, Config, group_dir, groups, run_jobs
 from .training import load_ensemble
 

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from ... import normalizers as nz
+from ...lab import report
+from ...lab.runner import generator
 from ...models import SetAttention
 from ...tasks import sample_max_retrieval
-from .. import report
-from ..runner import generator
 from .config import STREAM_FIGURE, TEST_SEED, Config
 from .evaluation import eval_methods
 

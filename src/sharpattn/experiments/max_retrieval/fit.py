@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from ... import normalizers as nz
+from ...lab import report
+from ...lab.runner import Progress, emit, generator, numpy_generator
+from ...lab.runs import write_json
 from ...models import SetAttention
 from ...tasks import sample_max_retrieval
-from .. import report
-from ..runner import Progress, emit, generator, numpy_generator
-from ..runs import write_json
 from .config import STREAM_FIT, STREAM_SCATTER, TEST_SEED, read_config
 from .evaluation import check_sizes, eval_methods, evaluate
 from .page import write_report

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import normalizers as nz
-from .. import report
-from ..runs import read_json
+from ...lab import report
+from ...lab.runs import read_json
 from . import figures
 from .config import REGULARISERS, read_config
 

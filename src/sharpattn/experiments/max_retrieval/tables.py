@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import report
-from ..runs import write_atomic, write_json
-from ..stats import paired_comparison, reproduction_verdict
+from ...lab import report
+from ...lab.runs import write_atomic, write_json
+from ...lab.stats import paired_comparison, reproduction_verdict
 from .config import PAPER_TABLE1
 
 

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from ...diagnostics import logit_spread
+from ...lab.runner import MetricsLog, Progress, Trainer, generator, read_weights, threads
 from ...models import SetAttention
 from ...tasks import sample_max_retrieval
-from ..runner import MetricsLog, Progress, Trainer, generator, read_weights, threads
 from .config import (
     STREAM_DATA,
     STREAM_PROBE,

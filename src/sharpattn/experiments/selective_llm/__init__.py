@@ -40,10 +40,11 @@ from typing import Any
 
 import torch
 
-from .. import adapters, runner
+from ...lab import runner
+from ...lab.protocol import Result
+from ...lab.runner import Clock, Progress, RunFolder, Trainer, generator, write_metrics
+from .. import adapters
 from ..llm import heldout_text, window_nll
-from ..protocol import Result
-from ..runner import Clock, Progress, RunFolder, Trainer, generator, write_metrics
 from .config import (
     IDENTITY,
     MATCHED_IDENTITY,

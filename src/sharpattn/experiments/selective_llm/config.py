@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...attention.selective import SelectiveConfig
-from ..protocol import option
-from ..runner import profile_settings
+from ...lab.protocol import option
+from ...lab.runner import profile_settings
 
 STREAM_TRAIN, STREAM_EVAL, STREAM_INIT = 0, 1, 2  # generator purposes
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ...lab import report as kit
+from ...lab.stats import paired_comparison, reproduction_verdict
 from .. import adapters
-from .. import report as kit
-from ..stats import paired_comparison, reproduction_verdict
 from .config import Config
 
 #: Table 3's gain, Pythia-160m fine-tuned, perplexity 26.681 → 26.514 at its training context:

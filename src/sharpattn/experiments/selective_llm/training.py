@@ -9,13 +9,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import adapters, runner
+from ...lab import runner
+from ...lab.runner import Progress, emit
+from ...lab.runs import damaged
+from .. import adapters
 from ..llm import window_nll
-from ..runner import (
-    Progress,
-    emit,
-)
-from ..runs import damaged
 from .config import Config
 
 

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...lab import runner
+from ...lab.protocol import option
 from ...tasks.sequence import default_eval_sizes
-from .. import runner
-from ..protocol import option
 from .choices import POSITIONS, Method, methods, resolve
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .. import runner
+from ...lab import runner
 from .choices import STREAM_TEST
 from .config import SequenceConfig
 

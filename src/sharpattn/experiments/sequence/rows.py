@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import runs
+from ...lab import runs
 from .config import IDENTITY, Job, SequenceConfig, sizes_of, steps_of
 from .evaluation import FAILURES, eval_name
 

@@ -89,7 +89,7 @@ def measures(rows: list[dict[str, Any]], spans: dict[str, tuple[int, int]] | Non
 def compare(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str):
     """Mean ± sd of ``key`` over seeds and the paired t-test p-value against ``base`` (seeds
     both have; NaN with fewer than two)."""
-    from ..stats import paired_comparison
+    from ...lab.stats import paired_comparison
 
     seeds = sorted(set(per) & set(base))
     a = np.array([[base[s][key]] for s in seeds]) if seeds else np.zeros((0, 1))
@@ -131,7 +131,7 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
     its own where the grid has one free, else a column beside the grid. Every method has its
     own colour, line style and marker (`report.method_styles`, in the order of `methods`, so a
     method looks the same in every figure); ``colors`` overrides a method's colour."""
-    from ..report import figure, method_styles
+    from ...lab.report import figure, method_styles
 
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)

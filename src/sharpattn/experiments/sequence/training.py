@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from ...lab import runner, runs
+from ...lab.runner import Progress, RunFolder, emit
 from ...normalizers import get, plugin
-from .. import runner, runs
-from ..runner import Progress, RunFolder, emit
 from .choices import SLOW, STREAM_DATA, STREAM_INIT, Method, resolve
 from .config import IDENTITY, Job, SequenceConfig, method_params, sizes_of, slug, steps_of, task
 from .evaluation import EVALUATION, SKIPPED, eval_name, evaluate
@@ -243,7 +243,7 @@ def check_models(cfg: SequenceConfig, experiment: str, todo: list[Job] = (),
     else one sentence naming what is missing. It is only read: nothing is written there."""
     if cfg.models is None:
         return
-    from ..runner import read_config
+    from ...lab.runner import read_config
 
     if out is not None and Path(out).resolve() == Path(cfg.models).resolve():
         raise ValueError(
@@ -285,7 +285,7 @@ def sweep(
 ) -> tuple[RunFolder, list[dict[str, Any]]]:
     """Run every job of ``cfg`` into run folder ``out`` (resuming); return the rows, a failed
     plug-in's jobs among them as marked rows (`failures` separates them)."""
-    from ..sweep import run_jobs
+    from ...lab.sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
     check_models(cfg, experiment, todo, out)

@@ -177,11 +177,21 @@ def test_a_changed_long_profile_says_its_cost_is_the_unchanged_profile_s(tmp_pat
         raise Started
 
     monkeypatch.setattr(cli_options.ProgressRenderer, "__enter__", start)
-    for extra, changed in (([], False), (["--steps", "5"], True)):
+    cases = (
+        (["reproduce", "clrs-llm", "--paper"], False),
+        (["reproduce", "clrs-llm", "--paper", "--steps", "5"], True),
+        # where it runs leaves the work alone; another task, width or size does not
+        (["leaderboard", "--standard", "--workers", "2", "--threads", "1"], False),
+        (["leaderboard", "--standard", "--tasks", "flip_flop"], True),
+        (["leaderboard", "--standard", "--d-model", "256"], True),
+        (["leaderboard", "--standard", "--eval-factor", "128"], True),
+    )
+    for i, (command, changed) in enumerate(cases):
         with pytest.raises(Started):
-            main(["reproduce", "clrs-llm", "--paper", *extra, "--out", str(tmp_path / "run")])
+            main([*command, "--out", str(tmp_path / f"run{i}")])
         err = capsys.readouterr().err
-        assert ("the unchanged profile's measured cost" in err) is changed, err
+        assert "measured cost" in err, err
+        assert ("the unchanged profile's measured cost" in err) is changed, (command, err)
 
 
 def test_the_cost_table_of_docs_is_the_code_s():

@@ -72,7 +72,9 @@ Options = seq.SequenceOptions
 
 
 def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:
-    return "reproduce clrs", f"{len(seq.jobs('', cfg))} training jobs", False
+    """The cost key, the jobs, and whether options changed the profile's work."""
+    changed = seq.changes_work(cfg, make_config(profile))
+    return "reproduce clrs", f"{len(seq.jobs('', cfg))} training jobs", changed
 
 
 def default_folder(cfg: seq.SequenceConfig, profile: str) -> str:

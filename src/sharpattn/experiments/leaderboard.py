@@ -132,7 +132,9 @@ class Options(seq.SequenceOptions):
 
 
 def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:
-    return "leaderboard", f"{len(seq.jobs('', cfg))} training jobs", False
+    """The cost key, the jobs, and whether options changed the profile's work."""
+    changed = seq.changes_work(cfg, make_config(profile))
+    return "leaderboard", f"{len(seq.jobs('', cfg))} training jobs", changed
 
 
 def default_folder(cfg: seq.SequenceConfig | None, profile: str) -> str:

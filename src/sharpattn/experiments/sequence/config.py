@@ -4,7 +4,7 @@ task, training recipe, seed)."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,17 @@ def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: st
     for name in cfg.tasks:
         task(name)
     return cfg
+
+
+#: options that leave a profile's work as it is: where it runs and how often it saves
+NOT_WORK = ("checkpoint_every", "workers", "threads")
+
+
+def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
+    """Whether ``cfg`` does other work than ``plain``, its profile unchanged (other tasks,
+    methods, seeds, sizes, model or training): the profile's measured cost is then not its own."""
+    same = {name: getattr(plain, name) for name in NOT_WORK}
+    return replace(cfg, **same) != plain
 
 
 #: what defines the trained models (a folder of another value of these is refused)

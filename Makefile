@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip install --constraint constraints.txt
 
-.PHONY: demo test lint docs screenshots chromium install install-dev clean
+.PHONY: demo test lint docs screenshots chromium install install-dev clean gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,14 @@ XDIST = -n $(JOBS) --dist loadfile
 test: install-dev lint docs
 	$(PY) -m pytest -q $(XDIST) --durations=15
 	$(PY) tests/cpu_paths.py $(XDIST)
+
+# The wheels the GPU check installs on a machine without a package registry
+# (benchmarks/gpu_wheels.txt: pure Python, pinned, no dependencies) into benchmarks/wheels.
+# Run it where the registries are reachable; then `bash benchmarks/gpu_check.sh` on the GPU.
+GPU_PYTHON ?= 3.12
+gpu-wheels: $(PY)
+	$(PY) -m pip download --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation py --abi none --platform any -d benchmarks/wheels -r benchmarks/gpu_wheels.txt
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

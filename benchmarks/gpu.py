@@ -1,31 +1,32 @@
 """Every method's ``impl="auto"`` path on a CUDA GPU, as ratios to torch's SDPA on the same GPU.
 
-For each n (Lq = Lk; B = 1, H = 4 unless ``--heads``, D = 64, float32 unless ``--dtype``),
-non-causal and causal,
-forward and forward+backward:
+For each n (Lq = Lk; B = 1, H = ``--heads``, D = ``--head-dim``, ``--dtype``), non-causal and
+causal, forward and forward+backward, each cell measures:
 
-* time: CUDA-event time of one call (its backward included for ``fwdbwd``), the minimum over
-  ``--reps`` calls after one warm-up, divided by SDPA's measured the same way in the same
-  process (``F.scaled_dot_product_attention``; on float32 torch picks its memory-efficient
-  kernel, on 16-bit ones flash attention);
-* memory: the peak of ``torch.cuda.max_memory_allocated`` during one call above what was
-  allocated before it (inputs and their gradients excluded), as a ratio to SDPA's.
+* **kernel time**: CUDA events around N back-to-back calls (no synchronisation between them;
+  N chosen so that the N calls take about ``--window-ms``), divided by N; the median over
+  ``--reps`` such windows, after a warm-up call (compilation) and with the clocks warmed by a
+  matrix product first. Ratios against **two baselines** measured the same way in the same
+  process: SDPA pinned to flash attention (``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``, where
+  the dtype allows it) and SDPA as torch picks it (cuDNN on torch 2.11 on Hopper); the backend
+  the default ran is read from its kernels' names (torch's profiler) and stored;
+* **host time**: the wall time per call of the same method and mode on 128 keys (work too small
+  to matter, synchronised after every call): what a call costs Python and the launches alone.
+  A cell whose host time is near its kernel time measures the host, not the kernels;
+* **memory**: the peak of ``torch.cuda.max_memory_allocated`` during one call above what was
+  allocated before it (inputs excluded), and its ratio to flash attention's (default SDPA's
+  where flash cannot run).
 
-The same methods and targets as ``benchmarks/attention.py`` (CPU). On CUDA ``sigmoid``,
-``relu`` (and ``relu@p=2``), ``power``, ``signed`` and ``softpick`` run their Triton kernels
-where triton imports (``attention/triton_elementwise.py``); the rows ``sigmoid:tiles``,
-``relu:tiles``, ``power:tiles``, ``signed:tiles`` and ``softpick:tiles`` are the same methods
-on the PyTorch tiles (``SHARPATTN_TRITON=0``), to compare the two. Measure both float32 and
-bfloat16 (``--dtype``). Cells that would pass
-``--deadline`` seconds from the start are skipped and listed. Rows are written to ``--out``
-after every cell, so a run stopped early keeps what it measured.
+Each cell is named on stdout before it runs (a cell that never ends is named), and written as it
+ends: to ``--out`` (the whole result, JSON) and appended as one line to ``--cells`` (JSON lines,
+what ``gpu_check.py`` collects). A method that raises is an ``error`` row; a CUDA error (which
+poisons the process's context) ends the run after its row. Cells past ``--deadline`` seconds
+are listed as skipped. ``--device cpu --triton-cpu`` is a dry run on the CPU (tiny sizes, the
+kernels in Triton's interpreter: ``TRITON_INTERPRET=1``), to check the script, not to time.
 
-    python benchmarks/gpu.py --sizes 1024,4096,16384 --out benchmarks/results/gpu.json
-    python benchmarks/gpu.py --methods sigmoid,relu,relu@p=2,sigmoid:tiles,relu:tiles \
-        --dtype bfloat16 --out benchmarks/results/gpu_triton_bf16.json
-    python benchmarks/gpu.py --methods power,signed,softpick,power:tiles,signed:tiles,\
-softpick:tiles --dtype bfloat16 --out benchmarks/results/gpu_triton_normalised_bf16.json
-    python benchmarks/gpu.py --table benchmarks/results/gpu.json
+    python benchmarks/gpu.py --dtype bfloat16 --heads 16 --sizes 16384,4096 --modes fwdbwd \\
+        --methods sigmoid,adaptive --out /tmp/gpu.json
+    python benchmarks/gpu.py --table benchmarks/results/gpu_bf16_triton.json
 """
 
 from __future__ import annotations
@@ -36,33 +37,16 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from attention import CAUSAL_ONLY, EXTRA, method_case  # the CPU benchmark beside this one
+from gpu_common import ANCHORS, CAUSAL_ONLY, append_cell, family, method_case
 
-from sharpattn.attention import attend
-from sharpattn.attention.tiles import device_budget
-from sharpattn.normalizers import available
-
-B, H, D = 1, 4, 64
-
-
-#: methods with Triton kernels on CUDA (``sink`` and ``adaptive``: the softmax kernel with its
-#: log-sum-exp), and the rows of their ``impl="auto"`` path without them (``SHARPATTN_TRITON=0``:
-#: the tiles; ``sink`` the sink as one more key of SDPA)
-TRITON = (
-    *("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick", "sink", "adaptive"),
-    *("sparsemax", "entmax15", "entmax", "asentmax", "topk", "hardmax", "stick_breaking"),
-)
-TILES = [
-    f"{m}:tiles"
-    for m in TRITON
-    if "@" not in m and m not in ("entmax", "asentmax")  # their kernels are sparsemax's
-]
+B = 1
 
 #: the targets (forward+backward time as a ratio to SDPA's flash kernel, bfloat16, n >= 4,096)
 #: by method: the softmax family and the sink within FlexAttention's distance of flash, the
@@ -73,28 +57,28 @@ TARGETS = {
     **dict.fromkeys(("sigmoid", "relu", "relu@p=2", "power", "signed", "softpick"), 1.3),
     "adaptive": 2.2,
     **dict.fromkeys(("sparsemax", "entmax15", "entmax", "asentmax", "stick_breaking"), 2.0),
+    "entmax@alpha=1.3": 2.0,
     **dict.fromkeys(("topk", "hardmax"), 1.5),
 }
-#: the sparse maps: each cell also reports the fraction of nonzero weights (their support)
-SPARSE = ("sparsemax", "entmax15", "entmax", "asentmax", "entmax@alpha=1.3")
+#: the sparse maps: each forward cell also reports the fraction of nonzero weights (support)
+SUPPORTED = ("sparsemax", "entmax15", "entmax", "asentmax")
+#: the baselines: SDPA pinned to flash attention, and SDPA as torch picks it
+BASELINES = ("flash", "default")
+#: keys of the "empty work" call that measures a method's host time
+HOST_N = 128
 
 
 def support(method: str, params: dict, q, k, v, causal: bool, rows: int = 64) -> float:
     """The fraction of a sparse map's weights that are nonzero among the visible ones, on the
     last ``rows`` query rows (the naive path's weights: O(rows·n) memory)."""
+    from sharpattn.attention import attend
+
     with torch.no_grad():
         _, w = attend(q[..., -rows:, :], k, v, method, causal=causal, return_weights=True,
                       impl="naive", **params)  # fmt: skip
+    rows = w.shape[-2]
     visible = w.shape[-1] * rows - (rows * (rows - 1) // 2 if causal else 0)
     return float((w != 0).sum()) / (visible * w.shape[0] * w.shape[1])
-
-
-def methods(names: str) -> dict[str, tuple[str, dict]]:
-    """Case name → (method, params): every registered method, the CPU benchmark's extras, the
-    Triton methods' ``relu@p=2`` and the tiles' rows (``NAME:tiles``)."""
-    every = [*available(), *EXTRA, "relu@p=2", *TILES, *(f"anchor:{a}" for a in ANCHORS)]
-    return {m: (m, {}) if m.startswith("anchor:") else method_case(m)
-            for m in (names.split(",") if names else every)}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -112,14 +96,36 @@ def _tiles(on: bool):
             os.environ["SHARPATTN_TRITON"] = before
 
 
-#: other projects' kernels of the same maps, measured in the same process where their package
-#: imports (rows ``anchor:NAME``): AdaSplash's α-entmax (PyPI ``adasplash``; its 0.2 release
-#: runs causal α = 1.5 through AdaSplash-2, the rest through AdaSplash-1) and Tan et al.'s
-#: stick-breaking kernel (``stickbreaking_attention``, not on PyPI: GitHub only). The GPU
-#: machine has no network: ``benchmarks/gpu_check.sh`` installs the wheels it finds in
-#: benchmarks/wheels (``pip download adasplash --no-deps -d benchmarks/wheels``)
-ANCHORS = {"adasplash": ("adasplash", "entmax15"), "stickbreaking": ("stickbreaking_attention",
-                                                                      "stick_breaking")}  # fmt: skip
+def sdpa(backend: str, q, k, v, causal: bool):
+    """SDPA pinned to flash attention (``"flash"``) or as torch picks it (``"default"``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend == "default":
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def pinned():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return pinned
+
+
+def backend_of(fn) -> str:
+    """Which SDPA backend ``fn`` ran, from the names of the CUDA kernels it launched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = [e.name.lower() for e in prof.events() if "cuda" in str(e.device_type).lower()]
+    except Exception as err:  # a profiler that cannot run here
+        return f"unknown ({type(err).__name__})"
+    for key, label in (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
+                       ("efficient", "efficient")):  # fmt: skip
+        if any(key in n for n in names):
+            return label
+    return "math" if names else "unknown (no kernel seen)"
 
 
 def anchor(name: str, q, k, v, causal: bool):
@@ -127,6 +133,8 @@ def anchor(name: str, q, k, v, causal: bool):
     package, _ = ANCHORS[name]
     if importlib.util.find_spec(package) is None:
         return f"{package} is not installed"
+    if q.device.type != "cuda":
+        return "needs a CUDA GPU"
     if name == "adasplash":
         from adasplash import adasplash
 
@@ -139,11 +147,14 @@ def anchor(name: str, q, k, v, causal: bool):
     return lambda: sb_attn(q, k, v, inv_temp=1 / q.shape[-1] ** 0.5)[0]
 
 
-def call(method: str, params: dict, q, k, v, causal: bool):
-    if method == "sdpa":
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if method.startswith("anchor:"):
-        return anchor(method.partition(":")[2], q, k, v, causal)
+def call(name: str, q, k, v, causal: bool):
+    """The call of case ``name`` (``method``, ``method@param=value``, ``method:tiles``,
+    ``anchor:NAME``), or a reason it cannot run here."""
+    from sharpattn.attention import attend
+
+    if name.startswith("anchor:"):
+        return anchor(name.partition(":")[2], q, k, v, causal)
+    method, params = method_case(name)
     method, _, path = method.partition(":")  # "sigmoid:tiles": without the Triton kernels
 
     def run():
@@ -153,143 +164,264 @@ def call(method: str, params: dict, q, k, v, causal: bool):
     return run
 
 
-def measure(fn, mode: str, q, k, v, reps: int) -> dict:
-    """Minimum milliseconds over ``reps`` calls (after a warm-up) and peak extra MiB: CUDA events
-    and the CUDA allocator's peak on a GPU; wall time and no memory on the CPU (a dry run)."""
-    grad = torch.randn(q.shape, device=q.device, dtype=q.dtype)
-    cuda = q.device.type == "cuda"
+class Timer:
+    """Kernel time of back-to-back calls between CUDA events (wall time on the CPU)."""
+
+    def __init__(self, device: torch.device, window_ms: float, reps: int, host_calls: int):
+        self.cuda = device.type == "cuda"
+        self.window_ms, self.reps, self.host_calls = window_ms, reps, host_calls
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def window(self, once, calls: int) -> float:
+        """Milliseconds per call over ``calls`` back-to-back calls."""
+        self.sync()
+        if not self.cuda:
+            t = time.perf_counter()
+            for _ in range(calls):
+                once()
+            return (time.perf_counter() - t) * 1e3 / calls
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            once()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+
+    def host(self, once) -> float:
+        """Wall milliseconds per call, synchronised after each (median of ``host_calls``, after
+        one call that compiles)."""
+        once()
+        times = []
+        for _ in range(self.host_calls):
+            self.sync()
+            t = time.perf_counter()
+            once()
+            self.sync()
+            times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(times)
+
+    def measure(self, once) -> dict:
+        """``ms`` (median over ``reps`` windows), ``calls`` per window, ``spread`` (max/min)."""
+        once()  # warm-up: compilation, lazy initialisation, cuBLAS handles
+        first = self.window(once, 1)
+        calls = max(1, min(100, round(self.window_ms / max(first, 1e-3))))
+        times = [self.window(once, calls) for _ in range(self.reps)]
+        return {"ms": statistics.median(times), "calls": calls,
+                "spread": max(times) / max(min(times), 1e-9)}  # fmt: skip
+
+
+def peak_extra_mib(once, device: torch.device) -> float:
+    """Peak CUDA memory above what was allocated before one call (NaN off CUDA)."""
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    once()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def warm_clocks(device: torch.device, ms: float = 300.0) -> None:
+    """Busy the GPU with matrix products for about ``ms`` (it idles at a low clock)."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    t = time.perf_counter()
+    while (time.perf_counter() - t) * 1e3 < ms:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def work(fn, mode: str, leaves, grad):
+    """One call of ``fn`` (with its backward for ``fwdbwd``)."""
 
     def once():
         out = fn()
         if mode == "fwdbwd":
-            torch.autograd.grad(out, (q, k, v), grad, allow_unused=True)
+            torch.autograd.grad(out, leaves, grad, allow_unused=True)
+        return out
 
-    def timed() -> float:
-        if not cuda:
-            t = time.perf_counter()
-            once()
-            return (time.perf_counter() - t) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        once()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-
-    timed()  # warm-up: lazy initialisation, cuBLAS handles, autotuning
-    times = [timed() for _ in range(reps)]
-    extra = float("nan")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        once()
-        torch.cuda.synchronize()
-        extra = (torch.cuda.max_memory_allocated() - before) / 2**20
-    return {"ms": min(times), "extra_mib": extra}
+    return once
 
 
-def main(argv=None) -> None:
+def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, heads, n, d, generator=g).to(device, dtype).requires_grad_()
+            for _ in range(3)]  # fmt: skip
+
+
+def environment(device: torch.device) -> dict:
+    """The machine and versions a result was measured with."""
+    env = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": _triton_version(),
+        "python": platform.python_version(),
+    }
+    return env
+
+
+def _is_cuda_error(err: BaseException) -> bool:
+    return "CUDA error" in str(err) or type(err).__name__ == "AcceleratorError"
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1024,4096,16384")
     p.add_argument("--modes", default="fwd,fwdbwd")
-    p.add_argument("--methods", default="", help="comma-separated (default: every one)")
-    p.add_argument("--heads", type=int, default=H,
-                   help="heads per call (more: each call further past launch overhead)")  # fmt: skip
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (no memory)")
+    p.add_argument("--methods", default="", help="comma-separated cases (default: every method)")
+    p.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--reps", type=int, default=5, help="timing windows per cell (median)")
+    p.add_argument("--window-ms", type=float, default=20.0, help="length of a timing window")
+    p.add_argument("--host-calls", type=int, default=5, help="calls timed for the host time")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script")
+    p.add_argument("--triton-cpu", action="store_true",
+                   help="dry run: CPU tensors take the Triton kernels (TRITON_INTERPRET=1)")  # fmt: skip
     p.add_argument("--deadline", type=float, default=1e9, help="seconds; later cells skipped")
-    p.add_argument("--out", default=str(Path(__file__).with_name("results") / "gpu.json"))
-    p.add_argument("--table", metavar="JSON", help="print the table of a result file and exit")
+    p.add_argument("--out", default=None, help="the whole result as JSON, after every cell")
+    p.add_argument("--cells", default=None, help="append each cell as a JSON line here")
+    p.add_argument("--tag", default="", help="a label stored in every cell (the check's step)")
+    p.add_argument("--table", nargs="+", metavar="FILE",
+                   help="print the table of result files (JSON or JSON lines) and exit")  # fmt: skip
     args = p.parse_args(argv)
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
-        return
+        from gpu_check import load, summary
+
+        print(summary(load(args.table)))
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+        print("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    if args.triton_cpu:
+        from gpu_common import route_triton_to_cpu
+
+        route_triton_to_cpu()
+    from sharpattn.attention.tiles import device_budget
+    from sharpattn.normalizers import available
+
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
-    result = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
-        "torch": torch.__version__,
-        # the element-wise methods' Triton kernels run where triton imports
-        "triton": _triton_version(),
-        "python": platform.python_version(),
-        "dtype": args.dtype,
-        # the tile budget's factor on this device (SHARPATTN_DEVICE_TILES or the default)
-        "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
-        "shape": {"B": B, "H": args.heads, "D": D},
-        "reps": args.reps,
-        "rows": [],
-        "skipped": [],
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    todo = methods(args.methods)
+    setting = {"dtype": args.dtype, "B": B, "H": args.heads, "D": args.head_dim}
+    result = {**environment(device), **setting, "reps": args.reps, "window_ms": args.window_ms,
+              "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
+              "rows": [], "skipped": []}  # fmt: skip
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(row: dict | None = None) -> None:
+        result["wall_s"] = time.perf_counter() - t0
+        if row is not None:
+            result["rows"].append(row)
+            append_cell(args.cells, {"kind": "bench", "tag": args.tag, **setting, **row})
+        if out:
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result, indent=1, default=str))
+            tmp.replace(out)
+
+    names = args.methods.split(",") if args.methods else list(available())
+    timer = Timer(device, args.window_ms, args.reps, args.host_calls)
+    warm_clocks(device)
+    host_of: dict[tuple, float] = {}
+    backends: dict[tuple, str] = {}
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     for n in (int(s) for s in args.sizes.split(",")):
-        for causal in (False, True):
-            g = torch.Generator().manual_seed(0)
-            q, k, v = (
-                torch.randn(B, args.heads, n, D, generator=g).to(device, dtype).requires_grad_()
-                for _ in range(3)
-            )
+        for causal in causals:
+            q, k, v = inputs(n, args.heads, args.head_dim, device, dtype)
+            grad = torch.randn_like(q)
             for mode in args.modes.split(","):
-                base = measure(call("sdpa", {}, q, k, v, causal), mode, q, k, v, args.reps)
-                for name, (method, params) in todo.items():
-                    if method.split(":")[0] in CAUSAL_ONLY and not causal:
+                base = {}
+                for backend in BASELINES:
+                    once = work(sdpa(backend, q, k, v, causal), mode, (q, k, v), grad)
+                    try:
+                        base[backend] = timer.measure(once) | {"mib": peak_extra_mib(once, device)}
+                    except RuntimeError as err:  # flash cannot run this dtype or shape
+                        base[backend] = {"error": str(err).splitlines()[0][:200]}
+                if "ms" in base["default"] and device.type == "cuda":
+                    if (causal, mode) not in backends:  # read once per kind of call
+                        backends[(causal, mode)] = backend_of(
+                            work(sdpa("default", q, k, v, causal), mode, (q, k, v), grad)
+                        )
+                    base["default"]["backend"] = backends[(causal, mode)]
+                result.setdefault("baselines", []).append(
+                    {"n": n, "causal": causal, "mode": mode, **base}
+                )
+                for name in names:
+                    method = method_case(name)[0].partition(":")[0]
+                    if method in CAUSAL_ONLY and not causal:
                         continue
-                    cell = {"method": name, "n": n, "causal": causal, "mode": mode}
+                    cell = {"method": name, "family": family(name), "n": n, "causal": causal,
+                            "mode": mode}  # fmt: skip
                     if time.perf_counter() - t0 > args.deadline:
                         result["skipped"].append(cell)
+                        save()
                         continue
-                    fn = call(method, params, q, k, v, causal)
+                    fn = call(name, q, k, v, causal)
                     if isinstance(fn, str):  # an anchor that cannot run here: why
-                        result["rows"].append(cell | {"error": fn})
+                        save(cell | {"error": fn})
                         continue
                     # the cell's name first, so that a cell that never ends is named
                     print(f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22}",
                           end=" ", flush=True)  # fmt: skip
+                    once = work(fn, mode, (q, k, v), grad)
                     try:
-                        got = measure(fn, mode, q, k, v, args.reps)
-                    except torch.OutOfMemoryError:
-                        cell["error"] = "out of GPU memory"
-                        print(cell["error"], flush=True)
-                        result["rows"].append(cell)
-                        torch.cuda.empty_cache()
+                        got = timer.measure(once)
+                        got["mib"] = peak_extra_mib(once, device)
+                        key = (name, mode, causal)
+                        if key not in host_of:
+                            small = inputs(HOST_N, args.heads, args.head_dim, device, dtype)
+                            host_of[key] = timer.host(
+                                work(call(name, *small, causal), mode, small, torch.randn_like(small[0]))
+                            )  # fmt: skip
+                    except Exception as err:
+                        cell["error"] = f"{type(err).__name__}: {str(err).strip()}"[:300]
+                        print("error:", cell["error"].splitlines()[0], flush=True)
+                        save(cell)
+                        if _is_cuda_error(err):
+                            print("a CUDA error: the rest of this run cannot be trusted; stop")
+                            return 1
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
                         continue
-                    except Exception as err:  # an anchor's kernel that fails on this GPU
-                        if not method.startswith("anchor:"):
-                            raise
-                        cell["error"] = f"{type(err).__name__}: {err}"[:300]
-                        print(cell["error"], flush=True)
-                        result["rows"].append(cell)
-                        torch.cuda.empty_cache()
-                        continue
-                    if method.split(":")[0] in SPARSE and mode == "fwd":
-                        cell["support"] = support(method.split(":")[0], params, q, k, v, causal)
-                    cell |= {
-                        "ms": got["ms"],
-                        "sdpa_ms": base["ms"],
-                        "time_ratio": got["ms"] / base["ms"],
-                        "extra_mib": got["extra_mib"],
-                        "sdpa_extra_mib": base["extra_mib"],
-                        "memory_ratio": got["extra_mib"] / max(base["extra_mib"], 1e-3),
-                    }
-                    result["rows"].append(cell)
-                    print(
-                        f"{got['ms']:9.2f} ms  {cell['time_ratio']:7.2f}x SDPA  "
-                        f"extra {got['extra_mib']:8.1f} MiB ({cell['memory_ratio']:.2f}x)",
-                        flush=True,
-                    )
-                    result["wall_s"] = time.perf_counter() - t0
-                    out.write_text(json.dumps(result, indent=1))
-            del q, k, v
+                    if method in SUPPORTED and mode == "fwd":
+                        cell["support"] = support(method, method_case(name)[1], q, k, v, causal)
+                    cell |= {"ms": got["ms"], "calls": got["calls"], "spread": got["spread"],
+                             "host_ms": host_of[key], "extra_mib": got["mib"]}  # fmt: skip
+                    for backend in BASELINES:
+                        if "ms" in base[backend]:
+                            cell[f"{backend}_ms"] = base[backend]["ms"]
+                            cell[f"ratio_{backend}"] = got["ms"] / base[backend]["ms"]
+                            cell[f"{backend}_mib"] = base[backend]["mib"]
+                    if "backend" in base["default"]:
+                        cell["default_backend"] = base["default"]["backend"]
+                    ref = next((b for b in BASELINES if "ms" in base[b]), None)
+                    if ref and got["mib"] == got["mib"]:
+                        cell["memory_ratio"] = got["mib"] / max(base[ref]["mib"], 1e-3)
+                    save(cell)
+                    ratios = "  ".join(f"{cell[f'ratio_{b}']:6.2f}x {b}" for b in BASELINES
+                                       if f"ratio_{b}" in cell)  # fmt: skip
+                    print(f"{got['ms']:9.3f} ms  {ratios}  host {host_of[key]:.2f} ms  "
+                          f"extra {got['mib']:.0f} MiB", flush=True)  # fmt: skip
+            del q, k, v, grad
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    result["wall_s"] = time.perf_counter() - t0
-    out.write_text(json.dumps(result, indent=1))
-    print(table(result))
+    save()
+    from gpu_check import summary
+
+    print(summary([{"kind": "bench", "tag": args.tag, **setting, **r} for r in result["rows"]]))
+    return 0
 
 
 def _triton_version() -> str | None:
@@ -300,84 +432,5 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
-def table(result: dict) -> str:
-    """Markdown: one row per method, ``fwd / fwd+bwd`` time ratios per (n, causal) column."""
-    rows = [r for r in result["rows"] if "time_ratio" in r]
-    cols = sorted({(r["n"], r["causal"]) for r in rows})
-    names = list(dict.fromkeys(r["method"] for r in rows))
-    cell = {(r["method"], r["n"], r["causal"], r["mode"]): r for r in rows}
-    shape = result.get("shape", {"B": B, "H": H, "D": D})
-    head = ["method"] + [
-        f"{f'{n // 1024}k' if n >= 1024 else n}{' causal' if c else ''}" for n, c in cols
-    ]
-    lines = [
-        f"{result['device']}, torch {result['torch']}"
-        + (f", triton {result['triton']}" if result.get("triton") else "")
-        + f", {result['dtype']}, B = {shape['B']}, H = {shape['H']}, "
-        f"D = {shape['D']}: time as a ratio to SDPA's, forward / forward+backward",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|---" * len(head) + "|",
-    ]
-    for m in names:
-        parts = []
-        for n, c in cols:
-            f, fb = cell.get((m, n, c, "fwd")), cell.get((m, n, c, "fwdbwd"))
-            parts.append(
-                " / ".join(f"{x['time_ratio']:.1f}" if x else "–" for x in (f, fb))
-                if f or fb
-                else "–"
-            )
-        lines.append(f"| {m} | " + " | ".join(parts) + " |")
-    sdpa = {(r["n"], r["causal"], r["mode"]): r["sdpa_ms"] for r in rows}
-    lines.append(
-        "| SDPA, ms | "
-        + " | ".join(
-            " / ".join(f"{sdpa.get((n, c, mode), float('nan')):.2f}" for mode in ("fwd", "fwdbwd"))
-            for n, c in cols
-        )
-        + " |"
-    )
-    big = [r for r in rows if r["n"] == max(n for n, _ in cols) and r["mode"] == "fwdbwd"]
-    if big and all(r["memory_ratio"] == r["memory_ratio"] for r in big):  # not NaN (CPU)
-        worst = max(big, key=lambda r: r["memory_ratio"])
-        lines += [
-            "",
-            f"Peak extra GPU memory at n = {worst['n']}, forward+backward: at most "
-            f"{worst['memory_ratio']:.2f}x SDPA's ({worst['method']}, {worst['extra_mib']:.0f} MiB "
-            f"against {worst['sdpa_extra_mib']:.0f} MiB).",
-        ]
-    lines += targets(rows)
-    kept = [r for r in rows if "support" in r]
-    if kept:
-        lines += ["", "Support of the sparse maps (nonzero weights / visible keys, last 64 rows):"]
-        lines += [f"- {r['method']}, n = {r['n']}{' causal' if r['causal'] else ''}: "
-                  f"{100 * r['support']:.2f} %" for r in kept]  # fmt: skip
-    failed = {r["method"]: r["error"] for r in result["rows"] if "error" in r}
-    if failed:
-        lines += ["", "Not measured:", *(f"- {m}: {why}" for m, why in failed.items())]
-    if result.get("skipped"):
-        lines.append(f"{len(result['skipped'])} cells skipped at the deadline.")
-    return "\n".join(lines)
-
-
-def targets(rows: list[dict]) -> list[str]:
-    """The methods of `TARGETS` measured at n >= 4,096 forward+backward: the worst ratio to
-    SDPA over those cells against the target (meaningful in bfloat16, where SDPA is flash)."""
-    lines = []
-    for name, target in TARGETS.items():
-        cells = [r for r in rows if r["method"] == name and r["n"] >= 4096
-                 and r["mode"] == "fwdbwd"]  # fmt: skip
-        if cells:
-            worst = max(cells, key=lambda r: r["time_ratio"])
-            verdict = "met" if worst["time_ratio"] <= target else "missed"
-            lines.append(
-                f"- {name}: at most {worst['time_ratio']:.2f}x SDPA forward+backward at n >= 4k "
-                f"(worst: n = {worst['n']}{', causal' if worst['causal'] else ''}); target "
-                f"{target}: {verdict}"
-            )
-    return ["", "Targets (forward+backward, n >= 4k):", *lines] if lines else []
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

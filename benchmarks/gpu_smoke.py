@@ -49,8 +49,8 @@ def check_case(case: str, n: int, heads: int, d: int, causal: bool, dtype, devic
     """One variant: the fast path against the float32 naive path; each output's error over its
     bound (a ratio ≤ 1 passes)."""
     import torch
-    from precision import tolerance
 
+    from precision import tolerance
     from sharpattn.attention import attend
 
     method, params = method_case(case)

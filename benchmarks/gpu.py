@@ -74,8 +74,16 @@ def support(method: str, params: dict, q, k, v, causal: bool, rows: int = 64) ->
     from sharpattn.attention import attend
 
     with torch.no_grad():
-        _, w = attend(q[..., -rows:, :], k, v, method, causal=causal, return_weights=True,
-                      impl="naive", **params)  # fmt: skip
+        _, w = attend(
+            q[..., -rows:, :],
+            k,
+            v,
+            method,
+            causal=causal,
+            return_weights=True,
+            impl="naive",
+            **params,
+        )
     rows = w.shape[-2]
     visible = w.shape[-1] * rows - (rows * (rows - 1) // 2 if causal else 0)
     return float((w != 0).sum()) / (visible * w.shape[0] * w.shape[1])
@@ -121,8 +129,12 @@ def backend_of(fn) -> str:
         names = [e.name.lower() for e in prof.events() if "cuda" in str(e.device_type).lower()]
     except Exception as err:  # a profiler that cannot run here
         return f"unknown ({type(err).__name__})"
-    for key, label in (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
-                       ("efficient", "efficient")):  # fmt: skip
+    for key, label in (
+        ("cudnn", "cudnn"),
+        ("flash", "flash"),
+        ("fmha", "efficient"),
+        ("efficient", "efficient"),
+    ):
         if any(key in n for n in names):
             return label
     return "math" if names else "unknown (no kernel seen)"
@@ -210,8 +222,11 @@ class Timer:
         first = self.window(once, 1)
         calls = max(1, min(100, round(self.window_ms / max(first, 1e-3))))
         times = [self.window(once, calls) for _ in range(self.reps)]
-        return {"ms": statistics.median(times), "calls": calls,
-                "spread": max(times) / max(min(times), 1e-9)}  # fmt: skip
+        return {
+            "ms": statistics.median(times),
+            "calls": calls,
+            "spread": max(times) / max(min(times), 1e-9),
+        }
 
 
 def peak_extra_mib(once, device: torch.device) -> float:
@@ -252,8 +267,10 @@ def work(fn, mode: str, leaves, grad):
 
 def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, heads, n, d, generator=g).to(device, dtype).requires_grad_()
-            for _ in range(3)]  # fmt: skip
+    return [
+        torch.randn(B, heads, n, d, generator=g).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    ]
 
 
 def environment(device: torch.device) -> dict:
@@ -286,14 +303,21 @@ def main(argv=None) -> int:
     p.add_argument("--window-ms", type=float, default=20.0, help="length of a timing window")
     p.add_argument("--host-calls", type=int, default=5, help="calls timed for the host time")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script")
-    p.add_argument("--triton-cpu", action="store_true",
-                   help="dry run: CPU tensors take the Triton kernels (TRITON_INTERPRET=1)")  # fmt: skip
+    p.add_argument(
+        "--triton-cpu",
+        action="store_true",
+        help="dry run: CPU tensors take the Triton kernels (TRITON_INTERPRET=1)",
+    )
     p.add_argument("--deadline", type=float, default=1e9, help="seconds; later cells skipped")
     p.add_argument("--out", default=None, help="the whole result as JSON, after every cell")
     p.add_argument("--cells", default=None, help="append each cell as a JSON line here")
     p.add_argument("--tag", default="", help="a label stored in every cell (the check's step)")
-    p.add_argument("--table", nargs="+", metavar="FILE",
-                   help="print the table of result files (JSON or JSON lines) and exit")  # fmt: skip
+    p.add_argument(
+        "--table",
+        nargs="+",
+        metavar="FILE",
+        help="print the table of result files (JSON or JSON lines) and exit",
+    )
     args = p.parse_args(argv)
     if args.table:
         from gpu_check import load, summary
@@ -314,9 +338,15 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     setting = {"dtype": args.dtype, "B": B, "H": args.heads, "D": args.head_dim}
-    result = {**environment(device), **setting, "reps": args.reps, "window_ms": args.window_ms,
-              "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
-              "rows": [], "skipped": []}  # fmt: skip
+    result = {
+        **environment(device),
+        **setting,
+        "reps": args.reps,
+        "window_ms": args.window_ms,
+        "tile_factor": device_budget(1, device) if device.type != "cpu" else 1,
+        "rows": [],
+        "skipped": [],
+    }
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -362,8 +392,13 @@ def main(argv=None) -> int:
                     method = method_case(name)[0].partition(":")[0]
                     if method in CAUSAL_ONLY and not causal:
                         continue
-                    cell = {"method": name, "family": family(name), "n": n, "causal": causal,
-                            "mode": mode}  # fmt: skip
+                    cell = {
+                        "method": name,
+                        "family": family(name),
+                        "n": n,
+                        "causal": causal,
+                        "mode": mode,
+                    }
                     if time.perf_counter() - t0 > args.deadline:
                         result["skipped"].append(cell)
                         save()
@@ -373,8 +408,11 @@ def main(argv=None) -> int:
                         save(cell | {"error": fn})
                         continue
                     # the cell's name first, so that a cell that never ends is named
-                    print(f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22}",
-                          end=" ", flush=True)  # fmt: skip
+                    print(
+                        f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22}",
+                        end=" ",
+                        flush=True,
+                    )
                     once = work(fn, mode, (q, k, v), grad)
                     try:
                         got = timer.measure(once)
@@ -383,8 +421,13 @@ def main(argv=None) -> int:
                         if key not in host_of:
                             small = inputs(HOST_N, args.heads, args.head_dim, device, dtype)
                             host_of[key] = timer.host(
-                                work(call(name, *small, causal), mode, small, torch.randn_like(small[0]))
-                            )  # fmt: skip
+                                work(
+                                    call(name, *small, causal),
+                                    mode,
+                                    small,
+                                    torch.randn_like(small[0]),
+                                )
+                            )
                     except Exception as err:
                         cell["error"] = f"{type(err).__name__}: {str(err).strip()}"[:300]
                         print("error:", cell["error"].splitlines()[0], flush=True)
@@ -397,8 +440,13 @@ def main(argv=None) -> int:
                         continue
                     if method in SUPPORTED and mode == "fwd":
                         cell["support"] = support(method, method_case(name)[1], q, k, v, causal)
-                    cell |= {"ms": got["ms"], "calls": got["calls"], "spread": got["spread"],
-                             "host_ms": host_of[key], "extra_mib": got["mib"]}  # fmt: skip
+                    cell |= {
+                        "ms": got["ms"],
+                        "calls": got["calls"],
+                        "spread": got["spread"],
+                        "host_ms": host_of[key],
+                        "extra_mib": got["mib"],
+                    }
                     for backend in BASELINES:
                         if "ms" in base[backend]:
                             cell[f"{backend}_ms"] = base[backend]["ms"]
@@ -410,10 +458,14 @@ def main(argv=None) -> int:
                     if ref and got["mib"] == got["mib"]:
                         cell["memory_ratio"] = got["mib"] / max(base[ref]["mib"], 1e-3)
                     save(cell)
-                    ratios = "  ".join(f"{cell[f'ratio_{b}']:6.2f}x {b}" for b in BASELINES
-                                       if f"ratio_{b}" in cell)  # fmt: skip
-                    print(f"{got['ms']:9.3f} ms  {ratios}  host {host_of[key]:.2f} ms  "
-                          f"extra {got['mib']:.0f} MiB", flush=True)  # fmt: skip
+                    ratios = "  ".join(
+                        f"{cell[f'ratio_{b}']:6.2f}x {b}" for b in BASELINES if f"ratio_{b}" in cell
+                    )
+                    print(
+                        f"{got['ms']:9.3f} ms  {ratios}  host {host_of[key]:.2f} ms  "
+                        f"extra {got['mib']:.0f} MiB",
+                        flush=True,
+                    )
             del q, k, v, grad
             if device.type == "cuda":
                 torch.cuda.empty_cache()

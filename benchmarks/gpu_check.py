@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from gpu_common import CASES, HEADLINE, SPARSE, append_cell, read_cells  # noqa: E402
+from gpu_common import CASES, HEADLINE, SPARSE, append_cell, family, read_cells  # noqa: E402
 
 #: the CUDA test files (every one reads SHARPATTN_TEST_DEVICE)
 CUDA_TESTS = (
@@ -68,35 +68,111 @@ def plan(part: int, dry: bool) -> list[dict]:
     if part == 1:
         steps = [
             {"name": "smoke", "seconds": 100, "kind": "smoke", "head_dims": "64,128"},
-            {"name": "headline", "seconds": 140, "kind": "bench", **bench,
-             "sizes": "16384,4096,32768", "modes": "fwdbwd", "methods": HEADLINE},
-            *({"name": f"sparse:{m}", "seconds": 25, "kind": "bench", **bench,
-               "sizes": "4096,16384", "modes": "fwdbwd", "methods": (m,)} for m in SPARSE),
-            {"name": "tests-bf16", "seconds": 90, "kind": "tests",
-             "select": "bfloat16 or test_devices or test_no_sync", "files": CUDA_TESTS},
-        ]  # fmt: skip
+            {
+                "name": "headline",
+                "seconds": 140,
+                "kind": "bench",
+                **bench,
+                "sizes": "16384,4096,32768",
+                "modes": "fwdbwd",
+                "methods": HEADLINE,
+            },
+            *(
+                {
+                    "name": f"sparse:{m}",
+                    "seconds": 25,
+                    "kind": "bench",
+                    **bench,
+                    "sizes": "4096,16384",
+                    "modes": "fwdbwd",
+                    "methods": (m,),
+                }
+                for m in SPARSE
+            ),
+            {
+                "name": "tests-bf16",
+                "seconds": 90,
+                "kind": "tests",
+                "select": "bfloat16 or test_devices or test_no_sync",
+                "files": CUDA_TESTS,
+            },
+        ]
     else:
         steps = [
-            {"name": "64k", "seconds": 80, "kind": "bench", **bench, "sizes": "65536",
-             "modes": "fwdbwd", "methods": HEADLINE},
-            {"name": "forward", "seconds": 50, "kind": "bench", **bench,
-             "sizes": "4096,16384,32768", "modes": "fwd", "methods": HEADLINE},
-            {"name": "alpha-1.3", "seconds": 30, "kind": "bench", **bench,
-             "sizes": "4096,16384", "modes": "fwd,fwdbwd", "methods": ("entmax@alpha=1.3",)},
-            {"name": "float32", "seconds": 60, "kind": "bench", **bench, "dtype": "float32",
-             "sizes": "4096,16384", "modes": "fwdbwd", "methods": CASES},
-            {"name": "d128", "seconds": 40, "kind": "bench", **bench, "head_dim": 128,
-             "sizes": "16384", "modes": "fwdbwd", "methods": HEADLINE},
-            {"name": "anchors", "seconds": 40, "kind": "bench", **bench,
-             "sizes": "4096,16384", "modes": "fwdbwd",
-             "methods": ("anchor:adasplash", "entmax15", "anchor:stickbreaking",
-                         "stick_breaking")},
-            {"name": "tests-all", "seconds": 150, "kind": "tests", "select": None,
-             "files": (*CUDA_TESTS, ADVERSARIAL)},
-        ]  # fmt: skip
+            {
+                "name": "64k",
+                "seconds": 80,
+                "kind": "bench",
+                **bench,
+                "sizes": "65536",
+                "modes": "fwdbwd",
+                "methods": HEADLINE,
+            },
+            {
+                "name": "forward",
+                "seconds": 50,
+                "kind": "bench",
+                **bench,
+                "sizes": "4096,16384,32768",
+                "modes": "fwd",
+                "methods": HEADLINE,
+            },
+            {
+                "name": "alpha-1.3",
+                "seconds": 30,
+                "kind": "bench",
+                **bench,
+                "sizes": "4096,16384",
+                "modes": "fwd,fwdbwd",
+                "methods": ("entmax@alpha=1.3",),
+            },
+            {
+                "name": "float32",
+                "seconds": 60,
+                "kind": "bench",
+                **bench,
+                "dtype": "float32",
+                "sizes": "4096,16384",
+                "modes": "fwdbwd",
+                "methods": CASES,
+            },
+            {
+                "name": "d128",
+                "seconds": 40,
+                "kind": "bench",
+                **bench,
+                "head_dim": 128,
+                "sizes": "16384",
+                "modes": "fwdbwd",
+                "methods": HEADLINE,
+            },
+            {
+                "name": "anchors",
+                "seconds": 40,
+                "kind": "bench",
+                **bench,
+                "sizes": "4096,16384",
+                "modes": "fwdbwd",
+                "methods": (
+                    "anchor:adasplash",
+                    "entmax15",
+                    "anchor:stickbreaking",
+                    "stick_breaking",
+                ),
+            },
+            {
+                "name": "tests-all",
+                "seconds": 150,
+                "kind": "tests",
+                "select": None,
+                "files": (*CUDA_TESTS, ADVERSARIAL),
+            },
+        ]
     if dry:  # each kind of step on the CPU, small enough for the interpreter
-        kept = {1: ("smoke", "headline", "sparse:sparsemax", "tests-bf16"),
-                2: ("float32", "anchors", "tests-all")}[part]  # fmt: skip
+        kept = {
+            1: ("smoke", "headline", "sparse:sparsemax", "tests-bf16"),
+            2: ("float32", "anchors", "tests-all"),
+        }[part]
         steps = [s for s in steps if s["name"] in kept]
         for step in steps:
             step["seconds"] = 240
@@ -124,17 +200,55 @@ def command(step: dict, part: int, args, cells: Path, tests_log: Path) -> tuple[
         extra = ["--cases", ",".join(step.get("cases", CASES))]
         if args.dry_run:
             extra += ["--dtype", "float32", "--n", "32", "--heads", "2"]
-        return [*py, str(HERE / "gpu_smoke.py"), "--cells", str(cells), "--timeout",
-                str(budget), "--head-dims", step["head_dims"], *extra, *dry], env  # fmt: skip
+        return [
+            *py,
+            str(HERE / "gpu_smoke.py"),
+            "--cells",
+            str(cells),
+            "--timeout",
+            str(budget),
+            "--head-dims",
+            step["head_dims"],
+            *extra,
+            *dry,
+        ], env
     if step["kind"] == "bench":
-        return [*py, str(HERE / "gpu.py"), "--cells", str(cells), "--tag", step["name"],
-                "--dtype", step["dtype"], "--heads", str(step["heads"]),
-                "--head-dim", str(step["head_dim"]), "--sizes", step["sizes"],
-                "--modes", step["modes"], "--methods", ",".join(step["methods"]),
-                "--deadline", str(max(1, step["timeout"] - 15)), *dry], env  # fmt: skip
+        return [
+            *py,
+            str(HERE / "gpu.py"),
+            "--cells",
+            str(cells),
+            "--tag",
+            step["name"],
+            "--dtype",
+            step["dtype"],
+            "--heads",
+            str(step["heads"]),
+            "--head-dim",
+            str(step["head_dim"]),
+            "--sizes",
+            step["sizes"],
+            "--modes",
+            step["modes"],
+            "--methods",
+            ",".join(step["methods"]),
+            "--deadline",
+            str(max(1, step["timeout"] - 15)),
+            *dry,
+        ], env
     files = [f for f in step["files"] if (ROOT / f).exists()]
-    cmd = [*py, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider",
-           "-W", "ignore::pytest.PytestWarning", *files]  # fmt: skip
+    cmd = [
+        *py,
+        "-m",
+        "pytest",
+        "-v",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestWarning",
+        *files,
+    ]
     if step["select"]:
         cmd += ["-k", step["select"]]
     if args.dry_run:
@@ -167,9 +281,15 @@ def run_step(cmd, env, timeout: float, log: Log, sink: Path | None = None) -> di
     their own, with only failures on the console). On timeout: SIGABRT (faulthandler prints the
     stack), then SIGKILL. Returns the exit code, the seconds, and the last line it printed."""
     t = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     last = [""]
     out = sink.open("a", buffering=1) if sink else None
 
@@ -201,8 +321,12 @@ def run_step(cmd, env, timeout: float, log: Log, sink: Path | None = None) -> di
     reader.join(timeout=5)
     if out:
         out.close()
-    return {"code": proc.returncode, "seconds": round(time.monotonic() - t, 1),
-            "timed_out": timed_out, "last": last[0][:300]}  # fmt: skip
+    return {
+        "code": proc.returncode,
+        "seconds": round(time.monotonic() - t, 1),
+        "timed_out": timed_out,
+        "last": last[0][:300],
+    }
 
 
 def environment(dry: bool) -> dict:
@@ -212,9 +336,11 @@ def environment(dry: bool) -> dict:
         import torch
     except ImportError:
         return env | dict.fromkeys(("torch", "cuda", "cudnn", "triton", "gpu"))
-    env |= {"torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
-            else None}  # fmt: skip
+    env |= {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    }
     try:
         import triton
 
@@ -228,30 +354,44 @@ def environment(dry: bool) -> dict:
 def preflight(python: str) -> str | None:
     """None if sharpattn imports in a fresh interpreter, else one sentence saying what is
     missing."""
-    got = subprocess.run([python, "-c", "import sharpattn"], cwd=ROOT, capture_output=True,
-                         text=True)  # fmt: skip
+    got = subprocess.run(
+        [python, "-c", "import sharpattn"], cwd=ROOT, capture_output=True, text=True
+    )
     if got.returncode == 0:
         return None
     lines = [x for x in got.stderr.strip().splitlines() if x.strip()]
     why = lines[-1] if lines else f"exit code {got.returncode}"
-    return (f"sharpattn does not import here ({why}): run `make gpu-wheels` on a machine that "
-            "reaches the package registries and carry benchmarks/wheels with the checkout.")  # fmt: skip
+    return (
+        f"sharpattn does not import here ({why}): run `make gpu-wheels` on a machine that "
+        "reaches the package registries and carry benchmarks/wheels with the checkout."
+    )
 
 
 def tests_row(step: str, log_path: Path, result: dict) -> dict:
     """Counts and failing tests of a pytest log."""
     text = log_path.read_text() if log_path.exists() else ""
     lines = text.splitlines()
-    failed = sorted({ln.split(" - ")[0].replace("FAILED ", "").replace("ERROR ", "").strip()
-                     for ln in lines if ln.startswith(("FAILED ", "ERROR "))})  # fmt: skip
-    return {"kind": "tests", "step": step,
-            "passed": sum(" PASSED" in ln for ln in lines),
-            "failed": sum(" FAILED" in ln for ln in lines),
-            "errors": sum(" ERROR" in ln for ln in lines),
-            "skipped": sum(" SKIPPED" in ln for ln in lines),
-            "collected": next((ln for ln in lines if "collected" in ln or " tests collected" in ln), ""),
-            "failures": failed[:60], "timed_out": result["timed_out"],
-            "last": result["last"]}  # fmt: skip
+    failed = sorted(
+        {
+            ln.split(" - ")[0].replace("FAILED ", "").replace("ERROR ", "").strip()
+            for ln in lines
+            if ln.startswith(("FAILED ", "ERROR "))
+        }
+    )
+    return {
+        "kind": "tests",
+        "step": step,
+        "passed": sum(" PASSED" in ln for ln in lines),
+        "failed": sum(" FAILED" in ln for ln in lines),
+        "errors": sum(" ERROR" in ln for ln in lines),
+        "skipped": sum(" SKIPPED" in ln for ln in lines),
+        "collected": next(
+            (ln for ln in lines if "collected" in ln or " tests collected" in ln), ""
+        ),
+        "failures": failed[:60],
+        "timed_out": result["timed_out"],
+        "last": result["last"],
+    }
 
 
 def run(args) -> int:
@@ -263,15 +403,19 @@ def run(args) -> int:
     t0 = time.monotonic()
     why = preflight(sys.executable)
     env = environment(args.dry_run)
-    log(f"gpu_check part {part}{' (dry run on the CPU)' if args.dry_run else ''}: "
+    log(
+        f"gpu_check part {part}{' (dry run on the CPU)' if args.dry_run else ''}: "
         f"GPU {env['gpu']}, torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}), "
-        f"Triton {env['triton']}, Python {env['python']}")  # fmt: skip
+        f"Triton {env['triton']}, Python {env['python']}"
+    )
     if why:
         log(why)
         return 2
     if not args.dry_run and env["gpu"] is None:
-        log("No CUDA GPU is visible to torch here: run with --dry-run to check the script "
-            "on the CPU.")  # fmt: skip
+        log(
+            "No CUDA GPU is visible to torch here: run with --dry-run to check the script "
+            "on the CPU."
+        )
         return 2
     (out / f"env-{part}.json").write_text(json.dumps(env, indent=1))
     steps = plan(part, args.dry_run)
@@ -280,29 +424,42 @@ def run(args) -> int:
     for step in steps:
         left = args.budget - (time.monotonic() - t0) - 10  # the table's time
         if left < 5:
-            append_cell(cells, {"kind": "step", "step": step["name"], "status": "not run",
-                                "why": "no time left in the part's budget"})  # fmt: skip
+            append_cell(
+                cells,
+                {
+                    "kind": "step",
+                    "step": step["name"],
+                    "status": "not run",
+                    "why": "no time left in the part's budget",
+                },
+            )
             log(f"== {step['name']}: not run (no time left)")
             continue
         step["timeout"] = min(step["seconds"], left)
         cmd, extra = command(step, part, args, cells, tests_log)
-        log(f"== {step['name']} (limit {step['timeout']:.0f} s, at "
-            f"{time.monotonic() - t0:.0f} s)")  # fmt: skip
+        log(f"== {step['name']} (limit {step['timeout']:.0f} s, at {time.monotonic() - t0:.0f} s)")
         sink = tests_log if step["kind"] == "tests" else None
         if sink:
             with sink.open("a") as f:
                 f.write(f"== {step['name']}: {' '.join(cmd)}\n")
         result = run_step(cmd, extra, step["timeout"], log, sink)
-        status = "timeout" if result["timed_out"] else ("ok" if result["code"] == 0 else
-                                                         f"exit {result['code']}")  # fmt: skip
+        status = (
+            "timeout"
+            if result["timed_out"]
+            else ("ok" if result["code"] == 0 else f"exit {result['code']}")
+        )
         append_cell(cells, {"kind": "step", "step": step["name"], "status": status, **result})
         if sink:
             row = tests_row(step["name"], sink, result)
             append_cell(cells, row)
-            log(f"   tests: {row['passed']} passed, {row['failed']} failed, {row['errors']} "
-                f"errors, {row['skipped']} skipped; {row['collected']}")  # fmt: skip
-        log(f"== {step['name']}: {status} after {result['seconds']:.0f} s"
-            + (f" (last line: {result['last']})" if result["timed_out"] else ""))  # fmt: skip
+            log(
+                f"   tests: {row['passed']} passed, {row['failed']} failed, {row['errors']} "
+                f"errors, {row['skipped']} skipped; {row['collected']}"
+            )
+        log(
+            f"== {step['name']}: {status} after {result['seconds']:.0f} s"
+            + (f" (last line: {result['last']})" if result["timed_out"] else "")
+        )
     table = summary(read_cells(cells), env)
     (out / f"summary-{part}.md").write_text(table + "\n")
     log(table)
@@ -324,12 +481,20 @@ def load(paths) -> list[dict]:
             continue
         result = json.loads(path.read_text())
         shape = result.get("shape", {})
-        setting = {"dtype": result.get("dtype"), "H": result.get("H", shape.get("H")),
-                   "D": result.get("D", shape.get("D", 64))}  # fmt: skip
+        setting = {
+            "dtype": result.get("dtype"),
+            "H": result.get("H", shape.get("H")),
+            "D": result.get("D", shape.get("D", 64)),
+        }
         for r in result["rows"]:
             r = {"kind": "bench", **setting, **r}
             if "time_ratio" in r:
                 r["ratio_default"] = r.pop("time_ratio")
+            if "family" not in r:
+                try:
+                    r["family"] = family(r["method"])
+                except (KeyError, ValueError, ImportError):
+                    r["family"] = ""
             rows.append(r)
     return rows
 
@@ -351,22 +516,28 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
     sizes = sorted({r["n"] for r in bench})
     groups: dict[tuple, dict] = {}
     for r in bench:
-        setting = (f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} "
-                   f"{'fwd+bwd' if r['mode'] == 'fwdbwd' else 'fwd'}")  # fmt: skip
+        setting = (
+            f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} "
+            f"{'fwd+bwd' if r['mode'] == 'fwdbwd' else 'fwd'}"
+        )
         key = (r["method"], setting, r["causal"])
         groups.setdefault(key, {"family": r.get("family", ""), "cells": {}})["cells"][r["n"]] = r
     lines = []
     if env:
-        lines += [f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, "
-                  f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}", ""]  # fmt: skip
+        lines += [
+            f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+            f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}",
+            "",
+        ]
     lines += [
         "Time as a ratio to SDPA pinned to flash attention / to SDPA as torch picks it "
         "(kernel time of back-to-back calls between CUDA events; * = host time is over half "
-        "the kernel time: the cell measures Python and launches).",
+        "the kernel time: the cell measures Python and launches). Memory: peak above the inputs "
+        "against flash attention's (default SDPA's where flash cannot run), at the largest size.",
         "",
         "| method | family | setting | causal | "
         + " | ".join(map(_size, sizes))
-        + " | target (fwd+bwd vs flash, n ≥ 4k) | memory vs flash |",
+        + " | target (fwd+bwd vs flash, n ≥ 4k) | memory vs SDPA |",
         "|---" * (6 + len(sizes)) + "|",
     ]
 
@@ -398,9 +569,11 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
         if measured:
             top = max(measured, key=lambda r: r["n"])
             memory = f"{top['memory_ratio']:.2f} at {_size(top['n'])}"
-        lines.append(f"| {method} | {g['family']} | {setting} | {'yes' if causal else 'no'} | "
-                     + " | ".join(cell(row_cells.get(n)) for n in sizes)
-                     + f" | {target} | {memory} |")  # fmt: skip
+        lines.append(
+            f"| {method} | {g['family']} | {setting} | {'yes' if causal else 'no'} | "
+            + " | ".join(cell(row_cells.get(n)) for n in sizes)
+            + f" | {target} | {memory} |"
+        )
     errors = [r for r in bench if "error" in r]
     if errors:
         lines += ["", "Not measured:"]
@@ -409,8 +582,10 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
             key = (r["method"], r["error"][:80])
             if key not in seen:
                 seen.add(key)
-                lines.append(f"- {r['method']} ({_size(r['n'])}, {r['mode']}"
-                             f"{', causal' if r['causal'] else ''}): {r['error'][:200]}")  # fmt: skip
+                lines.append(
+                    f"- {r['method']} ({_size(r['n'])}, {r['mode']}"
+                    f"{', causal' if r['causal'] else ''}): {r['error'][:200]}"
+                )
     base = {}
     for r in bench:
         if "flash_ms" in r or "default_ms" in r:
@@ -423,10 +598,12 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
     if base:
         lines += ["", "Baselines, ms (flash / default SDPA, the backend default SDPA ran):"]
         for setting, cells in sorted(base.items()):
-            parts = [f"{_size(n)}{' causal' if c else ''} "
-                     + " / ".join("–" if x is None else f"{x:.3f}" for x in v[:2])
-                     + (f" ({v[2]})" if v[2] else "")
-                     for (n, c), v in sorted(cells.items())]  # fmt: skip
+            parts = [
+                f"{_size(n)}{' causal' if c else ''} "
+                + " / ".join("–" if x is None else f"{x:.3f}" for x in v[:2])
+                + (f" ({v[2]})" if v[2] else "")
+                for (n, c), v in sorted(cells.items())
+            ]
             lines.append(f"- {setting}: " + "; ".join(parts))
     smoke = [r for r in rows if r.get("kind") == "smoke"]
     if smoke:
@@ -437,22 +614,33 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
         for fam, rs in sorted(fams.items()):
             ok = sum(1 for r in rs if r.get("method") and not r.get("failed"))
             n = sum(1 for r in rs if r.get("method"))
-            bad = [f"{r.get('method')} D{r.get('D')}{' causal' if r.get('causal') else ''}: "
-                   f"{str(r['failed'])[:160]}" for r in rs if r.get("failed")]  # fmt: skip
-            lines.append(f"- {fam}: {ok}/{n} within bound" + (f"; FAILED {'; '.join(bad)}"
-                                                               if bad else ""))  # fmt: skip
+            bad = [
+                f"{r.get('method')} D{r.get('D')}{' causal' if r.get('causal') else ''}: "
+                f"{str(r['failed'])[:160]}"
+                for r in rs
+                if r.get("failed")
+            ]
+            lines.append(
+                f"- {fam}: {ok}/{n} within bound" + (f"; FAILED {'; '.join(bad)}" if bad else "")
+            )
     steps = [r for r in rows if r.get("kind") == "step"]
     if steps:
         lines += ["", "Steps:"]
         for r in steps:
             extra = f", last line: {r.get('last')}" if r.get("status") == "timeout" else ""
-            lines.append(f"- {r['step']}: {r['status']}"
-                         + (f" after {r['seconds']:.0f} s" if "seconds" in r else "")
-                         + (f" ({r['why']})" if r.get("why") else "") + extra)  # fmt: skip
+            lines.append(
+                f"- {r['step']}: {r['status']}"
+                + (f" after {r['seconds']:.0f} s" if "seconds" in r else "")
+                + (f" ({r['why']})" if r.get("why") else "")
+                + extra
+            )
     for r in (r for r in rows if r.get("kind") == "tests"):
-        lines += ["", f"Tests ({r['step']}): {r['passed']} passed, {r['failed']} failed, "
-                      f"{r['errors']} errors, {r['skipped']} skipped ({r['collected'].strip()})"
-                      + (" (stopped at its time limit)" if r.get("timed_out") else "")]  # fmt: skip
+        lines += [
+            "",
+            f"Tests ({r['step']}): {r['passed']} passed, {r['failed']} failed, "
+            f"{r['errors']} errors, {r['skipped']} skipped ({r['collected'].strip()})"
+            + (" (stopped at its time limit)" if r.get("timed_out") else ""),
+        ]
         lines += [f"- FAILED {name}" for name in r["failures"]]
     return "\n".join(lines)
 
@@ -462,8 +650,12 @@ def main(argv=None) -> int:
     p.add_argument("--part", type=int, default=1, choices=[1, 2])
     p.add_argument("--dry-run", action="store_true", help="on the CPU, tiny, the interpreter")
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "build" / "gpu-check"))
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole part (default 450; dry run 900)")  # fmt: skip
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole part (default 450; dry run 900)",
+    )
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers")
     p.add_argument("--only", default=None, help="comma-separated step names")
     p.add_argument("--table", nargs="+", metavar="FILE", help="print the table of cells files")

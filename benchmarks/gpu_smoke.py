@@ -62,8 +62,9 @@ def check_case(case: str, n: int, heads: int, d: int, causal: bool, dtype, devic
         leaves = [t.to(device, dt).requires_grad_() for t in base]
         out = attend(*leaves, method, causal=causal, impl=impl, check_finite=False, **params)
         grads = torch.autograd.grad(out, leaves, dout.to(dt), allow_unused=True)
-        return [out.detach()] + [torch.zeros_like(x) if gr is None else gr
-                                 for x, gr in zip(leaves, grads, strict=True)]  # fmt: skip
+        return [out.detach()] + [
+            torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads, strict=True)
+        ]
 
     got = run("auto", dtype)
     ref = run("naive", torch.float32)
@@ -101,21 +102,33 @@ def run_family(name: str, cases: list[str], args) -> int:
             for causal in causals:
                 total += 1
                 variant = f"{case} D{d}{' causal' if causal else ''}"
-                row = {"kind": "smoke", "family": name, "method": case, "D": d, "causal": causal,
-                       "n": args.n, "H": args.heads, "dtype": args.dtype}  # fmt: skip
+                row = {
+                    "kind": "smoke",
+                    "family": name,
+                    "method": case,
+                    "D": d,
+                    "causal": causal,
+                    "n": args.n,
+                    "H": args.heads,
+                    "dtype": args.dtype,
+                }
                 try:
                     res = check_case(case, args.n, args.heads, d, causal, dtype, device)
                 except Exception as err:
-                    res = {"worst": float("inf"),
-                           "failed": f"{type(err).__name__}: {str(err).strip()}"[:300]}  # fmt: skip
+                    res = {
+                        "worst": float("inf"),
+                        "failed": f"{type(err).__name__}: {str(err).strip()}"[:300],
+                    }
                 append_cell(args.cells, row | res)
                 if res["failed"]:
                     failures.append(f"{variant}: {res['failed'].splitlines()[0]}")
                 else:
                     passed += 1
                 worst = max(worst, res["worst"])
-    line = (f"{name}: {passed}/{total} variants within bound (worst {worst:.2f} of its bound), "
-            f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+    line = (
+        f"{name}: {passed}/{total} variants within bound (worst {worst:.2f} of its bound), "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     print(line, flush=True)
     for f in failures:
         print(f"  FAILED {f}", flush=True)
@@ -128,10 +141,10 @@ def run_all(args, argv: list[str]) -> int:
     groups = families(args.cases.split(","))
     procs = {}
     for name in groups:
-        cmd = [sys.executable, "-X", "faulthandler", __file__, "--family", name,
-               *argv]  # fmt: skip
-        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True)  # fmt: skip
+        cmd = [sys.executable, "-X", "faulthandler", __file__, "--family", name, *argv]
+        procs[name] = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     deadline = time.monotonic() + args.timeout
     code = 0
     for name, proc in procs.items():
@@ -145,8 +158,15 @@ def run_all(args, argv: list[str]) -> int:
                 proc.kill()
                 out, _ = proc.communicate()
             out = f"{name}: TIMEOUT after {args.timeout:.0f} s (its stack below)\n{out}"
-            append_cell(args.cells, {"kind": "smoke", "family": name, "method": None,
-                                     "failed": f"timeout after {args.timeout:.0f} s"})  # fmt: skip
+            append_cell(
+                args.cells,
+                {
+                    "kind": "smoke",
+                    "family": name,
+                    "method": None,
+                    "failed": f"timeout after {args.timeout:.0f} s",
+                },
+            )
         print(out.rstrip(), flush=True)
         code = code or proc.returncode or (1 if "TIMEOUT" in out else 0)
     return code

@@ -7,7 +7,8 @@ Part 1 (about 7.5 minutes on an H200; one call of the device tool):
 1. the library imports (else one sentence naming what is missing, and stop); versions, GPU;
 2. the smoke check (``gpu_smoke.py``): every kernel variant the benchmark launches, bf16,
    n = 1,024, H 16, D 64 and 128, causal and not, forward and backward, against the float32
-   naive path, one process per family in parallel (it also fills Triton's cache);
+   naive path, one process per family and head dimension in parallel (it also fills Triton's
+   cache);
 3. the headline cells: bf16 forward+backward at 16k, 4k and 32k keys, 16 heads, D 64, for the
    softmax family, ``sink``, adaptive, the element-wise and row-normalised maps and
    stick-breaking (``gpu.py``);
@@ -15,7 +16,7 @@ Part 1 (about 7.5 minutes on an H200; one call of the device tool):
    with ``python -X faulthandler`` (a hang leaves its stack in the log);
 5. the bfloat16 CUDA tests (``SHARPATTN_TEST_DEVICE=cuda``, parallel workers, a per-test limit).
 
-Part 2 (``--part 2``, a second call): 64k, forward only, α = 1.3, float32, D 128, the anchors
+Part 2 (``--part 2``, a second call of about 5.5 minutes): 64k, forward only, α = 1.3, float32, D 128, the anchors
 (AdaSplash, stick-breaking) and the whole CUDA suite (the adversarial suite included).
 
 Output, in ``--out`` (default ``$OUT``, else ``build/gpu-check``), five files per part (the
@@ -67,10 +68,10 @@ def plan(part: int, dry: bool) -> list[dict]:
     bench = {"dtype": "bfloat16", "heads": 16, "head_dim": 64}
     if part == 1:
         steps = [
-            {"name": "smoke", "seconds": 100, "kind": "smoke", "head_dims": "64,128"},
+            {"name": "smoke", "seconds": 120, "kind": "smoke", "head_dims": "64,128"},
             {
                 "name": "headline",
-                "seconds": 140,
+                "seconds": 130,
                 "kind": "bench",
                 **bench,
                 "sizes": "16384,4096,32768",
@@ -80,7 +81,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             *(
                 {
                     "name": f"sparse:{m}",
-                    "seconds": 25,
+                    "seconds": 22,
                     "kind": "bench",
                     **bench,
                     "sizes": "4096,16384",
@@ -91,7 +92,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             ),
             {
                 "name": "tests-bf16",
-                "seconds": 90,
+                "seconds": 80,
                 "kind": "tests",
                 "select": "bfloat16 or test_devices or test_no_sync",
                 "files": CUDA_TESTS,
@@ -101,7 +102,7 @@ def plan(part: int, dry: bool) -> list[dict]:
         steps = [
             {
                 "name": "64k",
-                "seconds": 80,
+                "seconds": 60,
                 "kind": "bench",
                 **bench,
                 "sizes": "65536",
@@ -110,7 +111,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "forward",
-                "seconds": 50,
+                "seconds": 40,
                 "kind": "bench",
                 **bench,
                 "sizes": "4096,16384,32768",
@@ -119,7 +120,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "alpha-1.3",
-                "seconds": 30,
+                "seconds": 25,
                 "kind": "bench",
                 **bench,
                 "sizes": "4096,16384",
@@ -128,7 +129,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "float32",
-                "seconds": 60,
+                "seconds": 50,
                 "kind": "bench",
                 **bench,
                 "dtype": "float32",
@@ -138,7 +139,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "d128",
-                "seconds": 40,
+                "seconds": 35,
                 "kind": "bench",
                 **bench,
                 "head_dim": 128,
@@ -148,7 +149,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "anchors",
-                "seconds": 40,
+                "seconds": 30,
                 "kind": "bench",
                 **bench,
                 "sizes": "4096,16384",
@@ -162,7 +163,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "tests-all",
-                "seconds": 150,
+                "seconds": 90,
                 "kind": "tests",
                 "select": None,
                 "files": (*CUDA_TESTS, ADVERSARIAL),
@@ -654,7 +655,7 @@ def main(argv=None) -> int:
         "--budget",
         type=float,
         default=None,
-        help="seconds for the whole part (default 450; dry run 900)",
+        help="seconds for the whole part (default 455 for part 1, 330 for part 2; dry run 900)",
     )
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers")
     p.add_argument("--only", default=None, help="comma-separated step names")
@@ -664,7 +665,7 @@ def main(argv=None) -> int:
         print(summary(load(args.table)))
         return 0
     if args.budget is None:
-        args.budget = 900.0 if args.dry_run else 450.0
+        args.budget = 900.0 if args.dry_run else {1: 455.0, 2: 330.0}[args.part]
     return run(args)
 
 

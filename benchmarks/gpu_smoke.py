@@ -1,5 +1,6 @@
 """The GPU smoke check: every kernel variant ``gpu.py`` will launch, run once and checked, one
-process per family in parallel (which also fills Triton's cache before the timed runs).
+process per family and head dimension in parallel (which also fills Triton's cache before the
+timed runs).
 
 Per family (the registry's: ``RowScaled``, ``Sink``, ``Adaptive``, ``Elementwise``,
 ``RowNormalised``, ``Sparse``, ``TopK``, ``StickBreaking``), every case of
@@ -126,7 +127,7 @@ def run_family(name: str, cases: list[str], args) -> int:
                     passed += 1
                 worst = max(worst, res["worst"])
     line = (
-        f"{name}: {passed}/{total} variants within bound (worst {worst:.2f} of its bound), "
+        f"{name} D{args.head_dims}: {passed}/{total} variants within bound (worst {worst:.2f} of its bound), "
         f"{time.perf_counter() - t0:.0f} s"
     )
     print(line, flush=True)
@@ -136,15 +137,18 @@ def run_family(name: str, cases: list[str], args) -> int:
 
 
 def run_all(args, argv: list[str]) -> int:
-    """One process per family, in parallel, each under ``--timeout`` (a stuck one gets SIGABRT,
+    """One process per family and head dimension, in parallel, each under ``--timeout`` (a stuck
+    one gets SIGABRT,
     so ``-X faulthandler`` prints its stack, then SIGKILL)."""
     groups = families(args.cases.split(","))
     procs = {}
     for name in groups:
-        cmd = [sys.executable, "-X", "faulthandler", __file__, "--family", name, *argv]
-        procs[name] = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        for d in args.head_dims.split(","):  # a head dimension's kernels are variants of their own
+            cmd = [sys.executable, "-X", "faulthandler", __file__, *argv]
+            cmd += ["--family", name, "--head-dims", d]
+            procs[f"{name} D{d}"] = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
     deadline = time.monotonic() + args.timeout
     code = 0
     for name, proc in procs.items():

@@ -530,7 +530,7 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
             f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}",
             "",
         ]
-    lines += [
+    lines += [] if not bench else [
         "Time as a ratio to SDPA pinned to flash attention / to SDPA as torch picks it "
         "(kernel time of back-to-back calls between CUDA events; * = host time is over half "
         "the kernel time: the cell measures Python and launches). Memory: peak above the inputs "

@@ -530,17 +530,21 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
             f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}",
             "",
         ]
-    lines += [] if not bench else [
-        "Time as a ratio to SDPA pinned to flash attention / to SDPA as torch picks it "
-        "(kernel time of back-to-back calls between CUDA events; * = host time is over half "
-        "the kernel time: the cell measures Python and launches). Memory: peak above the inputs "
-        "against flash attention's (default SDPA's where flash cannot run), at the largest size.",
-        "",
-        "| method | family | setting | causal | "
-        + " | ".join(map(_size, sizes))
-        + " | target (fwd+bwd vs flash, n ≥ 4k) | memory vs SDPA |",
-        "|---" * (6 + len(sizes)) + "|",
-    ]
+    lines += (
+        []
+        if not bench
+        else [
+            "Time as a ratio to SDPA pinned to flash attention / to SDPA as torch picks it "
+            "(kernel time of back-to-back calls between CUDA events; * = host time is over half "
+            "the kernel time: the cell measures Python and launches). Memory: peak above the inputs "
+            "against flash attention's (default SDPA's where flash cannot run), at the largest size.",
+            "",
+            "| method | family | setting | causal | "
+            + " | ".join(map(_size, sizes))
+            + " | target (fwd+bwd vs flash, n ≥ 4k) | memory vs SDPA |",
+            "|---" * (6 + len(sizes)) + "|",
+        ]
+    )
 
     def cell(r: dict | None) -> str:
         if r is None:

@@ -2,7 +2,7 @@
 a GPU: registers, spills, shared memory, occupancy and instruction counts per kernel variant.
 
 Nothing runs on a GPU and none is needed. Each method's ``impl="auto"`` call (forward and
-backward, as ``gpu.py`` makes it: B = 1, H = 4, n = 16,384) runs on CPU tensors with the library's
+backward, as ``gpu.py`` makes it: B = 1, H = 16, n = 16,384) runs on CPU tensors with the library's
 readiness checks answering as they would for a CUDA tensor of that dtype (`_as_on_cuda`), and
 every Triton launch is turned into a compile-only launch (`_CompileOnly`): Triton's own launch
 code binds the arguments and specialises them (dtypes, integers equal to 1, 16-divisible integers
@@ -81,19 +81,41 @@ HOPPER = dict(
     ctas=32,
 )
 ARCH = 90
-COLUMNS = ["kernel", "method(s)", "dtype", "D", "causal", "regs", "spills", "smem KB", "CTAs/SM",
-           "cp.async", "MUFU", "fp64", "libdevice", "wgmma"]  # fmt: skip
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}  # fmt: skip
+COLUMNS = [
+    "kernel",
+    "method(s)",
+    "dtype",
+    "D",
+    "causal",
+    "regs",
+    "spills",
+    "smem KB",
+    "CTAs/SM",
+    "cp.async",
+    "MUFU",
+    "fp64",
+    "libdevice",
+    "wgmma",
+]
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+#: heads of a call (the GPU check's; strides, not the kernels' code, depend on it)
+HEADS = 16
 
 
 def default_methods() -> list[str]:
-    """Every case of ``gpu.py`` that can launch this library's kernels: all but its ``:tiles``
-    rows (``SHARPATTN_TRITON=0``) and the other projects' kernels (``anchor:``)."""
-    import gpu
+    """Every case the GPU check's benchmark runs of this library's kernels (``gpu_common.CASES``:
+    not the other projects' kernels, ``anchor:``)."""
+    from gpu_common import CASES
 
-    return [m for m in gpu.methods("") if ":" not in m]
+    return list(CASES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,12 +174,21 @@ def ptxas_usage(ptxas: str, ptx: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         src, cubin = Path(d, "kernel.ptx"), Path(d, "kernel.cubin")
         src.write_text(ptx)
-        cmd = [ptxas, "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name=sm_{ARCH}a",
-               str(src), "-o", str(cubin)]  # fmt: skip
+        cmd = [
+            ptxas,
+            "-lineinfo",
+            "-v",
+            "--regAllocOptLevel=2",
+            f"--gpu-name=sm_{ARCH}a",
+            str(src),
+            "-o",
+            str(cubin),
+        ]
         log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
         cuobjdump = Path(ptxas).with_name("cuobjdump")
-        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
-                              text=True).stdout  # fmt: skip
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True
+        ).stdout
 
     def grab(pattern: str) -> int:
         m = re.search(pattern, log)
@@ -185,8 +216,7 @@ def occupancy(regs: int, warps: int, shared: int) -> tuple[int, list[str]]:
     by_regs = (hw["regs"] // hw["partitions"] // per_warp) * hw["partitions"] // warps
     cta_smem = -(-(shared + hw["smem_reserved"]) // hw["smem_unit"]) * hw["smem_unit"]
     by_smem = 0 if shared > hw["smem_per_cta"] else hw["smem"] // cta_smem
-    limits = {"regs": by_regs, "smem": by_smem, "warps": hw["warps"] // warps,
-              "blocks": hw["ctas"]}  # fmt: skip
+    limits = {"regs": by_regs, "smem": by_smem, "warps": hw["warps"] // warps, "blocks": hw["ctas"]}
     n = min(limits.values())
     return n, [k for k, v in limits.items() if v == n]
 
@@ -262,8 +292,9 @@ class _CompileOnly:
                 recorder._remember(kernel.hash)
             name = f"{fn.fn.__module__.rsplit('.', 1)[-1]}.{fn.fn.__name__}"
             consts = {k: v for k, v in kwargs.items() if k.isupper()}
-            recorder.launches.append(({**recorder.case, "kernel": name, "constexprs": consts},
-                                      kernel, err))  # fmt: skip
+            recorder.launches.append(
+                ({**recorder.case, "kernel": name, "constexprs": consts}, kernel, err)
+            )
             return kernel
 
         def attach_datalayout(mod, *args, **kwargs):
@@ -313,13 +344,17 @@ def _as_on_cuda():
 
     ready, wanted, budget = devices.triton_ready, native.wanted, tiles.device_budget
     patches = [
-        *((m, "triton_ready", lambda d, t: ready(as_cuda(d), t))
-          for m in (devices, fused, sparse_tiled, stick_tiled, tiled)),
+        *(
+            (m, "triton_ready", lambda d, t: ready(as_cuda(d), t))
+            for m in (devices, fused, sparse_tiled, stick_tiled, tiled)
+        ),
         (native, "wanted", lambda d, t: wanted(as_cuda(d), t)),
         (fused, "flash_available", lambda q, v: False),
-        *((m, "device_budget", lambda b, d: budget(b, as_cuda(d)))
-          for m in (tiles, sparse_tiled, adaptive_tiled)),
-    ]  # fmt: skip
+        *(
+            (m, "device_budget", lambda b, d: budget(b, as_cuda(d)))
+            for m in (tiles, sparse_tiled, adaptive_tiled)
+        ),
+    ]
     saved = [(m, name, getattr(m, name)) for m, name, _ in patches]
     for m, name, fn in patches:
         setattr(m, name, fn)
@@ -339,11 +374,12 @@ def run_case(rec: _CompileOnly, name, method, params, dtype, d, causal, n, heads
     import gpu
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(gpu.B, heads, n, d, generator=g).to(dtype).requires_grad_()
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(gpu.B, heads, n, d, generator=g).to(dtype).requires_grad_() for _ in range(3)
+    )
     rec.case = {"method": name, "dtype": SHORT[dtype], "D": d, "causal": causal}
     try:
-        out = gpu.call(method, params, q, k, v, causal)()
+        out = gpu.call(name, q, k, v, causal)()
         grad = torch.zeros(q.shape, dtype=q.dtype)  # gpu.py's: randn of q's shape
         torch.autograd.grad(out, (q, k, v), grad, allow_unused=True)
     except Exception as e:
@@ -389,16 +425,22 @@ def collect(rec: _CompileOnly, ptxas: str) -> list[dict]:
             key = (*where, kernel.hash)
             if kernel.hash not in described:
                 try:
-                    described[kernel.hash] = describe(kernel, ptxas,
-                                                      rec.libdevice.get(kernel.hash))  # fmt: skip
+                    described[kernel.hash] = describe(kernel, ptxas, rec.libdevice.get(kernel.hash))
                 except Exception as e:
                     described[kernel.hash] = {"error": one_line(e)}
             extra = described[kernel.hash]
-        row = rows.setdefault(key, {
-            "kernel": case["kernel"], "methods": [], "dtype": case["dtype"], "D": case["D"],
-            "causal": case["causal"], "constexprs": {k: str(v) for k, v in
-                                                     case["constexprs"].items()}, **extra,
-        })  # fmt: skip
+        row = rows.setdefault(
+            key,
+            {
+                "kernel": case["kernel"],
+                "methods": [],
+                "dtype": case["dtype"],
+                "D": case["D"],
+                "causal": case["causal"],
+                "constexprs": {k: str(v) for k, v in case["constexprs"].items()},
+                **extra,
+            },
+        )
         if case["method"] not in row["methods"]:
             row["methods"].append(case["method"])
     return list(rows.values())
@@ -426,8 +468,11 @@ def _cell(row: dict, col: str) -> str:
     if col == "spills":
         return str(row["spill_stores"])
     if col == "smem KB":
-        return f"{row['shared'] / 1024:.0f}" if row["shared"] % 1024 == 0 else (
-            f"{row['shared'] / 1024:.1f}")  # fmt: skip
+        return (
+            f"{row['shared'] / 1024:.0f}"
+            if row["shared"] % 1024 == 0
+            else (f"{row['shared'] / 1024:.1f}")
+        )
     if col == "CTAs/SM":
         return f"{row['ctas_per_sm']} ({', '.join(row['limited_by'])})"
     if col == "libdevice":
@@ -467,8 +512,10 @@ def table(rows: list[dict], sdpa: dict | None = None, failed: dict | None = None
 
 
 def header(doc: dict) -> str:
-    return (f"Triton {doc['triton']}, target {doc['target']} (compiled, not run); B = "
-            f"{doc['B']}, H = {doc['H']}, n = {doc['n']}")  # fmt: skip
+    return (
+        f"Triton {doc['triton']}, target {doc['target']} (compiled, not run); B = "
+        f"{doc['B']}, H = {doc['H']}, n = {doc['n']}"
+    )
 
 
 def _ptxas_path() -> str:
@@ -479,17 +526,25 @@ def _ptxas_path() -> str:
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="", help="comma-separated gpu.py cases (default: every "
-                   "one that can reach this library's kernels)")  # fmt: skip
-    p.add_argument("--dtype", default="bfloat16", help="comma-separated: bfloat16, float32, "
-                   "float16")  # fmt: skip
+    p.add_argument(
+        "--methods",
+        default="",
+        help="comma-separated gpu.py cases (default: every "
+        "one that can reach this library's kernels)",
+    )
+    p.add_argument(
+        "--dtype", default="bfloat16", help="comma-separated: bfloat16, float32, float16"
+    )
     p.add_argument("--head-dims", default="64", help="comma-separated head sizes D")
     p.add_argument("--causal", default="both", choices=["both", "causal", "full"])
     p.add_argument("--n", type=int, default=16384, help="Lq = Lk (gpu.py's largest size)")
-    p.add_argument("--heads", type=int, default=None, help="H (default gpu.py's)")
+    p.add_argument("--heads", type=int, default=None, help="H (default 16, the GPU check's)")
     p.add_argument("--json", metavar="PATH", help="also write the rows there")
-    p.add_argument("--cache-dir", help="Triton's cache folder, kept between runs (default: a new "
-                   "temporary one: every kernel compiled afresh)")  # fmt: skip
+    p.add_argument(
+        "--cache-dir",
+        help="Triton's cache folder, kept between runs (default: a new "
+        "temporary one: every kernel compiled afresh)",
+    )
     p.add_argument("--dump", metavar="DIR", help="also write each variant's PTX there")
     p.add_argument("--table", metavar="JSON", help="print the table of a result file and exit")
     args = p.parse_args(argv)
@@ -510,17 +565,27 @@ def main(argv=None) -> list[dict]:
     from sharpattn.attention import triton_elementwise
 
     if _INTERPRETED or not isinstance(triton_elementwise._forward_kernel, JITFunction):
-        sys.exit("gpu_compile.py: triton was imported in interpreter mode (TRITON_INTERPRET); "
-                 "run it in a process without that variable.")  # fmt: skip
+        sys.exit(
+            "gpu_compile.py: triton was imported in interpreter mode (TRITON_INTERPRET); "
+            "run it in a process without that variable."
+        )
     ptxas = _ptxas_path()
     names = args.methods.split(",") if args.methods else default_methods()
-    cases = gpu.methods(",".join(names))
+    from gpu_common import CAUSAL_ONLY, method_case
+
+    cases = {name: method_case(name) for name in names}
     dtypes = [DTYPES[t.strip()] for t in args.dtype.split(",")]
     dims = [int(x) for x in args.head_dims.split(",")]
     masks = {"both": (False, True), "causal": (True,), "full": (False,)}[args.causal]
-    heads = args.heads or gpu.H
-    todo = [(dt, d, c, name) for dt in dtypes for d in dims for c in masks for name in cases
-            if c or cases[name][0].split(":")[0] not in gpu.CAUSAL_ONLY]  # fmt: skip
+    heads = args.heads or HEADS
+    todo = [
+        (dt, d, c, name)
+        for dt in dtypes
+        for d in dims
+        for c in masks
+        for name in cases
+        if c or cases[name][0].split(":")[0] not in CAUSAL_ONLY
+    ]
     rec = _CompileOnly(Path(args.cache_dir, "gpu_compile_libdevice") if args.cache_dir else None)
     failed = {}
     t0 = time.perf_counter()
@@ -535,11 +600,20 @@ def main(argv=None) -> list[dict]:
                 failed[label] = why
             launched = rec.launches[before:]
             bad = sum(1 for *_, e in launched if e)
-            print(f"[{i}/{len(todo)}] {label}: {len(launched)} launch(es)"
-                  + (f", {bad} failed" if bad else "") + (f"; {why}" if why else "")
-                  + f" ({time.perf_counter() - t:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
-        print(f"ptxas -v and cuobjdump on {len({k.hash for _, k, _ in rec.launches if k})} "
-              "compiled kernels", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[{i}/{len(todo)}] {label}: {len(launched)} launch(es)"
+                + (f", {bad} failed" if bad else "")
+                + (f"; {why}" if why else "")
+                + f" ({time.perf_counter() - t:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        print(
+            f"ptxas -v and cuobjdump on {len({k.hash for _, k, _ in rec.launches if k})} "
+            "compiled kernels",
+            file=sys.stderr,
+            flush=True,
+        )
         rows = collect(rec, ptxas)
     if args.dump:
         dump(rec, Path(args.dump))
@@ -547,9 +621,17 @@ def main(argv=None) -> list[dict]:
     print(f"{len(rows)} kernel variants in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     import triton
 
-    doc = {"triton": triton.__version__, "target": f"sm_{ARCH}a", "B": gpu.B, "H": heads,
-           "n": args.n, "torch": torch.__version__, "rows": rows, "sdpa": sdpa,
-           "failed": failed}  # fmt: skip
+    doc = {
+        "triton": triton.__version__,
+        "target": f"sm_{ARCH}a",
+        "B": gpu.B,
+        "H": heads,
+        "n": args.n,
+        "torch": torch.__version__,
+        "rows": rows,
+        "sdpa": sdpa,
+        "failed": failed,
+    }
     print(header(doc) + "\n\n" + table(rows, sdpa, failed))
     if args.json:
         out = Path(args.json)

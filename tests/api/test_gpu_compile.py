@@ -36,10 +36,25 @@ def test_sigmoid_compiles_for_hopper_without_a_gpu(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
     out = tmp_path / "rows.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_compile.py"), "--methods", "sigmoid",
-         "--dtype", "bfloat16", "--head-dims", "64", "--causal", "causal", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_compile.py"),
+            "--methods",
+            "sigmoid",
+            "--dtype",
+            "bfloat16",
+            "--head-dims",
+            "64",
+            "--causal",
+            "causal",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     kernels = {r["kernel"].rsplit(".", 1)[-1]: r for r in rows}

@@ -349,10 +349,14 @@ class _EntropyPass(torch.autograd.Function):
 
 
 def _rows(factor, q: Tensor) -> Tensor:
-    """A scalar or tensor factor as a ``[B|1, H|1, Lq|1, 1]`` tensor in q's compute dtype."""
-    return torch.as_tensor(factor, dtype=compute_dtype(q.dtype), device=q.device).reshape(
-        torch.broadcast_shapes(torch.as_tensor(factor).shape, (1, 1, 1, 1))
-    )
+    """A scalar or tensor factor as a ``[B|1, H|1, Lq|1, 1]`` tensor in q's compute dtype; a
+    number by a fill on q's device (``torch.as_tensor`` of a number to a CUDA device is a
+    copy from the host that synchronises)."""
+    cd = compute_dtype(q.dtype)
+    if not torch.is_tensor(factor):
+        return torch.full((1, 1, 1, 1), float(factor), dtype=cd, device=q.device)
+    factor = factor.to(device=q.device, dtype=cd)
+    return factor.reshape(torch.broadcast_shapes(factor.shape, (1, 1, 1, 1)))
 
 
 def query_scaled(

@@ -96,7 +96,10 @@ def bias_columns(q: Tensor, k: Tensor, slopes, scale: float) -> tuple[Tensor, Te
     a head of slope 0 gets columns of 0 (no bias). The columns are computed in at least float32."""
     h, lq, lk = q.shape[1], q.shape[2], k.shape[2]
     cd = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
-    m = torch.as_tensor(slopes, dtype=cd, device=q.device)
+    if torch.is_tensor(slopes):
+        m = slopes.to(device=q.device, dtype=cd)
+    else:  # numbers: to the device without waiting for it (as_tensor's copy would, on CUDA)
+        m = torch.tensor(slopes, dtype=cd).to(q.device, non_blocking=True)
     if m.shape != (h,):
         raise ValueError(
             f"a linear bias needs one slope per head ({h}), got shape {tuple(m.shape)}."

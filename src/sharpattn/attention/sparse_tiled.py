@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from ..normalizers._contract import compute_dtype
+from ..normalizers._contract import compute_dtype, on_device
 from ..normalizers.sparse import ALPHA, asentmax_scale
 from . import native, policy
 from .chunked import chunked_attend
@@ -699,7 +699,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     theta = None
     if family.scale is not None:
         n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-        theta = torch.as_tensor(family.scale(n, **params), dtype=n.dtype, device=q.device)
+        theta = on_device(family.scale(n, **params), n.dtype, q.device)
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta, kernel)
 
 

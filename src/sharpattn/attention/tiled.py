@@ -519,7 +519,7 @@ def tiled_attention(
 def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
     """The fast path of a user's `Elementwise` method:
     w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
-    n = masking.visible_keys(dtype=_rows(0.0, q).dtype)
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     row = _rows(family.row(n, **params), q)
     kernel = _Family(family, **params)
     return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
@@ -556,7 +556,7 @@ def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=Tru
 
 def relu(q, k, v, masking, scale, want_stats, *, p=1.0, blocks=None):
     """ReLU(s)^p / n attention over tiles (``normalizers.relu``)."""
-    n = masking.visible_keys(dtype=_rows(0.0, q).dtype).clamp_min(1.0)
+    n = masking.visible_keys(dtype=compute_dtype(q.dtype)).clamp_min(1.0)
     return tiled_attention(
         "relu", q, k, v, masking, scale, want_stats, n, blocks or (None,) * 2, p=p
     )

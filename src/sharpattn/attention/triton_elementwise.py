@@ -1122,7 +1122,7 @@ def entmax_attention(
         a = alpha.to(torch.float32)
         power, steps = 0, ENTMAX_STEPS[2.0]
     else:
-        a = torch.tensor(float(alpha), dtype=torch.float32, device=q.device)
+        a = torch.full((), float(alpha), dtype=torch.float32, device=q.device)  # no host copy
         e = 1.0 / (float(alpha) - 1.0)
         power = int(e) if e in (1.0, 2.0, 3.0) else 0
         steps = ENTMAX_STEPS.get(float(alpha), ENTMAX_STEPS_DEFAULT)

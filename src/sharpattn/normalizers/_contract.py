@@ -36,6 +36,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def on_device(value, dtype: torch.dtype, device) -> Tensor:
+    """``value`` (a number or a tensor) as a tensor of ``dtype`` on ``device``: a tensor is
+    converted (no copy where it is there already), a number filled in by a kernel
+    (``torch.full``), the same value ``torch.as_tensor`` gives, without its copy from the host,
+    which on CUDA synchronises with the device (see DEVELOPERS.md, "No host synchronisation")."""
+    if torch.is_tensor(value):
+        return value.to(device=device, dtype=dtype)
+    return torch.full((), value, dtype=dtype, device=device)
+
+
 def prepare(
     scores: Tensor, mask: Tensor | None = None, check_finite: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -127,8 +137,10 @@ def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
     row_any = allowed.any(dim=-1, keepdim=True)
     if beta is not None:
         lowest = None
-        if torch.is_tensor(beta) or beta < 0:
-            lowest = torch.as_tensor(beta, device=scores.device) < 0
+        if torch.is_tensor(beta):
+            lowest = beta.to(scores.device) < 0
+        elif beta < 0:  # a number: every row's smallest score (no tensor, no copy)
+            lowest = True
         big = torch.finfo(scores.dtype).max
         # β beyond the dtype (θ = 1e-39 in float32) is clamped to its largest number, so that
         # β·0 is 0, not NaN
@@ -145,9 +157,11 @@ def masked_softmax(scores: Tensor, allowed: Tensor, beta=None) -> Tensor:
     return torch.softmax(logits, dim=-1).masked_fill(~allowed, 0.0)
 
 
-def shift_to_row_max(scores: Tensor, allowed: Tensor, lowest: Tensor | None = None) -> Tensor:
-    """s − m per row, m the row's largest allowed score (its smallest where ``lowest``), 0 for
-    rows with no allowed key, detached.
+def shift_to_row_max(
+    scores: Tensor, allowed: Tensor, lowest: Tensor | bool | None = None
+) -> Tensor:
+    """s − m per row, m the row's largest allowed score (its smallest where ``lowest``, a
+    boolean tensor, or in every row for ``True``), 0 for rows with no allowed key, detached.
 
     The one place the shift-invariant maps (the softmax family, the entmax family) get their
     scores at the scale of 1: their values and gradients are those of s (the maps' Jacobians
@@ -158,7 +172,7 @@ def shift_to_row_max(scores: Tensor, allowed: Tensor, lowest: Tensor | None = No
     m = scores.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
     if lowest is not None:
         lo = scores.masked_fill(~allowed, float("inf")).amin(dim=-1, keepdim=True)
-        m = torch.where(lowest, lo, m)
+        m = lo if lowest is True else torch.where(lowest, lo, m)
     m = m.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0).detach()
     big = torch.finfo(scores.dtype).max
     return (scores - m).clamp(-big, big)

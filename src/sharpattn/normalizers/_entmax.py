@@ -67,7 +67,7 @@ class _EntmaxBisect(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, alpha, dim, n_iter):
         if not torch.is_tensor(alpha):
-            alpha = torch.tensor(alpha, dtype=x.dtype, device=x.device)
+            alpha = torch.full((), alpha, dtype=x.dtype, device=x.device)  # no copy from the host
         alpha_shape = list(x.shape)
         alpha_shape[dim] = 1
         alpha = alpha.expand(*alpha_shape)

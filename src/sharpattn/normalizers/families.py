@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _entmax  # the entmax package's functions in a form torch.compile can trace
-from ._contract import finish, masked_softmax, prepare, shift_to_row_max, visible_keys
+from ._contract import finish, masked_softmax, on_device, prepare, shift_to_row_max, visible_keys
 from .stats import entropy
 
 Tensor = torch.Tensor
@@ -140,7 +140,7 @@ class Sink:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         b = self.bias(visible_keys(allowed, dtype=x.dtype), **params)
-        b = torch.as_tensor(b, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], 1)
+        b = on_device(b, x.dtype, x.device).expand(*x.shape[:-1], 1)
         # softmax over [keys..., sink]: the sink column is always allowed, so no row is empty
         logits = torch.cat([x.masked_fill(~allowed, float("-inf")), b], dim=-1)
         w = torch.softmax(logits, dim=-1)[..., :-1].masked_fill(~allowed, 0.0)
@@ -336,8 +336,8 @@ def score_shift(lq: int, offset: int, shift, shift_log_position, like: Tensor) -
     number or a per-head (per-row) tensor."""
     cd = torch.promote_types(like.dtype, torch.float32)
     pos = torch.arange(1, lq + 1, dtype=cd, device=like.device).add_(offset).clamp_(min=1.0)
-    b = torch.as_tensor(shift_log_position, dtype=cd, device=like.device) * torch.log(pos)[:, None]
-    b = torch.as_tensor(shift, dtype=cd, device=like.device) + b
+    b = on_device(shift_log_position, cd, like.device) * torch.log(pos)[:, None]
+    b = on_device(shift, cd, like.device) + b
     return b.reshape(torch.broadcast_shapes(b.shape, (1, 1, 1, 1)))
 
 

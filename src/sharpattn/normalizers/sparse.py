@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from ._contract import masked_softmax, normalizer, prepare
+from ._contract import masked_softmax, normalizer, on_device, prepare
 from .families import Sparse, TopK
 from .registry import Normalizer, Param, register
 
@@ -132,8 +132,8 @@ def asentmax_scale(
     or per query and head). Rows without a key (n = 0) are given n = 1 (they are zeroed anyway).
     """
     dtype = n.dtype
-    b = torch.as_tensor(beta_pre, dtype=dtype, device=n.device)
-    g = torch.as_tensor(gamma_pre, dtype=dtype, device=n.device)
+    b = on_device(beta_pre, dtype, n.device)
+    g = on_device(gamma_pre, dtype, n.device)
     log_n1 = torch.log1p(n.clamp_min(1.0))  # >= log 2 > 0, so any real power is finite
     return delta + F.softplus(b) * torch.pow(log_n1, gamma_max * torch.tanh(g))
 

@@ -94,7 +94,7 @@ def plan(part: int, dry: bool) -> list[dict]:
                 "name": "tests-bf16",
                 "seconds": 80,
                 "kind": "tests",
-                "select": "bfloat16 or test_devices or test_no_sync",
+                "select": "bfloat16 or test_devices",
                 "files": CUDA_TESTS,
             },
         ]

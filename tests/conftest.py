@@ -1,5 +1,5 @@
 """Shared by every test folder. The helpers beside this file (precision, reference, tiny_hf,
-slab_inputs) are importable from every sub-folder through ``pythonpath = ["tests"]`` in
+slab_inputs, devices) are importable from every sub-folder through ``pythonpath = ["tests"]`` in
 pyproject.toml."""
 
 import os
@@ -49,6 +49,20 @@ if os.environ.get("SHARPATTN_TEST_TRITON_CPU") == "1":
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _device_tags(request):
+    """On the CPU, in a module that takes ``DEVICE`` from tests/devices.py: every tensor tagged
+    by where it would be on a GPU run, and an op that mixes the two refused (devices.py)."""
+    import devices
+
+    module = getattr(request, "module", None)
+    if devices.DEVICE.type != "cpu" or getattr(module, "DEVICE", None) is not devices.DEVICE:
+        yield
+        return
+    with devices.DeviceTags():
+        yield
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import layouts
+from devices import DEVICE  # where the cases run (the tensors are drawn on the CPU, then moved)
 from precision import assert_close
 from sharpattn import attend, causal_mask
 from sharpattn import normalizers as nz
@@ -43,8 +44,6 @@ from sharpattn import normalizers as nz
 pytestmark = pytest.mark.numerical
 
 METHODS = nz.available()
-#: where the cases run (the tensors are drawn on the CPU, then moved)
-DEVICE = torch.device(os.environ.get("SHARPATTN_TEST_DEVICE", "cpu"))
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("ADV_EXAMPLES", 60)),
@@ -371,14 +370,15 @@ def test_normalizer_contract_on_hostile_scores(method, c):
 # Bad masks: the same error type on every path and directly
 
 
+#: made on DEVICE: only what is wrong with them should be refused
 BAD_MASKS = {
-    "float": lambda: torch.ones(1, 1, 3, 4),
-    "int": lambda: torch.ones(1, 1, 3, 4, dtype=torch.int64),
-    "uint8": lambda: torch.ones(3, 4, dtype=torch.uint8),
-    "wrong Lk": lambda: torch.ones(1, 1, 3, 5, dtype=torch.bool),
-    "wrong Lq": lambda: torch.ones(2, 4, dtype=torch.bool),
-    "too many dims": lambda: torch.ones(1, 1, 1, 3, 4, dtype=torch.bool),
-    "bigger batch": lambda: torch.ones(3, 1, 3, 4, dtype=torch.bool),
+    "float": lambda: torch.ones(1, 1, 3, 4, device=DEVICE),
+    "int": lambda: torch.ones(1, 1, 3, 4, dtype=torch.int64, device=DEVICE),
+    "uint8": lambda: torch.ones(3, 4, dtype=torch.uint8, device=DEVICE),
+    "wrong Lk": lambda: torch.ones(1, 1, 3, 5, dtype=torch.bool, device=DEVICE),
+    "wrong Lq": lambda: torch.ones(2, 4, dtype=torch.bool, device=DEVICE),
+    "too many dims": lambda: torch.ones(1, 1, 1, 3, 4, dtype=torch.bool, device=DEVICE),
+    "bigger batch": lambda: torch.ones(3, 1, 3, 4, dtype=torch.bool, device=DEVICE),
     "list": lambda: [[True] * 4] * 3,
 }
 

@@ -590,3 +590,52 @@ def test_selective_options_are_refused_by_name_in_multihead_attention_and_hf_app
     for targets in ("", "qq", "x", 5):
         with pytest.raises(ValueError, match="selective targets must name some of q, k, v"):
             SelectiveConfig(targets=targets)
+
+
+# 10. tensors on two devices: a CPU tensor beside CUDA ones failed deep inside a path or reached a
+# Triton kernel as a pointer; attend and MultiheadAttention refuse them by name, before any path.
+# The odd one out is on "meta" (no data), which the CPU-only test machine has.
+
+
+def _on_meta(odd: str):
+    """attend's arguments (sigmoid with a per-head bias tensor and a mask) with ``odd`` on meta."""
+    g = torch.Generator().manual_seed(0)
+    args = {
+        "q": torch.randn(1, 2, 3, 4, generator=g),
+        "k": torch.randn(1, 2, 5, 4, generator=g),
+        "v": torch.randn(1, 2, 5, 4, generator=g),
+        "mask": torch.rand(3, 5, generator=g) < 0.7,
+        "bias": torch.zeros(1, 2, 1, 1),
+    }
+    args[odd] = args[odd].to("meta")
+    return args
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+@pytest.mark.parametrize("odd", ["q", "k", "v", "mask", "bias"])
+def test_item10_tensors_on_two_devices_are_refused_by_name_on_every_path(odd, check_finite):
+    others = ", ".join(n for n in ("q", "k", "v", "mask", "bias") if n != odd)
+    for impl in PATHS:
+        a = _on_meta(odd)
+        with pytest.raises(ValueError, match="^attend takes its tensors on one device") as err:
+            attend(a.pop("q"), a.pop("k"), a.pop("v"), "sigmoid", impl=impl,
+                   check_finite=check_finite, **a)  # fmt: skip
+        assert f" {others} on cpu" in str(err.value) and f" {odd} on meta" in str(err.value)
+
+
+@pytest.mark.parametrize("odd", ["query", "key_mask", "mask", "module"])
+def test_item10_multihead_attention_refuses_tensors_on_two_devices_by_name(odd):
+    from sharpattn.attention import MultiheadAttention
+
+    layer = MultiheadAttention(8, 2, "sigmoid", device="meta" if odd == "module" else None)
+    inputs = {
+        "query": torch.randn(2, 5, 8),
+        "key_mask": torch.ones(2, 5, dtype=torch.bool),
+        "mask": torch.ones(5, 5, dtype=torch.bool),
+    }
+    if odd != "module":
+        inputs[odd] = inputs[odd].to("meta")
+    with pytest.raises(ValueError, match="^MultiheadAttention takes its tensors on one") as err:
+        layer(inputs.pop("query"), **inputs)
+    on_meta = "query, key, value" if odd == "query" else odd  # self-attention: key = value = query
+    assert f" {on_meta} on meta" in str(err.value) and " on cpu" in str(err.value)

@@ -2,32 +2,38 @@
 tiles: the same output and gradients as the naive path in float64 on that device.
 
 Runs where ``SHARPATTN_TEST_DEVICE`` names a device other than the CPU (``cuda``), as the
-adversarial suite does with the same variable; skipped otherwise (the CPU paths have their own
-tests, against float64 formulas, in this folder)::
+adversarial suite does with the same variable::
 
     SHARPATTN_TEST_DEVICE=cuda pytest tests/paths/test_devices.py tests/contract/test_adversarial.py
+
+On the CPU (whose paths have their own tests, against float64 formulas, in this folder) it runs
+small cases only, so that ``tests/devices.py``'s check sees every tensor the test makes: one
+left on the CPU beside the device's fails there, not on the next GPU run.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from devices import DEVICE
 from precision import assert_close
 from sharpattn import attend
 from sharpattn import normalizers as nz
 
-DEVICE = torch.device(os.environ.get("SHARPATTN_TEST_DEVICE", "cpu"))
-pytestmark = [
-    pytest.mark.numerical,
-    pytest.mark.skipif(DEVICE.type == "cpu", reason="set SHARPATTN_TEST_DEVICE=cuda to run"),
-]
+pytestmark = pytest.mark.numerical
 
 #: (Lq, Lk, causal): a square call of ~9M scores (several tiles per head group), and
 #: a causal one whose queries end at the last key (Lk − Lq = 1,100 keys before the first query)
 CASES = [(1500, 1500, False), (700, 1800, True)]
+#: the tile budgets: the CPU's (SHARPATTN_DEVICE_TILES=1: many tiles per call), the device's own
+TILES = ["1", "default"]
+if DEVICE.type == "cpu":
+    # the same shapes, small; the CPU's budgets are the same either way. What this checks here is
+    # the test's own tensors (tests/devices.py), which no CPU code path changes: not run again
+    # under the CPU's other paths (tests/cpu_paths.py)
+    CASES, TILES = [(40, 40, False), (20, 50, True)], ["1"]
+    pytestmark = [pytestmark, pytest.mark.cpu_independent]
 
 
 def inputs(lq: int, lk: int):
@@ -49,7 +55,7 @@ def output_and_grads(method, q, k, v, cot, causal, impl, dtype):
     return out.detach(), grads
 
 
-@pytest.mark.parametrize("tiles", ["1", "default"], ids=["cpu-tiles", "device-tiles"])
+@pytest.mark.parametrize("tiles", TILES, ids={"1": "cpu-tiles", "default": "device-tiles"}.get)
 @pytest.mark.parametrize("case", CASES, ids=["full", "causal"])
 @pytest.mark.parametrize("method", nz.available())
 def test_auto_path_on_the_device_equals_naive_float64(method, case, tiles, monkeypatch):

@@ -17,11 +17,11 @@ with ``tiled.triton_wanted`` made to say yes, so the row tensors are built as on
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
+from devices import DEVICE
 from precision import assert_close, tolerance
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
@@ -36,13 +36,12 @@ from sharpattn.attention.masking import Masking  # noqa: E402
 # vectorised CPU kernels, so the other ATEN_CPU_CAPABILITY paths (tests/cpu_paths.py) would
 # only repeat these tests (a minute each) with the same numbers.
 
-DEVICE = "cuda" if os.environ.get("SHARPATTN_TEST_DEVICE") == "cuda" else "cpu"
-if DEVICE == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
+if DEVICE.type == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
         "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
         allow_module_level=True,
     )
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 BLOCKS = (16, 32)  # query rows, keys per block: several blocks of each at n <= 45
 DEFAULT_BLOCKS = (KERNELS.BLOCKS_16BIT, KERNELS.BLOCKS_FLOAT32)
 
@@ -207,7 +206,7 @@ def _pairs():
     for name in EVERY:
         for case in CASES:
             for dtype in DTYPES:
-                if DEVICE == "cpu":
+                if DEVICE.type == "cpu":
                     if dtype == torch.float32 and name not in FULL and case not in FEWER:
                         continue
                     if dtype != torch.float32 and case not in SHORT[name]:
@@ -287,7 +286,7 @@ def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
         raise AssertionError("the Triton kernels ran for CPU tensors")
 
     monkeypatch.setattr(KERNELS, "attention", refuse)
-    q, k, v, mask, causal = inputs("causal", torch.float32)
+    q, k, v = (t.detach().cpu() for t in inputs("causal", torch.float32)[:3])  # on a GPU too
     for method in tiled.TRITON_METHODS:
         attend(q, k, v, method, causal=True, impl="fused")
 
@@ -434,8 +433,8 @@ def test_topk_breaks_ties_in_key_order_like_the_naive_path(on_triton, top_k):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 20, 8, generator=g).round() for _ in range(3))
     k, v = (torch.randn(1, 2, 40, 8, generator=g).round() for _ in range(2))
-    masking = Masking.build(None, False, 20, 40, q.device)
     leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    masking = Masking.build(None, False, 20, 40, DEVICE)
     method = "hardmax" if top_k == 1 else "topk"
     params = {} if top_k == 1 else {"top_k": top_k}
     out, _ = path_of(nz.get(method))(*leaves, masking, 1.0, False, **params)
@@ -490,8 +489,8 @@ def test_block_support_marks_every_block_with_a_weight_and_the_backward_skips_th
     q = k[:, :, 80:] * 2.0
     v = torch.randn(1, 2, 128, 8, generator=g)
     blocks = (16, 16)
-    masking = Masking.build(None, True, 48, 128, q.device)
     leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    masking = Masking.build(None, True, 48, 128, DEVICE)
     kernel = KERNELS.topk_attention if method == "topk" else KERNELS.entmax_attention
     arg = 8 if method == "topk" else {"sparsemax": 2.0, "entmax15": 1.5}[method]
     out = kernel(*leaves, masking, 0.25, arg, blocks=blocks)
@@ -503,11 +502,11 @@ def test_block_support_marks_every_block_with_a_weight_and_the_backward_skips_th
     for what, a, b in zip(NAMES, (out, *grads), (ref, *want), strict=False):
         assert_close(a, b.detach(), n=128, msg=f"{method} {what}")
     # the weights themselves: the identity as values
-    w = attend(*(t.detach() for t in ref64[:2]), torch.eye(128, dtype=torch.float64)
-               .expand(1, 2, 128, 128), method, scale=0.25, causal=True, impl="naive",
-               **params)  # fmt: skip
+    eye = torch.eye(128, dtype=torch.float64, device=DEVICE).expand(1, 2, 128, 128)
+    w = attend(*(t.detach() for t in ref64[:2]), eye, method, scale=0.25, causal=True,
+               impl="naive", **params)  # fmt: skip
     (sup,) = tables
-    truth = _block_flags(w, blocks)
+    truth = _block_flags(w, blocks).cpu()
     flagged = sup.cpu() > 0
     assert bool((flagged | ~truth).all()), "a block with a weight was skipped"
     assert torch.equal(flagged, truth)  # (entmax's margin of a few roundings: none here)
@@ -551,7 +550,7 @@ def test_the_entmax_kernel_equals_the_entmax_package_in_float64(on_triton, alpha
     g = torch.Generator().manual_seed(7)
     q, k = torch.randn(1, 2, 40, 8, generator=g) * 2, torch.randn(1, 2, 40, 8, generator=g)
     eye = torch.eye(40).expand(1, 2, 40, 40)
-    masking = Masking.build(None, True, 40, 40, q.device)
+    masking = Masking.build(None, True, 40, 40, DEVICE)
     got = KERNELS.entmax_attention(*(t.to(DEVICE) for t in (q, k, eye)), masking, 8**-0.5, alpha)
     s = (q.double() @ k.double().transpose(-1, -2) * 8**-0.5).tril()
     s = s.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
@@ -589,7 +588,7 @@ def test_linear_position_bias_columns_on_the_kernels(on_triton, name):
         assert_close(a, b.detach(), n=37 * 10, msg=f"{name} {what}")
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="counts the interpreter's calls of the helpers")
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="counts the interpreter's calls of the helpers")
 def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_threshold(
     on_triton, monkeypatch
 ):

@@ -14,11 +14,11 @@ kernels on the GPU, bfloat16 too. The kernels run through the registry's fast pa
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
+from devices import DEVICE
 from precision import assert_close, tolerance
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
@@ -31,13 +31,12 @@ from sharpattn.attention.masking import Masking  # noqa: E402
 # Not marked `numerical`: the interpreter computes in NumPy, not in torch's CPU kernels (as
 # tests/paths/test_triton.py).
 
-DEVICE = "cuda" if os.environ.get("SHARPATTN_TEST_DEVICE") == "cuda" else "cpu"
-if DEVICE == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
+if DEVICE.type == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
         "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
         allow_module_level=True,
     )
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 BLOCKS = (16, 16)  # query rows, keys per block: several blocks of each at n <= 45
 
 # name: (B, H, Hkv, Lq, Lk, D, Dv, mask, params); every case is causal
@@ -166,7 +165,7 @@ def test_large_scores_stay_finite_and_exact(on_triton, gain):
     assert float(s.abs().max()) > 3 * gain
     out, grads = run("triton", q, k, v, mask, params)
     ref = run("naive", *_as(torch.float64, q, k, v), mask, params)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))  # run's dO
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)  # run's dO
     dp = float((g @ v.detach().repeat_interleave(2, 1).transpose(-1, -2)).abs().max())
     sizes = (
         float(v.detach().abs().max()),
@@ -226,11 +225,12 @@ def test_attend_takes_the_kernels_on_the_triton_route_and_the_tiles_otherwise(mo
     real = KERNELS.stick_attention
     monkeypatch.setattr(KERNELS, "stick_attention", lambda *a: calls.append(1) or real(*a))
     q, k, v, mask, _ = inputs("lq_lt_lk", torch.float32)
-    tiles = attend(q, k, v, "stick_breaking", causal=True, impl="fused")
+    cpu = [t.detach().cpu() for t in (q, k, v)]  # CPU tensors on a GPU run too
+    tiles = attend(*cpu, "stick_breaking", causal=True, impl="fused")
     assert not calls
     monkeypatch.setattr(stick_tiled, "triton_wanted", lambda device, dtype, stats: not stats)
-    attend(q, k, v, "stick_breaking", causal=True, impl="fused", return_stats=True)
+    attend(*cpu, "stick_breaking", causal=True, impl="fused", return_stats=True)
     assert not calls
     out = attend(q, k, v, "stick_breaking", causal=True, impl="fused")
     assert calls
-    assert_close(out, tiles, n=k.shape[2])
+    assert_close(out, tiles, n=k.shape[2])  # compared on the CPU

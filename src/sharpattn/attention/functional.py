@@ -113,7 +113,8 @@ def attend(
 
     Hostile input, the same on every path (``tests/contract/test_adversarial.py``): B, Lq or Lk = 0 give
     an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
-    D = 0 raise ValueError. NaN or ±inf anywhere in q, k or v raises ValueError naming the
+    D = 0 raise ValueError, as do q, k, v, the mask and tensor parameters on more than one
+    device (naming each device). NaN or ±inf anywhere in q, k or v raises ValueError naming the
     position, before any path runs, whether or not a mask hides it. Scores are computed in
     float32 for 16-bit inputs (as the fused kernel does), so fp16 q·kᵀ beyond 65504 is no error.
     Whether a sum overflows depends on its order, so the rule is on a bound: when
@@ -152,6 +153,7 @@ def attend(
             f"the fused paths: {', '.join(sorted(FAST))}."
         )
     CHECK_FINITE.check(check_finite, "attend")
+    check_devices("attend", q=q, k=k, v=v, mask=mask, **params)
     # once, before any path: every path refuses the same parameters (tensor values only with
     # check_finite, which reads them on the host)
     entry.check_params(params, check_values=check_finite)
@@ -243,6 +245,25 @@ def attend(
     if return_stats:
         result += (stats,)
     return result if len(result) > 1 else out
+
+
+def check_devices(caller: str, **tensors) -> None:
+    """Refuse tensors on more than one device (the keyword arguments that are tensors, named by
+    their keywords; the others are ignored) in one sentence that names each device. Only the
+    ``.device`` attributes are compared: no host synchronisation. Without it a CPU tensor beside
+    CUDA ones fails deep inside a path (a torch op's RuntimeError) or, handed to a Triton kernel
+    as a pointer, reads memory it does not own."""
+    where: dict[torch.device, list[str]] = {}
+    for name, t in tensors.items():
+        if torch.is_tensor(t):
+            where.setdefault(t.device, []).append(name)
+    if len(where) > 1:
+        groups = [f"{', '.join(names)} on {device}" for device, names in where.items()]
+        first = next(iter(where.values()))[0]
+        raise ValueError(
+            f"{caller} takes its tensors on one device, got {', '.join(groups[:-1])} and "
+            f"{groups[-1]}; move them to one device (e.g. .to({first}.device))."
+        )
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..normalizers import Param, get
-from .functional import attend
+from .functional import attend, check_devices
 from .positions import LINEAR_BIASES, bias_columns, slopes_of
 from .rotary import apply_rotary
 from .selective import (
@@ -206,6 +206,9 @@ class MultiheadAttention(nn.Module):
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
+        check_devices("MultiheadAttention", query=query, key=key, value=value, key_mask=key_mask,
+                      mask=mask, token_features=token_features, key_features=key_features,
+                      module=self.q_proj.weight)  # fmt: skip
         if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
             raise ValueError(
                 f"inputs must be [B, L, d]; got query {tuple(query.shape)}, key {tuple(key.shape)}, "

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import types
 
 import pytest
 import torch
 
+from devices import DEVICE
 from host_sync import HostSyncError, NoHostSync, backward
 from sharpattn import normalizers as nz
 from sharpattn.attention import MultiheadAttention, attend, fused, sparse_tiled, stick_tiled, tiled
 from sharpattn.normalizers.families import RowScaled
 
-DEVICE = "cuda" if os.environ.get("SHARPATTN_TEST_DEVICE") == "cuda" else "cpu"
 METHODS = nz.available()
 IMPLS = ("auto", "chunked", "naive")
 #: per-head values of the learnable parameters, near their defaults (first two heads used)
@@ -109,7 +108,7 @@ def _run(method, impl, q, k, v, mask, causal, params):
 # On the GPU: CUDA's own sync detector
 
 
-cuda = pytest.mark.skipif(DEVICE != "cuda", reason="set SHARPATTN_TEST_DEVICE=cuda to run")
+cuda = pytest.mark.skipif(DEVICE.type != "cuda", reason="set SHARPATTN_TEST_DEVICE=cuda to run")
 
 
 @contextlib.contextmanager
@@ -191,7 +190,7 @@ def test_multihead_attention_no_host_sync_on_cuda(method, options, dtype):
 # On the CPU: NoHostSync, on the CPU's paths and on the CUDA branches
 
 
-cpu = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's guard (on a GPU: the tests above)")
+cpu = pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU's guard (on a GPU: the tests above)")
 
 
 def _guarded(fn):

@@ -206,9 +206,17 @@ class MultiheadAttention(nn.Module):
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
-        check_devices("MultiheadAttention", query=query, key=key, value=value, key_mask=key_mask,
-                      mask=mask, token_features=token_features, key_features=key_features,
-                      module=self.q_proj.weight)  # fmt: skip
+        check_devices(
+            "MultiheadAttention",
+            query=query,
+            key=key,
+            value=value,
+            key_mask=key_mask,
+            mask=mask,
+            token_features=token_features,
+            key_features=key_features,
+            module=self.q_proj.weight,
+        )
         if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
             raise ValueError(
                 f"inputs must be [B, L, d]; got query {tuple(query.shape)}, key {tuple(key.shape)}, "

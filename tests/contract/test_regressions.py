@@ -590,3 +590,57 @@ def test_selective_options_are_refused_by_name_in_multihead_attention_and_hf_app
     for targets in ("", "qq", "x", 5):
         with pytest.raises(ValueError, match="selective targets must name some of q, k, v"):
             SelectiveConfig(targets=targets)
+
+
+# 10. stick-breaking's query_offset on the chunked path ----------------------------------------
+#
+# Each query block got the caller's offset instead of offset + the block's first row: a spurious
+# "causal only" error, or weights 1.3-3.5 off with check_finite=False.
+
+
+def _stick_qkv(lq, lk, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 2, n, 8, generator=g, dtype=torch.float64) for n in (lq, lk, lk))
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+@pytest.mark.parametrize(("lq", "lk"), [(11, 11), (9, 14)])
+@pytest.mark.parametrize("explicit_mask", [False, True])
+def test_item10_stick_breaking_query_offset_agrees_with_naive_on_every_path(
+    lq, lk, explicit_mask, check_finite
+):
+    q, k, v = _stick_qkv(lq, lk)
+    i, j = torch.arange(lq).unsqueeze(-1), torch.arange(lk)
+    for offset in sorted({0, 2, lk - lq, lk - lq + 3}):
+        # the causal mask with this offset (then every offset is causal), or attend's own one
+        kw = {"mask": j <= i + offset} if explicit_mask else {"causal": True}
+        run = dict(kw, query_offset=offset, check_finite=check_finite)
+        late = not explicit_mask and offset < lk - lq  # keys past the query's own position
+        if late and check_finite:
+            for impl in ("naive", "chunked", "auto"):
+                with pytest.raises(ValueError, match="causal"):
+                    attend(q, k, v, "stick_breaking", impl=impl, block_size=3, **run)
+            continue
+        want = attend(q, k, v, "stick_breaking", impl="naive", **run)
+        assert want.abs().max() > 0.1
+        for impl, blocks in (("chunked", 3), ("chunked", 4), ("chunked", None), ("auto", None)):
+            if late and impl == "auto":
+                # the tiles refuse a visible key past the query's position from the sizes alone
+                with pytest.raises(ValueError, match="causal"):
+                    attend(q, k, v, "stick_breaking", impl=impl, **run)
+                continue
+            got = attend(q, k, v, "stick_breaking", impl=impl, block_size=blocks, **run)
+            assert_close(got, want, n=lk, msg=f"offset {offset} {impl} blocks {blocks}")
+
+
+def test_item10_stick_breaking_query_offset_gradients_agree_on_the_chunked_path():
+    lq, lk, offset = 9, 14, 7
+    grads = {}
+    for impl in ("naive", "chunked"):
+        q, k, v = (t.requires_grad_() for t in _stick_qkv(lq, lk, seed=1))
+        run = dict(causal=True, query_offset=offset, shift_log_position=-1.0)
+        out = attend(q, k, v, "stick_breaking", impl=impl, block_size=2, **run)
+        out.pow(2).sum().backward()
+        grads[impl] = (out, q.grad, k.grad, v.grad)
+    for got, want in zip(grads["chunked"], grads["naive"], strict=True):
+        assert_close(got, want, n=lk)

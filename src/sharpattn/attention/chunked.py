@@ -103,9 +103,9 @@ def chunked_attend(
     into the block's rows.
     """
     lq, lk = q.shape[2], k.shape[2]
-    if positional:  # the key position of query row 0: the caller's, else Lk − Lq
-        start = params.get("query_offset")
-        start = lk - lq if start is None else start
+    start = params.get("query_offset")  # the key position of query row 0 (default Lk − Lq)
+    start = lk - lq if start is None else start
+    if positional:
         params = {name: value for name, value in params.items() if name != "query_offset"}
 
     def weigh(scores, mask, r0):

@@ -190,7 +190,8 @@ def asentmax(
     adds the linear map of the query's input (``Normalizer.query_dependent``). Defaults 0:
     β = log 2, γ = 0 (θ = 1 + log 2, no length dependence until trained).
 
-    α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α > 1 by bisection.
+    α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α in [1.01, 2.5] (the
+    range where the weights keep the dtype's precision, see `entmax`) by bisection.
     """
     return ASENTMAX.weights(scores, mask, check_finite=check_finite, beta_pre=beta_pre,
                             gamma_pre=gamma_pre, delta=delta, gamma_max=gamma_max, alpha=alpha,

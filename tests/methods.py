@@ -195,7 +195,7 @@ _ENTRIES = [
     Method("sparsemax", lambda x, p: sparsemax_row(x), shift_invariant=True),
     Method("entmax15", lambda x, p: entmax_row(x, 1.5), shift_invariant=True),
     Method("entmax", lambda x, p: entmax_row(x, p.get("alpha", 1.5)),
-           cases=({}, {"alpha": 2.0}, {"alpha": 1.2}, {"alpha": per_head(1.1, 1.5, 3.0)}),
+           cases=({}, {"alpha": 2.0}, {"alpha": 1.2}, {"alpha": per_head(1.1, 1.5, 2.4)}),
            shift_invariant=True),
     Method("stick_breaking", lambda x, p: stick_row(x), cases=({}, {"attend_current": True}),
            causal_only=True, row_sum="< 1"),

@@ -371,7 +371,8 @@ def test_built_in_families_name_their_own_paths():
         (RowNormalised(signed_power_u, constants=("p",)),
          (nz.Param("p", 2.0, "p", learnable=True),), "this family has no learnable ones"),
         (TopK(count=2), (), "count must be a function"),
-        (Sparse(alpha=1.0), (), "alpha must be a number > 1"),
+        (Sparse(alpha=1.0), (), "alpha must be a number in \\[1.01, 2.5\\]"),
+        (Sparse(alpha=3.0), (), "alpha must be a number in \\[1.01, 2.5\\]"),
         (Sparse(scale=2.0), (), "scale must be a function or None"),
     ],
 )  # fmt: skip

@@ -290,12 +290,12 @@ def test_length_scaled_learnable_c_straight_through_below_zero():
         ("power", {"p": 0}, "p must be a finite number >= 1"),
         ("topk", {"top_k": 0}, "top_k must be an integer >= 1"),
         ("topk", {"top_k": 2.5}, "top_k must be an integer >= 1"),
-        ("entmax", {"alpha": 1.0}, "alpha must be a finite number > 1"),
+        ("entmax", {"alpha": 1.0}, "alpha must be a finite number in \\[1.01, 2.5\\]"),
         ("llama4_temperature", {"floor_scale": 0}, "floor_scale must be a finite number > 0"),
         ("llama4_temperature", {"attn_scale": math.inf}, "attn_scale must be a finite number"),
         ("logn", {"train_length": 1}, "train_length must be a finite number > 1"),
         ("asentmax", {"delta": -0.5}, "delta must be a finite number >= 0"),
-        ("asentmax", {"alpha": 1.0}, "alpha must be a finite number > 1"),
+        ("asentmax", {"alpha": 1.0}, "alpha must be a finite number in \\[1.01, 2.5\\]"),
     ],
 )
 def test_bad_parameters_raise_one_sentence(method, params, match):

@@ -639,3 +639,184 @@ def test_item10_multihead_attention_refuses_tensors_on_two_devices_by_name(odd):
         layer(inputs.pop("query"), **inputs)
     on_meta = "query, key, value" if odd == "query" else odd  # self-attention: key = value = query
     assert f" {on_meta} on meta" in str(err.value) and " on cpu" in str(err.value)
+
+
+# 11. stick-breaking's query_offset on the chunked path ----------------------------------------
+#
+# Each query block got the caller's offset instead of offset + the block's first row: a spurious
+# "causal only" error, or weights 1.3-3.5 off with check_finite=False.
+
+
+def _stick_qkv(lq, lk, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 2, n, 8, generator=g, dtype=torch.float64) for n in (lq, lk, lk))
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+@pytest.mark.parametrize(("lq", "lk"), [(11, 11), (9, 14)])
+@pytest.mark.parametrize("explicit_mask", [False, True])
+def test_item11_stick_breaking_query_offset_agrees_with_naive_on_every_path(
+    lq, lk, explicit_mask, check_finite
+):
+    q, k, v = _stick_qkv(lq, lk)
+    i, j = torch.arange(lq).unsqueeze(-1), torch.arange(lk)
+    for offset in sorted({0, 2, lk - lq, lk - lq + 3}):
+        # the causal mask with this offset (then every offset is causal), or attend's own one
+        kw = {"mask": j <= i + offset} if explicit_mask else {"causal": True}
+        run = dict(kw, query_offset=offset, check_finite=check_finite)
+        late = not explicit_mask and offset < lk - lq  # keys past the query's own position
+        if late and check_finite:
+            for impl in ("naive", "chunked", "auto"):
+                with pytest.raises(ValueError, match="causal"):
+                    attend(q, k, v, "stick_breaking", impl=impl, block_size=3, **run)
+            continue
+        want = attend(q, k, v, "stick_breaking", impl="naive", **run)
+        assert want.abs().max() > 0.1
+        for impl, blocks in (("chunked", 3), ("chunked", 4), ("chunked", None), ("auto", None)):
+            if late and impl == "auto":
+                # the tiles refuse a visible key past the query's position from the sizes alone
+                with pytest.raises(ValueError, match="causal"):
+                    attend(q, k, v, "stick_breaking", impl=impl, **run)
+                continue
+            got = attend(q, k, v, "stick_breaking", impl=impl, block_size=blocks, **run)
+            assert_close(got, want, n=lk, msg=f"offset {offset} {impl} blocks {blocks}")
+
+
+def test_item11_stick_breaking_query_offset_gradients_agree_on_the_chunked_path():
+    lq, lk, offset = 9, 14, 7
+    grads = {}
+    for impl in ("naive", "chunked"):
+        q, k, v = (t.requires_grad_() for t in _stick_qkv(lq, lk, seed=1))
+        run = dict(causal=True, query_offset=offset, shift_log_position=-1.0)
+        out = attend(q, k, v, "stick_breaking", impl=impl, block_size=2, **run)
+        out.pow(2).sum().backward()
+        grads[impl] = (out, q.grad, k.grad, v.grad)
+    for got, want in zip(grads["chunked"], grads["naive"], strict=True):
+        assert_close(got, want, n=lk)
+
+
+# 12. entmax's α near 1 and large -------------------------------------------------------------
+#
+# float32 α = 1 + 1e-7 was 0.24 off a converged float64 result, 1 + 1e-9 3.4 off, α = 10 0.76 off;
+# float64 with 50 bisection steps 1.0 off at α = 30. α is now refused outside its numerically
+# safe range, [1.01, 2.5] (measurements in normalizers/_entmax.py, SAFE_ALPHA), and the bisection
+# takes the steps the dtype needs.
+
+ALPHA_LOW, ALPHA_HIGH = nz.get("entmax").params[0].low, nz.get("entmax").params[0].high
+ALPHAS = [1 + 1e-9, 1 + 1e-7, 1 + 1e-4, 1.0099, 1.01, 1.3, 1.5, 2.0, 2.5, 2.51, 3.0, 10.0, 30.0]
+
+
+def _entmax_reference_row(x, alpha):
+    """α-entmax of one row in float64, written as p_i = exp(log1p(ε·(z_i − μ))/ε), ε = α − 1,
+    z = x − max x, where 1 + ε·(z_i − μ) > 0 (so no power of a rounded number near 1), μ by
+    bisection to the last bit (Σ p is decreasing in μ; μ in [0, (1 − n^{−ε})/ε])."""
+    eps = alpha - 1.0
+    z = x - x.max()
+
+    def weights(mu):
+        a = eps * (z - mu)
+        inside = a > -1.0
+        return np.where(inside, np.exp(np.log1p(np.where(inside, a, 0.0)) / eps), 0.0)
+
+    lo, hi = 0.0, -np.expm1(-eps * np.log(max(len(z), 2))) / eps
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if weights(mid).sum() >= 1.0 else (lo, mid)
+    w = weights(lo)
+    return w / w.sum()
+
+
+def _entmax_reference(q, k, v, g, alpha, scale):
+    """(output, dq, dk, dv) of α-entmax attention and of the loss Σ output·g, float64 NumPy:
+    the gradient by the closed-form Jacobian, ds_j = u_j·(dw_j − Σ u·dw / Σ u), u = p^{2−α} on
+    the support (Peters et al. 2019)."""
+    q, k, v, g = (t.detach().double().numpy() for t in (q, k, v, g))
+    alphas = np.broadcast_to(np.asarray(alpha, dtype=np.float64).reshape(1, -1, 1), q.shape[:3])
+    s = scale * q @ k.swapaxes(-1, -2)
+    w = np.zeros_like(s)
+    for idx in np.ndindex(*s.shape[:3]):
+        w[idx] = _entmax_reference_row(s[idx], alphas[idx])
+    dw = g @ v.swapaxes(-1, -2)
+    u = np.where(w > 0, np.maximum(w, 1e-300) ** (2.0 - alphas[..., None]), 0.0)
+    ds = u * (dw - (u * dw).sum(-1, keepdims=True) / u.sum(-1, keepdims=True))
+    out = torch.from_numpy(w @ v)
+    grads = (scale * ds @ k, scale * ds.swapaxes(-1, -2) @ q, w.swapaxes(-1, -2) @ g)
+    return (out, *(torch.from_numpy(x) for x in grads))
+
+
+def _alpha_inputs(dtype, lk=24):
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, g = (
+        torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64) for n in (20, lk, lk, 20)
+    )
+    return 2.0 * q, k, v, g  # scores of a few units: supports of several keys for every α
+
+
+def _refused_alpha(method="entmax"):
+    return pytest.raises(ValueError, match=rf"^the {method} parameter alpha must be .+, got .+\.$")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", ALPHAS, ids=repr)
+def test_item12_entmax_alpha_is_within_precision_or_refused_on_every_path(alpha, dtype):
+    q0, k0, v0, g = _alpha_inputs(dtype)
+    scale = 8**-0.5
+    inside = ALPHA_LOW <= alpha <= ALPHA_HIGH
+    want = _entmax_reference(q0, k0, v0, g, alpha, scale) if inside else None
+    for impl in ("naive", "chunked", "auto"):
+        for check_finite in (True, False):
+            q, k, v = (t.to(dtype).clone().requires_grad_() for t in (q0, k0, v0))
+            run = dict(alpha=alpha, impl=impl, block_size=7, check_finite=check_finite)
+            if not inside:
+                with _refused_alpha():
+                    attend(q, k, v, "entmax", **run)
+                continue
+            out = attend(q, k, v, "entmax", **run)
+            (out * g.to(dtype)).sum().backward()
+            what = f"α={alpha!r} {impl} check_finite={check_finite}"
+            assert_close(out, want[0], n=24, magnitude=float(v0.abs().max()), msg=what)
+            for name, got, exact in zip("qkv", (q.grad, k.grad, v.grad), want[1:], strict=True):
+                # a gradient sums over the keys and the query rows of a key: 64 ulps, not 8
+                size = float(exact.abs().max())
+                assert_close(got, exact, n=24, magnitude=size, ulps=64, msg=f"{what} d{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_item12_a_per_head_alpha_is_within_precision_on_every_path(dtype):
+    q0, k0, v0, g = _alpha_inputs(dtype)
+    scale = 8**-0.5
+    for pair in ((ALPHA_LOW, 1.5), (1.3, ALPHA_HIGH), (2.0, 1.01)):
+        want = _entmax_reference(q0, k0, v0, g, np.array(pair), scale)
+        alpha = torch.tensor(pair, dtype=dtype).view(1, 2, 1, 1)
+        for impl in ("naive", "chunked", "auto"):
+            for check_finite in (True, False):
+                out = attend(*(t.to(dtype) for t in (q0, k0, v0)), "entmax", alpha=alpha,
+                             impl=impl, block_size=7, check_finite=check_finite)  # fmt: skip
+                what = f"α={pair} {impl} check_finite={check_finite}"
+                assert_close(out, want[0], n=24, magnitude=float(v0.abs().max()), msg=what)
+
+
+@pytest.mark.parametrize("method", ["entmax", "asentmax"])
+@pytest.mark.parametrize("bad", [1.0 + 1e-7, 1.0099, 2.51, 30.0])
+def test_item12_a_per_head_alpha_out_of_range_is_refused_with_check_finite(method, bad):
+    q, k, v = _qkv()
+    alpha = torch.tensor([1.5, bad], dtype=torch.float64).view(1, 2, 1, 1)
+    for impl in ("naive", "chunked", "auto"):
+        with _refused_alpha(method):
+            attend(q, k, v, method, alpha=alpha, impl=impl)
+        with _refused_alpha(method):
+            attend(q, k, v, method, alpha=float(bad), impl=impl, check_finite=False)
+
+
+def test_item12_bisection_steps_come_from_the_dtype():
+    from sharpattn.normalizers import _entmax
+
+    # the mantissa's bits, plus (α − 1)·log2(n) for |τ| >= n^{1−α}, plus 2
+    assert _entmax.bisect_steps(torch.float32, 16, 1.5) == 23 + 2 + 2
+    assert _entmax.bisect_steps(torch.float64, 4096, 2.5) == 52 + 18 + 2
+    s = torch.randn(3, 40, dtype=torch.float64) * 3
+    for alpha in (1.01, 1.3, 2.5):
+        want = torch.from_numpy(np.stack([_entmax_reference_row(r, alpha) for r in s.numpy()]))
+        assert_close(nz.entmax(s, alpha=alpha), want, n=40)

@@ -217,6 +217,26 @@ def test_no_host_sync_on_the_cpu_paths(method, impl):
                 raise AssertionError(f"{method} {impl} {kind} masked={masked}: {err}") from err
 
 
+@cpu
+@pytest.mark.parametrize("grad", [False, True], ids=["alpha", "learnable-alpha"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_tensor_alpha_is_not_read_on_the_cpu_paths(impl, grad):
+    """entmax's α per head (not a learnable Param, so not among the kinds above), at the ends of
+    its range [1.01, 2.5]: with check_finite=False neither its range nor its path (tiles for
+    any tensor, query blocks for one that requires grad) is decided by reading it."""
+    alpha = torch.tensor([1.01, 2.5]).view(1, 2, 1, 1).requires_grad_(grad)
+    q, k, v, _ = _inputs(1, 2, 24, 8, torch.float32, "cpu")
+
+    def run():
+        out = attend(q, k, v, "entmax", causal=True, impl=impl, check_finite=False, alpha=alpha)
+        return backward(out.sum(), [q, k, v, alpha] if grad else [q, k, v])
+
+    try:
+        _guarded(run)
+    except HostSyncError as err:
+        raise AssertionError(f"entmax {impl} tensor alpha: {err}") from err
+
+
 @pytest.fixture
 def cuda_branches(monkeypatch):
     """The CUDA branches on CPU tensors: the Triton kernels (in Triton's interpreter, small

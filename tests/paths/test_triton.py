@@ -559,6 +559,30 @@ def test_the_entmax_kernel_equals_the_entmax_package_in_float64(on_triton, alpha
     assert_close(got.cpu(), want.float(), n=40)
 
 
+@pytest.mark.parametrize("alpha", [1.01, (1.01, 2.5)], ids=["1.01", "heads-1.01-2.5"])
+def test_the_entmax_kernel_at_the_ends_of_alphas_range(on_triton, alpha):
+    """Weights from the kernel (the identity as values) at the ends of α's range, [1.01, 2.5]
+    (a number up to 2, a tensor anywhere in it: never read on the host), against the float64
+    row reference of tests/methods.py on the float64 scores, causal rows of 40 keys."""
+    import numpy as np
+
+    from methods import entmax_row
+
+    g = torch.Generator().manual_seed(8)
+    q, k = torch.randn(1, 2, 40, 8, generator=g) * 2, torch.randn(1, 2, 40, 8, generator=g)
+    eye = torch.eye(40).expand(1, 2, 40, 40)
+    masking = Masking.build(None, True, 40, 40, DEVICE)
+    a = torch.tensor(alpha).view(1, 2, 1, 1).to(DEVICE) if isinstance(alpha, tuple) else alpha
+    got = KERNELS.entmax_attention(*(t.to(DEVICE) for t in (q, k, eye)), masking, 8**-0.5, a)
+    s = (q.double() @ k.double().transpose(-1, -2) * 8**-0.5).numpy()
+    want = np.zeros_like(s)
+    for h in range(2):
+        al = alpha[h] if isinstance(alpha, tuple) else alpha
+        for i in range(40):
+            want[0, h, i, : i + 1] = entmax_row(s[0, h, i, : i + 1], al)
+    assert_close(got.cpu(), torch.from_numpy(want).float(), n=40)
+
+
 @pytest.mark.parametrize("name", ["sigmoid", "power", "softmax"])
 def test_linear_position_bias_columns_on_the_kernels(on_triton, name):
     """ALiBi's two extra columns of q and k (D + 2 against Dv = D, queries at the last Lq of

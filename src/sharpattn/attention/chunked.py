@@ -96,16 +96,20 @@ def chunked_attend(
     (entropy, mass), each ``[B, H, Lq, 1]``.
 
     A ``positional`` normalizer, whose rows depend on the query's key position (it takes
-    ``query_offset``, as ``stick_breaking`` does), is told where each block starts. A per-query
+    ``query_offset``, as ``stick_breaking`` does), is told where each block starts: the key
+    position of the caller's first row (its ``query_offset``, default Lk − Lq) plus the block's
+    first row. A per-query
     tensor parameter ``[B|1, H|1, Lq, 1]`` (Lq > 1; e.g. ASEntmax's in MultiheadAttention) is cut
     into the block's rows.
     """
     lq, lk = q.shape[2], k.shape[2]
+    start = params.get("query_offset")  # the key position of query row 0 (default Lk − Lq)
+    start = lk - lq if start is None else start
+    if positional:
+        params = {name: value for name, value in params.items() if name != "query_offset"}
 
     def weigh(scores, mask, r0):
-        extra = (
-            {"query_offset": r0 + lk - lq} if positional and "query_offset" not in params else {}
-        )
+        extra = {"query_offset": start + r0} if positional else {}  # this block's first row
         rows = _block_rows(params, lq, r0, r0 + scores.shape[-2])
         w = fn(scores, mask, check_finite=check_finite, **rows, **extra)
         return (w, *stats_from_weights(w)) if want_stats else (w,)

@@ -63,9 +63,9 @@ CANDIDATES = 32
 #: n = 2,000; each step costs a ``pow`` pass (~0.6x SDPA's forward at n = 4,096).
 #: Rows are renormalised, so an unconverged row has a slightly wide support, never a wrong sum.
 NEWTON_STEPS = {"sparsemax": 4, "entmax15": 5, "entmax": 4}
-#: Steps for a tensor α (per head), whose heads may have α > 2 under ``torch.compile`` (see
-#: `_newton`, `_needs_blocks`): 12 reached float64 rounding for α = 2.6 (n = 300 to
-#: 2,000); eagerly, any α > 2 takes the query-block path instead (`entmax`).
+#: Steps for a tensor α (per head), never read on the host, whose heads may have α up to the
+#: registry's 2.5 (see `_newton`, `_needs_blocks`): 12 reached float64 rounding for α = 2.6
+#: (n = 300 to 2,000).
 TENSOR_ALPHA_STEPS = 12
 #: Newton steps on the candidates for α other than 1.5 and 2 (no sort formula).
 CANDIDATE_STEPS = 12
@@ -556,24 +556,20 @@ def _stats(q, masking, want_stats, ent, mass) -> AttentionStats | None:
 
 
 def _check_alpha(alpha) -> None:
-    """α > 1 (the registry's `ALPHA`): a number always; a
-    tensor eagerly (one look at H values), under ``torch.compile`` by an assertion in the graph
-    (no host synchronisation)."""
-    if torch.is_tensor(alpha) and torch.compiler.is_compiling():
-        torch._assert_async(torch.all(alpha > ALPHA.low), "alpha must be > 1 (1 is softmax)")
-        return
-    ALPHA.check(alpha, "entmax")
+    """α in the registry's range (`ALPHA`, [1.01, 2.5]): a number always (no host
+    synchronisation); a tensor's values are checked by ``attend`` (with ``check_finite`` only,
+    as every tensor parameter's), never read here."""
+    if not torch.is_tensor(alpha):
+        ALPHA.check(alpha, "entmax")
 
 
 def _needs_blocks(alpha) -> bool:
-    """A learnable α (the gradient in α is the naive normalizer's) or α > 2 (where Newton's
-    steps converge slowly, see `_newton`) take the query-block path. A tensor α is looked
-    at eagerly (as `_check_alpha` does); under ``torch.compile`` it stays here, with
-    `TENSOR_ALPHA_STEPS` steps (float64 rounding for α up to ~2.6, not beyond)."""
+    """A learnable α (the gradient in α is the naive normalizer's) or a number α > 2 (where
+    Newton's steps converge slowly, see `_newton`) take the query-block path. A tensor α is
+    never read (no host synchronisation): every head of it in the registry's range, up to 2.5,
+    runs here with `TENSOR_ALPHA_STEPS` steps (float64 rounding for α up to ~2.6)."""
     if torch.is_tensor(alpha):
-        if alpha.requires_grad:
-            return True
-        return not torch.compiler.is_compiling() and bool((alpha > 2).any())
+        return alpha.requires_grad
     return alpha > 2.0
 
 
@@ -584,14 +580,12 @@ def _kind(alpha) -> str:
 
 
 def _on_kernel(q, k, v, want_stats, alpha) -> bool:
-    """Whether an entmax-family call runs CUDA's kernel (`_on_triton`): α in (1, 2], a number
-    or a tensor (per head or row, learnable too), a tensor looked at eagerly (one look at its
-    H values; under ``torch.compile``, the query-block or tile path as before)."""
+    """Whether an entmax-family call runs CUDA's kernel (`_on_triton`): a number α in
+    [1.01, 2], or a tensor (per head or row, learnable too; never read: the kernel takes every α
+    of the registry's range, with `triton_elementwise.ENTMAX_STEPS_TENSOR` passes at most)."""
     if not _on_triton(q, k, v, want_stats):
         return False
-    if torch.is_tensor(alpha):
-        return not torch.compiler.is_compiling() and not bool((alpha > 2).any())
-    return alpha <= 2.0
+    return torch.is_tensor(alpha) or alpha <= 2.0
 
 
 def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None, kernel=None):
@@ -633,14 +627,14 @@ def entmax15(q, k, v, masking: Masking, scale: float, want_stats: bool):
     return _entmax_family(q, k, v, masking, scale, want_stats, "entmax15", 1.5)
 
 
-def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1.5, n_iter=50):
-    """α-entmax attention, α a number or a tensor (per head) > 1. ``n_iter`` (the naive path's
-    bisection steps) is not used here: the threshold comes from the candidates and Newton steps.
-    A learnable α (a tensor that requires grad) and α > 2 (a number, or any head of a tensor;
-    see `_needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive normalizer's bisection and autograd), which
-    differentiates in α and converges for α > 2; a tensor α in (1, 2] runs here with
-    `TENSOR_ALPHA_STEPS` steps. On CUDA the kernel takes every α in (1, 2], a learnable tensor
-    too (`_on_kernel`)."""
+def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1.5, n_iter=None):
+    """α-entmax attention, α a number or a tensor (per head) in [1.01, 2.5]. ``n_iter`` (the
+    naive path's bisection steps) is not used here: the threshold comes from the candidates and
+    Newton steps. A learnable α (a tensor that requires grad) and a number α > 2 (see
+    `_needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive
+    normalizer's bisection and autograd), which differentiates in α; a tensor α runs here with
+    `TENSOR_ALPHA_STEPS` steps. On CUDA the kernel takes every number α up to 2 and every
+    tensor, a learnable one too (`_on_kernel`)."""
     _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
     if not kernel and _needs_blocks(alpha):
@@ -662,7 +656,7 @@ def asentmax(
     delta=1.0,
     gamma_max=2.0,
     alpha=1.5,
-    n_iter=50,
+    n_iter=None,
 ):
     """ASEntmax attention: α-entmax of θ·(s − max s), θ from the row's visible keys
     (`asentmax_scale`); gradients flow to ``beta_pre`` and

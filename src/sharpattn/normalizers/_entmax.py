@@ -12,10 +12,33 @@ here reads a tensor value on the host.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from entmax.activations import _entmax_threshold_and_support, _sparsemax_threshold_and_support
 
 Tensor = torch.Tensor
+
+#: α's numerically safe range [low, high] (the registry's ``alpha`` of entmax and asentmax).
+#: Measured against a converged float64 reference (tests/contract/test_regressions.py, item 11):
+#: near 1 the weights [(α−1)·s − τ]_+^{1/(α−1)} are 1/(α−1)-th powers of numbers near 1 whose
+#: rounding u (the dtype's) becomes a relative error ~u/(α−1): float32 1e-8/(α−1) measured
+#: (0.76 at α = 1 + 1e-9, 1e-4 at 1 + 1e-4, 1e-6 at 1.01), float64 2e-17/(α−1); entmax(α) −
+#: softmax is ~1.8·(α−1) (measured, weights), so softmax stands in for it only below α − 1 ~
+#: 1e-6 (float32) and 1e-14 (float64), and between those and ~1e-3 neither is within the dtype's
+#: precision: below 1.01 α is refused (use softmax). Above 2 a key at the threshold gets weight
+#: δ^{1/(α−1)} from a rounding δ of its score, a slope without bound: float32 within its
+#: precision up to 2.5 (2e-5 at gain 10, n = 200), not at 3 (4e-5, at the tolerance) nor 3.5
+#: (1.5e-3), 4 (1.5e-2), 10 (0.5); above 2.5 α is refused.
+SAFE_ALPHA = (1.01, 2.5)
+
+
+def bisect_steps(dtype: torch.dtype, keys: int, alpha_max: float) -> int:
+    """Bisection steps that bring τ to the precision of ``dtype``: the bracket starts at most 1
+    wide and |τ| >= n^{1−α} (n = ``keys``, the uniform row's), so the mantissa's bits plus
+    (α−1)·log₂ n halvings, and two more (``alpha_max``: the largest α of the call)."""
+    bits = -math.log2(torch.finfo(dtype).eps)
+    return int(math.ceil(bits + (alpha_max - 1.0) * math.log2(max(keys, 2)))) + 2
 
 
 class _Sparsemax(torch.autograd.Function):
@@ -121,6 +144,10 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     return _Entmax15.apply(x, dim)
 
 
-def entmax_bisect(x: Tensor, alpha=1.5, dim: int = -1, n_iter: int = 50) -> Tensor:
-    """``entmax.entmax_bisect(x, alpha, dim, n_iter)`` (rows renormalised to sum to one)."""
+def entmax_bisect(x: Tensor, alpha=1.5, dim: int = -1, n_iter: int | None = None) -> Tensor:
+    """``entmax.entmax_bisect(x, alpha, dim, n_iter)`` (rows renormalised to sum to one);
+    ``n_iter`` None: `bisect_steps` of x's dtype (a tensor α: at the top of `SAFE_ALPHA`)."""
+    if n_iter is None:
+        top = SAFE_ALPHA[1] if torch.is_tensor(alpha) else max(float(alpha), 1.0)
+        n_iter = bisect_steps(x.dtype, x.shape[dim], top)
     return _EntmaxBisect.apply(x, alpha, dim, n_iter)

@@ -242,7 +242,7 @@ class Sparse:
     ``scale(n_i, **params)`` > 0 from the row's visible keys (None: θ = 1; ASEntmax's length
     scaling). Computed on θ·(s − max s) (shift invariant, so no score overflows); α = 2 and
     α = 1.5 (numbers) exactly by sorting, other α by ``n_iter`` bisection steps (a parameter of
-    that name, else 50). ``kernel``: a built-in path with this maths (``"sparsemax_tiled"``,
+    that name; None or absent: enough for the dtype's precision, `_entmax.bisect_steps`). ``kernel``: a built-in path with this maths (``"sparsemax_tiled"``,
     ``"entmax15_tiled"``, ``"entmax_tiled"``, ``"asentmax_tiled"``); None runs the entmax
     family's tile path with this α and θ (threshold by Newton steps, then one output pass;
     gradients reach θ's parameters; a learnable α or α > 2 takes blocks of query rows, the
@@ -277,7 +277,7 @@ class Sparse:
         elif not torch.is_tensor(alpha) and alpha == 1.5:
             p = _entmax.entmax15(z, dim=-1)
         else:
-            p = _entmax.entmax_bisect(z, alpha, -1, params.get("n_iter", 50))
+            p = _entmax.entmax_bisect(z, alpha, -1, params.get("n_iter"))
         p = p.masked_fill(~allowed, 0.0).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
         return finish(p, scores)
 
@@ -374,10 +374,12 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
             )
     if isinstance(family, Sparse) and not callable(family.alpha):
         alpha = family.alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 1:
+        low, high = _entmax.SAFE_ALPHA  # where the weights keep the dtype's precision
+        number = isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+        if not (number and low <= alpha <= high):
             raise ValueError(
-                f"method {owner!r}: the family's alpha must be a number > 1 or a function of "
-                f"the parameters, got {alpha!r}."
+                f"method {owner!r}: the family's alpha must be a number in [{low:g}, {high:g}] "
+                f"or a function of the parameters, got {family.alpha!r}."
             )
     if isinstance(family, (Elementwise, RowNormalised)):
         elementwise = isinstance(family, Elementwise)

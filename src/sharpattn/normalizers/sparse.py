@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from . import _entmax
 from ._contract import masked_softmax, normalizer, on_device, prepare
 from .families import Sparse, TopK
 from .registry import Normalizer, Param, register
@@ -77,13 +78,29 @@ def hardmax(
     return hard
 
 
-#: α of the entmax family (entmax, asentmax; the tiled paths check a tensor α with it too)
+#: α of the entmax family (entmax, asentmax; the tiled paths check a number α with it too): its
+#: numerically safe range `_entmax.SAFE_ALPHA`, [1.01, 2.5] (measured; see there)
 ALPHA = Param(
-    "alpha", 1.5, "α > 1 (α → 1: softmax, α = 2: sparsemax)", low=1.0, low_open=True, tensor=True
+    "alpha",
+    1.5,
+    "α in [1.01, 2.5] (α → 1: softmax, α = 2: sparsemax; outside, the weights lose the dtype's "
+    "precision)",
+    low=_entmax.SAFE_ALPHA[0],
+    high=_entmax.SAFE_ALPHA[1],
+    tensor=True,
 )
-#: bisection steps: after ~1,100 halvings the float64 bracket is below its smallest number, so
-#: more change nothing (the bound keeps a typo from running for hours)
-N_ITER = Param("n_iter", 50, "bisection steps", kind="int", low=1, high=10_000)
+#: bisection steps (None: from the dtype, `_entmax.bisect_steps`); after ~1,100 halvings the
+#: float64 bracket is below its smallest number, so more change nothing (the bound keeps a typo
+#: from running for hours)
+N_ITER = Param(
+    "n_iter",
+    None,
+    "bisection steps (None: enough for the dtype's precision)",
+    kind="int",
+    low=1,
+    high=10_000,
+    optional=True,
+)
 
 
 @normalizer
@@ -92,15 +109,20 @@ def entmax(
     mask: Tensor | None = None,
     *,
     alpha: float | Tensor = 1.5,
-    n_iter: int = 50,
+    n_iter: int | None = None,
     check_finite: bool = True,
 ) -> Tensor:
     """α-entmax over the allowed keys (Peters et al. 2019): by bisection
-    (``entmax.entmax_bisect``), α = 1.5 and α = 2 (numbers) exactly by sorting.
+    (``entmax.entmax_bisect``, ``n_iter`` steps, None: enough for the dtype's precision), α = 1.5
+    and α = 2 (numbers) exactly by sorting.
 
     p = argmax_p ⟨p, s⟩ + H_α^T(p) over the simplex: p_i = [(α−1)s_i − τ]_+^{1/(α−1)} with τ
-    such that Σ p = 1. α > 1; α → 1 is softmax, α = 2 is sparsemax. ``alpha`` may be a tensor
-    broadcastable to ``[..., Lq, 1]`` (e.g. per head).
+    such that Σ p = 1; α → 1 is softmax, α = 2 is sparsemax. α in [1.01, 2.5], the range where
+    the weights keep the dtype's precision (`_entmax.SAFE_ALPHA`: below, the 1/(α−1)-th power
+    turns the rounding of numbers near 1 into errors ~u/(α−1), and entmax(α) differs from softmax
+    by ~1.8·(α−1), so neither is exact; above, a key at the threshold is as sensitive as
+    δ^{1/(α−1)} to a rounding δ of its score). ``alpha`` may be a tensor broadcastable to
+    ``[..., Lq, 1]`` (e.g. per head); its values are checked with ``check_finite``.
     """
     return ENTMAX.weights(scores, mask, check_finite=check_finite, alpha=alpha, n_iter=n_iter)
 
@@ -148,7 +170,7 @@ def asentmax(
     delta: float = 1.0,
     gamma_max: float = 2.0,
     alpha: float = 1.5,
-    n_iter: int = 50,
+    n_iter: int | None = None,
     check_finite: bool = True,
 ) -> Tensor:
     """Adaptive-Scalable Entmax (Vasylenko, Pitorro, Martins & Treviso, ICLR 2026): α-entmax of
@@ -168,7 +190,8 @@ def asentmax(
     adds the linear map of the query's input (``Normalizer.query_dependent``). Defaults 0:
     β = log 2, γ = 0 (θ = 1 + log 2, no length dependence until trained).
 
-    α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α > 1 by bisection.
+    α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α in [1.01, 2.5] (the
+    range where the weights keep the dtype's precision, see `entmax`) by bisection.
     """
     return ASENTMAX.weights(scores, mask, check_finite=check_finite, beta_pre=beta_pre,
                             gamma_pre=gamma_pre, delta=delta, gamma_max=gamma_max, alpha=alpha,
@@ -258,7 +281,7 @@ asentmax = register(
             Param("gamma_pre", 0.0, "c: pre-tanh exponent γ = γ_max·tanh(c)", learnable=True),
             Param("delta", 1.0, "δ >= 0: the scale's offset (1 in the paper's code)", low=0.0),
             Param("gamma_max", 2.0, "γ_max >= 0: the range of γ (2 in the paper's code)", low=0.0),
-            replace(ALPHA, doc="α > 1 (1.5 in the paper)"),
+            replace(ALPHA, doc="α in [1.01, 2.5] (1.5 in the paper)"),
             replace(N_ITER, doc="bisection steps (α != 1.5 only)"),
         ),
         query_dependent=("beta_pre", "gamma_pre"),

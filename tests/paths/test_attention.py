@@ -223,7 +223,13 @@ def test_mha_padding_is_ignored_and_causal():
     # exactly, on each path: padded keys get weight 0 and 0·v = 0; every sum the real tokens
     # see is the same (naive: the path that returned the weights; auto: the fused path)
     assert torch.equal(mha(x2, key_mask=real, return_weights=True)[0][0, :4], out[0, :4])
-    assert torch.equal(mha(x2, key_mask=real)[0, :4], mha(x, key_mask=real)[0, :4])
+    chunked = [mha(t, key_mask=real, impl="chunked")[0, :4] for t in (x, x2)]
+    assert torch.equal(*chunked)
+    # auto: the fused path while every token's q and k keep β·s in its range (a bound from all
+    # tokens, padded ones included: `fast.scores_in_range`); padded tokens of 100 leave it
+    x3 = x.clone()
+    x3[0, 4:] = 2.0
+    assert torch.equal(mha(x3, key_mask=real)[0, :4], mha(x, key_mask=real)[0, :4])
 
 
 def test_mha_dtype_cross_attention_and_errors():

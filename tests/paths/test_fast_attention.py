@@ -15,14 +15,16 @@ import torch
 
 from precision import assert_close
 from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask, functional
+from sharpattn.attention import fast as fast_mod
 from sharpattn.attention import fused as fused_mod
-from sharpattn.attention.fast import path_of
+from sharpattn.attention.fast import path_of, scores_in_range
 from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.selective import query_positions
-from sharpattn.normalizers import COEFFICIENTS, Normalizer, available, get
+from sharpattn.normalizers import COEFFICIENTS, Normalizer, Param, available, get
 from sharpattn.normalizers import _contract as contract
 from sharpattn.normalizers import softmax as softmax_fn
+from sharpattn.normalizers.families import Adaptive, RowScaled
 
 pytestmark = pytest.mark.numerical
 
@@ -559,6 +561,111 @@ def test_softmax_per_head_temperature_and_plain_temperature():
         close_grads(out[1], ref[1], q, k)
     with pytest.raises(ValueError, match="temperature"):
         attend(q, k, v, temperature=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# extreme β: the fast paths keep their gradients at a tiny temperature, a large ssmax s,
+# length_scaled c, adaptive floor and a user's β (attend takes the chunked path beyond the
+# flash kernel's range, fast.scores_in_range)
+
+
+def _user_grown(n, gain=1.0, **_):
+    return gain * (1.0 + torch.log(n.clamp_min(1.0)))
+
+
+def _user_by_entropy(h, gain=1.0, **_):
+    return gain * (1.0 + h)
+
+
+USER_GROWN = RowScaled(_user_grown)
+USER_BY_ENTROPY = Adaptive(_user_by_entropy)
+USER_BETA = {
+    "user_row_scaled": Normalizer(
+        "test_extreme_grown",
+        USER_GROWN.weights,
+        "softmax(g(1 + log n)·s)",
+        "-",
+        True,
+        params=(Param("gain", 1.0, "g"),),
+        family=USER_GROWN,
+    ),
+    "user_adaptive": Normalizer(
+        "test_extreme_entropy",
+        USER_BY_ENTROPY.weights,
+        "softmax(g(1 + H)·s)",
+        "-",
+        True,
+        params=(Param("gain", 1.0, "g"),),
+        family=USER_BY_ENTROPY,
+    ),
+}
+#: each method's parameters at β ≈ 1/t (t a temperature)
+EXTREME_PARAMS = {
+    "softmax": lambda t: {"temperature": t},
+    "softmax_per_head": lambda t: {"temperature": _per_head([t, 2 * t])},
+    "ssmax": lambda t: {"s": 0.43 / t},
+    "length_scaled": lambda t: {"c": 1.0 / t},
+    "adaptive": lambda t: {"floor": 1.0 / t},
+    "user_row_scaled": lambda t: {"gain": 1.0 / t},
+    "user_adaptive": lambda t: {"gain": 1.0 / t},
+}
+#: log-uniform from 1 to 1e-30, denser where the fused path hands over to the chunked one
+TEMPERATURES = [1.0, 0.1, 0.03, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-6, 1e-8, 1e-12, 1e-20, 1e-30]
+
+
+@pytest.mark.parametrize("method", list(EXTREME_PARAMS))
+def test_extreme_beta_keeps_outputs_and_gradients_on_every_path(method, register_normalizer):
+    name = method.removesuffix("_per_head")
+    if name in USER_BETA:
+        name = register_normalizer(USER_BETA[name])
+    q, k, v = make_qkv(b=1, h=2, hkv=2, lq=12, lk=12, d=8, gain=2.0)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    smax = float(np_scores(q, k, 8**-0.5).__abs__().max())
+    entry = get(name)
+    for t in TEMPERATURES:
+        params = EXTREME_PARAMS[method](t)
+        ref64 = {n: x.double() if torch.is_tensor(x) else x for n, x in params.items()}
+        ref = _run_qkv(name, "naive", q64, k64, v64, ref64)
+        # Any float32 path rounds s by about ε·|s|·√D, an error β multiplies: in the exponent
+        # of every key but a row's largest (ε·β·|s| relative), and in dq, dk through
+        # g_j − Σ p·g (rounded by ε·|g|, then times β·scale·|k|). Both vanish where β has
+        # made the rows one-hot in float32 (1 − max_j p_ij below ε): there the rule is strict
+        kw = dict(causal=True, impl="naive", return_weights=True, **ref64)
+        weights = attend(q64, k64, v64, name, **kw)[1].detach()
+        spread = float((1.0 - weights.amax(-1)).max()) / torch.finfo(torch.float32).eps
+        beta = fast_mod.beta_bound(entry, {**_defaults(entry), **params}, 12)
+        ulps = 8.0 * (1.0 + beta * smax * math.sqrt(8) * min(1.0, spread))
+        for impl in ("auto", "chunked", "naive"):
+            out, grads = _run_qkv(name, impl, q, k, v, params)
+            msg = f"{method} t={t:g} {impl}"
+            close_out(out, ref[0], v, msg=msg, ulps=ulps)
+            close_grads(grads, ref[1], q, k, msg=msg, ulps=ulps)
+
+
+def _run_qkv(name, impl, q, k, v, params):
+    """`_run` with gradients for q, k and v only: a temperature's own gradient, β²·Σ p·s·…,
+    leaves float32 long before β·s does (1/θ² at θ = 1e-20)."""
+    params = {n: x.detach() if torch.is_tensor(x) else x for n, x in params.items()}
+    out = attend(q, k, v, name, causal=True, impl=impl, block_size=4, **params)
+    weight = torch.cos(torch.arange(out.numel(), dtype=out.dtype).view_as(out))
+    return out, list(torch.autograd.grad((out * weight).sum(), (q, k, v)))
+
+
+def _defaults(entry):
+    return {p.name: p.default for p in entry.params}
+
+
+def test_fused_range_decides_without_reading_a_tensor_beta_unless_checking():
+    """The range test reads tensors only with check_finite: without it, a tensor β runs the
+    fused path as before (tests/paths/test_no_sync.py holds it to no synchronisation)."""
+    q, k, v = make_qkv(b=1, h=2, hkv=2, lq=6, lk=6, d=8)
+    theta = _per_head([1.0, 1.0]).to(torch.float32)
+    entry = get("softmax")
+    assert scores_in_range(entry, {"temperature": theta}, q, k, 0.35, 10.0)
+    assert not scores_in_range(entry, {"temperature": theta * 1e-6}, q, k, 0.35, 10.0)
+    assert not scores_in_range(entry, {"temperature": 1e-30}, q, k, 0.35, 10.0)
+    # a loose D·max|q|·max|k| bound alone does not send ordinary scores to the chunked path
+    assert scores_in_range(entry, {"temperature": 1.0}, q, k, 0.35, 1e6)
 
 
 # ---------------------------------------------------------------------------------------------

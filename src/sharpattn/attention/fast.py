@@ -15,7 +15,10 @@ that walk tiles of the score matrix (`tiles`) with their own backward.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
+
+import torch
 
 from ..normalizers import Normalizer
 from ..normalizers.families import (
@@ -28,7 +31,7 @@ from ..normalizers.families import (
     StickBreaking,
     TopK,
 )
-from . import fused
+from . import fused, policy
 from .adaptive_tiled import adaptive
 from .sparse_tiled import SPARSE_TILED, sparse
 from .sparse_tiled import topk as _topk
@@ -79,3 +82,79 @@ def path_of(entry: Normalizer) -> Callable | None:
     if family is not None and family.path in FAMILY_PATHS:
         return functools.partial(FAMILY_PATHS[family.path], family)
     return FAST.get(entry.fused) if entry.fused is not None else None
+
+
+def beta_bound(entry: Normalizer, params: dict, lk: int) -> float | None:
+    """An upper bound of |β| over every row of a `RowScaled` or `Adaptive` method's call (1.0
+    for other methods), from ``params`` with every default filled in, or None where the
+    family's ``beta`` cannot be evaluated apart from a call.
+
+    β is evaluated on a grid of the quantity it depends on: the visible keys n of 1 to ``lk``
+    (log-spaced integers and ``lk``) or the entropy H of 0 to log ``lk`` (1,025 points); a
+    temperature is read as it is. A tensor parameter (learnable) is read on the host: call it
+    only where ``attend`` may synchronise (``check_finite``). Bounds from numbers alone are
+    kept (`_number_bound`)."""
+    family = entry.family
+    if not isinstance(family, (RowScaled, Adaptive)):
+        return 1.0
+    if any(torch.is_tensor(p) for p in params.values()):
+        return _bound(family, params, lk)
+    try:
+        return _number_bound(family, tuple(sorted(params.items())), lk)
+    except TypeError:  # an unhashable parameter (a list of coefficients)
+        return _bound(family, params, lk)
+
+
+@functools.lru_cache(maxsize=256)
+def _number_bound(family, items: tuple, lk: int) -> float | None:
+    return _bound(family, dict(items), lk)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(adaptive: bool, lk: int) -> torch.Tensor:
+    lk = max(lk, 1)
+    if adaptive:  # entropies of 0 to log lk nats
+        return torch.linspace(0.0, math.log(lk), 1025, dtype=torch.float64).unsqueeze(-1)
+    n = torch.logspace(0.0, math.log10(lk), 513, dtype=torch.float64).round()
+    return torch.cat([torch.unique(n), torch.full((1,), float(lk), dtype=torch.float64)])[:, None]
+
+
+def _bound(family, params: dict, lk: int) -> float | None:
+    grid = None
+    if isinstance(family, Adaptive) or family.counts:
+        grid = _grid(isinstance(family, Adaptive), lk)
+        tensors = [p for p in params.values() if torch.is_tensor(p)]
+        if tensors and tensors[0].device.type != "cpu":
+            grid = grid.to(device=tensors[0].device, dtype=torch.float32)
+    try:
+        with torch.no_grad():
+            beta = family.beta(grid, **params)
+            if torch.is_tensor(beta):
+                beta = beta.detach().abs().amax().item() if beta.numel() else 0.0
+            return abs(float(beta))
+    except Exception:  # a user's β that needs a call's own shapes: not bounded here
+        return None
+
+
+def scores_in_range(entry: Normalizer, params: dict, q, k, scale: float, bound: float) -> bool:
+    """Whether the flash kernel of a row-scaled or adaptive method keeps its gradients within
+    precision: |β|·|s| below `policy.FUSED_SCALED_SCORE_MAX` for every score, with ``bound`` >=
+    max |s| (``attend``'s D·max|q|·max|k|·|scale|) and, where that is too loose, the
+    Cauchy–Schwarz bound max_i ‖q_i‖·max_j ‖k_j‖·|scale| (one pass over q and k). Reads
+    tensors on the host: ``attend`` calls it only with ``check_finite``."""
+    if not isinstance(entry.family, (RowScaled, Adaptive)):
+        return True
+    beta = beta_bound(entry, params, k.shape[-2])
+    top = policy.FUSED_SCALED_SCORE_MAX
+    if beta is None or beta * bound < top:
+        return True
+    if q.numel() == 0 or k.numel() == 0:
+        return True
+    if not math.isfinite(beta):
+        return False
+    with torch.no_grad():
+        nq, nk = (
+            float(torch.linalg.vector_norm(t.detach(), dim=-1, dtype=torch.float64).amax())
+            for t in (q, k)
+        )
+    return beta * nq * nk * abs(scale) < top

@@ -14,7 +14,7 @@ from ..normalizers._contract import causal_rows, compute_dtype
 from ..normalizers.registry import CHECK_FINITE
 from . import policy
 from .chunked import chunked_attend
-from .fast import FAST, path_of
+from .fast import FAST, path_of, scores_in_range
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
 
@@ -122,7 +122,11 @@ def attend(
     overflow on some path), every path raises ValueError. Below it, the fused paths run the
     kernel only while every magnitude its forward and backward multiply (|q|, |k|, |v| and the
     scores' D·max|q|·max|k|·scale) stays below the dtype's largest number to the power 1/4
-    (float32: 4e9), so products of up to four of them are finite; beyond, and wherever the
+    (float32: 4e9), so products of up to four of them are finite, and, for the row-scaled and
+    adaptive methods, while |β|·|s| (β's bound over the call's rows, `fast.scores_in_range`)
+    stays below ``policy.FUSED_SCALED_SCORE_MAX`` (the kernel's backward recomputes exp(β·s −
+    lse) in float32, so its gradients lose ε·|β·s|: a tiny temperature, a large ssmax ``s``,
+    adaptive ``floor``); beyond, and wherever the
     kernel's output is not finite (β·s overflowing inside it, e.g. a tiny temperature),
     ``attend`` computes the result on the chunked path, which evaluates the normalizer without
     overflow (the stats then lack the fused-only fields lse and β). An output that is still not
@@ -190,11 +194,15 @@ def attend(
             raise ValueError(
                 f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
             )
-        if sizes is not None and max(sizes) >= torch.finfo(cd).max ** 0.25:
-            impl = "chunked"  # the kernel's backward could overflow: the exact block path
+        full = {p.name: p.default for p in entry.params}
+        full.update(params)
+        if sizes is not None and (
+            max(sizes) >= torch.finfo(cd).max ** 0.25
+            or not scores_in_range(entry, full, q, k, scale, sizes[3])
+        ):
+            # the kernel's backward could overflow, or lose β·s's precision: the exact path
+            impl = "chunked"
         else:
-            full = {p.name: p.default for p in entry.params}
-            full.update(params)
             out, stats = fast(q, k, v, masking, scale, return_stats, **full)
             if check_finite and not math.isfinite(_max_abs(out)):
                 # the kernel overflowed on finite inputs (_check_ranges rejected non-finite

@@ -58,3 +58,12 @@ STICK_CHECK_ELEMENTS = 2**22
 CHUNK_ELEMENTS = 2**23
 #: ``impl="auto"`` makes the whole score matrix (the naive path) only up to this many entries
 NAIVE_MAX_ELEMENTS = 2**24
+
+# -- the flash kernel's range (`fast.scores_in_range`) ------------------------------------------
+
+#: the row-scaled and adaptive fast paths (the flash kernel: CPU flash, SDPA, Triton; adaptive's
+#: C++ slabs) run only while |β|·(a bound of |s|) stays below this; beyond, ``attend`` takes the
+#: chunked path. The flash backward recomputes its weights as exp(β·s − lse) in float32, an
+#: exponent with an absolute error of about ε·|β·s|, and both take D = dO·out, rounded apart from
+#: dO·v_j by ε, a difference β multiplies into dq and dk (docs/performance.md, "Extreme β")
+FUSED_SCALED_SCORE_MAX = 2.0**9

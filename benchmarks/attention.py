@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from gpu_common import CAUSAL_ONLY, method_case  # the cases' names, shared with the GPU scripts
 
 from sharpattn.attention import adaptive_tiled, attend, native
 from sharpattn.attention.fast import path_of
@@ -64,9 +65,6 @@ MEMORY_TARGET = 1.3
 #: extra cases: a method with non-default parameters, named "<method>@<param>=<value>"
 EXTRA = ["entmax@alpha=1.3"]
 
-
-#: methods that refuse a query seeing a later key: measured in the causal cases only
-CAUSAL_ONLY = {"stick_breaking"}
 
 #: the GEMM floor of each path family (``floor:<kind>`` cases): only the matrix products the
 #: path must do, on its own tiles, element-wise work free. "tiled": one pass of
@@ -104,16 +102,6 @@ def make_inputs(n: int, lq: int | None = None, seed: int = 0):
     k = torch.randn(B, H, n, D, generator=g).requires_grad_()
     v = torch.randn(B, H, n, D, generator=g).requires_grad_()
     return q, k, v
-
-
-def method_case(name: str) -> tuple[str, dict[str, float]]:
-    """``"entmax@alpha=1.3"`` → ``("entmax", {"alpha": 1.3})``; a plain method name → no params."""
-    method, _, param = name.partition("@")
-    params = {}
-    if param:
-        key, value = param.split("=")
-        params[key] = float(value)
-    return method, params
 
 
 def runner(case: str, q, k, v, causal: bool, block_size: int | None = None):

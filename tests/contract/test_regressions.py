@@ -8,6 +8,7 @@ item.
 
 import inspect
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -820,3 +821,241 @@ def test_item12_bisection_steps_come_from_the_dtype():
     for alpha in (1.01, 1.3, 2.5):
         want = torch.from_numpy(np.stack([_entmax_reference_row(r, alpha) for r in s.numpy()]))
         assert_close(nz.entmax(s, alpha=alpha), want, n=40)
+
+
+# 13. scale never validated; per-row parameter tensors of the wrong shape ----------------------
+#
+# scale=nan gave finite numbers on every fast path (naive refused), scale='abc' named nothing, and
+# a scale <= 0 with causal=True, check_finite=False gave NaN from torch's CPU flash kernel (so a
+# row-scaled plug-in with its legal β <= 0 died at its first training step). scale is now checked
+# once before any path (a finite number or None), and the fast paths carry a scale <= 0 on q.
+# A stick-breaking shift of shape [H], [Lq] or per key was added as extra columns on the fused
+# path (each row got the sum of the shifts) and a raw error elsewhere; an entmax α of shape [H]
+# or [Lq] was a raw error: a tensor parameter is now checked against one value per row,
+# [B|1, H|1, Lq|1, 1], from its shape alone (whatever check_finite is).
+
+SCALES_BAD = [math.nan, math.inf, -math.inf, True, "abc", torch.tensor(0.5), [1.0]]
+SHAPE_B, SHAPE_H, SHAPE_LQ, SHAPE_LK = 2, 3, 5, 7
+
+
+def _beta(n, *, beta=1.0):
+    """β of the row-scaled test plug-in: the parameter itself, of any sign (β = 0: uniform)."""
+    return beta
+
+
+SIGNED_BETA = nz.Normalizer(
+    "test_signed_beta",
+    nz.families.RowScaled(_beta, counts=False).weights,
+    "softmax(β·s), β of any sign",
+    "-",
+    True,
+    params=(nz.Param("beta", 1.0, "β, any sign", tensor=True),),
+    family=nz.families.RowScaled(_beta, counts=False),
+)
+
+
+def _inputs(dtype=torch.float64, lq=SHAPE_LQ, lk=SHAPE_LK, seed=13):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(
+        torch.randn(SHAPE_B, SHAPE_H, n, 4, generator=g, dtype=torch.float64).to(dtype)
+        for n in (lq, lk, lk)
+    )
+
+
+@pytest.mark.parametrize("value", SCALES_BAD, ids=_show)
+@pytest.mark.parametrize("impl", ["auto", "chunked", "naive"])
+def test_item13_scale_is_refused_unless_a_finite_number(value, impl):
+    q, k, v = _inputs()
+    for causal in (False, True):
+        for check_finite in (True, False):
+            with pytest.raises(
+                ValueError,
+                match=r"^the attend parameter scale must be a finite number or None, "
+                r"got .+\.$",
+            ):
+                attend(q, k, v, impl=impl, scale=value, causal=causal, check_finite=check_finite)
+
+
+def _paths_of(method):
+    return (
+        ("auto", "fused", "chunked", "naive")
+        if nz.get(method).fused
+        else ("auto", "chunked", "naive")
+    )
+
+
+#: parameters that make a path use the scale otherwise (stick-breaking's shift rides on q as
+#: shift/scale; sink's logit)
+SCALE_EXTRA = {"stick_breaking": {"shift": 0.4}, "sink": {"bias": 0.5}}
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [(m, {}) for m in nz.available()] + list(SCALE_EXTRA.items()),
+    ids=list(nz.available()) + [f"{m}-{'-'.join(p)}" for m, p in SCALE_EXTRA.items()],
+)
+def test_item13_a_non_positive_scale_agrees_with_naive_on_every_path(method, extra):
+    q0, k0, v0 = _inputs()
+    for causal in (True,) if method in CAUSAL_ONLY else (False, True):
+        for scale in (-0.8, 0.0, 2):
+            want = attend(q0, k0, v0, method, impl="naive", causal=causal, scale=scale, **extra)
+            for impl in _paths_of(method):
+                for check_finite in (True, False):
+                    q, k, v = (t.float() for t in (q0, k0, v0))
+                    run = dict(impl=impl, causal=causal, scale=scale, check_finite=check_finite)
+                    out = attend(q, k, v, method, **run, **extra)
+                    what = f"{method} scale={scale} causal={causal} {impl} {check_finite}"
+                    assert_close(out, want, n=SHAPE_LK, magnitude=float(v0.abs().max()), msg=what)
+
+
+@pytest.mark.parametrize("beta", [-1.5, 0.0, "per-head"])
+def test_item13_a_row_scaled_plug_in_with_beta_at_most_zero_trains_on_every_path(
+    beta, register_normalizer
+):
+    name = register_normalizer(SIGNED_BETA)
+    q0, k0, v0 = _inputs()
+    g = torch.randn(SHAPE_B, SHAPE_H, SHAPE_LQ, 4, dtype=torch.float64)
+    if beta == "per-head":  # β <= 0 on every head, one of them 0
+        beta = torch.tensor([-2.0, 0.0, -0.3], dtype=torch.float64).view(1, SHAPE_H, 1, 1)
+    for causal in (False, True):
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        want = attend(qr, kr, vr, name, impl="naive", causal=causal, beta=beta)
+        (want * g).sum().backward()
+        for impl in ("auto", "fused", "chunked", "naive"):
+            for check_finite in (True, False):
+                q, k, v = (t.float().requires_grad_() for t in (q0, k0, v0))
+                b = beta.float() if torch.is_tensor(beta) else beta
+                run = dict(impl=impl, causal=causal, beta=b, check_finite=check_finite)
+                out = attend(q, k, v, name, **run)
+                (out * g.float()).sum().backward()
+                what = f"β={_show(beta)} causal={causal} {impl} {check_finite}"
+                assert_close(out, want, n=SHAPE_LK, magnitude=float(v0.abs().max()), msg=what)
+                for t, r in ((q, qr), (k, kr), (v, vr)):
+                    size = float(r.grad.abs().max())
+                    assert_close(t.grad, r.grad, n=SHAPE_LK * SHAPE_LQ, magnitude=size, msg=what)
+
+
+def _shape_refused(method, name, shape):
+    shown = re.escape(str(list(shape)))
+    return pytest.raises(
+        ValueError,
+        match=rf"^the {method} parameter {name} takes one value per row of the scores, a tensor "
+        rf"of shape \[B\|1, H\|1, Lq\|1, 1\] .*got shape {shown}\.$",
+    )
+
+
+PER_ROW = (SHAPE_B, SHAPE_H, SHAPE_LQ, 1)
+BAD_SHAPES = [
+    ("stick_breaking", "shift", 0.4, (SHAPE_H,)),
+    ("stick_breaking", "shift", 0.4, (SHAPE_LQ,)),
+    ("stick_breaking", "shift", 0.4, (SHAPE_LK,)),
+    ("stick_breaking", "shift", 0.4, (1, SHAPE_H, SHAPE_LQ, SHAPE_LK)),
+    ("entmax", "alpha", 1.5, (SHAPE_H,)),
+    ("entmax", "alpha", 1.5, (SHAPE_LQ,)),
+    ("asentmax", "alpha", 1.5, (SHAPE_H,)),
+    ("asentmax", "alpha", 1.5, (SHAPE_LQ,)),
+    ("softmax", "temperature", 0.7, (1, SHAPE_H, 1, SHAPE_LK)),
+    ("softmax", "temperature", 0.7, (SHAPE_B + 1, SHAPE_H, 1, 1)),
+    ("sink", "bias", 0.3, (1, SHAPE_H + 1, 1, 1)),
+    ("sink", "bias", 0.3, (1, *PER_ROW)),
+]
+GOOD_SHAPES = [(), (1,), (1, SHAPE_H, 1, 1), (SHAPE_H, 1, 1), (SHAPE_B, 1, SHAPE_LQ, 1), PER_ROW]
+
+
+def _per_row(value: float, shape, dtype=torch.float64) -> torch.Tensor:
+    """A tensor of ``shape`` whose entries differ (value · 0.9 ... value · 1.1, in order)."""
+    n = math.prod(shape)
+    spread = torch.linspace(0.9, 1.1, n, dtype=dtype) if n > 1 else torch.ones(n, dtype=dtype)
+    return (value * spread).reshape(shape)
+
+
+@pytest.mark.parametrize(
+    ("method", "name", "value", "shape"),
+    BAD_SHAPES,
+    ids=[f"{m}-{n}-{list(s)}" for m, n, _, s in BAD_SHAPES],
+)
+def test_item13_a_parameter_tensor_of_the_wrong_shape_is_refused_on_every_path(
+    method, name, value, shape
+):
+    q, k, v = _inputs()
+    bad = _per_row(value, shape)
+    causal = method in CAUSAL_ONLY
+    for impl in _paths_of(method):
+        for check_finite in (True, False):  # shapes only: refused without reading a value
+            with _shape_refused(method, name, shape):
+                attend(
+                    q,
+                    k,
+                    v,
+                    method,
+                    impl=impl,
+                    causal=causal,
+                    check_finite=check_finite,
+                    **{name: bad},
+                )
+    with _shape_refused(method, name, shape):  # the one check, called directly
+        nz.get(method).check_params({name: bad}, check_values=False, rows=PER_ROW[:3])
+
+
+@pytest.mark.parametrize("shape", [(SHAPE_H,), (SHAPE_LQ,), (1, SHAPE_H, SHAPE_LQ, SHAPE_LK)])
+def test_item13_multihead_attention_and_hf_apply_refuse_a_wrong_shaped_shift(shape):
+    from sharpattn.attention import MultiheadAttention
+
+    bad = _per_row(0.4, shape, torch.float32)
+    with _shape_refused("stick_breaking", "shift", shape):  # at construction
+        MultiheadAttention(12, SHAPE_H, "stick_breaking", causal=True, shift=bad)
+    wrong_heads = _per_row(0.4, (1, SHAPE_H + 1, 1, 1), torch.float32)
+    with _shape_refused("stick_breaking", "shift", wrong_heads.shape):
+        MultiheadAttention(12, SHAPE_H, "stick_breaking", causal=True, shift=wrong_heads)
+    pytest.importorskip("transformers")
+    import tiny_hf
+    from sharpattn import hf
+
+    with _shape_refused("stick_breaking", "shift", shape):
+        hf.apply(tiny_hf.llama(), "stick_breaking", shift=bad)
+
+
+def test_item13_multihead_attention_takes_a_per_head_shift():
+    from sharpattn.attention import MultiheadAttention
+
+    torch.manual_seed(0)
+    shift = _per_row(0.4, (1, SHAPE_H, 1, 1), torch.float32)
+    layer = MultiheadAttention(12, SHAPE_H, "stick_breaking", causal=True, shift=shift)
+    x = torch.randn(SHAPE_B, SHAPE_LQ, 12)
+    want = layer(x, impl="naive")
+    for impl in ("auto", "chunked"):
+        assert_close(layer(x, impl=impl), want, n=SHAPE_LQ * 12, msg=impl)
+
+
+@pytest.mark.parametrize("shape", GOOD_SHAPES, ids=lambda s: str(list(s)))
+@pytest.mark.parametrize(
+    ("method", "name", "value"),
+    [("stick_breaking", "shift", 0.4), ("entmax", "alpha", 1.4), ("softmax", "temperature", 0.7)],
+)
+def test_item13_a_parameter_tensor_of_a_right_shape_agrees_with_naive_on_every_path(
+    method, name, value, shape
+):
+    q0, k0, v0 = _inputs()
+    causal = method in CAUSAL_ONLY
+    p0 = _per_row(value, shape)
+    want = attend(q0, k0, v0, method, impl="naive", causal=causal, **{name: p0})
+    # the tensor's meaning, one value per row: each row as a number on its own
+    full = p0.reshape(torch.broadcast_shapes(p0.shape, (1, 1, 1, 1))).expand(*PER_ROW)
+    for b, h, i in [(0, 0, 0), (SHAPE_B - 1, SHAPE_H - 1, SHAPE_LQ - 1), (1, 1, 2)]:
+        one = attend(
+            q0[b : b + 1, h : h + 1],
+            k0[b : b + 1, h : h + 1],
+            v0[b : b + 1, h : h + 1],
+            method,
+            impl="naive",
+            causal=causal,
+            **{name: float(full[b, h, i, 0])},
+        )
+        assert_close(want[b, h, i], one[0, 0, i], n=SHAPE_LK, msg=f"row {(b, h, i)}")
+    for impl in _paths_of(method):
+        for check_finite in (True, False):
+            q, k, v = (t.float() for t in (q0, k0, v0))
+            run = dict(impl=impl, causal=causal, check_finite=check_finite)
+            out = attend(q, k, v, method, **run, **{name: p0.float()})
+            what = f"{method} {name} {list(shape)} {impl} {check_finite}"
+            assert_close(out, want, n=SHAPE_LK, magnitude=float(v0.abs().max()), msg=what)

@@ -11,16 +11,19 @@ import torch
 
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
-from ..normalizers.registry import CHECK_FINITE
+from ..normalizers.registry import CHECK_FINITE, Param
 from . import policy
 from .chunked import chunked_attend
 from .fast import FAST, path_of, scores_in_range
+from .fused import positive_scale
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
 
 Tensor = torch.Tensor
 
 IMPLS = ("auto", "fused", "chunked", "naive")
+#: ``scale``, checked once before any path: a finite real number of any sign, or None (1/√D)
+SCALE = Param("scale", None, "the scores' factor (None: 1/√D)", kind="real", optional=True)
 #: the dtypes q, k, v may have (integer, complex and 8-bit floats are refused in one sentence)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -90,8 +93,12 @@ def attend(
     q ``[B, H, Lq, D]``; k ``[B, Hkv, Lk, D]``; v ``[B, Hkv, Lk, Dv]``. When Hkv < H
     (grouped-query attention), query head h uses key/value head h // (H / Hkv).
     ``mask``: boolean, broadcastable to ``[B, H, Lq, Lk]``, True = may attend. ``causal``: query
-    i sees keys j <= i + (Lk − Lq). ``scale`` defaults to 1/sqrt(D). ``params`` go to the
-    normalizer (e.g. ``temperature=0.5``, ``coefficients="arxiv"``).
+    i sees keys j <= i + (Lk − Lq). ``scale``: a finite real number of any sign (0 gives every
+    visible key the same score), None for 1/sqrt(D); anything else (NaN, ±inf, a bool, a
+    string, a tensor) raises ValueError naming ``scale`` and the value, before any path, whatever
+    ``check_finite`` is. Every path computes a scale <= 0 as it is (the fused paths carry it on
+    q: torch's flash kernel takes a positive one). ``params`` go to the normalizer (e.g.
+    ``temperature=0.5``, ``coefficients="arxiv"``).
 
     ``impl`` picks the computation; every path gives the same result within rounding:
 
@@ -109,7 +116,12 @@ def attend(
     [`Param`][sharpattn.normalizers.Param] entries (``Normalizer.check_params``):
     a name the method does not take, a NaN, an infinity where the parameter must be finite, a
     value out of its range or of the wrong type raise ValueError naming the parameter and what it
-    accepts, whichever path runs (tensor parameters' values only with ``check_finite``).
+    accepts, whichever path runs (tensor parameters' values only with ``check_finite``). A tensor
+    parameter holds one value per row of the scores: its shape must be ``[B|1, H|1, Lq|1, 1]``
+    (``[1, H, 1, 1]`` per head, ``[B, H, Lq, 1]`` per query; leading 1s may be left out); any
+    other shape (``[H]``, ``[Lq]``, one value per key) raises ValueError naming the method, the
+    parameter, its shape and the shapes allowed, from the shape alone, whatever
+    ``check_finite`` is.
 
     Hostile input, the same on every path (``tests/contract/test_adversarial.py``): B, Lq or Lk = 0 give
     an empty or all-zero output (rows that see no key are 0) with working gradients; H, Hkv or
@@ -157,10 +169,12 @@ def attend(
             f"the fused paths: {', '.join(sorted(FAST))}."
         )
     CHECK_FINITE.check(check_finite, "attend")
+    SCALE.check(scale, "attend")
     check_devices("attend", q=q, k=k, v=v, mask=mask, **params)
     # once, before any path: every path refuses the same parameters (tensor values only with
-    # check_finite, which reads them on the host)
-    entry.check_params(params, check_values=check_finite)
+    # check_finite, which reads them on the host; tensor shapes always: one value per row)
+    rows = tuple(q.shape[:3]) if torch.is_tensor(q) and q.dim() == 4 else None
+    entry.check_params(params, check_values=check_finite, rows=rows)
     _check_inputs(q, k, v)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}.")
@@ -203,7 +217,10 @@ def attend(
             # the kernel's backward could overflow, or lose β·s's precision: the exact path
             impl = "chunked"
         else:
-            out, stats = fast(q, k, v, masking, scale, return_stats, **full)
+            # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
+            # take a positive one)
+            qf, sf = positive_scale(q, scale)
+            out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
             if check_finite and not math.isfinite(_max_abs(out)):
                 # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
                 # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which

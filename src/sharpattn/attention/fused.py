@@ -359,6 +359,18 @@ def _rows(factor, q: Tensor) -> Tensor:
     return factor.reshape(torch.broadcast_shapes(factor.shape, (1, 1, 1, 1)))
 
 
+def positive_scale(q: Tensor, scale: float) -> tuple[Tensor, float]:
+    """(q', scale') with scale'·q'·kᵀ = scale·q·kᵀ and scale' > 0: a scale <= 0 is carried by
+    q (−q for a negative one, exact; q·0 for 0), since torch's CPU flash kernel gives NaN under
+    a causal mask with a non-positive scale, and the paths that append score columns divide
+    by the scale. ``scale`` is a Python number (no host synchronisation)."""
+    if not scale <= 0:  # NaN too: left as it is
+        return q, scale
+    if scale < 0:
+        return -q, -scale
+    return q * 0.0, 1.0
+
+
 def query_scaled(
     q: Tensor,
     k: Tensor,
@@ -375,7 +387,7 @@ def query_scaled(
         ct = torch.promote_types(compute_dtype(q.dtype), factor.dtype)
         qs, sc = (q.to(ct) * (scale * factor.to(ct))).to(q.dtype), 1.0  # (B, H, Lq, D)
     else:
-        qs, sc = q, scale * float(factor)
+        qs, sc = positive_scale(q, scale * float(factor))  # β <= 0 is legal
     if not want_stats:
         return softmax_output(qs, k, v, masking, sc), None
     out, lse = softmax_attention(qs, k, v, masking, sc)

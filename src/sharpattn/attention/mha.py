@@ -131,7 +131,9 @@ class MultiheadAttention(nn.Module):
         for option in OPTIONS:  # the layer's own switches (a method parameter of the same name,
             # e.g. sink's bias, can not be given here: it starts at its registry default)
             option.check(locals()[option.name], "MultiheadAttention")
-        entry.check_params(method_params)  # names, types, ranges: at construction, once
+        # names, types, ranges and a tensor's shape (one value per row: [B|1, H|1, Lq|1, 1]):
+        # at construction, once; attend checks the shapes again against each call's B and Lq
+        entry.check_params(method_params, rows=(None, num_heads, None))
         for p in entry.learnable:
             if torch.is_tensor(method_params.get(p.name)):
                 raise ValueError(

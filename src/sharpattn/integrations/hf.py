@@ -433,7 +433,9 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
         return _apply_selective(model, **params)
     entry = nz.get(method)
     register_all()
-    entry.check_params(params)  # names, types, ranges: once, here
+    # names, types, ranges and a tensor's shape (one value per row, [B|1, H|1, Lq|1, 1]; attend
+    # checks it again against each call's sizes): once, here
+    entry.check_params(params, rows=(None, None, None))
     for p in entry.learnable:
         if torch.is_tensor(params.get(p.name)):
             raise ValueError(

@@ -35,9 +35,11 @@ class Param:
       default, ``"real"`` for a number, else ``"any"``.
     * ``low``/``high`` bound a number (``low_open``/``high_open`` exclude the bound itself);
       ``finite``: ±inf is refused (NaN always is).
-    * ``tensor``: a tensor of such numbers is accepted too (always for ``learnable`` ones); its
-      values are read (a host synchronisation) only when the caller checks values
-      (``check_finite=True``). ``clamped``: the normalizer clamps a tensor into the range (a
+    * ``tensor``: a tensor of such numbers is accepted too (always for ``learnable`` ones), one
+      value per row of the scores: a shape ``[B|1, H|1, Lq|1, 1]`` (``[1, H, 1, 1]`` per head,
+      ``[B, H, Lq, 1]`` per query; leading 1s may be left out), checked from the shapes alone
+      wherever the call's sizes are known; its values are read (a host synchronisation) only
+      when the caller checks values (``check_finite=True``). ``clamped``: the normalizer clamps a tensor into the range (a
       straight-through learnable parameter), so only a tensor's finiteness is checked.
     * ``optional``: None is accepted. ``validate``: a further validation of a value that is not a
       tensor (raises ``ValueError`` in one sentence), e.g. parsing a coefficient set.
@@ -114,10 +116,15 @@ class Param:
             return f" {'<' if self.high_open else '<='} {hi:g}"
         return ""
 
-    def check(self, value: Any, owner: str, *, check_values: bool = True) -> None:
+    def check(
+        self, value: Any, owner: str, *, check_values: bool = True, rows: tuple | None = None
+    ) -> None:
         """Raise ``ValueError`` naming ``owner`` (e.g. the method) and this parameter unless
         ``value`` is accepted. A tensor's values are read only with ``check_values``; its type
-        and dtype always are (no host synchronisation)."""
+        and dtype always are (no host synchronisation), and with ``rows`` (the call's
+        ``(B, H, Lq)``, None for a size not known yet) its shape: one value per row of the
+        scores, a shape that broadcasts to ``[B, H, Lq, 1]`` without growing it
+        (``[B|1, H|1, Lq|1, 1]``, leading 1s optional: ``[1, H, 1, 1]`` per head)."""
         if value is None and self.optional:
             return
         kind = self.value_kind
@@ -128,6 +135,8 @@ class Param:
         if torch.is_tensor(value):
             if not self.accepts_tensor or not value.is_floating_point():
                 self._refuse(owner, value)
+            if rows is not None:
+                self._check_rows(value, owner, rows)
             if check_values:
                 self._check_tensor_values(value, owner)
             return
@@ -145,6 +154,26 @@ class Param:
             self._refuse(owner, value)
         if self.validate is not None:
             self.validate(value)
+
+    def _check_rows(self, t: torch.Tensor, owner: str, rows: tuple) -> None:
+        """Refuse a tensor that is not one value per row of ``rows`` = (B, H, Lq) (shapes only)."""
+        want = (*rows, 1)
+        shape = tuple(t.shape)
+        ok = len(shape) <= len(want) and all(
+            s == 1 or w is None or s == w
+            for s, w in zip(reversed(shape), reversed(want), strict=False)
+        )
+        if ok:
+            return
+        sizes = ", ".join(
+            f"{name}|1" if w is None else "1" if w == 1 else f"{w}|1"
+            for name, w in zip(("B", "H", "Lq"), rows, strict=True)
+        )
+        raise ValueError(
+            f"the {owner} parameter {self.name} takes one value per row of the scores, a tensor "
+            f"of shape [B|1, H|1, Lq|1, 1] (here [{sizes}, 1]; [1, H, 1, 1] per head), got "
+            f"shape {list(shape)}."
+        )
 
     def _in_range(self, x) -> bool:
         if self.low is not None and not (x > self.low if self.low_open else x >= self.low):
@@ -224,10 +253,15 @@ class Normalizer:
     def learnable(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.learnable)
 
-    def check_params(self, params: Mapping[str, Any], *, check_values: bool = True) -> None:
+    def check_params(
+        self, params: Mapping[str, Any], *, check_values: bool = True, rows: tuple | None = None
+    ) -> None:
         """Refuse (``ValueError``, one sentence naming the parameter and what it accepts) a name
         this method does not take or a value its [`Param`][sharpattn.normalizers.registry.Param] does not accept. Tensor values
-        are read only with ``check_values`` (no host synchronisation otherwise)."""
+        are read only with ``check_values`` (no host synchronisation otherwise). ``rows``: the
+        ``(B, H, Lq)`` of the call (None where a size is not known yet, e.g. at construction):
+        a tensor parameter must then be one value per row, ``[B|1, H|1, Lq|1, 1]``
+        (`Param.check`); its shape is read, never its values."""
         specs = {p.name: p for p in self.params}
         specs.setdefault(CHECK_FINITE.name, CHECK_FINITE)
         unknown = sorted(set(params) - set(specs))
@@ -237,7 +271,7 @@ class Normalizer:
                 f"{', '.join(sorted(specs))}."
             )
         for name, value in params.items():
-            specs[name].check(value, self.name, check_values=check_values)
+            specs[name].check(value, self.name, check_values=check_values, rows=rows)
 
     def validate(self) -> None:
         """Refuse (``ValueError``, one sentence naming the method and the parameter at fault) an

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_common import ANCHORS, CAUSAL_ONLY, append_cell, family, method_case
+from gpu_common import ANCHORS, CAUSAL_ONLY, append_cell, family, method_case, versions
 
 B = 1
 
@@ -275,15 +275,8 @@ def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0):
 
 def environment(device: torch.device) -> dict:
     """The machine and versions a result was measured with."""
-    env = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "triton": _triton_version(),
-        "python": platform.python_version(),
-    }
-    return env
+    env = versions()
+    return {"device": env["gpu"] if device.type == "cuda" else platform.processor(), **env}
 
 
 def _is_cuda_error(err: BaseException) -> bool:
@@ -474,14 +467,6 @@ def main(argv=None) -> int:
 
     print(summary([{"kind": "bench", "tag": args.tag, **setting, **r} for r in result["rows"]]))
     return 0
-
-
-def _triton_version() -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return None
-    import triton
-
-    return triton.__version__
 
 
 if __name__ == "__main__":

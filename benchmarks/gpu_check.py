@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from gpu_common import CASES, HEADLINE, SPARSE, append_cell, family, read_cells  # noqa: E402
+from gpu_common import CASES, HEADLINE, SPARSE, append_cell, family, read_cells, versions  # noqa: E402
 
 #: the CUDA test files (every one reads SHARPATTN_TEST_DEVICE)
 CUDA_TESTS = (
@@ -330,28 +330,6 @@ def run_step(cmd, env, timeout: float, log: Log, sink: Path | None = None) -> di
     }
 
 
-def environment(dry: bool) -> dict:
-    """Versions and the GPU, as far as they can be read (None where a module is missing)."""
-    env = {"python": sys.version.split()[0], "dry_run": dry}
-    try:
-        import torch
-    except ImportError:
-        return env | dict.fromkeys(("torch", "cuda", "cudnn", "triton", "gpu"))
-    env |= {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-    }
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return env
-
-
 def preflight(python: str) -> str | None:
     """None if sharpattn imports in a fresh interpreter, else one sentence saying what is
     missing."""
@@ -386,9 +364,7 @@ def tests_row(step: str, log_path: Path, result: dict) -> dict:
         "failed": sum(" FAILED" in ln for ln in lines),
         "errors": sum(" ERROR" in ln for ln in lines),
         "skipped": sum(" SKIPPED" in ln for ln in lines),
-        "collected": next(
-            (ln for ln in lines if "collected" in ln or " tests collected" in ln), ""
-        ),
+        "collected": next((ln for ln in lines if "collected" in ln), ""),
         "failures": failed[:60],
         "timed_out": result["timed_out"],
         "last": result["last"],
@@ -403,7 +379,7 @@ def run(args) -> int:
     log = Log(out / f"check-{part}.log")
     t0 = time.monotonic()
     why = preflight(sys.executable)
-    env = environment(args.dry_run)
+    env = versions() | {"dry_run": args.dry_run}
     log(
         f"gpu_check part {part}{' (dry run on the CPU)' if args.dry_run else ''}: "
         f"GPU {env['gpu']}, torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env['cudnn']}), "

@@ -33,6 +33,28 @@ ANCHORS = {
 }
 
 
+def versions() -> dict:
+    """Python, torch, CUDA, cuDNN and Triton versions and the GPU's name, as far as they can be
+    read (None where a module is missing or no GPU is visible)."""
+    import platform
+
+    env = {"python": platform.python_version()}
+    try:
+        import torch
+    except ImportError:
+        return env | dict.fromkeys(("torch", "cuda", "cudnn", "triton", "gpu"))
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    env |= {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return env
+
+
 def method_case(name: str) -> tuple[str, dict[str, float]]:
     """``"entmax@alpha=1.3"`` → ``("entmax", {"alpha": 1.3})``; ``"sigmoid:tiles"`` keeps its
     suffix in the method (``gpu.py`` reads it); a plain name → no parameters."""

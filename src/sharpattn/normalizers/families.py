@@ -242,8 +242,9 @@ class Sparse:
     ``scale(n_i, **params)`` > 0 from the row's visible keys (None: θ = 1; ASEntmax's length
     scaling). Computed on θ·(s − max s) (shift invariant, so no score overflows); α = 2 and
     α = 1.5 (numbers) exactly by sorting, other α by ``n_iter`` bisection steps (a parameter of
-    that name; None or absent: enough for the dtype's precision, `_entmax.bisect_steps`). ``kernel``: a built-in path with this maths (``"sparsemax_tiled"``,
-    ``"entmax15_tiled"``, ``"entmax_tiled"``, ``"asentmax_tiled"``); None runs the entmax
+    that name; None or absent: enough for the dtype's precision, `_entmax.bisect_steps`).
+    ``kernel``: a built-in path with this maths (``"sparsemax_tiled"``, ``"entmax15_tiled"``,
+    ``"entmax_tiled"``, ``"asentmax_tiled"``); None runs the entmax
     family's tile path with this α and θ (threshold by Newton steps, then one output pass;
     gradients reach θ's parameters; a learnable α or α > 2 takes blocks of query rows, the
     naive maths with autograd)."""

@@ -39,8 +39,9 @@ class Param:
       value per row of the scores: a shape ``[B|1, H|1, Lq|1, 1]`` (``[1, H, 1, 1]`` per head,
       ``[B, H, Lq, 1]`` per query; leading 1s may be left out), checked from the shapes alone
       wherever the call's sizes are known; its values are read (a host synchronisation) only
-      when the caller checks values (``check_finite=True``). ``clamped``: the normalizer clamps a tensor into the range (a
-      straight-through learnable parameter), so only a tensor's finiteness is checked.
+      when the caller checks values (``check_finite=True``). ``clamped``: the normalizer clamps
+      a tensor into the range (a straight-through learnable parameter), so only a tensor's
+      finiteness is checked.
     * ``optional``: None is accepted. ``validate``: a further validation of a value that is not a
       tensor (raises ``ValueError`` in one sentence), e.g. parsing a coefficient set.
     """

@@ -16,6 +16,7 @@ from .cli_options import (
     COSTS,
     MAX_ITEMS,
     MAX_SETS,
+    Positive,
     ProgressRenderer,
     announce,
     console,
@@ -32,7 +33,7 @@ from .cli_options import set_sizes as _sizes
 from .lab.sweep import WorkerDied
 
 #: a finite positive margin (inf would fail only after a run folder was written)
-MARGIN = click.FloatRange(min=0, max=1e6, min_open=True)
+MARGIN = Positive(1e6)
 _layers = _csv(int, lambda n: n >= 0, "layer indices >= 0", empty=[])
 
 
@@ -210,7 +211,8 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = diag.run(
             out, model=model, method=method, layers=layers, max_items=max_items, seed=seed,
-            threads=pick_threads(threads), ablation=ablation, progress=progress,
+            threads=pick_threads(threads, say=progress.before_work), ablation=ablation,
+            progress=progress,
         )  # fmt: skip
     s = metrics["summary"]
     print_markdown(
@@ -241,16 +243,19 @@ def llm_study(model, full, prompts, seed, threads, out):
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
             out, model=model, quick=not full, prompts=prompts, seed=seed,
-            threads=pick_threads(threads),
+            threads=pick_threads(threads, say=progress.before_work),
             progress=progress,
         )  # fmt: skip
     print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
 
-@cli.group(short_help="Reproduce a paper's experiment (resumable).")
-def reproduce():
+@cli.group(short_help="Reproduce a paper's experiment (resumable).", invoke_without_command=True)
+@click.pass_context
+def reproduce(ctx):
     """Reproduce a paper's experiment from one command (resumable: re-run to continue)."""
+    if ctx.invoked_subcommand is None:  # as bare `sharpattn`: the help, its commands listed
+        click.echo(ctx.get_help())
 
 
 @cli.command("fit-temperature", short_help="Refit adaptive temperature on a max-retrieval run.")
@@ -342,6 +347,9 @@ def _run(argv) -> int:
         return 130
     except click.exceptions.Exit as e:
         return e.exit_code
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # a group's help, as it is
+        e.show()
+        return e.exit_code
     except click.ClickException as e:  # click's own messages may span lines: one line
         click.echo(f"sharpattn: error: {' '.join(e.format_message().split())}", err=True)
         return 2
@@ -354,6 +362,13 @@ def _run(argv) -> int:
         return 2
     except (ValueError, FileNotFoundError, OverflowError) as e:
         click.echo(f"sharpattn: error: {e}", err=True)
+        return 2
+    except FloatingPointError as e:  # a training's loss became NaN or infinite
+        click.echo(
+            f"sharpattn: error: {str(e).rstrip('.')}: the training diverged; a smaller learning "
+            "rate may help.",
+            err=True,
+        )
         return 2
     except ImportError as e:  # an optional module a command needs: name its extra
         message = extras.missing_module_message(e)

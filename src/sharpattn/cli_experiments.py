@@ -19,11 +19,14 @@ from rich.table import Table
 from .cli_options import (
     MAX_FACTOR,
     MAX_LENGTH,
+    MAX_NOISE,
     MAX_RANK,
+    MAX_RATE,
     MAX_SEEDS,
     MAX_SETS,
     MAX_STEPS,
     SEED,
+    Positive,
     ProgressRenderer,
     announce,
     checkpoint_option,
@@ -44,15 +47,22 @@ from .cli_options import (
 from .experiments.registry import REGISTRY
 from .lab.protocol import Experiment, Result, describe_default, options_of
 
-#: the bounds a count option names (``option(..., maximum="steps")``)
+#: the bounds an option names (``option(..., maximum="steps")``): counts', then numbers'
 BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,
-          "length": MAX_LENGTH, "rank": MAX_RANK}  # fmt: skip
+          "length": MAX_LENGTH, "rank": MAX_RANK, "rate": MAX_RATE, "noise": MAX_NOISE}  # fmt: skip
 
 
-#: the comma-separated kinds and their parsers
+#: the comma-separated kinds and their parsers (``floats``: `numbers`, for its bound)
 PARSERS = {"names": names, "sizes": size_list, "size_range": size_range,
-           "set_sizes": set_sizes,
-           "floats": csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")}  # fmt: skip
+           "set_sizes": set_sizes}  # fmt: skip
+
+
+def numbers(maximum: float | None):
+    """The parser of a ``floats`` option: comma-separated numbers x with 0 < x <= ``maximum``
+    (None: any finite number)."""
+    if maximum is None:
+        return csv(float, lambda v: 0 < v < float("inf"), "finite numbers > 0")
+    return csv(float, lambda v: 0 < v <= maximum, f"numbers x with 0 < x <= {maximum:g}")
 
 
 def _with_default(help: str, value: Any) -> str:
@@ -90,7 +100,9 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
         bound = meta["maximum"]
         settings.update(type=count(BOUNDS.get(bound, bound), minimum=meta["minimum"]))
     elif kind == "positive":
-        settings.update(type=click.FloatRange(min=0, min_open=True))
+        settings.update(type=Positive(BOUNDS.get(meta["maximum"], meta["maximum"])))
+    elif kind == "floats":
+        settings.update(callback=numbers(BOUNDS.get(meta["maximum"], meta["maximum"])))
     elif kind == "choice":
         settings.update(type=click.Choice(list(meta["choices"])))
     elif kind == "file":
@@ -148,19 +160,21 @@ def build(exp: Experiment) -> click.Command:
         if list_:
             _print_catalogue(module.catalogue(config))
             return
+        progress = ProgressRenderer(transient=exp.transient)
         if threads is not False:  # the cores free now, or one per worker process
-            picked = pick_threads(threads, getattr(config, "workers", None), pool)
+            workers = getattr(config, "workers", None)
+            picked = pick_threads(threads, workers, pool, say=progress.before_work)
             with_threads = getattr(module, "with_threads", None)
             config = (with_threads(config, picked) if with_threads
                       else dataclasses.replace(config, threads=picked))  # fmt: skip
         folder = out or module.default_folder(config, profile)
         if hasattr(module, "prepare"):
             config, note = module.prepare(config, folder, given)
-            if note:
-                click.echo(note, err=True)
+            if note:  # what was chosen, said as the work starts: a refusal comes alone
+                progress.before_work(note)
         cost, jobs, changed = module.plan(config, profile)
         announce(cost, profile, jobs, changed)
-        with ProgressRenderer(transient=exp.transient) as progress:
+        with progress:
             result = module.run_experiment(folder, config, progress, pool)
         for name, title in result.tables:
             print_markdown((result.folder / name).read_text(encoding="utf-8"), title)

@@ -11,8 +11,10 @@ terminal one bar per task, advancing with ``step``/``total``, showing ``phase``,
 from __future__ import annotations
 
 import functools
+import math
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -53,12 +55,37 @@ MAX_FACTOR = 1_024  # evaluation sizes as a multiple of the training sizes (prof
 MAX_LENGTH = 1_048_576  # tokens in one window
 MAX_ITEMS = 4_096  # items in one probe sequence
 MAX_RANK = 1_024  # rank of low-rank adapters (the profiles: 8)
+#: learning rates: the profiles' are 1e-4 to 3e-2 (Adam, AdamW), the Bigram-Backcopy SGD
+#: study's up to 0.3; 10 leaves room for any experiment and refuses a slip of the keyboard
+#: (``1e30``, whose first step overflows the weights)
+MAX_RATE = 10.0
+#: noise levels σ of the denoising task, whose signal is a unit vector (the profiles: 0.05-0.5);
+#: at 100 the signal is lost in the noise, and larger values only overflow
+MAX_NOISE = 100.0
 
 
 def count(maximum: int, minimum: int = 1) -> click.IntRange:
     """The type of a count option: an integer from ``minimum`` to ``maximum`` (one of the bounds
     above); anything else is refused with one sentence before any work."""
     return click.IntRange(min=minimum, max=maximum)
+
+
+class Positive(click.FloatRange):
+    """The type of a number option: a finite number x with 0 < x <= ``maximum`` (None: any finite
+    number); NaN and the infinities (``inf``, and ``1e400``, which Python reads as inf) are
+    refused with one sentence before any work, as is anything above ``maximum``."""
+
+    def __init__(self, maximum: float | None = None):
+        super().__init__(min=0, max=maximum, min_open=True)
+
+    def convert(self, value, param, ctx):  # noqa: D102
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number.", param, ctx)
+        return number
+
+    def _describe_range(self) -> str:
+        return "x>0, finite" if self.max is None else f"0<x<={self.max:g}"
 
 
 def compose(*decorators):
@@ -123,11 +150,17 @@ def threads_option(what: str = "torch CPU threads per process"):
     )
 
 
-def pick_threads(threads: int | None, workers: int | None = None, ray: str | None = None) -> int:
+def pick_threads(
+    threads: int | None,
+    workers: int | None = None,
+    ray: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> int:
     """The torch threads of a command's processes: ``threads`` where the user chose (``--threads``
     or ``$SHARPATTN_THREADS``), else 1 per worker process when the jobs run on several
     (``workers`` > 1 or Ray), else the cores free now; a picked value is said in one line on
-    stderr."""
+    stderr, now or, given ``say`` (a `ProgressRenderer`'s ``before_work``), once the work
+    starts, so that a command refused before any work prints its one sentence alone."""
     if threads is not None:
         return threads
     if ray is not None or (workers or 1) > 1:
@@ -138,10 +171,13 @@ def pick_threads(threads: int | None, workers: int | None = None, ray: str | Non
         n, load = free_cores()
         why = "every core" if load is None else f"{cores()} cores, load {load:.1f}"
         why = f"the free cores: {why}"
-    click.echo(
-        f"sharpattn: {n} torch thread{'s' * (n > 1)} ({why}; --threads N to choose).", err=True
-    )
+    line = f"sharpattn: {n} torch thread{'s' * (n > 1)} ({why}; --threads N to choose)."
+    (say or _stderr)(line)
     return n
+
+
+def _stderr(line: str) -> None:
+    click.echo(line, err=True)
 
 
 #: The measured cost of every command's profiles, the one place it is written: ``--help`` and
@@ -249,10 +285,16 @@ def cluster_options(f):
     """``--workers`` (local processes) and ``--ray`` (a Ray cluster) for sweeps. With ``--ray``
     the command connects to the cluster before it does anything else (a wrong address is
     refused before a run folder is written) and disconnects when it ends; ``--list`` runs
-    nothing, so it does not connect."""
+    nothing, so it does not connect. The two together are refused: Ray places the jobs on its
+    own workers, so ``--workers`` would be ignored."""
 
     @functools.wraps(f)
     def connected(*args, ray_address: str | None = None, **kwargs):
+        if ray_address is not None and kwargs.get("workers") is not None:
+            raise click.UsageError(
+                "--workers and --ray exclude each other: Ray runs the jobs on the cluster's "
+                "workers; choose one."
+            )
         if ray_address is None or kwargs.get("list_"):
             return f(*args, ray_address=ray_address, **kwargs)
         from .lab.ray_jobs import cluster
@@ -376,6 +418,7 @@ class ProgressRenderer:
                  clock=time.monotonic):  # fmt: skip
         self.plain = not console.is_terminal if plain is None else plain
         self.every, self.clock = every, clock
+        self.pending: list[str] = []  # lines for stderr when the work starts (`before_work`)
         self.paces: dict[tuple[str, str], _Pace] = {}
         self.tasks: dict[tuple[str, str], Any] = {}
         if self.plain:
@@ -411,7 +454,14 @@ class ProgressRenderer:
         if not self.plain:
             self.bars.__exit__(*exc)
 
+    def before_work(self, line: str) -> None:
+        """Say ``line`` on stderr when the first event arrives: a run refused before any work
+        (a bad option, too little memory) prints its one sentence alone."""
+        self.pending.append(line)
+
     def __call__(self, ev: dict[str, Any]) -> None:
+        while self.pending:
+            click.echo(self.pending.pop(0), err=True)
         task, phase = str(ev.get("task", "")), str(ev.get("phase", ""))
         kind = "train" if phase == "train" else "work"  # a training bar and one for the rest
         key = (task, kind)

@@ -95,8 +95,17 @@ def configure(profile: str = "quick", *, regularisers: str | None = None,
     config = make_config(profile, seeds=seeds, **overrides)
     if seeds is not None:
         config = replace(config, group=seeds)
-    names = ([r.strip() for r in regularisers.split(",") if r.strip()] if regularisers
-             else list(mr.REGULARISERS))  # fmt: skip
+    names = list(mr.REGULARISERS)
+    if regularisers is not None:  # given, even empty: never "all four"
+        names = [r.strip() for r in regularisers.split(",") if r.strip()]
+        unknown = [r for r in names if r not in mr.REGULARISERS]
+        if unknown or not names:
+            known = ", ".join(mr.REGULARISERS)
+            raise ValueError(
+                f"unknown regulariser {unknown[0]!r}; known: {known}."
+                if unknown
+                else f"--regularisers names no reading; name at least one of {known}."
+            )
     return Study(config, tuple(names), reuse)
 
 

@@ -203,7 +203,8 @@ class Options:
                                "given).", kind="count", maximum="steps",
                                show_default=False)  # fmt: skip
     sigmas: tuple[float, ...] | None = option(None, "Denoising noise levels σ, e.g. 0.1,0.3.",
-                                              kind="floats", show_default=False)  # fmt: skip
+                                              kind="floats", maximum="noise",
+                                              show_default=False)  # fmt: skip
     tasks: str = option(",".join(TASKS), "Which parts to run: graph, denoise, lm "
                         "(comma-separated).")  # fmt: skip
     text: str | None = option(None, "Text for the language model (default: the first 100 KB of "
@@ -217,6 +218,22 @@ class Options:
                                      "four).", kind="text", show_default=False)  # fmt: skip
     checkpoint_every: int = option(500, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
+
+
+#: the options that only one part uses, by part
+_PART_OPTIONS = {"lm": ("text", "lm_steps", "lm_variants"), "denoise": ("sigmas",)}
+
+
+def check(given: dict[str, Any]) -> None:
+    """An option for a part that ``--tasks`` leaves out (``--text`` without lm): one sentence,
+    rather than an option silently unused."""
+    tasks = given.get("tasks")
+    chosen = set(TASKS) if tasks is None else {t.strip() for t in tasks.split(",")}
+    for part, names in _PART_OPTIONS.items():
+        unused = [name for name in names if name in given and part not in chosen]
+        if unused:
+            flag = "--" + unused[0].replace("_", "-")
+            raise ValueError(f"{flag} applies to the {part} task, which --tasks leaves out.")
 
 
 def trainings(config: ReproduceConfig) -> int:

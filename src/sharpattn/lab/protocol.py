@@ -28,7 +28,8 @@ KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "chec
          "sizes", "size_range", "floats", "file", "set_sizes", "folder", "argument", "plugins")  # fmt: skip
 
 
-def option(default: Any, help: str, *, kind: str | None = None, maximum: int | None = None,
+def option(default: Any, help: str, *, kind: str | None = None,
+           maximum: int | float | str | None = None,
            minimum: int = 1, choices: tuple[str, ...] = (), metavar: str | None = None,
            name: str | None = None, show_default: bool | None = None) -> Any:  # fmt: skip
     """A ``Config`` (or ``Options``) field that is an option of the experiment's command.
@@ -39,10 +40,13 @@ def option(default: Any, help: str, *, kind: str | None = None, maximum: int | N
     flag, ``int`` a count, ``float`` a positive number, ``str`` text):
 
     - ``count`` (an integer from ``minimum`` to ``maximum``, a number or the name of one of the
-      command line's bounds: "steps", "sets", "seeds", "factor", "length", "rank"), ``positive``,
-      ``text``, ``flag``, ``choice`` (one of ``choices``), ``seed``;
+      command line's bounds: "steps", "sets", "seeds", "factor", "length", "rank"), ``positive``
+      (a finite number > 0, at most ``maximum``: a number or "rate", the bound of learning
+      rates, or "noise", that of noise levels), ``text``, ``flag``, ``choice`` (one of
+      ``choices``), ``seed``;
     - comma-separated ``names``, ``sizes`` (``N,N,...``), ``size_range`` (``LO,HI``),
-      ``floats`` (positive numbers), ``set_sizes`` (sizes from 2 to 2**31 - 1);
+      ``floats`` (finite numbers > 0, each at most ``maximum`` as for ``positive``),
+      ``set_sizes`` (sizes from 2 to 2**31 - 1);
     - ``file`` (a file's path), ``folder`` (an existing folder), ``plugins`` (repeatable);
     - ``argument``: the command's positional argument, one of ``choices``;
     - ``threads`` and ``checkpoint``: the shared ``--threads`` and ``--checkpoint-every``.

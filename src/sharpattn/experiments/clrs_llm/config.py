@@ -33,7 +33,7 @@ class Config:
     seeds: int = option(2, "Number of seeds (overrides the profile).", maximum="seeds")
     steps: int = option(40, "AdamW steps per fine-tuning.", maximum="steps")
     rank: int = option(8, "Rank of the LoRA adapters.", maximum="rank")  # α = 2·rank
-    lr: float = option(1e-3, "Learning rate of the adapters.")
+    lr: float = option(1e-3, "Learning rate of the adapters.", maximum="rate")
     eval_factor: int = option(4, "Evaluate up to this multiple of the largest training size.",
                               maximum="factor")  # fmt: skip
     #: sizes evaluated besides `sizes`' doublings (e.g. 10 and 12 items: between the training

@@ -184,7 +184,8 @@ def seeds_together(config: Config, run: str | Path | None = None) -> tuple[int, 
     if stored is not None and stored.is_file():
         with contextlib.suppress(ValueError, FileNotFoundError, TypeError):
             old = read_config_json(run, "max-retrieval")
-            if isinstance(old.get("group"), int) and old["group"] >= 1:
+            # a whole number: JSON's true is an int to Python, and no group size
+            if type(old.get("group")) is int and old["group"] >= 1:
                 return old["group"], f"the group of the run it resumes in {run}"
     per_worker = -(-config.seeds // config.workers)
     free = available_memory()

@@ -253,12 +253,22 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
 # --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
 
 
+#: the learning rate that a ``--terms`` value leaves unused: the token terms' (``--lr``) without
+#: them, the position parameter's without it
+_UNUSED_RATE = {"position": "lr", "token": "position_lr"}
+
+
 def check(given: dict[str, Any]) -> None:
-    """Options that apply only to the matched study, given without ``--lora``: one sentence."""
+    """Options that apply only to the matched study, given without ``--lora``, and a learning
+    rate of a term that ``--terms`` leaves out: one sentence."""
     for name in ("seeds", "lora_lr"):
         if name in given and "lora" not in given:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} applies to the matched study: add --lora RANK.")
+    unused = _UNUSED_RATE.get(given.get("terms", "both"))
+    if unused in given:
+        flag = "--" + unused.replace("_", "-")
+        raise ValueError(f"{flag} is unused with --terms {given['terms']}: leave it out.")
 
 
 def plan(cfg: Config, profile: str) -> tuple[str, str, bool]:

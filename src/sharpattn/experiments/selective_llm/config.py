@@ -24,10 +24,11 @@ class Config:
     context: int = option(256, "Training window in tokens.", maximum="length", minimum=2)
     factors: tuple[int, ...] = (1, 2, 4)  # evaluation lengths, multiples of the context
     batch: int = 1
-    lr: float = option(1e-3, "Learning rate of the temperatures.")  # the token term's
+    # the token term's
+    lr: float = option(1e-3, "Learning rate of the temperatures.", maximum="rate")
     # the position parameter's (β of c = e^{−e^β}: Adam moves it by about its learning rate per
     # step, so at 1e-3 it would stay at its identity value)
-    position_lr: float = option(3e-2, "Learning rate of the position parameter.")
+    position_lr: float = option(3e-2, "Learning rate of the position parameter.", maximum="rate")
     targets: str = option("qv", "Temperatures on q, k and/or v.")
     # False: base SSA (MLP token term); True: weight sharing
     sharing: bool = option(False, "The paper's weight sharing instead of base SSA's MLP token "
@@ -44,7 +45,7 @@ class Config:
     lora: int = option(0, "The matched study: LoRA adapters of this rank fine-tuned with and "
                        "without the temperatures, on the same windows and seeds.",
                        maximum="rank", metavar="RANK", show_default=False)  # fmt: skip
-    lora_lr: float = option(1e-3, "Learning rate of the adapters (with --lora).")
+    lora_lr: float = option(1e-3, "Learning rate of the adapters (with --lora).", maximum="rate")
     seeds: int = option(1, f"Seeds of the matched study (with --lora) [default: {MATCHED_SEEDS}].",
                         maximum="seeds", show_default=False)  # fmt: skip
     seed: int = option(0, "Seed of the training windows (the first seed with --lora).",

@@ -3,6 +3,7 @@ task, training recipe, seed)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -63,8 +64,8 @@ class SequenceConfig:
                      "threads"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}.")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}.")
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads}).")
         for name, steps in (self.task_steps or {}).items():
@@ -113,7 +114,7 @@ class SequenceOptions:
     heads: int | None = option(None, f"Attention heads per layer [default: {SequenceConfig.heads}].", kind="count",
                                maximum=64, show_default=False)  # fmt: skip
     lr: float | None = option(None, "AdamW learning rate (overrides the profile).",
-                              kind="positive", show_default=False)  # fmt: skip
+                              kind="positive", maximum="rate", show_default=False)  # fmt: skip
     eval_factor: int | None = option(None, "Evaluate up to this multiple of the largest training "
                                      "size (overrides the profile).", kind="count",
                                      maximum="factor", show_default=False)  # fmt: skip

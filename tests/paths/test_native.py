@@ -4,7 +4,11 @@ causal tiles whose rows see a prefix), and the switch and fallbacks around them.
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,6 +185,56 @@ def test_a_compiler_that_fails_warns_once_and_leaves_pytorch(monkeypatch, tmp_pa
             assert native.library() is None
     finally:
         native.library.cache_clear()  # the next test finds the real compiler again
+
+
+def test_the_fallback_under_warnings_as_errors_is_one_line(monkeypatch, tmp_path, capsys):
+    """``PYTHONWARNINGS=error`` turns every warning into an exception: the fallback to PyTorch
+    is no error, so it is said once on stderr instead, and the work goes on."""
+    fake = tmp_path / "broken-c++"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    native.library.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.library() is None
+            assert not native.wanted(torch.device("cpu"), torch.float32)
+        err = capsys.readouterr().err
+        assert err.count("could not be built or loaded") == 1 and "Traceback" not in err
+    finally:
+        native.library.cache_clear()
+
+
+def test_a_home_folder_that_does_not_exist_is_not_created(monkeypatch, tmp_path):
+    """``HOME`` naming a folder that does not exist: the cache is this user's private folder
+    under the temporary directory (a folder of that name that others may write to is not used),
+    matplotlib's a private temporary one, and the home folder is not made."""
+    from sharpattn.lab import report
+
+    home, tmp = tmp_path / "no" / "home", tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("MPLCONFIGDIR", "unset below")
+    monkeypatch.delenv("MPLCONFIGDIR")  # restored as it was after the test
+    native._private_temp.cache_clear()
+    try:
+        folder = native.cache_dir()
+        assert folder == tmp / f"sharpattn-cache-{os.getuid()}"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        report.matplotlib_config()
+        assert Path(os.environ["MPLCONFIGDIR"]).parent == tmp
+        assert not (tmp_path / "no").exists()
+        folder.chmod(0o777)  # others may write there: not trusted with a library
+        native._private_temp.cache_clear()
+        other = native.cache_dir()
+        assert other != folder and other.parent == tmp
+        assert stat.S_IMODE(other.stat().st_mode) == 0o700
+    finally:
+        native._private_temp.cache_clear()
 
 
 SPARSE = [

@@ -15,7 +15,9 @@ PyTorch tile functions', which stay the reference and the fallback;
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
 compiler on the ``PATH`` (``CXX``, c++, g++ or clang++; about a second) into
 ``$XDG_CACHE_HOME/sharpattn`` (else ``~/.cache/sharpattn``; a relative ``XDG_CACHE_HOME`` is
-ignored, as the XDG specification asks), with one line on stderr while it compiles (`BUILDING`), named by a hash of its source, the compiler and the CPU
+ignored, as the XDG specification asks; a home folder that does not exist is not created: a
+private folder under the temporary directory serves instead), with one line on stderr while it
+compiles (`BUILDING`), named by a hash of its source, the compiler and the CPU
 (``-march=native`` ties it to the machine) and by the sha256 of its own bytes:
 ``tiles-KEY-SHA256.so``. A build runs in a folder of its own (``.build-PID-*``, removed by the
 next build once that process is gone or after an hour, so a build killed with ``kill -9`` leaves
@@ -43,7 +45,8 @@ When it runs (`wanted`, `usable`): on float32 CPU tiles in which every key is vi
 only mask is causal (each row sees a prefix of the tile's keys), eagerly or in a traced graph,
 unless ``SHARPATTN_COMPILE=0`` (`mode`: every path in plain PyTorch, nothing built; ``1`` and
 ``auto``, the default, use the loops). Where no compiler is found it is not used; a build or
-load that fails warns once and leaves the PyTorch path for the process. `status` says which.
+load that fails warns once (on stderr where warnings are errors) and leaves the PyTorch path for
+the process. `status` says which.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -123,9 +127,38 @@ SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/sharpattn``, else ``~/.cache/sharpattn``: a relative ``XDG_CACHE_HOME``
-    is ignored (the XDG specification), never a folder under the current directory."""
+    is ignored (the XDG specification), never a folder under the current directory. A home
+    folder that does not exist (``HOME`` pointing nowhere, a service account) is not created:
+    the cache is then this user's private folder under the temporary directory
+    (`_private_temp`)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "sharpattn"
+    if os.path.isabs(base):
+        return Path(base) / "sharpattn"
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and no user database entry
+        home = None
+    if home is None or not home.is_dir():
+        return _private_temp()
+    return home / ".cache" / "sharpattn"
+
+
+@functools.cache
+def _private_temp() -> Path:
+    """``TMPDIR/sharpattn-cache-UID``, made with mode 0700 and used only where it is this user's
+    folder that no one else may write to (in a shared temporary directory another user could
+    otherwise plant a library there); else a new folder of its own (`tempfile.mkdtemp`), the
+    same for the rest of the process."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    folder = Path(tempfile.gettempdir()) / f"sharpattn-cache-{uid}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="sharpattn-cache-"))
 
 
 def _cpu() -> str:
@@ -213,13 +246,21 @@ def build(cxx: str, compile_flags: tuple[str, ...] = FLAGS) -> Path:
             raise RuntimeError(f"{exc}; and the cached library was damaged: {damaged[0]}") from exc
         raise
     if damaged:
-        warnings.warn(
+        _warn(
             f"sharpattn: the cached native tile library was damaged: {damaged[0]}; rebuilt it as "
-            f"{target.name}.",
-            RuntimeWarning,
-            stacklevel=3,
+            f"{target.name}."
         )
     return target
+
+
+def _warn(message: str) -> None:
+    """``message`` as a RuntimeWarning, shown once as Python shows warnings; where warnings are
+    turned into errors (``PYTHONWARNINGS=error``, ``-W error``) it is printed on stderr instead,
+    for what it reports (a fallback, a rebuilt file) is no error: the work goes on."""
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    except RuntimeWarning:
+        print(message, file=sys.stderr, flush=True)
 
 
 #: the one line on stderr when a process compiles the loops (never on a cache hit)
@@ -275,12 +316,10 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = load(build(cxx))
     except Exception as exc:  # a compiler that cannot build it (no OpenMP, another platform)
-        warnings.warn(
+        _warn(
             f"sharpattn: the native tile loops could not be built or loaded "
             f"({type(exc).__name__}: {exc}); "
-            "the tiled paths run in plain PyTorch (set SHARPATTN_COMPILE=0 to skip building).",
-            RuntimeWarning,
-            stacklevel=3,
+            "the tiled paths run in plain PyTorch (set SHARPATTN_COMPILE=0 to skip building)."
         )
         return None
     _register()

@@ -15,9 +15,14 @@ Statistics come from `stats` (scipy), nowhere else.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import math
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,26 @@ from .runs import CODE_VERSIONS, read_json, write_atomic
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
+    if "matplotlib" not in sys.modules:
+        matplotlib_config()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def matplotlib_config() -> None:
+    """Where the home folder does not exist (``HOME`` pointing nowhere), matplotlib's config and
+    cache folder (``MPLCONFIGDIR``, unless set) is a private temporary folder, removed when the
+    process ends: matplotlib would otherwise create the missing home folder to hold
+    ``~/.config/matplotlib``."""
+    if "MPLCONFIGDIR" in os.environ or os.path.isdir(os.path.expanduser("~")):
+        return
+    folder = tempfile.mkdtemp(prefix="sharpattn-matplotlib-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["MPLCONFIGDIR"] = folder
 
 
 @contextlib.contextmanager

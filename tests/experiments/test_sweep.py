@@ -3,11 +3,13 @@ Ray instance; Ray retries a job whose worker is killed; progress and errors reac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,88 @@ def test_unreachable_address_is_one_quick_sentence(unreachable):
     assert line, out + err
     assert "Could not connect to a Ray cluster at 'nonsense:1'" in line[0]
     assert line[0].count(". ") == 0
+
+
+# ---------------------------------------------------------------- SIGTERM to the process group
+
+
+@pytest.fixture
+def signal_handlers():
+    """SIGINT's and SIGTERM's handlers restored after the test."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in old.items():
+        signal.signal(s, handler)
+
+
+def _forked(parent: int | None) -> tuple[int, int]:
+    """A child process with an idle pool worker's signals (its parent taken to be ``parent``),
+    returned with its pid once they are installed, and a pipe's read end it holds open."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12 warns of fork in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: signals only, then waits to be signalled
+        try:
+            sweep._parent = parent
+            sweep._idle_signals()
+            os.write(write, b"ready")
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 5) == b"ready"
+    return pid, read
+
+
+def _exit_after(pid: int, seconds: float) -> int | None:
+    """The child's wait status once it ends within ``seconds``, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child")
+def test_an_idle_worker_ignores_sigterm_while_its_parent_lives(signal_handlers):
+    """``timeout`` sends SIGTERM to every process of its group: an idle worker and the progress
+    manager ignore it, as Ctrl-C, for the parent stops them itself (a manager gone first left
+    each worker a queue it could not reach, and a 27-line ConnectionRefusedError); sent by the
+    kernel after the parent died (`die_with_parent`), it ends the process at once, quietly."""
+    pid, pipe = _forked(os.getpid())
+    try:
+        os.kill(pid, signal.SIGTERM)
+        assert _exit_after(pid, 0.5) is None  # still there
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):  # ended already
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(pipe)
+    pid, pipe = _forked(-1)  # a parent that is not its parent: the parent died
+    os.kill(pid, signal.SIGTERM)
+    status = _exit_after(pid, 10)
+    os.close(pipe)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1
+
+
+def test_a_job_stops_once_on_sigint_or_sigterm(signal_handlers):
+    """In a job, Ctrl-C or SIGTERM interrupts it once (a training job checkpoints); then the
+    worker is idle again: Ctrl-C ignored, SIGTERM as `_term_idle` has it."""
+    seen = {}
+
+    def job(_, progress):
+        seen["term"] = signal.getsignal(signal.SIGTERM)
+        seen["int"] = signal.getsignal(signal.SIGINT)
+        return 1
+
+    assert sweep._pool_call(job, None, None) == 1
+    assert seen == {"term": sweep._interrupt_once, "int": sweep._interrupt_once}
+    assert signal.getsignal(signal.SIGTERM) is sweep._term_idle
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    signal.signal(signal.SIGTERM, sweep._interrupt_once)
+    with pytest.raises(KeyboardInterrupt):
+        sweep._interrupt_once(signal.SIGTERM, None)
+    assert signal.getsignal(signal.SIGTERM) is sweep._term_idle  # a second one: not again

@@ -167,21 +167,51 @@ STOP_GRACE_S = 10.0
 
 
 def _pool_call(fn: Callable, job: Any, queue: Any) -> Any:
-    """A job in a pool worker: Ctrl-C (from the terminal, or forwarded by the parent) interrupts
-    it once, as ``KeyboardInterrupt``, so a training job checkpoints; the pool sends the
-    interrupted job back as its result, and an idle worker ignores Ctrl-C (`worker_init`)."""
-    if threading.current_thread() is threading.main_thread():
+    """A job in a pool worker: Ctrl-C or SIGTERM (from the terminal or ``timeout``, to the whole
+    process group, or forwarded by the parent as Ctrl-C) interrupts it once, as
+    ``KeyboardInterrupt``, so a training job checkpoints; the pool sends the interrupted job
+    back as its result, and an idle worker ignores both (`worker_init`)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         signal.signal(signal.SIGINT, _interrupt_once)
+        signal.signal(signal.SIGTERM, _interrupt_once)
     try:
         return fn(job, queue.put if queue is not None else ignore_progress)
     finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if main:
+            _idle_signals()
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the checkpoint
+    if _orphaned():  # the parent is gone (killed with kill -9): nothing to checkpoint for
+        os._exit(1)
+    _idle_signals()  # a second Ctrl-C must not cut the checkpoint
     raise KeyboardInterrupt
+
+
+#: the parent of this worker process (`worker_init`); None in any other process
+_parent: int | None = None
+
+
+def _orphaned() -> bool:
+    return _parent is not None and os.getppid() != _parent
+
+
+def _idle_signals() -> None:
+    """An idle worker's (and the progress manager's) signals: Ctrl-C ignored, SIGTERM too while
+    the parent lives (`_term_idle`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _term_idle)
+
+
+def _term_idle(signum: int, frame: Any) -> None:
+    """SIGTERM in an idle worker or the progress manager: sent to the whole process group
+    (``timeout``, a service manager), it is ignored as Ctrl-C is, for the parent, which has it
+    too, stops its workers and the manager itself (a manager gone first would leave the workers
+    a progress queue they cannot reach); sent by the kernel when the parent died
+    (`die_with_parent`), the process exits at once, quietly."""
+    if _orphaned():
+        os._exit(1)
 
 
 def _quiet_resource_tracker() -> None:
@@ -264,9 +294,9 @@ def _run_pool(fn: Callable, jobs: list, workers: int, progress: ProgressFn | Non
             if isinstance(exc, KeyboardInterrupt):  # the jobs stop as they would alone
                 _interrupt(procs, STOP_GRACE_S)
         finally:
-            for proc in procs:  # otherwise (or past the grace period, or a second Ctrl-C) now
-                if proc.exitcode is None:
-                    proc.terminate()
+            for proc in procs:  # otherwise (or past the grace period, or a second Ctrl-C) now:
+                if proc.exitcode is None:  # killed, for a worker ignores SIGTERM (`_term_idle`)
+                    proc.kill()
         raise
     finally:
         pool.shutdown(wait=True)
@@ -331,9 +361,12 @@ def _sigint_held() -> Iterator[None]:
 
 def worker_init() -> None:
     """In a local worker (or the progress queue's manager) process: ignore Ctrl-C, which a
-    terminal sends to every process of the foreground group; the parent stops its workers
-    itself and reports the interrupt once. Then `die_with_parent`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards one pending from start-up
+    terminal sends to every process of the foreground group, and SIGTERM, which ``timeout``
+    sends to every process of its group (`_term_idle`); the parent stops its workers itself and
+    reports the interrupt once. Then `die_with_parent`."""
+    global _parent
+    _parent = os.getppid()
+    _idle_signals()  # SIGINT ignored: also discards one pending from start-up
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent()

@@ -1059,3 +1059,44 @@ def test_item13_a_parameter_tensor_of_a_right_shape_agrees_with_naive_on_every_p
             out = attend(q, k, v, method, **run, **{name: p0.float()})
             what = f"{method} {name} {list(shape)} {impl} {check_finite}"
             assert_close(out, want, n=SHAPE_LK, magnitude=float(v0.abs().max()), msg=what)
+
+
+# messages that named the wrong culprit for a user's method --------------------------------------
+
+
+def test_a_nan_from_a_users_hook_is_said_to_come_from_the_method(register_normalizer):
+    """A NaN that a user's method makes (here its family's β hook, on rows of more than 8 keys,
+    which the contract's probe does not reach) comes from the method's function: the message
+    says so, not "scale q or k down" (sharpattn's own methods keep that message, above)."""
+    from sharpattn.normalizers.families import RowScaled
+
+    def beta(n, **_):
+        return torch.where(n > 8, torch.full_like(n, math.nan), torch.ones_like(n))
+
+    family = RowScaled(beta)
+    entry = nz.Normalizer("nan_hook", family.weights, "softmax(β·s)", "-", True, family=family)
+    name = register_normalizer(entry)
+    assert not nz.registry.is_built_in(nz.get(name))
+    assert all(nz.registry.is_built_in(nz.get(m)) for m in ("softmax", "relu", "asentmax"))
+    q = torch.randn(1, 1, 16, 4, generator=torch.Generator().manual_seed(0))
+    for impl in PATHS:
+        with pytest.raises(ValueError, match="came from the method's function") as err:
+            attend(q, q, q, name, impl=impl)
+        assert "scale q or k" not in str(err.value), impl
+
+
+def test_a_users_sparse_family_names_its_alpha_as_the_methods(register_normalizer):
+    """A user's `Sparse` family whose α (from the method's own parameter ``a``) is out of range:
+    the message names the method's α, not "the entmax parameter"."""
+    from sharpattn.normalizers.families import Sparse
+
+    family = Sparse(alpha=lambda a=1.5, **_: a)
+    param = nz.Param("a", 1.5, "a number in [1, 5]", low=1.0, high=5.0)
+    entry = nz.Normalizer(
+        "alpha_of_a", family.weights, "α-entmax", "-", True, params=(param,), family=family
+    )
+    name = register_normalizer(entry)
+    q = torch.randn(1, 1, 16, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"the method's α \(its Sparse family's alpha\)") as err:
+        attend(q, q, q, name, a=3.0, impl="fused")
+    assert "entmax parameter" not in str(err.value)

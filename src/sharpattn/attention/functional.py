@@ -11,7 +11,7 @@ import torch
 
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
-from ..normalizers.registry import CHECK_FINITE, Param
+from ..normalizers.registry import CHECK_FINITE, Param, is_built_in
 from . import policy
 from .chunked import chunked_attend
 from .fast import FAST, path_of, scores_in_range
@@ -257,7 +257,7 @@ def attend(
             ent, mass = stats_from_weights(weights)
             stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
     if check_finite:
-        _check_output(out, entry.name)
+        _check_output(out, entry.name, is_built_in(entry))
     observer = _observer.get() if _observing else None  # no ContextVar read while unused
     if observer is not None:
         out = observer(
@@ -372,12 +372,21 @@ def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[fl
     return mq, mk, mv, q.shape[-1] * mq * mk * abs(scale)
 
 
-def _check_output(out: Tensor, method: str) -> None:
-    """Finite inputs, non-finite output: the true result is beyond the output dtype (the weights
-    of an unnormalised method grow with the scores) — an error, not a silent inf/NaN."""
+def _check_output(out: Tensor, method: str, built_in: bool = True) -> None:
+    """Finite inputs, non-finite output — an error, not a silent inf/NaN: for sharpattn's own
+    methods the true result is beyond the output dtype (the weights of an unnormalised method
+    grow with the scores); a user's method (``built_in`` False: a plug-in, a registered
+    `Normalizer`) may as well have made the NaN in its own function or one of its family's
+    hooks, where scaling q or k would not help."""
     if math.isfinite(_max_abs(out)):
         return
     where = tuple(int(i) for i in (~torch.isfinite(out)).nonzero()[0])
+    if not built_in:
+        raise ValueError(
+            f"the {method} attention output at {where} is NaN or infinite from finite q, k and "
+            "v: it came from the method's function (its weights or a hook of its family), not "
+            f"from their scale, unless its weights grow beyond the range of {out.dtype}."
+        )
     raise ValueError(
         f"the {method} attention output at {where} is beyond the range of {out.dtype} "
         "(its weights grow with the scores); scale q or k down or use a wider dtype."

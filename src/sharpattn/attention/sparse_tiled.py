@@ -684,7 +684,12 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     as `asentmax` (the query-block path, through ``family.weights``, where α needs it)."""
     params.pop("blocks", None)
     alpha = family.alpha_of(params)
-    _check_alpha(alpha)
+    try:
+        _check_alpha(alpha)
+    except ValueError:  # a user's method: its α, whatever its parameters are called
+        raise ValueError(
+            f"the method's α (its Sparse family's alpha) must be {ALPHA.describe()}, got {alpha!r}."
+        ) from None
     kernel = _on_kernel(q, k, v, want_stats, alpha)
     if not kernel and _needs_blocks(alpha):
         out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,

@@ -31,7 +31,10 @@ from .sparse import asentmax, entmax, entmax15, hardmax, sparsemax, topk
 from .stick_breaking import stick_breaking
 
 # isort: on
+from .registry import freeze_built_ins
 from .stats import effective_support, entropy, max_weight, null_attention
+
+freeze_built_ins()  # every method above is sharpattn's own; any registered later is a user's
 
 __all__ = [
     "COEFFICIENTS",

@@ -394,6 +394,23 @@ def register(entry: Normalizer, *, replace: bool = False) -> Normalizer:
     return entry
 
 
+#: sharpattn's own methods, as its modules registered them (`freeze_built_ins`)
+_BUILT_IN: dict[str, Normalizer] = {}
+
+
+def freeze_built_ins() -> None:
+    """Record the methods registered so far as sharpattn's own: ``sharpattn.normalizers`` calls
+    it once its modules have registered theirs, before any user's."""
+    _BUILT_IN.update(_REGISTRY)
+
+
+def is_built_in(entry: Normalizer) -> bool:
+    """Whether ``entry`` is one of sharpattn's own methods, not a user's (a plug-in, a
+    registered or passed `Normalizer`, a built-in name registered again with ``replace=True``):
+    what a message may say about where a NaN came from."""
+    return _BUILT_IN.get(entry.name) is entry
+
+
 def unregister(name: str) -> None:
     """Remove ``name`` from the registry (for user-registered methods, e.g. in tests)."""
     _REGISTRY.pop(name, None)

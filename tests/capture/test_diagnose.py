@@ -145,6 +145,28 @@ def test_diagnose_bad_layers_and_method(capsys):
     assert "unknown attention method" in capsys.readouterr().err
 
 
+def test_loading_a_model_leaves_transformers_logging_as_it_was(capsys):
+    """diagnose silences transformers while it loads and runs a model, and leaves its log level
+    and progress bars as they were: they are the process's, and a level left at ERROR silenced
+    the load report that a later `hf.from_pretrained` in the same process reads."""
+    from sharpattn.integrations import pretrained
+
+    log = transformers.utils.logging
+    level, bars = log.get_verbosity(), log.is_progress_bar_enabled()
+    log.set_verbosity_info()
+    log.enable_progress_bar()
+    try:
+        assert main(["diagnose", "--layers", "99", "--max-items", "2"]) == 2  # loaded, refused
+        assert log.get_verbosity() == log.INFO and log.is_progress_bar_enabled()
+        with pretrained.quiet_transformers():
+            assert log.get_verbosity() == log.ERROR and not log.is_progress_bar_enabled()
+        assert log.get_verbosity() == log.INFO and log.is_progress_bar_enabled()
+    finally:
+        log.set_verbosity(level)
+        (log.enable_progress_bar if bars else log.disable_progress_bar)()
+    capsys.readouterr()
+
+
 def _tiny(arch):
     import tiny_hf
 

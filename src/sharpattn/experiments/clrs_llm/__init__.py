@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...integrations.pretrained import quiet_transformers
 from ...lab import runner
 from ...lab.protocol import Result
 from ...lab.report import require
@@ -111,6 +112,7 @@ __all__ = [
 ]
 
 
+@quiet_transformers()  # loading and running the model: its warnings silenced, then restored
 def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
         tok=None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """Fine-tune (or resume) both methods for every seed, evaluate, write the report. ``net`` /

@@ -25,6 +25,7 @@ import torch
 
 from ...diagnostics import dispersion_horizon, head_ablation, side_by_side
 from ...diagnostics.samples import SAMPLES
+from ...integrations.pretrained import quiet_transformers
 from ...lab import runner
 from ...lab.runner import Progress, RunFolder, emit, write_metrics
 from .measures import (
@@ -77,6 +78,7 @@ __all__ = [
 ]
 
 
+@quiet_transformers()  # loading and running the model: its warnings silenced, then restored
 def run(
     out: str | Path | None = None,
     model: str | None = None,

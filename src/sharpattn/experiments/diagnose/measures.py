@@ -84,22 +84,21 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 def load(model: str | None):
     """(tokenizer, model, label, kind) with kind "causal-lm" or "encoder", eager attention."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    path, label = resolve_model(model)
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     from ...integrations import pretrained
 
-    causal = pretrained.canonical(model or "") == pretrained.SMOLLM2 or any(
-        a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in config.architectures or []
-    )
-    cls = AutoModelForCausalLM if causal else AutoModel
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    net = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager").eval()
-    return tok, net, label, "causal-lm" if causal else "encoder"
+    with pretrained.quiet_transformers():  # restored afterwards: the process's setting
+        path, label = resolve_model(model)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        causal = pretrained.canonical(model or "") == pretrained.SMOLLM2 or any(
+            a.endswith("ForCausalLM") or a.endswith("LMHeadModel")
+            for a in config.architectures or []
+        )
+        cls = AutoModelForCausalLM if causal else AutoModel
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        net = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    return tok, net.eval(), label, "causal-lm" if causal else "encoder"
 
 
 def _encode(tok, text: str, max_len: int):

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ...integrations.pretrained import quiet_transformers
 from ...lab import runner
 from ...lab.protocol import Result
 from ...lab.runner import Clock, Progress, RunFolder, Trainer, generator, write_metrics
@@ -108,6 +109,7 @@ __all__ = [
 ]
 
 
+@quiet_transformers()  # loading and running the model: its warnings silenced, then restored
 def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
         ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """Train the temperatures (or resume), evaluate both models, write the report; with
@@ -196,6 +198,7 @@ def arm_params(method: str, cfg: Config) -> dict[str, Any]:
     return {"targets": cfg.targets, "sharing": cfg.sharing, "terms": cfg.terms}
 
 
+@quiet_transformers()  # loading and running the model: its warnings silenced, then restored
 def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
                 ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """The matched study: per seed, LoRA adapters of rank ``cfg.lora`` fine-tuned on the same

@@ -48,13 +48,20 @@ from .experiments.registry import REGISTRY
 from .lab.protocol import Experiment, Result, describe_default, options_of
 
 #: the bounds an option names (``option(..., maximum="steps")``): counts', then numbers'
-BOUNDS = {"steps": MAX_STEPS, "sets": MAX_SETS, "seeds": MAX_SEEDS, "factor": MAX_FACTOR,
-          "length": MAX_LENGTH, "rank": MAX_RANK, "rate": MAX_RATE, "noise": MAX_NOISE}  # fmt: skip
+BOUNDS = {
+    "steps": MAX_STEPS,
+    "sets": MAX_SETS,
+    "seeds": MAX_SEEDS,
+    "factor": MAX_FACTOR,
+    "length": MAX_LENGTH,
+    "rank": MAX_RANK,
+    "rate": MAX_RATE,
+    "noise": MAX_NOISE,
+}
 
 
 #: the comma-separated kinds and their parsers (``floats``: `numbers`, for its bound)
-PARSERS = {"names": names, "sizes": size_list, "size_range": size_range,
-           "set_sizes": set_sizes}  # fmt: skip
+PARSERS = {"names": names, "sizes": size_list, "size_range": size_range, "set_sizes": set_sizes}
 
 
 def numbers(maximum: float | None):

@@ -202,9 +202,13 @@ class Options:
     steps: int | None = option(None, "Adam steps per task (and per LM run unless --lm-steps is "
                                "given).", kind="count", maximum="steps",
                                show_default=False)  # fmt: skip
-    sigmas: tuple[float, ...] | None = option(None, "Denoising noise levels σ, e.g. 0.1,0.3.",
-                                              kind="floats", maximum="noise",
-                                              show_default=False)  # fmt: skip
+    sigmas: tuple[float, ...] | None = option(
+        None,
+        "Denoising noise levels σ, e.g. 0.1,0.3.",
+        kind="floats",
+        maximum="noise",
+        show_default=False,
+    )
     tasks: str = option(",".join(TASKS), "Which parts to run: graph, denoise, lm "
                         "(comma-separated).")  # fmt: skip
     text: str | None = option(None, "Text for the language model (default: the first 100 KB of "

@@ -113,8 +113,13 @@ class SequenceOptions:
                                  maximum=4096, show_default=False)  # fmt: skip
     heads: int | None = option(None, f"Attention heads per layer [default: {SequenceConfig.heads}].", kind="count",
                                maximum=64, show_default=False)  # fmt: skip
-    lr: float | None = option(None, "AdamW learning rate (overrides the profile).",
-                              kind="positive", maximum="rate", show_default=False)  # fmt: skip
+    lr: float | None = option(
+        None,
+        "AdamW learning rate (overrides the profile).",
+        kind="positive",
+        maximum="rate",
+        show_default=False,
+    )
     eval_factor: int | None = option(None, "Evaluate up to this multiple of the largest training "
                                      "size (overrides the profile).", kind="count",
                                      maximum="factor", show_default=False)  # fmt: skip

@@ -238,7 +238,7 @@ def attend(
             block_size=block_size,
             want_stats=return_stats,
             check_finite=check_finite,
-            positional=any(p.name == "query_offset" for p in entry.params),
+            positional=entry.positional,
             params=params,
         )
         if return_stats:

@@ -292,11 +292,17 @@ class StickBreaking:
     (with ``check_finite``, which reads the mask). Computed in log space, the product a reversed
     exclusive cumulative sum of log σ(−s). No hooks: a plug-in that declares it gets the
     stick-breaking tile path (log-space running sums over reversed key tiles), which is this
-    maths. ``kernel``: ``"stick_breaking"`` for the built-in (the same path, C++ loops on the
-    CPU)."""
+    maths, given every parameter of ``reads`` the method declares (a ``shift`` and
+    ``shift_log_position`` included). A method of this family always takes ``query_offset``
+    (the registry adds it where the entry leaves it out): a path that cuts the queries into
+    blocks tells each block where it starts. ``kernel``: ``"stick_breaking"`` for the built-in
+    (the same path, C++ loops on the CPU)."""
 
     kernel: str | None = None
     path: ClassVar[str] = "stick_breaking"
+    #: the parameters its maths reads (every path is given them, none other)
+    reads: ClassVar[tuple[str, ...]] = ("attend_current", "query_offset", "shift",
+                                        "shift_log_position")  # fmt: skip
 
     def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
                 **params) -> Tensor:  # fmt: skip

@@ -11,10 +11,11 @@ import torch
 
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
+from ..normalizers.families import HookError
 from ..normalizers.registry import CHECK_FINITE, Param
 from . import policy
 from .chunked import chunked_attend
-from .fast import FAST, path_of, scores_in_range
+from .fast import FAST, check_hook_values, path_of, scores_in_range
 from .fused import positive_scale
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
@@ -162,6 +163,17 @@ def attend(
     stats])``.
     """
     entry = get(method)
+    try:
+        return _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
+                       return_stats, block_size, params)  # fmt: skip
+    except HookError as err:  # a family's hook returned what it cannot use: name the method
+        if err.method is not None:
+            raise
+        raise HookError(err.clause, entry.name) from None
+
+
+def _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
+            return_stats, block_size, params):  # fmt: skip
     fast = path_of(entry)
     if entry.fused is not None and fast is None:  # a registered entry's own mistake
         raise ValueError(
@@ -210,6 +222,8 @@ def attend(
             )
         full = {p.name: p.default for p in entry.params}
         full.update(params)
+        if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
+            check_hook_values(entry, full, masking, (b, h, lq, 1))
         if sizes is not None and (
             max(sizes) >= torch.finfo(cd).max ** 0.25
             or not scores_in_range(entry, full, q, k, scale, sizes[3])

@@ -12,6 +12,7 @@ import torch
 from ...lab import runner, runs
 from ...lab.runner import Progress, RunFolder, emit
 from ...normalizers import get, plugin
+from ...normalizers.families import HookError
 from .choices import SLOW, STREAM_DATA, STREAM_INIT, Method, resolve
 from .config import IDENTITY, Job, SequenceConfig, method_params, sizes_of, slug, steps_of, task
 from .evaluation import EVALUATION, SKIPPED, eval_name, evaluate
@@ -181,12 +182,16 @@ def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[
     where: dict[str, Any] = {}
     try:
         return run_job(job, progress, where)
-    except (plugin.PluginFailed, FloatingPointError) as err:
+    except (plugin.PluginFailed, HookError, FloatingPointError) as err:
         mine = [m.train for m in job.methods if plugin.is_spec(m.train)]
         if not mine:
             raise
         what = (
-            str(err) if isinstance(err, plugin.PluginFailed) else "the loss became NaN or infinite"
+            err.clause
+            if isinstance(err, HookError)
+            else str(err)
+            if isinstance(err, plugin.PluginFailed)
+            else "the loss became NaN or infinite"
         )
         sentence = (
             f"method {mine[0]!r} failed on task {job.task} (seed {job.seed}) "

@@ -31,6 +31,7 @@ import math
 import os
 
 import pytest
+import test_family_hooks
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -516,3 +517,39 @@ def test_stick_breaking_query_offset_is_one_answer_on_every_path(c, offset, curr
             n = max(c["lk"], c["d"])
             assert_close(got[0], ref[0], dtype=q.dtype, n=n, ulps=16 * max(c["lk"], 1),
                          magnitude=v_max * (1 + score_size(q, k)), msg=f"{impl} output")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's family with a hostile hook: the same refusal on every path
+
+
+@pytest.fixture(scope="module")
+def hostile_methods():
+    """The hostile families of tests/contract/test_family_hooks.py, registered for this module."""
+    entries = [test_family_hooks.entry(h, f) for h, (f, _) in test_family_hooks.REFUSED.items()]
+    for e in entries:
+        nz.register(e)
+    yield
+    for e in entries:
+        nz.unregister(e.name)
+
+
+@pytest.mark.parametrize("hook", list(test_family_hooks.REFUSED))
+@given(c=attention_cases())
+@settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 6, 1))
+def test_a_hostile_hook_is_one_refusal_on_every_path(hook, c, hostile_methods):
+    """A user's family whose hook returns what the family cannot use (tests/contract/
+    test_family_hooks.py) raises the same ValueError on every path, or, on an input where the
+    hook is never asked (no score at all), gives the same empty or all-zero result."""
+    method = f"test_hook_{hook}"
+    c.update(q_mag=1.0, k_mag=1.0)
+    q, k, v, mask = build(c)
+    ref = run(method, "naive", q, k, v, mask, c)
+    for impl in paths(method):
+        got = run(method, impl, q, k, v, mask, c)
+        if isinstance(ref, Exception) or isinstance(got, Exception):
+            assert type(got) is type(ref), f"{impl}: {got!r} but naive: {ref!r}"
+            assert isinstance(ref, ValueError) and "\n" not in str(ref), repr(ref)
+        else:  # no score: the hook was never asked
+            assert 0 in (c["b"], c["lq"], c["lk"]), f"{impl}: a result from {hook}"
+            assert torch.equal(got[0], ref[0]) and not bool(got[0].any()), impl

@@ -213,13 +213,17 @@ def _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_fin
             f"return_weights=True needs the weights matrix; use impl='naive' (not {impl!r}), "
             "or return_stats=True for per-row statistics without it."
         )
+    if impl == "fused" and entry.fused is None:
+        raise ValueError(
+            f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
+        )
+    if 0 in (b, h, lq, lk):
+        # no score at all: every path's answer is the empty (or all-zero) one; the naive path
+        # gives it, its parameters checked and no hook asked (the contract's empty input)
+        impl = "naive"
 
     weights = stats = None
     if impl == "fused":
-        if entry.fused is None:
-            raise ValueError(
-                f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
-            )
         full = {p.name: p.default for p in entry.params}
         full.update(params)
         if check_finite:  # the naive maths checks its hooks' values itself (check_finite)

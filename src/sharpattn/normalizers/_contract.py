@@ -36,6 +36,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+class HookError(ValueError):
+    """A family's hook returned what its family cannot use. ``clause`` says which hook and what
+    it returned; ``attend`` adds the method's name (``method``)."""
+
+    def __init__(self, clause: str, method: str | None = None):
+        super().__init__(clause if method is None else f"method {method!r}: {clause}.")
+        self.clause, self.method = clause, method
+
+
 def on_device(value, dtype: torch.dtype, device) -> Tensor:
     """``value`` (a number or a tensor) as a tensor of ``dtype`` on ``device``: a tensor is
     converted (no copy where it is there already), a number filled in by a kernel
@@ -122,7 +131,11 @@ def normalizer(fn):
                 for name, value in params.items()
                 if not (torch.is_tensor(value) and value.numel() == 0)
             }
-            fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args, **shown)
+            try:
+                fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args,
+                   **shown)  # fmt: skip
+            except HookError:  # a family's hook, not its parameters: no score asks it here
+                pass
             return scores * 0
         return fn(scores, mask, *args, **params)
 

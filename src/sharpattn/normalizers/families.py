@@ -43,19 +43,18 @@ import torch
 import torch.nn.functional as F
 
 from . import _entmax  # the entmax package's functions in a form torch.compile can trace
-from ._contract import finish, masked_softmax, on_device, prepare, shift_to_row_max, visible_keys
+from ._contract import (
+    HookError,
+    finish,
+    masked_softmax,
+    on_device,
+    prepare,
+    shift_to_row_max,
+    visible_keys,
+)
 from .stats import entropy
 
 Tensor = torch.Tensor
-
-
-class HookError(ValueError):
-    """A family's hook returned what its family cannot use. ``clause`` says which hook and what
-    it returned; ``attend`` adds the method's name (``method``)."""
-
-    def __init__(self, clause: str, method: str | None = None):
-        super().__init__(clause if method is None else f"method {method!r}: {clause}.")
-        self.clause, self.method = clause, method
 
 
 def _what(value) -> str:
@@ -94,7 +93,8 @@ def per_score(hook_fn: Callable, hook: str, x: Tensor, *args, **constants) -> Te
     """``hook_fn(x, *args, **constants)`` for an element-wise hook (f, u, a, ref), checked: a
     floating tensor of the scores' shape (cast to their dtype), made without changing ``x`` in
     place; else `HookError`."""
-    version = None if torch.compiler.is_compiling() else x._version
+    # (an inference tensor has no version counter; torch.compile traces no in-place check)
+    version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
     value = hook_fn(x, *args, **constants)
     if version is not None and x._version != version:
         raise HookError(

@@ -148,6 +148,9 @@ def build(exp: Experiment) -> click.Command:
         if list_:
             _print_catalogue(module.catalogue(config))
             return
+        check_memory = getattr(module, "check_memory", None)
+        if check_memory is not None:  # before anything is built or said
+            check_memory(config, pool)
         if threads is not False:  # the cores free now, or one per worker process
             picked = pick_threads(threads, getattr(config, "workers", None), pool)
             with_threads = getattr(module, "with_threads", None)

@@ -54,6 +54,7 @@ from .config import (
     STREAM_INIT,
     STREAM_TRAIN,
     Config,
+    check_memory,
     make_config,
 )
 from .page import (
@@ -95,6 +96,7 @@ __all__ = [
     "run",
     "run_experiment",
     "check",
+    "check_memory",
     "plan",
     "default_folder",
     "run_matched",
@@ -116,6 +118,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     `llm.heldout_text`."""
     from ... import hf
 
+    check_memory(cfg)  # before the model is loaded
     if cfg.lora:
         return run_matched(out, cfg, progress, net=net, ids=ids)
     clock = Clock()

@@ -167,6 +167,9 @@ def build(exp: Experiment) -> click.Command:
         if list_:
             _print_catalogue(module.catalogue(config))
             return
+        check_memory = getattr(module, "check_memory", None)
+        if check_memory is not None:  # before anything is built or said
+            check_memory(config, pool)
         progress = ProgressRenderer(transient=exp.transient)
         if threads is not False:  # the cores free now, or one per worker process
             workers = getattr(config, "workers", None)

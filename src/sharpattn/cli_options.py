@@ -47,7 +47,8 @@ SEED = _SeedRange(0, 2**63 - 1)
 #: The upper bounds of the commands' counts, each far above every profile's value and low enough
 #: that a slip of the keyboard (``--steps 10**30``) is refused at once rather than started as
 #: work that never ends; click prints each range in ``--help``. Memory, which also depends on
-#: sizes, is checked by the experiments themselves before any work (``runs.check_memory``).
+#: sizes, is checked by the experiments themselves before any work (``runs.check_memory``, with
+#: ``lab.memory``'s estimates of models and batches).
 MAX_STEPS = 10_000_000  # training steps (the longest profile: 100,000)
 MAX_SETS = 1_000_000  # test sets, fitting sets, pairs, prompts, held-out windows
 MAX_SEEDS = 10_000

@@ -31,6 +31,7 @@ import math
 import os
 
 import pytest
+import test_family_hooks
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -133,7 +134,7 @@ def build(c):
     return q, k, v, None if mask is None else mask.to(DEVICE)
 
 
-def run(method, impl, q, k, v, mask, c, **kw):
+def run(method, impl, q, k, v, mask, c, /, **kw):
     """attend(...) as (output, stats, grads) or the exception it raised."""
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     try:
@@ -394,3 +395,161 @@ def test_bad_masks_raise_value_error_on_every_path(method, bad):
     scores = torch.randn(2, 2, 3, 4, generator=g).to(DEVICE)
     with pytest.raises(ValueError, match="mask"):
         nz.get(method).fn(scores, BAD_MASKS[bad]())
+
+
+# ---------------------------------------------------------------------------------------------
+# Extreme and mis-shaped parameters, query offsets: the same answer or the same refusal
+
+
+def _number_params(method):
+    """The parameters of ``method`` that take a number (query_offset has its own test)."""
+    return [p for p in nz.get(method).params
+            if p.value_kind in ("real", "int") and p.name != "query_offset"]  # fmt: skip
+
+
+PARAM_METHODS = [m for m in METHODS if _number_params(m)]
+
+
+@st.composite
+def extreme_value(draw, p):
+    """A value of ``p``: log-uniform over its whole legal range (magnitudes 1e-30 to 1e30 where
+    it is unbounded, either sign where it allows), or one of its bounds."""
+    lo = -1e30 if p.low is None else p.low
+    hi = 1e30 if p.high is None else p.high
+    if p.value_kind == "int":
+        return draw(st.integers(int(max(lo, -(10**6))), int(min(hi, 10**6))))
+    if draw(st.booleans()):  # a bound, or just inside an open one
+        edge = draw(st.sampled_from([lo, hi]))
+        inside = (edge == lo and p.low_open) or (edge == hi and p.high_open)
+        return edge + (1 if edge == lo else -1) * max(abs(edge), 1.0) * 1e-6 if inside else edge
+    signs = [s for s in (1.0, -1.0) if (hi > 0 if s > 0 else lo < 0)]
+    sign = draw(st.sampled_from(signs))
+    top = math.log10(hi if sign > 0 else -lo) if (hi if sign > 0 else -lo) > 0 else -30
+    bottom = math.log10(max(lo if sign > 0 else -hi, 1e-30)) if sign > 0 or hi < 0 else -30
+    return sign * 10 ** draw(st.floats(min(bottom, top), top))
+
+
+@st.composite
+def param_cases(draw, method):
+    """An ordinary attention case with one parameter of ``method`` at an extreme value, as a
+    number or a tensor of one of several shapes (one value per head or per row: accepted; per
+    key, a bare [H] or [Lq], transposed: refused on every path)."""
+    c = draw(attention_cases())
+    c.update(q_mag=1.0, k_mag=1.0)  # the parameter is the hostile part
+    p = draw(st.sampled_from(_number_params(method)))
+    value = draw(extreme_value(p))
+    shape = None
+    if p.accepts_tensor:
+        shape = draw(st.sampled_from([None, None, "head", "row", "key", "bare_h", "bare_lq"]))
+    c.update(param=p.name, value=value, shape=shape)
+    return c
+
+
+def _param_value(c):
+    """The case's parameter: its number, or a float64 tensor of it in the case's shape."""
+    b, h, lq, lk = c["b"], c["h"], c["lq"], c["lk"]
+    shape = {None: None, "head": (1, h, 1, 1), "row": (b, h, lq, 1), "key": (1, 1, 1, lk),
+             "bare_h": (h,), "bare_lq": (lq,)}[c["shape"]]  # fmt: skip
+    if shape is None:
+        return c["value"]
+    return torch.full(shape, float(c["value"]), dtype=torch.float64, device=DEVICE)
+
+
+@pytest.mark.parametrize("method", PARAM_METHODS)
+@given(data=st.data())
+@settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 3, 1))
+def test_extreme_and_mis_shaped_parameters_give_one_answer_or_one_refusal(method, data):
+    """Every path returns the same result or raises the same ValueError; a result is finite
+    and its gradients are never NaN; where the call is well conditioned (β·|s| small) every
+    path equals naive within precision."""
+    c = data.draw(param_cases(method))
+    q, k, v, mask = build(c)
+    kw = {c["param"]: _param_value(c)}
+    ref = run(method, "naive", q, k, v, mask, c, **kw)
+    for impl in paths(method):
+        got = run(method, impl, q, k, v, mask, c, **kw)
+        if isinstance(ref, Exception) or isinstance(got, Exception):
+            assert type(got) is type(ref), f"{impl}: {got!r} but naive: {ref!r}"
+            assert isinstance(ref, ValueError), repr(ref)
+            assert "\n" not in str(ref), repr(ref)
+            continue
+        out, _, grads = got
+        assert bool(torch.isfinite(out).all()), f"{impl}: non-finite output"
+        for name, gr in zip("qkv", grads, strict=True):
+            assert not bool(torch.isnan(gr).any()), f"{impl}: NaN in d/d{name}"
+        if c["dtype"] in (torch.float32, torch.float64) and _well_conditioned(method, kw, q, k, c):
+            v_max = float(v.detach().double().abs().max()) if v.numel() else 0.0
+            n = max(c["lk"], c["d"])
+            assert_close(out, ref[0], dtype=q.dtype, n=n, magnitude=v_max * 4, ulps=16,
+                         msg=f"{impl} output")  # fmt: skip
+
+
+def _well_conditioned(method, kw, q, k, c) -> bool:
+    """Whether rounding a score moves a weight by much less than one: the parameter's own
+    factor on the scores (β of the softmax family, 1 elsewhere) times |s| stays below 4, and
+    the parameter is a plain size (not beyond 1e3 in magnitude)."""
+    from sharpattn.attention.fast import beta_bound
+
+    entry = nz.get(method)
+    full = {p.name: p.default for p in entry.params} | kw
+    beta = beta_bound(entry, full, max(c["lk"], 1))
+    size = abs(float(c["value"]))
+    return beta is not None and beta * (1.0 + score_size(q, k)) < 4 and size <= 1e3
+
+
+@given(c=attention_cases(), offset=st.integers(-8, 8), current=st.booleans())
+@SETTINGS
+def test_stick_breaking_query_offset_is_one_answer_on_every_path(c, offset, current):
+    """stick_breaking's ``query_offset`` (the first query's key position) on every path: the
+    same weights, or the same causal-only ValueError (a key past a query's position)."""
+    c.update(q_mag=1.0, k_mag=1.0)
+    q, k, v, mask = build(c)
+    kw = dict(query_offset=offset, attend_current=current)
+    ref = run("stick_breaking", "naive", q, k, v, mask, c, **kw)
+    for impl in paths("stick_breaking"):
+        got = run("stick_breaking", impl, q, k, v, mask, c, **kw)
+        if isinstance(ref, Exception) or isinstance(got, Exception):
+            assert type(got) is type(ref), f"{impl}: {got!r} but naive: {ref!r}"
+            assert isinstance(ref, ValueError), repr(ref)
+            continue
+        if c["dtype"] in (torch.float32, torch.float64):
+            v_max = float(v.detach().double().abs().max()) if v.numel() else 0.0
+            n = max(c["lk"], c["d"])
+            assert_close(got[0], ref[0], dtype=q.dtype, n=n, ulps=16 * max(c["lk"], 1),
+                         magnitude=v_max * (1 + score_size(q, k)), msg=f"{impl} output")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's family with a hostile hook: the same refusal on every path
+
+
+@pytest.fixture(scope="module")
+def hostile_methods():
+    """The hostile families of tests/contract/test_family_hooks.py, registered for this module."""
+    entries = [test_family_hooks.entry(h, f) for h, (f, _) in test_family_hooks.REFUSED.items()]
+    for e in entries:
+        nz.register(e)
+    yield
+    for e in entries:
+        nz.unregister(e.name)
+
+
+@pytest.mark.parametrize("hook", list(test_family_hooks.REFUSED))
+@given(c=attention_cases())
+@settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 6, 1))
+def test_a_hostile_hook_is_one_refusal_on_every_path(hook, c, hostile_methods):
+    """A user's family whose hook returns what the family cannot use (tests/contract/
+    test_family_hooks.py) raises the same ValueError on every path, or, on an input where the
+    hook is never asked (no score at all), gives the same empty or all-zero result."""
+    method = f"test_hook_{hook}"
+    c.update(q_mag=1.0, k_mag=1.0)
+    q, k, v, mask = build(c)
+    ref = run(method, "naive", q, k, v, mask, c)
+    for impl in paths(method):
+        got = run(method, impl, q, k, v, mask, c)
+        if isinstance(ref, Exception) or isinstance(got, Exception):
+            assert type(got) is type(ref), f"{impl}: {got!r} but naive: {ref!r}"
+            assert isinstance(ref, ValueError) and "\n" not in str(ref), repr(ref)
+        else:  # no score: the hook was never asked
+            assert 0 in (c["b"], c["lq"], c["lk"]), f"{impl}: a result from {hook}"
+            assert torch.equal(got[0], ref[0]) and not bool(got[0].any()), impl

@@ -288,6 +288,36 @@ def test_a_user_stick_breaking_takes_the_stick_tiles(register_normalizer, attend
         attend(q, k, v, method, impl="fused")
 
 
+SHIFTED_STICK = nz.Normalizer(
+    "test_shifted_stick", STICK.weights, "stick-breaking, shifted", "-", False, family=STICK,
+    params=(nz.Param("shift", -1.0, "b0", tensor=True),
+            nz.Param("shift_log_position", -1.0, "b1")),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_user_stick_breaking_gets_its_shift_and_positions_on_every_path(
+    register_normalizer, causal
+):
+    """The family's parameters (a score shift) reach the tiles, and the query blocks of the
+    chunked path are told their key position (the entry takes query_offset without declaring
+    it), with a causal flag or a causal mask."""
+    method = register_normalizer(SHIFTED_STICK)
+    assert "query_offset" in {p.name for p in nz.get(method).params}
+    (q, k, v), _ = inputs(lq=40, lk=40)
+    mask = None if causal else torch.ones(40, 40, dtype=torch.bool).tril()
+    shift = torch.tensor([-0.5, 0.0, 0.5, 1.0], dtype=torch.float64).view(1, 4, 1, 1)
+    outs = {}
+    for impl in ("naive", "fused", "chunked"):
+        qq = q.clone().requires_grad_()
+        extra = {"block_size": 16} if impl == "chunked" else {}
+        out = attend(qq, k, v, method, mask=mask, causal=causal, impl=impl, shift=shift, **extra)
+        outs[impl] = (out, *torch.autograd.grad(out.square().sum(), qq))
+    for impl in ("fused", "chunked"):
+        for got, want in zip(outs[impl], outs["naive"], strict=True):
+            assert_close(got, want, n=40, ulps=16)
+
+
 # every built-in member of the new families, each parameter case of the method table
 NEW_FAMILIES = (RowNormalised, TopK, Sparse, StickBreaking)
 MEMBERS = [

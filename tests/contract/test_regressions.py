@@ -1087,7 +1087,7 @@ def test_a_nan_from_a_users_hook_is_said_to_come_from_the_method(register_normal
 
 def test_a_users_sparse_family_names_its_alpha_as_the_methods(register_normalizer):
     """A user's `Sparse` family whose α (from the method's own parameter ``a``) is out of range:
-    the message names the method's α, not "the entmax parameter"."""
+    the message names the method and its family's alpha, not "the entmax parameter"."""
     from sharpattn.normalizers.families import Sparse
 
     family = Sparse(alpha=lambda a=1.5, **_: a)
@@ -1097,6 +1097,6 @@ def test_a_users_sparse_family_names_its_alpha_as_the_methods(register_normalize
     )
     name = register_normalizer(entry)
     q = torch.randn(1, 1, 16, 4, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"the method's α \(its Sparse family's alpha\)") as err:
+    with pytest.raises(ValueError, match=r"method 'alpha_of_a': its family's alpha") as err:
         attend(q, q, q, name, a=3.0, impl="fused")
     assert "entmax parameter" not in str(err.value)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from ..normalizers import Normalizer
+from ..normalizers._entmax import SAFE_ALPHA
 from ..normalizers.families import (
     Adaptive,
     Elementwise,
@@ -30,6 +31,7 @@ from ..normalizers.families import (
     Sparse,
     StickBreaking,
     TopK,
+    check_range,
 )
 from . import fused, policy
 from .adaptive_tiled import adaptive
@@ -47,14 +49,14 @@ FAST["adaptive"] = adaptive  # slabs where they run, else fused.adaptive
 
 def top_k(family, q, k, v, masking, scale, want_stats, /, **params):
     """The fast path of a user's `TopK` method: the top-k path with k = ``family.count``."""
-    count = int(family.count(**params))
+    count = family.count_of(**params)
     return _topk(q, k, v, masking, scale, want_stats, top_k=count)
 
 
 def stick(family, q, k, v, masking, scale, want_stats, /, **params):
     """The fast path of a user's `StickBreaking` method: the stick-breaking tiles, given the
-    parameters that family reads."""
-    names = ("attend_current", "query_offset", "blocks")
+    parameters that family reads (``StickBreaking.reads``: its score shift too)."""
+    names = (*family.reads, "blocks")
     return stick_breaking(q, k, v, masking, scale, want_stats,
                           **{n: params[n] for n in names if n in params})  # fmt: skip
 
@@ -134,6 +136,23 @@ def _bound(family, params: dict, lk: int) -> float | None:
             return abs(float(beta))
     except Exception:  # a user's β that needs a call's own shapes: not bounded here
         return None
+
+
+def check_hook_values(entry: Normalizer, params: dict, masking, rows: tuple) -> None:
+    """`HookError` where a user's `Sparse` method's hooks give a value outside their range on
+    a call with ``params``: α (a tensor, read here) outside `_entmax.SAFE_ALPHA`, θ <= 0 on a
+    row of the call (``masking``'s visible keys, rows ``rows`` = ``[B, H, Lq, 1]``). The naive
+    maths checks the same on its rows. Reads tensors on the host: only with ``check_finite``."""
+    family = entry.family
+    if not isinstance(family, Sparse) or family.kernel is not None:
+        return  # a built-in's hooks stay in range on the values its parameters accept
+    alpha = family.alpha_of(params, rows)
+    if torch.is_tensor(alpha):
+        check_range(alpha, "alpha", *SAFE_ALPHA)
+    if family.scale is not None:
+        with torch.no_grad():
+            n = masking.visible_keys(dtype=torch.float32)
+            check_range(family.scale_of(n, rows, **params), "scale", 0.0, math.inf, low_open=True)
 
 
 def scores_in_range(entry: Normalizer, params: dict, q, k, scale: float, bound: float) -> bool:

@@ -11,10 +11,11 @@ import torch
 
 from ..normalizers import get
 from ..normalizers._contract import causal_rows, compute_dtype
+from ..normalizers.families import HookError
 from ..normalizers.registry import CHECK_FINITE, Param, is_built_in
 from . import policy
 from .chunked import chunked_attend
-from .fast import FAST, path_of, scores_in_range
+from .fast import FAST, check_hook_values, path_of, scores_in_range
 from .fused import positive_scale
 from .masking import Masking
 from .stats import row_stats, stats_from_weights
@@ -162,6 +163,17 @@ def attend(
     stats])``.
     """
     entry = get(method)
+    try:
+        return _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
+                       return_stats, block_size, params)  # fmt: skip
+    except HookError as err:  # a family's hook returned what it cannot use: name the method
+        if err.method is not None:
+            raise
+        raise HookError(err.clause, entry.name) from None
+
+
+def _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
+            return_stats, block_size, params):  # fmt: skip
     fast = path_of(entry)
     if entry.fused is not None and fast is None:  # a registered entry's own mistake
         raise ValueError(
@@ -201,15 +213,21 @@ def attend(
             f"return_weights=True needs the weights matrix; use impl='naive' (not {impl!r}), "
             "or return_stats=True for per-row statistics without it."
         )
+    if impl == "fused" and entry.fused is None:
+        raise ValueError(
+            f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
+        )
+    if 0 in (b, h, lq, lk):
+        # no score at all: every path's answer is the empty (or all-zero) one; the naive path
+        # gives it, its parameters checked and no hook asked (the contract's empty input)
+        impl = "naive"
 
     weights = stats = None
     if impl == "fused":
-        if entry.fused is None:
-            raise ValueError(
-                f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
-            )
         full = {p.name: p.default for p in entry.params}
         full.update(params)
+        if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
+            check_hook_values(entry, full, masking, (b, h, lq, 1))
         if sizes is not None and (
             max(sizes) >= torch.finfo(cd).max ** 0.25
             or not scores_in_range(entry, full, q, k, scale, sizes[3])
@@ -238,7 +256,7 @@ def attend(
             block_size=block_size,
             want_stats=return_stats,
             check_finite=check_finite,
-            positional=any(p.name == "query_offset" for p in entry.params),
+            positional=entry.positional,
             params=params,
         )
         if return_stats:

@@ -406,7 +406,8 @@ def row_scaled(family, q, k, v, masking, scale, want_stats, **params):
     softmax(β_i·s_ij) with β = ``family.beta(n, **params)`` of the rows' visible keys n, folded
     into the rows of q (one fused call)."""
     n = masking.visible_keys(dtype=compute_dtype(q.dtype)) if family.counts else None
-    return query_scaled(q, k, v, masking, scale, family.beta(n, **params), want_stats)
+    beta = family.beta_of(n, (*q.shape[:3], 1), **params)
+    return query_scaled(q, k, v, masking, scale, beta, want_stats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +420,7 @@ def adaptive(family, q, k, v, masking, scale, want_stats, **params):
     (`softmax_entropy`); then softmax(β_i·s_ij)·v with β_i folded into q_i. Gradients flow
     through β (adaptive's ``detach_beta`` stops them in its hook)."""
     h, _ = softmax_entropy(q, k, masking, scale)  # (B, H, Lq, 1)
-    beta = family.beta(h, **params)
+    beta = family.beta_of(h, (*q.shape[:3], 1), **params)
     extra = {"softmax_entropy": h} if want_stats else {}
     return query_scaled(q, k, v, masking, scale, beta, want_stats, **extra)
 
@@ -525,7 +526,7 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
     = softmax attention times σ(lse − b) per row.
     """
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    bias = _rows(family.bias(n, **params), q)
+    bias = _rows(family.bias_of(n, (*q.shape[:3], 1), **params), q)
     if _on_triton(q, k):  # a CUDA tensor: the Triton kernel's output and lse, both in float32
         o, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
         seen = torch.isfinite(lse)

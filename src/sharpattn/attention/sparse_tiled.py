@@ -683,13 +683,8 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     ``family.alpha_of(params)`` and θ = ``family.scale(n, **params)`` of the rows' visible keys,
     as `asentmax` (the query-block path, through ``family.weights``, where α needs it)."""
     params.pop("blocks", None)
-    alpha = family.alpha_of(params)
-    try:
-        _check_alpha(alpha)
-    except ValueError:  # a user's method: its α, whatever its parameters are called
-        raise ValueError(
-            f"the method's α (its Sparse family's alpha) must be {ALPHA.describe()}, got {alpha!r}."
-        ) from None
+    alpha = family.alpha_of(params, (*q.shape[:3], 1))
+    _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
     if not kernel and _needs_blocks(alpha):
         out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,
@@ -698,7 +693,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     theta = None
     if family.scale is not None:
         n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-        theta = on_device(family.scale(n, **params), n.dtype, q.device)
+        theta = on_device(family.scale_of(n, (*q.shape[:3], 1), **params), n.dtype, q.device)
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, theta, kernel)
 
 

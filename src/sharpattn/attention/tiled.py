@@ -31,9 +31,12 @@ Each formula is the normalizer's own (``normalizers/unnormalised.py``, ``kernels
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..normalizers._contract import compute_dtype, log_n
+from ..normalizers.families import per_score
 from . import native, policy
 from .devices import triton_kernels as _triton_kernels
 from .devices import triton_ready
@@ -216,17 +219,17 @@ class _Family(_Kernel):
         self.family = family
 
     def weights(self, s, row, mask):
-        return _masked_(self.family.f(s, row, **self.params), mask)
+        return _masked_(self.family.weight(s, row, **self.params), mask)
 
     def grad(self, s, dp, row, mask):
-        """(dL/ds, w, dL/dr per row): r expanded to one value per row of the tile."""
-        with torch.enable_grad():
-            s1 = s.detach().requires_grad_()
-            r1 = row.detach().expand(*s.shape[:-1], 1).clone().requires_grad_()
-            w = self.family.f(s1, r1, **self.params)
-            ds, dr = torch.autograd.grad(w, (s1, r1), _masked_(dp, mask), allow_unused=True)
-        ds = torch.zeros_like(s) if ds is None else ds
-        dr = torch.zeros_like(r1) if dr is None else dr
+        """(dL/ds, w, dL/dr per row): r expanded to one value per row of the tile; the
+        derivatives by ``torch.func.vjp`` (which torch.compile traces; a w that does not depend
+        on s or r gets a zero derivative)."""
+        r1 = row.detach().expand(*s.shape[:-1], 1)
+        w, pull = torch.func.vjp(
+            functools.partial(self.family.weight, **self.params), s.detach(), r1
+        )
+        ds, dr = pull(_masked_(dp.to(w.dtype), mask))
         return ds, _masked_(w.detach(), mask), dr
 
 
@@ -248,22 +251,29 @@ class _RowFamily(_Kernel):
         return torch.ones_like(m_new)
 
     def weights(self, s, m, mask):
-        u = _masked_(self.family.u(s, m, **self.params), mask)
-        a = u if self.family.a is None else _masked_(self.family.a(s, m, **self.params), mask)
+        family = self.family
+        u = _masked_(per_score(family.u, "u", s, m, **self.params), mask)
+        a = u if family.a is None else _masked_(per_score(family.a, "a", s, m, **self.params), mask)
         return u, a.sum(-1, keepdim=True)
 
     def grad(self, s, dp, m, mask, d, z):
-        # w = u/Z, Z = Σ a: dL/ds = (u′·dP − a′·D)/Z
-        with torch.enable_grad():
-            s1 = s.detach().requires_grad_()
-            u = self.family.u(s1, m, **self.params)
+        # w = u/Z, Z = Σ a: dL/ds = (u′·dP − a′·D)/Z, u′ and a′ by torch.func.vjp (traced by
+        # torch.compile; a term that does not depend on s gets a zero derivative)
+        family, params = self.family, self.params
+
+        def terms(s1):
+            u = per_score(family.u, "u", s1, m, **params)
             u = u if mask is None else u * mask  # not in place: u may be s1 itself
-            if self.family.a is None:
-                (ds,) = torch.autograd.grad(u, s1, dp - d)
-            else:
-                a = self.family.a(s1, m, **self.params)
-                a = a if mask is None else a * mask
-                (ds,) = torch.autograd.grad((u, a), s1, (dp, (-d).expand_as(a)))
+            if family.a is None:
+                return u, u
+            a = per_score(family.a, "a", s1, m, **params)
+            return u, (a if mask is None else a * mask)
+
+        (u, a), pull = torch.func.vjp(terms, s.detach())
+        if family.a is None:
+            (ds,) = pull((dp - d, torch.zeros_like(u)))
+        else:
+            (ds,) = pull((dp, (-d).expand_as(a)))
         return ds.div_(z), u.detach().div_(z)
 
 
@@ -520,7 +530,7 @@ def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, 
     """The fast path of a user's `Elementwise` method:
     w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    row = _rows(family.row(n, **params), q)
+    row = _rows(family.row_of(n, (*q.shape[:3], 1), **params), q)
     kernel = _Family(family, **params)
     return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
 
@@ -540,7 +550,8 @@ def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=Non
                 qb, mb = grid.q_rows(r0, r1), m[..., r0:r1, :]
                 for t in grid.tiles(r0, r1):
                     keep = grid.keep(t)
-                    r = _masked_(family.ref(_masked_(grid.scores(qb, t), keep)), keep)
+                    s = _masked_(grid.scores(qb, t), keep)
+                    r = _masked_(per_score(family.ref, "ref", s), keep)
                     mb.copy_(torch.maximum(mb, r.amax(-1, keepdim=True)))
     kernel = _RowFamily(family, m, **params)
     return tiled_attention(kernel, q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks)

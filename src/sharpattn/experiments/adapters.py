@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from ..lab import runner
+from ..lab import memory, runner
 
 #: the modules adapted: Llama's query, key, value and output projections of every attention layer
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -30,6 +30,13 @@ def require_peft():
     import peft
 
     return peft
+
+
+def adapter_parameters(shape: memory.Shape, rank: int) -> int:
+    """The parameters of rank-``rank`` adapters on `TARGETS` in every layer of a decoder of
+    ``shape``, each projection counted as ``d_model`` × ``d_model`` (A and B: 2·d_model·rank;
+    grouped-query attention's k and v are narrower)."""
+    return shape.layers * len(TARGETS) * 2 * shape.d_model * rank
 
 
 def prepare(net: nn.Module, method: str, params: dict[str, Any], rank: int, seed: int) -> nn.Module:

@@ -69,6 +69,7 @@ def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = No
 # --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
 
 Options = seq.SequenceOptions
+check_memory = seq.check_memory  # the sweep's memory, refused before any work
 
 
 def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:

@@ -131,6 +131,9 @@ class Options(seq.SequenceOptions):
                                 show_default=False)  # fmt: skip
 
 
+check_memory = seq.check_memory  # the sweep's memory, refused before any work
+
+
 def plan(cfg: seq.SequenceConfig, profile: str) -> tuple[str, str, bool]:
     """The cost key, the jobs, and whether options changed the profile's work."""
     changed = seq.changes_work(cfg, make_config(profile))

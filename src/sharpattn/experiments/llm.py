@@ -25,8 +25,8 @@ import torch
 
 from ..diagnostics import capture
 from ..integrations.pretrained import quiet_transformers
+from ..lab import memory, runner
 from ..lab import report as kit
-from ..lab import runner
 from ..lab.runner import Clock, Progress, RunFolder, emit, write_metrics
 
 _PROMPTS = 0  # purpose of a run seed (runner.generator(seed, purpose, n))
@@ -38,6 +38,12 @@ PROMPT = (
     "Largest: 42\nNumbers: 6, 61, 70, 15, 2\nLargest: 70\nNumbers: {seq}\nLargest:"
 )
 TRAIN_CONTEXT = 2048  # SmolLM2's pre-training context
+#: SmolLM2-135M as memory estimates see it (`lab.memory`): 30 layers of width 576 with 9 heads
+#: and a vocabulary of 49,152 whose embeddings are its output layer; its gated MLP's three
+#: matrices of width 1,536 counted as two of 2,304
+SMOLLM2_SHAPE = memory.Shape(d_model=576, heads=9, layers=30, vocab=49152, mlp=2304, tied=True)
+#: the longest input SmolLM2 takes (its ``max_position_embeddings``)
+SMOLLM2_CONTEXT = 8192
 #: (label, method, fixed parameters). ssmax with s = 1/log 2048 equals softmax at n = 2048 keys
 #: and flattens attention below it; length_scaled with c = 0.05 sharpens by 1 + 0.05·log n.
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
@@ -49,6 +55,14 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 QUICK_SIZES = [2, 4, 8, 16, 32, 64, 128]
 FULL_SIZES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def pretrained_shape(name: str) -> tuple[memory.Shape, int] | None:
+    """``(shape, context)`` of the pretrained decoder ``name`` for memory estimates, or None for
+    a model that is not SmolLM2 (loading it says which models are known)."""
+    from ..integrations.pretrained import SMOLLM2, canonical
+
+    return (SMOLLM2_SHAPE, SMOLLM2_CONTEXT) if canonical(name) == SMOLLM2 else None
 
 
 def max_prompts(n: int, count: int, seed: int) -> list[tuple[str, int]]:

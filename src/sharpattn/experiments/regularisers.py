@@ -193,6 +193,7 @@ def study(
             else "name at least one regulariser."
         )
     mr.check_sizes(config.sizes)
+    mr.check_groups(config, ray)
     out = Path(out)
     RunFolder(out, "max-retrieval-regularisers",
               {"run": asdict(config), "regularisers": regularisers},

@@ -26,6 +26,7 @@ from ..attention.selective import parameter_overhead
 from ..diagnostics import qk_operator_norm, spikiness
 from ..lab import report
 from ..lab.runner import Progress, Trainer, emit, generator, seeded
+from ..lab.runs import check_memory
 from .selective_common import (
     DATA,
     FIG2_CLAIMS,
@@ -88,14 +89,22 @@ def default_text_path() -> Path:
     return Path(str(resources.files("sharpattn.tasks").joinpath("data", PACKAGED_TEXT)))
 
 
+#: bytes per byte of a text file while the language model reads it: the text and its
+#: characters' ids as a list and as a tensor (18 measured on ASCII text)
+TEXT_BYTES = 32
+
+
 def load_text(path: str | Path | None = None) -> str:
-    """The training text (default `default_text_path`); a missing file is one sentence."""
+    """The training text (default `default_text_path`); a missing file, or one too large for
+    the memory available (`TEXT_BYTES` per byte), is one sentence."""
     path = Path(path) if path is not None else default_text_path()
     if not path.is_file():
         raise FileNotFoundError(
             f"no text file at {path}: pass --text PATH to a plain-text corpus such as tiny "
             "Shakespeare."
         )
+    size = path.stat().st_size
+    check_memory(TEXT_BYTES * size, f"reading the {size:,}-byte text {path}", "--text files")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -115,8 +115,10 @@ class Experiment:
     - ``default_folder(config, profile)`` and ``run_experiment(folder, config, progress, pool)
       -> Result`` (``pool``: a Ray address, or None);
     - optionally ``check(given)`` (refuses a combination of options in one sentence before any
-      work), ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the
-      run folder, and a line saying what was chosen) and ``catalogue(config)`` (``--list``)."""
+      work), ``check_memory(config, pool)`` (refuses in one sentence, before any model is built,
+      a run whose estimated memory is more than is available: `lab.memory`),
+      ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the run
+      folder, and a line saying what was chosen) and ``catalogue(config)`` (``--list``)."""
 
     name: str
     module: str

@@ -36,6 +36,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+class HookError(ValueError):
+    """A family's hook returned what its family cannot use. ``clause`` says which hook and what
+    it returned; ``attend`` adds the method's name (``method``)."""
+
+    def __init__(self, clause: str, method: str | None = None):
+        super().__init__(clause if method is None else f"method {method!r}: {clause}.")
+        self.clause, self.method = clause, method
+
+
 def on_device(value, dtype: torch.dtype, device) -> Tensor:
     """``value`` (a number or a tensor) as a tensor of ``dtype`` on ``device``: a tensor is
     converted (no copy where it is there already), a number filled in by a kernel
@@ -112,12 +121,21 @@ def normalizer(fn):
     def guarded(scores, mask=None, *args, **params):
         if torch.is_tensor(scores) and scores.dim() >= 1 and scores.numel() == 0:
             prepare(scores, mask, check_finite=False)  # dtype, mask dtype and shape
-            # the parameters are checked as for any input: on a stand-in with nothing allowed,
-            # one query and one key, the leading (batch, head) sizes kept (0 made 1) so per-head
-            # tensor parameters broadcast: O(B·H) memory, whatever Lq and Lk are
-            lead = scores.shape[:-2] if scores.dim() >= 2 else ()
-            shape = (*(max(n, 1) for n in lead), *(1,) * min(scores.dim(), 2))
-            fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args, **params)
+            # the parameters are checked as for any input: on a stand-in with nothing allowed
+            # and one key, the other sizes kept (0 made 1) so per-head and per-query tensor
+            # parameters broadcast: O(B·H·Lq) memory, whatever Lk is; a tensor parameter with
+            # no values (of a zero-size batch) has none to check and is left out
+            shape = (*(max(n, 1) for n in scores.shape[:-1]), 1)
+            shown = {
+                name: value
+                for name, value in params.items()
+                if not (torch.is_tensor(value) and value.numel() == 0)
+            }
+            try:
+                fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args,
+                   **shown)  # fmt: skip
+            except HookError:  # a family's hook, not its parameters: no score asks it here
+                pass
             return scores * 0
         return fn(scores, mask, *args, **params)
 

@@ -33,6 +33,8 @@ parameter of the method as keywords (``**params``), the learnable ones as tensor
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -41,10 +43,74 @@ import torch
 import torch.nn.functional as F
 
 from . import _entmax  # the entmax package's functions in a form torch.compile can trace
-from ._contract import finish, masked_softmax, on_device, prepare, shift_to_row_max, visible_keys
+from ._contract import (
+    HookError,
+    finish,
+    masked_softmax,
+    on_device,
+    prepare,
+    shift_to_row_max,
+    visible_keys,
+)
 from .stats import entropy
 
 Tensor = torch.Tensor
+
+
+def _what(value) -> str:
+    """A hook's result in words: a tensor by its dtype and shape, anything else by its repr."""
+    if torch.is_tensor(value):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def per_row(value, hook: str, rows: tuple) -> Any:
+    """``value``, the result of a per-row hook (β, a sink's bias, r, θ, α), if it is one:
+    a real number, or a floating tensor of one value per row of scores ``rows`` (``[..., Lq,
+    1]``: a shape that broadcasts to it without growing it, e.g. ``[1, H, 1, 1]``); else
+    `HookError`. Shapes and types only (no host synchronisation)."""
+    if _is_real(value):
+        return value
+    if torch.is_tensor(value) and value.is_floating_point():
+        try:
+            ok = torch.broadcast_shapes(value.shape, rows) == torch.Size(rows)
+        except RuntimeError:
+            ok = False
+        if ok:
+            return value
+    raise HookError(
+        f"its family's {hook} returned {_what(value)}; it must return a number or a floating "
+        f"tensor of one value per row, broadcastable to [..., Lq, 1] (here {list(rows)})"
+    )
+
+
+def per_score(hook_fn: Callable, hook: str, x: Tensor, *args, **constants) -> Tensor:
+    """``hook_fn(x, *args, **constants)`` for an element-wise hook (f, u, a, ref), checked: a
+    floating tensor of the scores' shape (cast to their dtype), made without changing ``x`` in
+    place; else `HookError`."""
+    # (an inference tensor has no version counter; torch.compile traces no in-place check)
+    version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
+    value = hook_fn(x, *args, **constants)
+    if version is not None and x._version != version:
+        raise HookError(
+            f"its family's {hook} changed the scores in place; it must return a new tensor "
+            "(torch.sigmoid(s), not s.sigmoid_())"
+        )
+    if torch.is_tensor(value) and value.is_floating_point() and value.shape == x.shape:
+        return value.to(x.dtype)
+    raise HookError(
+        f"its family's {hook} returned {_what(value)} for scores of shape {list(x.shape)}; it "
+        "must return a floating tensor of the scores' shape (one value per score)"
+    )
+
+
+def _rows_of(x: Tensor) -> tuple:
+    return (*x.shape[:-1], 1)
 
 
 @dataclass(frozen=True)
@@ -65,7 +131,11 @@ class RowScaled:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         n = visible_keys(allowed, dtype=x.dtype) if self.counts else None
-        return finish(masked_softmax(x, allowed, self.beta(n, **params)), scores)
+        return finish(masked_softmax(x, allowed, self.beta_of(n, _rows_of(x), **params)), scores)
+
+    def beta_of(self, n, rows: tuple, **params):
+        """β of rows ``rows`` (``[..., Lq, 1]``) with visible keys ``n``, checked (`per_row`)."""
+        return per_row(self.beta(n, **params), "beta", rows)
 
 
 @dataclass(frozen=True)
@@ -91,9 +161,17 @@ class Elementwise:
                 **params) -> Tensor:  # fmt: skip
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
-        r = self.row(visible_keys(allowed, dtype=x.dtype), **params)
-        w = self.f(x, r, **self.constants_of(params))
+        r = self.row_of(visible_keys(allowed, dtype=x.dtype), _rows_of(x), **params)
+        w = self.weight(x, r, **self.constants_of(params))
         return finish(w.masked_fill(~allowed, 0.0), scores)
+
+    def row_of(self, n: Tensor, rows: tuple, **params):
+        """r of rows ``rows`` with visible keys ``n``, checked (`per_row`)."""
+        return per_row(self.row(n, **params), "row", rows)
+
+    def weight(self, s: Tensor, r, **constants) -> Tensor:
+        """f(s, r), checked (`per_score`)."""
+        return per_score(self.f, "f", s, r, **constants)
 
     def constants_of(self, params: dict[str, Any]) -> dict[str, Any]:
         """The parameters ``f`` reads, from a call's ``params``."""
@@ -120,8 +198,11 @@ class Adaptive:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         h = entropy(masked_softmax(x, allowed), eps=self.entropy_eps).unsqueeze(-1)
-        beta = self.beta(h, **params)
-        return finish(masked_softmax(x, allowed, beta), scores)
+        return finish(masked_softmax(x, allowed, self.beta_of(h, _rows_of(x), **params)), scores)
+
+    def beta_of(self, h: Tensor, rows: tuple, **params):
+        """β of rows ``rows`` with entropies ``h``, checked (`per_row`)."""
+        return per_row(self.beta(h, **params), "beta", rows)
 
 
 @dataclass(frozen=True)
@@ -139,17 +220,22 @@ class Sink:
                 **params) -> Tensor:  # fmt: skip
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
-        b = self.bias(visible_keys(allowed, dtype=x.dtype), **params)
+        b = self.bias_of(visible_keys(allowed, dtype=x.dtype), _rows_of(x), **params)
         b = on_device(b, x.dtype, x.device).expand(*x.shape[:-1], 1)
         # softmax over [keys..., sink]: the sink column is always allowed, so no row is empty
         logits = torch.cat([x.masked_fill(~allowed, float("-inf")), b], dim=-1)
         w = torch.softmax(logits, dim=-1)[..., :-1].masked_fill(~allowed, 0.0)
         return finish(w, scores)
 
+    def bias_of(self, n: Tensor, rows: tuple, **params):
+        """b of rows ``rows`` with visible keys ``n``, checked (`per_row`)."""
+        return per_row(self.bias(n, **params), "bias", rows)
+
 
 @dataclass(frozen=True)
 class RowNormalised:
-    """w_ij = u_ij / Σ_j a_ij over the allowed keys of row i (0 where the sum is 0), with
+    """w_ij = u_ij / Σ_j a_ij over the allowed keys of row i (u_ij itself where the sum is 0,
+    which is 0 for a map with |u| <= a), with
     u_ij = ``u(s_ij, m_i, **constants)`` and a_ij = ``a(s_ij, m_i, **constants)`` (``a`` None:
     a = u, w = u/Σu). Rows need not sum to one (|u| <= a gives Σ|w| <= 1).
 
@@ -183,15 +269,15 @@ class RowNormalised:
         """m per row ``[..., r, 1]``, detached: max(0, max of ``ref`` over the allowed keys)."""
         if self.ref is None:
             return x.new_zeros(*x.shape[:-1], 1)
-        r = self.ref(x.detach())
+        r = per_score(self.ref, "ref", x.detach())
         r = r if allowed is None else r.masked_fill(~allowed, 0.0)
         return r.amax(dim=-1, keepdim=True).clamp_min(0.0)
 
     def terms(self, x: Tensor, m: Tensor, allowed: Tensor | None, **constants):
         """(u, Σ_j a) of scores ``x`` (a tile or the matrix) against the reference m, 0 at the
         keys ``allowed`` leaves out."""
-        u = self.u(x, m, **constants)
-        a = u if self.a is None else self.a(x, m, **constants)
+        u = per_score(self.u, "u", x, m, **constants)
+        a = u if self.a is None else per_score(self.a, "a", x, m, **constants)
         if allowed is not None:
             u, a = u.masked_fill(~allowed, 0.0), a.masked_fill(~allowed, 0.0)
         return u, a.sum(dim=-1, keepdim=True)
@@ -221,7 +307,7 @@ class TopK:
                 **params) -> Tensor:  # fmt: skip
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
-        kk = min(int(self.count(**params)), x.shape[-1])
+        kk = min(self.count_of(**params), x.shape[-1])
         logits = x.masked_fill(~allowed, float("-inf"))
         tau = logits.topk(kk, dim=-1).values[..., -1:]  # the k-th largest (−inf: keep all allowed)
         above = logits > tau
@@ -229,6 +315,13 @@ class TopK:
         need = kk - above.sum(-1, keepdim=True)  # how many of the ties at τ are kept, in key order
         keep = above | (tie & (tie.cumsum(-1) <= need))
         return finish(masked_softmax(x, keep), scores)
+
+    def count_of(self, **params) -> int:
+        """k of a call with ``params``: an integer >= 1, else `HookError`."""
+        k = self.count(**params)
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1:
+            return int(k)
+        raise HookError(f"its family's count returned {_what(k)}; it must return an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -254,20 +347,37 @@ class Sparse:
     kernel: str | None = None
     path: ClassVar[str] = "sparse"
 
-    def alpha_of(self, params: dict[str, Any]):
-        """α of a call with ``params``."""
-        return self.alpha(**params) if callable(self.alpha) else self.alpha
+    def alpha_of(self, params: dict[str, Any], rows: tuple | None = None):
+        """α of a call with ``params``: the family's number, or its function's result checked
+        (`per_row`, rows ``rows`` ``[..., Lq, 1]``; a number in `_entmax.SAFE_ALPHA`)."""
+        if not callable(self.alpha):
+            return self.alpha
+        alpha = per_row(self.alpha(**params), "alpha", rows or (1, 1, 1, 1))
+        low, high = _entmax.SAFE_ALPHA
+        if not torch.is_tensor(alpha) and not low <= alpha <= high:
+            raise HookError(
+                f"its family's alpha returned {alpha!r}; it must be in [{low:g}, {high:g}]"
+            )
+        return alpha
+
+    def scale_of(self, n: Tensor, rows: tuple, **params):
+        """θ of rows ``rows`` with visible keys ``n``, checked (`per_row`)."""
+        return per_row(self.scale(n, **params), "scale", rows)
 
     def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
                 **params) -> Tensor:  # fmt: skip
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
-        alpha = self.alpha_of(params)
+        alpha = self.alpha_of(params, _rows_of(x))
         if torch.is_tensor(alpha):
             alpha = alpha.to(x.dtype)
+            if check_finite:
+                check_range(alpha, "alpha", *_entmax.SAFE_ALPHA)
         z = shift_to_row_max(x, allowed)
         if self.scale is not None:
-            theta = self.scale(visible_keys(allowed, dtype=x.dtype), **params)
+            theta = self.scale_of(visible_keys(allowed, dtype=x.dtype), _rows_of(x), **params)
+            if check_finite:
+                check_range(theta, "scale", 0.0, math.inf, low_open=True)
             big = torch.finfo(x.dtype).max
             # θ > 0 and s − max s <= 0: θ·(s − max s) <= 0 cannot overflow to +inf
             z = (theta * z).clamp(-big, big)
@@ -292,11 +402,17 @@ class StickBreaking:
     (with ``check_finite``, which reads the mask). Computed in log space, the product a reversed
     exclusive cumulative sum of log σ(−s). No hooks: a plug-in that declares it gets the
     stick-breaking tile path (log-space running sums over reversed key tiles), which is this
-    maths. ``kernel``: ``"stick_breaking"`` for the built-in (the same path, C++ loops on the
-    CPU)."""
+    maths, given every parameter of ``reads`` the method declares (a ``shift`` and
+    ``shift_log_position`` included). A method of this family always takes ``query_offset``
+    (the registry adds it where the entry leaves it out): a path that cuts the queries into
+    blocks tells each block where it starts. ``kernel``: ``"stick_breaking"`` for the built-in
+    (the same path, C++ loops on the CPU)."""
 
     kernel: str | None = None
     path: ClassVar[str] = "stick_breaking"
+    #: the parameters its maths reads (every path is given them, none other)
+    reads: ClassVar[tuple[str, ...]] = ("attend_current", "query_offset", "shift",
+                                        "shift_log_position")  # fmt: skip
 
     def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
                 **params) -> Tensor:  # fmt: skip
@@ -328,6 +444,21 @@ class StickBreaking:
         later = F.pad(torch.cumsum(log_keep.flip(-1), dim=-1).flip(-1)[..., 1:], (0, 1))
         w = torch.exp(F.logsigmoid(x) + later).masked_fill(~allowed, 0.0)
         return finish(w, scores)
+
+
+def check_range(value, hook: str, low: float, high: float, *, low_open: bool = False) -> None:
+    """`HookError` unless every value of a hook's result (a number or a tensor) is in [low,
+    high] (``low_open``: (low, high]). Reads a tensor on the host: only where values are
+    checked."""
+    t = torch.as_tensor(value).detach()
+    bad = torch.isnan(t) | (t <= low if low_open else t < low) | (t > high)
+    if bool(bad.any()):
+        got = float(t[bad][0]) if t.dim() else float(t)
+        if high == math.inf:
+            where = f"{'>' if low_open else '>='} {low:g}"
+        else:
+            where = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise HookError(f"its family's {hook} returned {got!r}; it must be {where}")
 
 
 def score_shift(lq: int, offset: int, shift, shift_log_position, like: Tensor) -> Tensor:
@@ -403,6 +534,7 @@ __all__ = [
     "FAMILIES",
     "Adaptive",
     "Elementwise",
+    "HookError",
     "RowNormalised",
     "RowScaled",
     "Sink",

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from .families import Elementwise, HookError, RowNormalised, per_score
 from .registry import Normalizer, get, register
 
 __all__ = ["PluginFailed", "ensure", "is_spec", "load", "probe"]
@@ -107,6 +108,8 @@ def _watched(entry: Normalizer):
     def watched(scores, mask=None, **params):
         try:
             weights = fn(scores, mask, **params)
+        except HookError as err:  # its family's hook: what it returned
+            raise PluginFailed(err.clause) from None
         except (Exception, SystemExit) as err:
             raise PluginFailed(f"it raised {_one(err)}") from None
         if torch.is_tensor(weights) and not bool(torch.isfinite(weights).all()):
@@ -148,6 +151,8 @@ def probe(entry: Normalizer) -> None:
     what = f"method {entry.name!r}"
     try:
         weights = entry.fn(scores, mask, check_finite=True, **params)
+    except HookError as err:
+        raise ValueError(f"{what}: {err.clause} (on a probe input).") from None
     except (Exception, SystemExit) as err:  # the user's function: whatever it raises is the refusal
         raise ValueError(f"{what} raised on a probe input: {_one(err)}.") from None
     if not torch.is_tensor(weights) or weights.shape != scores.shape:
@@ -163,6 +168,8 @@ def probe(entry: Normalizer) -> None:
     if entry.family is not None:  # its fast path runs the family's maths: the same weights
         try:
             ref = entry.family.weights(scores.detach(), mask, check_finite=True, **params)
+        except HookError as err:
+            raise ValueError(f"{what}: {err.clause} (on a probe input).") from None
         except (Exception, SystemExit) as err:
             raise ValueError(f"{what}: its family raised on a probe input: {_one(err)}.") from None
         if not torch.allclose(ref, weights.detach(), rtol=1e-5, atol=1e-6):
@@ -171,6 +178,10 @@ def probe(entry: Normalizer) -> None:
                 f"{what}: its family's maths gives other weights than its function on a probe "
                 f"input (largest difference {gap:.3g}); pass fn=family.weights."
             )
+        try:
+            _probe_hooks(entry.family, scores.detach(), params, what)
+        except HookError as err:
+            raise ValueError(f"{what}: {err.clause} (on a probe input).") from None
     if bool((weights.detach()[..., ~mask] != 0).any()):
         raise ValueError(
             f"{what} gave a nonzero weight at a masked position; masked entries must be exactly "
@@ -187,6 +198,54 @@ def probe(entry: Normalizer) -> None:
             raise ValueError(f"{what} failed in backward on a probe input: {_one(err)}.") from None
         if any(g is not None and not bool(torch.isfinite(g).all()) for g in grads):
             raise ValueError(f"{what} has a NaN or infinite gradient on a probe input.")
+
+
+def _probe_hooks(family, scores: torch.Tensor, params: dict, what: str) -> None:
+    """Refuse what the naive maths cannot show but the tiles would compute otherwise: an
+    element-wise hook (`Elementwise`'s f, `RowNormalised`'s u, a and ref) whose result on a
+    score depends on the other scores of its row (run on the whole rows, then on two halves of
+    the keys, as tiles do), a negative a, or an a that sums to 0 on a row where u is not 0."""
+    constants = family.constants_of(params) if hasattr(family, "constants_of") else {}
+    if isinstance(family, Elementwise):
+        rows = (*scores.shape[:-1], 1)
+        r = family.row_of(torch.ones(rows), rows, **params)
+        hooks = {"f": (family.f, (r,))}
+    elif isinstance(family, RowNormalised):
+        m = family.reference(scores, None)
+        hooks = {"u": (family.u, (m,)), "a": (family.a, (m,)), "ref": (family.ref, ())}
+    else:
+        return
+    half = scores.shape[-1] // 2
+    values = {}
+    with torch.no_grad():
+        for name, (fn, args) in hooks.items():
+            if fn is None:
+                continue
+            kw = {} if name == "ref" else constants
+
+            def run(s, fn=fn, name=name, args=args, kw=kw):
+                return per_score(fn, name, s, *args, **kw)
+
+            values[name] = whole = run(scores)
+            parts = torch.cat([run(scores[..., :half]), run(scores[..., half:])], dim=-1)
+            if not torch.allclose(whole, parts, rtol=1e-5, atol=1e-6, equal_nan=True):
+                raise ValueError(
+                    f"{what}: its family's {name} is not element-wise (its value at a score "
+                    "changed with the other scores of its row on a probe input); the fast path "
+                    "sees part of a row at a time, so it must depend on each score alone."
+                )
+    if "a" in values:
+        u, a = values["u"], values["a"]
+        if bool((a < 0).any()):
+            raise ValueError(
+                f"{what}: its family's a returned a negative value on a probe input; a must be "
+                ">= 0."
+            )
+        if bool(((a.sum(-1) == 0) & (u.abs().sum(-1) > 0)).any()):
+            raise ValueError(
+                f"{what}: its family's a sums to 0 on a row where u does not (on a probe input); "
+                "a must be > 0 wherever u is not 0 (|u| <= a)."
+            )
 
 
 def _one(err: BaseException) -> str:

@@ -222,6 +222,16 @@ CHECK_FINITE = Param(
 )
 
 
+#: the key position of the first query row, which a stick-breaking method takes
+QUERY_OFFSET = Param(
+    "query_offset",
+    None,
+    "key position of the first query row (default Lk − Lq)",
+    kind="int",
+    optional=True,
+)
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """A registry entry: the function and the facts about it."""
@@ -244,6 +254,14 @@ class Normalizer:
     family: Any = None
 
     def __post_init__(self):
+        if (
+            isinstance(self.family, families.StickBreaking)
+            and isinstance(self.params, tuple)
+            and not any(getattr(p, "name", None) == "query_offset" for p in self.params)
+        ):
+            # the family's rows depend on the query's key position: every path that cuts the
+            # queries into blocks passes it, so the entry takes it (as the built-in does)
+            object.__setattr__(self, "params", (*self.params, QUERY_OFFSET))
         if self.family is not None and self.fused is None:
             # the built-in kernel the family names, else its family's path (validate() refuses
             # anything that is not a family)
@@ -253,6 +271,15 @@ class Normalizer:
     @property
     def learnable(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.learnable)
+
+    @property
+    def positional(self) -> bool:
+        """Whether its rows depend on the query's key position (``query_offset``, as
+        stick-breaking's): a path that cuts the queries into blocks tells each block where it
+        starts."""
+        return isinstance(self.family, families.StickBreaking) or any(
+            p.name == "query_offset" for p in self.params
+        )
 
     def check_params(
         self, params: Mapping[str, Any], *, check_values: bool = True, rows: tuple | None = None

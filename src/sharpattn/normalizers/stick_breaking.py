@@ -8,7 +8,7 @@ import torch
 
 from ._contract import normalizer
 from .families import StickBreaking
-from .registry import Normalizer, Param, register
+from .registry import QUERY_OFFSET, Normalizer, Param, register
 
 Tensor = torch.Tensor
 
@@ -71,13 +71,7 @@ stick_breaking = register(
                 0.0,
                 "score shift per log of the query's position (−1: −log i)",
             ),
-            Param(
-                "query_offset",
-                None,
-                "key position of the first query row (default Lk − Lq)",
-                kind="int",
-                optional=True,
-            ),
+            QUERY_OFFSET,
         ),
     )
 ).fn

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ...lab import report, runner
+from ...lab import memory, report, runner
 from ...lab.protocol import Result, option
 from ...lab.runner import Clock, Progress, RunFolder, emit, write_metrics
 from ...tasks.bigram_backcopy import BigramBackcopy
@@ -107,6 +107,7 @@ __all__ = [
     "Invocation",
     "Options",
     "configure",
+    "check_memory",
     "default_folder",
     "plan",
     "run_experiment",
@@ -191,6 +192,7 @@ def reproduce(
     ``workers`` > 1 trains them in a local process pool, ``ray`` as Ray tasks
     (`sweep.run_jobs`), longest first; then this process loads them."""
     task = task or BigramBackcopy.tiny_shakespeare()
+    check_memory(Invocation(profile, seed, threads, workers), ray, task)
     folder, cfgs = open_folder(out, profile, seed, threads)
     clock = Clock()
     train_runs(folder, cfgs, task, threads, workers, ray, progress)
@@ -373,6 +375,40 @@ class Invocation:
 def configure(profile: str = "quick", *, seed: int = 0, workers: int | None = None,
               threads: int | None = 1) -> Invocation:  # fmt: skip
     return Invocation(profile, seed, threads, workers or 1)
+
+
+def check_memory(
+    inv: Invocation, pool: str | None = None, task: BigramBackcopy | None = None
+) -> None:
+    """Refuse in one sentence, before any model is built, a reproduction whose largest run
+    (`memory.estimate`: trained on batches of ``batch`` sequences of ``seq_len`` tokens,
+    evaluated on ``eval_batch`` of them) needs more memory than this machine has available, once
+    on each worker process that trains at the same time (Ray's jobs run elsewhere: one is
+    counted)."""
+    task = task or BigramBackcopy.tiny_shakespeare()
+    jobs = []
+    for name in RUNS:
+        cfg = profile_config(inv.profile, name, inv.seed)
+        tc = cfg.model_config(task)
+        shape = memory.Shape(
+            tc.d_model, tc.n_heads, len(tc.layers), tc.vocab_size, tc.n_out, positions=tc.max_len
+        )
+        job = memory.estimate(
+            shape, train=(cfg.batch, cfg.seq_len), evaluate=(cfg.eval_batch, cfg.seq_len)
+        )
+        jobs.append((job.peak, job, cfg, len(tc.layers)))
+    _, job, cfg, layers = max(jobs, key=lambda j: j[0])
+    at_once = 1 if pool is not None else min(inv.workers, len(jobs))
+    what = (
+        f"training a decoder of {layers} layers of width {cfg.d_model} on batches of "
+        f"{cfg.batch} sequences of {cfg.seq_len} tokens"
+    )
+    lower = {"paper": "--medium or --quick", "medium": "--quick"}.get(inv.profile)
+    smaller = f"settings ({lower})" if lower else "settings"
+    if at_once > 1:
+        what += f" in each of {at_once} worker processes at once"
+        smaller += " or --workers"
+    memory.check(job, at_once, what, smaller)
 
 
 def plan(inv: Invocation, profile: str) -> tuple[str, str, bool]:

@@ -60,6 +60,7 @@ from .config import (
     STREAM_TEST,
     STREAM_TRAIN,
     Config,
+    check_memory,
     make_config,
     seeds_of,
     task,
@@ -91,6 +92,7 @@ __all__ = [
     "STREAM_TRAIN",
     "TRAINING",
     "answer_logits",
+    "check_memory",
     "collate",
     "draw",
     "encode",
@@ -118,6 +120,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     """Fine-tune (or resume) both methods for every seed, evaluate, write the report. ``net`` /
     ``tok``: a causal LM and its tokenizer (tests); by default ``cfg.model``."""
     adapters.require_peft()
+    check_memory(cfg)  # before the model is loaded or any test prompt made
     clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
         ts = {name: task(name, cfg) for name in cfg.tasks}

@@ -9,8 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from ...lab import memory
 from ...lab.protocol import option
 from ...lab.runner import profile_settings
+from ..adapters import adapter_parameters
+from ..llm import pretrained_shape
 
 IGNORE = -100
 METHODS = ("softmax", "adaptive")
@@ -134,3 +137,51 @@ def task(name: str, cfg: Config):
 
 def seeds_of(cfg: Config) -> list[int]:
     return [cfg.seed + i for i in range(cfg.seeds)]
+
+
+#: LLM tokens per task token of a CLRS-Text prompt and its answer, at most (SmolLM2's tokenizer:
+#: 1.0-4.1 over the algorithms at sizes 4-128)
+PROMPT_TOKENS = 5
+#: bytes per LLM token of a test prompt while it is made and kept: the task's tokens, the text,
+#: the tokenizer's encoding and the list of ids (191 measured)
+PROMPT_BYTES = 256
+
+
+def check_memory(cfg: Config, pool: str | None = None) -> None:
+    """Refuse in one sentence, before the model is loaded or any test prompt made, a run whose
+    estimated memory (`memory.estimate`) is more than this machine has available: the
+    pretrained model and the copy being fine-tuned with its adapters, every test prompt (all
+    are made before training), and the activations of a training batch at the largest training
+    size and of an evaluation batch at the largest evaluated size, at most the model's context
+    long (a longer prompt is refused once made). The fine-tunings run in this process, so
+    ``pool`` is not used. A model other than SmolLM2 is not estimated: loading it is refused."""
+    known = pretrained_shape(cfg.model)
+    if known is None:
+        return
+    shape, context = known
+    ts = [task(name, cfg) for name in cfg.tasks]
+    hi, top = cfg.train_sizes[1], max(cfg.sizes)
+
+    def tokens(size: int) -> int:  # the longest prompt and answer at ``size``, at most
+        return max(PROMPT_TOKENS * t.length(size) for t in ts)
+
+    made = sum(tokens(size) for size in cfg.sizes) * len(ts) * cfg.prompts * PROMPT_BYTES
+    job = memory.estimate(
+        shape,
+        train=(cfg.batch, min(tokens(hi), context)),
+        evaluate=(cfg.eval_batch, min(tokens(top), context)),
+        trained=adapter_parameters(shape, cfg.rank),
+        copies=2,
+        inputs=made,
+    )
+    grown = "--eval-sizes" if top in cfg.eval_sizes else "--eval-factor"
+    what, smaller = {
+        "inputs": (
+            f"making {cfg.prompts:,} test prompts per algorithm at sizes up to {top:,}",
+            f"{grown} or --prompts",
+        ),
+        "evaluation": (f"evaluating {cfg.model} at size {top:,}", grown),
+        "training": (f"fine-tuning {cfg.model} at size {hi:,}", "--train-sizes"),
+        "model": (f"fine-tuning {cfg.model} with adapters of rank {cfg.rank}", "--rank"),
+    }[job.largest]
+    memory.check(job, 1, what, smaller)

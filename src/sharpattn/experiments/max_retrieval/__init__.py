@@ -45,6 +45,7 @@ from .config import (
     TRAINING_SETTINGS,
     Config,
     build_model,
+    check_groups,
     group_dir,
     groups,
     make_config,
@@ -106,6 +107,8 @@ __all__ = [
     "batch_bytes",
     "BLOCK",
     "build_model",
+    "check_groups",
+    "check_memory",
     "check_sizes",
     "collect_fit_data",
     "Config",
@@ -166,7 +169,7 @@ def reproduce(
     out: Path, config: Config, progress: Progress | None = None, ray: str | None = None
 ) -> dict[str, Any]:
     """Train and evaluate every seed (resuming what exists), then write tables, figures, report."""
-    check_sizes(config.sizes)  # before the run folder is written
+    check_memory(config, ray)  # before the run folder is written
     run = open_run(out, config)
     clock = Clock()
     states = train_all(run, config, progress, ray)
@@ -201,6 +204,13 @@ def reproduce(
 
 
 # --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
+
+
+def check_memory(config: Config, pool: str | None = None) -> None:
+    """The evaluation's sizes and the ensembles trained at once, refused in one sentence before
+    any work where they would not fit in the memory available (`check_sizes`, `check_groups`)."""
+    check_sizes(config.sizes)
+    check_groups(config, pool)
 
 
 def prepare(config: Config, folder: str | Path, given: dict[str, Any]) -> tuple[Config, str | None]:

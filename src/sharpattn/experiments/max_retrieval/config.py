@@ -12,7 +12,7 @@ from ... import normalizers as nz
 from ...lab.protocol import option
 from ...lab.runner import Progress, RunFolder, cores, profile_settings, seeded
 from ...lab.runner import read_config as read_config_json
-from ...lab.runs import available_memory
+from ...lab.runs import available_memory, check_memory
 from ...models import SetAttention
 
 PAPER_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -170,6 +170,19 @@ def member_bytes(config: Config) -> int:
     """Training memory of one member of an ensemble, scaled from `_MEMBER_BYTES` by the
     batch's items (``batch × max_items``)."""
     return _MEMBER_BYTES * max(1, config.batch * config.max_items) // (128 * 16)
+
+
+def check_groups(config: Config, ray: str | None = None) -> None:
+    """Refuse in one sentence, before any model is built, ensembles that need more memory than
+    this machine has available: ``group`` members (`member_bytes` each) on each worker process
+    that trains at the same time (Ray's jobs run elsewhere: one is counted)."""
+    members = min(config.group, config.seeds)
+    at_once = 1 if ray is not None else min(config.workers, len(groups(config)))
+    what, smaller = f"training {members:,} seeds together as one ensemble", "--group"
+    if at_once > 1:
+        what += f" in each of {at_once} worker processes at once"
+        smaller += " or --workers"
+    check_memory(at_once * members * member_bytes(config), what, smaller)
 
 
 def seeds_together(config: Config, run: str | Path | None = None) -> tuple[int, str]:

@@ -55,6 +55,7 @@ from .config import (
     STREAM_INIT,
     STREAM_TRAIN,
     Config,
+    check_memory,
     make_config,
 )
 from .page import (
@@ -96,6 +97,7 @@ __all__ = [
     "run",
     "run_experiment",
     "check",
+    "check_memory",
     "plan",
     "default_folder",
     "run_matched",
@@ -118,6 +120,7 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
     `llm.heldout_text`."""
     from ... import hf
 
+    check_memory(cfg)  # before the model is loaded
     if cfg.lora:
         return run_matched(out, cfg, progress, net=net, ids=ids)
     clock = Clock()

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...attention.selective import SelectiveConfig
+from ...lab import memory
 from ...lab.protocol import option
 from ...lab.runner import profile_settings
+from ..adapters import adapter_parameters
+from ..llm import pretrained_shape
 
 STREAM_TRAIN, STREAM_EVAL, STREAM_INIT = 0, 1, 2  # generator purposes
 
@@ -95,3 +98,32 @@ def make_config(profile: str = "quick", **overrides: Any) -> Config:
     if values.get("lora") and "seeds" not in values:
         values["seeds"] = MATCHED_SEEDS
     return Config(**values)
+
+
+def check_memory(cfg: Config, pool: str | None = None) -> None:
+    """Refuse in one sentence, before the model is loaded, a run whose estimated memory
+    (`memory.estimate`) is more than this machine has available: the pretrained model (with
+    ``lora``, also the copy fine-tuned with its adapters), training on windows of ``context``
+    tokens, and the unpatched model's evaluation of the longest windows (its attention makes
+    whole score matrices). The study runs in this process, so ``pool`` is not used. Lengths
+    beyond the model's context are refused once it is loaded, before any window is made, and a
+    model other than SmolLM2 when it is loaded: neither is estimated."""
+    known = pretrained_shape(cfg.model)
+    if known is None or max(cfg.lengths) > known[1]:
+        return
+    shape, longest = known[0], max(cfg.lengths)
+    job = memory.estimate(
+        shape,
+        train=(cfg.batch, cfg.context),
+        evaluate=(1, longest),
+        trained=adapter_parameters(shape, cfg.lora),
+        copies=2 if cfg.lora else 1,
+        dense=True,
+    )
+    if job.largest == "model" and cfg.lora:
+        what, smaller = f"fine-tuning {cfg.model} with adapters of rank {cfg.lora}", "--lora"
+    elif job.largest == "evaluation":
+        what, smaller = f"evaluating {cfg.model} on windows of {longest:,} tokens", "--context"
+    else:
+        what, smaller = f"training on windows of {cfg.context:,} tokens", "--context"
+    memory.check(job, 1, what, smaller)

@@ -88,8 +88,10 @@ from .scores import (
 )
 from .training import (
     build_model,
+    check_memory,
     check_models,
     failures,
+    job_memory,
     jobs,
     loss_fn,
     run_job,
@@ -127,6 +129,7 @@ __all__ = [
     "build_model",
     "catalogue",
     "changes_work",
+    "check_memory",
     "check_models",
     "compare",
     "curves",
@@ -135,6 +138,7 @@ __all__ = [
     "evaluate",
     "failures",
     "job_identity",
+    "job_memory",
     "jobs",
     "loss_fn",
     "measures",

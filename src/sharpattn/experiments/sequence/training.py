@@ -9,11 +9,22 @@ from typing import Any
 
 import torch
 
-from ...lab import runner, runs
+from ...lab import memory, runner, runs
 from ...lab.runner import Progress, RunFolder, emit
 from ...normalizers import get, plugin
+from ...normalizers.families import HookError
 from .choices import SLOW, STREAM_DATA, STREAM_INIT, Method, resolve
-from .config import IDENTITY, Job, SequenceConfig, method_params, sizes_of, slug, steps_of, task
+from .config import (
+    IDENTITY,
+    Job,
+    SequenceConfig,
+    method_params,
+    sizes_of,
+    slug,
+    steps_of,
+    task,
+    train_length,
+)
 from .evaluation import EVALUATION, SKIPPED, eval_name, evaluate
 from .rows import read_rows, row_problem, rows_file, rows_record
 
@@ -181,12 +192,16 @@ def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[
     where: dict[str, Any] = {}
     try:
         return run_job(job, progress, where)
-    except (plugin.PluginFailed, FloatingPointError) as err:
+    except (plugin.PluginFailed, HookError, FloatingPointError) as err:
         mine = [m.train for m in job.methods if plugin.is_spec(m.train)]
         if not mine:
             raise
         what = (
-            str(err) if isinstance(err, plugin.PluginFailed) else "the loss became NaN or infinite"
+            err.clause
+            if isinstance(err, HookError)
+            else str(err)
+            if isinstance(err, plugin.PluginFailed)
+            else "the loss became NaN or infinite"
         )
         sentence = (
             f"method {mine[0]!r} failed on task {job.task} (seed {job.seed}) "
@@ -276,6 +291,39 @@ def check_models(cfg: SequenceConfig, experiment: str, todo: list[Job] = (),
         )
 
 
+def job_memory(cfg: SequenceConfig, name: str) -> memory.Estimate:
+    """The memory of a job of task ``name`` (`memory.estimate`): its decoder trained on batches
+    of its longest training sequence and evaluated on batches at its largest size."""
+    t = task(name)
+    shape = memory.Shape(cfg.d_model, cfg.heads, cfg.layers, t.vocab_size)
+    longest = t.length(max(sizes_of(cfg, name)))
+    return memory.estimate(
+        shape, train=(cfg.batch, train_length(t)), evaluate=(cfg.eval_batch, longest)
+    )
+
+
+def check_memory(cfg: SequenceConfig, ray: str | None = None) -> None:
+    """Refuse in one sentence, before any model is built or test sequence made, a sweep whose
+    largest job (`job_memory`) needs more memory than this machine has available, once on each
+    worker process that runs at the same time (Ray's jobs run elsewhere: one is counted)."""
+    estimates = {name: job_memory(cfg, name) for name in cfg.tasks}
+    name = max(estimates, key=lambda n: estimates[n].peak)
+    job, t = estimates[name], task(name)
+    at_once = 1 if ray is not None else min(cfg.workers, len(jobs("", cfg)))
+    params = memory.Shape(cfg.d_model, cfg.heads, cfg.layers, t.vocab_size).parameters
+    decoder = f"a decoder of {cfg.layers} layers of width {cfg.d_model:,} ({params:,} parameters)"
+    if job.largest == "evaluation":
+        size = max(sizes_of(cfg, name))
+        what = f"evaluating {decoder} on {name} at size {size:,} ({t.length(size):,} tokens)"
+        options = ["--eval-factor", "--d-model"]
+    else:
+        what, options = f"training {decoder}", ["--d-model", "--layers"]
+    if at_once > 1:
+        what += f" in each of {at_once} worker processes at once"
+        options.append("--workers")
+    memory.check(job, at_once, what, ", ".join(options[:-1]) + " or " + options[-1])
+
+
 def sweep(
     out: str | Path,
     experiment: str,
@@ -288,6 +336,7 @@ def sweep(
     from ...lab.sweep import run_jobs
 
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
+    check_memory(cfg, ray)
     check_models(cfg, experiment, todo, out)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's

@@ -164,47 +164,45 @@ def test_when_the_loops_run(monkeypatch):
     assert not Grid(q, q, q, masking, 1.0).native
 
 
-def test_a_compiler_that_fails_warns_once_and_leaves_pytorch(monkeypatch, tmp_path):
+@pytest.fixture
+def broken_compiler(monkeypatch, tmp_path):
+    """A C++ compiler that always fails (``CXX``), a fresh cache, the library not loaded yet;
+    afterwards the next test finds the real compiler again."""
     fake = tmp_path / "broken-c++"
     fake.write_text("#!/bin/sh\necho 'broken: cannot compile' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     native.library.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="could not be built or loaded"):
-            assert native.library() is None
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # said once
-            assert not native.wanted(torch.device("cpu"), torch.float32)
-        monkeypatch.setenv("CXX", "")
-        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no compiler at all: quietly
-        native.library.cache_clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert native.library() is None
-    finally:
-        native.library.cache_clear()  # the next test finds the real compiler again
+    yield
+    native.library.cache_clear()
 
 
-def test_the_fallback_under_warnings_as_errors_is_one_line(monkeypatch, tmp_path, capsys):
+def test_a_compiler_that_fails_warns_once_and_leaves_pytorch(
+    monkeypatch, tmp_path, broken_compiler
+):
+    with pytest.warns(RuntimeWarning, match="could not be built or loaded"):
+        assert native.library() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert not native.wanted(torch.device("cpu"), torch.float32)
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no compiler at all: quietly
+    native.library.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.library() is None
+
+
+def test_the_fallback_under_warnings_as_errors_is_one_line(capsys, broken_compiler):
     """``PYTHONWARNINGS=error`` turns every warning into an exception: the fallback to PyTorch
     is no error, so it is said once on stderr instead, and the work goes on."""
-    fake = tmp_path / "broken-c++"
-    fake.write_text("#!/bin/sh\nexit 1\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("CXX", str(fake))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    native.library.cache_clear()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert native.library() is None
-            assert not native.wanted(torch.device("cpu"), torch.float32)
-        err = capsys.readouterr().err
-        assert err.count("could not be built or loaded") == 1 and "Traceback" not in err
-    finally:
-        native.library.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.library() is None
+        assert not native.wanted(torch.device("cpu"), torch.float32)
+    err = capsys.readouterr().err
+    assert err.count("could not be built or loaded") == 1 and "Traceback" not in err
 
 
 def test_a_home_folder_that_does_not_exist_is_not_created(monkeypatch, tmp_path):

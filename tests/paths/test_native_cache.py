@@ -167,6 +167,7 @@ def test_ctypes_never_sees_a_file_whose_sha256_differs(tmp_path, built, monkeypa
 
 
 def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
+    (tmp_path / "home").mkdir()  # a home folder that exists (a missing one is not created)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     for relative in ("cache", "./cache", "../cache", ""):

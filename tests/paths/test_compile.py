@@ -370,3 +370,99 @@ def test_native_loops_compile_with_inductor(method):
     torch._dynamo.reset()
     got = _forward_backward(torch.compile(run, fullgraph=True), q, k, v, None, {})
     _close(got, _forward_backward(run, q, k, v, None, {}), f"inductor {method}")
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's method of every family (its hooks plain module-level functions, as a plug-in's are)
+
+
+def _grown_beta(n, gamma=0.5, **_):
+    return 1.0 + gamma * torch.log(n.clamp_min(1.0))
+
+
+def _entropy_beta(h, a=0.4, **_):
+    return 1.0 + a * h
+
+
+def _tanh_sink(n, strength=0.5, **_):
+    return strength * torch.tanh(torch.log(n.clamp_min(1.0)))
+
+
+def _softplus_f(s, r):
+    return torch.nn.functional.softplus(s + r)
+
+
+def _shift_row(n, bias=0.0, **_):
+    return bias - torch.log(n.clamp_min(1.0))
+
+
+def _softplus_u(s, m):
+    return torch.nn.functional.softplus(s - m)
+
+
+def _two(**_):
+    return 2
+
+
+def _alpha_125(**_):
+    return 1.25
+
+
+def _grown_theta(n, gamma=0.5, **_):
+    return 1.0 + torch.nn.functional.softplus(gamma) * torch.log(n.clamp_min(1.0))
+
+
+def _user_families():
+    from sharpattn.normalizers import families as fam
+
+    learn = {
+        "gamma": nz.Param("gamma", 0.5, "γ", learnable=True),
+        "a": nz.Param("a", 0.4, "a", learnable=True),
+        "strength": nz.Param("strength", 0.5, "a", learnable=True),
+        "bias": nz.Param("bias", 0.0, "b", learnable=True),
+    }
+    table = {
+        "row_scaled": (fam.RowScaled(_grown_beta), ("gamma",)),
+        "adaptive": (fam.Adaptive(_entropy_beta), ("a",)),
+        "sink": (fam.Sink(_tanh_sink), ("strength",)),
+        "elementwise": (fam.Elementwise(_softplus_f, _shift_row), ("bias",)),
+        "row_normalised": (fam.RowNormalised(_softplus_u, ref=torch.relu), ()),
+        "top_k": (fam.TopK(_two), ()),
+        "sparse": (fam.Sparse(_alpha_125, scale=_grown_theta), ("gamma",)),
+        "stick_breaking": (fam.StickBreaking(), ()),
+    }
+    return {
+        name: nz.Normalizer(
+            f"test_compile_{name}",
+            family.weights,
+            "-",
+            "-",
+            False,
+            params=tuple(learn[p] for p in params),
+            family=family,
+        )  # fmt: skip
+        for name, (family, params) in table.items()
+    }
+
+
+USER_FAMILIES = _user_families()
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked", "fused"])
+@pytest.mark.parametrize("family", list(USER_FAMILIES))
+def test_a_user_method_of_every_family_compiles_whole(register_normalizer, family, impl):
+    """A user's method of each family (learnable parameters as per-head tensors) compiles with
+    ``fullgraph=True``, forward and backward, on every path, and equals eager: the generic tile
+    runners differentiate a user's map with ``torch.func.vjp``, which dynamo traces."""
+    method = register_normalizer(USER_FAMILIES[family])
+    q, k, v, mask = _inputs()
+    params = _params(method)
+    causal = True  # stick-breaking is causal only; the others take the same mask
+
+    def run(q, k, v, mask, params, check_finite=False):
+        return attend(
+            q, k, v, method, mask=mask, causal=causal, impl=impl, block_size=BLOCK,
+            check_finite=check_finite, **params,
+        )  # fmt: skip
+
+    _compiled_equals_eager(run, f"attend({method!r}, impl={impl!r})", q, k, v, mask, params)

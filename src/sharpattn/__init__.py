@@ -6,11 +6,20 @@
 """
 
 from . import normalizers
-from .attention import MultiheadAttention, attend, causal_mask
+from .attention import DropInMultiheadAttention, MultiheadAttention, attend, causal_mask, swap
 from .attention.machine import info
 
 __version__ = "0.1.0"
-__all__ = ["MultiheadAttention", "__version__", "attend", "causal_mask", "info", "normalizers"]
+__all__ = [
+    "DropInMultiheadAttention",
+    "MultiheadAttention",
+    "__version__",
+    "attend",
+    "causal_mask",
+    "info",
+    "normalizers",
+    "swap",
+]
 
 
 def __getattr__(name):

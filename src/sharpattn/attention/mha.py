@@ -1,4 +1,5 @@
-"""MultiheadAttention: a drop-in attention layer for ``[B, L, d]`` inputs, any normalizer."""
+"""MultiheadAttention: an attention layer for ``[B, L, d]`` inputs, any normalizer (the drop-in for
+``torch.nn.MultiheadAttention`` is `dropin.DropInMultiheadAttention`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,59 @@ OPTIONS = (
     Param("causal", False, "causal masking by default"),
     Param("rotary", False, "rotary position embeddings"),
 )
+
+
+def normalizer_parameters(entry, method_params, num_heads, embed_dim, owner, device, dtype):
+    """The normalizer parameters of an attention module with ``num_heads`` heads:
+    ``(learnable, projections, fixed)``.
+
+    ``learnable``: an ``nn.ParameterDict`` of one ``[H]`` parameter per learnable parameter of
+    ``entry`` (initialised to the number in ``method_params`` or the registry default);
+    ``projections``: an ``nn.ModuleDict`` of zero-initialised ``nn.Linear(embed_dim, H)`` for
+    the learnable ones the registry marks ``query_dependent``; ``fixed``: the other
+    ``method_params``. ``method_params`` must have passed ``entry.check_params``; a tensor given
+    for a learnable parameter is refused (``owner`` names the module in the sentence).
+    """
+    for p in entry.learnable:
+        if torch.is_tensor(method_params.get(p.name)):
+            raise ValueError(
+                f"the {entry.name} parameter {p.name} of {owner} must be a number "
+                "(its initial value for every head), got a tensor."
+            )
+    fixed = dict(method_params)
+    factory = {"device": device, "dtype": dtype}
+    learnable = nn.ParameterDict(
+        {
+            p.name: nn.Parameter(
+                torch.full((num_heads,), float(fixed.pop(p.name, p.default)), **factory)
+            )
+            for p in entry.learnable
+        }
+    )
+    projections = nn.ModuleDict(
+        {
+            name: nn.Linear(embed_dim, num_heads, bias=False, **factory)
+            for name in entry.query_dependent
+            if name in learnable
+        }
+    )
+    for proj in projections.values():
+        nn.init.zeros_(proj.weight)
+    return learnable, projections, fixed
+
+
+def row_parameters(module: nn.Module, query: Tensor) -> dict:
+    """The normalizer parameters ``attend`` gets from ``module`` (its ``method_params``,
+    ``normalizer_params`` and ``normalizer_projections``, see `normalizer_parameters`) for the
+    layer input ``query`` ``[B, Lq, d]``: a learnable one per head, ``[1, H, 1, 1]``, or per
+    query, p_h + w_h·x_i, ``[B, H, Lq, 1]``."""
+    params = dict(module.method_params)
+    for name, p in module.normalizer_params.items():
+        params[name] = p.view(1, -1, 1, 1)
+        if name in module.normalizer_projections:
+            w = module.normalizer_projections[name](query).transpose(1, 2).unsqueeze(-1)
+            params[name] = params[name] + w
+    return params
 
 
 class MultiheadAttention(nn.Module):
@@ -134,12 +188,6 @@ class MultiheadAttention(nn.Module):
         # names, types, ranges and a tensor's shape (one value per row: [B|1, H|1, Lq|1, 1]):
         # at construction, once; attend checks the shapes again against each call's B and Lq
         entry.check_params(method_params, rows=(None, num_heads, None))
-        for p in entry.learnable:
-            if torch.is_tensor(method_params.get(p.name)):
-                raise ValueError(
-                    f"the {entry.name} parameter {p.name} of MultiheadAttention must be a number "
-                    "(its initial value for every head), got a tensor."
-                )
         self.method = entry.name
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim, self.causal = head_dim, causal
@@ -155,24 +203,11 @@ class MultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(vdim, num_kv_heads * head_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **factory)
-        self.normalizer_params = nn.ParameterDict(
-            {
-                p.name: nn.Parameter(
-                    torch.full((num_heads,), float(method_params.pop(p.name, p.default)), **factory)
-                )
-                for p in entry.learnable
-            }
+        learnable, projections, fixed = normalizer_parameters(
+            entry, method_params, num_heads, embed_dim, "MultiheadAttention", device, dtype
         )
-        self.normalizer_projections = nn.ModuleDict(
-            {
-                name: nn.Linear(embed_dim, num_heads, bias=False, **factory)
-                for name in entry.query_dependent
-                if name in self.normalizer_params
-            }
-        )
-        for proj in self.normalizer_projections.values():
-            nn.init.zeros_(proj.weight)
-        self.method_params = method_params  # fixed (non-learnable) normalizer parameters
+        self.normalizer_params, self.normalizer_projections = learnable, projections
+        self.method_params = fixed  # fixed (non-learnable) normalizer parameters
         self.selective = self._selective(selective, sharing, factory)
         if gate not in GATES:
             raise ValueError(f"gate must be one of {', '.join(map(repr, GATES))}, got {gate!r}.")
@@ -238,12 +273,7 @@ class MultiheadAttention(nn.Module):
                 )
             km = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
             mask = km if mask is None else mask & km
-        params = dict(self.method_params)
-        for name, p in self.normalizer_params.items():
-            params[name] = p.view(1, h, 1, 1)
-            if name in self.normalizer_projections:  # per query: p_h + w_h·x_i, [B, H, Lq, 1]
-                w = self.normalizer_projections[name](query).transpose(1, 2).unsqueeze(-1)
-                params[name] = params[name] + w
+        params = row_parameters(self, query)
         causal = self.causal if causal is None else causal
         if self.selective is not None:  # τ_q, τ_k, τ_v: [B, heads, L] each
             if self_attention and key_features is None:

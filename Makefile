@@ -28,13 +28,26 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-demo: install
-	@echo "make demo: two steps, about 2 minutes on 2 CPU cores."
+# The install is a sub-make, so that the first line printed says what the wait is for.
+demo:
+	@echo "make demo: the first run installs sharpattn and its packages (torch included) into"
+	@echo "$(VENV) (a few minutes, once); then two steps, about 2 minutes on 2 CPU cores."
+	@$(MAKE) --no-print-directory install
 	@echo "1/2 sharpattn reproduce max-retrieval --quick: trains softmax and adaptive temperature on"
 	@echo "    max retrieval (Softmax is not Enough, Table 1) in small and prints the table (~1.5 min)"
 	$(VENV)/bin/sharpattn reproduce max-retrieval --quick
 	@echo "2/2 sharpattn demo: the winner's weight as n grows, softmax vs adaptive temperature (seconds)"
 	$(VENV)/bin/sharpattn demo
+	@echo ""
+	@echo "Done: the report is runs/max-retrieval-quick/report.md, with its table and plots."
+	@echo "sharpattn is installed in $(VENV), not on your PATH: activate it first,"
+	@echo "    source $(VENV)/bin/activate"
+	@echo "or run $(VENV)/bin/sharpattn. Next:"
+	@echo "    sharpattn --help                 # every command"
+	@echo "    sharpattn list                   # every attention method, with its formula"
+	@echo "    sharpattn dispersion             # which methods disperse as n grows"
+	@echo "    sharpattn reproduce --help       # the other reproductions, one per paper"
+	@echo "    make test                        # every extra, then the whole test suite"
 
 lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks

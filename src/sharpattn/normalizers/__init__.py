@@ -7,7 +7,8 @@ also importable under its registry name (``from sharpattn.normalizers import spa
 ``__all__`` lists the public names: the registry, every built-in method, adaptive's temperature
 polynomial and the row statistics. The contract's building blocks for writing a normalizer
 (``prepare``, ``masked_softmax``, ``finish``, ...) are imported from their module,
-``sharpattn.normalizers._contract``.
+``sharpattn.normalizers._contract``; a family's hooks and their length term ``log_n`` from
+``sharpattn.normalizers.families``.
 """
 
 from .registry import Normalizer, Param, available, get, markdown_table, register, unregister

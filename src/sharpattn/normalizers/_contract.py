@@ -263,12 +263,6 @@ def visible_keys(
     return torch.cat(parts, dim=-2)
 
 
-def log_n(n: Tensor) -> Tensor:
-    """log n of each row's count of keys (`visible_keys`), with n clamped to >= 1 so rows
-    without a key give 0, not −inf."""
-    return torch.log(n.clamp_min(1.0))
-
-
 def nonnegative(value, name: str):
     """A parameter constrained to >= 0 (e.g. length_scaled's c).
 

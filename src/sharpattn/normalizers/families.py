@@ -109,6 +109,13 @@ def per_score(hook_fn: Callable, hook: str, x: Tensor, *args, **constants) -> Te
     )
 
 
+def log_n(n: Tensor) -> Tensor:
+    """log n of each row's count of visible keys ``n`` (the ``n`` a hook receives), with n
+    clamped to >= 1 so a row without a key gives 0, not −inf: the length term of a hook such as
+    ``bias - log_n(n)`` (sigmoid, sinks) or ``s * log_n(n)`` (SSMax)."""
+    return torch.log(n.clamp_min(1.0))
+
+
 def _rows_of(x: Tensor) -> tuple:
     return (*x.shape[:-1], 1)
 
@@ -542,4 +549,5 @@ __all__ = [
     "StickBreaking",
     "TopK",
     "check",
+    "log_n",
 ]

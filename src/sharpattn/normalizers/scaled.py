@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from ._contract import log_n, nonnegative, normalizer
-from .families import RowScaled
+from ._contract import nonnegative, normalizer
+from .families import RowScaled, log_n
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor

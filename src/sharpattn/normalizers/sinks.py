@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import log_n, normalizer
-from .families import Sink
+from ._contract import normalizer
+from .families import Sink, log_n
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor

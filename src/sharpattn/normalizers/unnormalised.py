@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ._contract import log_n, normalizer
-from .families import Elementwise
+from ._contract import normalizer
+from .families import Elementwise, log_n
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor

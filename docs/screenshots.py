@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (PNG name, page of the site, window height): the pages a first reader opens
 PAGES = [
     ("home", "index.html", 2400),
-    ("guide", "guide/index.html", 2400),
-    ("reference", "reference/attention/index.html", 2400),
-    ("normalizers", "normalizers/index.html", 1600),
-    ("leaderboard", "leaderboard/index.html", 5600),
+    ("guide", "guide.html", 2400),
+    ("reference", "reference/attention.html", 2400),
+    ("normalizers", "normalizers.html", 1600),
+    ("leaderboard", "leaderboard.html", 5600),
 ]
 WIDTH = 1280
 

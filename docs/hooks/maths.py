@@ -46,7 +46,10 @@ def _script(data: str, at: int, tag: str) -> tuple[str, int] | None:
         end = _balanced(data, at, "(", ")")
         return None if end is None else (data[at:end], end)
     bare = (BARE_SUP if tag == "sup" else BARE_SUB).match(data, at)
-    if bare is None or (tag == "sub" and bare.end() < len(data) and data[bare.end()].isalnum()):
+    # a word subscript followed by more of a word is a name (top_k); ``]_+²`` is a script and a
+    # power ('²' counts as alphanumeric)
+    joined = bare is not None and bare.end() < len(data) and data[bare.end()].isalnum()
+    if bare is None or (tag == "sub" and joined and bare.group(0) != "+"):
         return None
     return data[at : bare.end()], bare.end()
 

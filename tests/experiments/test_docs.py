@@ -298,8 +298,9 @@ def test_readme_links_and_images_exist():
 
 #: reference markup the renderer did not understand (Sphinx roles), in a page's visible text
 RAW_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|ref|doc):`")
-#: formula scripts left as typed: e^{...}, x^2, _{...}, }_ (docs/hooks/maths.py renders them)
-RAW_MATHS = re.compile(r"\S\^|[_}]\{|\}_")
+#: formula scripts left as typed: e^{...}, x^2, _{...}, }_, ]_+ (docs/hooks/maths.py renders
+#: them)
+RAW_MATHS = re.compile(r"\S\^|[_}]\{|\}_|\]_")
 
 
 def _visible_text(page: Path) -> str:
@@ -348,7 +349,7 @@ def test_the_site_shows_no_raw_markup_or_maths(site):
 
 
 def test_the_reference_links_its_cross_references(site):
-    page = (site / "reference" / "attention" / "index.html").read_text(encoding="utf-8")
+    page = (site / "reference" / "attention.html").read_text(encoding="utf-8")
     assert 'class="autorefs' in page or "autorefs-internal" in page
     assert "<sub>" in page and "<sup>" in page  # θ_i = base^{−2i/D} in MultiheadAttention
 
@@ -367,6 +368,7 @@ def test_maths_hook_renders_scripts_and_leaves_names():
     assert "e<sup>−e<sup>2.5</sup></sup>" in html
     assert "Σ<sub>j</sub> w<sub>ij</sub>" in html and "]<sub>+</sub>" in html
     assert "2<sup>22</sup>" in html and "<code>e^{x}</code>" in html
+    assert "]<sub>+</sub>²" in md.convert("[s − τ]_+²")  # a script, then a power
     assert "top_k" in html and "beta_pre" in html
 
 

@@ -11,7 +11,7 @@ import torch
 
 from . import fused, native
 
-__all__ = ["TURN_OFF", "info", "info_text"]
+__all__ = ["TURN_OFF", "info", "info_text", "kernels"]
 
 #: how to keep every tiled path in plain PyTorch (no C++ build)
 TURN_OFF = "SHARPATTN_COMPILE=0"
@@ -36,7 +36,8 @@ def info() -> dict:
     ``sharpattn.attention.native.status()`` gives them, and ``turn_off``, the setting
     that disables them), ``cpu_flash`` (whether torch's CPU flash kernel with log-sum-exp is
     there: the softmax family's fused path), ``cuda`` (None, or the device count and the first
-    device's name) and ``triton`` (its version, or None). Builds the C++ loops if this process
+    device's name), ``triton`` (its version, or None) and ``kernels`` (`kernels` of the CPU, and
+    of CUDA where there is one: ``{"cpu": ..., "cuda": ... | None}``). Builds the C++ loops if this process
     has not yet (one line on stderr while it compiles)."""
     try:
         version = importlib.metadata.version("sharpattn")
@@ -54,7 +55,102 @@ def info() -> dict:
         "cpu_flash": fused.flash_kernel_available(),
         "cuda": cuda,
         "triton": _triton(),
+        "kernels": {"cpu": kernels("cpu"), "cuda": None if cuda is None else kernels("cuda")},
     }
+
+
+def kernels(
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    triton: bool | None = None,
+    loops: bool | None = None,
+    flash: bool | None = None,
+) -> dict[str, dict[str, str]]:
+    """The kernel a call of each built-in method takes on ``device``, by family.
+
+    For a call without statistics or a user mask (causal is fine), in ``dtype``. Each method's
+    path is `fast.path_of`'s, and the choice within it is the one that path makes from three
+    readiness flags, each asked of the library where not given: ``triton``
+    (`devices.triton_ready`), ``loops`` (the C++ tile loops: `native.wanted`) and ``flash``
+    (torch's private CPU flash kernel: `fused.flash_kernel_available`, on the CPU only). Passing
+    them in shows what another machine would run (``device="cuda", triton=True`` without a GPU).
+
+    Args:
+        device: The device of the call's tensors.
+        dtype: The dtype of q, k and v.
+        triton: Whether the Triton kernels may run; None asks `devices.triton_ready`.
+        loops: Whether the C++ tile loops may run; None asks `native.wanted`.
+        flash: Whether torch's CPU flash kernel may run; None asks the torch build.
+
+    Returns:
+        ``{family: {method: kernel}}``, e.g. ``{"Elementwise": {"sigmoid": "C++ loops", ...}}``,
+        families and methods in the registry's order.
+    """
+    from ..normalizers import registry
+    from ..normalizers._contract import compute_dtype
+    from . import adaptive_tiled, devices, fast, sparse_tiled, stick_tiled, tiled
+
+    device = torch.device(device)
+    if triton is None:
+        triton = devices.triton_ready(device, dtype)
+    if loops is None:
+        loops = native.wanted(device, compute_dtype(dtype))
+    if flash is None:
+        flash = device.type == "cpu" and fused.flash_kernel_available()
+    tiles = "C++ loops" if loops else "tiles (PyTorch)"
+    softmax = "CPU flash kernel" if flash else "torch SDPA"
+    two_pass = f"{'Triton softmax' if triton else 'entropy tiles'} + {softmax}"
+
+    def tiled_kernel(name: str) -> str:  # tiled.tiled_attention: tiled.triton_wanted, then loops
+        if triton and name in tiled.TRITON_METHODS:
+            return "Triton kernel"
+        kernel = tiled.KERNELS.get(name)
+        return "C++ loops" if loops and kernel is not None and kernel.native else "tiles (PyTorch)"
+
+    by_path = {  # each fast path's own choice, in the order it makes it
+        fused.row_scaled: lambda name: softmax,
+        fused.sink: lambda name: (
+            "Triton softmax" if triton else softmax if flash else "torch SDPA (sink as a key)"
+        ),
+        fused.adaptive: lambda name: two_pass,
+        adaptive_tiled.adaptive: lambda name: "C++ slabs" if loops else two_pass,
+        tiled.hardmax: lambda name: "Triton kernel" if triton else "tiles (PyTorch)",
+        sparse_tiled.topk: lambda name: (
+            "Triton kernel" if triton else "C++ selection" if loops else "tiles (PyTorch)"
+        ),
+        fast.top_k: lambda name: (
+            "Triton kernel" if triton else "C++ selection" if loops else "tiles (PyTorch)"
+        ),
+        stick_tiled.stick_breaking: lambda name: "Triton kernel" if triton else tiles,
+        fast.stick: lambda name: "Triton kernel" if triton else tiles,
+        tiled.elementwise: lambda name: "tiles (PyTorch)",
+        tiled.row_normalised: lambda name: "tiles (PyTorch)",
+    }
+    for fn in (*sparse_tiled.SPARSE_TILED.values(), sparse_tiled.sparse):
+        by_path.setdefault(fn, lambda name: "Triton kernel" if triton else tiles)
+    for name, fn in tiled.TILED.items():
+        by_path.setdefault(fn, lambda name, n=name: tiled_kernel(n))
+
+    out: dict[str, dict[str, str]] = {}
+    for name in registry.available():
+        entry = registry.get(name)
+        if not registry.is_built_in(entry):
+            continue
+        path = fast.path_of(entry)
+        fn = getattr(path, "func", path)  # a family's runner is bound to its family
+        choose = by_path.get(fn)
+        kernel = "scores matrix (PyTorch)" if choose is None else choose(name)
+        family = type(entry.family).__name__ if entry.family is not None else "other"
+        out.setdefault(family, {})[name] = kernel
+    return out
+
+
+def _kernels_cell(methods: dict[str, str]) -> str:
+    """One family's kernels in a few words: the kernel, or each method's where they differ."""
+    if len(set(methods.values())) == 1:
+        return next(iter(methods.values()))
+    return ", ".join(f"{m}: {k}" for m, k in methods.items())
 
 
 def info_text(state: dict | None = None) -> str:
@@ -70,9 +166,9 @@ def info_text(state: dict | None = None) -> str:
     else:
         loops = f"off: {n['compiler']} could not build them (see the warning); plain PyTorch"
     flash = "available" if s["cpu_flash"] else "not in this torch build (a slower fallback)"
-    cuda = "not available" if s["cuda"] is None else (
-        f"{s['cuda']['devices']} device(s), {s['cuda']['name']}"
-    )  # fmt: skip
+    cuda = "not available"
+    if s["cuda"] is not None:
+        cuda = f"{s['cuda']['devices']} device(s), {s['cuda']['name']}"
     lines = [
         f"sharpattn {s['version']}, torch {s['torch']}, {s['threads']} CPU thread(s)",
         f"C++ tile loops (CPU, float32): {loops}",
@@ -83,5 +179,18 @@ def info_text(state: dict | None = None) -> str:
         f"CUDA: {cuda}",
         f"Triton: {s['triton'] or 'not installed'}"
         + (" (unused without CUDA)" if s["triton"] and s["cuda"] is None else ""),
+        *_kernel_lines(s["kernels"]),
     ]
     return "\n".join(lines)
+
+
+def _kernel_lines(table: dict) -> list[str]:
+    """The kernel each family's call takes (`kernels`): a CPU column, and a CUDA one where
+    there is a CUDA device."""
+    columns = [(name.upper(), table[name]) for name in ("cpu", "cuda") if table.get(name)]
+    head = " | ".join(name for name, _ in columns)
+    lines = [f"Kernel per family (float32, no statistics or user mask): {head}"]
+    for family, methods in columns[0][1].items():
+        cells = [_kernels_cell(col[family]) for _, col in columns]
+        lines.append(f"  {family} ({', '.join(methods)}): " + " | ".join(cells))
+    return lines

@@ -331,10 +331,11 @@ def run_step(cmd, env, timeout: float, log: Log, sink: Path | None = None) -> di
 
 
 def preflight(python: str) -> str | None:
-    """None if sharpattn imports in a fresh interpreter, else one sentence saying what is
-    missing."""
+    """None if sharpattn's library imports in a fresh interpreter, else one sentence saying what
+    is missing. (``import sharpattn`` alone imports its names on first use: the check imports
+    ``sharpattn.attention``, which needs torch, numpy and entmax.)"""
     got = subprocess.run(
-        [python, "-c", "import sharpattn"], cwd=ROOT, capture_output=True, text=True
+        [python, "-c", "import sharpattn.attention"], cwd=ROOT, capture_output=True, text=True
     )
     if got.returncode == 0:
         return None

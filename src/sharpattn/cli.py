@@ -1,4 +1,7 @@
-"""The `sharpattn` command. Thin: parses arguments, calls experiments and diagnostics."""
+"""The `sharpattn` command. Thin: parses arguments, calls experiments and diagnostics.
+
+Importing this module imports neither torch nor an experiment (each command imports what it
+runs), so ``sharpattn --help`` and every command's ``--help`` start fast."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import extras
-from . import normalizers as nz
 from .cli_experiments import add_experiments
 from .cli_options import (
     COSTS,
@@ -54,6 +56,8 @@ def cli(ctx):
 )
 def list_methods(markdown):
     """The registry of attention normalizers as a table."""
+    from . import normalizers as nz
+
     if markdown:
         click.echo(nz.markdown_table())
         return
@@ -129,6 +133,8 @@ def demo(sizes, rows, margin, seed, out):
 def _methods(ctx, param, value):
     if value is None:
         return None
+    from . import normalizers as nz
+
     methods = _items(value)
     for m in methods:
         nz.get(m)  # ValueError naming the known methods

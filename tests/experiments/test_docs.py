@@ -402,3 +402,9 @@ def test_the_license_ships_in_the_wheel():
     assert "LICENSE" in project["license-files"]
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License") and "the sharpattn authors" in text
+
+
+def test_the_readme_reads_in_minutes():
+    """The README stays a first screen (under 1,500 words); details belong on the docs pages."""
+    words = len((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert words < 1500, f"README.md has {words} words; move detail to a docs page"

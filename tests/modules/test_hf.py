@@ -192,6 +192,11 @@ def test_apply_rejects_unknown_method_and_param():
         hf.apply(model, "nope")
     with pytest.raises(ValueError, match="no parameter"):
         hf.apply(model, "softmax", gain=2.0)
+    # a learnable parameter's initial value is a number, in the module as in apply()
+    with pytest.raises(ValueError, match="ssmax parameter s of apply\\(\\) must be a number"):
+        hf.apply(model, "ssmax", s=torch.ones(1, 2, 1, 1))
+    with pytest.raises(ValueError, match="ssmax parameter s of .* must be a number"):
+        sharpattn.MultiheadAttention(8, 2, "ssmax", s=torch.ones(1, 2, 1, 1))
 
 
 def test_every_registry_method_is_registered():

@@ -43,12 +43,7 @@ def normalizer_parameters(entry, method_params, num_heads, embed_dim, owner, dev
     ``method_params``. ``method_params`` must have passed ``entry.check_params``; a tensor given
     for a learnable parameter is refused (``owner`` names the module in the sentence).
     """
-    for p in entry.learnable:
-        if torch.is_tensor(method_params.get(p.name)):
-            raise ValueError(
-                f"the {entry.name} parameter {p.name} of {owner} must be a number "
-                "(its initial value for every head), got a tensor."
-            )
+    entry.check_initial_values(method_params, owner, "every head")
     fixed = dict(method_params)
     factory = {"device": device, "dtype": dtype}
     learnable = nn.ParameterDict(

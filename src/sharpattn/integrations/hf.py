@@ -436,12 +436,7 @@ def apply(model: nn.Module, method: str, **params: Any) -> nn.Module:
     # names, types, ranges and a tensor's shape (one value per row, [B|1, H|1, Lq|1, 1]; attend
     # checks it again against each call's sizes): once, here
     entry.check_params(params, rows=(None, None, None))
-    for p in entry.learnable:
-        if torch.is_tensor(params.get(p.name)):
-            raise ValueError(
-                f"the {entry.name} parameter {p.name} must be a number for apply() (its initial "
-                "value for every layer and head), got a tensor."
-            )
+    entry.check_initial_values(params, "apply()", "every layer and head")
     modules = attention_modules(model)
     if not modules:
         raise ValueError(

@@ -272,6 +272,16 @@ class Normalizer:
     def learnable(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.learnable)
 
+    def check_initial_values(self, params: Mapping[str, Any], owner: str, per: str) -> None:
+        """Refuse (one sentence naming ``owner``) a tensor given for a learnable parameter where
+        a module is built: there it is a number, the initial value ``per`` (e.g. "every head")."""
+        for p in self.learnable:
+            if torch.is_tensor(params.get(p.name)):
+                raise ValueError(
+                    f"the {self.name} parameter {p.name} of {owner} must be a number (its "
+                    f"initial value for {per}), got a tensor."
+                )
+
     @property
     def positional(self) -> bool:
         """Whether its rows depend on the query's key position (``query_offset``, as

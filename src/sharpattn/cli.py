@@ -96,20 +96,29 @@ def info(as_json):
 
 def margin_option(f):
     return click.option(
-        "--margin", type=MARGIN, default=2.0, show_default=True,
+        "--margin",
+        type=MARGIN,
+        default=2.0,
+        show_default=True,
         help="How far the winner's logit sits above the bound 1.",
-    )(f)  # fmt: skip
+    )(f)
 
 
 @cli.command(short_help="Softmax vs adaptive temperature as n grows (Lemma 2.1).")
 @click.option(
-    "--sizes", callback=_sizes, default="16,64,256,1024,4096,16384", show_default=True,
+    "--sizes",
+    callback=_sizes,
+    default="16,64,256,1024,4096,16384",
+    show_default=True,
     help="Comma-separated numbers of items n.",
-)  # fmt: skip
+)
 @click.option(
-    "--rows", type=click.IntRange(min=1), default=256, show_default=True,
+    "--rows",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
     help="Random logit rows per size.",
-)  # fmt: skip
+)
 @margin_option
 @seed_option()
 @out_option("runs/demo", "Run folder to write.")
@@ -148,9 +157,14 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
     sizes = sizes or list(disp.DEFAULT_SIZES)
     with ProgressRenderer(transient=True) as progress:
         run_dir, rows_ = disp.run(
-            out, methods=methods, sizes=sizes, margin=margin, rows=rows, seed=seed,
+            out,
+            methods=methods,
+            sizes=sizes,
+            margin=margin,
+            rows=rows,
+            seed=seed,
             progress=progress,
-        )  # fmt: skip
+        )
     print_markdown(
         disp.winner_markdown(rows_),
         f"winner weight vs n: logits in [-1, 1], one winner at 1 + {margin:g} (slope of log "
@@ -172,14 +186,19 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
 
 @cli.command(short_help="The winner's weight vs n for every normalizer.")
 @click.option(
-    "--methods", callback=_methods, default=None,
+    "--methods",
+    callback=_methods,
+    default=None,
     help="Comma-separated normalizers (default: all registered).",
-)  # fmt: skip
+)
 @margin_option
 @click.option(
-    "--sizes", callback=_sizes, default=",".join(str(4**k) for k in range(2, 9)),
-    show_default=True, help="Comma-separated numbers of items n.",
-)  # fmt: skip
+    "--sizes",
+    callback=_sizes,
+    default=",".join(str(4**k) for k in range(2, 9)),
+    show_default=True,
+    help="Comma-separated numbers of items n.",
+)
 @click.option(
     "--rows", type=click.IntRange(min=1), default=32, show_default=True, help="Rows per size."
 )
@@ -195,14 +214,19 @@ def dispersion(methods, margin, sizes, rows, seed, out):
 @click.option("--method", default=None, help="Also probe with the model switched to this method.")
 @click.option("--layers", callback=_layers, default=None, help="Extra layers to probe, e.g. 2,5.")
 @click.option(
-    "--max-items", type=count(MAX_ITEMS, minimum=2), default=48, show_default=True,
+    "--max-items",
+    type=count(MAX_ITEMS, minimum=2),
+    default=48,
+    show_default=True,
     help="Largest number of items in the probe's sequence.",
-)  # fmt: skip
+)
 @seed_option("Seed of the probe's random sequences.")
 @click.option(
-    "--ablation/--no-ablation", default=True, show_default=True,
+    "--ablation/--no-ablation",
+    default=True,
+    show_default=True,
     help="Run the active/dormant test (one forward pass per head and domain).",
-)  # fmt: skip
+)
 @threads_option("forward passes run side by side, one torch thread each")
 @out_option(
     None, "Report folder to write (default: runs/diagnose-MODEL, -METHOD added with --method)."
@@ -216,10 +240,16 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
 
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = diag.run(
-            out, model=model, method=method, layers=layers, max_items=max_items, seed=seed,
-            threads=pick_threads(threads, say=progress.before_work), ablation=ablation,
+            out,
+            model=model,
+            method=method,
+            layers=layers,
+            max_items=max_items,
+            seed=seed,
+            threads=pick_threads(threads, say=progress.before_work),
+            ablation=ablation,
             progress=progress,
-        )  # fmt: skip
+        )
     s = metrics["summary"]
     print_markdown(
         diag.summary_markdown(metrics),
@@ -231,10 +261,11 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
 @cli.command("llm", short_help="Max of n and perplexity on a pretrained LLM.")
 @click.argument("model", required=False, default="smollm2-135m")
 @click.option(
-    "--full", is_flag=True,
+    "--full",
+    is_flag=True,
     help="n = 2 ... 512, 40 prompts per n, 4 windows per length "
     f"({COSTS['llm']['full']}); default: the quick profile ({COSTS['llm']['quick']}).",
-)  # fmt: skip
+)
 @click.option("--prompts", type=count(MAX_SETS), default=None, help="Prompts per n.")
 @seed_option("Seed of the prompts' random numbers.")
 @threads_option()
@@ -248,10 +279,14 @@ def llm_study(model, full, prompts, seed, threads, out):
         announce("llm", "full", f"max of n at {len(llm.FULL_SIZES)} sizes, then perplexity")
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = llm.run(
-            out, model=model, quick=not full, prompts=prompts, seed=seed,
+            out,
+            model=model,
+            quick=not full,
+            prompts=prompts,
+            seed=seed,
             threads=pick_threads(threads, say=progress.before_work),
             progress=progress,
-        )  # fmt: skip
+        )
     print_markdown((run_dir / "report.md").read_text(encoding="utf-8"))
     console.print(f"wrote {run_dir}/report.md, metrics.json and max.png")
 
@@ -268,9 +303,12 @@ def reproduce(ctx):
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", callback=_sizes, help="Set sizes to collect (default: the run's).")
 @click.option(
-    "--sets", type=count(MAX_SETS), default=256, show_default=True,
+    "--sets",
+    type=count(MAX_SETS),
+    default=256,
+    show_default=True,
     help="Sets per size and seed.",
-)  # fmt: skip
+)
 @click.option(
     "--no-eval", is_flag=True, help="Only fit; skip Table 1 with the refitted coefficients."
 )
@@ -293,11 +331,18 @@ def fit_temperature(run, sizes, sets, no_eval):
 @cli.command("corollary-b1", short_help="Corollary B.1 on a trained max-retrieval run.")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
 @click.option(
-    "--pairs", type=count(MAX_SETS), default=200, show_default=True,
+    "--pairs",
+    type=count(MAX_SETS),
+    default=200,
+    show_default=True,
     help="Pairs (v_a, v_b) from the task distribution, the same for every seed.",
-)  # fmt: skip
-@click.option("--seeds", callback=_csv(int, lambda v: v >= 0, "seeds"), default=None,
-              help="Comma-separated seeds (default: all of the run's).")  # fmt: skip
+)
+@click.option(
+    "--seeds",
+    callback=_csv(int, lambda v: v >= 0, "seeds"),
+    default=None,
+    help="Comma-separated seeds (default: all of the run's).",
+)
 def corollary_b1(run, pairs, seeds):
     """Corollary B.1 on a trained max-retrieval RUN: the n at which {v_a, v_b, ..., v_b} is
     misclassified, with softmax and adaptive temperature, beside the proof's bound e^{δ/θ}/ε."""

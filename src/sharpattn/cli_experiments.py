@@ -83,13 +83,17 @@ def _option(field, meta: dict[str, Any], profiled: set[str]):
     name = meta["name"] or "--" + field.name.replace("_", "-")
     kind, help = meta["kind"], meta["help"]
     if kind == "argument":
-        return click.argument(field.name, metavar=meta["metavar"] or field.name.upper(),
-                              type=click.Choice(list(meta["choices"])))  # fmt: skip
+        return click.argument(
+            field.name,
+            metavar=meta["metavar"] or field.name.upper(),
+            type=click.Choice(list(meta["choices"])),
+        )
     if kind == "plugins":
         return click.option(name, field.name, multiple=True, metavar=meta["metavar"], help=help)
     if kind == "seed":
-        return click.option(name, field.name, type=SEED, default=field.default,
-                            show_default=True, help=help)  # fmt: skip
+        return click.option(
+            name, field.name, type=SEED, default=field.default, show_default=True, help=help
+        )
     if kind == "threads":
         return threads_option()
     if kind == "checkpoint":
@@ -175,8 +179,11 @@ def build(exp: Experiment) -> click.Command:
             workers = getattr(config, "workers", None)
             picked = pick_threads(threads, workers, pool, say=progress.before_work)
             with_threads = getattr(module, "with_threads", None)
-            config = (with_threads(config, picked) if with_threads
-                      else dataclasses.replace(config, threads=picked))  # fmt: skip
+            config = (
+                with_threads(config, picked)
+                if with_threads
+                else dataclasses.replace(config, threads=picked)
+            )
         folder = out or module.default_folder(config, profile)
         if hasattr(module, "prepare"):
             config, note = module.prepare(config, folder, given)
@@ -195,8 +202,12 @@ def build(exp: Experiment) -> click.Command:
             raise ValueError(result.error)
 
     has_threads = any(meta["kind"] == "threads" for _, meta in options_of(module))
-    listing = click.option("--list", "list_", is_flag=True, help="Print the command's tasks "
-                           "(sizes as configured) and methods, then exit.")  # fmt: skip
+    listing = click.option(
+        "--list",
+        "list_",
+        is_flag=True,
+        help="Print the command's tasks (sizes as configured) and methods, then exit.",
+    )
     decorators = [
         _profiles(exp),
         *([listing] if exp.lists else []),

@@ -247,8 +247,9 @@ def announce(command: str, profile: str, jobs: str, changed: bool = False) -> No
         )
 
 
-def profile_options(command: str, quick: str, paper: str, medium: str | None = None,
-                    middle: str = "medium"):  # fmt: skip
+def profile_options(
+    command: str, quick: str, paper: str, medium: str | None = None, middle: str = "medium"
+):
     """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
     command's default runs for hours); together they are refused. Each help is what the profile
     runs; its measured cost is added from `COSTS`. Adds ``profile`` ("quick" or "paper")
@@ -272,7 +273,7 @@ def profile_options(command: str, quick: str, paper: str, medium: str | None = N
             flags.append(
                 click.option(
                     f"--{middle}", is_flag=True, help=profile_help(command, middle, medium)
-                )  # fmt: skip
+                )
             )
         flags.append(
             click.option("--paper", is_flag=True, help=profile_help(command, "paper", paper))
@@ -415,8 +416,13 @@ class ProgressRenderer:
     every ``every`` seconds, plus one whenever a task's phase changes and one when it finishes.
     Use as a context manager; the instance is the ``progress`` callable handed to experiments."""
 
-    def __init__(self, transient: bool = False, every: float = 10.0, plain: bool | None = None,
-                 clock=time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        transient: bool = False,
+        every: float = 10.0,
+        plain: bool | None = None,
+        clock=time.monotonic,
+    ):
         self.plain = not console.is_terminal if plain is None else plain
         self.every, self.clock = every, clock
         self.pending: list[str] = []  # lines for stderr when the work starts (`before_work`)

@@ -122,8 +122,7 @@ def _walk(q, k, v, masking, scale, parts: float = 1) -> Slabs:
     lk = k.shape[2]
     bq = _rows_of(b * h, lq, lk, q.device, parts)
     # one tile per slab: the grid's buffers (``reuse``) are slab-sized
-    grid = Grid(q, k, v, masking, scale * _LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True,
-                reuse=True)  # fmt: skip
+    grid = Grid(q, k, v, masking, scale * _LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True, reuse=True)
     return Slabs(grid, bq)
 
 

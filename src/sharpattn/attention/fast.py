@@ -57,8 +57,9 @@ def stick(family, q, k, v, masking, scale, want_stats, /, **params):
     """The fast path of a user's `StickBreaking` method: the stick-breaking tiles, given the
     parameters that family reads (``StickBreaking.reads``: its score shift too)."""
     names = (*family.reads, "blocks")
-    return stick_breaking(q, k, v, masking, scale, want_stats,
-                          **{n: params[n] for n in names if n in params})  # fmt: skip
+    return stick_breaking(
+        q, k, v, masking, scale, want_stats, **{n: params[n] for n in names if n in params}
+    )
 
 
 #: the family runners: ``runner(family, q, k, v, masking, scale, want_stats, **params)``

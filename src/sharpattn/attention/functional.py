@@ -164,16 +164,42 @@ def attend(
     """
     entry = get(method)
     try:
-        return _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
-                       return_stats, block_size, params)  # fmt: skip
+        return _attend(
+            entry,
+            q,
+            k,
+            v,
+            mask,
+            causal,
+            scale,
+            return_weights,
+            impl,
+            check_finite,
+            return_stats,
+            block_size,
+            params,
+        )
     except HookError as err:  # a family's hook returned what it cannot use: name the method
         if err.method is not None:
             raise
         raise HookError(err.clause, entry.name) from None
 
 
-def _attend(entry, q, k, v, mask, causal, scale, return_weights, impl, check_finite,
-            return_stats, block_size, params):  # fmt: skip
+def _attend(
+    entry,
+    q,
+    k,
+    v,
+    mask,
+    causal,
+    scale,
+    return_weights,
+    impl,
+    check_finite,
+    return_stats,
+    block_size,
+    params,
+):
     fast = path_of(entry)
     if entry.fused is not None and fast is None:  # a registered entry's own mistake
         raise ValueError(

@@ -187,8 +187,9 @@ def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: flo
     gqa = k.shape[1] != q.shape[1]
     dv = v.shape[-1]
     if masking.causal and masking.mask is None and masking.offset == 0:
-        out = F.scaled_dot_product_attention(qw, kw, vw, is_causal=True, scale=scale,
-                                             enable_gqa=gqa)  # fmt: skip
+        out = F.scaled_dot_product_attention(
+            qw, kw, vw, is_causal=True, scale=scale, enable_gqa=gqa
+        )
         return out[..., :dv]
     mask = masking.dense()
     out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, scale=scale, enable_gqa=gqa)
@@ -294,8 +295,17 @@ class _EntropyPass(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, masking, scale, blocks):
-        grid = Grid(q, k, k, masking, scale * _LOG2E, *blocks, fold_scale=True,
-                    budget=BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
+        grid = Grid(
+            q,
+            k,
+            k,
+            masking,
+            scale * _LOG2E,
+            *blocks,
+            fold_scale=True,
+            budget=BUFFERED_TILE_ELEMENTS,
+            reuse=True,
+        )
         m, z, a, empty = _entropy_forward(grid)
         log2z = torch.log2(z)
         h = (_LN2 * (log2z - a)).masked_fill_(empty, 0.0)  # nats; >= 0 up to rounding

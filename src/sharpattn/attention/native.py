@@ -429,8 +429,9 @@ def _register() -> None:
     """Every loop as ``torch.ops.sharpattn.NAME`` with its fake implementation, once a process
     (`library` calls it when the library loads; a traced graph reaches it through `wanted`)."""
     for loop in _LOOPS:
-        op = torch.library.custom_op(f"sharpattn::{loop.name}", mutates_args=loop.mutates,
-                                     device_types="cpu")(loop.fn)  # fmt: skip
+        op = torch.library.custom_op(
+            f"sharpattn::{loop.name}", mutates_args=loop.mutates, device_types="cpu"
+        )(loop.fn)
         op.register_fake(loop.fake)
         loop.op = op
 
@@ -469,8 +470,9 @@ def _adaptive_forward(
     c = torch.tensor(coef, dtype=torch.float32)
     library().adaptive_forward(
         *(_p(s), rows, cols, e, tr, _p(c), len(coef) - 1, threshold, floor),
-        *(_p(x) for x in stats.unbind(0)), _threads(),
-    )  # fmt: skip
+        *(_p(x) for x in stats.unbind(0)),
+        _threads(),
+    )
     return stats
 
 

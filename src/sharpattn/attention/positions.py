@@ -115,5 +115,11 @@ def bias_columns(q: Tensor, k: Tensor, slopes, scale: float) -> tuple[Tensor, Te
     return append_columns(q, k, q_cols, k_cols, scale)
 
 
-__all__ = ["LINEAR_BIASES", "alibi_slopes", "append_columns", "bias_columns", "nape_slopes",
-           "slopes_of"]  # fmt: skip
+__all__ = [
+    "LINEAR_BIASES",
+    "alibi_slopes",
+    "append_columns",
+    "bias_columns",
+    "nape_slopes",
+    "slopes_of",
+]

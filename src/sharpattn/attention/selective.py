@@ -170,8 +170,14 @@ def token_activation(f: Tensor, activation: str = "tanh") -> Tensor:
     raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}.")
 
 
-def token_temperature_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None,
-                          activation: str = "tanh"):  # fmt: skip
+def token_temperature_mlp(
+    x: Tensor,
+    w1: Tensor,
+    b1: Tensor | None,
+    w2: Tensor,
+    b2: Tensor | None,
+    activation: str = "tanh",
+):
     """τ_tok = tanh(W₂·GELU(W₁x + b₁) + b₂): x ``[B, L, d]`` -> ``[B, heads, L]``."""
     f = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)  # (B, L, heads)
     return token_activation(f, activation).transpose(1, 2)

@@ -687,8 +687,17 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
     if not kernel and _needs_blocks(alpha):
-        out, pieces = chunked_attend(family.weights, q, k, v, masking, scale,
-                                     want_stats=want_stats, check_finite=False, params=params)  # fmt: skip
+        out, pieces = chunked_attend(
+            family.weights,
+            q,
+            k,
+            v,
+            masking,
+            scale,
+            want_stats=want_stats,
+            check_finite=False,
+            params=params,
+        )
         return out, _stats(q, masking, want_stats, *(pieces or (None, None)))
     theta = None
     if family.scale is not None:

@@ -298,8 +298,17 @@ def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
 def _grid(q, k, v, masking, scale, blocks) -> Grid:
     """Every pass here uses each tile up before the next: buffered tiles of
     `policy.BUFFERED_TILE_ELEMENTS` scores."""
-    return Grid(q, k, v, masking, scale, *blocks, fold_scale=True,
-                budget=policy.BUFFERED_TILE_ELEMENTS, reuse=True)  # fmt: skip
+    return Grid(
+        q,
+        k,
+        v,
+        masking,
+        scale,
+        *blocks,
+        fold_scale=True,
+        budget=policy.BUFFERED_TILE_ELEMENTS,
+        reuse=True,
+    )
 
 
 def _forward(grid: Grid, kernel: _Kernel, row: Tensor):

@@ -175,8 +175,9 @@ def _normalised(s, m, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE:
 
 
 @triton.jit
-def _grad(s, dp, row, m, z, dd, p, METHOD: tl.constexpr, POWER: tl.constexpr,
-          SHIFT_ABOVE: tl.constexpr):  # fmt: skip
+def _grad(
+    s, dp, row, m, z, dd, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr
+):
     """(w, dL/ds, dL/dy) [M, N] of scores ``s`` given dP = dO·vᵀ: the element-wise ``row``, or
     the normalised m, Z (> 0) and D = dO·out per row (each [M, 1]), as ``tiled``'s ``grad``
     (dL/dy: α-entmax's gradient in y = c1·s, for c1's; the others' dL/ds):
@@ -329,8 +330,19 @@ def _support_row(sup_ptr, lq, lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SUPPORT: tl.constexpr):  # fmt: skip
+def _has_support(
+    sup_ptr,
+    b,
+    h,
+    heads,
+    start_m,
+    start_n,
+    lq,
+    lk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SUPPORT: tl.constexpr,
+):
     """Whether the backward visits the block pair (query rows from start_m, keys from start_n):
     always, or (SUPPORT) where the forward's block support says a weight may be nonzero."""
     go = True
@@ -709,8 +721,9 @@ def _dkdv_kernel(
     for g in range(0, group):
         h = hk * group + g
         for start_m in range(lo, lq, BLOCK_M):
-            if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
-                            SUPPORT):  # fmt: skip
+            if _has_support(
+                sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N, SUPPORT
+            ):
                 offs_m = start_m + tl.arange(0, BLOCK_M)
                 q = _tile(q_ptr, sqb, sqh, sqm, sqd, b, h, offs_m, offs_d, lq, d)  # [M, D]
                 do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)  # [M, Dv]
@@ -777,8 +790,7 @@ def _dq_kernel(
     if CAUSAL:
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
     for start_n in range(0, hi, BLOCK_N):
-        if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N,
-                        SUPPORT):  # fmt: skip
+        if _has_support(sup_ptr, b, h, heads, start_m, start_n, lq, lk, BLOCK_M, BLOCK_N, SUPPORT):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k = _tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
             v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
@@ -1080,8 +1092,9 @@ class TritonEntmax(torch.autograd.Function):
     def forward(ctx, q, k, v, row, power, steps, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
         launch = _Launch("entmax", q, k, v, row, masking, scale, float(power), blocks)
-        out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
-                          device=q.device)  # fmt: skip
+        out = torch.empty(
+            launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
+        )
         r = torch.empty_like(out)
         c0, z = launch.rows(q.device), launch.rows(q.device)
         mask, rs, ms = launch.common()
@@ -1154,8 +1167,9 @@ class TritonTopk(torch.autograd.Function):
         width = max(2, triton.next_power_of_2(top_k))
         if width > bn:  # the merge needs a block of keys at least as wide as the kept list
             bn = width
-        out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
-                          device=q.device)  # fmt: skip
+        out = torch.empty(
+            launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
+        )
         lse, tau, last = (launch.rows(q.device) for _ in range(3))
         mask, _, ms = launch.common()
         launch.blocks = (bm, bn)  # the backward walks the forward's blocks (its support)

@@ -273,8 +273,9 @@ class _Launch:
 
 def forward(launch: _Launch, q, k, v) -> Tensor:
     """out ``[B, H, Lq, Dv]`` in float32."""
-    out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32,
-                      device=q.device)  # fmt: skip
+    out = torch.empty(
+        launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
+    )
     mask, ms = launch.mask_args(out)
     _forward_kernel[launch.grid](
         q, k, v, mask, out,
@@ -289,10 +290,12 @@ def backward(launch: _Launch, q, k, v, out, g):
     """(dq, dk, dv) in the inputs' dtypes; D_i = dO_i·out_i is taken here (float32)."""
     dd = torch.linalg.vecdot(g.to(torch.float32), out).contiguous()
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(launch.b, launch.hkv, launch.lk, launch.d, dtype=torch.float32,
-                     device=q.device)  # fmt: skip
-    dv = torch.zeros(launch.b, launch.hkv, launch.lk, launch.dv, dtype=torch.float32,
-                     device=q.device)  # fmt: skip
+    dk = torch.zeros(
+        launch.b, launch.hkv, launch.lk, launch.d, dtype=torch.float32, device=q.device
+    )
+    dv = torch.zeros(
+        launch.b, launch.hkv, launch.lk, launch.dv, dtype=torch.float32, device=q.device
+    )
     mask, ms = launch.mask_args(dd)
     _backward_kernel[launch.grid](
         q, k, v, mask, g, dd, dq, dk, dv,

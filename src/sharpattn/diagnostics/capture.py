@@ -293,9 +293,17 @@ class Capture:
         token = observe(None)  # this attend call is capture's own, not the model's
         try:
             _, stats = attend(
-                q, k, v, method, mask=mask, causal=causal, scale=scale, return_stats=True,
-                block_size=self.query_block, **params,
-            )  # fmt: skip
+                q,
+                k,
+                v,
+                method,
+                mask=mask,
+                causal=causal,
+                scale=scale,
+                return_stats=True,
+                block_size=self.query_block,
+                **params,
+            )
         finally:
             stop_observing(token)
         return stats

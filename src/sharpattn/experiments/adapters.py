@@ -48,8 +48,9 @@ def prepare(net: nn.Module, method: str, params: dict[str, Any], rank: int, seed
     peft = require_peft()
     for p in net.parameters():
         p.requires_grad_(False)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none",
-                             target_modules=list(TARGETS))  # fmt: skip
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, bias="none", target_modules=list(TARGETS)
+    )
     with runner.seeded(seed, _LORA):  # A's Kaiming draw comes from the global generator
         peft.inject_adapter_in_model(config, net)
     with runner.seeded(seed, _METHOD):  # so do the method's parameters (selective temperatures)

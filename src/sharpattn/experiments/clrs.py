@@ -37,12 +37,27 @@ METHODS = ("softmax", "adaptive")
 #: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes
 PAPER_CLAIM = "adaptive ahead"
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"methods": METHODS, "seeds": 2, "steps": 1500, "batch": 32, "eval_sets": 64,
-              "eval_factor": 16, "workers": 2,
-              "tasks": ("minimum", "binary_search", "insertion_sort", "naive_string_matcher")},
-    "paper": {"methods": METHODS, "tasks": None, "seeds": 5, "steps": 5000, "batch": 32,
-              "eval_sets": 256, "eval_factor": 64, "workers": 2},
-}  # fmt: skip
+    "quick": {
+        "methods": METHODS,
+        "seeds": 2,
+        "steps": 1500,
+        "batch": 32,
+        "eval_sets": 64,
+        "eval_factor": 16,
+        "workers": 2,
+        "tasks": ("minimum", "binary_search", "insertion_sort", "naive_string_matcher"),
+    },
+    "paper": {
+        "methods": METHODS,
+        "tasks": None,
+        "seeds": 5,
+        "steps": 5000,
+        "batch": 32,
+        "eval_sets": 256,
+        "eval_factor": 64,
+        "workers": 2,
+    },
+}
 
 
 FAMILY = "clrs"  # the tasks this command runs
@@ -58,8 +73,12 @@ def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
     return seq.catalogue(cfg, FAMILY, METHODS)
 
 
-def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
-        ray: str | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    out: str | Path,
+    cfg: seq.SequenceConfig,
+    progress: Progress | None = None,
+    ray: str | None = None,
+) -> dict[str, Any]:
     folder, rows = seq.sweep(out, "clrs", cfg, progress, ray)
     table = summarize(rows, list(cfg.tasks), list(cfg.methods))
     write(folder.path, rows, table, cfg)
@@ -82,15 +101,21 @@ def default_folder(cfg: seq.SequenceConfig, profile: str) -> str:
     return f"runs/clrs-{profile}"
 
 
-def run_experiment(folder: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path,
+    cfg: seq.SequenceConfig,
+    progress: Progress | None = None,
+    pool: str | None = None,
+) -> Result:
     result = run(folder, cfg, progress, pool)
-    return Result(result["run"], (("clrs.md", None),), ("report.md", "fig8.png", "bars.png"),
-                  result)  # fmt: skip
+    return Result(
+        result["run"], (("clrs.md", None),), ("report.md", "fig8.png", "bars.png"), result
+    )
 
 
-def summarize(rows, tasks: list[str], methods: list[str],
-              spans: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def summarize(
+    rows, tasks: list[str], methods: list[str], spans: dict[str, tuple[int, int]] | None = None
+) -> list[dict[str, Any]]:
     """Per algorithm and method: in-distribution and out-of-distribution accuracy (mean, sd and
     the paired p-value against the first method, softmax); ``spans`` as in
     `sequence.measures`."""
@@ -100,14 +125,22 @@ def summarize(rows, tasks: list[str], methods: list[str],
         base = per.get((t, methods[0]), {})
         for m in methods:
             if (t, m) in per:
-                out.append({"task": t, "method": m,
-                            **{k: seq.compare(per[(t, m)], base, k)
-                               for k in ("id", "ood", "auc", "id_token", "ood_token")}})  # fmt: skip
+                out.append(
+                    {
+                        "task": t,
+                        "method": m,
+                        **{
+                            k: seq.compare(per[(t, m)], base, k)
+                            for k in ("id", "ood", "auc", "id_token", "ood_token")
+                        },
+                    }
+                )
     return out
 
 
-def seed_verdicts(rows, tasks: list[str], methods: list[str],
-                  spans: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def seed_verdicts(
+    rows, tasks: list[str], methods: list[str], spans: dict[str, tuple[int, int]] | None = None
+) -> list[dict[str, Any]]:
     """Per algorithm and method after the first (softmax): its out-of-distribution exact match
     against the first's over the seeds both have, as a `stats.reproduction_verdict` of the
     paper's claim that it is ahead (`PAPER_CLAIM`)."""
@@ -127,12 +160,25 @@ def seed_verdicts(rows, tasks: list[str], methods: list[str],
 def verdict_markdown(judged: list[dict[str, Any]], baseline: str) -> str:
     """`seed_verdicts` as a table: the change, its 95 % interval over seeds, the change the
     paired t-test detects with 80 % power, and the verdict."""
-    header = ["algorithm", "method", f"out of distribution: change vs {baseline}",
-              "95 % interval (seeds)", "detectable (80 % power)", "verdict"]  # fmt: skip
-    body = [[j["task"], j["method"], f"{j['verdict'].effect.mean:+.3f}",
-             interval(j["verdict"].effect),
-             decimals(j["verdict"].detectable if np.isfinite(j["verdict"].effect.p) else np.nan),
-             j["verdict"].verdict] for j in judged]  # fmt: skip
+    header = [
+        "algorithm",
+        "method",
+        f"out of distribution: change vs {baseline}",
+        "95 % interval (seeds)",
+        "detectable (80 % power)",
+        "verdict",
+    ]
+    body = [
+        [
+            j["task"],
+            j["method"],
+            f"{j['verdict'].effect.mean:+.3f}",
+            interval(j["verdict"].effect),
+            decimals(j["verdict"].detectable if np.isfinite(j["verdict"].effect.p) else np.nan),
+            j["verdict"].verdict,
+        ]
+        for j in judged
+    ]
     return markdown_table(header, body, "llrrrl")
 
 
@@ -142,18 +188,50 @@ def _pm(c) -> str:
 
 def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     methods = list(cfg.methods)
-    header = ["algorithm", "method", "in distribution", "out of distribution", "p",
-              "tokens in", "tokens out", "p"]  # fmt: skip
+    header = [
+        "algorithm",
+        "method",
+        "in distribution",
+        "out of distribution",
+        "p",
+        "tokens in",
+        "tokens out",
+        "p",
+    ]
     keys = ("id", "ood", "id_token", "ood_token")
-    shown = [[e["task"], e["method"], _pm(e["id"]), _pm(e["ood"]), p_cell(e["ood"][2]),
-              _pm(e["id_token"]), _pm(e["ood_token"]), p_cell(e["ood_token"][2])]
-             for e in table]  # fmt: skip
-    raw = [[e["task"], e["method"], *(e[k][0] for k in keys[:2]), e["ood"][2],
-            *(e[k][0] for k in keys[2:]), e["ood_token"][2]] for e in table]  # fmt: skip
+    shown = [
+        [
+            e["task"],
+            e["method"],
+            _pm(e["id"]),
+            _pm(e["ood"]),
+            p_cell(e["ood"][2]),
+            _pm(e["id_token"]),
+            _pm(e["ood_token"]),
+            p_cell(e["ood_token"][2]),
+        ]
+        for e in table
+    ]
+    raw = [
+        [
+            e["task"],
+            e["method"],
+            *(e[k][0] for k in keys[:2]),
+            e["ood"][2],
+            *(e[k][0] for k in keys[2:]),
+            e["ood_token"][2],
+        ]
+        for e in table
+    ]
     md = write_table(folder, "clrs", header, shown, raw)
-    seq.plot_curves(folder / "fig8.png", rows, list(cfg.tasks), methods,
-                    "Accuracy against problem size (shaded: training sizes)",
-                    colors={"softmax": "tab:blue", "adaptive": "tab:red"})  # fmt: skip
+    seq.plot_curves(
+        folder / "fig8.png",
+        rows,
+        list(cfg.tasks),
+        methods,
+        "Accuracy against problem size (shaded: training sizes)",
+        colors={"softmax": "tab:blue", "adaptive": "tab:red"},
+    )
     plot_bars(folder / "bars.png", table, list(cfg.tasks), methods)
     wins = [
         (t, m)
@@ -164,8 +242,11 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         for b in table
         if b["task"] == t and b["method"] == methods[0] and e["ood"][0] > b["ood"][0]
     ]
-    signif = [e for e in table if e["method"] != methods[0] and np.isfinite(e["ood"][2])
-              and e["ood"][2] < 0.05]  # fmt: skip
+    signif = [
+        e
+        for e in table
+        if e["method"] != methods[0] and np.isfinite(e["ood"][2]) and e["ood"][2] < 0.05
+    ]
     summary = (
         f"Out of distribution, {methods[1] if len(methods) > 1 else ''} is ahead of "
         f"{methods[0]} on {len(wins)} of {len(cfg.tasks)} algorithms; {len(signif)} of those "
@@ -225,9 +306,16 @@ def plot_bars(path: Path, table, tasks: list[str], methods: list[str]) -> None:
                     vals.append(mean)
                     errs.append(0.0 if not np.isfinite(sd) else sd)
                 offset = (2 * j + k - len(methods) + 0.5) * width
-                ax.bar(x + offset, vals, width, yerr=errs, color=colors[j % 4], hatch=hatch,
-                       alpha=0.85 if k == 0 else 0.5,
-                       label=f"{m} ({'in' if key == 'id' else 'out of'} distribution)")  # fmt: skip
+                ax.bar(
+                    x + offset,
+                    vals,
+                    width,
+                    yerr=errs,
+                    color=colors[j % 4],
+                    hatch=hatch,
+                    alpha=0.85 if k == 0 else 0.5,
+                    label=f"{m} ({'in' if key == 'id' else 'out of'} distribution)",
+                )
         ax.set_xticks(x, tasks, rotation=30, ha="right", fontsize=8)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("exact-match accuracy")

@@ -271,21 +271,38 @@ def _fmt_n(v: float) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    header = ["seed", "method", "proper pairs", "misclassified by 10⁴⁰", "n_fail median [q25, q75]",
-              "n_fail min / max", "n: α < ε (median)", "n_B1 = e^{βδ}/ε (median)", "δ (median)",
-              "n_fail ≤ n_B1", "float32 forward: exact / ±5%"]  # fmt: skip
+    header = [
+        "seed",
+        "method",
+        "proper pairs",
+        "misclassified by 10⁴⁰",
+        "n_fail median [q25, q75]",
+        "n_fail min / max",
+        "n: α < ε (median)",
+        "n_B1 = e^{βδ}/ε (median)",
+        "δ (median)",
+        "n_fail ≤ n_B1",
+        "float32 forward: exact / ±5%",
+    ]
     cells = []
     for seed, per in result["seeds"].items():
         for method, s in per.items():
             v = s["verify"]
-            cells.append([
-                str(seed), method, f"{s['proper']}/{s['pairs']}", str(s["failed"]),
-                f"{_fmt_n(s['n_fail_median'])} [{_fmt_n(s['n_fail_q25'])}, {_fmt_n(s['n_fail_q75'])}]",
-                f"{_fmt_n(s['n_fail_min'])} / {_fmt_n(s['n_fail_max'])}",
-                _fmt_n(s["n_eps_median"]), f"10^{s['log10_n_bound_median']:.1f}",
-                f"{s['delta_median']:.2f}", f"{s['fail_within_bound']}/{s['failed']}",
-                f"{v['exact']}/{v['checked']} / {v['near']}/{v['checked']}",
-            ])  # fmt: skip
+            cells.append(
+                [
+                    str(seed),
+                    method,
+                    f"{s['proper']}/{s['pairs']}",
+                    str(s["failed"]),
+                    f"{_fmt_n(s['n_fail_median'])} [{_fmt_n(s['n_fail_q25'])}, {_fmt_n(s['n_fail_q75'])}]",
+                    f"{_fmt_n(s['n_fail_min'])} / {_fmt_n(s['n_fail_max'])}",
+                    _fmt_n(s["n_eps_median"]),
+                    f"10^{s['log10_n_bound_median']:.1f}",
+                    f"{s['delta_median']:.2f}",
+                    f"{s['fail_within_bound']}/{s['failed']}",
+                    f"{v['exact']}/{v['checked']} / {v['near']}/{v['checked']}",
+                ]
+            )
     return report.markdown_table(header, cells)
 
 

@@ -36,30 +36,69 @@ from . import sequence as seq
 #: at 1,000 steps; passkey 0.926 and flip_flop 0.793 at 1,000; copy 1.000 and reverse 0.914 at
 #: 2,000; sort 0.25 at 1,000 and 0.64 at 2,000 (lr 1e-3). mqar stays at 2,000: softmax was at
 #: 0.004 after 4,000 steps, so more would buy nothing
-STANDARD_STEPS = {"two_back": 1000, "local_count": 1000, "passkey": 1500, "flip_flop": 1500,
-                  "reverse": 2500, "sort": 2500}  # fmt: skip
+STANDARD_STEPS = {
+    "two_back": 1000,
+    "local_count": 1000,
+    "passkey": 1500,
+    "flip_flop": 1500,
+    "reverse": 2500,
+    "sort": 2500,
+}
 
 #: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours) and
 #: --paper (the standard's training with 5 seeds, evaluated to 256x). Both sample test
 #: sequences adaptively and stop a run's larger sizes after two at exact-match 0
 #: (`sequence.SequenceConfig`)
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"tasks": ("flip_flop",), "seeds": 2, "steps": 500, "batch": 32, "eval_sets": 48,
-              "eval_factor": 8, "workers": 2},
-    "standard": {"tasks": None, "seeds": 3, "steps": 2000, "task_steps": STANDARD_STEPS,
-                 "lr": 3e-3, "batch": 32, "eval_sets": 256, "eval_se": 0.04, "eval_min": 32,
-                 "stop_zeros": 2, "eval_factor": 16, "workers": 2},
-    "paper": {"tasks": None, "seeds": 5, "steps": 2000, "task_steps": STANDARD_STEPS,
-              "lr": 3e-3, "batch": 32, "eval_sets": 256, "eval_se": 0.04, "eval_min": 32,
-              "stop_zeros": 2, "eval_factor": 256, "workers": 2},
-}  # fmt: skip
+    "quick": {
+        "tasks": ("flip_flop",),
+        "seeds": 2,
+        "steps": 500,
+        "batch": 32,
+        "eval_sets": 48,
+        "eval_factor": 8,
+        "workers": 2,
+    },
+    "standard": {
+        "tasks": None,
+        "seeds": 3,
+        "steps": 2000,
+        "task_steps": STANDARD_STEPS,
+        "lr": 3e-3,
+        "batch": 32,
+        "eval_sets": 256,
+        "eval_se": 0.04,
+        "eval_min": 32,
+        "stop_zeros": 2,
+        "eval_factor": 16,
+        "workers": 2,
+    },
+    "paper": {
+        "tasks": None,
+        "seeds": 5,
+        "steps": 2000,
+        "task_steps": STANDARD_STEPS,
+        "lr": 3e-3,
+        "batch": 32,
+        "eval_sets": 256,
+        "eval_se": 0.04,
+        "eval_min": 32,
+        "stop_zeros": 2,
+        "eval_factor": 256,
+        "workers": 2,
+    },
+}
 
 
 FAMILY = "synthetic"  # the tasks this command runs
 
 
-def make_config(profile: str = "quick", out: str | Path | None = None,
-                plugins: tuple[str, ...] = (), **overrides: Any) -> seq.SequenceConfig:  # fmt: skip
+def make_config(
+    profile: str = "quick",
+    out: str | Path | None = None,
+    plugins: tuple[str, ...] = (),
+    **overrides: Any,
+) -> seq.SequenceConfig:
     """The configuration of a profile, with ``overrides`` (None values ignored).
 
     ``plugins``: users' normalizers (``package.module:function``, `normalizers.plugin`),
@@ -90,8 +129,12 @@ def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
     return seq.catalogue(cfg, FAMILY, tuple(dict.fromkeys((*seq.methods(), *cfg.methods))))
 
 
-def run(out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
-        ray: str | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    out: str | Path,
+    cfg: seq.SequenceConfig,
+    progress: Progress | None = None,
+    ray: str | None = None,
+) -> dict[str, Any]:
     """Train and evaluate every task × method × seed (resuming), then write leaderboard.md/.csv,
     the accuracy-against-size PNG and report.md into ``out``.
 
@@ -116,19 +159,31 @@ class Options(seq.SequenceOptions):
     """The sweep's options, then the leaderboard's own: which methods, users' plug-ins, and
     the models of another run."""
 
-    methods: tuple[str, ...] | None = option(None, "Comma-separated methods (default: every "
-                                             "one).", kind="names", show_default=False)  # fmt: skip
-    plugins: tuple[str, ...] = option((), "Your own normalizer (a function or Normalizer, "
-                                      "imported from the current directory or PYTHONPATH), "
-                                      "added to the methods; with an existing --out it joins "
-                                      "that run. Repeatable.", kind="plugins", name="--method",
-                                      metavar="MODULE:FUNCTION", show_default=False)  # fmt: skip
-    models: str | None = option(None, "Evaluate the models another leaderboard run trained "
-                                "(same profile and training options), writing this run's "
-                                "evaluations and report into --out: e.g. more sizes for a few "
-                                "tasks. That folder is only read; a method, task or seed it has "
-                                "no model for is refused.", kind="folder", name="--models-from",
-                                show_default=False)  # fmt: skip
+    methods: tuple[str, ...] | None = option(
+        None, "Comma-separated methods (default: every one).", kind="names", show_default=False
+    )
+    plugins: tuple[str, ...] = option(
+        (),
+        "Your own normalizer (a function or Normalizer, "
+        "imported from the current directory or PYTHONPATH), "
+        "added to the methods; with an existing --out it joins "
+        "that run. Repeatable.",
+        kind="plugins",
+        name="--method",
+        metavar="MODULE:FUNCTION",
+        show_default=False,
+    )
+    models: str | None = option(
+        None,
+        "Evaluate the models another leaderboard run trained "
+        "(same profile and training options), writing this run's "
+        "evaluations and report into --out: e.g. more sizes for a few "
+        "tasks. That folder is only read; a method, task or seed it has "
+        "no model for is refused.",
+        kind="folder",
+        name="--models-from",
+        show_default=False,
+    )
 
 
 check_memory = seq.check_memory  # the sweep's memory, refused before any work
@@ -144,17 +199,28 @@ def default_folder(cfg: seq.SequenceConfig | None, profile: str) -> str:
     return f"runs/leaderboard-{profile}"
 
 
-def run_experiment(folder: str | Path, cfg: seq.SequenceConfig, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path,
+    cfg: seq.SequenceConfig,
+    progress: Progress | None = None,
+    pool: str | None = None,
+) -> Result:
     """`run` as the protocol calls it; a failed plug-in is the Result's error, after the table."""
     result = run(folder, cfg, progress, pool)
     error = None
     if result["failed"]:  # the other methods are reported; the command still failed
-        error = (f"{'; '.join(result['failed'])}; the report covers the other methods, and the "
-                 "same command resumes the failed jobs from what they saved (delete their "
-                 f"folders under {result['run']}/train to train them afresh).")  # fmt: skip
-    return Result(result["run"], (("leaderboard.md", None),),
-                  ("report.md", "leaderboard.csv", "leaderboard.png"), result, error=error)  # fmt: skip
+        error = (
+            f"{'; '.join(result['failed'])}; the report covers the other methods, and the "
+            "same command resumes the failed jobs from what they saved (delete their "
+            f"folders under {result['run']}/train to train them afresh)."
+        )
+    return Result(
+        result["run"],
+        (("leaderboard.md", None),),
+        ("report.md", "leaderboard.csv", "leaderboard.png"),
+        result,
+        error=error,
+    )
 
 
 def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
@@ -217,12 +283,16 @@ def _power(effect: PairedEffect, adjusted: float, m: int) -> dict[str, Any]:
     with 80 % power at that spread; and the ``verdict`` in words (`stats.verdict`)."""
     level = ALPHA / max(1, m)
     at_power = detectable_at_power(effect.sd, effect.n, level, POWER)
-    return {"threshold": detectable(effect.sd, effect.n, level), "at_power": at_power,
-            "verdict": verdict(effect, adjusted, at_power, ALPHA)}  # fmt: skip
+    return {
+        "threshold": detectable(effect.sd, effect.n, level),
+        "at_power": at_power,
+        "verdict": verdict(effect, adjusted, at_power, ALPHA),
+    }
 
 
-def overall(per: dict[tuple[str, str], dict[int, dict[str, float]]], method: str,
-            tasks: list[str]) -> dict[int, dict[str, float]]:  # fmt: skip
+def overall(
+    per: dict[tuple[str, str], dict[int, dict[str, float]]], method: str, tasks: list[str]
+) -> dict[int, dict[str, float]]:
     """{seed: {"auc": the method's mean score over the tasks it has}} (per from seq.measures)."""
     sums: dict[int, list[float]] = {}
     for t in tasks:
@@ -244,14 +314,19 @@ def against_all(rows: list[dict[str, Any]], method: str, tasks: list[str]) -> li
         theirs = overall(per, other, tasks)
         seeds = sorted(set(mine) & set(theirs))
         diff = {s: {"auc": mine[s]["auc"] - theirs[s]["auc"]} for s in seeds}
-        out.append({
-            "method": other,
-            "score": seq.compare(theirs, theirs, "auc")[:2],
-            "diff": seq.compare(diff, diff, "auc")[:2] if diff else (float("nan"),) * 2,
-            "p": seq.compare(mine, theirs, "auc")[2],
-            "tasks": {t: seq.compare(per.get((t, method), {}), per[(t, other)], "auc")[2]
-                      for t in tasks if (t, other) in per and (t, method) in per},
-        })  # fmt: skip
+        out.append(
+            {
+                "method": other,
+                "score": seq.compare(theirs, theirs, "auc")[:2],
+                "diff": seq.compare(diff, diff, "auc")[:2] if diff else (float("nan"),) * 2,
+                "p": seq.compare(mine, theirs, "auc")[2],
+                "tasks": {
+                    t: seq.compare(per.get((t, method), {}), per[(t, other)], "auc")[2]
+                    for t in tasks
+                    if (t, other) in per and (t, method) in per
+                },
+            }
+        )
     return out
 
 
@@ -266,9 +341,16 @@ def _p(p: float) -> str:
 def _versus(rows, method: str, tasks: list[str]) -> str:
     """A user's method against every other one: a report section (`against_all`)."""
     header = ["method", "its score", f"{method} − it", "p", *(f"p {t}" for t in tasks)]
-    body = [[c["method"], _pm(*c["score"]), _pm(*c["diff"]), _p(c["p"]),
-             *(_p(c["tasks"].get(t, float("nan"))) for t in tasks)]
-            for c in against_all(rows, method, tasks)]  # fmt: skip
+    body = [
+        [
+            c["method"],
+            _pm(*c["score"]),
+            _pm(*c["diff"]),
+            _p(c["p"]),
+            *(_p(c["tasks"].get(t, float("nan"))) for t in tasks),
+        ]
+        for c in against_all(rows, method, tasks)
+    ]
     return (
         f"## {method} against every method\n\nPaired over seeds on the same test sequences: the "
         f"difference of scores ({method} minus the method, mean ± sd over seeds) and the two-sided "
@@ -278,8 +360,18 @@ def _versus(rows, method: str, tasks: list[str]) -> str:
     )
 
 
-EFFECT_HEADER = ["task", "method", "seeds", "effect (method − softmax)", "95 % interval", "p",
-                 "p (Holm)", "detectable at α/m", "detectable (80 % power)", "verdict"]  # fmt: skip
+EFFECT_HEADER = [
+    "task",
+    "method",
+    "seeds",
+    "effect (method − softmax)",
+    "95 % interval",
+    "p",
+    "p (Holm)",
+    "detectable at α/m",
+    "detectable (80 % power)",
+    "verdict",
+]
 
 
 def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], list[list]]:
@@ -295,11 +387,34 @@ def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], 
             if c is None:
                 continue
             f, pw = c["effect"], c["power"]
-            shown.append([t, e["method"], str(f.n), "–" if not np.isfinite(f.mean) else
-                          f"{f.mean:+.3f}", interval(f), _p(f.p), _p(c["holm"]),
-                          decimals(pw["threshold"]), decimals(pw["at_power"]), pw["verdict"]])  # fmt: skip
-            raw.append([t, e["method"], f.n, f.mean, f"{f.low};{f.high}", f.p, c["holm"],
-                        pw["threshold"], pw["at_power"], pw["verdict"]])  # fmt: skip
+            shown.append(
+                [
+                    t,
+                    e["method"],
+                    str(f.n),
+                    "–" if not np.isfinite(f.mean) else f"{f.mean:+.3f}",
+                    interval(f),
+                    _p(f.p),
+                    _p(c["holm"]),
+                    decimals(pw["threshold"]),
+                    decimals(pw["at_power"]),
+                    pw["verdict"],
+                ]
+            )
+            raw.append(
+                [
+                    t,
+                    e["method"],
+                    f.n,
+                    f.mean,
+                    f"{f.low};{f.high}",
+                    f.p,
+                    c["holm"],
+                    pw["threshold"],
+                    pw["at_power"],
+                    pw["verdict"],
+                ]
+            )
     return shown, raw
 
 
@@ -326,8 +441,12 @@ def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
     score as the last column), its value printed in the cell. The figure is sized from the
     number of methods and tasks and from the longest method name, never below what the colour
     bar and its (wrapped) label need, so a one-task map is as legible as an eight-task one."""
-    grid = np.array([[e["tasks"].get(t, {}).get("auc", (np.nan,))[0] for t in tasks]
-                     + [e["score"][0]] for e in table])  # fmt: skip
+    grid = np.array(
+        [
+            [e["tasks"].get(t, {}).get("auc", (np.nan,))[0] for t in tasks] + [e["score"][0]]
+            for e in table
+        ]
+    )
     cols = [*tasks, "overall"]
     names = [e["method"] for e in table]
     label_in = 0.075 * max((len(n) for n in names), default=4)  # 8-point names, inches
@@ -340,8 +459,15 @@ def heat_map(path: Path, table: list[dict[str, Any]], tasks: list[str]) -> None:
         ax.set_yticks(range(len(table)), names, fontsize=8)
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if v > 0.6 else "white")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if v > 0.6 else "white",
+                )
         ax.axvline(len(tasks) - 0.5, color="white", lw=2)
         bar = fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03)
         bar.set_label("score: area under accuracy\nagainst log size", fontsize=8)
@@ -386,21 +512,38 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     for i, e in enumerate(table, 1):
         mean, sd, p = e["score"]
         cells = [e["tasks"].get(t, {}).get("auc") for t in tasks]
-        shown.append([str(i), e["method"], _pm(mean, sd), _p(p), _p(e["holm"])]
-                     + ["n/a" if c is None else f"{_pm(c[0], c[1])} (p {_p(c[2])})" for c in cells])  # fmt: skip
-        raw.append([i, e["method"], mean, p, e["holm"]]
-                   + [None if c is None else c[0] for c in cells])  # fmt: skip
+        shown.append(
+            [str(i), e["method"], _pm(mean, sd), _p(p), _p(e["holm"])]
+            + ["n/a" if c is None else f"{_pm(c[0], c[1])} (p {_p(c[2])})" for c in cells]
+        )
+        raw.append(
+            [i, e["method"], mean, p, e["holm"]] + [None if c is None else c[0] for c in cells]
+        )
     md = write_table(folder, "leaderboard", header, shown, raw)
     heat_map(folder / "heatmap.png", table, tasks)
-    detail_header = ["task", "method", "in distribution", "beyond training", "largest size",
-                     "p (largest) vs softmax"]  # fmt: skip
+    detail_header = [
+        "task",
+        "method",
+        "in distribution",
+        "beyond training",
+        "largest size",
+        "p (largest) vs softmax",
+    ]
     detail = []
     for t in tasks:
         for e in table:
             c = e["tasks"].get(t)
             if c is not None:
-                detail.append([t, e["method"], _pm(*c["id"][:2]), _pm(*c["ood"][:2]),
-                               _pm(*c["largest"][:2]), _p(c["largest"][2])])  # fmt: skip
+                detail.append(
+                    [
+                        t,
+                        e["method"],
+                        _pm(*c["id"][:2]),
+                        _pm(*c["ood"][:2]),
+                        _pm(*c["largest"][:2]),
+                        _p(c["largest"][2]),
+                    ]
+                )
     md_detail = write_table(folder, "accuracy", detail_header, detail)
     md_effects = write_table(folder, "effects", EFFECT_HEADER, *effects(table, tasks))
     cells = seq.failure_cells(rows)
@@ -420,8 +563,13 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     added = [e["method"] for e in table if plugin.is_spec(e["method"])]
     versus = [_versus(rows, m, tasks) for m in added]
     order = [e["method"] for e in table]
-    seq.plot_curves(folder / "leaderboard.png", rows, tasks, order,
-                    "Exact-match accuracy against size (shaded: training sizes)")  # fmt: skip
+    seq.plot_curves(
+        folder / "leaderboard.png",
+        rows,
+        tasks,
+        order,
+        "Exact-match accuracy against size (shaded: training sizes)",
+    )
     sizes = {t: seq.sizes_of(cfg, t) for t in tasks}
     setup = (
         f"{cfg.seeds} seeds (first {cfg.seed}) per task × method; a {cfg.layers}-layer decoder, "
@@ -433,7 +581,7 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             f"{t} trained at {seq.task(t).train_sizes[0]}–{seq.task(t).train_sizes[1]}, "
             f"evaluated at {', '.join(map(str, s))}"
             for t, s in sizes.items()
-        )  # fmt: skip
+        )
         + ".\n\nScore: the normalised area under exact-match accuracy against log2 size (1 = "
         "every test sequence solved at every size); the overall score is the mean over tasks. "
         "p: two-sided paired t-test against softmax over seeds (– with fewer than two seeds); "

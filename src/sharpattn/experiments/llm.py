@@ -243,10 +243,20 @@ def _plot_max(res: dict, path: Path) -> None:
             e = np.asarray([res["entropy"][n] for n in sizes])  # (sizes, layers)
             cmap = kit.pyplot().get_cmap("viridis")
             for layer in range(e.shape[1]):
-                a.plot(sizes, e[:, layer], color=cmap(layer / max(e.shape[1] - 1, 1)),
-                       lw=2.5 if layer == 0 else 0.8, label="layer 0" if layer == 0 else None)  # fmt: skip
-            a.plot(sizes, np.log([res["tokens"][n] for n in sizes]), "k--", lw=1,
-                   label="log(tokens): uniform")  # fmt: skip
+                a.plot(
+                    sizes,
+                    e[:, layer],
+                    color=cmap(layer / max(e.shape[1] - 1, 1)),
+                    lw=2.5 if layer == 0 else 0.8,
+                    label="layer 0" if layer == 0 else None,
+                )
+            a.plot(
+                sizes,
+                np.log([res["tokens"][n] for n in sizes]),
+                "k--",
+                lw=1,
+                label="log(tokens): uniform",
+            )
             a.set_xscale("log", base=2)
             a.set_xlabel("n (numbers in the prompt)")
             a.set_ylabel("entropy at the answer position (nats)")

@@ -37,7 +37,7 @@ from . import max_retrieval as mr
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": dict(
         seeds=2, group=2, steps=2_000, sizes=mr.PAPER_SIZES[:8], test_sets=1_000, log_every=100
-    ),  # fmt: skip
+    ),
     # one ensemble of 5 seeds per reading, two single-threaded workers (as Table 1's --paper);
     # evaluated to 2,048 items, the largest size the comparison uses (`GAP_SIZES`)
     "paper": dict(
@@ -48,7 +48,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         sizes=mr.PAPER_SIZES[:8],
         test_sets=10_000,
         log_every=1_000,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -61,17 +61,36 @@ def make_config(profile: str = "quick", **overrides: Any) -> mr.Config:
 class Options:
     """The command's options (`protocol`)."""
 
-    seeds: int | None = option(None, "Number of seeds (overrides the profile).", kind="count",
-                               maximum="seeds", show_default=False)  # fmt: skip
-    steps: int | None = option(None, "Adam steps per seed (overrides the profile).",
-                               kind="count", maximum="steps", show_default=False)  # fmt: skip
-    regularisers: str | None = option(None, "Comma-separated readings of the L2 term to train "
-                                      "under (default: all four, see reproduce max-retrieval "
-                                      "--regulariser).", kind="text", show_default=False)  # fmt: skip
-    reuse: str | None = option(None, "A max-retrieval run folder whose trained seeds a reading "
-                               "with the same training settings takes instead of training them "
-                               "again (e.g. Table 1's --paper run for l2).", kind="folder",
-                               show_default=False)  # fmt: skip
+    seeds: int | None = option(
+        None,
+        "Number of seeds (overrides the profile).",
+        kind="count",
+        maximum="seeds",
+        show_default=False,
+    )
+    steps: int | None = option(
+        None,
+        "Adam steps per seed (overrides the profile).",
+        kind="count",
+        maximum="steps",
+        show_default=False,
+    )
+    regularisers: str | None = option(
+        None,
+        "Comma-separated readings of the L2 term to train "
+        "under (default: all four, see reproduce max-retrieval "
+        "--regulariser).",
+        kind="text",
+        show_default=False,
+    )
+    reuse: str | None = option(
+        None,
+        "A max-retrieval run folder whose trained seeds a reading "
+        "with the same training settings takes instead of training them "
+        "again (e.g. Table 1's --paper run for l2).",
+        kind="folder",
+        show_default=False,
+    )
     checkpoint_every: int = option(1000, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
 
@@ -89,8 +108,14 @@ class Study:
         return self.config.workers
 
 
-def configure(profile: str = "quick", *, regularisers: str | None = None,
-              reuse: str | None = None, seeds: int | None = None, **overrides: Any) -> Study:  # fmt: skip
+def configure(
+    profile: str = "quick",
+    *,
+    regularisers: str | None = None,
+    reuse: str | None = None,
+    seeds: int | None = None,
+    **overrides: Any,
+) -> Study:
     """The study of a profile with the command's options: more seeds train as one ensemble."""
     config = make_config(profile, seeds=seeds, **overrides)
     if seeds is not None:
@@ -117,22 +142,27 @@ def plan(study: Study, profile: str) -> tuple[str, str, bool]:
     plain = make_config(profile)
     jobs = len(study.regularisers) * len(mr.groups(study.config))
     changed = (study.config.seeds, study.config.steps) != (plain.seeds, plain.steps)
-    return ("reproduce max-retrieval-regularisers",
-            f"{jobs} training jobs of {study.config.group} seeds", changed)  # fmt: skip
+    return (
+        "reproduce max-retrieval-regularisers",
+        f"{jobs} training jobs of {study.config.group} seeds",
+        changed,
+    )
 
 
 def default_folder(study: Study, profile: str) -> str:
     return "runs/max-retrieval-regularisers"
 
 
-def run_experiment(folder: str | Path, chosen: Study, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path, chosen: Study, progress: Progress | None = None, pool: str | None = None
+) -> Result:
     result = study(
         folder, chosen.config, list(chosen.regularisers), progress, pool, reuse=chosen.reuse
     )
     title = "Max retrieval: Table 1's baseline under each reading of the L2 term"
-    return Result(Path(folder), (("regularisers.md", title),), (), result,
-                  f"wrote {result['report']}")  # fmt: skip
+    return Result(
+        Path(folder), (("regularisers.md", title),), (), result, f"wrote {result['report']}"
+    )
 
 
 #: the sizes where the default reading's baseline fell 6–20 points below the paper's
@@ -195,9 +225,12 @@ def study(
     mr.check_sizes(config.sizes)
     mr.check_groups(config, ray)
     out = Path(out)
-    RunFolder(out, "max-retrieval-regularisers",
-              {"run": asdict(config), "regularisers": regularisers},
-              identity=[f"run.{k}" for k in mr.TRAINING_SETTINGS if k != "regulariser"])  # fmt: skip
+    RunFolder(
+        out,
+        "max-retrieval-regularisers",
+        {"run": asdict(config), "regularisers": regularisers},
+        identity=[f"run.{k}" for k in mr.TRAINING_SETTINGS if k != "regulariser"],
+    )
     runs = {name: _folder(out, config, name) for name in regularisers}  # refused before any work
     if reuse is not None:
         copied = reuse_training(reuse, runs)
@@ -225,8 +258,10 @@ def study(
 def _seed_accuracy(run: Path) -> dict[str, dict[int, dict[int, float]]]:
     """accuracy.json of a finished run: method -> seed -> size -> accuracy (%)."""
     raw = read_json(run / "accuracy.json", dict)
-    return {m: {int(s): {int(n): float(a) for n, a in per.items()} for s, per in seeds.items()}
-            for m, seeds in raw.items()}  # fmt: skip
+    return {
+        m: {int(s): {int(n): float(a) for n, a in per.items()} for s, per in seeds.items()}
+        for m, seeds in raw.items()
+    }
 
 
 def compare(runs: dict[str, Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -250,14 +285,21 @@ def compare(runs: dict[str, Path]) -> tuple[list[dict[str, Any]], dict[str, Any]
             ours = [float(np.mean([acc[col][s][n] for n in sizes])) for s in seeds]
             paper = np.mean([mr.PAPER_TABLE1[col][n] for n in sizes])
             e = paired_effect(np.full(len(ours), paper), ours)
-            row[col] = {"gap": e.mean, "low": e.low, "high": e.high, "per_seed": ours,
-                        "per_size": {n: float(np.mean([acc[col][s][n] for s in seeds]))
-                                     for n in config.sizes}}  # fmt: skip
+            row[col] = {
+                "gap": e.mean,
+                "low": e.low,
+                "high": e.high,
+                "per_seed": ours,
+                "per_size": {
+                    n: float(np.mean([acc[col][s][n] for s in seeds])) for n in config.sizes
+                },
+            }
         records = mr.training_records(run, config)
         last = [recs[-1] for recs in records.values()]
         row["delta"] = float(np.mean([r["delta"] for r in last]))
-        row["sum_w2"] = float(np.mean([np.nan if r["sum_w2"] is None else r["sum_w2"]
-                                       for r in last]))  # fmt: skip
+        row["sum_w2"] = float(
+            np.mean([np.nan if r["sum_w2"] is None else r["sum_w2"] for r in last])
+        )
         row["verdict"] = _verdict(row["baseline"])
         rows.append(row)
     default = next((r for r in rows if r["regulariser"] == "l2"), None)
@@ -287,19 +329,45 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
     gap = ", ".join(f"{n:,}" for n in rows[0]["gap_sizes"])
     per_size = report.markdown_table(
         ["size", "paper", *[r["regulariser"] for r in rows]],
-        [[f"{n:,}", mr.paper_cell(mr.PAPER_TABLE1["baseline"].get(n)),
-          *[f"{r['baseline']['per_size'][n]:.1f}" for r in rows]] for n in sizes],
-    )  # fmt: skip
+        [
+            [
+                f"{n:,}",
+                mr.paper_cell(mr.PAPER_TABLE1["baseline"].get(n)),
+                *[f"{r['baseline']['per_size'][n]:.1f}" for r in rows],
+            ]
+            for n in sizes
+        ],
+    )
     summary_table = report.markdown_table(
-        ["regulariser", "what", "seeds", f"baseline at {sizes[0]:,} (paper)",
-         "baseline gap to the paper", "adaptive θ gap to the paper", "baseline vs l2 (p)",
-         "δ at the end", "Σw² at the end", "verdict"],
-        [[r["regulariser"], mr.REGULARISERS[r["regulariser"]], r["seeds"],
-          f"{r['in_distribution']:.1f} ({mr.paper_cell(r['paper_in_distribution'])})",
-          _gap(r["baseline"]), _gap(r["adaptive"]), _versus(r.get("versus_l2")),
-          f"{r['delta']:.2f}", f"{r['sum_w2']:.0f}", r["verdict"]] for r in rows],
+        [
+            "regulariser",
+            "what",
+            "seeds",
+            f"baseline at {sizes[0]:,} (paper)",
+            "baseline gap to the paper",
+            "adaptive θ gap to the paper",
+            "baseline vs l2 (p)",
+            "δ at the end",
+            "Σw² at the end",
+            "verdict",
+        ],
+        [
+            [
+                r["regulariser"],
+                mr.REGULARISERS[r["regulariser"]],
+                r["seeds"],
+                f"{r['in_distribution']:.1f} ({mr.paper_cell(r['paper_in_distribution'])})",
+                _gap(r["baseline"]),
+                _gap(r["adaptive"]),
+                _versus(r.get("versus_l2")),
+                f"{r['delta']:.2f}",
+                f"{r['sum_w2']:.0f}",
+                r["verdict"],
+            ]
+            for r in rows
+        ],
         align="l" * 2 + "r" * 7 + "l",
-    )  # fmt: skip
+    )
     matching = summary["matching"]
     reused = summary.get("reused")
     md = (
@@ -340,6 +408,19 @@ def _gap(g: dict[str, Any]) -> str:
     return f"{g['gap']:+.1f} [{g['low']:+.1f}, {g['high']:+.1f}]"
 
 
-__all__ = ["Options", "Study", "configure", "default_folder", "plan", "run_experiment",
-           "with_threads", "GAP_SIZES", "PROFILES", "compare", "gap_sizes", "make_config", "study",
-           "write_comparison"]  # fmt: skip
+__all__ = [
+    "Options",
+    "Study",
+    "configure",
+    "default_folder",
+    "plan",
+    "run_experiment",
+    "with_threads",
+    "GAP_SIZES",
+    "PROFILES",
+    "compare",
+    "gap_sizes",
+    "make_config",
+    "study",
+    "write_comparison",
+]

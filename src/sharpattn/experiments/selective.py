@@ -96,17 +96,38 @@ def paper_scale_overhead() -> list[dict]:
         for variant, cfg in variants.items():
             added = layers * selective_parameter_count(d, heads, config=cfg)
             rows.append(
-                dict(model=model, variant=variant, base_parameters=base, added=added,
-                     fraction=added / base, paper=paper[variant])
-            )  # fmt: skip
+                dict(
+                    model=model,
+                    variant=variant,
+                    base_parameters=base,
+                    added=added,
+                    fraction=added / base,
+                    paper=paper[variant],
+                )
+            )
     return rows
 
 
 def overhead_markdown(rows) -> str:
-    header = ["model", "variant (q + v, token + position)", "base parameters", "added",
-              "overhead", "paper"]  # fmt: skip
-    body = [[r["model"], r["variant"], r["base_parameters"], r["added"],
-             f"{100 * r['fraction']:.3g}%", r["paper"]] for r in rows]  # fmt: skip
+    header = [
+        "model",
+        "variant (q + v, token + position)",
+        "base parameters",
+        "added",
+        "overhead",
+        "paper",
+    ]
+    body = [
+        [
+            r["model"],
+            r["variant"],
+            r["base_parameters"],
+            r["added"],
+            f"{100 * r['fraction']:.3g}%",
+            r["paper"],
+        ]
+        for r in rows
+    ]
     return report.markdown_table(header, body, "llrrrl")
 
 
@@ -132,8 +153,11 @@ _FREE = {"tasks", "quick", "threads", "checkpoint_every", "lm.variants", "lm.see
 
 
 def _identity(config: ReproduceConfig) -> list[str]:
-    keys = [f"{part}.{f.name}" for part in ("graph", "denoise", "lm")
-            for f in fields(getattr(config, part))] + [f.name for f in fields(config)]  # fmt: skip
+    keys = [
+        f"{part}.{f.name}"
+        for part in ("graph", "denoise", "lm")
+        for f in fields(getattr(config, part))
+    ] + [f.name for f in fields(config)]
     return [k for k in keys if k not in _FREE and k not in ("graph", "denoise", "lm")]
 
 
@@ -148,14 +172,16 @@ QUICK_LM_VARIANTS = ("vanilla", "q · both", "v · both", "qv · both")
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
         "graph": GraphConfig(steps=3000, seeds=3, lr=1e-3, readouts=("classifier",)),
-        "denoise": DenoiseConfig(steps=1500, seeds=3, lr=1e-3, sigmas=(0.1, 0.3),
-                                 eval_samples=8000),
-        "lm": LMConfig(steps=100, batch=8, warmup=10, seeds=1, eval_tokens=8192,
-                       variants=QUICK_LM_VARIANTS),
+        "denoise": DenoiseConfig(
+            steps=1500, seeds=3, lr=1e-3, sigmas=(0.1, 0.3), eval_samples=8000
+        ),
+        "lm": LMConfig(
+            steps=100, batch=8, warmup=10, seeds=1, eval_tokens=8192, variants=QUICK_LM_VARIANTS
+        ),
         "quick": True,
     },
     "paper": {},
-}  # fmt: skip
+}
 
 
 def quick_config(seed: int = 0) -> ReproduceConfig:
@@ -163,10 +189,20 @@ def quick_config(seed: int = 0) -> ReproduceConfig:
     return ReproduceConfig(**profile_settings(PROFILES, "quick", {"seed": seed}))
 
 
-def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = None,
-                steps: int | None = None, sigmas=None, tasks: str = ",".join(TASKS),
-                text: str | None = None, lm_steps: int | None = None, lm_variants: str | None = None,
-                threads: int | None = 1, checkpoint_every: int = 500) -> ReproduceConfig:  # fmt: skip
+def make_config(
+    profile: str = "paper",
+    *,
+    seed: int = 0,
+    seeds: int | None = None,
+    steps: int | None = None,
+    sigmas=None,
+    tasks: str = ",".join(TASKS),
+    text: str | None = None,
+    lm_steps: int | None = None,
+    lm_variants: str | None = None,
+    threads: int | None = 1,
+    checkpoint_every: int = 500,
+) -> ReproduceConfig:
     """The configuration of a profile (a key of PROFILES) with the command's overrides: seeds
     and steps apply to every part (``lm_steps`` overrides the LM's), ``sigmas[0]`` becomes the
     main σ, ``lm_variants`` and ``tasks`` are comma-separated."""
@@ -187,8 +223,15 @@ def make_config(profile: str = "paper", *, seed: int = 0, seeds: int | None = No
     if text is not None:
         lm = replace(lm, text=text)
     parts = tuple(dict.fromkeys(t.strip() for t in tasks.split(",") if t.strip()))
-    return replace(config, graph=g, denoise=d, lm=lm, tasks=parts, threads=threads,
-                   checkpoint_every=checkpoint_every)  # fmt: skip
+    return replace(
+        config,
+        graph=g,
+        denoise=d,
+        lm=lm,
+        tasks=parts,
+        threads=threads,
+        checkpoint_every=checkpoint_every,
+    )
 
 
 @dataclass
@@ -197,11 +240,20 @@ class Options:
     nested configuration (seeds and steps to every part)."""
 
     seed: int = option(0, "First seed.", kind="seed")
-    seeds: int | None = option(None, "Seeds per setting (overrides the profile).", kind="count",
-                               maximum="seeds", show_default=False)  # fmt: skip
-    steps: int | None = option(None, "Adam steps per task (and per LM run unless --lm-steps is "
-                               "given).", kind="count", maximum="steps",
-                               show_default=False)  # fmt: skip
+    seeds: int | None = option(
+        None,
+        "Seeds per setting (overrides the profile).",
+        kind="count",
+        maximum="seeds",
+        show_default=False,
+    )
+    steps: int | None = option(
+        None,
+        "Adam steps per task (and per LM run unless --lm-steps is given).",
+        kind="count",
+        maximum="steps",
+        show_default=False,
+    )
     sigmas: tuple[float, ...] | None = option(
         None,
         "Denoising noise levels σ, e.g. 0.1,0.3.",
@@ -209,17 +261,28 @@ class Options:
         maximum="noise",
         show_default=False,
     )
-    tasks: str = option(",".join(TASKS), "Which parts to run: graph, denoise, lm "
-                        "(comma-separated).")  # fmt: skip
-    text: str | None = option(None, "Text for the language model (default: the first 100 KB of "
-                              "tiny Shakespeare, shipped with the package; the documented "
-                              "--paper numbers used the whole 1.1 MB corpus: pass it here).",
-                              kind="file", show_default=False)  # fmt: skip
-    lm_steps: int | None = option(None, "LM training steps.", kind="count", maximum="steps",
-                                  show_default=False)  # fmt: skip
-    lm_variants: str | None = option(None, "LM variants, e.g. vanilla,q:both,qv:token (default: "
-                                     "all twelve, k:both and kqv:both included; --quick: "
-                                     "four).", kind="text", show_default=False)  # fmt: skip
+    tasks: str = option(
+        ",".join(TASKS), "Which parts to run: graph, denoise, lm (comma-separated)."
+    )
+    text: str | None = option(
+        None,
+        "Text for the language model (default: the first 100 KB of "
+        "tiny Shakespeare, shipped with the package; the documented "
+        "--paper numbers used the whole 1.1 MB corpus: pass it here).",
+        kind="file",
+        show_default=False,
+    )
+    lm_steps: int | None = option(
+        None, "LM training steps.", kind="count", maximum="steps", show_default=False
+    )
+    lm_variants: str | None = option(
+        None,
+        "LM variants, e.g. vanilla,q:both,qv:token (default: "
+        "all twelve, k:both and kqv:both included; --quick: "
+        "four).",
+        kind="text",
+        show_default=False,
+    )
     checkpoint_every: int = option(500, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
 
@@ -259,8 +322,12 @@ TABLE_TITLES = {  # RUN/<name>.md: what the command prints, in this order
 }
 
 
-def run(out: str | Path, config: ReproduceConfig, progress: Progress | None = None,
-        stop_at: int | None = None) -> tuple[Path, dict | None]:  # fmt: skip
+def run(
+    out: str | Path,
+    config: ReproduceConfig,
+    progress: Progress | None = None,
+    stop_at: int | None = None,
+) -> tuple[Path, dict | None]:
     """Train (resuming what exists) and evaluate everything; write the tables, metrics.json,
     plots and report.md into the run folder ``out``.
 
@@ -334,8 +401,14 @@ def _run(run_dir: Path, config: ReproduceConfig, progress, text, stop_at) -> dic
                 lm_runs.append(r)
         lm_rows = summarize_lm(lm_runs, lc.variants, lc.eval_contexts)
         plot_lm(lm_rows, list(lc.eval_contexts), run_dir / "lm.png")
-        result.update(lm=lm_rows, lm_runs=lm_runs, lm_vocab=len(vocab), paper_lm=PAPER_LM,
-                      lm_train_chars=len(train), lm_val_chars=len(val))  # fmt: skip
+        result.update(
+            lm=lm_rows,
+            lm_runs=lm_runs,
+            lm_vocab=len(vocab),
+            paper_lm=PAPER_LM,
+            lm_train_chars=len(train),
+            lm_val_chars=len(val),
+        )
         tables["lm"] = lm_markdown(lm_rows, lc.eval_contexts)
         if all("spikiness" in r for r in lm_rows):
             tables["lm"] += "\n" + fig2_markdown(lm_rows, "lm")
@@ -386,13 +459,22 @@ def default_folder(config: ReproduceConfig, profile: str) -> str:
     return f"runs/selective-{profile}"
 
 
-def run_experiment(folder: str | Path, config: ReproduceConfig, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path,
+    config: ReproduceConfig,
+    progress: Progress | None = None,
+    pool: str | None = None,
+) -> Result:
     """`run` as the protocol calls it: every part's table that ran, then the overhead."""
     path, result = run(folder, config, progress)
-    tables = tuple((f"{name}.md", title) for name, title in TABLE_TITLES.items()
-                   if (path / f"{name}.md").is_file() and (name in result or name == "overhead"))  # fmt: skip
-    closing = (f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see "
-               f"{path}/report.md for what each column means and why some of the paper's "
-               "numbers cannot be compared.")  # fmt: skip
+    tables = tuple(
+        (f"{name}.md", title)
+        for name, title in TABLE_TITLES.items()
+        if (path / f"{name}.md").is_file() and (name in result or name == "overhead")
+    )
+    closing = (
+        f"{result['seconds']:.0f} s. Our numbers, the paper's beside them; see "
+        f"{path}/report.md for what each column means and why some of the paper's "
+        "numbers cannot be compared."
+    )
     return Result(path, tables, ("report.md",), result, closing)

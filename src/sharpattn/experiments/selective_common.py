@@ -21,8 +21,10 @@ from ..models.ensemble import StackedLinear
 
 # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
 # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
-PAPER_FIG2 = {"spikiness": {"vanilla": "0.39", "selective": "0.26"},
-              "norm_ratio": "≈ 3 (vanilla / SSA)"}  # fmt: skip
+PAPER_FIG2 = {
+    "spikiness": {"vanilla": "0.39", "selective": "0.26"},
+    "norm_ratio": "≈ 3 (vanilla / SSA)",
+}
 #: Fig. 2's claims as changes from vanilla (the paper's numbers in words, and their sign)
 FIG2_CLAIMS = {"spikiness": ("0.39 → 0.26", -1), "qk_norm": ("≈ 3× smaller", -1)}
 
@@ -117,8 +119,12 @@ class OneHeadEnsemble(nn.Module):
         if "model.wq" not in tensors:
             return tensors
         names = [n for n, _ in self.named_parameters()]
-        renamed = {old[j]: f"{m}.{part}" for m, old in _OLD_NAMES.items() if hasattr(self, m)
-                   for j, part in enumerate(("weight", "bias"))}  # fmt: skip
+        renamed = {
+            old[j]: f"{m}.{part}"
+            for m, old in _OLD_NAMES.items()
+            if hasattr(self, m)
+            for j, part in enumerate(("weight", "bias"))
+        }
         rest = [n for n in names if n not in renamed.values()]
         own, children = [n for n in rest if "." not in n], [n for n in rest if "." in n]
         old_order = ["wq", "wk", "wv", "bq", "bk", "bv", *own]
@@ -186,9 +192,19 @@ def compare(values, baseline, claims=None) -> list[Column]:
     for j, (m, sd) in enumerate(zip(c.mean_b, c.std_b, strict=True)):
         paper, sign = (claims or [None] * len(c.mean_b))[j] or ("–", -1)
         v = reproduction_verdict(a[:, j], b[:, j], paper=paper, sign=sign)
-        out.append(Column(float(m), float(np.nan_to_num(sd)), float(c.p_value[j]),
-                          v.effect.mean, v.effect.low, v.effect.high, v.detectable, paper,
-                          v.verdict if paper != "–" else "–"))  # fmt: skip
+        out.append(
+            Column(
+                float(m),
+                float(np.nan_to_num(sd)),
+                float(c.p_value[j]),
+                v.effect.mean,
+                v.effect.low,
+                v.effect.high,
+                v.detectable,
+                paper,
+                v.verdict if paper != "–" else "–",
+            )
+        )
     return out
 
 
@@ -206,8 +222,15 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
     label; `store`'s fields): the change from vanilla with its 95 % interval over seeds, the
     change detected with 80 % power, the paper's change and the verdict; ``group``: a row key
     shown first (the readout, the noise level). Empty where no row has them."""
-    header = ([group] if group else []) + ["variant", "measure", "change vs vanilla",
-              "95 % interval (seeds)", "detectable (80 % power)", "paper", "verdict"]  # fmt: skip
+    header = ([group] if group else []) + [
+        "variant",
+        "measure",
+        "change vs vanilla",
+        "95 % interval (seeds)",
+        "detectable (80 % power)",
+        "paper",
+        "verdict",
+    ]
     body = []
     for r in rows:
         if r["variant"] == "vanilla":
@@ -253,8 +276,13 @@ def fig2_markdown(rows, task: str) -> str:
     """Fig. 2's measures per variant (mean ± sd over seeds, paired p against vanilla)."""
     paper = PAPER_FIG2
     header = (["readout"] if task == "graph" else []) + [
-        "variant", "spikiness ‖s‖₁/(‖s‖₂²·L)", "‖W_q·W_kᵀ‖₂", "τ_q·‖W_q·W_kᵀ‖₂",
-        "vanilla / this: ‖W‖ (τ_q·‖W‖)", "paper spikiness"]  # fmt: skip
+        "variant",
+        "spikiness ‖s‖₁/(‖s‖₂²·L)",
+        "‖W_q·W_kᵀ‖₂",
+        "τ_q·‖W_q·W_kᵀ‖₂",
+        "vanilla / this: ‖W‖ (τ_q·‖W‖)",
+        "paper spikiness",
+    ]
     body = []
     for r in rows:
         van = next(
@@ -263,8 +291,16 @@ def fig2_markdown(rows, task: str) -> str:
         )
         key = "vanilla" if r["variant"] == "vanilla" else "selective"
         cells = [mean_cell(r[k], r.get(k + "_sd"), r.get(k + "_p")) for k in FIG2_METRICS]
-        body.append(([r["readout"]] if task == "graph" else []) + [r["variant"], *cells,
-                    "–" if van is None else f"{van['qk_norm'] / r['qk_norm']:.2f} "
-                    f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
-                    paper["spikiness"][key]])  # fmt: skip
+        body.append(
+            ([r["readout"]] if task == "graph" else [])
+            + [
+                r["variant"],
+                *cells,
+                "–"
+                if van is None
+                else f"{van['qk_norm'] / r['qk_norm']:.2f} "
+                f"({van['effective_qk_norm'] / r['effective_qk_norm']:.2f})",
+                paper["spikiness"][key],
+            ]
+        )
     return report.markdown_table(header, body)

@@ -41,8 +41,14 @@ PAPER = {  # as printed in the paper
 DENOISE_CLAIMS = {"selective (threshold)": ("1.390 → 0.071", -1)}
 
 
-def denoise_batch(batch: int, k: int, length: int, sigmas: torch.Tensor,
-                  generator: torch.Generator, alpha: float = 0.25):  # fmt: skip
+def denoise_batch(
+    batch: int,
+    k: int,
+    length: int,
+    sigmas: torch.Tensor,
+    generator: torch.Generator,
+    alpha: float = 0.25,
+):
     """X ``[B, G, L, K]``, y ``[B, G, K]`` and the signal mask S ``[B, G, L]`` (Sec. 4.3) at each
     noise level σ_g in ``sigmas`` ``[G]``: the same q, S and unit noise z for every σ (common
     random numbers), so a σ's samples do not depend on the other σ's and σ's compare paired."""
@@ -171,9 +177,14 @@ def denoise_evaluate(model: DenoiseEnsemble, cfg: DenoiseConfig, seeds: list[int
     return out
 
 
-def denoise_train(folder: Path, cfg: DenoiseConfig, seeds: list[int],
-                  progress: Progress | None = None, stop_at: int | None = None,
-                  checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
+def denoise_train(
+    folder: Path,
+    cfg: DenoiseConfig,
+    seeds: list[int],
+    progress: Progress | None = None,
+    stop_at: int | None = None,
+    checkpoint_every: int = 1000,
+) -> list[dict] | None:
     """Train every (variant, σ, seed) member together, as one ensemble in ``folder``, then
     evaluate; one dict per (σ, seed)."""
     streams, members, group = _denoise_streams(cfg, seeds)
@@ -188,10 +199,17 @@ def denoise_train(folder: Path, cfg: DenoiseConfig, seeds: list[int],
         return denoise_loss(model(b[0]), b[1]).mean(0)
 
     trainer = Trainer(
-        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
-        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
-        checkpoint_every=checkpoint_every, task="denoise", progress=progress,
-    )  # fmt: skip
+        folder,
+        model,
+        torch.optim.Adam(model.parameters(), lr=cfg.lr),
+        steps=cfg.steps,
+        batch=batch,
+        loss=loss,
+        generators={f"data{s}": g for s, g in data.items()},
+        checkpoint_every=checkpoint_every,
+        task="denoise",
+        progress=progress,
+    )
     rows = [{"sigma": float, "seed": int, "naive mean": float, "Bayes (oracle)": float}]
     return finish(trainer, stop_at, lambda state: denoise_evaluate(model, cfg, seeds), rows)
 
@@ -218,8 +236,14 @@ def plot_denoise(rows, path: Path) -> None:
     with report.figure(path, figsize=(6.5, 4.2), dpi=110) as (fig, ax):
         for method in dict.fromkeys(r["method"] for r in rows):
             rs = [r for r in rows if r["method"] == method]
-            ax.errorbar([r["sigma"] for r in rs], [r["loss"] for r in rs],
-                        yerr=[r["sd"] for r in rs], marker="o", capsize=3, label=method)  # fmt: skip
+            ax.errorbar(
+                [r["sigma"] for r in rs],
+                [r["loss"] for r in rs],
+                yerr=[r["sd"] for r in rs],
+                marker="o",
+                capsize=3,
+                label=method,
+            )
         ax.axhline(2.0, color="grey", lw=0.8, ls=":", label="random unit vector (= 2)")
         ax.set(xlabel="noise σ", ylabel="E‖y − ŷ/‖ŷ‖‖²", yscale="log")
         ax.set_title(
@@ -230,13 +254,28 @@ def plot_denoise(rows, path: Path) -> None:
 
 def denoise_markdown(rows, main_sigma: float) -> str:
     paper = PAPER
-    header = ["σ", "method", "seeds", "loss E‖y − ŷ/‖ŷ‖‖² (mean ± sd, paired p vs vanilla)",
-              "paper (σ unstated)"]  # fmt: skip
-    body = [[f"{r['sigma']:g}", r["method"], r["seeds"], mean_cell(r["loss"], r["sd"], r["p"]),
-             paper.get(r["method"], "") if r["sigma"] == main_sigma else ""]
-            for r in rows]  # fmt: skip
-    return (report.markdown_table(header, body, "rlrrr") + "\n"
-            + verdict_markdown(rows, {"loss": "loss"}, group="sigma"))  # fmt: skip
+    header = [
+        "σ",
+        "method",
+        "seeds",
+        "loss E‖y − ŷ/‖ŷ‖‖² (mean ± sd, paired p vs vanilla)",
+        "paper (σ unstated)",
+    ]
+    body = [
+        [
+            f"{r['sigma']:g}",
+            r["method"],
+            r["seeds"],
+            mean_cell(r["loss"], r["sd"], r["p"]),
+            paper.get(r["method"], "") if r["sigma"] == main_sigma else "",
+        ]
+        for r in rows
+    ]
+    return (
+        report.markdown_table(header, body, "rlrrr")
+        + "\n"
+        + verdict_markdown(rows, {"loss": "loss"}, group="sigma")
+    )
 
 
 def denoise_report(result: dict, dc: DenoiseConfig) -> str:

@@ -94,8 +94,14 @@ class GraphEnsemble(OneHeadEnsemble):
     initialisation (γ = 0); "tanh": the paper's Sec. 3 form, τ_q ∈ (0, 2).
     """
 
-    def __init__(self, n: int, d: int, members: list[tuple[str, int]], readout: str = "classifier",
-                 activation: str = "exp"):  # fmt: skip
+    def __init__(
+        self,
+        n: int,
+        d: int,
+        members: list[tuple[str, int]],
+        readout: str = "classifier",
+        activation: str = "exp",
+    ):
         super().__init__(d, d, members, task=GRAPH)
         if readout not in ("classifier", "pointer"):
             raise ValueError(f"readout must be 'classifier' or 'pointer', got {readout!r}.")
@@ -107,8 +113,13 @@ class GraphEnsemble(OneHeadEnsemble):
         self.groups = sorted(set(counts.tolist()))
         onehot = F.one_hot(torch.tensor([self.groups.index(c) for c in counts.tolist()]))
         self.register_buffer("group_features", onehot.float())  # [N, groups]
-        cfg = SelectiveConfig("q", token="feature", num_features=len(self.groups), terms="token",
-                              activation=activation)  # fmt: skip
+        cfg = SelectiveConfig(
+            "q",
+            token="feature",
+            num_features=len(self.groups),
+            terms="token",
+            activation=activation,
+        )
         self.tau_group = Temperature(d, max(1, self.count("selective")), d, cfg)
         heads = max(1, self.count("selective (weight sharing)"))
         self.tau_shared = Temperature(
@@ -202,9 +213,15 @@ def graph_evaluate(model: GraphEnsemble, p_star: torch.Tensor) -> list[dict]:
     return out
 
 
-def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str = "classifier",
-                progress: Progress | None = None, stop_at: int | None = None,
-                checkpoint_every: int = 1000) -> list[dict] | None:  # fmt: skip
+def graph_train(
+    folder: Path,
+    cfg: GraphConfig,
+    seeds: list[int],
+    readout: str = "classifier",
+    progress: Progress | None = None,
+    stop_at: int | None = None,
+    checkpoint_every: int = 1000,
+) -> list[dict] | None:
     """Train every (variant, seed) member of one readout together, as one ensemble in
     ``folder``; one metrics dict per member. Seed s draws its sequences from its own stream,
     whatever the other seeds and variants."""
@@ -222,15 +239,34 @@ def graph_train(folder: Path, cfg: GraphConfig, seeds: list[int], readout: str =
         return F.cross_entropy(model(b[0]).transpose(1, 2), b[1], reduction="none").mean(0)
 
     trainer = Trainer(
-        folder, model, torch.optim.Adam(model.parameters(), lr=cfg.lr), steps=cfg.steps,
-        batch=batch, loss=loss, generators={f"data{s}": g for s, g in data.items()},
-        checkpoint_every=checkpoint_every, task=f"graph ({readout})", progress=progress,
-    )  # fmt: skip
-    rows = [{"variant": str, "seed": int, "cross_entropy": float, "excess_cross_entropy": float,
-             "err_map": float, "tau_by_group": {str: float}, "readout": str}]  # fmt: skip
-    return finish(trainer, stop_at, lambda state: [dict(r, readout=readout)
-                                                   for r in graph_evaluate(model, p_star)],
-                  rows)  # fmt: skip
+        folder,
+        model,
+        torch.optim.Adam(model.parameters(), lr=cfg.lr),
+        steps=cfg.steps,
+        batch=batch,
+        loss=loss,
+        generators={f"data{s}": g for s, g in data.items()},
+        checkpoint_every=checkpoint_every,
+        task=f"graph ({readout})",
+        progress=progress,
+    )
+    rows = [
+        {
+            "variant": str,
+            "seed": int,
+            "cross_entropy": float,
+            "excess_cross_entropy": float,
+            "err_map": float,
+            "tau_by_group": {str: float},
+            "readout": str,
+        }
+    ]
+    return finish(
+        trainer,
+        stop_at,
+        lambda state: [dict(r, readout=readout) for r in graph_evaluate(model, p_star)],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------- statistics, plot, report
@@ -240,8 +276,12 @@ GRAPH_METRICS = ("cross_entropy", "excess_cross_entropy", "err_map", "err_map_su
 #: Table 1's claims as changes from vanilla (the paper's numbers in words, and their sign)
 GRAPH_CLAIMS = {"cross_entropy": ("0.0126 → 0.009", -1), "err_map": ("0.543 → 0.358", -1)}
 #: the measures judged against the paper, with their labels
-GRAPH_VERDICTS = {"cross_entropy": "cross-entropy", "err_map": "err_map",
-                  "spikiness": "spikiness (Fig. 2)", "qk_norm": "‖W_q·W_kᵀ‖₂ (Fig. 2)"}  # fmt: skip
+GRAPH_VERDICTS = {
+    "cross_entropy": "cross-entropy",
+    "err_map": "err_map",
+    "spikiness": "spikiness (Fig. 2)",
+    "qk_norm": "‖W_q·W_kᵀ‖₂ (Fig. 2)",
+}
 
 
 def summarize_graph(runs: list[dict], variants) -> list[dict]:
@@ -296,15 +336,34 @@ def plot_graph(summary, p_star, example_maps, path: Path) -> None:
 
 def graph_markdown(rows) -> str:
     paper = PAPER
-    header = ["readout", "variant", "seeds", "cross-entropy", "excess CE (CE − H(P*))",
-              "err_map E_q‖P̂_q − P*_q‖₁", "err_map Σ‖P̂ − P*‖₁", "paper CE", "paper err_map"]  # fmt: skip
+    header = [
+        "readout",
+        "variant",
+        "seeds",
+        "cross-entropy",
+        "excess CE (CE − H(P*))",
+        "err_map E_q‖P̂_q − P*_q‖₁",
+        "err_map Σ‖P̂ − P*‖₁",
+        "paper CE",
+        "paper err_map",
+    ]
     main = []
     for r in rows:
         key = "vanilla" if r["variant"] == "vanilla" else "selective"
-        cells = [mean_cell(r[k], r[k + "_sd"], r[k + "_p"] if k != "cross_entropy" else None)
-                 for k in GRAPH_METRICS]  # fmt: skip
-        main.append([r["readout"], r["variant"], r["seeds"], *cells,
-                     paper["cross_entropy"][key], paper["err_map"][key]])  # fmt: skip
+        cells = [
+            mean_cell(r[k], r[k + "_sd"], r[k + "_p"] if k != "cross_entropy" else None)
+            for k in GRAPH_METRICS
+        ]
+        main.append(
+            [
+                r["readout"],
+                r["variant"],
+                r["seeds"],
+                *cells,
+                paper["cross_entropy"][key],
+                paper["err_map"][key],
+            ]
+        )
     sel_rows = [r for r in rows if r["variant"] != "vanilla"]
     nodes = {1: "7", 2: "4,5,6", 3: "1,2,3", 4: "0"}
     temperature = [

@@ -47,13 +47,16 @@ from .selective_common import (
 LM_CLAIM = ("lower (Tables 5-6)", -1)
 PAPER_LM = {  # variant: (Pythia ppl, GPT-2 ppl)
     "vanilla": ("28.781", "36.503"),
-    "q · both": ("27.416", "34.832"), "q · position": ("27.995", "34.970"),
+    "q · both": ("27.416", "34.832"),
+    "q · position": ("27.995", "34.970"),
     "q · token": ("27.503", "35.064"),
-    "v · both": ("27.980", "35.857"), "v · position": ("28.342", "36.320"),
+    "v · both": ("27.980", "35.857"),
+    "v · position": ("28.342", "36.320"),
     "v · token": ("27.975", "35.617"),
     "qv · both": ("26.514", "34.618"),
-    "k · both": ("28.715", "36.443"), "kqv · both": ("26.603", "34.609"),  # Table 5
-}  # fmt: skip
+    "k · both": ("28.715", "36.443"),
+    "kqv · both": ("26.603", "34.609"),  # Table 5
+}
 
 # Table 6's q / v × terms grid, then Table 5's key rows (key temperatures "similar to, or even
 # worse than" vanilla; K, Q, V together about as good as Q, V)
@@ -156,11 +159,17 @@ def lm_model(cfg: LMConfig, vocab: int, variant: str, seed: int):
         with seeded(seed, LM, INIT):
             return Transformer(
                 TransformerConfig(
-                    vocab_size=vocab, n_out=vocab, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                    layers=cfg.layers, positions="rotary", selective=selective,
-                    selective_terms=terms, sharing=cfg.sharing,
+                    vocab_size=vocab,
+                    n_out=vocab,
+                    d_model=cfg.d_model,
+                    n_heads=cfg.n_heads,
+                    layers=cfg.layers,
+                    positions="rotary",
+                    selective=selective,
+                    selective_terms=terms,
+                    sharing=cfg.sharing,
                 )
-            )  # fmt: skip
+            )
 
     if variant == "vanilla":
         return build()
@@ -236,15 +245,29 @@ def lm_fig2(model, val: torch.Tensor, context: int, tokens: int = 1000) -> dict:
         tau = taus.get(i)
         tau = torch.ones(1, h, 1, dtype=torch.float64) if tau is None else tau.double()
         effective.append((tau * norm.view(1, h, 1)).mean().item())
-    return dict(spikiness=float(np.mean(spiky)), qk_norm=float(np.mean(norms)),
-                effective_qk_norm=float(np.mean(effective)), spikiness_by_layer=spiky,
-                qk_norm_by_layer=norms, effective_qk_norm_by_layer=effective,
-                tokens=n * context)  # fmt: skip
+    return dict(
+        spikiness=float(np.mean(spiky)),
+        qk_norm=float(np.mean(norms)),
+        effective_qk_norm=float(np.mean(effective)),
+        spikiness_by_layer=spiky,
+        qk_norm_by_layer=norms,
+        effective_qk_norm_by_layer=effective,
+        tokens=n * context,
+    )
 
 
-def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, seed: int,
-             progress: Progress | None = None, stop_at: int | None = None,
-             checkpoint_every: int = 1000) -> dict | None:  # fmt: skip
+def lm_train(
+    folder: Path,
+    cfg: LMConfig,
+    train,
+    val,
+    vocab: int,
+    variant: str,
+    seed: int,
+    progress: Progress | None = None,
+    stop_at: int | None = None,
+    checkpoint_every: int = 1000,
+) -> dict | None:
     """Train one (variant, seed) in ``folder``: AdamW, linear warmup then cosine decay, gradient
     clipping at 1; the batches depend on the seed only (paired variants). Returns validation
     losses at every eval context and the first / last training losses."""
@@ -264,11 +287,20 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
         return warmup * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps))
 
     trainer = Trainer(
-        folder, model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
-        steps=cfg.steps, batch=batch, loss=loss, generators={"data": data},
-        checkpoint_every=checkpoint_every, log_every=1, lr_schedule=schedule, clip_grad_norm=1.0,
-        task=f"lm {variant} seed {seed}", progress=progress,
-    )  # fmt: skip
+        folder,
+        model,
+        torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01),
+        steps=cfg.steps,
+        batch=batch,
+        loss=loss,
+        generators={"data": data},
+        checkpoint_every=checkpoint_every,
+        log_every=1,
+        lr_schedule=schedule,
+        clip_grad_norm=1.0,
+        task=f"lm {variant} seed {seed}",
+        progress=progress,
+    )
 
     def evaluate(state) -> dict:
         losses = [r["loss"][0] for r in trainer.metrics.read() if r["loss"] is not None]
@@ -279,16 +311,28 @@ def lm_train(folder: Path, cfg: LMConfig, train, val, vocab: int, variant: str, 
         emit(progress, trainer.task, "done", len(cfg.eval_contexts), len(cfg.eval_contexts))
         overhead = parameter_overhead(model)
         return dict(
-            variant=variant, seed=seed, val_loss=val_loss, train_seconds=state["seconds"],
+            variant=variant,
+            seed=seed,
+            val_loss=val_loss,
+            train_seconds=state["seconds"],
             first_train_loss=float(np.mean(losses[:10])),
             last_train_loss=float(np.mean(losses[-50:])),
-            added_parameters=overhead.added, base_parameters=overhead.base,
+            added_parameters=overhead.added,
+            base_parameters=overhead.base,
             fig2=lm_fig2(model, val, cfg.context),
-        )  # fmt: skip
+        )
 
-    shape = {"variant": str, "seed": int, "val_loss": {str: float}, "train_seconds": float,
-             "first_train_loss": float, "last_train_loss": float, "added_parameters": int,
-             "base_parameters": int, "fig2": None}  # fmt: skip
+    shape = {
+        "variant": str,
+        "seed": int,
+        "val_loss": {str: float},
+        "train_seconds": float,
+        "first_train_loss": float,
+        "last_train_loss": float,
+        "added_parameters": int,
+        "base_parameters": int,
+        "fig2": None,
+    }
     return finish(trainer, stop_at, evaluate, shape)
 
 
@@ -299,12 +343,17 @@ def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
     table = lambda rs: [[r["val_loss"][str(c)] for c in contexts] for r in rs]  # noqa: E731
     for v in variants:
         rs = sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])
-        row = dict(variant=v, seeds=len(rs), added_parameters=rs[0]["added_parameters"],
-                   base_parameters=rs[0]["base_parameters"])  # fmt: skip
+        row = dict(
+            variant=v,
+            seeds=len(rs),
+            added_parameters=rs[0]["added_parameters"],
+            base_parameters=rs[0]["base_parameters"],
+        )
         paired = [r["seed"] for r in rs] == [r["seed"] for r in vanilla]
         claims = [LM_CLAIM] * len(contexts)
-        for c, col in zip(contexts, compare(table(rs), table(vanilla if paired else rs), claims),
-                          strict=True):  # fmt: skip
+        for c, col in zip(
+            contexts, compare(table(rs), table(vanilla if paired else rs), claims), strict=True
+        ):
             store(row, f"loss_{c}", col)
             row[f"sd_{c}"], row[f"p_{c}"] = col.sd, col.p
         if all("fig2" in r for r in rs + vanilla):  # runs before Fig. 2 lack it
@@ -320,9 +369,12 @@ def summarize_lm(runs: list[dict], variants, contexts) -> list[dict]:
 def lm_markdown(rows, contexts) -> str:
     header = ["variant (targets · terms)", "seeds", "added params"]
     header += [f"val loss @ {c}" for c in contexts] + ["paper ppl Pythia / GPT-2"]
-    body = [[r["variant"], r["seeds"], r["added_parameters"]]
-            + [mean_cell(r[f"loss_{c}"], r[f"sd_{c}"], r[f"p_{c}"]) for c in contexts]
-            + [" / ".join(PAPER_LM.get(r["variant"], ("–", "–")))] for r in rows]  # fmt: skip
+    body = [
+        [r["variant"], r["seeds"], r["added_parameters"]]
+        + [mean_cell(r[f"loss_{c}"], r[f"sd_{c}"], r[f"p_{c}"]) for c in contexts]
+        + [" / ".join(PAPER_LM.get(r["variant"], ("–", "–")))]
+        for r in rows
+    ]
     measures = {f"loss_{c}": f"val loss @ {c}" for c in contexts}
     measures.update(spikiness="spikiness (Fig. 2)", qk_norm="‖W_q·W_kᵀ‖₂ (Fig. 2)")
     return report.markdown_table(header, body) + "\n" + verdict_markdown(rows, measures)
@@ -332,11 +384,20 @@ def plot_lm(rows, contexts, path: Path) -> None:
     with report.figure(path, figsize=(6.5, 4.2), dpi=110) as (fig, ax):
         for r in rows:
             style = "ko-" if r["variant"] == "vanilla" else "o-"
-            ax.errorbar(contexts, [r[f"loss_{c}"] for c in contexts],
-                        yerr=[r[f"sd_{c}"] for c in contexts], fmt=style, capsize=3,
-                        label=r["variant"], lw=2 if r["variant"] == "vanilla" else 1)  # fmt: skip
-        ax.set(xscale="log", xlabel="evaluation context (trained at the first)",
-               ylabel="validation loss (nats / char)")  # fmt: skip
+            ax.errorbar(
+                contexts,
+                [r[f"loss_{c}"] for c in contexts],
+                yerr=[r[f"sd_{c}"] for c in contexts],
+                fmt=style,
+                capsize=3,
+                label=r["variant"],
+                lw=2 if r["variant"] == "vanilla" else 1,
+            )
+        ax.set(
+            xscale="log",
+            xlabel="evaluation context (trained at the first)",
+            ylabel="validation loss (nats / char)",
+        )
         ax.set_xticks(contexts, [str(c) for c in contexts])
         ax.set_title("Tiny Shakespeare characters: ours, not the paper's (mean ± sd)", fontsize=9)
         ax.legend(fontsize=7)

@@ -230,9 +230,16 @@ def _make_attention(method: str):
             )
         want_weights = bool(kwargs.get("output_attentions")) or (dropout > 0 and module.training)
         result = attend(
-            query, key, value, entry_name, mask=mask, causal=causal, scale=scale,
-            return_weights=want_weights, **params,
-        )  # fmt: skip
+            query,
+            key,
+            value,
+            entry_name,
+            mask=mask,
+            causal=causal,
+            scale=scale,
+            return_weights=want_weights,
+            **params,
+        )
         out, weights = result if want_weights else (result, None)
         # (attend is where sharpattn.diagnostics.capture observes; capture runs in eval mode)
         if dropout > 0 and module.training:  # dropout on the weights, as transformers' eager does
@@ -330,9 +337,14 @@ def _apply_selective(
     if normalizer == SELECTIVE:
         raise ValueError("normalizer= names the method selective attention uses, e.g. 'softmax'.")
     config = SelectiveConfig(
-        targets=targets, sharing=sharing, token=token, terms=terms, hidden=hidden,
-        position_param=position_param, position_init=position_init,
-    )  # fmt: skip
+        targets=targets,
+        sharing=sharing,
+        token=token,
+        terms=terms,
+        hidden=hidden,
+        position_param=position_param,
+        position_init=position_init,
+    )
     if config.token_form == "feature":
         raise ValueError(
             "the feature-based temperature needs per-token features, which a transformers model "
@@ -364,10 +376,14 @@ def _apply_selective(
             )
         setattr(module, _HOOKS_ATTR, hooks)
     model.config.sharpattn[SELECTIVE] = {
-        "targets": config.targets, "sharing": config.sharing, "token": config.token,
-        "terms": config.terms, "hidden": config.hidden, "position_param": config.position_param,
+        "targets": config.targets,
+        "sharing": config.sharing,
+        "token": config.token,
+        "terms": config.terms,
+        "hidden": config.hidden,
+        "position_param": config.position_param,
         "position_init": config.position_init,
-    }  # fmt: skip
+    }
     return model
 
 

@@ -76,8 +76,14 @@ def load_checkpoint(
     if optimizer is not None and problem is None:
         problem = mismatch(meta, {"param_groups": [dict]}) and "it holds no optimizer state"
     if problem is None:
-        problem = next((f"it has no generator state {n!r}" for n in generators or {}
-                        if f"rng.{n}" not in tensors), None)  # fmt: skip
+        problem = next(
+            (
+                f"it has no generator state {n!r}"
+                for n in generators or {}
+                if f"rng.{n}" not in tensors
+            ),
+            None,
+        )
     if problem is not None:
         raise damaged(path, f"{problem}: another run's file or a damaged one")
     model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}

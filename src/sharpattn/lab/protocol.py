@@ -20,18 +20,50 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Experiment", "Result", "REGISTRY", "describe_default", "experiment", "option",
-           "options_of"]  # fmt: skip
+__all__ = [
+    "Experiment",
+    "Result",
+    "REGISTRY",
+    "describe_default",
+    "experiment",
+    "option",
+    "options_of",
+]
 
 #: the kinds of option values the command line knows (`option`'s ``kind``)
-KINDS = ("text", "count", "positive", "seed", "flag", "choice", "threads", "checkpoint", "names",
-         "sizes", "size_range", "floats", "file", "set_sizes", "folder", "argument", "plugins")  # fmt: skip
+KINDS = (
+    "text",
+    "count",
+    "positive",
+    "seed",
+    "flag",
+    "choice",
+    "threads",
+    "checkpoint",
+    "names",
+    "sizes",
+    "size_range",
+    "floats",
+    "file",
+    "set_sizes",
+    "folder",
+    "argument",
+    "plugins",
+)
 
 
-def option(default: Any, help: str, *, kind: str | None = None,
-           maximum: int | float | str | None = None,
-           minimum: int = 1, choices: tuple[str, ...] = (), metavar: str | None = None,
-           name: str | None = None, show_default: bool | None = None) -> Any:  # fmt: skip
+def option(
+    default: Any,
+    help: str,
+    *,
+    kind: str | None = None,
+    maximum: int | float | str | None = None,
+    minimum: int = 1,
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+    name: str | None = None,
+    show_default: bool | None = None,
+) -> Any:
     """A ``Config`` (or ``Options``) field that is an option of the experiment's command.
 
     ``help``: what the option does, as ``--help`` prints it; ``[default: X]`` is added where no
@@ -56,9 +88,16 @@ def option(default: Any, help: str, *, kind: str | None = None,
         kind = {bool: "flag", int: "count", float: "positive", str: "text"}[type(default)]
     if kind not in KINDS:
         raise ValueError(f"unknown option kind {kind!r}; known: {', '.join(KINDS)}.")
-    meta = {"help": help, "kind": kind, "maximum": maximum, "minimum": minimum,
-            "choices": tuple(choices), "metavar": metavar, "name": name,
-            "show_default": show_default}  # fmt: skip
+    meta = {
+        "help": help,
+        "kind": kind,
+        "maximum": maximum,
+        "minimum": minimum,
+        "choices": tuple(choices),
+        "metavar": metavar,
+        "name": name,
+        "show_default": show_default,
+    }
     return field(default=default, metadata={"option": meta})
 
 

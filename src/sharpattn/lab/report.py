@@ -80,8 +80,18 @@ def figure(
 #: the colours of `method_styles` (matplotlib's tab10, colour-blind friendlier than tab20's pale
 #: halves), its line styles and its markers: a slot j has colour j mod 10, line style
 #: (j div 10) mod 4 and marker j mod 8, so no two of the first 40 slots look alike
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 

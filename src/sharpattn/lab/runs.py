@@ -116,8 +116,14 @@ def mismatch(value: Any, shape: Any, where: str = "") -> str | None:
 
 
 #: Python types by their names in JSON, for the messages
-_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-               int: "an integer", float: "a number"}  # fmt: skip
+_JSON_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+}
 
 
 def _expected(value: Any, what: str, where: str) -> str:

@@ -104,8 +104,9 @@ def paired_effect(a, b, level: float = 0.95) -> PairedEffect:
         raise ValueError(f"a and b must pair one value per seed: {a.shape} vs {b.shape}.")
     d, n = b - a, len(a)
     if n == 0:
-        return PairedEffect(0, float("nan"), float("nan"), float("nan"), float("nan"),
-                            float("nan"), level)  # fmt: skip
+        return PairedEffect(
+            0, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), level
+        )
     mean = float(d.mean())
     if n < 2:
         return PairedEffect(n, mean, float("nan"), float("nan"), float("nan"), float("nan"), level)
@@ -179,8 +180,16 @@ class SeedVerdict:
     verdict: str
 
 
-def reproduction_verdict(a, b, *, paper: str, sign: int, alpha: float = 0.05,
-                         power: float = 0.8, paper_effect: float | None = None) -> SeedVerdict:  # fmt: skip
+def reproduction_verdict(
+    a,
+    b,
+    *,
+    paper: str,
+    sign: int,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    paper_effect: float | None = None,
+) -> SeedVerdict:
     """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
     ``alpha`` in that direction, "contradicted" where it rejects in the other, else "not
@@ -202,14 +211,22 @@ def reproduction_verdict(a, b, *, paper: str, sign: int, alpha: float = 0.05,
     elif not np.isfinite(effect.p):  # no spread: no test
         same = np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
         if same:
-            words = "both at 0 on every seed (no test)" if not np.any(a) else (
-                "the same on every seed (no test)")  # fmt: skip
+            words = (
+                "both at 0 on every seed (no test)"
+                if not np.any(a)
+                else ("the same on every seed (no test)")
+            )
         else:
             words = f"{effect.mean:+.3g} on every seed (no spread to test)"
-    elif (paper_effect is not None and detect <= abs(paper_effect)
-          and not effect.low <= paper_effect <= effect.high):  # fmt: skip
-        words = (f"not reproduced: the paper's {paper_effect:+.3g} is outside the interval, and "
-                 f"the run detects {detect:.3g}")  # fmt: skip
+    elif (
+        paper_effect is not None
+        and detect <= abs(paper_effect)
+        and not effect.low <= paper_effect <= effect.high
+    ):
+        words = (
+            f"not reproduced: the paper's {paper_effect:+.3g} is outside the interval, and "
+            f"the run detects {detect:.3g}"
+        )
     else:
         words = f"not detectable at this power (detectable: {detect:.3g}; paper: {paper})"
     return SeedVerdict(effect, detect, paper, words)

@@ -29,8 +29,9 @@ Tensor = torch.Tensor
 class StackedLinear(nn.Module):
     """``members`` linear layers ``in_features → out_features``, applied member-wise."""
 
-    def __init__(self, members: int, in_features: int, out_features: int, *, device=None,
-                 dtype=None):  # fmt: skip
+    def __init__(
+        self, members: int, in_features: int, out_features: int, *, device=None, dtype=None
+    ):
         super().__init__()
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}.")

@@ -132,8 +132,12 @@ def normalizer(fn):
                 if not (torch.is_tensor(value) and value.numel() == 0)
             }
             try:
-                fn(scores.new_zeros(shape), scores.new_zeros(shape, dtype=torch.bool), *args,
-                   **shown)  # fmt: skip
+                fn(
+                    scores.new_zeros(shape),
+                    scores.new_zeros(shape, dtype=torch.bool),
+                    *args,
+                    **shown,
+                )
             except HookError:  # a family's hook, not its parameters: no score asks it here
                 pass
             return scores * 0

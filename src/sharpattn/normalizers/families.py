@@ -133,8 +133,9 @@ class RowScaled:
     #: the fast path that runs this family (`sharpattn.attention.fast.path_of`)
     path: ClassVar[str] = "row_scaled"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         n = visible_keys(allowed, dtype=x.dtype) if self.counts else None
@@ -164,8 +165,9 @@ class Elementwise:
     kernel: str | None = None
     path: ClassVar[str] = "elementwise"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         r = self.row_of(visible_keys(allowed, dtype=x.dtype), _rows_of(x), **params)
@@ -200,8 +202,9 @@ class Adaptive:
     kernel: str | None = None
     path: ClassVar[str] = "adaptive"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         h = entropy(masked_softmax(x, allowed), eps=self.entropy_eps).unsqueeze(-1)
@@ -223,8 +226,9 @@ class Sink:
     bias: Callable[..., Any]
     path: ClassVar[str] = "sink"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         b = self.bias_of(visible_keys(allowed, dtype=x.dtype), _rows_of(x), **params)
@@ -264,8 +268,9 @@ class RowNormalised:
     kernel: str | None = None
     path: ClassVar[str] = "row_normalised"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         m = self.reference(x, allowed)
@@ -310,8 +315,9 @@ class TopK:
     kernel: str | None = None
     path: ClassVar[str] = "topk"
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         kk = min(self.count_of(**params), x.shape[-1])
@@ -371,8 +377,9 @@ class Sparse:
         """θ of rows ``rows`` with visible keys ``n``, checked (`per_row`)."""
         return per_row(self.scale(n, **params), "scale", rows)
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         x, allowed = prepare(scores, mask, check_finite)
         alpha = self.alpha_of(params, _rows_of(x))
@@ -418,11 +425,16 @@ class StickBreaking:
     kernel: str | None = None
     path: ClassVar[str] = "stick_breaking"
     #: the parameters its maths reads (every path is given them, none other)
-    reads: ClassVar[tuple[str, ...]] = ("attend_current", "query_offset", "shift",
-                                        "shift_log_position")  # fmt: skip
+    reads: ClassVar[tuple[str, ...]] = (
+        "attend_current",
+        "query_offset",
+        "shift",
+        "shift_log_position",
+    )
 
-    def weights(self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True,
-                **params) -> Tensor:  # fmt: skip
+    def weights(
+        self, scores: Tensor, mask: Tensor | None = None, *, check_finite: bool = True, **params
+    ) -> Tensor:
         """The family's maths on the whole score matrix: the naive path of its members."""
         if torch.is_tensor(scores) and scores.dim() < 2:
             raise ValueError(

@@ -67,8 +67,9 @@ def load(spec: str) -> Normalizer:
     if isinstance(obj, Normalizer):
         entry = replace(obj, name=spec)
     elif callable(obj):
-        entry = Normalizer(spec, obj, formula=f"{spec} (user's)", citation="user's",
-                           sums_to_one=False)  # fmt: skip
+        entry = Normalizer(
+            spec, obj, formula=f"{spec} (user's)", citation="user's", sums_to_one=False
+        )
     else:
         raise ValueError(
             f"method {spec!r}: {module_name}.{attr} is a {type(obj).__name__}, not a function or "

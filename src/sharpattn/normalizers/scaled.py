@@ -125,8 +125,9 @@ def llama4_temperature(
     it is n, the row's allowed keys, which is the same under a causal mask without padding.
     β = 1 for n < floor_scale: the method is softmax up to 8192 keys by default.
     """
-    return LLAMA4.weights(scores, mask, check_finite=check_finite, floor_scale=floor_scale,
-                          attn_scale=attn_scale)  # fmt: skip
+    return LLAMA4.weights(
+        scores, mask, check_finite=check_finite, floor_scale=floor_scale, attn_scale=attn_scale
+    )
 
 
 @normalizer

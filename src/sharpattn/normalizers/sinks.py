@@ -32,8 +32,7 @@ def sink(
     [`MultiheadAttention`][sharpattn.MultiheadAttention]. A row with no allowed key gives all its mass to the sink
     (all-zero weights).
     """
-    return SINK.weights(scores, mask, check_finite=check_finite, bias=bias,
-                        bias_log_n=bias_log_n)  # fmt: skip
+    return SINK.weights(scores, mask, check_finite=check_finite, bias=bias, bias_log_n=bias_log_n)
 
 
 def _sink_logit(n: Tensor, bias: float | Tensor = 0.0, bias_log_n: float | Tensor = 0.0, **_):

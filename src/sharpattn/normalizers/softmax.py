@@ -184,8 +184,15 @@ def adaptive(
     weights = softmax(β·e). Gradients flow through β (plain differentiable operations) unless
     ``detach_beta=True``.
     """
-    return ADAPTIVE.weights(scores, mask, check_finite=check_finite, coefficients=coefficients,
-                            threshold=threshold, floor=floor, detach_beta=detach_beta)  # fmt: skip
+    return ADAPTIVE.weights(
+        scores,
+        mask,
+        check_finite=check_finite,
+        coefficients=coefficients,
+        threshold=threshold,
+        floor=floor,
+        detach_beta=detach_beta,
+    )
 
 
 def _adaptive_rows(

@@ -193,9 +193,17 @@ def asentmax(
     α = 1.5 is computed exactly by sorting (``entmax.entmax15``); other α in [1.01, 2.5] (the
     range where the weights keep the dtype's precision, see `entmax`) by bisection.
     """
-    return ASENTMAX.weights(scores, mask, check_finite=check_finite, beta_pre=beta_pre,
-                            gamma_pre=gamma_pre, delta=delta, gamma_max=gamma_max, alpha=alpha,
-                            n_iter=n_iter)  # fmt: skip
+    return ASENTMAX.weights(
+        scores,
+        mask,
+        check_finite=check_finite,
+        beta_pre=beta_pre,
+        gamma_pre=gamma_pre,
+        delta=delta,
+        gamma_max=gamma_max,
+        alpha=alpha,
+        n_iter=n_iter,
+    )
 
 
 def _alpha(alpha: float | Tensor = 1.5, **_):

@@ -47,9 +47,15 @@ def stick_breaking(
     Computed in log space: log w_ij = log σ(s_ij) + Σ_{k>j} log σ(−s_ik), the sum a reversed,
     exclusive cumulative sum (O(Lq·Lk) memory); the maths is its family's (`STICK_BREAKING`).
     """
-    return STICK_BREAKING.weights(scores, mask, check_finite=check_finite,
-                                  attend_current=attend_current, query_offset=query_offset,
-                                  shift=shift, shift_log_position=shift_log_position)  # fmt: skip
+    return STICK_BREAKING.weights(
+        scores,
+        mask,
+        check_finite=check_finite,
+        attend_current=attend_current,
+        query_offset=query_offset,
+        shift=shift,
+        shift_log_position=shift_log_position,
+    )
 
 
 STICK_BREAKING = StickBreaking(kernel="stick_breaking")

@@ -29,8 +29,9 @@ def sigmoid(
     Sigmoid attention (Ramapuram et al. 2024) recommends b = −log n; ``bias`` is an offset on
     top of it, learnable per head in [`MultiheadAttention`][sharpattn.MultiheadAttention]. Unnormalised.
     """
-    return SIGMOID.weights(scores, mask, check_finite=check_finite, bias=bias,
-                           subtract_log_n=subtract_log_n)  # fmt: skip
+    return SIGMOID.weights(
+        scores, mask, check_finite=check_finite, bias=bias, subtract_log_n=subtract_log_n
+    )
 
 
 def _sigmoid_f(s: Tensor, r) -> Tensor:

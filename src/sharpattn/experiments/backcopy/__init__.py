@@ -357,8 +357,9 @@ def write_report(out: Path, runs: dict[str, Run], inter, findings, results, task
 class Options:
     """The command's options (`protocol`); the profiles fix everything else (`PROFILES`)."""
 
-    seed: int = option(0, "Seed of every run (initialisation, batches, evaluation sequences).",
-                       kind="seed")  # fmt: skip
+    seed: int = option(
+        0, "Seed of every run (initialisation, batches, evaluation sequences).", kind="seed"
+    )
     threads: int | None = option(None, "", kind="threads")
 
 
@@ -372,8 +373,9 @@ class Invocation:
     workers: int = 1
 
 
-def configure(profile: str = "quick", *, seed: int = 0, workers: int | None = None,
-              threads: int | None = 1) -> Invocation:  # fmt: skip
+def configure(
+    profile: str = "quick", *, seed: int = 0, workers: int | None = None, threads: int | None = 1
+) -> Invocation:
     return Invocation(profile, seed, threads, workers or 1)
 
 
@@ -419,9 +421,17 @@ def default_folder(inv: Invocation, profile: str) -> str:
     return f"runs/backcopy-{profile}"
 
 
-def run_experiment(folder: str | Path, inv: Invocation, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
-    run, findings = reproduce(folder, profile=inv.profile, seed=inv.seed, threads=inv.threads,
-                              progress=progress, workers=inv.workers, ray=pool)  # fmt: skip
+def run_experiment(
+    folder: str | Path, inv: Invocation, progress: Progress | None = None, pool: str | None = None
+) -> Result:
+    run, findings = reproduce(
+        folder,
+        profile=inv.profile,
+        seed=inv.seed,
+        threads=inv.threads,
+        progress=progress,
+        workers=inv.workers,
+        ray=pool,
+    )
     printed = ((findings_markdown(findings), "Bigram-Backcopy findings (Guo et al.)"),)
     return Result(Path(run), (), ("report.md and its PNGs",), {}, printed=printed)

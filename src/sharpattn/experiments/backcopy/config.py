@@ -45,8 +45,13 @@ class Training:
     checkpoint_every: int = 100
 
     #: the settings that count something (each >= 1)
-    COUNTS: ClassVar[tuple[str, ...]] = ("steps", "batch", "seq_len", "eval_batch",
-                                         "checkpoint_every")  # fmt: skip
+    COUNTS: ClassVar[tuple[str, ...]] = (
+        "steps",
+        "batch",
+        "seq_len",
+        "eval_batch",
+        "checkpoint_every",
+    )
 
     def __post_init__(self):
         for name in self.COUNTS:
@@ -126,12 +131,25 @@ def log_steps(total: int, n: int) -> list[int]:
 PROFILES = {
     # The paper's App. C.1 settings: d = 256, batch 512, N = 256, 10,000 AdamW steps (each step
     # takes 13-48 CPU-seconds here: a checkpoint every 25).
-    "paper": {"d_model": 256, "seq_len": 256, "batch": 512, "steps": 10_000, "eval_batch": 64,
-              "checkpoint_every": 25},
+    "paper": {
+        "d_model": 256,
+        "seq_len": 256,
+        "batch": 512,
+        "steps": 10_000,
+        "eval_batch": 64,
+        "checkpoint_every": 25,
+    },
     # Between the two: the paper's AdamW lr 3e-4 and 10,000 steps with
     # d = 128, 128 tokens, batch 32 (the paper: 256, 256, 512). Its cost: docs/active-dormant-heads.md.
-    "medium": {"d_model": 128, "seq_len": 128, "batch": 32, "steps": 10_000, "eval_batch": 32,
-               "n_measure": 30, "checkpoint_every": 250},
+    "medium": {
+        "d_model": 128,
+        "seq_len": 128,
+        "batch": 32,
+        "steps": 10_000,
+        "eval_batch": 32,
+        "n_measure": 30,
+        "checkpoint_every": 250,
+    },
     # Small enough for 2 shared CPU cores in minutes. A larger AdamW step compresses time: lr
     # 1e-3 for the one-layer runs, 3e-3 for the three-layer ones, whose residual-state peak
     # takes the paper ~10^4 steps. "steps" and "adam_lr" may give each run its own value.
@@ -139,15 +157,24 @@ PROFILES = {
         "d_model": 64,
         "seq_len": 64,
         "batch": 16,
-        "steps": {"1L-softmax-adam": 1500, "1L-relu-adam": 600, "3L-softmax-adam": 1200,
-                  "3L-softmax-sgd": 1200, "3L-relu-adam": 1200},
-        "adam_lr": {"1L-softmax-adam": 1e-3, "1L-relu-adam": 1e-3, "3L-softmax-adam": 3e-3,
-                    "3L-relu-adam": 3e-3},
+        "steps": {
+            "1L-softmax-adam": 1500,
+            "1L-relu-adam": 600,
+            "3L-softmax-adam": 1200,
+            "3L-softmax-sgd": 1200,
+            "3L-relu-adam": 1200,
+        },
+        "adam_lr": {
+            "1L-softmax-adam": 1e-3,
+            "1L-relu-adam": 1e-3,
+            "3L-softmax-adam": 3e-3,
+            "3L-relu-adam": 3e-3,
+        },
         "eval_batch": 32,
         "n_measure": 24,
         "checkpoint_every": 100,
     },
-}  # fmt: skip
+}
 
 RUNS = {
     "1L-softmax-adam": {"layers": "tf", "method": "softmax", "optimizer": "adam"},

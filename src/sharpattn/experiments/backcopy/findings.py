@@ -322,9 +322,11 @@ def finding_6(soft: Run, task, tokens) -> Finding:
         "states it qualitatively (✓ in Table 1; Fig. 10b for OLMo)."
     ) + _misses(
         checks,
-        ["BOS does not get a larger logit than the other keys",
-         "the BOS logits of different query tokens are not concentrated (spread ≥ 0.25)"],
-    )  # fmt: skip
+        [
+            "BOS does not get a larger logit than the other keys",
+            "the BOS logits of different query tokens are not concentrated (spread ≥ 0.25)",
+        ],
+    )
     return Finding(6, "Sink-logit concentration (Table 1, Fig. 10b)", _verdict(checks), text)
 
 
@@ -349,5 +351,9 @@ def finding_7(steps: int = 10_000, fit_from: int = 1_000) -> tuple[Finding, dict
         checks,
         ["Adam does not grow m linearly (R² ≤ 0.98)", "SGD grows m as much as Adam"],
     )
-    return Finding(7, "Prop. B.0 / Fig. 15: Adam grows the residual scalar linearly, SGD does not",
-                   _verdict(checks), text), {"adam": adam, "sgd": sgd}  # fmt: skip
+    return Finding(
+        7,
+        "Prop. B.0 / Fig. 15: Adam grows the residual scalar linearly, SGD does not",
+        _verdict(checks),
+        text,
+    ), {"adam": adam, "sgd": sgd}

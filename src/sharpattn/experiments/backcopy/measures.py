@@ -93,8 +93,12 @@ def key_class_weights(weights: Tensor, tokens: Tensor, query: Tensor, task) -> d
     first = torch.zeros_like(trig)
     first[:, 0] = True
     rest = ~first
-    classes = {"first": first, "trigger": trig & rest, "delimiter": delim & rest,
-               "other": rest & ~trig & ~delim}  # fmt: skip
+    classes = {
+        "first": first,
+        "trigger": trig & rest,
+        "delimiter": delim & rest,
+        "other": rest & ~trig & ~delim,
+    }
     w = weights.double()
     out = {}
     for name, keys in classes.items():

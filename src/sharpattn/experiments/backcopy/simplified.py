@@ -69,8 +69,11 @@ def train(
 def converged_steps(metrics: list[dict]) -> dict[str, int | None]:
     """The first logged step at which each excess risk is below `CONVERGED` (and both)."""
     out = {}
-    for name, keys in (("bigram", ("bigram_excess",)), ("backcopy", ("backcopy_excess",)),
-                       ("both", ("bigram_excess", "backcopy_excess"))):  # fmt: skip
+    for name, keys in (
+        ("bigram", ("bigram_excess",)),
+        ("backcopy", ("backcopy_excess",)),
+        ("both", ("bigram_excess", "backcopy_excess")),
+    ):
         out[name] = next((m["step"] for m in metrics if all(m[k] < CONVERGED for k in keys)), None)
     return out
 
@@ -87,9 +90,15 @@ def log_fit(metrics: list[dict], key: str = "delta_logit", start: int = 400) -> 
     intercept = (
         float(np.mean(y[sel]) - slope * np.mean(np.log(steps[sel]))) if sel.sum() else float("nan")
     )
-    return {"from": int(max(start, 1)), "points": int(sel.sum()), "slope": slope,
-            "intercept": intercept, "r2": r2, "r2_linear_in_t": r2_t,
-            "slope_linear_in_t": slope_t}  # fmt: skip
+    return {
+        "from": int(max(start, 1)),
+        "points": int(sel.sum()),
+        "slope": slope,
+        "intercept": intercept,
+        "r2": r2,
+        "r2_linear_in_t": r2_t,
+        "slope_linear_in_t": slope_t,
+    }
 
 
 def _nan_to_none(obj):
@@ -206,8 +215,10 @@ def _axis(ax, knee: int, last: int) -> None:
 
 
 def _series(metrics: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([m["step"] for m in metrics], dtype=float),
-            np.array([m[key] for m in metrics], dtype=float))  # fmt: skip
+    return (
+        np.array([m["step"] for m in metrics], dtype=float),
+        np.array([m[key] for m in metrics], dtype=float),
+    )
 
 
 def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None:
@@ -225,8 +236,12 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
             ax[1].plot(
                 *_series(r.metrics, "bos_weight"), color=c, label="BOS, non-trigger queries" + tag
             )
-            ax[1].plot(*_series(r.metrics, "prev_weight_trigger"), ls="--", color=c,
-                       label="previous key, trigger queries" + tag)  # fmt: skip
+            ax[1].plot(
+                *_series(r.metrics, "prev_weight_trigger"),
+                ls="--",
+                color=c,
+                label="previous key, trigger queries" + tag,
+            )
             steps, dl = _series(r.metrics, "delta_logit")
             _, lo = _series(r.metrics, "alpha_q05")
             _, hi = _series(r.metrics, "alpha_q95")
@@ -234,13 +249,26 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
             ax[2].fill_between(steps, lo, hi, color=c, alpha=0.2, lw=0)
             fit = log_fit(r.metrics, "delta_logit", knee)
             t = steps[steps >= fit["from"]]
-            ax[2].plot(t, fit["slope"] * np.log(t) + fit["intercept"], ls=":", color="k",
-                       label=f"{fit['slope']:.2f}·log t + {fit['intercept']:.2f}" + tag)  # fmt: skip
+            ax[2].plot(
+                t,
+                fit["slope"] * np.log(t) + fit["intercept"],
+                ls=":",
+                color="k",
+                label=f"{fit['slope']:.2f}·log t + {fit['intercept']:.2f}" + tag,
+            )
             ax[3].plot(*_series(r.metrics, "val_bos"), color=c, label="‖Val_BOS‖ = ‖Oβ‖" + tag)
-            ax[3].plot(*_series(r.metrics, "val_other"), ls="--", color=c,
-                       label="mean ‖Val‖ of the other positions" + tag)  # fmt: skip
-        titles = ("excess risk (nats)", "attention weight", "attention logit on BOS",
-                  "value-state norm")  # fmt: skip
+            ax[3].plot(
+                *_series(r.metrics, "val_other"),
+                ls="--",
+                color=c,
+                label="mean ‖Val‖ of the other positions" + tag,
+            )
+        titles = (
+            "excess risk (nats)",
+            "attention weight",
+            "attention logit on BOS",
+            "value-state norm",
+        )
         knee = next(iter(runs.values())).cfg.linear_until
         last = max(r.metrics[-1]["step"] for r in runs.values())
         for a, title in zip(ax, titles, strict=True):
@@ -277,13 +305,29 @@ def write_figures(out: Path, runs: dict[str, Run], task: BigramBackcopy) -> None
 def summary_markdown(results: dict) -> str:
     """The command's summary: per run, its steps, excess risks, BOS weight and logit, value
     norms, and the log fit of the BOS logit."""
-    header = ["run", "steps", "bigram exc.", "backcopy exc.", "BOS weight", "Δlogit", "‖Oβ‖",
-              "mean ‖Val_other‖", "log fit slope", "R²"]  # fmt: skip
-    keys = ("bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos",
-            "val_other")  # fmt: skip
-    rows = [[name, str(r["steps"]), *(report.cell(r[k]) for k in keys),
-             report.cell(r["log_fit"]["slope"]), report.cell(r["log_fit"]["r2"])]
-            for name, r in results["runs"].items()]  # fmt: skip
+    header = [
+        "run",
+        "steps",
+        "bigram exc.",
+        "backcopy exc.",
+        "BOS weight",
+        "Δlogit",
+        "‖Oβ‖",
+        "mean ‖Val_other‖",
+        "log fit slope",
+        "R²",
+    ]
+    keys = ("bigram_excess", "backcopy_excess", "bos_weight", "delta_logit", "val_bos", "val_other")
+    rows = [
+        [
+            name,
+            str(r["steps"]),
+            *(report.cell(r[k]) for k in keys),
+            report.cell(r["log_fit"]["slope"]),
+            report.cell(r["log_fit"]["r2"]),
+        ]
+        for name, r in results["runs"].items()
+    ]
     return report.markdown_table(header, rows)
 
 
@@ -301,30 +345,62 @@ def write_report(out: Path, runs: dict[str, Run], sums: dict, task: BigramBackco
         f"{c.linear_every} steps to step {c.linear_until} and at {c.n_log} log-spaced steps "
         f"after it. Training time: {sum(r.seconds for r in runs.values()):.0f} s in all."
     )
-    header = ["run", "steps", "train s", "bigram < 0.1 at", "backcopy < 0.1 at",
-              "bigram exc.", "backcopy exc.", "BOS weight start → end", "prev. weight (trig.)",
-              "Δlogit", "α 5-95 %", "λ", "‖Oβ‖ start → min → end", "mean ‖Val_other‖",
-              "‖β‖ start → end", f"max bigram / backcopy exc. from step {LATE:,}"]  # fmt: skip
+    header = [
+        "run",
+        "steps",
+        "train s",
+        "bigram < 0.1 at",
+        "backcopy < 0.1 at",
+        "bigram exc.",
+        "backcopy exc.",
+        "BOS weight start → end",
+        "prev. weight (trig.)",
+        "Δlogit",
+        "α 5-95 %",
+        "λ",
+        "‖Oβ‖ start → min → end",
+        "mean ‖Val_other‖",
+        "‖β‖ start → end",
+        f"max bigram / backcopy exc. from step {LATE:,}",
+    ]
     rows = []
     for k, s in sums.items():
-        rows.append([
-            k, s["steps"], s["train_seconds"], s["converged"]["bigram"],
-            s["converged"]["backcopy"], s["bigram_excess"], s["backcopy_excess"],
-            f"{s['bos_weight_0']:.3f} → {s['bos_weight']:.3f}", s["prev_weight_trigger"],
-            s["delta_logit"], f"{s['alpha_band'][0]:.2f} … {s['alpha_band'][1]:.2f}",
-            s["lambda"], f"{s['val_bos_0']:.3f} → {s['val_bos_min']:.3f} → {s['val_bos']:.3f}",
-            s["val_other"], f"{s['beta_norm_0']:.2f} → {s['beta_norm']:.2f}",
-            " / ".join(report.cell(v) for v in s["max_excess_late"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                k,
+                s["steps"],
+                s["train_seconds"],
+                s["converged"]["bigram"],
+                s["converged"]["backcopy"],
+                s["bigram_excess"],
+                s["backcopy_excess"],
+                f"{s['bos_weight_0']:.3f} → {s['bos_weight']:.3f}",
+                s["prev_weight_trigger"],
+                s["delta_logit"],
+                f"{s['alpha_band'][0]:.2f} … {s['alpha_band'][1]:.2f}",
+                s["lambda"],
+                f"{s['val_bos_0']:.3f} → {s['val_bos_min']:.3f} → {s['val_bos']:.3f}",
+                s["val_other"],
+                f"{s['beta_norm_0']:.2f} → {s['beta_norm']:.2f}",
+                " / ".join(report.cell(v) for v in s["max_excess_late"]),
+            ]
+        )
     fit_rows = [
         [k, f["from"], f["points"], f["slope"], f["intercept"], f["r2"], f["r2_linear_in_t"]]
         for k, s in sums.items()
         for f in (s["log_fit"], s["log_fit_late"])
     ]
     first = next(iter(runs.values()))
-    keys = {"bigram_excess": "bigram exc.", "backcopy_excess": "backcopy exc.",
-            "bos_weight": "BOS weight", "delta_logit": "Δlogit", "lambda": "λ",
-            "val_bos": "‖Oβ‖", "val_other": "mean ‖Val_other‖", "beta_norm": "‖β‖"}  # fmt: skip
+    keys = {
+        "bigram_excess": "bigram exc.",
+        "backcopy_excess": "backcopy exc.",
+        "bos_weight": "BOS weight",
+        "delta_logit": "Δlogit",
+        "lambda": "λ",
+        "val_bos": "‖Oβ‖",
+        "val_other": "mean ‖Val_other‖",
+        "beta_norm": "‖β‖",
+    }
     dyn = [[m["step"], *(m[k] for k in keys)] for m in first.metrics]
     sections = [
         intro,
@@ -351,7 +427,7 @@ def write_report(out: Path, runs: dict[str, Run], sums: dict, task: BigramBackco
                 "R² (linear in t)",
             ],
             fit_rows,
-        )  # fmt: skip
+        )
         + "\nLeast squares (scipy `linregress`) of Δlogit on log(step) over the logged steps "
         f"from the start of the log-scaled axis on, and from step {LATE} on (the window in which "
         "the paper sees the one-layer transformer's Δlogit grow linearly in log step, Fig. 4b). "
@@ -363,12 +439,12 @@ def write_report(out: Path, runs: dict[str, Run], sums: dict, task: BigramBackco
             "Fig. 18: dynamics (axis linear to step "
             f"{c.linear_until}, logarithmic after it; shaded: α over the non-trigger "
             "tokens, 5-95 %; dotted: the log fit).",
-        ),  # fmt: skip
+        ),
         report.image(
             "statics.png",
             "Fig. 17: attention weights and value norms of one "
             "evaluation sequence at the end of training (first run).",
-        ),  # fmt: skip
+        ),
         "## Dynamics (first run)\n\n" + report.markdown_table(["step", *keys.values()], dyn),
         "## The paper (App. C.3, Figs. 17-18)\n\n"
         "- the excess-risk curves match the one-layer transformer's (both fall to ~0, bigram "

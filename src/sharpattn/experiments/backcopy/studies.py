@@ -38,9 +38,18 @@ from .training import Run, eval_tokens, train, train_runs
 
 #: the quick profile's sizes (backcopy.PROFILES["quick"]) for a three-layer run
 QUICK_3L = dict(
-    layers="tf,tf,tf", d_model=64, seq_len=64, batch=16, eval_batch=32, n_measure=24,
-    checkpoint_every=100, steps=1200, method="softmax", optimizer="adam", lr=3e-3,
-)  # fmt: skip
+    layers="tf,tf,tf",
+    d_model=64,
+    seq_len=64,
+    batch=16,
+    eval_batch=32,
+    n_measure=24,
+    checkpoint_every=100,
+    steps=1200,
+    method="softmax",
+    optimizer="adam",
+    lr=3e-3,
+)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ STUDIES: dict[str, Study] = {
             "relu-lr3e-3-loss1": (0, 1),
             "relu-lr3e-4-10k": (0, 1),
             "softmax-lr3e-4-10k": (0, 1),
-        },  # fmt: skip
+        },
     ),
     "sgd": Study(
         "Item 6: an SGD run that learns backcopy (three layers, softmax), beside Adam. (Plain "
@@ -164,9 +173,11 @@ def residual_summary(run: Run, layer: int = 0) -> dict[str, float]:
     m = run.metrics
     if f"layers.{layer}.res_bos" not in m[-1]:  # a run without BOS (App. C.4)
         keys = ("res_bos_0", "res_bos", "res_other", "res_peak", "slope_per_1k", "r2")
-        return {**dict.fromkeys(keys, float("nan")),
-                "bigram_excess": m[-1]["bigram_excess"],
-                "backcopy_excess": m[-1]["backcopy_excess"]}  # fmt: skip
+        return {
+            **dict.fromkeys(keys, float("nan")),
+            "bigram_excess": m[-1]["bigram_excess"],
+            "backcopy_excess": m[-1]["backcopy_excess"],
+        }
     steps = np.array([r["step"] for r in m], dtype=float)
     bos = np.array([r[f"layers.{layer}.res_bos"] for r in m])
     late = steps >= steps[-1] / 8
@@ -191,17 +202,30 @@ def _fig7b_rows(runs: dict[str, Run], task) -> list[list]:
         for zeroed, zero in (("none", ()), ("layer 0", ("layers.0.attn", "layers.0.mlp"))):
             m = measure(run.model, task, ev, zero)
             rows.append(
-                [name, zeroed, m["layers.0.res_bos"], m["layers.0.res_other"],
-                 m["layers.1.attn.delta_logit"], m["layers.1.attn.bos_weight"],
-                 m["layers.1.attn.val_bos"], m["layers.1.attn.val_other"]]
-            )  # fmt: skip
+                [
+                    name,
+                    zeroed,
+                    m["layers.0.res_bos"],
+                    m["layers.0.res_other"],
+                    m["layers.1.attn.delta_logit"],
+                    m["layers.1.attn.bos_weight"],
+                    m["layers.1.attn.val_bos"],
+                    m["layers.1.attn.val_other"],
+                ]
+            )
     return rows
 
 
 FIG7B_HEADER = [
-    "run", "zeroed", "‖Res_BOS‖ L0", "mean ‖Res_other‖ L0", "L1 Δlogit", "L1 BOS weight",
-    "L1 ‖Val_BOS‖", "L1 mean ‖Val_other‖",
-]  # fmt: skip
+    "run",
+    "zeroed",
+    "‖Res_BOS‖ L0",
+    "mean ‖Res_other‖ L0",
+    "L1 Δlogit",
+    "L1 BOS weight",
+    "L1 ‖Val_BOS‖",
+    "L1 mean ‖Val_other‖",
+]
 
 
 def run_study(
@@ -247,8 +271,10 @@ def run_study(
                 folder / "runs" / run_name, cfg, task, progress=progress, label=run_name
             )
         fig7b = _fig7b_rows(runs, task) if name == "fig7b" else None
-    summary = {k: {**residual_summary(r), "seconds": r.seconds, "steps": r.steps_done}
-               for k, r in runs.items()}  # fmt: skip
+    summary = {
+        k: {**residual_summary(r), "seconds": r.seconds, "steps": r.steps_done}
+        for k, r in runs.items()
+    }
     results = {"study": name, "wall_seconds": clock.wall, "runs": summary}
     if fig7b is not None:
         results["fig7b"] = [dict(zip(FIG7B_HEADER, r, strict=True)) for r in fig7b]
@@ -260,8 +286,15 @@ def run_study(
 def summary_markdown(results: dict) -> str:
     """The command's summary of a study: ‖Res_BOS‖ at layer 0 (start, end, peak, slope) and the
     excess risks per run."""
-    keys = ("res_bos_0", "res_bos", "res_peak", "slope_per_1k", "r2", "bigram_excess",
-            "backcopy_excess")  # fmt: skip
+    keys = (
+        "res_bos_0",
+        "res_bos",
+        "res_peak",
+        "slope_per_1k",
+        "r2",
+        "bigram_excess",
+        "backcopy_excess",
+    )
     header = ["run", "start", "end", "peak", "slope /1k", "R²", "bigram exc.", "backcopy exc."]
     rows = [[name, *(f"{r[k]:.3g}" for k in keys)] for name, r in results["runs"].items()]
     return report.markdown_table(header, rows)
@@ -276,11 +309,27 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
     for k, r in runs.items():
         c, s = r.cfg, summary[k]
         rows.append(
-            [k, c.layers, c.method, c.optimizer, c.learning_rate, c.momentum or 0,
-             c.weight_decay if c.optimizer == "adam" else 0, c.batch, r.steps_done,
-             s["res_bos_0"], s["res_bos"], s["res_other"], s["res_peak"], s["slope_per_1k"],
-             s["r2"], s["bigram_excess"], s["backcopy_excess"], r.seconds]
-        )  # fmt: skip
+            [
+                k,
+                c.layers,
+                c.method,
+                c.optimizer,
+                c.learning_rate,
+                c.momentum or 0,
+                c.weight_decay if c.optimizer == "adam" else 0,
+                c.batch,
+                r.steps_done,
+                s["res_bos_0"],
+                s["res_bos"],
+                s["res_other"],
+                s["res_peak"],
+                s["slope_per_1k"],
+                s["r2"],
+                s["bigram_excess"],
+                s["backcopy_excess"],
+                r.seconds,
+            ]
+        )
     with report.figure(out / "residual.png", figsize=(7, 4)) as (_, ax):
         ax.set_prop_cycle(color=report.pyplot().get_cmap("tab20").colors)
         for k, r in runs.items():
@@ -321,7 +370,7 @@ def _write(out: Path, name: str, runs: dict[str, Run], summary: dict, fig7b) -> 
                     ]
                     for k, r in no_bos.items()
                 ],
-            )  # fmt: skip
+            )
             + "\nMean attention weight a key of each class receives from non-trigger queries "
             "(every visible query-key pair); 'uniform' is the same mean for weights 1/n. The "
             "paper (Fig. 19): the zeroth token is not a sink; triggers and delimiters become "
@@ -345,14 +394,28 @@ class Options:
     """The command's options (`protocol`): the study, then what may change in it."""
 
     study: str = option("relu-peak", "", kind="argument", choices=NAMES, metavar="STUDY")
-    seeds: int | None = option(None, "Seeds per variant (default: the study's own; simplified: "
-                               "1).", kind="count", maximum="seeds", show_default=False)  # fmt: skip
-    steps: int | None = option(None, "Training steps of the simplified study (default 5,000).",
-                               kind="count", maximum="steps", show_default=False)  # fmt: skip
-    variants: tuple[str, ...] | None = option(None, "Only these of the study's variants, "
-                                              "comma-separated (runs already in the folder are "
-                                              "kept; the report covers the ones asked for).",
-                                              kind="names", show_default=False)  # fmt: skip
+    seeds: int | None = option(
+        None,
+        "Seeds per variant (default: the study's own; simplified: 1).",
+        kind="count",
+        maximum="seeds",
+        show_default=False,
+    )
+    steps: int | None = option(
+        None,
+        "Training steps of the simplified study (default 5,000).",
+        kind="count",
+        maximum="steps",
+        show_default=False,
+    )
+    variants: tuple[str, ...] | None = option(
+        None,
+        "Only these of the study's variants, "
+        "comma-separated (runs already in the folder are "
+        "kept; the report covers the ones asked for).",
+        kind="names",
+        show_default=False,
+    )
     threads: int | None = option(None, "", kind="threads")
 
 
@@ -360,8 +423,9 @@ def check(given: dict) -> None:
     """Options that do not apply to the study asked for: one sentence."""
     if given.get("steps") is not None and given["study"] != "simplified":
         raise ValueError("--steps applies to the simplified study only.")
-    if given["study"] == "simplified" and (given.get("variants") or given.get("workers")
-                                           or given.get("ray_address")):  # fmt: skip
+    if given["study"] == "simplified" and (
+        given.get("variants") or given.get("workers") or given.get("ray_address")
+    ):
         raise ValueError("--variants, --workers and --ray apply to the transformer studies.")
 
 
@@ -377,9 +441,16 @@ class StudyRun:
     workers: int = 1
 
 
-def configure(profile: str = "quick", *, study: str, seeds: int | None = None,
-              steps: int | None = None, variants: Sequence[str] | None = None,
-              workers: int | None = None, threads: int | None = 1) -> StudyRun:  # fmt: skip
+def configure(
+    profile: str = "quick",
+    *,
+    study: str,
+    seeds: int | None = None,
+    steps: int | None = None,
+    variants: Sequence[str] | None = None,
+    workers: int | None = None,
+    threads: int | None = 1,
+) -> StudyRun:
     """The study's run (it has no profiles: each study fixes its own settings)."""
     variants = tuple(variants) if variants is not None else None
     return StudyRun(study, seeds, steps, variants, threads, workers or 1)
@@ -393,17 +464,30 @@ def default_folder(chosen: StudyRun, profile: str) -> str:
     return f"runs/backcopy-study-{chosen.study}"
 
 
-def run_experiment(folder: str | Path, chosen: StudyRun, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
-    run, results = run_study(folder, chosen.study, seeds=chosen.seeds, threads=chosen.threads,
-                             progress=progress, steps=chosen.steps, variants=chosen.variants,
-                             workers=chosen.workers, ray=pool)  # fmt: skip
+def run_experiment(
+    folder: str | Path, chosen: StudyRun, progress: Progress | None = None, pool: str | None = None
+) -> Result:
+    run, results = run_study(
+        folder,
+        chosen.study,
+        seeds=chosen.seeds,
+        threads=chosen.threads,
+        progress=progress,
+        steps=chosen.steps,
+        variants=chosen.variants,
+        workers=chosen.workers,
+        ray=pool,
+    )
     if chosen.study == "simplified":
         from . import simplified
 
-        printed = (simplified.summary_markdown(results),
-                   "App. C.3: the simplified model trained by Adam")  # fmt: skip
+        printed = (
+            simplified.summary_markdown(results),
+            "App. C.3: the simplified model trained by Adam",
+        )
     else:
-        printed = (summary_markdown(results),
-                   f"Bigram-Backcopy study {chosen.study}: ‖Res_BOS‖ at layer 0")  # fmt: skip
+        printed = (
+            summary_markdown(results),
+            f"Bigram-Backcopy study {chosen.study}: ‖Res_BOS‖ at layer 0",
+        )
     return Result(Path(run), (), ("report.md",), results, printed=(printed,))

@@ -115,8 +115,9 @@ __all__ = [
 
 
 @quiet_transformers()  # loading and running the model: its warnings silenced, then restored
-def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
-        tok=None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+def run(
+    out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None, tok=None
+) -> tuple[Path, dict[str, Any]]:
     """Fine-tune (or resume) both methods for every seed, evaluate, write the report. ``net`` /
     ``tok``: a causal LM and its tokenizer (tests); by default ``cfg.model``."""
     adapters.require_peft()
@@ -128,30 +129,46 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
             from ...integrations.pretrained import load_pretrained
 
             net, tok = load_pretrained(cfg.model)
-        tests = {(name, size): test_prompts(t, size, cfg, tok) for name, t in ts.items()
-                 for size in cfg.sizes}  # fmt: skip
+        tests = {
+            (name, size): test_prompts(t, size, cfg, tok)
+            for name, t in ts.items()
+            for size in cfg.sizes
+        }
         limit = getattr(net.config, "max_position_embeddings", None)
-        (name, size), longest = max(((k, max(len(q) + len(a) for q, a in v))
-                                     for k, v in tests.items()), key=lambda kv: kv[1])  # fmt: skip
+        (name, size), longest = max(
+            ((k, max(len(q) + len(a) for q, a in v)) for k, v in tests.items()),
+            key=lambda kv: kv[1],
+        )
         if limit is not None and longest > int(limit):
-            raise ValueError(f"{name} at size {size} needs {longest} tokens, beyond the model's "
-                             f"context ({limit}); choose smaller sizes.")  # fmt: skip
+            raise ValueError(
+                f"{name} at size {size} needs {longest} tokens, beyond the model's "
+                f"context ({limit}); choose smaller sizes."
+            )
         # written once the inputs are known to fit: a refused run leaves no folder behind
-        folder = RunFolder(out, "clrs-llm", {**asdict(cfg), "threads": n_threads},
-                           identity=IDENTITY)  # fmt: skip
+        folder = RunFolder(
+            out, "clrs-llm", {**asdict(cfg), "threads": n_threads}, identity=IDENTITY
+        )
         rows, scores, training = [], {}, {}
         for s in seeds_of(cfg):
             for method in METHODS:
                 arm = copy.deepcopy(net)  # every fine-tuning starts from the pretrained weights
-                res = fine_tune(folder.sub(f"seed{s}", method), arm, method, s, cfg, ts, tok,
-                                tests, progress)  # fmt: skip
+                res = fine_tune(
+                    folder.sub(f"seed{s}", method), arm, method, s, cfg, ts, tok, tests, progress
+                )
                 del arm
                 training[f"{method} seed {s}"] = res["training"]
                 for (name, size), sc in res["scores"].items():
                     scores[(name, method, s, size)] = sc
-                    rows.append({"task": name, "method": method, "seed": s, "size": size,
-                                 "acc": float(np.mean(sc["exact"])),
-                                 "token_acc": sum(sc["right"]) / sum(sc["tokens"])})  # fmt: skip
+                    rows.append(
+                        {
+                            "task": name,
+                            "method": method,
+                            "seed": s,
+                            "size": size,
+                            "acc": float(np.mean(sc["exact"])),
+                            "token_acc": sum(sc["right"]) / sum(sc["tokens"]),
+                        }
+                    )
         require(rows, "evaluations")
         spans = {name: cfg.train_sizes for name in cfg.tasks}
         metrics = {
@@ -169,9 +186,14 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
 
 
 #: a finished fine-tuning's summary, kept beside its evaluations (what the report needs of it)
-TRAINING = {"seconds": (float, type(None)), "steps_per_s": (float, type(None)),
-            "first_loss": (float, type(None)), "last_loss": (float, type(None)),
-            "adapter_parameters": int, "method_parameters": int}  # fmt: skip
+TRAINING = {
+    "seconds": (float, type(None)),
+    "steps_per_s": (float, type(None)),
+    "first_loss": (float, type(None)),
+    "last_loss": (float, type(None)),
+    "adapter_parameters": int,
+    "method_parameters": int,
+}
 
 
 def _whole(path: Path, sc: dict[str, list[int]], pairs: list) -> dict[str, list[int]]:
@@ -181,8 +203,17 @@ def _whole(path: Path, sc: dict[str, list[int]], pairs: list) -> dict[str, list[
     return sc
 
 
-def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok, tests: dict,
-              progress: Progress | None) -> dict[str, Any]:  # fmt: skip
+def fine_tune(
+    where: Path,
+    net,
+    method: str,
+    s: int,
+    cfg: Config,
+    ts: dict,
+    tok,
+    tests: dict,
+    progress: Progress | None,
+) -> dict[str, Any]:
     """One fine-tuning (resumed or loaded if done) and its evaluations. A folder that holds the
     summary ``training.json`` and every evaluation is finished: it is read, not loaded, so a
     run folder packed without its weights (a record) resumes without training again."""
@@ -197,19 +228,28 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
     tasks_ = list(ts.values())
 
     def batch(step: int) -> dict[str, torch.Tensor]:
-        return collate([encode(tok, *prompt_and_answer(t, row))
-                        for t, row in draw(tasks_, cfg, data)], pad)  # fmt: skip
+        return collate(
+            [encode(tok, *prompt_and_answer(t, row)) for t, row in draw(tasks_, cfg, data)], pad
+        )
 
     def loss(_holder, b: dict[str, torch.Tensor]) -> torch.Tensor:
         logits, targets = answer_logits(net, b)
         return torch.nn.functional.cross_entropy(logits, targets)
 
     trainer = Trainer(
-        where, holder, torch.optim.AdamW(holder.parameters(), lr=cfg.lr),
-        steps=cfg.steps_of(method), batch=batch, loss=loss, generators={"data": data},
-        checkpoint_every=cfg.checkpoint_every, log_every=max(1, cfg.steps // 20),
-        task=f"{method} seed {s}", progress=progress, clip_grad_norm=1.0,
-    )  # fmt: skip
+        where,
+        holder,
+        torch.optim.AdamW(holder.parameters(), lr=cfg.lr),
+        steps=cfg.steps_of(method),
+        batch=batch,
+        loss=loss,
+        generators={"data": data},
+        checkpoint_every=cfg.checkpoint_every,
+        log_every=max(1, cfg.steps // 20),
+        task=f"{method} seed {s}",
+        progress=progress,
+        clip_grad_norm=1.0,
+    )
     state = trainer.run()
     holder.eval()
     scores = {}
@@ -221,13 +261,15 @@ def fine_tune(where: Path, net, method: str, s: int, cfg: Config, ts: dict, tok,
     curve = [r for r in trainer.metrics.read() if r.get("loss") is not None]
     params = dict(holder.named_parameters())
     training = {
-        "seconds": state.get("seconds"), "steps_per_s": state.get("steps_per_s"),
+        "seconds": state.get("seconds"),
+        "steps_per_s": state.get("steps_per_s"),
         "first_loss": curve[0]["loss"][0] if curve else None,
         "last_loss": curve[-1]["loss"][0] if curve else None,
         "adapter_parameters": sum(p.numel() for n, p in params.items() if adapters.is_adapter(n)),
-        "method_parameters": sum(p.numel() for n, p in params.items()
-                                 if not adapters.is_adapter(n)),
-    }  # fmt: skip
+        "method_parameters": sum(
+            p.numel() for n, p in params.items() if not adapters.is_adapter(n)
+        ),
+    }
     write_json(summary, training)
     return {"training": training, "scores": scores}
 
@@ -239,8 +281,9 @@ def plan(cfg: Config, profile: str) -> tuple[str, str, bool]:
     """The cost key, the work as a long profile announces it, and whether options changed the
     profile's work (those that leave it alone, checkpoints and threads, do not)."""
     plain = make_config(profile, checkpoint_every=cfg.checkpoint_every, threads=cfg.threads)
-    steps = f"{cfg.steps} steps" + (f" ({cfg.adaptive_steps} for adaptive)"
-                                    if cfg.adaptive_steps else "")  # fmt: skip
+    steps = f"{cfg.steps} steps" + (
+        f" ({cfg.adaptive_steps} for adaptive)" if cfg.adaptive_steps else ""
+    )
     jobs = f"{len(METHODS) * cfg.seeds} fine-tunings of {steps}"
     return "reproduce clrs-llm", jobs, cfg != plain
 
@@ -249,8 +292,9 @@ def default_folder(cfg: Config, profile: str) -> str:
     return f"runs/clrs-llm-{profile}"
 
 
-def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path, cfg: Config, progress: Progress | None = None, pool: str | None = None
+) -> Result:
     """`run` as the protocol calls it (``pool``: one process; the fine-tunings run in turn)."""
     path, metrics = run(folder, cfg, progress)
     return Result(

@@ -25,34 +25,55 @@ SCORES = {"exact": [int], "right": [int], "tokens": [int]}
 @dataclass
 class Config:
     model: str = option("smollm2-135m", "Pretrained decoder.")
-    tasks: tuple[str, ...] = option(("minimum", "insertion_sort"), "Comma-separated CLRS "
-                                    "algorithms (overrides the profile; see reproduce clrs "
-                                    "--list).", kind="names")  # fmt: skip
-    train_sizes: tuple[int, int] = option((4, 8), "Sizes trained at, inclusive (overrides the "
-                                          "profile's 4,8).", kind="size_range",
-                                          metavar="LO,HI")  # fmt: skip
-    seed: int = option(0, "First seed (adapters and training batches; the test prompts).",
-                       kind="seed")  # fmt: skip
+    tasks: tuple[str, ...] = option(
+        ("minimum", "insertion_sort"),
+        "Comma-separated CLRS algorithms (overrides the profile; see reproduce clrs --list).",
+        kind="names",
+    )
+    train_sizes: tuple[int, int] = option(
+        (4, 8),
+        "Sizes trained at, inclusive (overrides the profile's 4,8).",
+        kind="size_range",
+        metavar="LO,HI",
+    )
+    seed: int = option(
+        0, "First seed (adapters and training batches; the test prompts).", kind="seed"
+    )
     seeds: int = option(2, "Number of seeds (overrides the profile).", maximum="seeds")
     steps: int = option(40, "AdamW steps per fine-tuning.", maximum="steps")
     rank: int = option(8, "Rank of the LoRA adapters.", maximum="rank")  # α = 2·rank
     lr: float = option(1e-3, "Learning rate of the adapters.", maximum="rate")
-    eval_factor: int = option(4, "Evaluate up to this multiple of the largest training size.",
-                              maximum="factor")  # fmt: skip
+    eval_factor: int = option(
+        4, "Evaluate up to this multiple of the largest training size.", maximum="factor"
+    )
     #: sizes evaluated besides `sizes`' doublings (e.g. 10 and 12 items: between the training
     #: range and the sizes where both methods are at 0)
-    eval_sizes: tuple[int, ...] = option((), "More sizes to evaluate, e.g. 10,12 (between the "
-                                         "training range and the doublings); may be added to "
-                                         "an existing run.", kind="sizes", metavar="N,N,...",
-                                         show_default=False)  # fmt: skip
+    eval_sizes: tuple[int, ...] = option(
+        (),
+        "More sizes to evaluate, e.g. 10,12 (between the "
+        "training range and the doublings); may be added to "
+        "an existing run.",
+        kind="sizes",
+        metavar="N,N,...",
+        show_default=False,
+    )
     #: adaptive temperature's AdamW steps where they differ from ``steps`` (None: the same):
     #: to compare the methods at matched in-distribution accuracy when adaptive learns slower
-    adaptive_steps: int | None = option(None, "AdamW steps of the adaptive fine-tunings where "
-                                        "they differ from --steps (to compare at matched "
-                                        "in-distribution accuracy).", kind="count",
-                                        maximum="steps", show_default=False)  # fmt: skip
-    prompts: int = option(16, "Test prompts per algorithm and size, the same for both methods "
-                          "and every seed (overrides the profile).", maximum="sets")  # fmt: skip
+    adaptive_steps: int | None = option(
+        None,
+        "AdamW steps of the adaptive fine-tunings where "
+        "they differ from --steps (to compare at matched "
+        "in-distribution accuracy).",
+        kind="count",
+        maximum="steps",
+        show_default=False,
+    )
+    prompts: int = option(
+        16,
+        "Test prompts per algorithm and size, the same for both methods "
+        "and every seed (overrides the profile).",
+        maximum="sets",
+    )
     checkpoint_every: int = option(50, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
     values: int = 10  # keys 0 … values-1: one digit each at 10
@@ -67,8 +88,17 @@ class Config:
             raise ValueError(f"eval_sizes must be sizes >= 1, got {self.eval_sizes}.")
         if self.adaptive_steps is not None and self.adaptive_steps < 1:
             raise ValueError(f"adaptive_steps must be >= 1, got {self.adaptive_steps}.")
-        for name in ("eval_factor", "values", "seeds", "steps", "batch", "rank", "prompts",
-                     "eval_batch", "checkpoint_every"):  # fmt: skip
+        for name in (
+            "eval_factor",
+            "values",
+            "seeds",
+            "steps",
+            "batch",
+            "rank",
+            "prompts",
+            "eval_batch",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not self.tasks:
@@ -87,8 +117,9 @@ class Config:
         and ``eval_sizes``."""
         lo, hi = self.train_sizes
         inside = {lo, hi} | {2**k for k in range(hi.bit_length()) if lo <= 2**k <= hi}
-        beyond = {hi * 2**k for k in range(1, self.eval_factor.bit_length())
-                  if 2**k <= self.eval_factor}  # fmt: skip
+        beyond = {
+            hi * 2**k for k in range(1, self.eval_factor.bit_length()) if 2**k <= self.eval_factor
+        }
         return sorted(inside | beyond | {hi * self.eval_factor} | set(self.eval_sizes))
 
     def steps_of(self, method: str) -> int:
@@ -99,16 +130,38 @@ class Config:
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {"tasks": ("minimum", "insertion_sort"), "train_sizes": (4, 8), "seeds": 2,
-              "steps": 40, "batch": 4, "prompts": 16},
-    "paper": {"tasks": ("insertion_sort", "binary_search", "activity_selector"),
-              "train_sizes": (4, 8), "seeds": 2, "steps": 400, "batch": 8, "prompts": 48},
-}  # fmt: skip
+    "quick": {
+        "tasks": ("minimum", "insertion_sort"),
+        "train_sizes": (4, 8),
+        "seeds": 2,
+        "steps": 40,
+        "batch": 4,
+        "prompts": 16,
+    },
+    "paper": {
+        "tasks": ("insertion_sort", "binary_search", "activity_selector"),
+        "train_sizes": (4, 8),
+        "seeds": 2,
+        "steps": 400,
+        "batch": 8,
+        "prompts": 48,
+    },
+}
 
 #: what defines the fine-tuned models (a folder of other values is refused); more seeds, other
 #: evaluation sizes or prompt counts may be asked of an existing folder
-IDENTITY = ("model", "tasks", "train_sizes", "values", "steps", "batch", "lr", "rank", "seed",
-            "adaptive_steps")  # fmt: skip
+IDENTITY = (
+    "model",
+    "tasks",
+    "train_sizes",
+    "values",
+    "steps",
+    "batch",
+    "lr",
+    "rank",
+    "seed",
+    "adaptive_steps",
+)
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> Config:

@@ -24,17 +24,21 @@ def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
     out = []
     for name in cfg.tasks:
         for size in cfg.sizes:
-            entry: dict[str, Any] = {"task": name, "size": size,
-                                     "in_training": size <= cfg.train_sizes[1]}  # fmt: skip
+            entry: dict[str, Any] = {
+                "task": name,
+                "size": size,
+                "in_training": size <= cfg.train_sizes[1],
+            }
             per_prompt, per_seed = {}, {}
             for m in METHODS:
                 sc = [scores[(name, m, s, size)] for s in seeds]
                 exact = np.array([x["exact"] for x in sc], dtype=float)  # [seeds, prompts]
                 tok_ = np.array([np.divide(x["right"], x["tokens"]) for x in sc])
                 per_prompt[m] = {"exact": exact.mean(0), "tokens": tok_.mean(0)}
-                per_seed[m] = {"exact": exact.mean(1),
-                               "tokens": np.array([sum(x["right"]) / sum(x["tokens"])
-                                                   for x in sc])}  # fmt: skip
+                per_seed[m] = {
+                    "exact": exact.mean(1),
+                    "tokens": np.array([sum(x["right"]) / sum(x["tokens"]) for x in sc]),
+                }
                 for k in ("exact", "tokens"):
                     v = per_seed[m][k]
                     entry[f"{m}_{k}_seeds"] = [float(x) for x in v]
@@ -47,8 +51,9 @@ def per_size(scores: dict, cfg: Config) -> list[dict[str, Any]]:
                         0
                     ]
                 )
-                entry[f"p_seeds_{k}"] = float(paired_comparison(
-                    per_seed[a][k][:, None], per_seed[b][k][:, None]).p_value[0])  # fmt: skip
+                entry[f"p_seeds_{k}"] = float(
+                    paired_comparison(per_seed[a][k][:, None], per_seed[b][k][:, None]).p_value[0]
+                )
             out.append(entry)
     return out
 
@@ -65,8 +70,10 @@ def in_distribution(rows: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
             if r["task"] == name and lo <= r["size"] <= hi:
                 per[r["method"]].setdefault(r["seed"], []).append(r["acc"])
         seeds = sorted(set(per[METHODS[0]]) & set(per[METHODS[1]]))
-        out[name] = paired_effect([np.mean(per[METHODS[0]][s]) for s in seeds],
-                                  [np.mean(per[METHODS[1]][s]) for s in seeds])  # fmt: skip
+        out[name] = paired_effect(
+            [np.mean(per[METHODS[0]][s]) for s in seeds],
+            [np.mean(per[METHODS[1]][s]) for s in seeds],
+        )
     return out
 
 
@@ -79,45 +86,110 @@ def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in sizes:
         if e["in_training"] or f"{a}_exact_seeds" not in e:
             continue
-        out.append({"task": e["task"], "size": e["size"], **{
-            k: reproduction_verdict(e[f"{a}_{k}_seeds"], e[f"{b}_{k}_seeds"], paper=PAPER_CLAIM,
-                                    sign=1) for k in ("exact", "tokens")}})  # fmt: skip
+        out.append(
+            {
+                "task": e["task"],
+                "size": e["size"],
+                **{
+                    k: reproduction_verdict(
+                        e[f"{a}_{k}_seeds"], e[f"{b}_{k}_seeds"], paper=PAPER_CLAIM, sign=1
+                    )
+                    for k in ("exact", "tokens")
+                },
+            }
+        )
     return out
 
 
 def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     a, b = METHODS
-    header = ["algorithm", "method", "in distribution", "out of distribution", "p",
-              "tokens in", "tokens out", "p"]  # fmt: skip
-    summary = kit.write_table(folder, "clrs_llm", header, [
-        [e["task"], e["method"], kit.mean_sd(*e["id"][:2]), kit.mean_sd(*e["ood"][:2]),
-         kit.p_cell(e["ood"][2]), kit.mean_sd(*e["id_token"][:2]), kit.mean_sd(*e["ood_token"][:2]),
-         kit.p_cell(e["ood_token"][2])] for e in m["summary"]])  # fmt: skip
-    size_header = ["algorithm", a, b, "p (prompts, secondary)", "p (seeds)", f"tokens {a}",
-                   f"tokens {b}", "p (prompts, secondary)", "p (seeds)"]  # fmt: skip
+    header = [
+        "algorithm",
+        "method",
+        "in distribution",
+        "out of distribution",
+        "p",
+        "tokens in",
+        "tokens out",
+        "p",
+    ]
+    summary = kit.write_table(
+        folder,
+        "clrs_llm",
+        header,
+        [
+            [
+                e["task"],
+                e["method"],
+                kit.mean_sd(*e["id"][:2]),
+                kit.mean_sd(*e["ood"][:2]),
+                kit.p_cell(e["ood"][2]),
+                kit.mean_sd(*e["id_token"][:2]),
+                kit.mean_sd(*e["ood_token"][:2]),
+                kit.p_cell(e["ood_token"][2]),
+            ]
+            for e in m["summary"]
+        ],
+    )
+    size_header = [
+        "algorithm",
+        a,
+        b,
+        "p (prompts, secondary)",
+        "p (seeds)",
+        f"tokens {a}",
+        f"tokens {b}",
+        "p (prompts, secondary)",
+        "p (seeds)",
+    ]
     tables = []
     for size in cfg.sizes:
         entries = [e for e in m["sizes"] if e["size"] == size]
-        shown = [[e["task"], kit.mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
-                  kit.mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]), kit.p_cell(e["p_prompts_exact"]),
-                  kit.p_cell(e["p_seeds_exact"]), kit.mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
-                  kit.mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]), kit.p_cell(e["p_prompts_tokens"]),
-                  kit.p_cell(e["p_seeds_tokens"])] for e in entries]  # fmt: skip
-        where = "training size" if entries[0]["in_training"] else (
-            f"{size / cfg.train_sizes[1]:g}× the largest training size")  # fmt: skip
+        shown = [
+            [
+                e["task"],
+                kit.mean_sd(e[f"{a}_exact"], e[f"{a}_exact_sd"]),
+                kit.mean_sd(e[f"{b}_exact"], e[f"{b}_exact_sd"]),
+                kit.p_cell(e["p_prompts_exact"]),
+                kit.p_cell(e["p_seeds_exact"]),
+                kit.mean_sd(e[f"{a}_tokens"], e[f"{a}_tokens_sd"]),
+                kit.mean_sd(e[f"{b}_tokens"], e[f"{b}_tokens_sd"]),
+                kit.p_cell(e["p_prompts_tokens"]),
+                kit.p_cell(e["p_seeds_tokens"]),
+            ]
+            for e in entries
+        ]
+        where = (
+            "training size"
+            if entries[0]["in_training"]
+            else (f"{size / cfg.train_sizes[1]:g}× the largest training size")
+        )
         tables.append(f"### n = {size} ({where})\n\n" + kit.markdown_table(size_header, shown))
-    seq.plot_curves(folder / "fig8.png", m["rows"], list(cfg.tasks), list(METHODS),
-                    "Exact match against size (shaded: training sizes)",
-                    colors={"softmax": "tab:blue", "adaptive": "tab:red"},
-                    spans={name: cfg.train_sizes for name in cfg.tasks})  # fmt: skip
-    ahead = [e for e in m["summary"] if e["method"] == b and np.isfinite(e["ood"][0])
-             and e["ood"][0] > next(x["ood"][0] for x in m["summary"]
-                                    if x["task"] == e["task"] and x["method"] == a)]  # fmt: skip
+    seq.plot_curves(
+        folder / "fig8.png",
+        m["rows"],
+        list(cfg.tasks),
+        list(METHODS),
+        "Exact match against size (shaded: training sizes)",
+        colors={"softmax": "tab:blue", "adaptive": "tab:red"},
+        spans={name: cfg.train_sizes for name in cfg.tasks},
+    )
+    ahead = [
+        e
+        for e in m["summary"]
+        if e["method"] == b
+        and np.isfinite(e["ood"][0])
+        and e["ood"][0]
+        > next(x["ood"][0] for x in m["summary"] if x["task"] == e["task"] and x["method"] == a)
+    ]
     signif = [e for e in ahead if np.isfinite(e["ood"][2]) and e["ood"][2] < 0.05]
     t = m["training"]
-    cost = "; ".join(f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s), loss "
-                     f"{v['first_loss']:.3f} → {v['last_loss']:.3f}" for k, v in t.items()
-                     if v["seconds"] is not None and v["steps_per_s"])  # fmt: skip
+    cost = "; ".join(
+        f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s), loss "
+        f"{v['first_loss']:.3f} → {v['last_loss']:.3f}"
+        for k, v in t.items()
+        if v["seconds"] is not None and v["steps_per_s"]
+    )
     first = next(iter(t.values()))
     setup = (
         f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice"
@@ -141,30 +213,54 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     words = [v["exact"].verdict.split(" (")[0] for v in judged]
     inside = in_distribution(m["rows"], cfg)
     matched = "; ".join(f"{name} {e.mean:+.3f} {kit.interval(e)}" for name, e in inside.items())
-    setup += (" In distribution (exact match at the training sizes, adaptive − softmax over "
-              f"seeds, 95 % interval): {matched}. Where adaptive is behind there, it is less "
-              "trained, and the comparison beyond the training sizes is confounded by it "
-              "(`--adaptive-steps` gives adaptive more steps to match).")  # fmt: skip
+    setup += (
+        " In distribution (exact match at the training sizes, adaptive − softmax over "
+        f"seeds, 95 % interval): {matched}. Where adaptive is behind there, it is less "
+        "trained, and the comparison beyond the training sizes is confounded by it "
+        "(`--adaptive-steps` gives adaptive more steps to match)."
+    )
     verdict = (
         f"Beyond the training sizes adaptive temperature is ahead of softmax on {len(ahead)} of "
         f"{len(cfg.tasks)} algorithms in exact match, {len(signif)} of them at p < 0.05 (over "
         "seeds). The paper (Fig. 8, Gemma 2B fine-tuned on thirty algorithms) reports adaptive "
         "temperature ahead out of distribution on nearly all of them."
-        + (f" Over seeds, per algorithm and size beyond training (exact match): "
-           f"{words.count('reproduced')} reproduced, {words.count('contradicted')} contradicted, "
-           f"{sum(w.startswith('not detectable') for w in words)} not detectable at this power, "
-           f"{len(words) - sum(w in ('reproduced', 'contradicted') or w.startswith('not detectable') for w in words)} "
-           "without a test (too few seeds, or the same on every seed: e.g. both at 0)."
-           if judged else "")
-    )  # fmt: skip
+        + (
+            f" Over seeds, per algorithm and size beyond training (exact match): "
+            f"{words.count('reproduced')} reproduced, {words.count('contradicted')} contradicted, "
+            f"{sum(w.startswith('not detectable') for w in words)} not detectable at this power, "
+            f"{len(words) - sum(w in ('reproduced', 'contradicted') or w.startswith('not detectable') for w in words)} "
+            "without a test (too few seeds, or the same on every seed: e.g. both at 0)."
+            if judged
+            else ""
+        )
+    )
     seeds_section = None
     if judged:
-        head = ["algorithm", "n", "effect (adaptive − softmax)", "95 % interval", "p (seeds)",
-                "detectable (80 % power)", "verdict", "tokens: effect", "tokens: verdict"]  # fmt: skip
-        body = [[v["task"], str(v["size"]), f"{v['exact'].effect.mean:+.3f}",
-                 kit.interval(v["exact"].effect), kit.p_cell(v["exact"].effect.p),
-                 kit.decimals(v["exact"].detectable), v["exact"].verdict,
-                 f"{v['tokens'].effect.mean:+.3f}", v["tokens"].verdict] for v in judged]  # fmt: skip
+        head = [
+            "algorithm",
+            "n",
+            "effect (adaptive − softmax)",
+            "95 % interval",
+            "p (seeds)",
+            "detectable (80 % power)",
+            "verdict",
+            "tokens: effect",
+            "tokens: verdict",
+        ]
+        body = [
+            [
+                v["task"],
+                str(v["size"]),
+                f"{v['exact'].effect.mean:+.3f}",
+                kit.interval(v["exact"].effect),
+                kit.p_cell(v["exact"].effect.p),
+                kit.decimals(v["exact"].detectable),
+                v["exact"].verdict,
+                f"{v['tokens'].effect.mean:+.3f}",
+                v["tokens"].verdict,
+            ]
+            for v in judged
+        ]
         seeds_section = (
             "## Verdict over seeds\n\nThe unit randomised here is the seed (one fine-tuning "
             "each), so each comparison is judged over seeds: the effect is the mean over seeds of "
@@ -176,13 +272,17 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
             "secondary.\n\n" + kit.markdown_table(head, body)
         )
 
-    return kit.write_report(folder, "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
-                        "(Softmax is not Enough, Fig. 8)", [
-        "## Setup\n\n" + setup,
-        "## Result\n\n" + verdict + "\n\n" + summary,
-        seeds_section,
-        kit.image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
-        "## Per size\n\n" + "\n".join(tables),
-        f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "
-        f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} thread{'s' * (m['threads'] != 1)}).",
-    ])  # fmt: skip
+    return kit.write_report(
+        folder,
+        "CLRS-Text on a fine-tuned LLM: softmax vs adaptive temperature "
+        "(Softmax is not Enough, Fig. 8)",
+        [
+            "## Setup\n\n" + setup,
+            "## Result\n\n" + verdict + "\n\n" + summary,
+            seeds_section,
+            kit.image("fig8.png", "Exact match against size per algorithm, mean ± sd over seeds"),
+            "## Per size\n\n" + "\n".join(tables),
+            f"## Cost\n\n{cost}. This invocation: {m['wall_seconds']:.0f} s wall, "
+            f"{m['cpu_seconds']:.0f} s CPU ({m['threads']} thread{'s' * (m['threads'] != 1)}).",
+        ],
+    )

@@ -109,12 +109,38 @@ def run(
     if out is None:
         out = default_out(model, method)
     with runner.threads(1):
-        return _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold,
-                    ablation, progress, method_params, ablation_tokens, workers)  # fmt: skip
+        return _run(
+            out,
+            model,
+            method,
+            layers,
+            max_items,
+            repeats,
+            seed,
+            dormant_threshold,
+            ablation,
+            progress,
+            method_params,
+            ablation_tokens,
+            workers,
+        )
 
 
-def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold, ablate,
-         progress, method_params, ablation_tokens=256, workers=1):  # fmt: skip
+def _run(
+    out,
+    model,
+    method,
+    layers,
+    max_items,
+    repeats,
+    seed,
+    dormant_threshold,
+    ablate,
+    progress,
+    method_params,
+    ablation_tokens=256,
+    workers=1,
+):
     from ... import hf
     from ... import normalizers as nz
 
@@ -129,10 +155,19 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
     bad = [x for x in probe_layers if not 0 <= x < n_layers]
     if bad:
         raise ValueError(f"--layers {bad} out of range: the model has layers 0..{n_layers - 1}.")
-    config = {"model": label, "method": method, "method_params": method_params,
-              "layers": probe_layers, "max_items": max_items, "repeats": repeats, "seed": seed,
-              "ablation": ablate, "ablation_tokens": ablation_tokens,
-              "dormant_threshold": dormant_threshold, "threads": workers}  # fmt: skip
+    config = {
+        "model": label,
+        "method": method,
+        "method_params": method_params,
+        "layers": probe_layers,
+        "max_items": max_items,
+        "repeats": repeats,
+        "seed": seed,
+        "ablation": ablate,
+        "ablation_tokens": ablation_tokens,
+        "dormant_threshold": dormant_threshold,
+        "threads": workers,
+    }
     # every setting but the thread count changes the numbers
     folder = RunFolder(out, "diagnose", config, identity=sorted(set(config) - {"threads"}))
     run_dir = folder.path
@@ -173,14 +208,17 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         deltas = {}
         for i, (d, e) in enumerate(encoded.items()):
             emit(progress, "head ablation", d, i, len(encoded))
-            deltas |= head_ablation(net, loss_fn, {d: [e]}, heads, batch=per_layer,
-                                    reuse_prefix=True, workers=workers)  # fmt: skip
+            deltas |= head_ablation(
+                net, loss_fn, {d: [e]}, heads, batch=per_layer, reuse_prefix=True, workers=workers
+            )
         emit(progress, "head ablation", "done", len(encoded), len(encoded))
         ablation = {
-            d: [[deltas[d][(layer, h)] for h in range(len(extreme[d]["layers"][layer]["spread"]))]
-                for layer in range(n_layers)]
+            d: [
+                [deltas[d][(layer, h)] for h in range(len(extreme[d]["layers"][layer]["spread"]))]
+                for layer in range(n_layers)
+            ]
             for d in encoded
-        }  # fmt: skip
+        }
     # (d)
     entropy_method = None
     if method is not None:
@@ -205,7 +243,7 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
             "mean": sum(flat) / len(flat),
             "max": max(flat),
             "std": float(torch.tensor(flat).std()),
-        },  # fmt: skip
+        },
         "horizon_eps": EPS,
         "horizon_min": min(min(h) for h in horizon),
         "horizon_median": float(torch.tensor(horizon).flatten().median()),
@@ -229,13 +267,15 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         if {"code", "prose"} <= set(ablation):
             c, p = ablation["code"], ablation["prose"]
             summary["active_code_dormant_prose"] = [
-                [layer, h] for layer, h in heads
+                [layer, h]
+                for layer, h in heads
                 if c[layer][h] > dormant_threshold and p[layer][h] <= dormant_threshold
-            ]  # fmt: skip
+            ]
             summary["active_prose_dormant_code"] = [
-                [layer, h] for layer, h in heads
+                [layer, h]
+                for layer, h in heads
                 if p[layer][h] > dormant_threshold and c[layer][h] <= dormant_threshold
-            ]  # fmt: skip
+            ]
         summary["ablation_tokens"] = ablation_tokens
     else:
         summary["dormant_heads"] = {d: "not measured" for d in SAMPLES}
@@ -245,20 +285,30 @@ def _run(out, model, method, layers, max_items, repeats, seed, dormant_threshold
         curves = {"softmax": entropy[layer]}
         if entropy_method is not None:
             curves[method] = entropy_method[layer]
-        plot_probe(sizes, curves, tokens, run_dir / f"probe_layer{layer}.png",
-                    f"{label}: layer {layer} heads on the max-of-sequence prompt")  # fmt: skip
+        plot_probe(
+            sizes,
+            curves,
+            tokens,
+            run_dir / f"probe_layer{layer}.png",
+            f"{label}: layer {layer} heads on the max-of-sequence prompt",
+        )
     plot_spread(spread, run_dir / "spread.png")
     plot_extreme(extreme, ablation, run_dir / "extreme.png")
     metrics = {
         "summary": summary,
-        "probe": {"sizes": sizes, "tokens": tokens, "entropy": {str(k): v for k, v in entropy.items()}},
-        "probe_method": None if entropy_method is None else {
-            "method": method, "entropy": {str(k): v for k, v in entropy_method.items()}},
+        "probe": {
+            "sizes": sizes,
+            "tokens": tokens,
+            "entropy": {str(k): v for k, v in entropy.items()},
+        },
+        "probe_method": None
+        if entropy_method is None
+        else {"method": method, "entropy": {str(k): v for k, v in entropy_method.items()}},
         "spread": spread,
         "horizon": horizon,
         "extreme": extreme,
         "ablation": ablation,
-    }  # fmt: skip
+    }
     write_metrics(run_dir, metrics)
     report(run_dir, metrics, probe_layers)
     return run_dir, metrics

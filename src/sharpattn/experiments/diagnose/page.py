@@ -35,8 +35,9 @@ def plot_spread(spread: list[list[float]], path: Path) -> None:
     flat = np.concatenate([np.asarray(s) for s in spread])
     with kit.figure(path, 1, 2, figsize=(10, 3.8)) as (_, (a, b)):
         a.hist(flat, bins=30, color="tab:blue", alpha=0.8)
-        a.axvspan(GEMMA_2B["min"], GEMMA_2B["max"], color="tab:orange", alpha=0.15,
-                  label="Gemma 2B range")  # fmt: skip
+        a.axvspan(
+            GEMMA_2B["min"], GEMMA_2B["max"], color="tab:orange", alpha=0.15, label="Gemma 2B range"
+        )
         a.axvline(GEMMA_2B["mean"], color="tab:orange", lw=1.5, label="Gemma 2B mean")
         a.set_xlabel("logit spread δ per head")
         a.set_ylabel("heads")
@@ -58,13 +59,18 @@ def plot_extreme(extreme: dict, ablation: dict, path: Path) -> None:
             L = np.arange(len(res["layers"]))
             for ax, key in zip(axes, ("sink_mass_top", "value_drain"), strict=False):
                 ax.plot(L, [np.mean(x[key]) for x in res["layers"]], "o-", label=domain)
-            axes[2].plot(L, [x.get("residual_peak", np.nan) for x in res["layers"]], "o-",
-                         label=domain)  # fmt: skip
+            axes[2].plot(
+                L, [x.get("residual_peak", np.nan) for x in res["layers"]], "o-", label=domain
+            )
             if ablation:
                 d = np.asarray(ablation[domain])
                 axes[3].plot(L, d.max(1), "o-", label=f"{domain}: max over heads")
-        titles = ["sink mass Ā of top sink (mean over heads)", "value drain ‖Val_sink‖/mean ‖Val_other‖",
-                  "residual peak ‖Res_sink‖/mean ‖Res_other‖", "loss change when a head is zeroed"]  # fmt: skip
+        titles = [
+            "sink mass Ā of top sink (mean over heads)",
+            "value drain ‖Val_sink‖/mean ‖Val_other‖",
+            "residual peak ‖Res_sink‖/mean ‖Res_other‖",
+            "loss change when a head is zeroed",
+        ]
         for ax, t in zip(axes, titles, strict=False):
             ax.set_title(t, fontsize=9)
             ax.set_xlabel("layer")
@@ -87,12 +93,16 @@ def summary_markdown(metrics: dict) -> str:
     s = metrics["summary"]
     sp = s["spread"]
     rows = [
-        ["logit spread δ per head (code)",
-         f"{sp['min']:.2f} / {sp['mean']:.2f} / {sp['max']:.2f} (min/mean/max)"],
+        [
+            "logit spread δ per head (code)",
+            f"{sp['min']:.2f} / {sp['mean']:.2f} / {sp['max']:.2f} (min/mean/max)",
+        ],
         ["Gemma 2B (paper)", "2.28 / 5.69 / 14.78"],
-        [f"horizon n* = e^δ/{s['horizon_eps']}",
-         f"min {s['horizon_min']:.3g}, median {s['horizon_median']:.3g}"],
-    ]  # fmt: skip
+        [
+            f"horizon n* = e^δ/{s['horizon_eps']}",
+            f"min {s['horizon_min']:.3g}, median {s['horizon_median']:.3g}",
+        ],
+    ]
     for key in [k for k in s if k.startswith("probe_entropy_layer0")]:
         rows.append([key.replace("_", " "), ", ".join(f"{k}: {v:.3f}" for k, v in s[key].items())])
     for domain, res in metrics["extreme"].items():
@@ -110,7 +120,7 @@ def summary_markdown(metrics: dict) -> str:
             ]
         )
     rows.append(["dormant heads", ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items())])
-    return kit.markdown_table(["quantity", "value"], rows)  # fmt: skip
+    return kit.markdown_table(["quantity", "value"], rows)
 
 
 def report(folder: Path, metrics: dict, probe_layers: list[int]) -> Path:
@@ -136,15 +146,28 @@ def report(folder: Path, metrics: dict, probe_layers: list[int]) -> Path:
                 if "massive_top" in x
                 else "-"
             )
-            rows.append([
-                str(layer), f"{x['layer_sink']} `{x['layer_sink_token']}`",
-                f"{x['sink_share']:.2f}", f"{mean_of(x['sink_mass_top']):.3f}",
-                f"{mean_of(x['value_drain']):.3f}", f"{x.get('residual_peak', float('nan')):.3f}",
-                massive, _max_or_dash(metrics["ablation"], domain, layer),
-            ])  # fmt: skip
-        header = ["layer", "sink token", "heads with a sink (Ā > 0.3)", "mean Ā of top sink",
-                  "value drain (mean)", "residual peak", "top activation (× median)",
-                  "max loss change, head zeroed"]  # fmt: skip
+            rows.append(
+                [
+                    str(layer),
+                    f"{x['layer_sink']} `{x['layer_sink_token']}`",
+                    f"{x['sink_share']:.2f}",
+                    f"{mean_of(x['sink_mass_top']):.3f}",
+                    f"{mean_of(x['value_drain']):.3f}",
+                    f"{x.get('residual_peak', float('nan')):.3f}",
+                    massive,
+                    _max_or_dash(metrics["ablation"], domain, layer),
+                ]
+            )
+        header = [
+            "layer",
+            "sink token",
+            "heads with a sink (Ā > 0.3)",
+            "mean Ā of top sink",
+            "value drain (mean)",
+            "residual peak",
+            "top activation (× median)",
+            "max loss change, head zeroed",
+        ]
         extreme.append(
             f"### {domain} ({res['tokens']} tokens)\n\n"
             + kit.markdown_table(header, rows, "llrrrrrr")
@@ -154,8 +177,10 @@ def report(folder: Path, metrics: dict, probe_layers: list[int]) -> Path:
         + ", ".join(f"{d}: {n}" for d, n in s["dormant_heads"].items())
         + "."
     ]
-    for key, text in (("active_code_dormant_prose", "active on code, dormant on prose"),
-                      ("active_prose_dormant_code", "active on prose, dormant on code")):  # fmt: skip
+    for key, text in (
+        ("active_code_dormant_prose", "active on code, dormant on prose"),
+        ("active_prose_dormant_code", "active on prose, dormant on code"),
+    ):
         if key in s:
             heads = ", ".join(f"L{a}H{b}" for a, b in s[key]) or "none"
             dormant.append(f"Heads {text} (Guo et al. Fig. 8b): {heads}.")

@@ -127,14 +127,29 @@ def _plot_demo(fig, axes, rows: list[DemoRow], settings: list[str]) -> None:
 
 
 def demo_markdown_table(rows: list[DemoRow]) -> str:
-    header = ["setting", "method", "n", "max weight", "entropy", "winner weight", "n·max weight",
-              "e^{δ/θ} bound"]  # fmt: skip
+    header = [
+        "setting",
+        "method",
+        "n",
+        "max weight",
+        "entropy",
+        "winner weight",
+        "n·max weight",
+        "e^{δ/θ} bound",
+    ]
     cells = [
-        [r.setting, r.method, str(r.n), f"{r.max_weight:.4g}", f"{r.entropy:.3f}",
-         f"{r.winner_weight:.4g}" if r.setting == "margin" else "–",  # no winner: bounded
-         f"{r.n_max_weight:.3f}", f"{r.lemma_bound:.3f}"]
+        [
+            r.setting,
+            r.method,
+            str(r.n),
+            f"{r.max_weight:.4g}",
+            f"{r.entropy:.3f}",
+            f"{r.winner_weight:.4g}" if r.setting == "margin" else "–",  # no winner: bounded
+            f"{r.n_max_weight:.3f}",
+            f"{r.lemma_bound:.3f}",
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     return report.markdown_table(header, cells, align="llrrrrrr").rstrip("\n")
 
 
@@ -152,7 +167,11 @@ def run_demo(out: str | Path = "runs/demo", **kwargs) -> tuple[Path, list[DemoRo
         f"{demo_markdown_table(rows)}\n\n![dispersion](dispersion.png)\n"
     )
     run_dir = write_run(
-        out, "demo", config, rows, ("Dispersion demo", text),
+        out,
+        "demo",
+        config,
+        rows,
+        ("Dispersion demo", text),
         lambda d: plot_demo(rows, d / "dispersion.png"),
-    )  # fmt: skip
+    )
     return run_dir, rows

@@ -136,10 +136,15 @@ def smith_toy_markdown(toy: dict[str, Sequence[float]]) -> str:
 def smith_gauss_markdown(gauss: list[GaussianRow]) -> str:
     """Softmax of Gaussian logits per n: max weight, entropy, log n, effective support."""
     g_cells = [
-        [f"{r.n:,}", f"{r.max_weight:.4f} ± {r.max_weight_se:.4f}",
-         f"{r.entropy:.3f} ± {r.entropy_se:.3f}", f"{r.log_n:.3f}", f"{r.effective_support:.2f}"]
+        [
+            f"{r.n:,}",
+            f"{r.max_weight:.4f} ± {r.max_weight_se:.4f}",
+            f"{r.entropy:.3f} ± {r.entropy_se:.3f}",
+            f"{r.log_n:.3f}",
+            f"{r.effective_support:.2f}",
+        ]
         for r in gauss
-    ]  # fmt: skip
+    ]
     return report.markdown_table(
         ["n", "max weight", "entropy (nats)", "log n (uniform)", "effective support"], g_cells
     )

@@ -217,10 +217,17 @@ def markdown_table(rows: list[Row], n: int | None = None) -> str:
         "slope",
     ]
     cells = [
-        [r.method, str(r.n), f"{r.winner_weight:.4g}", f"{r.max_weight:.4g}", f"{r.entropy:.3f}",
-         f"{r.total_mass:.4g}", fit[r.method]]
+        [
+            r.method,
+            str(r.n),
+            f"{r.winner_weight:.4g}",
+            f"{r.max_weight:.4g}",
+            f"{r.entropy:.3f}",
+            f"{r.total_mass:.4g}",
+            fit[r.method],
+        ]
         for r in shown
-    ]  # fmt: skip
+    ]
     return report.markdown_table(header, cells).rstrip("\n")
 
 

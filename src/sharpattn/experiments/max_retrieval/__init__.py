@@ -220,9 +220,11 @@ def prepare(config: Config, folder: str | Path, given: dict[str, Any]) -> tuple[
         return config, None
     picked, why = seeds_together(config, folder)
     config = replace(config, group=picked)
-    return config, (f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
-                    f"{len(groups(config))} ensemble(s) of up to {picked} ({why}; --group N to "
-                    "choose).")  # fmt: skip
+    return config, (
+        f"sharpattn reproduce max-retrieval: {config.seeds} seeds in "
+        f"{len(groups(config))} ensemble(s) of up to {picked} ({why}; --group N to "
+        "choose)."
+    )
 
 
 def plan(config: Config, profile: str) -> tuple[str, str, bool]:
@@ -237,8 +239,9 @@ def default_folder(config: Config, profile: str) -> str:
     return f"runs/max-retrieval-{profile}"
 
 
-def run_experiment(folder: str | Path, config: Config, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path, config: Config, progress: Progress | None = None, pool: str | None = None
+) -> Result:
     """`reproduce` as the protocol calls it (``pool``: a Ray address, else local processes)."""
     result = reproduce(Path(folder), config, progress, pool)
     run, speed = result["run"], result["steps_per_s"]

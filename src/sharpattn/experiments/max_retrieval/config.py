@@ -58,30 +58,40 @@ class Config:
 
     seeds: int = option(10, "Number of seeds (overrides the profile).", maximum="seeds")
     steps: int = option(100_000, "Adam steps per seed (overrides the profile).", maximum="steps")
-    sizes: tuple[int, ...] = option(PAPER_SIZES, "Comma-separated evaluation set sizes.",
-                                    kind="set_sizes", show_default=False)  # fmt: skip
+    sizes: tuple[int, ...] = option(
+        PAPER_SIZES, "Comma-separated evaluation set sizes.", kind="set_sizes", show_default=False
+    )
     # the normalizer trained with ("baseline")
     method: str = option("softmax", "Normalizer trained with (the baseline).")
     # adaptive temperature at inference
-    coefficients: str | list[float] = option("icml", "Adaptive-temperature polynomial at "
-                                             "inference: icml, arxiv or a JSON file.",
-                                             kind="text")  # fmt: skip
+    coefficients: str | list[float] = option(
+        "icml",
+        "Adaptive-temperature polynomial at inference: icml, arxiv or a JSON file.",
+        kind="text",
+    )
     batch: int = 128
     lr: float = 1e-3
     l2: float = 1e-3  # λ of App. A.4's "L2 regularisation"; how it enters: ``regulariser``
     # a key of REGULARISERS
-    regulariser: str = option("l2", "How λ = 0.001 enters training: l2 (λ·Σw²), half_l2 (λ/2·Σw²), "
-                              "l2_kernels (λ·Σw² without biases) or adamw (decoupled decay).")  # fmt: skip
+    regulariser: str = option(
+        "l2",
+        "How λ = 0.001 enters training: l2 (λ·Σw²), half_l2 (λ/2·Σw²), "
+        "l2_kernels (λ·Σw² without biases) or adamw (decoupled decay).",
+    )
     min_items: int = 5
     max_items: int = 16
     # per size: standard error <= 0.5 points
-    test_sets: int = option(10_000, "Most test sets per size (overrides the profile).",
-                            maximum="sets")  # fmt: skip
+    test_sets: int = option(
+        10_000, "Most test sets per size (overrides the profile).", maximum="sets"
+    )
     checkpoint_every: int = option(1_000, "", kind="checkpoint")
     log_every: int = 100
     # seeds trained together as one batched ensemble
-    group: int = option(10, "Seeds trained together as one batched ensemble (default: the "
-                        "profile's).", maximum="seeds")  # fmt: skip
+    group: int = option(
+        10,
+        "Seeds trained together as one batched ensemble (default: the profile's).",
+        maximum="seeds",
+    )
     workers: int = 1  # groups trained in parallel local processes (or Ray tasks)
     # torch threads per process (default: cores // workers)
     threads: int | None = option(None, "", kind="threads")
@@ -229,8 +239,17 @@ def group_dir(run: Path, seeds: list[int]) -> Path:
 
 
 #: Settings that change what a seed's training produces: a run folder keeps them fixed.
-TRAINING_SETTINGS = ("steps", "method", "batch", "lr", "l2", "regulariser", "min_items",
-                     "max_items", "log_every")  # fmt: skip
+TRAINING_SETTINGS = (
+    "steps",
+    "method",
+    "batch",
+    "lr",
+    "l2",
+    "regulariser",
+    "min_items",
+    "max_items",
+    "log_every",
+)
 #: what a run folder written before a training setting existed was trained with
 _BEFORE = {"regulariser": "l2"}
 
@@ -239,8 +258,9 @@ def open_run(out: str | Path, config: Config) -> Path:
     """The run folder ``out`` for ``config``: written, or checked to hold a run of the same
     `TRAINING_SETTINGS` (refused in one sentence otherwise; a folder from before the
     ``regulariser`` setting holds "l2")."""
-    return RunFolder(out, "max-retrieval", asdict(config), identity=TRAINING_SETTINGS,
-                     missing=_BEFORE).path  # fmt: skip
+    return RunFolder(
+        out, "max-retrieval", asdict(config), identity=TRAINING_SETTINGS, missing=_BEFORE
+    ).path
 
 
 def read_config(run: Path) -> Config:

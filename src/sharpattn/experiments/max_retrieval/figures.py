@@ -146,9 +146,14 @@ def region_entropies(items: int = 10, points: int = 200) -> list[dict[str, Any]]
         sel_t = theta < theta_star if lo_t else theta > theta_star
         block = h[np.ix_(sel_t, sel_l)]
         out.append(
-            {"region": name, "what": what, "mean": float(block.mean()),
-             "min": float(block.min()), "max": float(block.max())}
-        )  # fmt: skip
+            {
+                "region": name,
+                "what": what,
+                "mean": float(block.mean()),
+                "min": float(block.min()),
+                "max": float(block.max()),
+            }
+        )
     return out
 
 

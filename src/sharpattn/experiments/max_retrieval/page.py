@@ -23,8 +23,7 @@ def write_report(run: Path) -> Path:
     """report.md from what the run folder holds (Table 1, refit table, figures, speed)."""
     run = Path(run)
     config = read_config(run)
-    summary = (read_json(run / "summary.json", SUMMARY) if (run / "summary.json").is_file()
-               else {})  # fmt: skip
+    summary = read_json(run / "summary.json", SUMMARY) if (run / "summary.json").is_file() else {}
     parts = [
         f"{config.seeds} seed(s) × {config.steps:,} Adam steps (lr {config.lr:g}, batch {config.batch}, "
         f"n ~ U{{{config.min_items}..{config.max_items}}}, regulariser `{config.regulariser}`: "
@@ -79,7 +78,7 @@ def write_report(run: Path) -> Path:
                 ]
                 for r in regions
             ],
-        )  # fmt: skip
+        )
     )
     if (run / "corollary_b1.md").is_file():
         parts.append(

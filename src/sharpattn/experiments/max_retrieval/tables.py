@@ -48,9 +48,14 @@ def table1(
         paper_gain = None if pa is None else round(pb - pa, 1)
         claim = "–" if paper_gain is None else f"{paper_gain:+.1f}"
         v = reproduction_verdict(a[:, j], b[:, j], paper=claim, sign=1)
-        row.update(gain=v.effect.mean, gain_low=v.effect.low, gain_high=v.effect.high,
-                   detectable=v.detectable, paper_gain=paper_gain,
-                   verdict=v.verdict if pp is not None and pp <= 0.05 else "–")  # fmt: skip
+        row.update(
+            gain=v.effect.mean,
+            gain_low=v.effect.low,
+            gain_high=v.effect.high,
+            detectable=v.detectable,
+            paper_gain=paper_gain,
+            verdict=v.verdict if pp is not None and pp <= 0.05 else "–",
+        )
         if se is not None:
             row["test_se"] = max(se["baseline"][n], se[treatment][n])
         if sets is not None:
@@ -67,14 +72,29 @@ def verdict_table(rows: list[dict[str, Any]], label: str = "adaptive θ") -> str
         return "–" if x is None or not np.isfinite(x) else f"{x:+.1f}"
 
     return report.markdown_table(
-        ["size", f"gain of {label} (ours)", "95 % interval (seeds)", "detectable (80 % power)",
-         "gain (paper)", "verdict"],
-        [[f"{r['size']:,}", num(r["gain"]),
-          "–" if not np.isfinite(r["gain_low"]) else f"[{r['gain_low']:+.1f}, {r['gain_high']:+.1f}]",
-          "–" if not np.isfinite(r["detectable"]) else f"{r['detectable']:.1f}",
-          num(r["paper_gain"]), r["verdict"]] for r in rows],
+        [
+            "size",
+            f"gain of {label} (ours)",
+            "95 % interval (seeds)",
+            "detectable (80 % power)",
+            "gain (paper)",
+            "verdict",
+        ],
+        [
+            [
+                f"{r['size']:,}",
+                num(r["gain"]),
+                "–"
+                if not np.isfinite(r["gain_low"])
+                else f"[{r['gain_low']:+.1f}, {r['gain_high']:+.1f}]",
+                "–" if not np.isfinite(r["detectable"]) else f"{r['detectable']:.1f}",
+                num(r["paper_gain"]),
+                r["verdict"],
+            ]
+            for r in rows
+        ],
         align="rrrrrl",
-    )  # fmt: skip
+    )
 
 
 def _fmt(mean, std) -> str:

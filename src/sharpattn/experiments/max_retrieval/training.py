@@ -151,8 +151,14 @@ def trainer(
         penalty = l2_penalty(model, config)
         delta, bound = logit_spread_bound(model, probe[0][0], probe[0][1])
         total = None if losses is None else [c + p for c, p in zip(losses, penalty, strict=True)]
-        return {"seeds": seeds, "l2": penalty, "total": total, "delta": delta, "bound": bound,
-                "sum_w2": sum_of_squares(model)}  # fmt: skip
+        return {
+            "seeds": seeds,
+            "l2": penalty,
+            "total": total,
+            "delta": delta,
+            "bound": bound,
+            "sum_w2": sum_of_squares(model),
+        }
 
     gens = {"sizes": sizes, **{f"data{s}": g for s, g in zip(seeds, data, strict=True)}}
     return Trainer(

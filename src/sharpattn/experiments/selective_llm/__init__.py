@@ -112,8 +112,14 @@ __all__ = [
 
 
 @quiet_transformers()  # loading and running the model: its warnings silenced, then restored
-def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
-        ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+def run(
+    out: str | Path,
+    cfg: Config,
+    progress: Progress | None = None,
+    *,
+    net=None,
+    ids: torch.Tensor | None = None,
+) -> tuple[Path, dict[str, Any]]:
     """Train the temperatures (or resume), evaluate both models, write the report; with
     ``cfg.lora``, the matched study (`run_matched`). ``net`` / ``ids``: a causal LM and
     its token ids (tests); by default ``cfg.model`` and its tokenizer on
@@ -125,8 +131,9 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
         return run_matched(out, cfg, progress, net=net, ids=ids)
     clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
-        net, train_ids, windows, folder, base = _begin(out, "selective-llm", IDENTITY, cfg, net,
-                                                       ids, n_threads, progress)  # fmt: skip
+        net, train_ids, windows, folder, base = _begin(
+            out, "selective-llm", IDENTITY, cfg, net, ids, n_threads, progress
+        )
 
         # the temperatures' initialisation draws from the global generator: seeded, so two runs
         # (and a resumed one) start from the same temperatures
@@ -139,34 +146,51 @@ def run(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=N
         data = generator(cfg.seed, STREAM_TRAIN)
         net.eval()  # no dropout; only the temperatures have gradients
         trainer = Trainer(
-            folder.sub("train"), holder, optimizer(holder, cfg),
-            steps=cfg.steps, batch=window_batches(train_ids, cfg, data), loss=lm_loss(net),
-            generators={"data": data}, checkpoint_every=cfg.checkpoint_every,
-            log_every=max(1, cfg.steps // 20), task="temperatures", progress=progress,
-        )  # fmt: skip
+            folder.sub("train"),
+            holder,
+            optimizer(holder, cfg),
+            steps=cfg.steps,
+            batch=window_batches(train_ids, cfg, data),
+            loss=lm_loss(net),
+            generators={"data": data},
+            checkpoint_every=cfg.checkpoint_every,
+            log_every=max(1, cfg.steps // 20),
+            task="temperatures",
+            progress=progress,
+        )
         state = trainer.run()
         holder.eval()
         tuned = evaluate(net, windows, folder.sub("train", "tuned"), "selective", cfg, progress)
         metrics = summarize(cfg, base, tuned)
-        metrics.update({
-            "step0_nll_change": start - base[str(cfg.context)][0],
-            "trainable_parameters": trainable,
-            "model_parameters": sum(p.numel() for p in net.parameters()) - trainable,
-            "position_coefficient": position_coefficients(holder),
-            "train_seconds": state.get("seconds"),
-            "train_steps_per_s": state.get("steps_per_s"),
-            "wall_seconds": clock.wall,
-            "cpu_seconds": clock.cpu,
-            "threads": n_threads,
-            "training_curve": [r for r in trainer.metrics.read() if r.get("loss") is not None],
-        })  # fmt: skip
+        metrics.update(
+            {
+                "step0_nll_change": start - base[str(cfg.context)][0],
+                "trainable_parameters": trainable,
+                "model_parameters": sum(p.numel() for p in net.parameters()) - trainable,
+                "position_coefficient": position_coefficients(holder),
+                "train_seconds": state.get("seconds"),
+                "train_steps_per_s": state.get("steps_per_s"),
+                "wall_seconds": clock.wall,
+                "cpu_seconds": clock.cpu,
+                "threads": n_threads,
+                "training_curve": [r for r in trainer.metrics.read() if r.get("loss") is not None],
+            }
+        )
         write_metrics(folder, metrics)
         write(folder.path, cfg, metrics)
         return folder.path, metrics
 
 
-def _begin(out: str | Path, experiment: str, identity: tuple[str, ...], cfg: Config, net, ids,
-           n_threads: int, progress: Progress | None):  # fmt: skip
+def _begin(
+    out: str | Path,
+    experiment: str,
+    identity: tuple[str, ...],
+    cfg: Config,
+    net,
+    ids,
+    n_threads: int,
+    progress: Progress | None,
+):
     """What both studies start from: the model (``cfg.model`` unless given; frozen), the
     training tokens, the held-out windows (checked against the model's context), the run folder
     (written once the inputs are known to fit: a refused run leaves no folder behind) and the
@@ -202,8 +226,14 @@ def arm_params(method: str, cfg: Config) -> dict[str, Any]:
 
 
 @quiet_transformers()  # loading and running the model: its warnings silenced, then restored
-def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, *, net=None,
-                ids: torch.Tensor | None = None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+def run_matched(
+    out: str | Path,
+    cfg: Config,
+    progress: Progress | None = None,
+    *,
+    net=None,
+    ids: torch.Tensor | None = None,
+) -> tuple[Path, dict[str, Any]]:
     """The matched study: per seed, LoRA adapters of rank ``cfg.lora`` fine-tuned on the same
     windows with softmax and with selective temperatures (trained too), from the same initial
     adapters (`adapters.prepare`); held-out perplexity of both and of the unpatched model
@@ -212,7 +242,8 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
     clock = Clock()
     with runner.threads(cfg.threads) as n_threads:
         net, train_ids, windows, folder, base = _begin(
-            out, "selective-llm-lora", MATCHED_IDENTITY, cfg, net, ids, n_threads, progress)  # fmt: skip
+            out, "selective-llm-lora", MATCHED_IDENTITY, cfg, net, ids, n_threads, progress
+        )
         nll: dict[str, dict[int, dict[str, list[float]]]] = {name: {} for name, _ in ARMS}
         training, coefficients = {}, {}
         for s in range(cfg.seed, cfg.seed + cfg.seeds):
@@ -221,36 +252,48 @@ def run_matched(out: str | Path, cfg: Config, progress: Progress | None = None, 
                 holder = adapters.prepare(arm, method, arm_params(method, cfg), cfg.lora, s)
                 data = generator(s, STREAM_TRAIN)  # the same windows for both arms of a seed
                 trainer = Trainer(
-                    folder.sub(f"seed{s}", name), holder, optimizer(holder, cfg),
-                    steps=cfg.steps, batch=window_batches(train_ids, cfg, data),
-                    loss=lm_loss(arm), generators={"data": data},
-                    checkpoint_every=cfg.checkpoint_every, log_every=max(1, cfg.steps // 20),
-                    task=f"{name} seed {s}", progress=progress,
-                )  # fmt: skip
+                    folder.sub(f"seed{s}", name),
+                    holder,
+                    optimizer(holder, cfg),
+                    steps=cfg.steps,
+                    batch=window_batches(train_ids, cfg, data),
+                    loss=lm_loss(arm),
+                    generators={"data": data},
+                    checkpoint_every=cfg.checkpoint_every,
+                    log_every=max(1, cfg.steps // 20),
+                    task=f"{name} seed {s}",
+                    progress=progress,
+                )
                 state = trainer.run()
                 holder.eval()
-                nll[name][s] = evaluate(arm, windows, folder.sub(f"seed{s}", name), f"{name} "
-                                        f"seed {s}", cfg, progress)  # fmt: skip
+                nll[name][s] = evaluate(
+                    arm, windows, folder.sub(f"seed{s}", name), f"{name} seed {s}", cfg, progress
+                )
                 params = dict(holder.named_parameters())
                 training[f"{name} seed {s}"] = {
-                    "seconds": state.get("seconds"), "steps_per_s": state.get("steps_per_s"),
-                    "adapter_parameters": sum(p.numel() for n, p in params.items()
-                                              if adapters.is_adapter(n)),
-                    "temperature_parameters": sum(p.numel() for n, p in params.items()
-                                                  if not adapters.is_adapter(n)),
-                }  # fmt: skip
+                    "seconds": state.get("seconds"),
+                    "steps_per_s": state.get("steps_per_s"),
+                    "adapter_parameters": sum(
+                        p.numel() for n, p in params.items() if adapters.is_adapter(n)
+                    ),
+                    "temperature_parameters": sum(
+                        p.numel() for n, p in params.items() if not adapters.is_adapter(n)
+                    ),
+                }
                 if method == "selective":
                     coefficients[s] = position_coefficients(temperatures(arm))
                 del arm, holder
         metrics = summarize_matched(cfg, base, nll)
-        metrics.update({
-            "training": training,
-            "position_coefficient": coefficients,
-            "model_parameters": sum(p.numel() for p in net.parameters()),
-            "wall_seconds": clock.wall,
-            "cpu_seconds": clock.cpu,
-            "threads": n_threads,
-        })  # fmt: skip
+        metrics.update(
+            {
+                "training": training,
+                "position_coefficient": coefficients,
+                "model_parameters": sum(p.numel() for p in net.parameters()),
+                "wall_seconds": clock.wall,
+                "cpu_seconds": clock.cpu,
+                "threads": n_threads,
+            }
+        )
         write_metrics(folder, metrics)
         write_matched(folder.path, cfg, metrics)
         return folder.path, metrics
@@ -290,8 +333,9 @@ def default_folder(cfg: Config, profile: str) -> str:
     return f"runs/selective-llm-{'lora-' * (cfg.lora > 0)}{profile}"
 
 
-def run_experiment(folder: str | Path, cfg: Config, progress: Progress | None = None,
-                   pool: str | None = None) -> Result:  # fmt: skip
+def run_experiment(
+    folder: str | Path, cfg: Config, progress: Progress | None = None, pool: str | None = None
+) -> Result:
     """`run` as the protocol calls it (``pool``: one process; the study has no jobs to spread)."""
     path, metrics = run(folder, cfg, progress)
     return Result(

@@ -34,25 +34,39 @@ class Config:
     position_lr: float = option(3e-2, "Learning rate of the position parameter.", maximum="rate")
     targets: str = option("qv", "Temperatures on q, k and/or v.")
     # False: base SSA (MLP token term); True: weight sharing
-    sharing: bool = option(False, "The paper's weight sharing instead of base SSA's MLP token "
-                           "term.")  # fmt: skip
+    sharing: bool = option(
+        False, "The paper's weight sharing instead of base SSA's MLP token term."
+    )
     # "both", "token" or "position" (τ = 1 + c·log n alone: the control that cannot adapt to
     # the text's tokens, only to lengths)
-    terms: str = option("both", "Token and position terms, or one of them.", kind="choice",
-                        choices=("both", "token", "position"))  # fmt: skip
-    eval_windows: int = option(16, "Held-out windows per length (overrides the profile).",
-                               maximum="sets")  # fmt: skip
+    terms: str = option(
+        "both",
+        "Token and position terms, or one of them.",
+        kind="choice",
+        choices=("both", "token", "position"),
+    )
+    eval_windows: int = option(
+        16, "Held-out windows per length (overrides the profile).", maximum="sets"
+    )
     train_fraction: float = 0.8
     #: the matched study (`run_matched`): LoRA adapters of this rank fine-tuned with and
     #: without the temperatures (0: the frozen study), at ``lora_lr``, for ``seeds`` seeds
-    lora: int = option(0, "The matched study: LoRA adapters of this rank fine-tuned with and "
-                       "without the temperatures, on the same windows and seeds.",
-                       maximum="rank", metavar="RANK", show_default=False)  # fmt: skip
+    lora: int = option(
+        0,
+        "The matched study: LoRA adapters of this rank fine-tuned with and "
+        "without the temperatures, on the same windows and seeds.",
+        maximum="rank",
+        metavar="RANK",
+        show_default=False,
+    )
     lora_lr: float = option(1e-3, "Learning rate of the adapters (with --lora).", maximum="rate")
-    seeds: int = option(1, f"Seeds of the matched study (with --lora) [default: {MATCHED_SEEDS}].",
-                        maximum="seeds", show_default=False)  # fmt: skip
-    seed: int = option(0, "Seed of the training windows (the first seed with --lora).",
-                       kind="seed")  # fmt: skip
+    seeds: int = option(
+        1,
+        f"Seeds of the matched study (with --lora) [default: {MATCHED_SEEDS}].",
+        maximum="seeds",
+        show_default=False,
+    )
+    seed: int = option(0, "Seed of the training windows (the first seed with --lora).", kind="seed")
     checkpoint_every: int = option(50, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
 
@@ -64,8 +78,9 @@ class Config:
         if self.lora < 0:
             raise ValueError(f"lora must be a rank >= 1 (or 0: no adapters), got {self.lora}.")
         if self.seeds > 1 and not self.lora:
-            raise ValueError("several seeds are for the fine-tuned study (--lora); the frozen "
-                             "study trains one.")  # fmt: skip
+            raise ValueError(
+                "several seeds are for the fine-tuned study (--lora); the frozen study trains one."
+            )
         if not self.factors or min(self.factors) < 1:
             raise ValueError(f"factors must be positive integers, got {list(self.factors)}.")
         for name in ("lr", "position_lr", "lora_lr"):
@@ -88,8 +103,19 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 #: what a run computes; threads and the evaluation window count may change between invocations
 #: (and, in the matched study, the number of seeds)
-IDENTITY = ("model", "steps", "context", "batch", "lr", "position_lr", "targets", "sharing",
-            "terms", "train_fraction", "seed")  # fmt: skip
+IDENTITY = (
+    "model",
+    "steps",
+    "context",
+    "batch",
+    "lr",
+    "position_lr",
+    "targets",
+    "sharing",
+    "terms",
+    "train_fraction",
+    "seed",
+)
 MATCHED_IDENTITY = (*IDENTITY, "lora", "lora_lr")
 
 

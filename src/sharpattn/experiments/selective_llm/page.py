@@ -32,39 +32,82 @@ def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> d
         a = np.array([nll["softmax"][s][key] for s in seeds])  # [seeds, windows]
         b = np.array([nll["selective"][s][key] for s in seeds])
         u = np.asarray(base[key])
-        rows.append({
-            "length": length, "factor": length // cfg.context, "seeds": len(seeds),
-            "windows": a.shape[1], "ppl_base": float(np.exp(u.mean())),
-            "ppl_softmax": float(np.exp(a.mean())), "ppl_selective": float(np.exp(b.mean())),
-            "nll_change": float((b - a).mean()),
-            "better_windows": int((b.mean(0) < a.mean(0)).sum()),
-            "p_windows": float(paired_comparison(a.mean(0)[:, None],
-                                                 b.mean(0)[:, None]).p_value[0]),
-            "p_seeds": float(paired_comparison(a.mean(1)[:, None], b.mean(1)[:, None]).p_value[0]),
-        })  # fmt: skip
-        judged = reproduction_verdict(a.mean(1), b.mean(1), sign=-1,
-                                      paper=f"{PAPER_NLL_CHANGE:+.4f} nats",
-                                      paper_effect=PAPER_NLL_CHANGE)  # fmt: skip
-        rows[-1] |= {"nll_change_low": judged.effect.low, "nll_change_high": judged.effect.high,
-                     "detectable": judged.detectable, "verdict": judged.verdict}  # fmt: skip
+        rows.append(
+            {
+                "length": length,
+                "factor": length // cfg.context,
+                "seeds": len(seeds),
+                "windows": a.shape[1],
+                "ppl_base": float(np.exp(u.mean())),
+                "ppl_softmax": float(np.exp(a.mean())),
+                "ppl_selective": float(np.exp(b.mean())),
+                "nll_change": float((b - a).mean()),
+                "better_windows": int((b.mean(0) < a.mean(0)).sum()),
+                "p_windows": float(
+                    paired_comparison(a.mean(0)[:, None], b.mean(0)[:, None]).p_value[0]
+                ),
+                "p_seeds": float(
+                    paired_comparison(a.mean(1)[:, None], b.mean(1)[:, None]).p_value[0]
+                ),
+            }
+        )
+        judged = reproduction_verdict(
+            a.mean(1),
+            b.mean(1),
+            sign=-1,
+            paper=f"{PAPER_NLL_CHANGE:+.4f} nats",
+            paper_effect=PAPER_NLL_CHANGE,
+        )
+        rows[-1] |= {
+            "nll_change_low": judged.effect.low,
+            "nll_change_high": judged.effect.high,
+            "detectable": judged.detectable,
+            "verdict": judged.verdict,
+        }
     return {"rows": rows}
 
 
 def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     rows = m["rows"]
-    header = ["context", "tokens", "ppl unpatched", "ppl LoRA + softmax",
-              "ppl LoRA + selective", "Δ nll (nats)", "95 % interval (seeds)", "p (seeds)",
-              "detectable (80 % power)", "verdict", "windows better", "p (windows, secondary)"]  # fmt: skip
-    table = [[f"{r['factor']}×", r["length"], f"{r['ppl_base']:.3f}", f"{r['ppl_softmax']:.3f}",
-              f"{r['ppl_selective']:.3f}", f"{r['nll_change']:+.4f}", _span(r), _p(r["p_seeds"]),
-              _p(r.get("detectable", float("nan"))), r.get("verdict", "–"),
-              f"{r['better_windows']}/{r['windows']}", _p(r["p_windows"])]
-             for r in rows]  # fmt: skip
+    header = [
+        "context",
+        "tokens",
+        "ppl unpatched",
+        "ppl LoRA + softmax",
+        "ppl LoRA + selective",
+        "Δ nll (nats)",
+        "95 % interval (seeds)",
+        "p (seeds)",
+        "detectable (80 % power)",
+        "verdict",
+        "windows better",
+        "p (windows, secondary)",
+    ]
+    table = [
+        [
+            f"{r['factor']}×",
+            r["length"],
+            f"{r['ppl_base']:.3f}",
+            f"{r['ppl_softmax']:.3f}",
+            f"{r['ppl_selective']:.3f}",
+            f"{r['nll_change']:+.4f}",
+            _span(r),
+            _p(r["p_seeds"]),
+            _p(r.get("detectable", float("nan"))),
+            r.get("verdict", "–"),
+            f"{r['better_windows']}/{r['windows']}",
+            _p(r["p_windows"]),
+        ]
+        for r in rows
+    ]
     arms = m["training"]
     first = next(iter(arms.values()))
     temps = max(v["temperature_parameters"] for v in arms.values())
-    cost = "; ".join(f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s)"
-                     for k, v in arms.items() if v["seconds"] and v["steps_per_s"])  # fmt: skip
+    cost = "; ".join(
+        f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s)"
+        for k, v in arms.items()
+        if v["seconds"] and v["steps_per_s"]
+    )
     intro = (
         f"{cfg.model} fine-tuned per seed ({cfg.seeds} seed{'s' * (cfg.seeds != 1)} from {cfg.seed}) twice with the same "
         f"budget: LoRA adapters of rank {cfg.lora} (α = {2 * cfg.lora}) on "
@@ -85,8 +128,11 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "frozen-model study (temperatures alone against the unpatched model) is this command "
         "without --lora."
     )
-    lines = {"ppl_base": "unpatched", "ppl_softmax": "LoRA + softmax",
-             "ppl_selective": f"LoRA + selective {cfg.targets}"}  # fmt: skip
+    lines = {
+        "ppl_base": "unpatched",
+        "ppl_softmax": "LoRA + softmax",
+        "ppl_selective": f"LoRA + selective {cfg.targets}",
+    }
     return _report(
         folder,
         cfg,
@@ -107,20 +153,29 @@ def _position_term(m: dict[str, Any], cfg: Config) -> str:
     """Whether the position term moved: the largest learned |c| (a layer's mean over heads) over
     seeds and targets, and τ_pos = 1 + c·ln n it gives at the longest length; and how many
     trainable parameters each arm had."""
-    cs = [abs(c) for per in m.get("position_coefficient", {}).values() for layers in per.values()
-          for c in layers if np.isfinite(c)]  # fmt: skip
+    cs = [
+        abs(c)
+        for per in m.get("position_coefficient", {}).values()
+        for layers in per.values()
+        for c in layers
+        if np.isfinite(c)
+    ]
     arms = m["training"]
     temps = max(v["temperature_parameters"] for v in arms.values())
     adapters_ = next(iter(arms.values()))["adapter_parameters"]
-    counts = (f"Trainable parameters: {adapters_:,} adapter parameters in both arms, and "
-              f"{temps:,} temperature parameters more in the selective one.")  # fmt: skip
+    counts = (
+        f"Trainable parameters: {adapters_:,} adapter parameters in both arms, and "
+        f"{temps:,} temperature parameters more in the selective one."
+    )
     if not cs:
         return counts
     n = max(cfg.lengths)
-    return (f"{counts} The position coefficients c ended at most {max(cs):.2g} in size, so the "
-            f"position temperature 1 + c·ln n is within {max(cs) * math.log(n):.2g} of 1 at "
-            f"{n:,} tokens (a longer context tests the position term only where that is not "
-            "negligible).")  # fmt: skip
+    return (
+        f"{counts} The position coefficients c ended at most {max(cs):.2g} in size, so the "
+        f"position temperature 1 + c·ln n is within {max(cs) * math.log(n):.2g} of 1 at "
+        f"{n:,} tokens (a longer context tests the position term only where that is not "
+        "negligible)."
+    )
 
 
 def _span(row: dict[str, Any]) -> str:
@@ -149,14 +204,20 @@ def _report(
     name, header, cells = table
     kit.write_table(folder, name, header, cells)
     plot_perplexity(folder / "perplexity.png", rows, cfg.context, lines)
-    return kit.write_report(folder, title, [
-        sections[0], kit.markdown_table(header, cells),
-        kit.image("perplexity.png", "held-out perplexity against tokens"), *sections[1:],
-        "The paper (Table 3, fine-tuning on Wikitext with every weight trained, perplexity "
-        "without → with SSA base): GPT-2 36.503 → 34.618, Pythia-160m 26.681 → 26.514, "
-        f"Pythia-410m 20.310 → 19.976, Llama 19.764 → 19.305 (−0.6 % to −5.2 %). Here {here}, "
-        "and the text is not Wikitext.",
-    ])  # fmt: skip
+    return kit.write_report(
+        folder,
+        title,
+        [
+            sections[0],
+            kit.markdown_table(header, cells),
+            kit.image("perplexity.png", "held-out perplexity against tokens"),
+            *sections[1:],
+            "The paper (Table 3, fine-tuning on Wikitext with every weight trained, perplexity "
+            "without → with SSA base): GPT-2 36.503 → 34.618, Pythia-160m 26.681 → 26.514, "
+            f"Pythia-410m 20.310 → 19.976, Llama 19.764 → 19.305 (−0.6 % to −5.2 %). Here {here}, "
+            "and the text is not Wikitext.",
+        ],
+    )
 
 
 def summarize(cfg: Config, base: dict[str, list[float]], tuned: dict[str, list[float]]) -> dict:
@@ -166,12 +227,18 @@ def summarize(cfg: Config, base: dict[str, list[float]], tuned: dict[str, list[f
     for length in cfg.lengths:
         a, b = np.asarray(base[str(length)]), np.asarray(tuned[str(length)])
         cmp = paired_comparison(a[:, None], b[:, None])
-        rows.append({
-            "length": length, "factor": length // cfg.context,
-            "ppl_base": float(np.exp(a.mean())), "ppl_selective": float(np.exp(b.mean())),
-            "nll_change": float((b - a).mean()), "better_windows": int((b < a).sum()),
-            "windows": len(a), "p": float(cmp.p_value[0]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "length": length,
+                "factor": length // cfg.context,
+                "ppl_base": float(np.exp(a.mean())),
+                "ppl_selective": float(np.exp(b.mean())),
+                "nll_change": float((b - a).mean()),
+                "better_windows": int((b < a).sum()),
+                "windows": len(a),
+                "p": float(cmp.p_value[0]),
+            }
+        )
     return {"rows": rows}
 
 
@@ -191,16 +258,33 @@ def plot_perplexity(path: Path, rows: list[dict], context: int, lines: dict[str,
 
 def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
     rows = m["rows"]
-    header = ["context", "tokens", "ppl unpatched", "ppl selective (trained)", "Δ nll (nats)",
-              "windows better", "p (paired t)"]  # fmt: skip
-    table = [[f"{r['factor']}×", r["length"], f"{r['ppl_base']:.3f}", f"{r['ppl_selective']:.3f}",
-              f"{r['nll_change']:+.4f}", f"{r['better_windows']}/{r['windows']}", _p(r["p"])]
-             for r in rows]  # fmt: skip
+    header = [
+        "context",
+        "tokens",
+        "ppl unpatched",
+        "ppl selective (trained)",
+        "Δ nll (nats)",
+        "windows better",
+        "p (paired t)",
+    ]
+    table = [
+        [
+            f"{r['factor']}×",
+            r["length"],
+            f"{r['ppl_base']:.3f}",
+            f"{r['ppl_selective']:.3f}",
+            f"{r['nll_change']:+.4f}",
+            f"{r['better_windows']}/{r['windows']}",
+            _p(r["p"]),
+        ]
+        for r in rows
+    ]
     coef = m["position_coefficient"]
-    form = {"position": "position term only: τ = 1 + c·log n",
-            "token": "token term only, " + ("weight sharing" if cfg.sharing else "MLP"),
-            "both": "weight sharing" if cfg.sharing else "base SSA: MLP token term + position term",
-            }[cfg.terms]  # fmt: skip
+    form = {
+        "position": "position term only: τ = 1 + c·log n",
+        "token": "token term only, " + ("weight sharing" if cfg.sharing else "MLP"),
+        "both": "weight sharing" if cfg.sharing else "base SSA: MLP token term + position term",
+    }[cfg.terms]
     sections = [
         f"{cfg.model}, frozen; selective temperatures on {cfg.targets} ({form}) trained for "
         f"{cfg.steps} AdamW steps (lr {cfg.lr:g}, position {cfg.position_lr:g}) on "

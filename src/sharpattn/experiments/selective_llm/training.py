@@ -42,8 +42,11 @@ def temperatures(net: nn.Module) -> nn.ModuleDict:
     Trainer trains and checkpoints)."""
     from ... import hf
 
-    mods = {f"layer{i}": getattr(m, hf.SELECTIVE_ATTR)
-            for i, m in enumerate(hf.attention_modules(net)) if hasattr(m, hf.SELECTIVE_ATTR)}  # fmt: skip
+    mods = {
+        f"layer{i}": getattr(m, hf.SELECTIVE_ATTR)
+        for i, m in enumerate(hf.attention_modules(net))
+        if hasattr(m, hf.SELECTIVE_ATTR)
+    }
     if not mods:
         raise ValueError("the model has no selective temperatures: apply(net, 'selective') first.")
     return nn.ModuleDict(mods)
@@ -57,8 +60,11 @@ def optimizer(holder: nn.Module, cfg: Config) -> torch.optim.AdamW:
     named = [(n, p) for n, p in named if not adapters.is_adapter(n)]
     pos = [p for n, p in named if n.rsplit(".", 1)[-1] in ("beta", "alpha")]
     tok = [p for n, p in named if n.rsplit(".", 1)[-1] not in ("beta", "alpha")]
-    groups = [{"params": g, "lr": lr}
-              for g, lr in ((tok, cfg.lr), (pos, cfg.position_lr), (lora, cfg.lora_lr)) if g]  # fmt: skip
+    groups = [
+        {"params": g, "lr": lr}
+        for g, lr in ((tok, cfg.lr), (pos, cfg.position_lr), (lora, cfg.lora_lr))
+        if g
+    ]
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
@@ -83,8 +89,14 @@ def lm_loss(net: nn.Module):
     return loss
 
 
-def evaluate(net: nn.Module, windows: list[torch.Tensor], where: Path, label: str, cfg: Config,
-             progress: Progress | None) -> dict[str, list[float]]:  # fmt: skip
+def evaluate(
+    net: nn.Module,
+    windows: list[torch.Tensor],
+    where: Path,
+    label: str,
+    cfg: Config,
+    progress: Progress | None,
+) -> dict[str, list[float]]:
     """Per length, the window NLLs, each stored once in ``where`` (a later invocation with other
     lengths or window counts reuses what it can)."""
     res = {}
@@ -94,8 +106,7 @@ def evaluate(net: nn.Module, windows: list[torch.Tensor], where: Path, label: st
             path, functools.partial(window_nll, net, windows, length), shape=[float]
         )
         if len(res[str(length)]) != cfg.eval_windows:
-            raise damaged(path, f"it holds {len(res[str(length)])} windows, not "
-                                f"{cfg.eval_windows}")  # fmt: skip
+            raise damaged(path, f"it holds {len(res[str(length)])} windows, not {cfg.eval_windows}")
         emit(progress, f"perplexity ({label})", f"{length} tokens", i + 1, len(cfg.lengths))
     return res
 

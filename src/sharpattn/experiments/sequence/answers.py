@@ -10,12 +10,26 @@ import numpy as np
 from .config import task as task_of
 from .evaluation import FAILURE_KEYS, FAILURES
 
-FAILURE_HEADER = ["task", "method", "size", "seeds", "token accuracy", "answer-token accuracy",
-                  "wrong answer token", "non-answer token", "early end", "missing end",
-                  "mostly"]  # fmt: skip
+FAILURE_HEADER = [
+    "task",
+    "method",
+    "size",
+    "seeds",
+    "token accuracy",
+    "answer-token accuracy",
+    "wrong answer token",
+    "non-answer token",
+    "early end",
+    "missing end",
+    "mostly",
+]
 #: how the failure kinds read in the report
-FAILURE_NAMES = {"wrong_token": "wrong answer token", "non_answer": "non-answer token",
-                 "early_end": "early end", "missing_end": "missing end"}  # fmt: skip
+FAILURE_NAMES = {
+    "wrong_token": "wrong answer token",
+    "non_answer": "non-answer token",
+    "early_end": "early end",
+    "missing_end": "missing end",
+}
 
 
 def failure_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -36,13 +50,19 @@ def failure_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         recorded = all(k in r for r in rs for k in FAILURE_KEYS)
         counts = {k: sum(r["failures"][k] for r in rs) if recorded else 0 for k in FAILURES}
         wrong = sum(counts.values())
-        out.append({
-            "task": task, "method": method, "size": size, "seeds": len(rs), "recorded": recorded,
-            "token_acc": float(np.mean([r["token_acc"] for r in rs])),
-            "answer_acc": float(np.mean([r["answer_acc"] for r in rs])) if recorded else None,
-            "failures": counts,
-            "shares": {k: v / wrong for k, v in counts.items()} if wrong else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "task": task,
+                "method": method,
+                "size": size,
+                "seeds": len(rs),
+                "recorded": recorded,
+                "token_acc": float(np.mean([r["token_acc"] for r in rs])),
+                "answer_acc": float(np.mean([r["answer_acc"] for r in rs])) if recorded else None,
+                "failures": counts,
+                "shares": {k: v / wrong for k, v in counts.items()} if wrong else None,
+            }
+        )
     return sorted(out, key=lambda c: (c["task"], c["method"], c["size"]))
 
 
@@ -56,10 +76,26 @@ def failure_table(cells: list[dict[str, Any]]) -> tuple[list[list], list[list]]:
             continue
         shares = c["shares"] or dict.fromkeys(FAILURES, 0.0)
         mostly = FAILURE_NAMES[max(FAILURES, key=lambda k: c["failures"][k])]
-        shown.append([*head, f"{c['answer_acc']:.3f}",
-                      *(f"{shares[k]:.0%} ({c['failures'][k]})" for k in FAILURES), mostly])  # fmt: skip
-        raw.append([c["task"], c["method"], c["size"], c["seeds"], c["token_acc"],
-                    c["answer_acc"], *(c["failures"][k] for k in FAILURES), mostly])  # fmt: skip
+        shown.append(
+            [
+                *head,
+                f"{c['answer_acc']:.3f}",
+                *(f"{shares[k]:.0%} ({c['failures'][k]})" for k in FAILURES),
+                mostly,
+            ]
+        )
+        raw.append(
+            [
+                c["task"],
+                c["method"],
+                c["size"],
+                c["seeds"],
+                c["token_acc"],
+                c["answer_acc"],
+                *(c["failures"][k] for k in FAILURES),
+                mostly,
+            ]
+        )
     return shown, raw
 
 

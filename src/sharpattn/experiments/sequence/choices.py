@@ -48,8 +48,15 @@ class Method:
 UNTRAINABLE = {"hardmax": "argmax has zero gradient almost everywhere"}
 #: training time relative to softmax where it is much longer (leaderboard --quick, measured:
 #: entmax's bisection 6x, the other sorting-based normalizers 1.4-2.2x); orders the jobs
-SLOW = {"entmax": 6.0, "entmax15": 2.2, "sparsemax": 1.8, "asentmax": 1.4, "topk": 1.4,
-        "stick_breaking": 1.2, "stick_breaking_shifted": 1.2}  # fmt: skip
+SLOW = {
+    "entmax": 6.0,
+    "entmax15": 2.2,
+    "sparsemax": 1.8,
+    "asentmax": 1.4,
+    "topk": 1.4,
+    "stick_breaking": 1.2,
+    "stick_breaking_shifted": 1.2,
+}
 #: fixed parameters whose value is the longest training sequence (see `Method`)
 LENGTH_PARAMS = {"logn": ("train_length",), "llama4_temperature": ("floor_scale",)}
 
@@ -64,8 +71,9 @@ def methods() -> dict[str, Method]:
             continue
         out[name] = Method(name, name, length_params=LENGTH_PARAMS.get(name, ()))
     if "stick_breaking" in out:  # scores shifted by −log i: the stick starts spread over keys
-        out["stick_breaking_shifted"] = Method("stick_breaking_shifted", "stick_breaking",
-                                               params=(("shift_log_position", -1.0),))  # fmt: skip
+        out["stick_breaking_shifted"] = Method(
+            "stick_breaking_shifted", "stick_breaking", params=(("shift_log_position", -1.0),)
+        )
     out["adaptive (inference)"] = Method("adaptive (inference)", "softmax", evaluate="adaptive")
     for which in ("q", "v", "qv"):
         out[f"selective_{which}"] = Method(f"selective_{which}", "softmax", selective=which)

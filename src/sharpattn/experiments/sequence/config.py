@@ -59,9 +59,21 @@ class SequenceConfig:
         self.tasks, self.methods = tuple(self.tasks), tuple(self.methods)
         if not self.tasks or not self.methods:
             raise ValueError("a sweep needs at least one task and one method.")
-        for name in ("seeds", "steps", "batch", "d_model", "heads", "layers", "eval_factor",
-                     "eval_sets", "eval_batch", "eval_min", "checkpoint_every", "workers",
-                     "threads"):  # fmt: skip
+        for name in (
+            "seeds",
+            "steps",
+            "batch",
+            "d_model",
+            "heads",
+            "layers",
+            "eval_factor",
+            "eval_sets",
+            "eval_batch",
+            "eval_min",
+            "checkpoint_every",
+            "workers",
+            "threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -94,25 +106,55 @@ class SequenceOptions:
     """The options of the commands that run sweeps (``reproduce clrs``, ``leaderboard``;
     `protocol`): the fields of `SequenceConfig` a user sets, None where the profile's stand."""
 
-    tasks: tuple[str, ...] | None = option(None, "Comma-separated tasks (see --list).",
-                                           kind="names", show_default=False)  # fmt: skip
+    tasks: tuple[str, ...] | None = option(
+        None, "Comma-separated tasks (see --list).", kind="names", show_default=False
+    )
     seed: int = option(0, "First seed.", kind="seed")
-    seeds: int | None = option(None, "Number of seeds (overrides the profile).", kind="count",
-                               maximum="seeds", show_default=False)  # fmt: skip
-    steps: int | None = option(None, "Training steps per run, for every task (replaces the "
-                               "profile's steps per task).", kind="count", maximum="steps",
-                               show_default=False)  # fmt: skip
-    positions: str | None = option(None, "Position scheme of the decoder: rotary (RoPE, the "
-                                   "default), none (NoPE), alibi (a linear bias on every head) "
-                                   "or nape (ALiBi on half of the heads, NoPE on the others, as "
-                                   "ASEntmax trains).", kind="choice", choices=POSITIONS,
-                                   show_default=False)  # fmt: skip
-    layers: int | None = option(None, f"Decoder layers [default: {SequenceConfig.layers}].", kind="count", maximum=64,
-                                show_default=False)  # fmt: skip
-    d_model: int | None = option(None, f"Decoder width [default: {SequenceConfig.d_model}].", kind="count",
-                                 maximum=4096, show_default=False)  # fmt: skip
-    heads: int | None = option(None, f"Attention heads per layer [default: {SequenceConfig.heads}].", kind="count",
-                               maximum=64, show_default=False)  # fmt: skip
+    seeds: int | None = option(
+        None,
+        "Number of seeds (overrides the profile).",
+        kind="count",
+        maximum="seeds",
+        show_default=False,
+    )
+    steps: int | None = option(
+        None,
+        "Training steps per run, for every task (replaces the profile's steps per task).",
+        kind="count",
+        maximum="steps",
+        show_default=False,
+    )
+    positions: str | None = option(
+        None,
+        "Position scheme of the decoder: rotary (RoPE, the "
+        "default), none (NoPE), alibi (a linear bias on every head) "
+        "or nape (ALiBi on half of the heads, NoPE on the others, as "
+        "ASEntmax trains).",
+        kind="choice",
+        choices=POSITIONS,
+        show_default=False,
+    )
+    layers: int | None = option(
+        None,
+        f"Decoder layers [default: {SequenceConfig.layers}].",
+        kind="count",
+        maximum=64,
+        show_default=False,
+    )
+    d_model: int | None = option(
+        None,
+        f"Decoder width [default: {SequenceConfig.d_model}].",
+        kind="count",
+        maximum=4096,
+        show_default=False,
+    )
+    heads: int | None = option(
+        None,
+        f"Attention heads per layer [default: {SequenceConfig.heads}].",
+        kind="count",
+        maximum=64,
+        show_default=False,
+    )
     lr: float | None = option(
         None,
         "AdamW learning rate (overrides the profile).",
@@ -120,18 +162,27 @@ class SequenceOptions:
         maximum="rate",
         show_default=False,
     )
-    eval_factor: int | None = option(None, "Evaluate up to this multiple of the largest training "
-                                     "size (overrides the profile).", kind="count",
-                                     maximum="factor", show_default=False)  # fmt: skip
-    eval_sets: int | None = option(None, "Test sequences per size, the same for every method and "
-                                   "seed (overrides the profile).", kind="count", maximum="sets",
-                                   show_default=False)  # fmt: skip
+    eval_factor: int | None = option(
+        None,
+        "Evaluate up to this multiple of the largest training size (overrides the profile).",
+        kind="count",
+        maximum="factor",
+        show_default=False,
+    )
+    eval_sets: int | None = option(
+        None,
+        "Test sequences per size, the same for every method and seed (overrides the profile).",
+        kind="count",
+        maximum="sets",
+        show_default=False,
+    )
     checkpoint_every: int = option(500, "", kind="checkpoint")
     threads: int | None = option(None, "", kind="threads")
 
 
-def profile_config(profiles: dict[str, dict[str, Any]], profile: str, family: str,
-                   overrides: dict[str, Any]) -> SequenceConfig:  # fmt: skip
+def profile_config(
+    profiles: dict[str, dict[str, Any]], profile: str, family: str, overrides: dict[str, Any]
+) -> SequenceConfig:
     """A command's configuration: its ``profile`` (a key of ``profiles``), then ``overrides``
     (None values ignored); no tasks given means every task of ``family``, no methods every
     method of the leaderboard. Steps given without ``task_steps`` train every task that many
@@ -164,8 +215,19 @@ def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
 
 
 #: what defines the trained models (a folder of another value of these is refused)
-IDENTITY = ("seed", "steps", "task_steps", "batch", "lr", "weight_decay", "warmup", "d_model", "heads",
-            "layers", "positions")  # fmt: skip
+IDENTITY = (
+    "seed",
+    "steps",
+    "task_steps",
+    "batch",
+    "lr",
+    "weight_decay",
+    "warmup",
+    "d_model",
+    "heads",
+    "layers",
+    "positions",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +269,15 @@ def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[
         t = task(name)
         doc = " ".join((type(t).__doc__ or "").split())
         first = re.match(r"(.+?\.)(?:\s|$)", doc)  # its first sentence
-        rows.append({"task": name, "chosen": name in cfg.tasks, "train_sizes": t.train_sizes,
-                     "eval_sizes": sizes_of(cfg, name), "about": first[1] if first else doc})  # fmt: skip
+        rows.append(
+            {
+                "task": name,
+                "chosen": name in cfg.tasks,
+                "train_sizes": t.train_sizes,
+                "eval_sizes": sizes_of(cfg, name),
+                "about": first[1] if first else doc,
+            }
+        )
     methods_ = [{"method": m, "chosen": m in cfg.methods} for m in known]
     return {"tasks": rows, "methods": methods_}
 

@@ -108,6 +108,11 @@ def evaluate(model, t, size: int, cfg: SequenceConfig) -> dict[str, Any]:
         if enough(solved, seqs, cfg):
             break
     model.train()
-    return {"acc": solved / seqs, "token_acc": right / max(1, tokens),
-            "answer_acc": answers_right / max(1, answers), "failures": kinds, "sets": seqs,
-            "length": int(t.length(size))}  # fmt: skip
+    return {
+        "acc": solved / seqs,
+        "token_acc": right / max(1, tokens),
+        "answer_acc": answers_right / max(1, answers),
+        "failures": kinds,
+        "sets": seqs,
+        "length": int(t.length(size)),
+    }

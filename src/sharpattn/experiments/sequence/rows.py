@@ -23,8 +23,12 @@ def rows_file(job: Job, cfg: SequenceConfig) -> Path:
 
 
 def _rows_key(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
-    return {"methods": [asdict(m) for m in job.methods], "sizes": sizes_of(cfg, job.task),
-            "eval": eval_name(cfg, 0), "stop_zeros": cfg.stop_zeros}  # fmt: skip
+    return {
+        "methods": [asdict(m) for m in job.methods],
+        "sizes": sizes_of(cfg, job.task),
+        "eval": eval_name(cfg, 0),
+        "stop_zeros": cfg.stop_zeros,
+    }
 
 
 def job_identity(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
@@ -54,8 +58,17 @@ def rows_record(job: Job, cfg: SequenceConfig, rows: list[dict[str, Any]]) -> di
 
 
 #: one row of a job (what `run_job` returns per method and size)
-ROW = {"task": str, "method": str, "seed": int, "size": int, "acc": float, "token_acc": float,
-       "sets": int, "length": int, "skipped": bool}  # fmt: skip
+ROW = {
+    "task": str,
+    "method": str,
+    "seed": int,
+    "size": int,
+    "acc": float,
+    "token_acc": float,
+    "sets": int,
+    "length": int,
+    "skipped": bool,
+}
 #: a rows file (`rows_record`)
 ROWS_RECORD = {"job": {str: None}, "rows": [ROW], "digest": str}
 
@@ -67,15 +80,20 @@ def read_rows(path: str | Path, job: Job, cfg: SequenceConfig) -> list[dict[str,
     (task, seed, each method at each size once, in order) with accuracies in [0, 1] and counts
     of its budget. Anything else raises ``ValueError`` naming the file and what to do."""
     path = Path(path)
-    fix = ("delete it and run the command again to evaluate that job anew (trained anew where "
-           "its model is gone), or restore it from the run's record")  # fmt: skip
+    fix = (
+        "delete it and run the command again to evaluate that job anew (trained anew where "
+        "its model is gone), or restore it from the run's record"
+    )
     value = runs.read_json(path, ({str: None}, list), fix)
     if isinstance(value, dict):
         problem = runs.mismatch(value, ROWS_RECORD)
         if problem is None:
             mine = job_identity(job, cfg)
-            differ = [k for k in sorted(mine.keys() | value["job"].keys())
-                      if _canonical(mine.get(k)) != _canonical(value["job"].get(k))]  # fmt: skip
+            differ = [
+                k
+                for k in sorted(mine.keys() | value["job"].keys())
+                if _canonical(mine.get(k)) != _canonical(value["job"].get(k))
+            ]
             if value["digest"] != _digest(value["job"], value["rows"]):
                 problem = "its digest does not match its content: it was edited or cut short"
             elif differ:
@@ -98,12 +116,16 @@ def _rows_problem(rows: list[dict[str, Any]], job: Job, cfg: SequenceConfig) -> 
     want = [(m.name, s) for m in job.methods for s in sizes_of(cfg, job.task)]
     for i, r in enumerate(rows):
         if (r["task"], r["seed"]) != (job.task, job.seed):
-            return (f"row {i} is of {r['task']} seed {r['seed']}, not of this job's "
-                    f"{job.task} seed {job.seed}: another job's rows")  # fmt: skip
+            return (
+                f"row {i} is of {r['task']} seed {r['seed']}, not of this job's "
+                f"{job.task} seed {job.seed}: another job's rows"
+            )
         if i >= len(want) or (r["method"], r["size"]) != want[i]:
             expected = f"{want[i][0]} at size {want[i][1]}" if i < len(want) else "no row"
-            return (f"row {i} is {r['method']} at size {r['size']} where this job has "
-                    f"{expected}: another job's rows")  # fmt: skip
+            return (
+                f"row {i} is {r['method']} at size {r['size']} where this job has "
+                f"{expected}: another job's rows"
+            )
         problem = row_problem(r, cfg)
         if problem is not None:
             return problem.replace("row", f"row {i}", 1)
@@ -128,7 +150,10 @@ def row_problem(r: dict[str, Any], cfg: SequenceConfig) -> str | None:
             return f"row has answer_acc {a}, not an accuracy in [0, 1]"
     if "failures" in r:
         f = r["failures"]
-        if not (isinstance(f, dict) and set(f) == set(FAILURES)
-                and all(isinstance(v, int) and v >= 0 for v in f.values())):  # fmt: skip
+        if not (
+            isinstance(f, dict)
+            and set(f) == set(FAILURES)
+            and all(isinstance(v, int) and v >= 0 for v in f.values())
+        ):
             return f"row has failures {f!r}, not a count of each of {', '.join(FAILURES)}"
     return None

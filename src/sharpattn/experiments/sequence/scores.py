@@ -32,8 +32,10 @@ def per_seed(rows, key) -> dict[tuple, dict[int, float]]:
     groups: dict[tuple, dict[int, list]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["method"]), {}).setdefault(r["seed"], []).append(r)
-    return {k: {s: key(sorted(v, key=lambda r: r["size"])) for s, v in g.items()}
-            for k, g in groups.items()}  # fmt: skip
+    return {
+        k: {s: key(sorted(v, key=lambda r: r["size"])) for s, v in g.items()}
+        for k, g in groups.items()
+    }
 
 
 def auc_of(rows) -> float:
@@ -53,12 +55,18 @@ def stopping(rows: list[dict[str, Any]]) -> dict[str, int]:
     runs = {(r["task"], r["method"], r["seed"]) for r in rows}
     stopped = {(r["task"], r["method"], r["seed"]) for r in rows if r.get("skipped")}
     skipped = sum(bool(r.get("skipped")) for r in rows)
-    return {"runs": len(runs), "stopped": len(stopped), "cells": len(rows) - skipped,
-            "skipped": skipped, "sequences": sum(int(r["sets"]) for r in rows)}  # fmt: skip
+    return {
+        "runs": len(runs),
+        "stopped": len(stopped),
+        "cells": len(rows) - skipped,
+        "skipped": skipped,
+        "sequences": sum(int(r["sets"]) for r in rows),
+    }
 
 
-def measures(rows: list[dict[str, Any]], spans: dict[str, tuple[int, int]] | None = None
-             ) -> dict[tuple[str, str], dict[int, dict[str, float]]]:  # fmt: skip
+def measures(
+    rows: list[dict[str, Any]], spans: dict[str, tuple[int, int]] | None = None
+) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
     """{(task, method): {seed: measures}} with ``auc`` (`area` of accuracy over the
     evaluated sizes), ``id`` (mean accuracy at the sizes inside the task's training range),
     ``ood`` (mean accuracy beyond it), ``largest`` (accuracy at the largest size), and
@@ -122,9 +130,15 @@ def _span(name: str, spans: dict[str, tuple[int, int]] | None) -> tuple[int, int
     return tuple((spans or {}).get(name) or task(name).train_sizes)
 
 
-def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: str,
-                colors: dict[str, str] | None = None,
-                spans: dict[str, tuple[int, int]] | None = None) -> None:  # fmt: skip
+def plot_curves(
+    path: Path,
+    rows,
+    names: list[str],
+    methods_: list[str],
+    title: str,
+    colors: dict[str, str] | None = None,
+    spans: dict[str, tuple[int, int]] | None = None,
+) -> None:
     """One panel per task: accuracy against size (log scale), a line per method (± sd over seeds
     as a band when there are at most four methods), the training range shaded (the shape of
     *Softmax is not Enough* Fig. 8; ``spans`` as in `measures`); the legend has a panel of
@@ -171,12 +185,27 @@ def plot_curves(path: Path, rows, names: list[str], methods_: list[str], title: 
         handles, labels = axes[0][0].get_legend_handles_labels()
         if spare_panel:
             spare = axes[len(names) // cols][len(names) % cols]
-            spare.legend(handles, labels, loc="center", fontsize=7, ncol=1 + len(labels) // 14,
-                         title=title, title_fontsize=8, frameon=False)  # fmt: skip
+            spare.legend(
+                handles,
+                labels,
+                loc="center",
+                fontsize=7,
+                ncol=1 + len(labels) // 14,
+                title=title,
+                title_fontsize=8,
+                frameon=False,
+            )
         else:  # beside the grid, in the width added for it
             from matplotlib.layout_engine import TightLayoutEngine
 
             fig.set_layout_engine(TightLayoutEngine(rect=(0, 0, 1 - side / size[0], 0.97)))
-            fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False,
-                       bbox_to_anchor=(1.0, 0.5), ncol=ncol)  # fmt: skip
+            fig.legend(
+                handles,
+                labels,
+                loc="center right",
+                fontsize=7,
+                frameon=False,
+                bbox_to_anchor=(1.0, 0.5),
+                ncol=ncol,
+            )
             fig.suptitle(title, fontsize=9)

@@ -74,8 +74,9 @@ def loss_fn(model, b) -> torch.Tensor:
     )
 
 
-def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | None = None
-            ) -> list[dict[str, Any]]:  # fmt: skip
+def run_job(
+    job: Job, progress: Progress | None = None, where: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
     ``where`` (if given) is kept at the training step or evaluated size being run (for
     `run_job_or_failure`'s sentence).
@@ -158,8 +159,13 @@ def run_job(job: Job, progress: Progress | None = None, where: dict[str, Any] | 
                 switch(model, m.evaluate)
             zeros = 0  # consecutive sizes beyond training at exact-match 0 (the stopping rule)
             for i, size in enumerate(sizes):
-                row = {"task": job.task, "method": m.name, "seed": job.seed, "size": size,
-                       "train_seconds": state.get("seconds")}  # fmt: skip
+                row = {
+                    "task": job.task,
+                    "method": m.name,
+                    "seed": job.seed,
+                    "size": size,
+                    "train_seconds": state.get("seconds"),
+                }
                 if cfg.stop_zeros and zeros >= cfg.stop_zeros:
                     rows.append({**row, **SKIPPED, "length": int(t.length(size))})
                     continue
@@ -208,8 +214,10 @@ def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[
             f"{where.get('at', 'while loading')}: {what}"
         )
         emit(progress, job.label, "done", 1, 1)
-        return [{"task": job.task, "method": m.name, "seed": job.seed, "failed": sentence}
-                for m in job.methods]  # fmt: skip
+        return [
+            {"task": job.task, "method": m.name, "seed": job.seed, "failed": sentence}
+            for m in job.methods
+        ]
 
 
 def failures(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -244,14 +252,16 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
         task(name)  # unknown task: one sentence before any work
         for group in groups:
             for s in range(cfg.seeds):
-                out.append(Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict(),
-                               cfg.models))  # fmt: skip
+                out.append(
+                    Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict(), cfg.models)
+                )
     # tasks with more steps first (a stable sort keeps the order above within a budget)
     return sorted(out, key=lambda j: -steps_of(cfg, j.task))
 
 
-def check_models(cfg: SequenceConfig, experiment: str, todo: list[Job] = (),
-                 out: str | Path | None = None) -> None:  # fmt: skip
+def check_models(
+    cfg: SequenceConfig, experiment: str, todo: list[Job] = (), out: str | Path | None = None
+) -> None:
     """With ``cfg.models``: that folder is a run of ``experiment`` trained as ``cfg`` would
     train (`IDENTITY`), other than ``out``, and holds a trained model for every job of
     ``todo`` that has no rows in ``out`` yet (or, a record without its weights, that job's rows);
@@ -340,8 +350,13 @@ def sweep(
     check_models(cfg, experiment, todo, out)
     folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
     finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's
-    results = run_jobs(run_job_or_failure, todo, workers=cfg.workers, ray=ray, progress=_overall(
-        progress, experiment, len(todo), finished))  # fmt: skip
+    results = run_jobs(
+        run_job_or_failure,
+        todo,
+        workers=cfg.workers,
+        ray=ray,
+        progress=_overall(progress, experiment, len(todo), finished),
+    )
     rows = [r for rs in results for r in rs]
     return folder, rows
 

@@ -52,8 +52,13 @@ def code_version() -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True,
-                                  text=True, timeout=10, check=False)  # fmt: skip
+            done = subprocess.run(
+                ["git", "-C", str(here.parent), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None

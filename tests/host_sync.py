@@ -84,9 +84,19 @@ _READS = {
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
 #: factories without tensor inputs: host-born without a device
 _FACTORIES = _FROM_DATA | {
-    torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.linspace,
-    torch.logspace, torch.eye, torch.rand, torch.randn, torch.randint, torch.randperm,
-}  # fmt: skip
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.linspace,
+    torch.logspace,
+    torch.eye,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+}
 #: where a Scalar argument given a tensor is read on the host: {function: argument names}
 _SCALAR_ARGS = {
     torch.full: ("fill_value",),

@@ -39,10 +39,15 @@ def sharpattn(*args: str, tiny_pretrained: bool = False, group: bool = False) ->
         if tiny_pretrained
         else _MAIN
     )
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_as_at_a_terminal,
-                            process_group=0 if group else None)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
+        process_group=0 if group else None,
+    )
 
 
 def kill_9_once_written(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:
@@ -85,8 +90,10 @@ def same_fine_tunings(a: Path, b: Path, trainings: list[str]) -> None:
     timing = ("seconds", "steps_per_s", "wall_seconds", "cpu_seconds")
 
     def untimed(folder: Path) -> str:
-        m = json.loads((folder / "metrics.json").read_text(), object_hook=lambda d: {
-            k: v for k, v in d.items() if k not in timing})  # fmt: skip
+        m = json.loads(
+            (folder / "metrics.json").read_text(),
+            object_hook=lambda d: {k: v for k, v in d.items() if k not in timing},
+        )
         return json.dumps(m, sort_keys=True)
 
     assert untimed(a) == untimed(b)
@@ -94,8 +101,10 @@ def same_fine_tunings(a: Path, b: Path, trainings: list[str]) -> None:
         assert (a / t / "metrics.jsonl").read_text() == (b / t / "metrics.jsonl").read_text()
         wa, wb = (load_file(p / t / "model.safetensors") for p in (a, b))
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    steps = [json.loads(line)["step"] for line in
-             (a / trainings[0] / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    steps = [
+        json.loads(line)["step"]
+        for line in (a / trainings[0] / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == sorted(set(steps))  # no step logged twice after a resume
 
 

@@ -4,11 +4,18 @@ import transformers
 
 
 def llama(**overrides):
-    cfg = transformers.LlamaConfig(**{
-        "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-        **overrides,
-    })  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        **{
+            "vocab_size": 97,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+            **overrides,
+        }
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -19,17 +26,25 @@ def gpt2():
 
 def neox():
     cfg = transformers.GPTNeoXConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
     return transformers.GPTNeoXForCausalLM(cfg)
 
 
 def bert():
     cfg = transformers.BertConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
     return transformers.BertModel(cfg)
 
 

@@ -151,12 +151,18 @@ def test_a_cpu_identity_as_values_beside_device_q_and_k_is_refused():
     leaves = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
     ref64 = [t.detach().double().requires_grad_() for t in leaves]
     with pytest.raises(DeviceMixing, match=r"called from \S*test_device_mixing\.py:\d+"):
-        attend(*(t.detach() for t in ref64[:2]), torch.eye(32, dtype=torch.float64)
-               .expand(1, 2, 32, 32), "sparsemax", scale=0.25, causal=True,
-               impl="naive")  # fmt: skip
+        attend(
+            *(t.detach() for t in ref64[:2]),
+            torch.eye(32, dtype=torch.float64).expand(1, 2, 32, 32),
+            "sparsemax",
+            scale=0.25,
+            causal=True,
+            impl="naive",
+        )
     eye = torch.eye(32, dtype=torch.float64, device=DEVICE).expand(1, 2, 32, 32)  # the fix
-    w = attend(*(t.detach() for t in ref64[:2]), eye, "sparsemax", scale=0.25, causal=True,
-               impl="naive")  # fmt: skip
+    w = attend(
+        *(t.detach() for t in ref64[:2]), eye, "sparsemax", scale=0.25, causal=True, impl="naive"
+    )
     flagged = w.cpu() > 0  # the kernel's table, read on the host
     with pytest.raises(DeviceMixing, match=r"__or__ at \S*test_device_mixing\.py"):
         _ = flagged | ~(w > 0)

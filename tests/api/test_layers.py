@@ -104,9 +104,13 @@ def test_the_check_sees_imports_inside_functions():
 
 #: the reproductions, their kit and the CLI: everything else of the package is the library
 REPRODUCTIONS = sorted(
-    [*(PACKAGE / "experiments").rglob("*.py"), *(PACKAGE / "lab").rglob("*.py"),
-     *PACKAGE.glob("cli*.py"), PACKAGE / "__main__.py"]
-)  # fmt: skip
+    [
+        *(PACKAGE / "experiments").rglob("*.py"),
+        *(PACKAGE / "lab").rglob("*.py"),
+        *PACKAGE.glob("cli*.py"),
+        PACKAGE / "__main__.py",
+    ]
+)
 
 
 NAMEDTUPLE = {"_asdict", "_fields", "_field_defaults", "_make", "_replace"}
@@ -171,19 +175,25 @@ def test_the_public_api_check_sees_private_names_modules_and_attributes():
     """An underscore name from a library module, a private library module and an underscore
     attribute of a library module or model are caught, and so is another experiment's underscore
     name (``from .backcopy import _label``); the standard library's are not."""
-    wrong = _private_uses(*_planted(
-        "def _late(m, row):",
-        "    import os",
-        "    from ..models.set_attention import _helper",
-        "    from ..normalizers._contract import prepare",
-        "    import sharpattn.normalizers._contract",
-        "    from .backcopy import _label",
-        "    return nz._registry, os._exit, m._qkv, row._replace, self._x",
-    ))  # fmt: skip
+    wrong = _private_uses(
+        *_planted(
+            "def _late(m, row):",
+            "    import os",
+            "    from ..models.set_attention import _helper",
+            "    from ..normalizers._contract import prepare",
+            "    import sharpattn.normalizers._contract",
+            "    from .backcopy import _label",
+            "    return nz._registry, os._exit, m._qkv, row._replace, self._x",
+        )
+    )
     assert [w.partition(": ")[2] for w in wrong] == [
-        "sharpattn.models.set_attention._helper", "sharpattn.normalizers._contract.prepare",
-        "import sharpattn.normalizers._contract", "sharpattn.experiments.backcopy._label",
-        "nz._registry", "m._qkv"]  # fmt: skip
+        "sharpattn.models.set_attention._helper",
+        "sharpattn.normalizers._contract.prepare",
+        "import sharpattn.normalizers._contract",
+        "sharpattn.experiments.backcopy._label",
+        "nz._registry",
+        "m._qkv",
+    ]
 
 
 #: public module names that are another module's object (``sys.modules`` swaps them)
@@ -255,28 +265,37 @@ def test_reproductions_use_only_the_public_api(path):
     """No private name of the library or of another experiment, and only names an ``__all__``
     exports."""
     source = path.read_text()
-    for what, wrong in (("the library's internals", _private_uses(path, source)),
-                        ("names no __all__ exports", _unexported_uses(path, source))):  # fmt: skip
+    for what, wrong in (
+        ("the library's internals", _private_uses(path, source)),
+        ("names no __all__ exports", _unexported_uses(path, source)),
+    ):
         assert not wrong, f"{path.relative_to(PACKAGE)} uses {what}: " + "; ".join(wrong)
 
 
 def test_the_export_check_sees_names_missing_from_all():
-    wrong = _unexported_uses(*_planted(
-        "def _late():",
-        "    from ..models.transformer import not_exported",
-        "    from ..models import transformer",
-        "    from .. import normalizers as nz2",
-        "    return transformer.also_not, nz2.softmax, nz2.no_such_name, nz2.__name__",
-    ))  # fmt: skip
+    wrong = _unexported_uses(
+        *_planted(
+            "def _late():",
+            "    from ..models.transformer import not_exported",
+            "    from ..models import transformer",
+            "    from .. import normalizers as nz2",
+            "    return transformer.also_not, nz2.softmax, nz2.no_such_name, nz2.__name__",
+        )
+    )
     assert [w.partition(": ")[2] for w in wrong] == [
-        "sharpattn.models.transformer.not_exported", "sharpattn.models.transformer.also_not",
-        "sharpattn.normalizers.no_such_name"]  # fmt: skip
+        "sharpattn.models.transformer.not_exported",
+        "sharpattn.models.transformer.also_not",
+        "sharpattn.normalizers.no_such_name",
+    ]
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "lab").rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PACKAGE)))  # fmt: skip
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "lab").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_the_experiment_kit_never_imports_the_reproductions_or_the_cli(path):
-    wrong = [f"line {line}: {module}" for line, module in _imports(path, path.read_text())
-             if module.startswith(("sharpattn.experiments", "sharpattn.cli",
-                                   "sharpattn.__main__"))]  # fmt: skip
+    wrong = [
+        f"line {line}: {module}"
+        for line, module in _imports(path, path.read_text())
+        if module.startswith(("sharpattn.experiments", "sharpattn.cli", "sharpattn.__main__"))
+    ]
     assert not wrong, f"{path.relative_to(PACKAGE)} imports " + "; ".join(wrong)

@@ -80,8 +80,11 @@ def assert_runner_events(events, tasks):
 
     assert {e["task"] for e in events} == tasks
     for e in events:
-        assert {"task", "phase", "step", "total"} <= set(e) <= {"task", "phase", "step", "total",
-                                                               "loss", "note"}  # fmt: skip
+        assert (
+            {"task", "phase", "step", "total"}
+            <= set(e)
+            <= {"task", "phase", "step", "total", "loss", "note"}
+        )
         assert isinstance(e["task"], str) and isinstance(e["phase"], str)
         assert type(e["step"]) is int and type(e["total"]) is int and 0 <= e["step"] <= e["total"]
     for task in tasks:
@@ -223,9 +226,14 @@ def test_batched_ablation_equals_one_head_at_a_time(arch):
         ]
         try:
             got = head_ablation(
-                net, diagnose.ablation_loss("causal-lm" if causal else "encoder", net), {"a": [enc]},
-                heads, batch=batch, reuse_prefix=True, workers=workers,
-            )["a"]  # fmt: skip
+                net,
+                diagnose.ablation_loss("causal-lm" if causal else "encoder", net),
+                {"a": [enc]},
+                heads,
+                batch=batch,
+                reuse_prefix=True,
+                workers=workers,
+            )["a"]
         finally:
             for h in hooks:
                 h.remove()

@@ -364,9 +364,14 @@ def test_capture_hf_matches_eager_attentions_and_restores():
 def test_capture_hf_grouped_query_attention():
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")
     ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(3))

@@ -54,8 +54,10 @@ def test_qk_operator_norm_matches_numpy():
     for d, hd, heads in ((8, 8, 1), (16, 4, 3), (5, 2, 2)):
         wq = rng.standard_normal((heads, d, hd)).astype(np.float32)
         wk = rng.standard_normal((heads, d, hd)).astype(np.float32)
-        expected = [np.linalg.norm(wq[h].astype(np.float64) @ wk[h].T.astype(np.float64), 2)
-                    for h in range(heads)]  # fmt: skip
+        expected = [
+            np.linalg.norm(wq[h].astype(np.float64) @ wk[h].T.astype(np.float64), 2)
+            for h in range(heads)
+        ]
         # float64 SVD of a float64 product of float32 inputs: d-term dot products, then an SVD
         got = qk_operator_norm(torch.from_numpy(wq), torch.from_numpy(wk))
         assert_close(got, expected, dtype=torch.float64, n=d * hd, ulps=64)
@@ -67,8 +69,15 @@ def test_lm_fig2_matches_numpy_on_the_model_weights():
     """Spikiness and ‖W_q,h·W_k,hᵀ‖ of every layer, recomputed by hand in NumPy from the weights
     (tests/reference.py's forward pass of the same Transformer)."""
     torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=11, n_out=11, max_len=64, d_model=16, n_heads=2,
-                            layers=("tf", "tf"), init_std=0.3)  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=11,
+        n_out=11,
+        max_len=64,
+        d_model=16,
+        n_heads=2,
+        layers=("tf", "tf"),
+        init_std=0.3,
+    )
     m = Transformer(cfg).eval()
     val = torch.randint(0, 11, (200,))
     got = lm_fig2(m, val, context=32, tokens=100)  # 4 windows of 32
@@ -90,8 +99,15 @@ def test_lm_fig2_effective_norm_and_spikiness_follow_the_query_temperature():
     """A constant τ_q = 1 + tanh(c) (token term only, output bias c) multiplies the effective norm
     by τ_q and gives the spikiness of the same model with q_proj scaled by τ_q."""
     torch.manual_seed(1)
-    base = dict(vocab_size=11, n_out=11, d_model=16, n_heads=2, layers=("tf",),
-                positions="rotary", init_std=0.3)  # fmt: skip
+    base = dict(
+        vocab_size=11,
+        n_out=11,
+        d_model=16,
+        n_heads=2,
+        layers=("tf",),
+        positions="rotary",
+        init_std=0.3,
+    )
     sel = Transformer(TransformerConfig(**base, selective="q", selective_terms="token")).eval()
     c = 0.7
     tau = 1 + np.tanh(c)

@@ -76,8 +76,12 @@ MAGNITUDES = weighted((1.0, 6), (1e2, 2), (1e4, 2), (1e8, 1), (1e15, 1), (1e30, 
 
 
 #: memory layouts of q, k, v (tests/layouts.py), the plain one most often
-LAYOUTS = weighted(*((name, 6 if name == "contiguous" else 2 if name == "heads_last" else 1)
-                     for name in layouts.LAYOUTS))  # fmt: skip
+LAYOUTS = weighted(
+    *(
+        (name, 6 if name == "contiguous" else 2 if name == "heads_last" else 1)
+        for name in layouts.LAYOUTS
+    )
+)
 
 
 @st.composite
@@ -410,8 +414,11 @@ def test_bad_masks_raise_value_error_on_every_path(method, bad):
 
 def _number_params(method):
     """The parameters of ``method`` that take a number (query_offset has its own test)."""
-    return [p for p in nz.get(method).params
-            if p.value_kind in ("real", "int") and p.name != "query_offset"]  # fmt: skip
+    return [
+        p
+        for p in nz.get(method).params
+        if p.value_kind in ("real", "int") and p.name != "query_offset"
+    ]
 
 
 PARAM_METHODS = [m for m in METHODS if _number_params(m)]
@@ -455,8 +462,14 @@ def param_cases(draw, method):
 def _param_value(c):
     """The case's parameter: its number, or a float64 tensor of it in the case's shape."""
     b, h, lq, lk = c["b"], c["h"], c["lq"], c["lk"]
-    shape = {None: None, "head": (1, h, 1, 1), "row": (b, h, lq, 1), "key": (1, 1, 1, lk),
-             "bare_h": (h,), "bare_lq": (lq,)}[c["shape"]]  # fmt: skip
+    shape = {
+        None: None,
+        "head": (1, h, 1, 1),
+        "row": (b, h, lq, 1),
+        "key": (1, 1, 1, lk),
+        "bare_h": (h,),
+        "bare_lq": (lq,),
+    }[c["shape"]]
     if shape is None:
         return c["value"]
     return torch.full(shape, float(c["value"]), dtype=torch.float64, device=DEVICE)
@@ -484,8 +497,9 @@ def test_extreme_and_mis_shaped_parameters_give_one_answer_or_one_refusal(method
         if c["dtype"] in (torch.float32, torch.float64) and _well_conditioned(method, kw, q, k, c):
             v_max = float(v.detach().double().abs().max()) if v.numel() else 0.0
             n = max(c["lk"], c["d"])
-            assert_close(out, ref[0], dtype=q.dtype, n=n, magnitude=v_max * 4, ulps=16,
-                         msg=f"{impl} output")  # fmt: skip
+            assert_close(
+                out, ref[0], dtype=q.dtype, n=n, magnitude=v_max * 4, ulps=16, msg=f"{impl} output"
+            )
 
 
 def _well_conditioned(method, kw, q, k, c) -> bool:
@@ -517,8 +531,15 @@ def test_stick_breaking_query_offset_is_one_answer_on_every_path(c, offset, curr
         if c["dtype"] in (torch.float32, torch.float64):
             v_max = float(v.detach().double().abs().max()) if v.numel() else 0.0
             n = max(c["lk"], c["d"])
-            assert_close(got[0], ref[0], dtype=q.dtype, n=n, ulps=16 * max(c["lk"], 1),
-                         magnitude=v_max * (1 + score_size(q, k)), msg=f"{impl} output")  # fmt: skip
+            assert_close(
+                got[0],
+                ref[0],
+                dtype=q.dtype,
+                n=n,
+                ulps=16 * max(c["lk"], 1),
+                magnitude=v_max * (1 + score_size(q, k)),
+                msg=f"{impl} output",
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,35 +109,90 @@ GROWN_ENTMAX = Sparse(alpha_125, scale=grown_theta)
 STICK = StickBreaking()
 
 ENTRIES = {
-    "grown": nz.Normalizer("test_grown", GROWN.weights, "softmax((1 + γ·log n)·s)", "-", True,
-                           params=(nz.Param("gamma", 0.5, "γ", learnable=True),), family=GROWN),
-    "by_entropy": nz.Normalizer("test_by_entropy", BY_ENTROPY.weights, "softmax((1 + a·H)·s)", "-",
-                                True, params=(nz.Param("a", 0.4, "a", learnable=True),),
-                                family=BY_ENTROPY),
-    "tanh_sink": nz.Normalizer("test_tanh_sink", TANH_SINK.weights, "sink b = a·tanh(log n)", "-",
-                               False, params=(nz.Param("strength", 0.5, "a", learnable=True),),
-                               family=TANH_SINK),
-    "softplus": nz.Normalizer("test_softplus", SOFTPLUS.weights, "softplus(s + b − log n)", "-",
-                              False, params=(nz.Param("bias", 0.0, "b", learnable=True),),
-                              family=SOFTPLUS),
-    "relu_power": nz.Normalizer("test_relu_power", RELU_POWER.weights, "ReLU(s)^p / n", "-",
-                                False, params=(nz.Param("p", 2.0, "p", low=1.0),),
-                                family=RELU_POWER),
-    "signed_power": nz.Normalizer("test_signed_power", SIGNED_POWER.weights,
-                                  "sign(s)|s|^p / Σ|s|^p", "-", False,
-                                  params=(nz.Param("p", 2.0, "p", low=1.0),), family=SIGNED_POWER),
-    "softplus_share": nz.Normalizer("test_softplus_share", SOFTPLUS_SHARE.weights,
-                                    "softplus(s) / Σ softplus(s)", "-", True,
-                                    family=SOFTPLUS_SHARE),
-    "top2": nz.Normalizer("test_top2", TOP2.weights, "softmax over the top 2", "-", True,
-                          family=TOP2),
-    "grown_entmax": nz.Normalizer("test_grown_entmax", GROWN_ENTMAX.weights,
-                                  "1.25-entmax((1 + softplus(γ)·log n)·s)", "-", True,
-                                  params=(nz.Param("gamma", 0.5, "γ", learnable=True),),
-                                  family=GROWN_ENTMAX),
-}  # fmt: skip
-STICK_ENTRY = nz.Normalizer("test_stick", STICK.weights, "stick-breaking", "-", False,
-                            params=(nz.Param("attend_current", False, "own key"),), family=STICK)  # fmt: skip
+    "grown": nz.Normalizer(
+        "test_grown",
+        GROWN.weights,
+        "softmax((1 + γ·log n)·s)",
+        "-",
+        True,
+        params=(nz.Param("gamma", 0.5, "γ", learnable=True),),
+        family=GROWN,
+    ),
+    "by_entropy": nz.Normalizer(
+        "test_by_entropy",
+        BY_ENTROPY.weights,
+        "softmax((1 + a·H)·s)",
+        "-",
+        True,
+        params=(nz.Param("a", 0.4, "a", learnable=True),),
+        family=BY_ENTROPY,
+    ),
+    "tanh_sink": nz.Normalizer(
+        "test_tanh_sink",
+        TANH_SINK.weights,
+        "sink b = a·tanh(log n)",
+        "-",
+        False,
+        params=(nz.Param("strength", 0.5, "a", learnable=True),),
+        family=TANH_SINK,
+    ),
+    "softplus": nz.Normalizer(
+        "test_softplus",
+        SOFTPLUS.weights,
+        "softplus(s + b − log n)",
+        "-",
+        False,
+        params=(nz.Param("bias", 0.0, "b", learnable=True),),
+        family=SOFTPLUS,
+    ),
+    "relu_power": nz.Normalizer(
+        "test_relu_power",
+        RELU_POWER.weights,
+        "ReLU(s)^p / n",
+        "-",
+        False,
+        params=(nz.Param("p", 2.0, "p", low=1.0),),
+        family=RELU_POWER,
+    ),
+    "signed_power": nz.Normalizer(
+        "test_signed_power",
+        SIGNED_POWER.weights,
+        "sign(s)|s|^p / Σ|s|^p",
+        "-",
+        False,
+        params=(nz.Param("p", 2.0, "p", low=1.0),),
+        family=SIGNED_POWER,
+    ),
+    "softplus_share": nz.Normalizer(
+        "test_softplus_share",
+        SOFTPLUS_SHARE.weights,
+        "softplus(s) / Σ softplus(s)",
+        "-",
+        True,
+        family=SOFTPLUS_SHARE,
+    ),
+    "top2": nz.Normalizer(
+        "test_top2", TOP2.weights, "softmax over the top 2", "-", True, family=TOP2
+    ),
+    "grown_entmax": nz.Normalizer(
+        "test_grown_entmax",
+        GROWN_ENTMAX.weights,
+        "1.25-entmax((1 + softplus(γ)·log n)·s)",
+        "-",
+        True,
+        params=(nz.Param("gamma", 0.5, "γ", learnable=True),),
+        family=GROWN_ENTMAX,
+    ),
+}
+STICK_ENTRY = nz.Normalizer(
+    "test_stick",
+    STICK.weights,
+    "stick-breaking",
+    "-",
+    False,
+    params=(nz.Param("attend_current", False, "own key"),),
+    family=STICK,
+)
 
 
 def np_rows(name, s, n, params):
@@ -199,8 +254,10 @@ def test_a_declared_family_gets_its_fast_path(register_normalizer, name):
 def test_every_path_equals_the_formula_with_gradients(register_normalizer, name, causal):
     method = register_normalizer(ENTRIES[name])
     (q, k, v), mask = inputs()
-    learn = {p.name: torch.tensor([0.3, -0.2, 0.7, 0.1], dtype=torch.float64).view(1, 4, 1, 1)
-             for p in nz.get(method).learnable}  # fmt: skip
+    learn = {
+        p.name: torch.tensor([0.3, -0.2, 0.7, 0.1], dtype=torch.float64).view(1, 4, 1, 1)
+        for p in nz.get(method).learnable
+    }
     consts = {"p": 2.5} if name in ("relu_power", "signed_power") else {}
     plain = {n: t.flatten().tolist() for n, t in learn.items()}
     # the formula, float64, head by head
@@ -219,8 +276,9 @@ def test_every_path_equals_the_formula_with_gradients(register_normalizer, name,
     for impl in ("naive", "chunked", "fused"):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         pp = {n: t.clone().requires_grad_() for n, t in learn.items()}
-        out = attend(qq, kk, vv, method, mask=mask, causal=causal, impl=impl, block_size=2,
-                     **pp, **consts)  # fmt: skip
+        out = attend(
+            qq, kk, vv, method, mask=mask, causal=causal, impl=impl, block_size=2, **pp, **consts
+        )
         # 1.25-entmax: the weights are t^4 of the threshold's gap t, so its rounding counts 4×
         ulps = 64 if name == "grown_entmax" else 16
         assert_close(out, torch.from_numpy(want), n=9, ulps=ulps, msg=f"{impl} output")
@@ -279,8 +337,9 @@ def test_a_user_stick_breaking_takes_the_stick_tiles(register_normalizer, attend
     outs = {}
     for impl in ("naive", "fused"):
         qq = q.clone().requires_grad_()
-        out = attend(qq, k, v, method, mask=mask, causal=True, impl=impl,
-                     attend_current=attend_current)  # fmt: skip
+        out = attend(
+            qq, k, v, method, mask=mask, causal=True, impl=impl, attend_current=attend_current
+        )
         outs[impl] = (out, *torch.autograd.grad(out.square().sum(), qq))
     for got, want in zip(outs["fused"], outs["naive"], strict=True):
         assert_close(got, want, n=6, ulps=16)
@@ -289,10 +348,14 @@ def test_a_user_stick_breaking_takes_the_stick_tiles(register_normalizer, attend
 
 
 SHIFTED_STICK = nz.Normalizer(
-    "test_shifted_stick", STICK.weights, "stick-breaking, shifted", "-", False, family=STICK,
-    params=(nz.Param("shift", -1.0, "b0", tensor=True),
-            nz.Param("shift_log_position", -1.0, "b1")),
-)  # fmt: skip
+    "test_shifted_stick",
+    STICK.weights,
+    "stick-breaking, shifted",
+    "-",
+    False,
+    family=STICK,
+    params=(nz.Param("shift", -1.0, "b0", tensor=True), nz.Param("shift_log_position", -1.0, "b1")),
+)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -376,9 +439,18 @@ def test_built_in_families_name_their_own_paths():
     assert nz.get("adaptive").family.kernel == "adaptive" and nz.get("adaptive").fused == "adaptive"
     names = ("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn", "sink", "sigmoid")
     names += ("relu", "adaptive")
-    kernels = {"power": RowNormalised, "signed": RowNormalised, "softpick": RowNormalised,
-               "topk": TopK, "hardmax": TopK, "sparsemax": Sparse, "entmax15": Sparse,
-               "entmax": Sparse, "asentmax": Sparse, "stick_breaking": StickBreaking}  # fmt: skip
+    kernels = {
+        "power": RowNormalised,
+        "signed": RowNormalised,
+        "softpick": RowNormalised,
+        "topk": TopK,
+        "hardmax": TopK,
+        "sparsemax": Sparse,
+        "entmax15": Sparse,
+        "entmax": Sparse,
+        "asentmax": Sparse,
+        "stick_breaking": StickBreaking,
+    }
     for name, family in kernels.items():
         entry = nz.get(name)
         assert isinstance(entry.family, family) and entry.fused == entry.family.kernel, name
@@ -395,17 +467,23 @@ def test_built_in_families_name_their_own_paths():
         (RowScaled(beta=3.0), (), "beta must be a function"),
         (Elementwise(softplus_f, 1.0), (), "row must be a function"),
         (Elementwise(relu_power_f, inverse_n, constants=("q",)), (), "constant 'q'"),
-        (Elementwise(relu_power_f, inverse_n, constants=("p",)),
-         (nz.Param("p", 2.0, "p", learnable=True),), "learnable parameter p"),
+        (
+            Elementwise(relu_power_f, inverse_n, constants=("p",)),
+            (nz.Param("p", 2.0, "p", learnable=True),),
+            "learnable parameter p",
+        ),
         (RowNormalised(signed_power_u, ref=1.0), (), "ref must be a function or None"),
-        (RowNormalised(signed_power_u, constants=("p",)),
-         (nz.Param("p", 2.0, "p", learnable=True),), "this family has no learnable ones"),
+        (
+            RowNormalised(signed_power_u, constants=("p",)),
+            (nz.Param("p", 2.0, "p", learnable=True),),
+            "this family has no learnable ones",
+        ),
         (TopK(count=2), (), "count must be a function"),
         (Sparse(alpha=1.0), (), "alpha must be a number in \\[1.01, 2.5\\]"),
         (Sparse(alpha=3.0), (), "alpha must be a number in \\[1.01, 2.5\\]"),
         (Sparse(scale=2.0), (), "scale must be a function or None"),
     ],
-)  # fmt: skip
+)
 def test_a_family_that_cannot_run_is_refused_in_one_sentence(family, params, needle):
     entry = nz.Normalizer("test_bad", softplus_f, "-", "-", False, params=params, family=family)
     with pytest.raises(ValueError, match=needle) as err:

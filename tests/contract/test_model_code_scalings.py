@@ -101,8 +101,18 @@ def test_asentmax_per_query_parameters_through_every_path():
     pad[1, ..., :2] = False
     outs, grads = {}, {}
     for impl in ("naive", "chunked"):  # chunked cuts the per-query parameters into its blocks
-        out = attend(q, k, v, "asentmax", mask=pad, causal=True, impl=impl, block_size=3,
-                     beta_pre=beta_pre, gamma_pre=gamma_pre)  # fmt: skip
+        out = attend(
+            q,
+            k,
+            v,
+            "asentmax",
+            mask=pad,
+            causal=True,
+            impl=impl,
+            block_size=3,
+            beta_pre=beta_pre,
+            gamma_pre=gamma_pre,
+        )
         outs[impl] = out
         grads[impl] = torch.autograd.grad(out.pow(2).sum(), [beta_pre, gamma_pre])
     # the same operations on the same rows, only cut into blocks: float64 rounding over D = 8
@@ -154,11 +164,18 @@ def test_logn_beta_is_qwens_logn_list():
 @pytest.mark.parametrize(
     ("method", "params", "beta"),
     [
-        ("llama4_temperature", {"floor_scale": 2, "attn_scale": 1.5},
-         lambda n: 1 + 1.5 * np.log1p(np.floor(n / 2))),
-        ("logn", {"train_length": 2}, lambda n: np.maximum(1, np.log(np.maximum(n, 1)) / np.log(2))),
+        (
+            "llama4_temperature",
+            {"floor_scale": 2, "attn_scale": 1.5},
+            lambda n: 1 + 1.5 * np.log1p(np.floor(n / 2)),
+        ),
+        (
+            "logn",
+            {"train_length": 2},
+            lambda n: np.maximum(1, np.log(np.maximum(n, 1)) / np.log(2)),
+        ),
     ],
-)  # fmt: skip
+)
 def test_query_scalings_on_large_logits_and_masked_rows(method, params, beta):
     g = torch.Generator().manual_seed(3)
     s = torch.randn(2, 2, 9, 9, generator=g, dtype=torch.float64) * 4

@@ -262,8 +262,14 @@ def test_item5_parameters_are_checked_on_empty_input_too(method):
             nz.get(method).fn(torch.randn(shape), **kw)
     for impl in _paths(method):
         with pytest.raises(ValueError):
-            attend(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 0, 4), torch.randn(1, 1, 0, 4),
-                   method, impl=impl, **kw)  # fmt: skip
+            attend(
+                torch.randn(1, 1, 3, 4),
+                torch.randn(1, 1, 0, 4),
+                torch.randn(1, 1, 0, 4),
+                method,
+                impl=impl,
+                **kw,
+            )
 
 
 # 6. wrong exception types -----------------------------------------------------------------------
@@ -483,8 +489,16 @@ def test_bad_parameters_are_refused_by_name_on_every_path(method, name, value, i
     # numbers are checked whatever check_finite is; a tensor's values only with check_finite
     for check_finite in (True,) if torch.is_tensor(value) else (True, False):
         with _refused(method, name):
-            attend(q, k, v, method, impl=impl, causal=causal, check_finite=check_finite,
-                   **{name: value})  # fmt: skip
+            attend(
+                q,
+                k,
+                v,
+                method,
+                impl=impl,
+                causal=causal,
+                check_finite=check_finite,
+                **{name: value},
+            )
 
 
 @pytest.mark.parametrize(("method", "name", "value"), BAD_PARAM_CASES)
@@ -619,8 +633,15 @@ def test_item10_tensors_on_two_devices_are_refused_by_name_on_every_path(odd, ch
     for impl in PATHS:
         a = _on_meta(odd)
         with pytest.raises(ValueError, match="^attend takes its tensors on one device") as err:
-            attend(a.pop("q"), a.pop("k"), a.pop("v"), "sigmoid", impl=impl,
-                   check_finite=check_finite, **a)  # fmt: skip
+            attend(
+                a.pop("q"),
+                a.pop("k"),
+                a.pop("v"),
+                "sigmoid",
+                impl=impl,
+                check_finite=check_finite,
+                **a,
+            )
         assert f" {others} on cpu" in str(err.value) and f" {odd} on meta" in str(err.value)
 
 
@@ -793,8 +814,14 @@ def test_item12_a_per_head_alpha_is_within_precision_on_every_path(dtype):
         alpha = torch.tensor(pair, dtype=dtype).view(1, 2, 1, 1)
         for impl in ("naive", "chunked", "auto"):
             for check_finite in (True, False):
-                out = attend(*(t.to(dtype) for t in (q0, k0, v0)), "entmax", alpha=alpha,
-                             impl=impl, block_size=7, check_finite=check_finite)  # fmt: skip
+                out = attend(
+                    *(t.to(dtype) for t in (q0, k0, v0)),
+                    "entmax",
+                    alpha=alpha,
+                    impl=impl,
+                    block_size=7,
+                    check_finite=check_finite,
+                )
                 what = f"α={pair} {impl} check_finite={check_finite}"
                 assert_close(out, want[0], n=24, magnitude=float(v0.abs().max()), msg=what)
 

@@ -115,16 +115,26 @@ def test_dilution_bound_holds_and_is_attained(length):
         x = rng.standard_normal((64, length, d))
         x /= np.linalg.norm(x, axis=-1, keepdims=True)  # 64 random sequences of unit tokens
         query = x[:, -1:] @ w.T  # q_n = W x_n: scores x_iᵀ W x_n
-        _, p = attend(torch.from_numpy(query)[:, None], torch.from_numpy(x)[:, None],
-                      torch.from_numpy(x)[:, None], scale=1.0, return_weights=True)  # fmt: skip
+        _, p = attend(
+            torch.from_numpy(query)[:, None],
+            torch.from_numpy(x)[:, None],
+            torch.from_numpy(x)[:, None],
+            scale=1.0,
+            return_weights=True,
+        )
         # every weight is a ratio of exps of scores in [−‖W‖, ‖W‖]: float64 rounding only
         assert float(p.max()) <= bound * (1 + 16 * eps(torch.float64))
         # tightness: v, u = W's top right/left singular vectors; keys u then L − 1 copies of −u
         u_, s_, vt = np.linalg.svd(w)
         keys = np.stack([u_[:, 0]] + [-u_[:, 0]] * (length - 1))
         q = (w @ vt[0])[None, None, None]
-        _, p = attend(torch.from_numpy(q), torch.from_numpy(keys)[None, None],
-                      torch.from_numpy(keys)[None, None], scale=1.0, return_weights=True)  # fmt: skip
+        _, p = attend(
+            torch.from_numpy(q),
+            torch.from_numpy(keys)[None, None],
+            torch.from_numpy(keys)[None, None],
+            scale=1.0,
+            return_weights=True,
+        )
         # the max weight is 1/(1 + (L−1)e^{−2σ}): a few float64 roundings of exps and one sum of L
         assert_close(p[0, 0, 0, 0], bound, n=length)
     # the norm needed for a top weight p: ½·log((L − 1)p/(1 − p)) = ½·log L + O(1)
@@ -153,8 +163,14 @@ def test_prop2_position_temperature_fits_every_position(rho, alpha):
     tau = np.zeros(length)  # before n₀ only one token is visible: the output is that token
     tau[n0 - 1 :] = np.log(kappa(seq)[n0 - 1 :]) + math.log(alpha / (1 - alpha))
     xt = torch.from_numpy(x)[None, None]
-    out = selective_attend(torch.from_numpy(x @ w_star.T)[None, None], xt, xt, causal=True,
-                           scale=1.0, tau_q=torch.from_numpy(tau)[None, None])  # fmt: skip
+    out = selective_attend(
+        torch.from_numpy(x @ w_star.T)[None, None],
+        xt,
+        xt,
+        causal=True,
+        scale=1.0,
+        tau_q=torch.from_numpy(tau)[None, None],
+    )
     y = alpha * a + (1 - alpha) * b
     # a softmax over ≤ 300 keys of scores 0 and τ_n, then a weighted sum of unit vectors: float64
     assert_close(out[0, 0, n0 - 1 :], np.broadcast_to(y, (length - n0 + 1, d)), n=length)
@@ -189,8 +205,13 @@ def _optimise_w(seq: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float, see
     n0 = burn_in(seq)
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(len(a), len(a), generator=g, dtype=torch.float64).requires_grad_()
-    opt = torch.optim.LBFGS([w], max_iter=500, tolerance_grad=1e-14, tolerance_change=1e-16,
-                            line_search_fn="strong_wolfe")  # fmt: skip
+    opt = torch.optim.LBFGS(
+        [w],
+        max_iter=500,
+        tolerance_grad=1e-14,
+        tolerance_change=1e-16,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()

@@ -228,8 +228,11 @@ def test_runs_trained_in_a_process_pool_longest_first_give_the_sequential_number
     cfgs = {"short": tiny(steps=4), "deep": tiny(layers="tf+tf", steps=4), "long": tiny(steps=6)}
     order = []
     real = sweep.run_jobs
-    monkeypatch.setattr(sweep, "run_jobs", lambda fn, jobs, **kw: order.extend(j[1] for j in jobs)
-                        or real(fn, jobs, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        sweep,
+        "run_jobs",
+        lambda fn, jobs, **kw: order.extend(j[1] for j in jobs) or real(fn, jobs, **kw),
+    )
     folder = RunFolder(tmp_path / "p", "backcopy", {})
     bb.train_runs(folder, cfgs, task, threads=1, workers=2)
     assert order == ["deep", "long", "short"]  # by blocks × steps × batch × tokens × width

@@ -113,9 +113,10 @@ def test_fused_loss_gradient_against_finite_differences():
     x = task.sample(3, 9, seed=2)
     inp, target = x[:, :-1], x[:, 1:]
     g = torch.Generator().manual_seed(3)
-    args = [torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True)
-            for s in ((task.V + 1, task.V), (task.V,), (task.V,), inp.shape, inp.shape,
-                      inp.shape)]  # fmt: skip
+    args = [
+        torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True)
+        for s in ((task.V + 1, task.V), (task.V,), (task.V,), inp.shape, inp.shape, inp.shape)
+    ]
     assert torch.autograd.gradcheck(
         lambda *a: bsmm._NextTokenLoss.apply(*a, inp, target, 2), args, eps=1e-6, atol=1e-8
     )
@@ -157,8 +158,17 @@ def test_measures_on_the_evaluation_sequences(task):
 
 
 def tiny(**changes):
-    cfg = dict(steps=9, batch=4, seq_len=12, hidden=8, eval_batch=4, linear_until=4,
-               linear_every=2, n_log=3, checkpoint_every=4)  # fmt: skip
+    cfg = dict(
+        steps=9,
+        batch=4,
+        seq_len=12,
+        hidden=8,
+        eval_batch=4,
+        linear_until=4,
+        linear_every=2,
+        n_log=3,
+        checkpoint_every=4,
+    )
     return bsm.SimplifiedConfig(**{**cfg, **changes})
 
 
@@ -236,9 +246,12 @@ def test_the_study_writes_its_report_and_resumes(task, tmp_path):
 def test_log_fit_and_convergence_by_hand():
     t = np.array([0, 100, 400, 800, 1600, 3200])
     y = 0.5 * np.log(np.maximum(t, 1)) + 2.0
-    metrics = [{"step": int(s), "delta_logit": float(v), "bigram_excess": e, "backcopy_excess": c}
-               for s, v, e, c in zip(t, y, [1, 0.05, 0.01, 0.01, 0.01, 0.01],
-                                     [2, 0.5, 0.2, 0.05, 0.01, 0.01], strict=True)]  # fmt: skip
+    metrics = [
+        {"step": int(s), "delta_logit": float(v), "bigram_excess": e, "backcopy_excess": c}
+        for s, v, e, c in zip(
+            t, y, [1, 0.05, 0.01, 0.01, 0.01, 0.01], [2, 0.5, 0.2, 0.05, 0.01, 0.01], strict=True
+        )
+    ]
     fit = bsm.log_fit(metrics, start=400)
     assert fit["points"] == 4 and fit["from"] == 400
     assert_close(fit["slope"], 0.5, dtype=torch.float64, n=4)
@@ -260,8 +273,11 @@ def test_log_steps_linear_then_log():
 
 
 def test_bad_settings_are_one_sentence():
-    for kw, words in (({"steps": 0}, "steps must be >= 1"), ({"seq_len": 2}, "seq_len"),
-                      ({"lr": 0.0}, "lr > 0")):  # fmt: skip
+    for kw, words in (
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"seq_len": 2}, "seq_len"),
+        ({"lr": 0.0}, "lr > 0"),
+    ):
         with pytest.raises(ValueError, match=words) as err:
             bsm.SimplifiedConfig(**kw)
         assert str(err.value).endswith(".") and "\n" not in str(err.value)

@@ -118,8 +118,17 @@ def test_study_configs_change_one_factor():
 
 
 def test_run_study_writes_its_report(task, tmp_path, monkeypatch):
-    tiny = dict(d_model=16, seq_len=12, batch=4, steps=6, eval_batch=4, n_measure=3,
-                checkpoint_every=3, lr=3e-3, layers="attn+mlp+attn+mlp+mlp")  # fmt: skip
+    tiny = dict(
+        d_model=16,
+        seq_len=12,
+        batch=4,
+        steps=6,
+        eval_batch=4,
+        n_measure=3,
+        checkpoint_every=3,
+        lr=3e-3,
+        layers="attn+mlp+attn+mlp+mlp",
+    )
     study = bs.Study("tiny", tiny, {"a": {}, "b": {"method": "relu"}}, seeds=(0,))
     monkeypatch.setitem(bs.STUDIES, "fig7b", study)
     path, res = bs.run_study(tmp_path / "s", "fig7b", task=task)
@@ -171,8 +180,17 @@ def test_key_class_weights_by_hand(task):
 
 
 def test_a_run_without_bos(task, tmp_path):
-    cfg = bb.RunConfig(d_model=16, seq_len=12, batch=4, steps=4, eval_batch=4, n_measure=2,
-                       checkpoint_every=2, lr=3e-3, bos=False)  # fmt: skip
+    cfg = bb.RunConfig(
+        d_model=16,
+        seq_len=12,
+        batch=4,
+        steps=4,
+        eval_batch=4,
+        n_measure=2,
+        checkpoint_every=2,
+        lr=3e-3,
+        bos=False,
+    )
     run = bb.train(tmp_path / "r", cfg, task)
     last = run.metrics[-1]
     assert "layers.0.attn.weight_first" in last and "layers.0.res_bos" not in last
@@ -192,13 +210,21 @@ def test_a_run_without_bos(task, tmp_path):
 
 @pytest.mark.cpu_independent
 def test_chosen_variants_in_a_process_pool_give_the_sequential_numbers(task, tmp_path, monkeypatch):
-    tiny = dict(d_model=16, seq_len=12, batch=4, steps=6, eval_batch=4, n_measure=3,
-                checkpoint_every=3, lr=3e-3)  # fmt: skip
-    study = bs.Study("tiny", tiny, {"a": {}, "b": {"method": "relu"}, "c": {"lr": 1e-3}},
-                     seeds=(0,))  # fmt: skip
+    tiny = dict(
+        d_model=16,
+        seq_len=12,
+        batch=4,
+        steps=6,
+        eval_batch=4,
+        n_measure=3,
+        checkpoint_every=3,
+        lr=3e-3,
+    )
+    study = bs.Study(
+        "tiny", tiny, {"a": {}, "b": {"method": "relu"}, "c": {"lr": 1e-3}}, seeds=(0,)
+    )
     monkeypatch.setitem(bs.STUDIES, "relu-peak", study)
-    _, pooled = bs.run_study(tmp_path / "p", "relu-peak", task=task, variants=("a", "c"),
-                             workers=2)  # fmt: skip
+    _, pooled = bs.run_study(tmp_path / "p", "relu-peak", task=task, variants=("a", "c"), workers=2)
     assert set(pooled["runs"]) == {"a-s0", "c-s0"}
     _, alone = bs.run_study(tmp_path / "s", "relu-peak", task=task, variants=("a", "c"))
     for name in ("a-s0", "c-s0"):

@@ -144,8 +144,9 @@ def test_no_flag_runs_the_quick_profile(tmp_path, monkeypatch, capsys):
         (["llm", "--full"], "llm", "full"),
     ],
 )
-def test_a_long_profile_says_its_cost_before_it_starts(argv, command, profile, tmp_path,
-                                                       monkeypatch, capsys):  # fmt: skip
+def test_a_long_profile_says_its_cost_before_it_starts(
+    argv, command, profile, tmp_path, monkeypatch, capsys
+):
     """Before any work, one line on stderr: the profile, the job count, the measured cost."""
     from sharpattn import cli_options
     from sharpattn.cli_options import COSTS
@@ -165,8 +166,9 @@ def test_a_long_profile_says_its_cost_before_it_starts(argv, command, profile, t
     assert any(ch.isdigit() for ch in err.split(":")[1].split(";")[0])  # a count
 
 
-def test_a_changed_long_profile_says_its_cost_is_the_unchanged_profile_s(tmp_path, monkeypatch,
-                                                                          capsys):  # fmt: skip
+def test_a_changed_long_profile_says_its_cost_is_the_unchanged_profile_s(
+    tmp_path, monkeypatch, capsys
+):
     """Options that change what a long profile runs: the cost line says whose cost it quotes."""
     from sharpattn import cli_options
 
@@ -201,8 +203,9 @@ def test_the_cost_table_of_docs_is_the_code_s():
     from sharpattn.cli_options import COSTS
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
-    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()
-            if line.startswith("| `")}  # fmt: skip
+    rows = {
+        line.split("|")[1].strip(" `"): line for line in text.splitlines() if line.startswith("| `")
+    }
     for command, costs in COSTS.items():
         for profile, cost in costs.items():
             assert cost in rows[command], (command, profile)

@@ -167,8 +167,9 @@ def test_cli_run_with_a_damaged_checkpoint_and_a_damaged_model(capsys, tmp_path,
 # ---------------------------------------------------------------- item 13
 
 
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
-                                             (signal.SIGTERM, 143, "terminated")])  # fmt: skip
+@pytest.mark.parametrize(
+    "sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
 def test_signals_exit_with_the_shell_convention(sig, code, word, tmp_path):
     proc = sharpattn("dispersion", "--sizes", "65536", "--rows", "64", "--out", str(tmp_path))
     wait_until_in_main(proc)  # past start-up however loaded the machine is
@@ -277,14 +278,53 @@ def test_an_empty_selection_is_refused_and_the_report_kept(capsys, tmp_path):
 
 #: the smallest run of each command (selective-llm on tests/tiny_hf.py's Llama)
 COMMANDS = {
-    "leaderboard": ["leaderboard", "--quick", "--tasks", "flip_flop", "--methods", "softmax",
-                    "--seeds", "1", "--steps", "2", "--eval-sets", "1", "--eval-factor", "1",
-                    "--threads", "1"],
-    "max-retrieval": ["reproduce", "max-retrieval", "--quick", "--steps", "4", "--sizes", "16",
-                      "--test-sets", "4", "--checkpoint-every", "2", "--threads", "1"],
-    "selective-llm": ["reproduce", "selective-llm", "--quick", "--steps", "2", "--eval-windows",
-                      "1", "--context", "16", "--threads", "1"],
-}  # fmt: skip
+    "leaderboard": [
+        "leaderboard",
+        "--quick",
+        "--tasks",
+        "flip_flop",
+        "--methods",
+        "softmax",
+        "--seeds",
+        "1",
+        "--steps",
+        "2",
+        "--eval-sets",
+        "1",
+        "--eval-factor",
+        "1",
+        "--threads",
+        "1",
+    ],
+    "max-retrieval": [
+        "reproduce",
+        "max-retrieval",
+        "--quick",
+        "--steps",
+        "4",
+        "--sizes",
+        "16",
+        "--test-sets",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--threads",
+        "1",
+    ],
+    "selective-llm": [
+        "reproduce",
+        "selective-llm",
+        "--quick",
+        "--steps",
+        "2",
+        "--eval-windows",
+        "1",
+        "--context",
+        "16",
+        "--threads",
+        "1",
+    ],
+}
 SEQUENCE, MAX_RETRIEVAL, SELECTIVE_LLM = COMMANDS.values()
 
 
@@ -334,8 +374,12 @@ def another_runs_checkpoint(tmp_path: Path) -> bytes:
     """A valid sharpattn checkpoint of another model (other keys and shapes)."""
     model = torch.nn.Linear(3, 2)
     path = tmp_path / "another.safetensors"
-    ckpt.save_checkpoint(path, model=model, optimizer=torch.optim.Adam(model.parameters()),
-                         state={"step": 1, "seconds": 0.0})  # fmt: skip
+    ckpt.save_checkpoint(
+        path,
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters()),
+        state={"step": 1, "seconds": 0.0},
+    )
     return path.read_bytes()
 
 
@@ -640,8 +684,9 @@ def test_a_directory_where_a_run_file_belongs_is_refused_before_training(tmp_pat
     for name in ("model.safetensors", "checkpoint.safetensors", "metrics.jsonl"):
         folder = tmp_path / name.split(".")[0]
         (folder / name).mkdir(parents=True)
-        trainer = runner.Trainer(folder, model, opt, steps=3, batch=batch,
-                                 loss=lambda m, b: m(b).sum())  # fmt: skip
+        trainer = runner.Trainer(
+            folder, model, opt, steps=3, batch=batch, loss=lambda m, b: m(b).sum()
+        )
         with pytest.raises(ValueError, match="is a directory") as err:
             trainer.run()
         assert str(folder / name) in str(err.value)

@@ -26,16 +26,31 @@ from sharpattn.lab.runner import generator
 
 def _cfg(**kw) -> cl.Config:
     # sizes 2, 3 (trained) and 6 (2x): every prompt fits the tiny model's 64 positions
-    return cl.Config(**{"tasks": ("minimum", "binary_search"), "train_sizes": (2, 3),
-                        "eval_factor": 2, "steps": 12, "batch": 4, "lr": 3e-2, "rank": 4,
-                        "prompts": 6, "eval_batch": 4, "checkpoint_every": 4, "threads": 1,
-                        **kw})  # fmt: skip
+    return cl.Config(
+        **{
+            "tasks": ("minimum", "binary_search"),
+            "train_sizes": (2, 3),
+            "eval_factor": 2,
+            "steps": 12,
+            "batch": 4,
+            "lr": 3e-2,
+            "rank": 4,
+            "prompts": 6,
+            "eval_batch": 4,
+            "checkpoint_every": 4,
+            "threads": 1,
+            **kw,
+        }
+    )
 
 
 def _base_weights(net) -> dict[str, torch.Tensor]:
     """The pretrained weights (under peft's names once adapters are in: ``base_layer``)."""
-    return {k.replace(".base_layer", ""): v.detach().clone() for k, v in net.state_dict().items()
-            if "lora_" not in k}  # fmt: skip
+    return {
+        k.replace(".base_layer", ""): v.detach().clone()
+        for k, v in net.state_dict().items()
+        if "lora_" not in k
+    }
 
 
 def test_a_fine_tuning_trains_the_adapters_only_and_learns(tmp_path):
@@ -72,7 +87,9 @@ def test_both_methods_start_from_the_same_adapters_on_the_same_batches():
     other = adapters.prepare(copy.deepcopy(net), "softmax", {}, 4, seed=4).state_dict()
     assert not all(torch.equal(a[k], other[k]) for k in a)  # the adapters come from the seed
     assert [arm.config._attn_implementation for arm in arms.values()] == [
-        "sharpattn:softmax", "sharpattn:adaptive"]  # fmt: skip
+        "sharpattn:softmax",
+        "sharpattn:adaptive",
+    ]
     cfg = _cfg()
     ts = [cl.task(n, cfg) for n in cfg.tasks]
     first, second = (cl.draw(ts, cfg, generator(3, cl.STREAM_TRAIN)) for _ in range(2))
@@ -93,8 +110,9 @@ def test_exact_match_is_what_greedy_decoding_gives():
     t = cl.task("binary_search", cfg)
     pairs = []
     for q, _ in cl.test_prompts(t, 6, cfg, tok):
-        out = net.generate(torch.tensor([q]), max_new_tokens=5, do_sample=False,
-                           pad_token_id=tok.eos_token_id)  # fmt: skip
+        out = net.generate(
+            torch.tensor([q]), max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id
+        )
         pairs.append((q, out[0, len(q) :].tolist()))
     wrong = [(q, a[:-1] + [(a[-1] + 1) % 97]) for q, a in pairs]
     assert cl.score(net, pairs, 0, 4)["exact"] == [1] * len(pairs)
@@ -108,7 +126,8 @@ def test_the_study_writes_its_report_and_paired_tests(tmp_path):
     run, m = cl.run(tmp_path / "r", _cfg(steps=4), net=net, tok=tok)
     assert len(m["rows"]) == 2 * 2 * 2 * 3  # tasks x methods x seeds x sizes
     assert {(e["task"], e["size"]) for e in m["sizes"]} == {
-        (t, s) for t in ("minimum", "binary_search") for s in (2, 3, 6)}  # fmt: skip
+        (t, s) for t in ("minimum", "binary_search") for s in (2, 3, 6)
+    }
     assert [e["in_training"] for e in m["sizes"][:3]] == [True, True, False]
     assert set(m["training"]) == {f"{a} seed {s}" for a in cl.METHODS for s in (0, 1)}
     for name in ("report.md", "clrs_llm.md", "clrs_llm.csv", "fig8.png", "metrics.json"):
@@ -136,8 +155,9 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
         cl.make_config("huge")
 
 
-@pytest.mark.parametrize("argv", [["reproduce", "clrs-llm"],
-                                  ["reproduce", "selective-llm", "--lora", "4"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv", [["reproduce", "clrs-llm"], ["reproduce", "selective-llm", "--lora", "4"]]
+)
 def test_a_missing_peft_is_named_with_its_extra(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft fails as when not installed
     monkeypatch.setattr(pretrained, "load_pretrained", tiny_hf.pretrained)
@@ -150,8 +170,23 @@ def test_a_missing_peft_is_named_with_its_extra(argv, tmp_path, monkeypatch, cap
 
 
 #: the command on tests/tiny_hf.py's Llama: sizes 4 and 8 only (8 items fit its 64 positions)
-CLI = ["reproduce", "clrs-llm", "--quick", "--tasks", "minimum,binary_search", "--eval-factor",
-       "1", "--prompts", "4", "--rank", "4", "--checkpoint-every", "20", "--threads", "1"]  # fmt: skip
+CLI = [
+    "reproduce",
+    "clrs-llm",
+    "--quick",
+    "--tasks",
+    "minimum,binary_search",
+    "--eval-factor",
+    "1",
+    "--prompts",
+    "4",
+    "--rank",
+    "4",
+    "--checkpoint-every",
+    "20",
+    "--threads",
+    "1",
+]
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(
@@ -187,8 +222,9 @@ def test_the_command_runs_its_profile_with_the_options_given(tmp_path, monkeypat
     assert seen == [cl.make_config("quick", seeds=3, checkpoint_every=50, threads=1)]
 
 
-def test_train_sizes_reach_the_configuration_and_bad_ones_are_refused(tmp_path, monkeypatch,
-                                                                      capsys):  # fmt: skip
+def test_train_sizes_reach_the_configuration_and_bad_ones_are_refused(
+    tmp_path, monkeypatch, capsys
+):
     seen = _recording_run(monkeypatch)
     argv = ["reproduce", "clrs-llm", "--out", str(tmp_path / "q"), "--train-sizes"]
     assert main([*argv, "4,16"]) == 0

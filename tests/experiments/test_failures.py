@@ -48,22 +48,29 @@ def test_a_constant_bit_is_a_wrong_bit_half_of_the_time(size):
     zeros = int((bits == BIT0).sum())
     assert out["answer_acc"] == zeros / len(bits)
     assert out["acc"] == zeros / len(bits)  # the end token is right
-    assert out["failures"] == {"wrong_token": len(bits) - zeros, "non_answer": 0,
-                               "early_end": 0, "missing_end": 0}  # fmt: skip
+    assert out["failures"] == {
+        "wrong_token": len(bits) - zeros,
+        "non_answer": 0,
+        "early_end": 0,
+        "missing_end": 0,
+    }
     assert out["sets"] == 40 == len(bits)
 
 
 def test_a_command_at_the_answer_is_a_non_answer_token_and_the_end_is_missing():
     out = seq.evaluate(Always(WRITE), FLIP, 32, CFG)
     assert out["acc"] == 0 and out["answer_acc"] == 0 and out["token_acc"] == 0
-    assert out["failures"] == {"wrong_token": 0, "non_answer": 40, "early_end": 0,
-                               "missing_end": 40}  # fmt: skip
+    assert out["failures"] == {
+        "wrong_token": 0,
+        "non_answer": 40,
+        "early_end": 0,
+        "missing_end": 40,
+    }
 
 
 def test_an_end_token_at_the_answer_is_an_early_end():
     out = seq.evaluate(Always(EOS), FLIP, 32, CFG)
-    assert out["failures"] == {"wrong_token": 0, "non_answer": 0, "early_end": 40,
-                               "missing_end": 0}  # fmt: skip
+    assert out["failures"] == {"wrong_token": 0, "non_answer": 0, "early_end": 40, "missing_end": 0}
     assert out["token_acc"] == 0.5 and out["answer_acc"] == 0
 
 
@@ -81,8 +88,18 @@ def test_every_task_names_its_answer_alphabet():
 
 
 def _row(method, seed, size, acc, **extra):
-    return {"task": "flip_flop", "method": method, "seed": seed, "size": size, "acc": acc,
-            "token_acc": 0.5, "sets": 8, "length": size + 2, "skipped": False, **extra}  # fmt: skip
+    return {
+        "task": "flip_flop",
+        "method": method,
+        "seed": seed,
+        "size": size,
+        "acc": acc,
+        "token_acc": 0.5,
+        "sets": 8,
+        "length": size + 2,
+        "skipped": False,
+        **extra,
+    }
 
 
 def test_the_report_explains_the_cells_at_zero(tmp_path):

@@ -19,9 +19,26 @@ from sharpattn.cli import main
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: the smallest leaderboard with a paired test (two seeds), in one process
-TINY = ["leaderboard", "--quick", "--tasks", "flip_flop", "--methods", "softmax", "--seeds", "2",
-        "--steps", "2", "--eval-sets", "1", "--eval-factor", "1", "--threads", "1",
-        "--workers", "1"]  # fmt: skip
+TINY = [
+    "leaderboard",
+    "--quick",
+    "--tasks",
+    "flip_flop",
+    "--methods",
+    "softmax",
+    "--seeds",
+    "2",
+    "--steps",
+    "2",
+    "--eval-sets",
+    "1",
+    "--eval-factor",
+    "1",
+    "--threads",
+    "1",
+    "--workers",
+    "1",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,14 +85,20 @@ BAD = {
         "import torch\ndef fn(s, mask=None, **p):\n    return s.softmax(-1).double()\n",
         "{m}:fn",
         "float64",
-    ),  # fmt: skip
+    ),
     "masked": ("def fn(s, mask=None, **p):\n    return s.softmax(-1)\n", "{m}:fn", "masked"),
     "no_check_finite": ("def fn(s, mask=None):\n    return s\n", "{m}:fn", "check_finite"),
-    "exits_on_import": ("import sys\nsys.exit(3)\n", "{m}:fn", "importing plug_exits_on_import "
-                        "called sys.exit with code 3"),
-    "exits_on_probe": ("import sys\ndef fn(s, mask=None, **p):\n    sys.exit(4)\n", "{m}:fn",
-                       "raised on a probe input: SystemExit: 4"),
-}  # fmt: skip
+    "exits_on_import": (
+        "import sys\nsys.exit(3)\n",
+        "{m}:fn",
+        "importing plug_exits_on_import called sys.exit with code 3",
+    ),
+    "exits_on_probe": (
+        "import sys\ndef fn(s, mask=None, **p):\n    sys.exit(4)\n",
+        "{m}:fn",
+        "raised on a probe input: SystemExit: 4",
+    ),
+}
 
 #: the head of a plug-in module holding a Normalizer entry `E` (after the head, one line)
 ENTRY_HEAD = """\
@@ -86,36 +109,72 @@ def f(s, mask=None, gain=1.0, bias=0.0, check_finite=True):
 
 #: Normalizer entries that cannot work: (its arguments after the function, what the sentence says)
 BAD_ENTRIES = {
-    "default_none": ("params=(Param('gain', None, 'g', learnable=True),)",
-                     "learnable parameter gain must be a real number", "default None"),
-    "default_list": ("params=(Param('gain', [1.0], 'g', learnable=True),)",
-                     "learnable parameter gain must be a real number", "default [1.0]"),
-    "default_text": ("params=(Param('gain', 'abc', 'g', learnable=True),)",
-                     "learnable parameter gain must be a real number", "default 'abc'"),
-    "default_nan": ("params=(Param('gain', float('nan'), 'g', learnable=True),)",
-                    "parameter gain has default nan", "a finite number"),
-    "default_inf": ("params=(Param('gain', float('inf'), 'g'),)",
-                    "parameter gain has default inf", "a finite number"),
-    "outside_range": ("params=(Param('gain', 5.0, 'g', learnable=True, low=0, high=1),)",
-                      "parameter gain has default 5.0", "in [0, 1]"),
-    "fixed_outside": ("params=(Param('bias', -1, 'b', kind='int', low=0),)",
-                      "parameter bias has default -1", "an integer >= 0"),
-    "bad_choice": ("params=(Param('bias', 'c', 'b', kind='choice', choices=('a', 'b')),)",
-                   "parameter bias has default 'c'", "one of 'a', 'b'"),
-    "learnable_bool": ("params=(Param('gain', True, 'g', learnable=True),)",
-                       "learnable parameter gain", "default True"),
-    "learnable_int": ("params=(Param('gain', 1, 'g', learnable=True, kind='int'),)",
-                      "learnable parameter gain", "kind 'int'"),
-    "duplicate": ("params=(Param('gain', 1.0, 'g', learnable=True), Param('gain', 2.0, 'h'))",
-                  "two parameters named 'gain'"),
-    "query_dependent": ("params=(Param('gain', 1.0, 'g', learnable=True),), "
-                        "query_dependent=('gian',)",
-                        "query_dependent names 'gian'", "(gain)"),
-    "query_dependent_text": ("params=(Param('gain', 1.0, 'g', learnable=True),), "
-                             "query_dependent='gain'", "query_dependent must be a tuple"),
+    "default_none": (
+        "params=(Param('gain', None, 'g', learnable=True),)",
+        "learnable parameter gain must be a real number",
+        "default None",
+    ),
+    "default_list": (
+        "params=(Param('gain', [1.0], 'g', learnable=True),)",
+        "learnable parameter gain must be a real number",
+        "default [1.0]",
+    ),
+    "default_text": (
+        "params=(Param('gain', 'abc', 'g', learnable=True),)",
+        "learnable parameter gain must be a real number",
+        "default 'abc'",
+    ),
+    "default_nan": (
+        "params=(Param('gain', float('nan'), 'g', learnable=True),)",
+        "parameter gain has default nan",
+        "a finite number",
+    ),
+    "default_inf": (
+        "params=(Param('gain', float('inf'), 'g'),)",
+        "parameter gain has default inf",
+        "a finite number",
+    ),
+    "outside_range": (
+        "params=(Param('gain', 5.0, 'g', learnable=True, low=0, high=1),)",
+        "parameter gain has default 5.0",
+        "in [0, 1]",
+    ),
+    "fixed_outside": (
+        "params=(Param('bias', -1, 'b', kind='int', low=0),)",
+        "parameter bias has default -1",
+        "an integer >= 0",
+    ),
+    "bad_choice": (
+        "params=(Param('bias', 'c', 'b', kind='choice', choices=('a', 'b')),)",
+        "parameter bias has default 'c'",
+        "one of 'a', 'b'",
+    ),
+    "learnable_bool": (
+        "params=(Param('gain', True, 'g', learnable=True),)",
+        "learnable parameter gain",
+        "default True",
+    ),
+    "learnable_int": (
+        "params=(Param('gain', 1, 'g', learnable=True, kind='int'),)",
+        "learnable parameter gain",
+        "kind 'int'",
+    ),
+    "duplicate": (
+        "params=(Param('gain', 1.0, 'g', learnable=True), Param('gain', 2.0, 'h'))",
+        "two parameters named 'gain'",
+    ),
+    "query_dependent": (
+        "params=(Param('gain', 1.0, 'g', learnable=True),), query_dependent=('gian',)",
+        "query_dependent names 'gian'",
+        "(gain)",
+    ),
+    "query_dependent_text": (
+        "params=(Param('gain', 1.0, 'g', learnable=True),), query_dependent='gain'",
+        "query_dependent must be a tuple",
+    ),
     "fused": ("fused='softmax'", "fused path 'softmax'", "declaring its family"),
     "fused_unknown": ("fused='nope'", "fused path 'nope'", "declaring its family"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -170,8 +229,9 @@ def test_attend_refuses_a_fused_path_that_does_not_exist(register_normalizer):
 
     from sharpattn.attention import attend
 
-    name = register_normalizer(nz.Normalizer("test-fused-nope", nz.softmax, "softmax", "test",
-                                             True, fused="nope"))  # fmt: skip
+    name = register_normalizer(
+        nz.Normalizer("test-fused-nope", nz.softmax, "softmax", "test", True, fused="nope")
+    )
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="names the fused path 'nope', which does not exist"):
         attend(q, q, q, name)
@@ -187,24 +247,30 @@ def test_ctrl_c_on_import_is_not_swallowed(plugins):
 
 #: plug-ins that pass the probe (6 keys) and fail in a model: in training, or on long inputs
 FAILING = {
-    "nan_beyond_6": ("from sharpattn.normalizers import softmax\n"
-                     "def fn(s, mask=None, check_finite=True):\n"
-                     "    w = softmax(s, mask, check_finite=check_finite)\n"
-                     "    return w * float('nan') if s.shape[-1] > 6 else w\n",
-                     "at training step 1: it gave a NaN or infinite weight"),
-    "raises_when_long": ("from sharpattn.normalizers import softmax\n"
-                         "def fn(s, mask=None, check_finite=True):\n"
-                         "    if s.shape[-1] > 40:\n"
-                         "        raise RuntimeError('too long for me')\n"
-                         "    return softmax(s, mask, check_finite=check_finite)\n",
-                         "in evaluation at size 64: it raised RuntimeError: too long for me"),
-    "exits_in_training": ("import sys\nfrom sharpattn.normalizers import softmax\n"
-                          "def fn(s, mask=None, check_finite=True):\n"
-                          "    if s.shape[-1] > 6:\n"
-                          "        sys.exit(5)\n"
-                          "    return softmax(s, mask, check_finite=check_finite)\n",
-                          "at training step 1: it raised SystemExit: 5"),
-}  # fmt: skip
+    "nan_beyond_6": (
+        "from sharpattn.normalizers import softmax\n"
+        "def fn(s, mask=None, check_finite=True):\n"
+        "    w = softmax(s, mask, check_finite=check_finite)\n"
+        "    return w * float('nan') if s.shape[-1] > 6 else w\n",
+        "at training step 1: it gave a NaN or infinite weight",
+    ),
+    "raises_when_long": (
+        "from sharpattn.normalizers import softmax\n"
+        "def fn(s, mask=None, check_finite=True):\n"
+        "    if s.shape[-1] > 40:\n"
+        "        raise RuntimeError('too long for me')\n"
+        "    return softmax(s, mask, check_finite=check_finite)\n",
+        "in evaluation at size 64: it raised RuntimeError: too long for me",
+    ),
+    "exits_in_training": (
+        "import sys\nfrom sharpattn.normalizers import softmax\n"
+        "def fn(s, mask=None, check_finite=True):\n"
+        "    if s.shape[-1] > 6:\n"
+        "        sys.exit(5)\n"
+        "    return softmax(s, mask, check_finite=check_finite)\n",
+        "at training step 1: it raised SystemExit: 5",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(FAILING))
@@ -218,8 +284,12 @@ def test_a_plugin_failing_in_a_model_stops_its_jobs_and_keeps_the_others(
     plugins(module, source)
     out = tmp_path / "run"
     assert main([*TINY, "--method", f"{module}:fn", "--out", str(out)]) == 2
-    err = one_sentence(capsys, f"method '{module}:fn' failed on task flip_flop (seed 0) {where}",
-                       "(2 of its 2 jobs failed)", "the report covers the other methods")  # fmt: skip
+    err = one_sentence(
+        capsys,
+        f"method '{module}:fn' failed on task flip_flop (seed 0) {where}",
+        "(2 of its 2 jobs failed)",
+        "the report covers the other methods",
+    )
     assert "Traceback" not in err
     csv = (out / "leaderboard.csv").read_text().splitlines()
     assert [line.split(",")[1] for line in csv[1:]] == ["softmax"]
@@ -288,12 +358,24 @@ def test_against_all_is_the_paired_t_test_over_seeds_of_the_mean_score():
 
     from sharpattn.experiments import leaderboard as lb
 
-    acc = {"mine": [[0.9, 0.5], [0.8, 0.4], [1.0, 0.7]],
-           "softmax": [[0.5, 0.1], [0.6, 0.3], [0.4, 0.0]],
-           "sink": [[0.7, 0.2], [0.9, 0.5], [0.6, 0.6]]}  # fmt: skip
-    rows = [{"task": "flip_flop", "method": m, "seed": s, "size": size, "acc": a[s][i],
-             "token_acc": a[s][i]}
-            for m, a in acc.items() for s in range(3) for i, size in enumerate((16, 64))]  # fmt: skip
+    acc = {
+        "mine": [[0.9, 0.5], [0.8, 0.4], [1.0, 0.7]],
+        "softmax": [[0.5, 0.1], [0.6, 0.3], [0.4, 0.0]],
+        "sink": [[0.7, 0.2], [0.9, 0.5], [0.6, 0.6]],
+    }
+    rows = [
+        {
+            "task": "flip_flop",
+            "method": m,
+            "seed": s,
+            "size": size,
+            "acc": a[s][i],
+            "token_acc": a[s][i],
+        }
+        for m, a in acc.items()
+        for s in range(3)
+        for i, size in enumerate((16, 64))
+    ]
     got = {c["method"]: c for c in lb.against_all(rows, "mine", ["flip_flop"])}
     assert sorted(got) == ["sink", "softmax"]
     score = {m: [lb.seq.area([16, 64], a[s]) for s in range(3)] for m, a in acc.items()}
@@ -358,7 +440,9 @@ def test_a_plugin_that_declares_a_row_normalised_family_gets_the_tile_path(plugi
     from sharpattn.attention.masking import Masking
     from sharpattn.normalizers import plugin
 
-    plugins("plug_rownorm", """
+    plugins(
+        "plug_rownorm",
+        """
         import torch
         from sharpattn import normalizers as nz
         from sharpattn.normalizers.families import RowNormalised
@@ -372,7 +456,8 @@ def test_a_plugin_that_declares_a_row_normalised_family_gets_the_tile_path(plugi
         FAM = RowNormalised(u, a, ref=torch.abs, constants=("p",))
         ENTRY = nz.Normalizer("x", FAM.weights, "sign(s)|s|^p / Σ|s|^p", "-", False,
                               params=(nz.Param("p", 2.0, "p >= 1", low=1.0),), family=FAM)
-        """)  # fmt: skip
+        """,
+    )
     entry = plugin.load("plug_rownorm:ENTRY")
     assert entry.fused == "row_normalised" and path_of(entry) is not None
     g = torch.Generator().manual_seed(0)
@@ -402,7 +487,9 @@ def test_a_plugin_that_declares_a_row_normalised_family_gets_the_tile_path(plugi
 def test_a_plugin_family_that_is_not_its_function_is_refused(plugins, body, needle):
     from sharpattn.normalizers import plugin
 
-    plugins("plug_bad_family", f"""
+    plugins(
+        "plug_bad_family",
+        f"""
         import torch
         from sharpattn import normalizers as nz
         from sharpattn.normalizers.families import Elementwise
@@ -416,6 +503,7 @@ def test_a_plugin_family_that_is_not_its_function_is_refused(plugins, body, need
         {body}
         OK = Elementwise(f, row)
         ENTRY = nz.Normalizer("x", OK.weights, "σ(s)", "-", False, family=FAM)
-        """)  # fmt: skip
+        """,
+    )
     with pytest.raises(ValueError, match=needle):
         plugin.load("plug_bad_family:ENTRY")

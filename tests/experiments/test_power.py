@@ -77,15 +77,32 @@ def test_verdict_wording_never_claims_no_difference():
 
 def _rows(scores: dict[str, list[float]], task: str = "flip_flop"):
     """Rows of one size per (method, seed) whose accuracy is the score."""
-    return [{"task": task, "method": m, "seed": s, "size": 16, "acc": v, "token_acc": v,
-             "sets": 8, "length": 18, "skipped": False}
-            for m, vs in scores.items() for s, v in enumerate(vs)]  # fmt: skip
+    return [
+        {
+            "task": task,
+            "method": m,
+            "seed": s,
+            "size": 16,
+            "acc": v,
+            "token_acc": v,
+            "sets": 8,
+            "length": 18,
+            "skipped": False,
+        }
+        for m, vs in scores.items()
+        for s, v in enumerate(vs)
+    ]
 
 
 def test_rank_states_every_comparison_with_its_interval_and_power():
     base = [0.30, 0.32, 0.28, 0.31, 0.29, 0.30, 0.33, 0.27, 0.30, 0.31]
-    rows = _rows({"softmax": base, "good": [b + 0.2 for b in base[:9]] + [0.52],
-                  "noisy": [b + (0.1 if i % 2 else -0.1) for i, b in enumerate(base)]})  # fmt: skip
+    rows = _rows(
+        {
+            "softmax": base,
+            "good": [b + 0.2 for b in base[:9]] + [0.52],
+            "noisy": [b + (0.1 if i % 2 else -0.1) for i, b in enumerate(base)],
+        }
+    )
     table = leaderboard.rank(rows, ["flip_flop"])
     by = {e["method"]: e for e in table}
     good, noisy = by["good"], by["noisy"]
@@ -97,8 +114,12 @@ def test_rank_states_every_comparison_with_its_interval_and_power():
     assert noisy["power"]["at_power"] == pytest.approx(detectable_at_power(e.sd, 10, 0.025))
     assert by["good"]["tasks"]["flip_flop"]["power"]["verdict"] == "better"
     shown, raw = leaderboard.effects(table, ["flip_flop"])
-    assert [r[:2] for r in shown] == [["overall", "good"], ["overall", "noisy"],
-                                      ["flip_flop", "good"], ["flip_flop", "noisy"]]  # fmt: skip
+    assert [r[:2] for r in shown] == [
+        ["overall", "good"],
+        ["overall", "noisy"],
+        ["flip_flop", "good"],
+        ["flip_flop", "noisy"],
+    ]
     assert len(shown[0]) == len(leaderboard.EFFECT_HEADER)
     assert shown[0][4].startswith("[+0.1") and "does not differ" not in str(shown)
 
@@ -130,13 +151,15 @@ def test_a_run_that_could_see_the_papers_effect_and_did_not_says_not_reproduced(
     from sharpattn.lab.stats import reproduction_verdict
 
     a = np.zeros(12)
-    small = np.array([0.003, -0.002, 0.001, -0.003, 0.002, -0.001, 0.0, 0.002, -0.002, 0.001,
-                      -0.001, 0.0])  # fmt: skip
+    small = np.array(
+        [0.003, -0.002, 0.001, -0.003, 0.002, -0.001, 0.0, 0.002, -0.002, 0.001, -0.001, 0.0]
+    )
     v = reproduction_verdict(a, small, paper="-0.02", sign=-1, paper_effect=-0.02)
     assert v.verdict.startswith("not reproduced") and v.detectable < 0.02
     assert not v.effect.low <= -0.02 <= v.effect.high
     inside = reproduction_verdict(a, small, paper="-0.001", sign=-1, paper_effect=-0.001)
     assert inside.verdict.startswith("not detectable")
-    noisy = reproduction_verdict(a[:3], [0.05, -0.04, 0.01], paper="-0.02", sign=-1,
-                                 paper_effect=-0.02)  # fmt: skip
+    noisy = reproduction_verdict(
+        a[:3], [0.05, -0.04, 0.01], paper="-0.02", sign=-1, paper_effect=-0.02
+    )
     assert noisy.verdict.startswith("not detectable") and noisy.detectable > 0.02

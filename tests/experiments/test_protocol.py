@@ -61,10 +61,12 @@ def test_the_generated_help_has_every_option_with_its_default(name):
 
 
 def test_listing_the_commands_imports_no_experiment():
-    code = ("import sys; from click.testing import CliRunner; from sharpattn.cli import cli; "
-            "CliRunner().invoke(cli, ['reproduce', '--help']); "
-            f"print([m for m in {NAMES!r} if 'sharpattn.experiments.' + m.replace('-', '_') "
-            "in sys.modules])")  # fmt: skip
+    code = (
+        "import sys; from click.testing import CliRunner; from sharpattn.cli import cli; "
+        "CliRunner().invoke(cli, ['reproduce', '--help']); "
+        f"print([m for m in {NAMES!r} if 'sharpattn.experiments.' + m.replace('-', '_') "
+        "in sys.modules])"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -77,7 +79,13 @@ def test_a_combination_a_study_refuses_is_one_sentence():
 
 def test_defaults_are_written_as_people_write_them():
     assert [describe_default(v) for v in (1e-3, 3e-2, 0.25, 2.5, 256, "qv")] == [
-        "1e-3", "3e-2", "0.25", "2.5", "256", "qv"]  # fmt: skip
+        "1e-3",
+        "3e-2",
+        "0.25",
+        "2.5",
+        "256",
+        "qv",
+    ]
 
 
 def test_an_unknown_option_kind_is_refused():

@@ -15,8 +15,17 @@ from sharpattn.lab.stats import paired_effect
 
 pytestmark = pytest.mark.numerical
 
-TINY = dict(seeds=2, group=2, steps=20, batch=16, threads=1, sizes=(16, 64), test_sets=100, checkpoint_every=10,
-            log_every=10)  # fmt: skip
+TINY = dict(
+    seeds=2,
+    group=2,
+    steps=20,
+    batch=16,
+    threads=1,
+    sizes=(16, 64),
+    test_sets=100,
+    checkpoint_every=10,
+    log_every=10,
+)
 
 
 def test_study_trains_each_reading_and_compares_with_the_paper(tmp_path):
@@ -35,9 +44,11 @@ def test_study_trains_each_reading_and_compares_with_the_paper(tmp_path):
     assert row["gap_sizes"] == [64]  # no size of GAP_SIZES: those beyond training
     assert row["baseline"]["gap"] == pytest.approx(e.mean)
     assert (row["baseline"]["low"], row["baseline"]["high"]) == pytest.approx((e.low, e.high))
-    assert row["verdict"].split(" (")[0] in ("consistent with the paper's column",
-                                            "below the paper's column",
-                                            "above the paper's column")  # fmt: skip
+    assert row["verdict"].split(" (")[0] in (
+        "consistent with the paper's column",
+        "below the paper's column",
+        "above the paper's column",
+    )
     # adamw against l2, paired over the same seeds
     other = json.loads((tmp_path / "adamw" / "accuracy.json").read_text())
     v = paired_effect(ours, [other["baseline"][s]["64"] for s in ("0", "1")])
@@ -74,8 +85,14 @@ def test_gap_sizes():
 
 
 def test_cli_refuses_an_unknown_reading(tmp_path, capsys):
-    argv = ["reproduce", "max-retrieval-regularisers", "--regularisers", "l2,l1", "--out",
-            str(tmp_path / "s")]  # fmt: skip
+    argv = [
+        "reproduce",
+        "max-retrieval-regularisers",
+        "--regularisers",
+        "l2,l1",
+        "--out",
+        str(tmp_path / "s"),
+    ]
     assert main(argv) == 2
     assert "unknown regulariser 'l1'" in capsys.readouterr().err
 
@@ -99,8 +116,14 @@ def test_a_reading_takes_the_trained_seeds_of_a_run_with_its_settings(tmp_path, 
     out = tmp_path / "study"
     trained = []
     real = mr.train_runs
-    monkeypatch.setattr(mr, "train_runs", lambda runs, *a: trained.extend(
-        p.name for p, c in runs if not mr.group_dir(p, [0, 1]).exists()) or real(runs, *a))  # fmt: skip
+    monkeypatch.setattr(
+        mr,
+        "train_runs",
+        lambda runs, *a: (
+            trained.extend(p.name for p, c in runs if not mr.group_dir(p, [0, 1]).exists())
+            or real(runs, *a)
+        ),
+    )
     result = rg.study(out, config, ["l2", "adamw"], reuse=source)
     assert trained == ["adamw"]  # ... so only the other reading trains
     assert (out / "l2" / log).read_bytes() == (source / log).read_bytes()

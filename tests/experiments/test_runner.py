@@ -47,8 +47,12 @@ def test_run_folder_lists_the_code_versions_that_ran_it(tmp_path, monkeypatch):
     here = runner.code_version()
     assert here["version"] == sharpattn.__version__
     # in a git checkout (the tests' own): the commit that the checkout has
-    head = subprocess.run(["git", "-C", str(Path(runner.__file__).parent), "rev-parse", "HEAD"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(Path(runner.__file__).parent), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert here["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
     RunFolder(tmp_path, "demo", {"a": 1})
     RunFolder(tmp_path, "demo", {"a": 1})  # resumed by the same code: listed once
@@ -317,8 +321,13 @@ with runner.threads(1):
 def test_the_runner_keeps_freed_memory_so_steps_do_not_fault_pages_in_again():
     # glibc's defaults fault in and zero ~1,700 pages per step of this loop (measured); with the
     # runner's policy the freed blocks are reused: fewer faults per step than one tensor has pages
-    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_STEP], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_PER_STEP],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert float(out.stdout.split()[-1]) < 768 / 4
 
 
@@ -354,10 +363,20 @@ def _toy(folder: Path, steps: int = 40, members: int = 1, progress=None, log_at=
             return {"w_norm": float(sum(p.norm() for p in model.parameters()))}
 
     return Trainer(
-        folder, model, torch.optim.Adam(model.parameters(), lr=1e-2), steps=steps, batch=batch,
-        loss=loss, generators={"data": data}, checkpoint_every=10, log_every=5, on_log=on_log,
-        progress=progress, report_every=5, log_at=log_at,
-    )  # fmt: skip
+        folder,
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        steps=steps,
+        batch=batch,
+        loss=loss,
+        generators={"data": data},
+        checkpoint_every=10,
+        log_every=5,
+        on_log=on_log,
+        progress=progress,
+        report_every=5,
+        log_at=log_at,
+    )
 
 
 class _Batch:
@@ -381,10 +400,15 @@ def test_trainer_moves_the_model_and_every_batch_to_its_device(tmp_path):
         return m(b.x).square().mean()
 
     t = Trainer(
-        tmp_path / "run", model, torch.optim.SGD(model.parameters(), lr=0.1), steps=3,
-        batch=lambda step: _Batch(torch.randn(4, 3, generator=data), moves), loss=loss,
-        generators={"data": data}, device="cpu",
-    )  # fmt: skip
+        tmp_path / "run",
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        steps=3,
+        batch=lambda step: _Batch(torch.randn(4, 3, generator=data), moves),
+        loss=loss,
+        generators={"data": data},
+        device="cpu",
+    )
     assert t.device == torch.device("cpu") and Trainer(
         tmp_path / "other", model, t.optimizer, steps=1, batch=None, loss=None
     ).device == torch.device("cpu")  # the default
@@ -497,9 +521,25 @@ def test_markdown_table_csv_and_report(tmp_path):
 
 
 def test_max_retrieval_resumes_after_kill_9(tmp_path):
-    args = ["reproduce", "max-retrieval", "--quick", "--seeds", "2", "--group", "2", "--steps",
-            "400", "--sizes", "16,64", "--test-sets", "200", "--checkpoint-every", "50",
-            "--threads", "1"]  # fmt: skip
+    args = [
+        "reproduce",
+        "max-retrieval",
+        "--quick",
+        "--seeds",
+        "2",
+        "--group",
+        "2",
+        "--steps",
+        "400",
+        "--sizes",
+        "16,64",
+        "--test-sets",
+        "200",
+        "--checkpoint-every",
+        "50",
+        "--threads",
+        "1",
+    ]
     assert sharpattn(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
     proc = sharpattn(*args, "--out", str(tmp_path / "b"))
     kill_9_once_written(proc, tmp_path / "b" / "train" / "seeds0-1" / "checkpoint.safetensors")
@@ -537,8 +577,12 @@ def test_ctrl_c_at_any_moment_checkpoints_a_state_an_uninterrupted_run_passes(tm
     folder = tmp_path / "killed"
     here = Path(__file__).parent  # test_runner, and the helpers beside conftest (processes.py)
     code = _SIGINT_CHILD.format(tests=str(here), helpers=str(here.parent), folder=str(folder))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_as_at_a_terminal)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(delay)

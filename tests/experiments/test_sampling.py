@@ -71,9 +71,14 @@ def test_evaluate_draws_blocks_until_the_rule_says_enough(p, monkeypatch):
     got = seq.evaluate(_Oracle(), task, 64, cfg)
     # independently: the first multiple of 16 at or above 32 where the float64 Agresti-Coull
     # error of the stream's prefix is at most 0.04, else the cap
-    n = next((n for n in range(32, 513, 16)
-              if math.sqrt((x := (solved[n - 1] + 2.0) / (n + 4)) * (1 - x) / (n + 4)) <= 0.04),
-             512)  # fmt: skip
+    n = next(
+        (
+            n
+            for n in range(32, 513, 16)
+            if math.sqrt((x := (solved[n - 1] + 2.0) / (n + 4)) * (1 - x) / (n + 4)) <= 0.04
+        ),
+        512,
+    )
     assert got["sets"] == n and got["acc"] == pytest.approx(float(solved[n - 1]) / n, abs=0)
     if p in (0.0, 1.0):
         assert n == 32
@@ -81,8 +86,9 @@ def test_evaluate_draws_blocks_until_the_rule_says_enough(p, monkeypatch):
     assert fixed["sets"] == 96  # without adaptive sampling: every one of eval_sets
 
 
-def test_the_stopping_rule_skips_sizes_after_consecutive_zeros_beyond_training(tmp_path,
-                                                                               monkeypatch):  # fmt: skip
+def test_the_stopping_rule_skips_sizes_after_consecutive_zeros_beyond_training(
+    tmp_path, monkeypatch
+):
     """flip_flop trains at 16-48: zeros inside that range do not count, a non-zero size resets
     the count, and after two zeros beyond it the larger sizes are not evaluated (acc 0, marked
     skipped, no token accuracy), even one the model would have solved."""
@@ -102,8 +108,13 @@ def test_the_stopping_rule_skips_sizes_after_consecutive_zeros_beyond_training(t
     by = {r["size"]: r for r in rows}
     assert [s for s in acc if by[s]["skipped"]] == [1024, 2048]
     assert by[1024]["acc"] == 0 and by[1024]["sets"] == 0 and math.isnan(by[1024]["token_acc"])
-    assert seq.stopping(rows) == {"runs": 1, "stopped": 1, "cells": 6, "skipped": 2,
-                                  "sequences": 6 * 32}  # fmt: skip
+    assert seq.stopping(rows) == {
+        "runs": 1,
+        "stopped": 1,
+        "cells": 6,
+        "skipped": 2,
+        "sequences": 6 * 32,
+    }
     # the token-accuracy means leave the skipped sizes out; accuracy counts them as 0
     m = seq.measures(rows)[("flip_flop", "softmax")][cfg.seed]
     assert m["ood_token"] == pytest.approx(0.5) and m["ood"] == pytest.approx(0.5 / 6)
@@ -129,8 +140,13 @@ def test_holm_against_an_independent_step_down():
     finite = [0.005, 0.01, 0.03, 0.04, 0.5]  # sorted; m = 5
     steps = [min(1.0, (5 - i) * v) for i, v in enumerate(finite)]  # 0.025, 0.04, 0.09, 0.08, 0.5
     monotone = list(np.maximum.accumulate(steps))  # 0.025, 0.04, 0.09, 0.09, 0.5
-    want = {0.005: monotone[0], 0.01: monotone[1], 0.03: monotone[2], 0.04: monotone[3],
-            0.5: monotone[4]}  # fmt: skip
+    want = {
+        0.005: monotone[0],
+        0.01: monotone[1],
+        0.03: monotone[2],
+        0.04: monotone[3],
+        0.5: monotone[4],
+    }
     got = holm(p)
     assert np.isnan(got[2])
     for i in (0, 1, 3, 4, 5):
@@ -140,8 +156,9 @@ def test_holm_against_an_independent_step_down():
 
 def test_standard_profile_runs_every_task_and_method_with_the_budget_rules():
     cfg = leaderboard.make_config("standard")
-    assert set(cfg.tasks) == set(leaderboard.catalogue(cfg)["tasks"][i]["task"]
-                                 for i in range(len(cfg.tasks)))  # fmt: skip
+    assert set(cfg.tasks) == set(
+        leaderboard.catalogue(cfg)["tasks"][i]["task"] for i in range(len(cfg.tasks))
+    )
     assert len(cfg.tasks) == 8 and set(cfg.methods) == set(seq.methods()) and cfg.seeds == 3
     assert cfg.eval_se > 0 and cfg.stop_zeros == 2 and cfg.eval_factor >= 16
     for t in cfg.tasks:
@@ -168,14 +185,22 @@ def test_sizes_given_as_a_task_option_are_kept_whatever_the_factor(monkeypatch):
     assert seq.sizes_of(cfg, "flip_flop") == [16, 32, 64, 100]
 
 
-def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired(tmp_path,
-                                                                                  monkeypatch):  # fmt: skip
+def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired(
+    tmp_path, monkeypatch
+):
     def fake(model, t, size, cfg):
         return {"acc": 0.0 if size > 48 else 1.0, "token_acc": 0.5, "sets": 32, "length": 1}
 
     monkeypatch.setattr(seq.training, "evaluate", fake)
-    cfg = leaderboard.make_config("standard", tasks=("flip_flop",), methods=("softmax", "sink"),
-                                  seeds=2, steps=2, task_steps={}, workers=1)  # fmt: skip
+    cfg = leaderboard.make_config(
+        "standard",
+        tasks=("flip_flop",),
+        methods=("softmax", "sink"),
+        seeds=2,
+        steps=2,
+        task_steps={},
+        workers=1,
+    )
     assert seq.steps_of(cfg, "flip_flop") == 2  # not the profile's steps for the task
     result = leaderboard.run(tmp_path, cfg)
     report = (tmp_path / "report.md").read_text()
@@ -188,8 +213,19 @@ def test_the_report_says_how_sequences_were_sampled_and_how_often_the_rule_fired
 def test_models_from_evaluates_another_runs_models_without_training(tmp_path, capsys):
     from sharpattn.cli import main
 
-    tiny = ["--quick", "--methods", "softmax", "--seeds", "1", "--steps", "5", "--eval-sets", "4",
-            "--workers", "1"]  # fmt: skip
+    tiny = [
+        "--quick",
+        "--methods",
+        "softmax",
+        "--seeds",
+        "1",
+        "--steps",
+        "5",
+        "--eval-sets",
+        "4",
+        "--workers",
+        "1",
+    ]
     first, far = tmp_path / "first", tmp_path / "far"
     assert main(["leaderboard", *tiny, "--eval-factor", "1", "--out", str(first)]) == 0
     weights = next(first.glob("train/*/*/seed0/model.safetensors"))
@@ -232,6 +268,7 @@ def test_task_steps_train_a_task_for_its_own_number_of_steps(tmp_path):
     with pytest.raises(ValueError, match="task_steps"):
         _cfg(task_steps={"copy": 0})
     # longer tasks first, so a pool's last jobs are short
-    two = seq.SequenceConfig(tasks=("flip_flop", "copy"), methods=("softmax",), seeds=1,
-                             steps=5, task_steps={"copy": 50})  # fmt: skip
+    two = seq.SequenceConfig(
+        tasks=("flip_flop", "copy"), methods=("softmax",), seeds=1, steps=5, task_steps={"copy": 50}
+    )
     assert [j.task for j in seq.jobs(tmp_path, two)] == ["copy", "flip_flop"]

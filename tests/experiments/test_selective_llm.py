@@ -33,8 +33,19 @@ def _ids(n: int = 800) -> torch.Tensor:
 
 
 def _cfg(**kw) -> sl.Config:
-    return sl.Config(**{"steps": 6, "context": 8, "factors": (1, 2, 4), "batch": 2, "lr": 3e-2,
-                        "eval_windows": 3, "checkpoint_every": 2, "threads": 1, **kw})  # fmt: skip
+    return sl.Config(
+        **{
+            "steps": 6,
+            "context": 8,
+            "factors": (1, 2, 4),
+            "batch": 2,
+            "lr": 3e-2,
+            "eval_windows": 3,
+            "checkpoint_every": 2,
+            "threads": 1,
+            **kw,
+        }
+    )
 
 
 def test_fine_tunes_only_the_temperatures_from_an_identity(tmp_path):
@@ -91,8 +102,10 @@ def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(tmp_p
     _, resumed = sl.run(tmp_path / "cut", _cfg(), net=_net(), ids=_ids())
     assert resumed["rows"] == whole["rows"]
     assert resumed["position_coefficient"] == whole["position_coefficient"]
-    steps = [json.loads(line)["step"] for line in
-             (tmp_path / "cut" / "train" / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "cut" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == sorted(set(steps))  # no step logged twice after the resume
 
 
@@ -115,8 +128,17 @@ def test_bad_configurations_are_refused_in_one_sentence(tmp_path):
 
 
 #: the command on tests/tiny_hf.py's Llama (tiny_hf.pretrained), one thread, 16-token windows
-CLI = ["reproduce", "selective-llm", "--quick", "--eval-windows", "1", "--context", "16",
-       "--threads", "1"]  # fmt: skip
+CLI = [
+    "reproduce",
+    "selective-llm",
+    "--quick",
+    "--eval-windows",
+    "1",
+    "--context",
+    "16",
+    "--threads",
+    "1",
+]
 
 
 def _untimed(metrics: dict) -> dict:

@@ -21,8 +21,19 @@ def corpus():
 
 
 def tiny(**kw):
-    base = dict(layers=1, d_model=32, n_heads=2, context=32, eval_contexts=(32, 64, 128),
-                steps=80, batch=8, lr=3e-3, warmup=5, seeds=1, eval_tokens=1024)  # fmt: skip
+    base = dict(
+        layers=1,
+        d_model=32,
+        n_heads=2,
+        context=32,
+        eval_contexts=(32, 64, 128),
+        steps=80,
+        batch=8,
+        lr=3e-3,
+        warmup=5,
+        seeds=1,
+        eval_tokens=1024,
+    )
     return exp.LMConfig(**{**base, **kw})
 
 

@@ -34,9 +34,22 @@ def _ids(n: int = 800) -> torch.Tensor:
 
 
 def _cfg(**kw) -> sl.Config:
-    return sl.Config(**{"steps": 6, "context": 8, "factors": (1, 2, 4), "batch": 2, "lr": 3e-2,
-                        "eval_windows": 3, "checkpoint_every": 2, "threads": 1, "lora": 2,
-                        "lora_lr": 3e-2, "seeds": 2, **kw})  # fmt: skip
+    return sl.Config(
+        **{
+            "steps": 6,
+            "context": 8,
+            "factors": (1, 2, 4),
+            "batch": 2,
+            "lr": 3e-2,
+            "eval_windows": 3,
+            "checkpoint_every": 2,
+            "threads": 1,
+            "lora": 2,
+            "lora_lr": 3e-2,
+            "seeds": 2,
+            **kw,
+        }
+    )
 
 
 def test_the_arms_differ_only_in_the_temperatures():
@@ -45,8 +58,10 @@ def test_the_arms_differ_only_in_the_temperatures():
     cfg = _cfg()
     net = _net()
     arms = {name: copy.deepcopy(net) for name, _ in sl.ARMS}
-    held = {name: adapters.prepare(arms[name], m, sl.arm_params(m, cfg), cfg.lora, seed=5)
-            for name, m in sl.ARMS}  # fmt: skip
+    held = {
+        name: adapters.prepare(arms[name], m, sl.arm_params(m, cfg), cfg.lora, seed=5)
+        for name, m in sl.ARMS
+    }
     soft, sel = held["softmax"].state_dict(), held["selective"].state_dict()
     assert set(soft) < set(sel)
     assert all(torch.equal(soft[k], sel[k]) for k in soft)  # the same adapters
@@ -98,8 +113,21 @@ def test_the_matched_study_is_refused_what_it_cannot_do(tmp_path):
 
 
 #: the command on tests/tiny_hf.py's Llama (tiny_hf.pretrained), one thread, 16-token windows
-CLI = ["reproduce", "selective-llm", "--quick", "--lora", "2", "--eval-windows", "1",
-       "--context", "16", "--checkpoint-every", "20", "--threads", "1"]  # fmt: skip
+CLI = [
+    "reproduce",
+    "selective-llm",
+    "--quick",
+    "--lora",
+    "2",
+    "--eval-windows",
+    "1",
+    "--context",
+    "16",
+    "--checkpoint-every",
+    "20",
+    "--threads",
+    "1",
+]
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_one(

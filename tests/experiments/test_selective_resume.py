@@ -28,15 +28,29 @@ TABLES = ("graph.md", "denoise.md", "lm.md", "overhead.md")
 
 
 def tiny(**kw) -> exp.ReproduceConfig:
-    lm = LMConfig(layers=1, d_model=32, n_heads=2, context=32, eval_contexts=(32, 64),
-                      steps=8, batch=4, warmup=2, seeds=1, eval_tokens=256, text=str(CORPUS),
-                      variants=("vanilla", "qv · both"))  # fmt: skip
+    lm = LMConfig(
+        layers=1,
+        d_model=32,
+        n_heads=2,
+        context=32,
+        eval_contexts=(32, 64),
+        steps=8,
+        batch=4,
+        warmup=2,
+        seeds=1,
+        eval_tokens=256,
+        text=str(CORPUS),
+        variants=("vanilla", "qv · both"),
+    )
     return exp.ReproduceConfig(
         graph=GraphConfig(steps=12, batch=16, lr=1e-2, seeds=2),
-        denoise=DenoiseConfig(steps=10, batch=8, lr=1e-2, seeds=2, sigmas=(0.2, 0.4),
-                                  main_sigma=0.2, eval_samples=64),  # fmt: skip
-        lm=lm, checkpoint_every=3, **kw,
-    )  # fmt: skip
+        denoise=DenoiseConfig(
+            steps=10, batch=8, lr=1e-2, seeds=2, sigmas=(0.2, 0.4), main_sigma=0.2, eval_samples=64
+        ),
+        lm=lm,
+        checkpoint_every=3,
+        **kw,
+    )
 
 
 def untimed(obj):
@@ -111,9 +125,25 @@ def test_a_folder_of_another_configuration_is_refused(tmp_path):
 
 
 def _cli(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from sharpattn.cli import main; sys.exit(main())",
-            "reproduce", "selective", "--quick", "--tasks", "graph", "--seeds", "2",
-            "--steps", "300", "--checkpoint-every", "25", "--out", str(out), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from sharpattn.cli import main; sys.exit(main())",
+        "reproduce",
+        "selective",
+        "--quick",
+        "--tasks",
+        "graph",
+        "--seeds",
+        "2",
+        "--steps",
+        "300",
+        "--checkpoint-every",
+        "25",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_kill_9_then_rerun_finishes_with_the_same_numbers(tmp_path):

@@ -56,8 +56,9 @@ def test_shifted_stick_breaking_trains_its_own_model_with_scores_shifted_by_minu
     s = torch.randn(1, 1, 5, 5, dtype=torch.float64)
     i = torch.arange(1, 6, dtype=torch.float64)[:, None]  # query i's 1-based position
     mask = torch.ones(5, 5, dtype=torch.bool).tril()
-    assert torch.allclose(stick_breaking(s, mask, shift_log_position=-1.0),
-                          stick_breaking(s - torch.log(i), mask))  # fmt: skip
+    assert torch.allclose(
+        stick_breaking(s, mask, shift_log_position=-1.0), stick_breaking(s - torch.log(i), mask)
+    )
 
 
 def test_compare_is_scipys_paired_t_test():
@@ -74,16 +75,21 @@ def test_compare_is_scipys_paired_t_test():
 
 # --- one job, and the commands end to end ------------------------------------------------------
 
-TINY = ["--seeds", "2", "--steps", "30", "--eval-factor", "2", "--eval-sets", "8",
-        "--workers", "1"]  # fmt: skip
+TINY = ["--seeds", "2", "--steps", "30", "--eval-factor", "2", "--eval-sets", "8", "--workers", "1"]
 
 
 def test_adaptive_at_inference_is_the_softmax_model_evaluated_with_adaptive(tmp_path):
     """One training per recipe: `adaptive (inference)` evaluates the softmax job's model with
     adaptive temperature, on the same test sequences (paired), and differs from softmax only
     there; every accuracy is a fraction of the test sequences."""
-    cfg = leaderboard.make_config("quick", methods=("softmax", "adaptive (inference)"),
-                                  steps=30, eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
+    cfg = leaderboard.make_config(
+        "quick",
+        methods=("softmax", "adaptive (inference)"),
+        steps=30,
+        eval_factor=2,
+        eval_sets=8,
+        workers=1,
+    )
     job = seq.jobs(tmp_path, cfg)[0]
     assert [m.name for m in job.methods] == ["softmax", "adaptive (inference)"]
     rows = seq.run_job(job)
@@ -110,8 +116,13 @@ def test_leaderboard_command_writes_ranked_tables_and_plots(tmp_path):
     out = tmp_path / "lb"
     args = ["leaderboard", "--quick", "--methods", "softmax,sink", *TINY, "--out", str(out)]
     assert main(args) == 0
-    for name in ("leaderboard.md", "leaderboard.csv", "accuracy.md", "leaderboard.png",
-                 "report.md"):  # fmt: skip
+    for name in (
+        "leaderboard.md",
+        "leaderboard.csv",
+        "accuracy.md",
+        "leaderboard.png",
+        "report.md",
+    ):
         assert (out / name).is_file(), name
     lines = (out / "leaderboard.csv").read_text().splitlines()
     assert lines[0].startswith("rank,method,score") and len(lines) == 3
@@ -130,8 +141,12 @@ def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))  # kept to inspect
     names = [f"m{i}" for i in range(len(seq.methods()))]
     tasks = ["copy", "flip_flop", "local_count", "mqar", "passkey", "reverse", "sort", "two_back"]
-    rows = [{"task": t, "method": m, "seed": 0, "size": n, "acc": 0.5}
-            for t in tasks for m in names for n in (16, 64)]  # fmt: skip
+    rows = [
+        {"task": t, "method": m, "seed": 0, "size": n, "acc": 0.5}
+        for t in tasks
+        for m in names
+        for n in (16, 64)
+    ]
     seq.plot_curves(tmp_path / "c.png", rows, tasks, names, "title")
     assert (tmp_path / "c.png").is_file()
     fig = figures[-1]
@@ -149,8 +164,16 @@ def test_curves_of_many_methods_keep_every_line_apart_and_the_legend_inside(tmp_
 
 def test_reproduce_clrs_command(tmp_path):
     out = tmp_path / "clrs"
-    args = ["reproduce", "clrs", "--quick", "--tasks", "minimum,insertion_sort", *TINY,
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "reproduce",
+        "clrs",
+        "--quick",
+        "--tasks",
+        "minimum,insertion_sort",
+        *TINY,
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     table = (out / "clrs.csv").read_text().splitlines()
     assert len(table) == 1 + 2 * 2  # two algorithms x (softmax, adaptive)
@@ -167,11 +190,16 @@ def test_clrs_verdicts_are_paired_over_seeds_beyond_the_training_sizes():
     from sharpattn.experiments import clrs
 
     hi = (0, 8)  # training range of the made-up task: sizes 4, 8 inside; 16, 32 beyond
-    acc = {"softmax": [[0.9, 0.2, 0.0], [0.8, 0.1, 0.1], [0.9, 0.3, 0.0]],
-           "adaptive": [[0.9, 0.4, 0.2], [0.9, 0.3, 0.1], [0.8, 0.4, 0.2]]}  # fmt: skip
-    rows = [{"task": "t", "method": m, "seed": s, "size": n, "acc": a[s][i], "token_acc": 0.5}
-            for m, a in acc.items() for s in range(3)
-            for i, n in enumerate((8, 16, 32))]  # fmt: skip
+    acc = {
+        "softmax": [[0.9, 0.2, 0.0], [0.8, 0.1, 0.1], [0.9, 0.3, 0.0]],
+        "adaptive": [[0.9, 0.4, 0.2], [0.9, 0.3, 0.1], [0.8, 0.4, 0.2]],
+    }
+    rows = [
+        {"task": "t", "method": m, "seed": s, "size": n, "acc": a[s][i], "token_acc": 0.5}
+        for m, a in acc.items()
+        for s in range(3)
+        for i, n in enumerate((8, 16, 32))
+    ]
     [j] = clrs.seed_verdicts(rows, ["t"], ["softmax", "adaptive"], spans={"t": hi})
     ood = {m: np.array(a)[:, 1:].mean(1) for m, a in acc.items()}
     v = j["verdict"]
@@ -195,8 +223,15 @@ def test_list_shows_the_tasks_and_methods_and_runs_nothing(tmp_path, monkeypatch
         assert main([*args, "--list", "--out", str(tmp_path / "x")]) == 0
         return buf.getvalue().splitlines()
 
-    out = listed("leaderboard", "--tasks", "passkey", "--methods", "softmax,selective_qv",
-                 "--eval-factor", "8")  # fmt: skip
+    out = listed(
+        "leaderboard",
+        "--tasks",
+        "passkey",
+        "--methods",
+        "softmax,selective_qv",
+        "--eval-factor",
+        "8",
+    )
     row = next(line for line in out if " passkey " in line)
     assert "* passkey" in row and "16-48" in row and "16, 32, 64, 128, 256, 512 " in row
     assert "* flip_flop" not in "\n".join(out) and " flip_flop " in "\n".join(out)
@@ -213,9 +248,26 @@ def test_leaderboard_trains_with_linear_position_biases(tmp_path, positions):
     """--positions reaches every attention layer and the run's config record, and its setup
     sentence names it."""
     out = tmp_path / "lb"
-    args = ["leaderboard", "--quick", "--methods", "sigmoid", "--seeds", "1", "--steps", "5",
-            "--eval-factor", "2", "--eval-sets", "4", "--workers", "1", "--positions", positions,
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "leaderboard",
+        "--quick",
+        "--methods",
+        "sigmoid",
+        "--seeds",
+        "1",
+        "--steps",
+        "5",
+        "--eval-factor",
+        "2",
+        "--eval-sets",
+        "4",
+        "--workers",
+        "1",
+        "--positions",
+        positions,
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     from sharpattn.lab.runner import read_config
 
@@ -245,9 +297,24 @@ def test_mistakes_are_one_sentence_exit_2(tmp_path, capsys, args, words):
 
 
 def test_leaderboard_resumes_after_kill_9_with_the_same_numbers(tmp_path):
-    args = ["leaderboard", "--quick", "--methods", "softmax", "--seeds", "1", "--steps", "300",
-            "--checkpoint-every", "40", "--eval-factor", "2", "--eval-sets", "8",
-            "--workers", "1"]  # fmt: skip
+    args = [
+        "leaderboard",
+        "--quick",
+        "--methods",
+        "softmax",
+        "--seeds",
+        "1",
+        "--steps",
+        "300",
+        "--checkpoint-every",
+        "40",
+        "--eval-factor",
+        "2",
+        "--eval-sets",
+        "8",
+        "--workers",
+        "1",
+    ]
     assert sharpattn(*args, "--out", str(tmp_path / "a")).wait(timeout=300) == 0
     proc = sharpattn(*args, "--out", str(tmp_path / "b"))
     run = "train/flip_flop/softmax/seed0"
@@ -262,8 +329,9 @@ def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypat
     checkpoint, training log: a published run's record) gives the same rows again without
     training, and a job whose rows are missing, or whose evaluation budget changed, is run
     (retrained where its weights are gone)."""
-    cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=30,
-                                  eval_factor=2, eval_sets=8, workers=1)  # fmt: skip
+    cfg = leaderboard.make_config(
+        "quick", methods=("softmax",), seeds=2, steps=30, eval_factor=2, eval_sets=8, workers=1
+    )
     first = [seq.run_job(job) for job in seq.jobs(tmp_path, cfg)]
     for name in runner.TRAINING_FILES:
         for path in tmp_path.rglob(name):
@@ -294,8 +362,9 @@ def test_a_run_stripped_of_its_weights_resumes_from_its_rows(tmp_path, monkeypat
 def test_a_resumed_sweep_counts_its_finished_jobs_from_the_start(tmp_path):
     """The sweep's bar starts at the jobs finished before it (its time left is then the pace of
     the jobs it runs, not of reading old rows), and their "done" events are not counted twice."""
-    cfg = leaderboard.make_config("quick", methods=("softmax",), seeds=2, steps=10,
-                                  eval_factor=2, eval_sets=4, workers=1)  # fmt: skip
+    cfg = leaderboard.make_config(
+        "quick", methods=("softmax",), seeds=2, steps=10, eval_factor=2, eval_sets=4, workers=1
+    )
     first = seq.jobs(tmp_path, cfg)[0]
     seq.run_job(first)
     events = []
@@ -307,8 +376,20 @@ def test_a_resumed_sweep_counts_its_finished_jobs_from_the_start(tmp_path):
 
 # --- rows files and --models-from: what a run folder holds is checked, another run is only read --
 
-SMALL = ["leaderboard", "--quick", "--seeds", "1", "--steps", "5", "--eval-factor", "1",
-         "--eval-sets", "4", "--workers", "1"]  # fmt: skip
+SMALL = [
+    "leaderboard",
+    "--quick",
+    "--seeds",
+    "1",
+    "--steps",
+    "5",
+    "--eval-factor",
+    "1",
+    "--eval-sets",
+    "4",
+    "--workers",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +421,13 @@ def _listing(root):
     """Every path under ``root`` with its modification time and content hash."""
     import hashlib
 
-    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.is_file() and
-            hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(root.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(root)): (
+            p.stat().st_mtime_ns,
+            p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest(),
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_a_rows_file_holds_its_job_its_rows_and_their_digest(trained):
@@ -350,8 +436,9 @@ def test_a_rows_file_holds_its_job_its_rows_and_their_digest(trained):
 
     record = json.loads(_rows(trained, "softmax").read_text())
     assert set(record) == {"job", "rows", "digest"}
-    canonical = json.dumps({"job": record["job"], "rows": record["rows"]}, sort_keys=True,
-                           separators=(",", ":"))  # fmt: skip
+    canonical = json.dumps(
+        {"job": record["job"], "rows": record["rows"]}, sort_keys=True, separators=(",", ":")
+    )
     assert record["digest"] == hashlib.sha256(canonical.encode()).hexdigest()
     assert record["job"]["task"] == "flip_flop" and record["job"]["seed"] == 0
     assert [m["name"] for m in record["job"]["methods"]] == ["softmax"]
@@ -389,11 +476,20 @@ def _damage(case: str, mine: dict, other: dict):
     return json.dumps(value)
 
 
-DAMAGE = {"empty": "holds no rows", "empty record": "holds no rows", "empty row": "has no 'task'",
-          "another job's record": "another job's rows", "another job's rows": "another job's rows",
-          "nan acc": "acc nan", "nan acc, resealed": "acc nan", "acc x": "not a number",
-          "acc above 1": "acc 1.5", "a row missing": "no row for softmax",
-          "digest": "digest does not match", "not a list": "has no 'job'"}  # fmt: skip
+DAMAGE = {
+    "empty": "holds no rows",
+    "empty record": "holds no rows",
+    "empty row": "has no 'task'",
+    "another job's record": "another job's rows",
+    "another job's rows": "another job's rows",
+    "nan acc": "acc nan",
+    "nan acc, resealed": "acc nan",
+    "acc x": "not a number",
+    "acc above 1": "acc 1.5",
+    "a row missing": "no row for softmax",
+    "digest": "digest does not match",
+    "not a list": "has no 'job'",
+}
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
@@ -454,8 +550,17 @@ def test_models_from_only_reads_the_other_run(trained, tmp_path):
         p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     try:
         far = tmp_path / "far"
-        args = [*SMALL, "--methods", "softmax,sink", "--models-from", str(src), "--eval-factor",
-                "2", "--out", str(far)]  # fmt: skip
+        args = [
+            *SMALL,
+            "--methods",
+            "softmax,sink",
+            "--models-from",
+            str(src),
+            "--eval-factor",
+            "2",
+            "--out",
+            str(far),
+        ]
         assert main(args) == 0
         assert _listing(src) == before
         rows = _rows(far, "softmax")
@@ -474,8 +579,16 @@ def test_models_from_only_reads_the_other_run(trained, tmp_path):
 
 
 def _far_cfg(src):
-    return leaderboard.make_config("quick", methods=("softmax",), seeds=1, steps=5,
-                                   eval_factor=2, eval_sets=4, workers=1, models=str(src))  # fmt: skip
+    return leaderboard.make_config(
+        "quick",
+        methods=("softmax",),
+        seeds=1,
+        steps=5,
+        eval_factor=2,
+        eval_sets=4,
+        workers=1,
+        models=str(src),
+    )
 
 
 @pytest.mark.parametrize(
@@ -490,8 +603,9 @@ def _far_cfg(src):
         (["--methods", "softmax", "--seed", "3"], "other settings (seed 0 there, 3 here)"),
     ],
 )
-def test_models_from_refuses_what_the_other_run_cannot_serve(trained, tmp_path, capsys, change,
-                                                             words):  # fmt: skip
+def test_models_from_refuses_what_the_other_run_cannot_serve(
+    trained, tmp_path, capsys, change, words
+):
     """A method, seed or task the other run has no trained model for is refused before any work,
     naming it: nothing is trained there, nothing written here."""
     before = _listing(trained)
@@ -542,8 +656,9 @@ def test_a_method_keeps_its_look_in_every_figure():
 
 
 @pytest.mark.parametrize("tasks, methods", [(1, 2), (1, 23), (8, 24)])
-def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(tmp_path, monkeypatch,
-                                                                       tasks, methods):  # fmt: skip
+def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(
+    tmp_path, monkeypatch, tasks, methods
+):
     import matplotlib.pyplot as plt
     from PIL import Image
 
@@ -552,18 +667,32 @@ def test_heat_map_is_sized_from_its_cells_and_keeps_its_labels_inside(tmp_path, 
     figures = []
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
     names = ["adaptive (inference)", *(f"method_{i}" for i in range(methods - 1))]
-    task_names = ["local_count", "copy", "flip_flop", "mqar", "passkey", "reverse", "sort",
-                  "two_back"][:tasks]  # fmt: skip
-    table = [{"method": m, "score": (0.5, 0.1, 0.5),
-              "tasks": {t: {"auc": (i / methods, 0.0, 1.0)} for t in task_names}}
-             for i, m in enumerate(names)]  # fmt: skip
+    task_names = [
+        "local_count",
+        "copy",
+        "flip_flop",
+        "mqar",
+        "passkey",
+        "reverse",
+        "sort",
+        "two_back",
+    ][:tasks]
+    table = [
+        {
+            "method": m,
+            "score": (0.5, 0.1, 0.5),
+            "tasks": {t: {"auc": (i / methods, 0.0, 1.0)} for t in task_names},
+        }
+        for i, m in enumerate(names)
+    ]
     leaderboard.heat_map(tmp_path / "h.png", table, task_names)
     fig = figures[-1]
     fig.canvas.draw()  # laid out again at the figure's own dpi, which fig.bbox is in
     renderer = fig.canvas.get_renderer()
     frame = fig.bbox
-    texts = [t for ax in fig.axes for t in (ax.yaxis.label, *ax.get_xticklabels(),
-                                            *ax.get_yticklabels())]  # fmt: skip
+    texts = [
+        t for ax in fig.axes for t in (ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels())
+    ]
     bar_label = fig.axes[1].yaxis.label
     assert "area under accuracy" in bar_label.get_text()
     for t in texts:

@@ -599,8 +599,11 @@ def test_text_of_the_synthetic_suite():
     assert re.fullmatch(r"flip_flop:\nsrc: w [01] [wi] [01] r\ntrg: [01]\n", ff.text(b.tokens[0]))
     pk = sq.get("passkey")
     row = pk.batch(7, 1, gen(0)).tokens[0]
-    m = re.fullmatch(r"passkey:\nsrc: ([a-z ]*)key (\d) (\d) (\d) (\d) (\d) ([a-z ]*)\?\n"
-                     r"trg: (\d \d \d \d \d)\n", pk.text(row))  # fmt: skip
+    m = re.fullmatch(
+        r"passkey:\nsrc: ([a-z ]*)key (\d) (\d) (\d) (\d) (\d) ([a-z ]*)\?\n"
+        r"trg: (\d \d \d \d \d)\n",
+        pk.text(row),
+    )
     assert m, pk.text(row)
     assert m[8] == " ".join(m.group(2, 3, 4, 5, 6))
     words = (m[1] + m[7]).split()

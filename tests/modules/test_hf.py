@@ -23,9 +23,15 @@ hf = sharpattn.hf
 
 def _mistral_sliding():
     cfg = transformers.MistralConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=3,
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=3,
+    )
     return transformers.MistralForCausalLM(cfg)
 
 
@@ -288,10 +294,17 @@ def test_llama4_temperature_equals_transformers_llama4_nope_attention():
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
     cfg = Llama4TextConfig(
-        hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
-        num_hidden_layers=1, no_rope_layers=[0], attn_temperature_tuning=True,
-        floor_scale=2, attn_scale=0.5, attention_bias=True,
-    )  # fmt: skip
+        hidden_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        num_hidden_layers=1,
+        no_rope_layers=[0],
+        attn_temperature_tuning=True,
+        floor_scale=2,
+        attn_scale=0.5,
+        attention_bias=True,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     module = Llama4TextAttention(cfg, 0).double().eval()
@@ -304,8 +317,9 @@ def test_llama4_temperature_equals_transformers_llama4_nope_attention():
         k = module.k_proj(x).view(2, 11, 2, 4).transpose(1, 2)
         v = module.v_proj(x).view(2, 11, 2, 4).transpose(1, 2)
         for impl in ("naive", "fused"):
-            y = attend(q, k, v, "llama4_temperature", causal=True, impl=impl,
-                       floor_scale=2, attn_scale=0.5)  # fmt: skip
+            y = attend(
+                q, k, v, "llama4_temperature", causal=True, impl=impl, floor_scale=2, attn_scale=0.5
+            )
             got = module.o_proj(y.transpose(1, 2).reshape(2, 11, 16))
             # transformers computes β in float32 (positions.float()): its relative error ε32
             # moves β·s by ε32·|β·s| (β ≤ 1 + 0.5·log 6), each weight by that times itself, the

@@ -295,9 +295,12 @@ def test_parameter_overhead_matches_the_analytic_count(kind, sharing):
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     per_layer = selective_parameter_count(
-        cfg.hidden_size, heads, num_kv_heads=kv, head_dim=cfg.hidden_size // heads,
+        cfg.hidden_size,
+        heads,
+        num_kv_heads=kv,
+        head_dim=cfg.hidden_size // heads,
         config=SelectiveConfig("kqv", sharing=sharing),
-    )  # fmt: skip
+    )
     over = hf.parameter_overhead(model)
     assert over.added == cfg.num_hidden_layers * per_layer
     assert over.base == base

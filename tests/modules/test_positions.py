@@ -190,8 +190,16 @@ def test_refusals_are_one_sentence():
 @pytest.mark.parametrize("positions", ["alibi", "nape"])
 def test_transformer_runs_beyond_any_table(positions):
     torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=7, n_out=7, d_model=16, n_heads=2, layers=2, max_len=8,
-                            positions=positions, method="stick_breaking")  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=7,
+        n_out=7,
+        d_model=16,
+        n_heads=2,
+        layers=2,
+        max_len=8,
+        positions=positions,
+        method="stick_breaking",
+    )
     model = Transformer(cfg)
     assert not hasattr(model, "pos_emb")
     idx = torch.randint(7, (2, 40))

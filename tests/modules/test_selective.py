@@ -102,9 +102,16 @@ def randomize_temperatures(m: MultiheadAttention, seed=0):
 
 @pytest.mark.parametrize(
     "lq, lk, causal, masked",
-    [(5, 5, False, False), (5, 5, True, False), (3, 7, True, False), (6, 3, True, False),
-     (4, 6, False, True), (3, 7, True, True), (1, 1, True, False)],
-)  # fmt: skip
+    [
+        (5, 5, False, False),
+        (5, 5, True, False),
+        (3, 7, True, False),
+        (6, 3, True, False),
+        (4, 6, False, True),
+        (3, 7, True, True),
+        (1, 1, True, False),
+    ],
+)
 def test_query_positions_count_visible_keys(lq, lk, causal, masked):
     mask = None
     if masked:
@@ -229,23 +236,32 @@ def test_graph_task_default_is_the_uncapped_scale(tmp_path):
     RunFolder(tmp_path / "r", "reproduce selective", asdict(cfg), identity=exp._identity(cfg))
     other = replace(cfg, graph=replace(cfg.graph, query_activation="tanh"))
     with pytest.raises(ValueError):
-        RunFolder(tmp_path / "r", "reproduce selective", asdict(other),
-                      identity=exp._identity(other))  # fmt: skip
+        RunFolder(
+            tmp_path / "r", "reproduce selective", asdict(other), identity=exp._identity(other)
+        )
 
 
 @pytest.mark.parametrize("impl", ["auto", "naive"])
 @pytest.mark.parametrize(
     "case",
-    [dict(), dict(causal=True, lq=3, lk=7), dict(causal=True, lq=6, lk=3), dict(hkv=2, mask=True),
-     dict(hkv=1, causal=True, lq=4, lk=9, mask=True), dict(huge=True)],
-)  # fmt: skip
+    [
+        dict(),
+        dict(causal=True, lq=3, lk=7),
+        dict(causal=True, lq=6, lk=3),
+        dict(hkv=2, mask=True),
+        dict(hkv=1, causal=True, lq=4, lk=9, mask=True),
+        dict(huge=True),
+    ],
+)
 def test_selective_attend_matches_numpy(case, impl):
     case = dict(case)
     causal, masked, huge = case.pop("causal", False), case.pop("mask", False), case.pop("huge", 0)
     b, h, hkv, lq, lk, d = 2, 4, case.get("hkv", 4), case.get("lq", 5), case.get("lk", 6), 3
     g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(b, n, L, d, generator=g, dtype=torch.float64)
-               for n, L in ((h, lq), (hkv, lk), (hkv, lk)))  # fmt: skip
+    q, k, v = (
+        torch.randn(b, n, L, d, generator=g, dtype=torch.float64)
+        for n, L in ((h, lq), (hkv, lk), (hkv, lk))
+    )
     if huge:
         q = q * 1e4  # logits ~ ±1e4: scaling by τ must stay finite
     tq = torch.rand(b, h, lq, generator=g, dtype=torch.float64) * 3 - 0.5  # may be negative
@@ -317,8 +333,9 @@ def test_mha_cross_attention_with_a_cache_uses_visible_keys():
         return proj(x).view(2, x.shape[1], 2, 4).transpose(1, 2).detach().numpy()
 
     q, k, v = heads(xq, m.q_proj), heads(xkv, m.k_proj), heads(xkv, m.v_proj)
-    expect = ref.attention(q * tq[..., None], k * tk[..., None], v * tv[..., None], ref.softmax,
-                           causal=True)  # fmt: skip
+    expect = ref.attention(
+        q * tq[..., None], k * tk[..., None], v * tv[..., None], ref.softmax, causal=True
+    )
     expect = expect.transpose(0, 2, 1, 3).reshape(2, 3, 8)
     expect = expect @ m.out_proj.weight.detach().numpy().T + m.out_proj.bias.detach().numpy()
     assert_close(out, expect, n=8 * 7 * 8)  # three chained reductions, as above
@@ -326,8 +343,10 @@ def test_mha_cross_attention_with_a_cache_uses_visible_keys():
 
 def test_selective_attend_gradcheck():
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 2, L, 3, generator=g, dtype=torch.float64, requires_grad=True)
-               for L in (3, 4, 4))  # fmt: skip
+    q, k, v = (
+        torch.randn(1, 2, L, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        for L in (3, 4, 4)
+    )
     tq = torch.rand(1, 2, 3, generator=g, dtype=torch.float64).add(0.5).requires_grad_()
     tv = torch.rand(1, 2, 4, generator=g, dtype=torch.float64).add(0.5).requires_grad_()
     mask = torch.tensor([[True, False, True, True]])
@@ -378,10 +397,13 @@ def test_initial_temperatures_are_one_plus_c0_log_n():
 
 @pytest.mark.parametrize(
     "config",
-    [SelectiveConfig("qv"), SelectiveConfig("kqv", sharing=True),
-     SelectiveConfig("qv", token="feature", num_features=2),
-     SelectiveConfig("q", terms="position", position_param="sigmoid")],
-)  # fmt: skip
+    [
+        SelectiveConfig("qv"),
+        SelectiveConfig("kqv", sharing=True),
+        SelectiveConfig("qv", token="feature", num_features=2),
+        SelectiveConfig("q", terms="position", position_param="sigmoid"),
+    ],
+)
 def test_gradients_reach_temperatures_and_state_dict_round_trips(config, tmp_path):
     torch.manual_seed(0)
     m = MultiheadAttention(16, 4, num_kv_heads=2, causal=True, selective=config)
@@ -438,10 +460,15 @@ def test_bf16_and_errors():
 
 @pytest.mark.parametrize(
     "config",
-    [SelectiveConfig("q"), SelectiveConfig("qv", hidden=5), SelectiveConfig("kqv", sharing=True),
-     SelectiveConfig("v", token="feature", num_features=3), SelectiveConfig("qv", terms="token"),
-     SelectiveConfig("kqv", terms="position")],
-)  # fmt: skip
+    [
+        SelectiveConfig("q"),
+        SelectiveConfig("qv", hidden=5),
+        SelectiveConfig("kqv", sharing=True),
+        SelectiveConfig("v", token="feature", num_features=3),
+        SelectiveConfig("qv", terms="token"),
+        SelectiveConfig("kqv", terms="position"),
+    ],
+)
 def test_parameter_count_matches_the_module(config):
     m = MultiheadAttention(24, 6, num_kv_heads=2, selective=config)
     count = sel.selective_parameter_count(24, 6, num_kv_heads=2, config=config)
@@ -576,8 +603,9 @@ def test_checkpoints_of_the_layout_before_still_load(task, tmp_path):
         for p in old.parameters():
             p.grad = torch.randn(p.shape, generator=g)
         adam.step()
-    save_checkpoint(tmp_path / "old.safetensors", model=old, optimizer=adam,
-                    state={"step": 2, "seconds": 0.0})  # fmt: skip
+    save_checkpoint(
+        tmp_path / "old.safetensors", model=old, optimizer=adam, state={"step": 2, "seconds": 0.0}
+    )
 
     fresh = _one_head_ensembles()[task]
     fresh_adam = torch.optim.Adam(fresh.parameters(), lr=1e-2)
@@ -600,12 +628,18 @@ def test_checkpoints_of_the_layout_before_still_load(task, tmp_path):
             for moment in ("exp_avg", "exp_avg_sq"):
                 got, want = fresh_adam.state[p_new][moment], adam.state[p_old][moment]
                 assert torch.equal(as_before(got), want), (name, moment)
-    save_checkpoint(tmp_path / "new.safetensors", model=fresh, optimizer=fresh_adam,
-                    state={"step": 2, "seconds": 0.0})  # fmt: skip
+    save_checkpoint(
+        tmp_path / "new.safetensors",
+        model=fresh,
+        optimizer=fresh_adam,
+        state={"step": 2, "seconds": 0.0},
+    )
     again = _one_head_ensembles()[task]
     load_checkpoint(tmp_path / "new.safetensors", model=again)  # this layout: passes unchanged
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
-                                                   fresh.state_dict().values(), strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(again.state_dict().values(), fresh.state_dict().values(), strict=True)
+    )
 
 
 def test_ensemble_members_train_independently(tmp_path):
@@ -616,9 +650,10 @@ def test_ensemble_members_train_independently(tmp_path):
     cfg = graph.GraphConfig(steps=4, batch=16, lr=1e-2)
     together = graph.graph_train(tmp_path / "together", cfg, [0, 1])
     alone = graph.graph_train(
-        tmp_path / "alone", graph.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
+        tmp_path / "alone",
+        graph.GraphConfig(steps=4, batch=16, lr=1e-2, variants=("selective",)),
         [0, 1],
-    )  # fmt: skip
+    )
     pick = [r for r in together if r["variant"] == "selective"]
     for a, b in zip(pick, alone, strict=True):
         assert a["seed"] == b["seed"]
@@ -670,15 +705,17 @@ def test_selective_verdicts_are_the_paired_seed_statistics():
     d = np.array(selective)[:, 0] - np.array(vanilla)[:, 0]
     half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     c = cols[0]
-    assert c.change == pytest.approx(d.mean()) and c.p == pytest.approx(sps.ttest_rel(
-        np.array(selective)[:, 0], np.array(vanilla)[:, 0]).pvalue)  # fmt: skip
+    assert c.change == pytest.approx(d.mean()) and c.p == pytest.approx(
+        sps.ttest_rel(np.array(selective)[:, 0], np.array(vanilla)[:, 0]).pvalue
+    )
     assert (c.low, c.high) == pytest.approx((d.mean() - half, d.mean() + half))
     assert c.detectable == pytest.approx(detectable_at_power(d.std(ddof=1), 4, 0.05))
     assert c.verdict == "reproduced" and c.paper == "0.39 → 0.26"
     assert cols[1].verdict == "–" and cols[1].paper == "–"  # the paper claims nothing there
     # the other direction is contradicted
     assert common.compare(vanilla, selective, [("0.39 → 0.26", -1), None])[0].verdict == (
-        "contradicted")  # fmt: skip
+        "contradicted"
+    )
     rows = [{"variant": "vanilla"}, {"variant": "group τ_q"}]
     common.store(rows[1], "spikiness", c)
     md = common.verdict_markdown(rows, {"spikiness": "spikiness", "qk_norm": "‖W‖"})

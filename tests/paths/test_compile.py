@@ -121,9 +121,17 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
 
     def run(q, k, v, mask, params, check_finite=False):
         return attend(
-            q, k, v, method, mask=mask, causal=causal, impl=impl, block_size=BLOCK,
-            check_finite=check_finite, **params,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            method,
+            mask=mask,
+            causal=causal,
+            impl=impl,
+            block_size=BLOCK,
+            check_finite=check_finite,
+            **params,
+        )
 
     what = f"attend({method!r}, impl={impl!r}, causal={causal})"
     _compiled_equals_eager(run, what, q, k, v, mask, params)
@@ -174,8 +182,9 @@ def test_fast_paths_compile_whole_with_the_native_loops(method, causal):
     torch._dynamo.reset()
     what = f"attend({method!r}, impl='fused', causal={causal}) without a mask"
     try:
-        got = _forward_backward(torch.compile(run, fullgraph=True, backend=backend), q, k, v,
-                                None, params)  # fmt: skip
+        got = _forward_backward(
+            torch.compile(run, fullgraph=True, backend=backend), q, k, v, None, params
+        )
     except torch._dynamo.exc.TorchDynamoException as err:
         pytest.fail(_broke(what, err))
     want = _forward_backward(lambda *a: run(*a, check_finite=True), q, k, v, None, params)
@@ -192,9 +201,16 @@ def test_fast_path_statistics_compile_whole(method):
 
     def run(q, k, v, mask, check_finite=False):
         out, stats = attend(
-            q, k, v, method, mask=mask, causal=True, impl="fused", return_stats=True,
+            q,
+            k,
+            v,
+            method,
+            mask=mask,
+            causal=True,
+            impl="fused",
+            return_stats=True,
             check_finite=check_finite,
-        )  # fmt: skip
+        )
         return out, stats.entropy, stats.mass
 
     torch._dynamo.reset()
@@ -226,9 +242,17 @@ def test_tensor_parameters_are_not_read_on_the_host(method, impl, params):
 
     def run(q, k, v, mask, params, check_finite=False):
         return attend(
-            q, k, v, method, mask=mask, causal=True, impl=impl, block_size=BLOCK,
-            check_finite=check_finite, **params,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            method,
+            mask=mask,
+            causal=True,
+            impl=impl,
+            block_size=BLOCK,
+            check_finite=check_finite,
+            **params,
+        )
 
     what = f"attend({method!r}, impl={impl!r}) with tensor {', '.join(params)}"
     _compiled_equals_eager(run, what, q, k, v, mask, params)
@@ -258,9 +282,15 @@ def test_number_parameters_given_to_the_compiled_function_are_checked_in_the_gra
 
     def run(q, k, v, *numbers):
         return attend(
-            q, k, v, method, mask=mask, causal=True, check_finite=False,
+            q,
+            k,
+            v,
+            method,
+            mask=mask,
+            causal=True,
+            check_finite=False,
             **dict(zip(names, numbers, strict=True)),
-        )  # fmt: skip
+        )
 
     torch._dynamo.reset()
     compiled = torch.compile(run, fullgraph=True, backend="eager")
@@ -307,8 +337,13 @@ def test_multihead_attention_compiles_whole(method):
         # shift-invariant map (softmax, entmax) that sum is 0 exactly, and only rounding is left
         weight = grads.get(name.removesuffix("bias") + "weight") if name.endswith("bias") else None
         mag = float(r.abs().max()) if weight is None else float(weight.abs().max())
-        assert_close(g, r, n=B * LK * 16, magnitude=max(mag, float(r.abs().max())),
-                     msg=f"MultiheadAttention({method!r}): grad of {name}")  # fmt: skip
+        assert_close(
+            g,
+            r,
+            n=B * LK * 16,
+            magnitude=max(mag, float(r.abs().max())),
+            msg=f"MultiheadAttention({method!r}): grad of {name}",
+        )
 
 
 @pytest.mark.parametrize("method", ["softmax", "asentmax"])
@@ -440,7 +475,7 @@ def _user_families():
             False,
             params=tuple(learn[p] for p in params),
             family=family,
-        )  # fmt: skip
+        )
         for name, (family, params) in table.items()
     }
 
@@ -461,8 +496,16 @@ def test_a_user_method_of_every_family_compiles_whole(register_normalizer, famil
 
     def run(q, k, v, mask, params, check_finite=False):
         return attend(
-            q, k, v, method, mask=mask, causal=causal, impl=impl, block_size=BLOCK,
-            check_finite=check_finite, **params,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            method,
+            mask=mask,
+            causal=causal,
+            impl=impl,
+            block_size=BLOCK,
+            check_finite=check_finite,
+            **params,
+        )
 
     _compiled_equals_eager(run, f"attend({method!r}, impl={impl!r})", q, k, v, mask, params)

@@ -82,6 +82,11 @@ def test_auto_path_on_the_device_equals_naive_float64(method, case, tiles, monke
     assert_close(out, ref, dtype=torch.float32, n=lk, magnitude=mag, ulps=16, msg="output")
     for name, got, want in zip("qkv", grads, ref_grads, strict=True):
         assert_close(
-            got, want, dtype=torch.float32, n=lk, magnitude=mag * (1 + s_max), ulps=64 * grow,
+            got,
+            want,
+            dtype=torch.float32,
+            n=lk,
+            magnitude=mag * (1 + s_max),
+            ulps=64 * grow,
             msg=f"d/d{name}",
-        )  # fmt: skip
+        )

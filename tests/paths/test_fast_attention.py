@@ -509,8 +509,15 @@ def test_sink_without_the_cpu_kernel_matches_the_formula(case, monkeypatch):
     params = {"bias": _per_head([0.0, -1.0, 1.5, 0.5]), "bias_log_n": _per_head([0, 0.3, 0, 1])}
     got = _run_fused("sink", q, k, v, mask, causal, **params)
     want = np_torch_ref(w_sink, q, k, v, mask, causal, params)
-    fits = case[0] in ("plain", "gqa", "causal_square", "causal_lq_gt_lk", "causal_prepend",
-                       "padding", "one_key")  # fmt: skip
+    fits = case[0] in (
+        "plain",
+        "gqa",
+        "causal_square",
+        "causal_lq_gt_lk",
+        "causal_prepend",
+        "padding",
+        "one_key",
+    )
     assert bool(taken) == fits
     assert all(torch.isfinite(a).all() for a in got)
     close_out(got[0], want[0], v, msg=case[0])

@@ -455,8 +455,9 @@ THREADED = [
 
 
 @pytest.mark.parametrize("method,params,loop", THREADED, ids=lambda x: str(x))
-def test_the_loops_give_the_same_answers_on_any_number_of_threads(monkeypatch, method, params,
-                                                                   loop):  # fmt: skip
+def test_the_loops_give_the_same_answers_on_any_number_of_threads(
+    monkeypatch, method, params, loop
+):
     """`make test` gives each pytest worker one torch thread; the loops share a tile's rows
     among torch's OpenMP threads, so here they run on one and on three (rows not a multiple of
     three, causal rows of every length), through ``attend``, forward and backward."""

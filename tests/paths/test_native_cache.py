@@ -61,8 +61,13 @@ def cache_with(home: Path, built: Path) -> Path:
 def start(home: Path) -> subprocess.Popen:
     env = {**os.environ, "XDG_CACHE_HOME": str(home), "OMP_NUM_THREADS": "1"}
     env.pop("SHARPATTN_COMPILE", None)
-    return subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result(proc: subprocess.Popen) -> dict:

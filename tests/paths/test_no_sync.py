@@ -36,9 +36,13 @@ METHODS = nz.available()
 IMPLS = ("auto", "chunked", "naive")
 #: per-head values of the learnable parameters, near their defaults (first two heads used)
 PER_HEAD = {
-    "s": (0.3, 0.6), "c": (0.2, 0.5), "bias": (0.5, -0.5), "bias_log_n": (0.3, -0.2),
-    "beta_pre": (0.3, -0.5), "gamma_pre": (0.2, -0.3),
-}  # fmt: skip
+    "s": (0.3, 0.6),
+    "c": (0.2, 0.5),
+    "bias": (0.5, -0.5),
+    "bias_log_n": (0.3, -0.2),
+    "beta_pre": (0.3, -0.5),
+    "gamma_pre": (0.2, -0.3),
+}
 #: numbers other than the defaults where a number takes another branch than the default
 NUMBERS = {
     "softmax": {"temperature": 0.5},
@@ -97,8 +101,7 @@ def _inputs(b, h, n, d, dtype, device, seed=0, masked=False):
 
 def _run(method, impl, q, k, v, mask, causal, params):
     """attend forward and backward (to q, k, v and the tensor parameters)."""
-    out = attend(q, k, v, method, mask=mask, causal=causal, impl=impl, check_finite=False,
-                 **params)  # fmt: skip
+    out = attend(q, k, v, method, mask=mask, causal=causal, impl=impl, check_finite=False, **params)
     leaves = [q, k, v, *(p for p in params.values() if torch.is_tensor(p))]
     loss = (out.float() * 0.5).sum()
     return backward(loss, leaves)

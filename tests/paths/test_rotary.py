@@ -108,8 +108,16 @@ def test_mha_rotary_with_cache_offset_matches_full_sequence():
 
 def lm(positions="rotary", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=20, n_out=20, max_len=16, d_model=32, n_heads=4,
-                            layers=2, positions=positions, **kw)  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=20,
+        n_out=20,
+        max_len=16,
+        d_model=32,
+        n_heads=4,
+        layers=2,
+        positions=positions,
+        **kw,
+    )
     return Transformer(cfg).double()
 
 

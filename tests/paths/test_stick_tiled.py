@@ -303,8 +303,9 @@ def test_the_score_shift_on_every_path_equals_a_float64_loop():
     ref = torch.stack(rows, -2) @ v
     want = torch.autograd.grad(ref.sum(), leaves)
     for impl in ("naive", "chunked", "fused"):
-        out = attend(q, k, v, "stick_breaking", causal=True, impl=impl, shift=shift,
-                     shift_log_position=-1.0)  # fmt: skip
+        out = attend(
+            q, k, v, "stick_breaking", causal=True, impl=impl, shift=shift, shift_log_position=-1.0
+        )
         got = torch.autograd.grad(out.sum(), leaves)
         assert_close(out, ref.detach(), n=n, msg=impl)
         for what, a, bb in zip(("dq", "dk", "dv", "dshift"), got, want, strict=True):

@@ -124,8 +124,11 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
 
 
 #: a learnable per-head parameter's values ("tensor" in a method's parameters)
-PER_HEAD = {"bias": [0.3, -0.5, 1.2, 0.0], "beta_pre": [0.3, -0.5, 1.2, 0.0],
-            "alpha": [1.2, 1.5, 1.8, 2.0]}  # fmt: skip
+PER_HEAD = {
+    "bias": [0.3, -0.5, 1.2, 0.0],
+    "beta_pre": [0.3, -0.5, 1.2, 0.0],
+    "alpha": [1.2, 1.5, 1.8, 2.0],
+}
 
 
 def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
@@ -165,8 +168,10 @@ def _grads(out, leaves, g):
 def _as(dtype, q, k, v, params):
     """Copies of the inputs (already rounded to the tested dtype) in ``dtype``, requiring grad."""
     conv = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    p = {n: (x.detach().to(dtype).requires_grad_() if torch.is_tensor(x) else x)
-         for n, x in params.items()}  # fmt: skip
+    p = {
+        n: (x.detach().to(dtype).requires_grad_() if torch.is_tensor(x) else x)
+        for n, x in params.items()
+    }
     return (*conv, p)
 
 
@@ -411,10 +416,10 @@ def test_statistics_from_the_softmax_kernel_equal_the_naive_ones(on_triton):
     lse = torch.logsumexp(s.masked_fill(~masking.dense(), -math.inf), -1)
     _, softmax = attend(q64, k64, v64, mask=mask, causal=causal, impl="naive", return_stats=True)
     for method in ("softmax", "sink", "adaptive"):
-        _, got = attend(q, k, v, method, mask=mask, causal=causal, impl="fused",
-                        return_stats=True)  # fmt: skip
-        _, want = attend(q64, k64, v64, method, mask=mask, causal=causal, impl="naive",
-                         return_stats=True)  # fmt: skip
+        _, got = attend(q, k, v, method, mask=mask, causal=causal, impl="fused", return_stats=True)
+        _, want = attend(
+            q64, k64, v64, method, mask=mask, causal=causal, impl="naive", return_stats=True
+        )
         pairs = [("entropy", got.entropy, want.entropy), ("mass", got.mass, want.mass)]
         if method == "adaptive":  # its lse is the β-scaled rows'; the entropy that gives β
             pairs.append(("softmax_entropy", got.softmax_entropy, softmax.entropy))
@@ -503,8 +508,15 @@ def test_block_support_marks_every_block_with_a_weight_and_the_backward_skips_th
         assert_close(a, b.detach(), n=128, msg=f"{method} {what}")
     # the weights themselves: the identity as values
     eye = torch.eye(128, dtype=torch.float64, device=DEVICE).expand(1, 2, 128, 128)
-    w = attend(*(t.detach() for t in ref64[:2]), eye, method, scale=0.25, causal=True,
-               impl="naive", **params)  # fmt: skip
+    w = attend(
+        *(t.detach() for t in ref64[:2]),
+        eye,
+        method,
+        scale=0.25,
+        causal=True,
+        impl="naive",
+        **params,
+    )
     (sup,) = tables
     truth = _block_flags(w, blocks).cpu()
     flagged = sup.cpu() > 0
@@ -523,8 +535,9 @@ def test_the_entmax_kernels_alpha_gradient_equals_float64_finite_differences(on_
     g = torch.randn(q.shape[:3] + (v.shape[-1],), generator=torch.Generator().manual_seed(2))
     g = g.to(DEVICE)
     a = alpha.clone().requires_grad_()
-    out, _ = FAST["entmax_tiled"](q, k, v, Masking.build(mask, causal, 33, 34, q.device), 8**-0.5,
-                            False, alpha=a)  # fmt: skip
+    out, _ = FAST["entmax_tiled"](
+        q, k, v, Masking.build(mask, causal, 33, 34, q.device), 8**-0.5, False, alpha=a
+    )
     (got,) = torch.autograd.grad(out, a, g)
     qkv = [t.detach().double() for t in (q, k, v)]
 
@@ -622,8 +635,9 @@ def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_th
     calls = []
     for name in ("_newton", "_block_scores"):
         inner = getattr(KERNELS, name)
-        monkeypatch.setattr(KERNELS, name, lambda *a, _f=inner, _n=name, **kw: (
-            calls.append(_n), _f(*a, **kw))[1])  # fmt: skip
+        monkeypatch.setattr(
+            KERNELS, name, lambda *a, _f=inner, _n=name, **kw: (calls.append(_n), _f(*a, **kw))[1]
+        )
     angle = torch.arange(256.0)[:, None] * torch.logspace(-2, 0, 8)[None, :]
     k = torch.cat([angle.cos(), angle.sin()], -1).view(1, 1, 256, 16)
     q, v = (
@@ -635,6 +649,7 @@ def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_th
     passes, products = calls.count("_newton"), calls.count("_block_scores")
     assert passes < KERNELS.ENTMAX_STEPS[2.0]
     assert products < (passes + 2) * 16
-    want = attend(q.double(), k.double(), v.double(), "sparsemax", scale=0.25, causal=True,
-                  impl="naive")  # fmt: skip
+    want = attend(
+        q.double(), k.double(), v.double(), "sparsemax", scale=0.25, causal=True, impl="naive"
+    )
     assert_close(out, want.float(), n=256)

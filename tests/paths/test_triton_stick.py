@@ -85,8 +85,7 @@ def run(path, q, k, v, mask, params):
     if path == "triton":
         masking = Masking.build(mask, True, q.shape[2], k.shape[2], q.device)
         scale = 1 / math.sqrt(q.shape[-1])
-        out, stats = FAST["stick_breaking"](q, k, v, masking, scale, False, blocks=BLOCKS,
-                                            **params)  # fmt: skip
+        out, stats = FAST["stick_breaking"](q, k, v, masking, scale, False, blocks=BLOCKS, **params)
         assert stats is None
     else:
         out = attend(q, k, v, "stick_breaking", mask=mask, causal=True, impl="naive", **params)

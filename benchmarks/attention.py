@@ -153,8 +153,9 @@ def gemm_floor(kind: str, q, k, v, causal: bool):
                     bq = block_rows(B * H, n, n)
                 else:
                     bq = adaptive_tiled._rows_of(B * H, n, n, q.device)
-                grid = Grid(*(x.detach() for x in (q, k, v)), masking, scale, bq, n, True,
-                            reuse=True)  # fmt: skip
+                grid = Grid(
+                    *(x.detach() for x in (q, k, v)), masking, scale, bq, n, True, reuse=True
+                )
                 slabs = Slabs(grid, bq).blocks()
                 blocks = [(t.r0, t.r1, [t]) for t in slabs]  # each block over the keys it sees
             else:

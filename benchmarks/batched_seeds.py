@@ -43,9 +43,15 @@ def rate(seeds: int, group: int, threads: int, steps: int) -> tuple[float, float
     time) training ``seeds`` seeds in groups of ``group``; logging every 1,000 steps as the
     paper profile does."""
     config = mr.Config(
-        seeds=seeds, group=group, steps=steps, threads=threads, log_every=1000,
-        checkpoint_every=10**9, sizes=(16,), test_sets=1,
-    )  # fmt: skip
+        seeds=seeds,
+        group=group,
+        steps=steps,
+        threads=threads,
+        log_every=1000,
+        checkpoint_every=10**9,
+        sizes=(16,),
+        test_sets=1,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), os.times()
         for g in mr.groups(config):

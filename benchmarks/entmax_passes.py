@@ -86,9 +86,11 @@ def main(argv=None) -> None:
                 passes, products = calls.count("_newton"), calls.count("_block_scores")
                 blocks = -(-n // BLOCK)  # every block is visible to the last rows
                 cap = K.ENTMAX_STEPS.get(alpha, K.ENTMAX_STEPS_DEFAULT)
-                print(f"| {kind}, q × {gain:g} | {n:,} | {alpha:g} | {passes} ({cap}) | "
-                      f"{products:,} | {(passes + 2) * blocks:,} | {(cap + 2) * blocks:,} |",
-                      flush=True)  # fmt: skip
+                print(
+                    f"| {kind}, q × {gain:g} | {n:,} | {alpha:g} | {passes} ({cap}) | "
+                    f"{products:,} | {(passes + 2) * blocks:,} | {(cap + 2) * blocks:,} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def eager_baseline(steps: int, compile: bool = False, threads: int | None = None
 
 
 def sharpattn_loop(steps: int):
-    config = mr.Config(seeds=1, group=1, steps=steps, checkpoint_every=500, log_every=100,
-                       threads=1)  # fmt: skip
+    config = mr.Config(
+        seeds=1, group=1, steps=steps, checkpoint_every=500, log_every=100, threads=1
+    )
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         mr.train_group(Path(tmp), config, [0])

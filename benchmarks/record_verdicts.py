@@ -53,10 +53,15 @@ def config(cls, folder: Path):
 
 def clrs(folder: Path) -> None:
     cfg = config(clrs_llm.Config, folder)
-    scores = {(name, m, s, size): json.loads(
-                  (folder / f"seed{s}" / m / f"eval_{name}_n{size}_p{cfg.prompts}.json").read_text())
-              for s in clrs_llm.seeds_of(cfg) for m in clrs_llm.METHODS for name in cfg.tasks
-              for size in cfg.sizes}  # fmt: skip
+    scores = {
+        (name, m, s, size): json.loads(
+            (folder / f"seed{s}" / m / f"eval_{name}_n{size}_p{cfg.prompts}.json").read_text()
+        )
+        for s in clrs_llm.seeds_of(cfg)
+        for m in clrs_llm.METHODS
+        for name in cfg.tasks
+        for size in cfg.sizes
+    }
     print(
         "| algorithm | n | exact: effect | 95 % interval | p | verdict | tokens: effect | "
         "95 % interval | verdict |"
@@ -64,9 +69,11 @@ def clrs(folder: Path) -> None:
     print("|---|---:|---:|---|---:|---|---:|---|---|")
     for v in clrs_llm.seed_verdicts(clrs_llm.per_size(scores, cfg)):
         e, t = v["exact"].effect, v["tokens"].effect
-        print(f"| {v['task']} | {v['size']} | {e.mean:+.3f} | [{e.low:+.3f}, {e.high:+.3f}] | "
-              f"{e.p:.2g} | {v['exact'].verdict} | {t.mean:+.3f} | [{t.low:+.3f}, {t.high:+.3f}] "
-              f"| {v['tokens'].verdict} |")  # fmt: skip
+        print(
+            f"| {v['task']} | {v['size']} | {e.mean:+.3f} | [{e.low:+.3f}, {e.high:+.3f}] | "
+            f"{e.p:.2g} | {v['exact'].verdict} | {t.mean:+.3f} | [{t.low:+.3f}, {t.high:+.3f}] "
+            f"| {v['tokens'].verdict} |"
+        )
 
 
 def selective(folder: Path) -> None:
@@ -78,8 +85,13 @@ def selective(folder: Path) -> None:
 
     base = {str(n): nll("base", f"nll_n{n}_w{w}.json") for n in cfg.lengths}
     seeds = range(cfg.seed, cfg.seed + cfg.seeds)
-    arms = {arm: {s: {str(n): nll(f"seed{s}", arm, f"nll_n{n}_w{w}.json") for n in cfg.lengths}
-                  for s in seeds} for arm in ("softmax", "selective")}  # fmt: skip
+    arms = {
+        arm: {
+            s: {str(n): nll(f"seed{s}", arm, f"nll_n{n}_w{w}.json") for n in cfg.lengths}
+            for s in seeds
+        }
+        for arm in ("softmax", "selective")
+    }
     paper = abs(selective_llm.PAPER_NLL_CHANGE)
     print(
         "| tokens | Δ NLL | 95 % interval | p | detectable (80 %) | verdict | seed sd | "
@@ -90,12 +102,15 @@ def selective(folder: Path) -> None:
         key = str(r["length"])
         d = [np.mean(arms["selective"][s][key]) - np.mean(arms["softmax"][s][key]) for s in seeds]
         sd = float(np.std(d, ddof=1))
-        need = next((n for n in range(2, 5000) if detectable_at_power(sd, n, 0.05) <= paper),
-                    math.nan)  # fmt: skip
-        print(f"| {r['length']:,} | {r['nll_change']:+.4f} | [{r['nll_change_low']:+.4f}, "
-              f"{r['nll_change_high']:+.4f}] | {r['p_seeds']:.2g} | {r['detectable']:.3g} | "
-              f"{r['verdict']} | {sd:.4f} | {need} | "
-              f"{detectable_at_power(sd, 54, 0.05):.4f} |")  # fmt: skip
+        need = next(
+            (n for n in range(2, 5000) if detectable_at_power(sd, n, 0.05) <= paper), math.nan
+        )
+        print(
+            f"| {r['length']:,} | {r['nll_change']:+.4f} | [{r['nll_change_low']:+.4f}, "
+            f"{r['nll_change_high']:+.4f}] | {r['p_seeds']:.2g} | {r['detectable']:.3g} | "
+            f"{r['verdict']} | {sd:.4f} | {need} | "
+            f"{detectable_at_power(sd, 54, 0.05):.4f} |"
+        )
 
 
 def main(argv=None) -> None:

@@ -177,8 +177,9 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> dict[str, Any
     tasks = args.tasks.split(",") if args.tasks else list(full.tasks)
     names = args.methods.split(",") if args.methods else list(full.methods)
     changes = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
-    cfg = PROFILES[profile](args.sweep, tasks=tuple(tasks), methods=tuple(names),
-                            seeds=args.seeds, **changes)  # fmt: skip
+    cfg = PROFILES[profile](
+        args.sweep, tasks=tuple(tasks), methods=tuple(names), seeds=args.seeds, **changes
+    )
     if args.eval_tasks == "longest":
         top = {name: seq.task(name).length(seq.sizes_of(cfg, name)[-1]) for name in full.tasks}
         eval_tasks = [max(full.tasks, key=lambda n: top[n])]
@@ -289,37 +290,49 @@ def show(result: dict[str, Any]) -> None:
     recipes = len({mm.recipe for mm in seq.resolve(c["methods"])})
     per_task = sorted({seq.steps_of(seq.SequenceConfig(**c), t) for t in c["tasks"]})
     steps = "-".join(f"{n:,}" for n in sorted({per_task[0], per_task[-1]}))
-    print(f"\n{result['command']}: {len(c['tasks'])} tasks x {recipes} recipes "
-          f"({len(c['methods'])} methods) x {c['seeds']} seeds x {steps} steps of batch "
-          f"{c['batch']}; {c['eval_sets']} test sequences per size, up to {c['eval_factor']}x the "
-          f"training sizes (sequences up to {top:,} tokens)")  # fmt: skip
-    print(f"measured with 1 thread: {m['steps']} timed training steps after {m['warmup']} warm-up "
-          f"per task x recipe; evaluation on {', '.join(m['eval_tasks'])} (beyond {m['eval_cap']} "
-          f"CPU-s per sequence: length^2 extrapolation); {m['cpu_seconds']:.0f} CPU-s")  # fmt: skip
+    print(
+        f"\n{result['command']}: {len(c['tasks'])} tasks x {recipes} recipes "
+        f"({len(c['methods'])} methods) x {c['seeds']} seeds x {steps} steps of batch "
+        f"{c['batch']}; {c['eval_sets']} test sequences per size, up to {c['eval_factor']}x the "
+        f"training sizes (sequences up to {top:,} tokens)"
+    )
+    print(
+        f"measured with 1 thread: {m['steps']} timed training steps after {m['warmup']} warm-up "
+        f"per task x recipe; evaluation on {', '.join(m['eval_tasks'])} (beyond {m['eval_cap']} "
+        f"CPU-s per sequence: length^2 extrapolation); {m['cpu_seconds']:.0f} CPU-s"
+    )
     print(f"{'method':<22}{'train CPU-h':>12}{'eval CPU-h':>12}{'of it extrap.':>14}{'total':>9}")
     rows = sorted(result["methods"], key=lambda r: -r["total_cpu_h"])
     for r in rows:
-        print(f"{r['method']:<22}{r['train_cpu_h']:>12.2f}{r['eval_cpu_h']:>12.2f}"
-              f"{r['eval_extrapolated_cpu_h']:>14.2f}{r['total_cpu_h']:>9.2f}")  # fmt: skip
+        print(
+            f"{r['method']:<22}{r['train_cpu_h']:>12.2f}{r['eval_cpu_h']:>12.2f}"
+            f"{r['eval_extrapolated_cpu_h']:>14.2f}{r['total_cpu_h']:>9.2f}"
+        )
     train = sum(r["train_cpu_h"] for r in rows)
     ev = sum(r["eval_cpu_h"] for r in rows)
     extra = sum(r["eval_extrapolated_cpu_h"] for r in rows)
     print(f"{'total':<22}{train:>12.2f}{ev:>12.2f}{extra:>14.2f}{result['total_cpu_h']:>9.2f}")
-    print(f"wall on {result['workers']} cores with {result['workers']} single-threaded workers "
-          f"(the engine's job order): {result['wall_h']:.1f} h; the longest job "
-          f"{result['largest_job_cpu_h']:.2f} CPU-h")  # fmt: skip
+    print(
+        f"wall on {result['workers']} cores with {result['workers']} single-threaded workers "
+        f"(the engine's job order): {result['wall_h']:.1f} h; the longest job "
+        f"{result['largest_job_cpu_h']:.2f} CPU-h"
+    )
     if "train_floor_cpu_h" in result:
         per = ", ".join(f"{n} {g:.2f}" for n, g in result["step_gflop"].items())
-        print(f"matrix products of training (softmax's, every recipe counted alike): "
-              f"{result['train_pflop']:.2f} PFLOP (GFLOP a step: {per}); at this thread's "
-              f"{result['gemm_gflops']:.0f} GFLOP/s on the decoder's product shape that alone is "
-              f"{result['train_floor_cpu_h']:.1f} CPU-h, a floor no batching of seeds lowers")  # fmt: skip
+        print(
+            f"matrix products of training (softmax's, every recipe counted alike): "
+            f"{result['train_pflop']:.2f} PFLOP (GFLOP a step: {per}); at this thread's "
+            f"{result['gemm_gflops']:.0f} GFLOP/s on the decoder's product shape that alone is "
+            f"{result['train_floor_cpu_h']:.1f} CPU-h, a floor no batching of seeds lowers"
+        )
     if result.get("fewest_sets", c["eval_sets"]) < c["eval_sets"]:
-        print(f"with adaptive sampling every size costs {result['fewest_sets']} to "
-              f"{c['eval_sets']} test sequences: the totals above are the most; with "
-              f"{result['fewest_sets']} at every size {result['total_fewest_cpu_h']:.1f} CPU-h, "
-              f"{result['wall_fewest_h']:.1f} h wall (neither counts the sizes the stopping rule "
-              "skips)")  # fmt: skip
+        print(
+            f"with adaptive sampling every size costs {result['fewest_sets']} to "
+            f"{c['eval_sets']} test sequences: the totals above are the most; with "
+            f"{result['fewest_sets']} at every size {result['total_fewest_cpu_h']:.1f} CPU-h, "
+            f"{result['wall_fewest_h']:.1f} h wall (neither counts the sizes the stopping rule "
+            "skips)"
+        )
 
 
 def main() -> None:
@@ -327,9 +340,14 @@ def main() -> None:
     ap.add_argument("--profile", choices=["leaderboard", "clrs", "both"], default="both")
     ap.add_argument("--sweep", default="paper", help="the profile to cost: paper or standard")
     ap.add_argument("--seeds", type=int, default=None, help="seeds (default: the profile's)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                    help="another setting of the profile, e.g. --set d_model=256 --set "
-                    'positions=\'"nape"\' (repeatable)')  # fmt: skip
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="another setting of the profile, e.g. --set d_model=256 --set "
+        "positions='\"nape\"' (repeatable)",
+    )
     ap.add_argument("--steps", type=int, default=20, help="timed training steps per job")
     ap.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
     ap.add_argument("--tasks", default=None, help="a subset of the profile's tasks")
@@ -342,20 +360,32 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     profiles = ["leaderboard", "clrs"] if args.profile == "both" else [args.profile]
-    print(f"torch {torch.__version__}, {runner.cores()} cores, "
-          f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {runner.cores()} cores, "
+        f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.1f}"
+    )
     results = []
     with tempfile.TemporaryDirectory() as tmp, runner.threads(1):
         for profile in profiles:
-            run = argparse.Namespace(**{**vars(args), "eval_tasks": args.eval_tasks
-                                        or DEFAULT_EVAL_TASKS[profile]})  # fmt: skip
+            run = argparse.Namespace(
+                **{**vars(args), "eval_tasks": args.eval_tasks or DEFAULT_EVAL_TASKS[profile]}
+            )
             results.append(measure(profile, run, Path(tmp)))
     for r in results:
         show(r)
     if args.out:
-        Path(args.out).write_text(json.dumps(
-            {"torch": torch.__version__, "cores": runner.cores(), "load": os.getloadavg()[0],
-             "profiles": results}, indent=2) + "\n")  # fmt: skip
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "torch": torch.__version__,
+                    "cores": runner.cores(),
+                    "load": os.getloadavg()[0],
+                    "profiles": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -107,9 +107,15 @@ def main() -> None:
 
                         def fn(q, k, v, method=method, params=params, causal=causal):
                             return attend(
-                                q, k, v, method, causal=causal, impl="fused",
-                                check_finite=False, **params,
-                            )  # fmt: skip
+                                q,
+                                k,
+                                v,
+                                method,
+                                causal=causal,
+                                impl="fused",
+                                check_finite=False,
+                                **params,
+                            )
 
                     best_s = best_p = float("inf")
                     inputs = (q, k, v, backward)

@@ -79,9 +79,18 @@ def main(argv=None) -> None:
                 for name, fn in (("sdpa", sdpa), ("stick", stick)):
                     best[name] = min(best[name], run_once(fn, mode, q, k, v))
             ratio = best["stick"] / best["sdpa"]
-            rows.append({"n": n, "mode": mode, "rounds": args.rounds, "blocks": args.blocks,
-                         "sdpa_cpu_s": best["sdpa"], "stick_cpu_s": best["stick"],
-                         "ratio": ratio, "target": TARGETS[mode]})  # fmt: skip
+            rows.append(
+                {
+                    "n": n,
+                    "mode": mode,
+                    "rounds": args.rounds,
+                    "blocks": args.blocks,
+                    "sdpa_cpu_s": best["sdpa"],
+                    "stick_cpu_s": best["stick"],
+                    "ratio": ratio,
+                    "target": TARGETS[mode],
+                }
+            )
             print(
                 f"| {n} | {mode} | {best['sdpa']:.3f} | {best['stick']:.3f} | {ratio:.2f} "
                 f"| <= {TARGETS[mode]:g} |",

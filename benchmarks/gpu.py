@@ -274,9 +274,30 @@ def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0):
 
 
 def environment(device: torch.device) -> dict:
-    """The machine and versions a result was measured with."""
+    """The machine and versions a result was measured with, the commit measured (None outside a
+    git checkout) and the date (UTC): ``benchmarks/gpu_claims.py`` prints them with the
+    numbers."""
+    import datetime
+    import subprocess
+
     env = versions()
-    return {"device": env["gpu"] if device.type == "cuda" else platform.processor(), **env}
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return {
+        "device": env["gpu"] if device.type == "cuda" else platform.processor(),
+        **env,
+        "commit": commit or None,
+        "date": date,
+    }
 
 
 def _is_cuda_error(err: BaseException) -> bool:

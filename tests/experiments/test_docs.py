@@ -408,3 +408,59 @@ def test_the_readme_reads_in_minutes():
     """The README stays a first screen (under 1,500 words); details belong on the docs pages."""
     words = len((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert words < 1500, f"README.md has {words} words; move detail to a docs page"
+
+
+def _gpu_claims():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_claims", ROOT / "benchmarks" / "gpu_claims.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_numbers_are_the_result_files():
+    """Every GPU table and sentence with numbers sits between ``gpu-results`` markers and equals
+    what ``benchmarks/gpu_claims.py`` renders from ``benchmarks/results/``."""
+    claims = _gpu_claims()
+    bad = claims.stale()
+    assert not bad, "\n".join([*bad, f"regenerate them with: {claims.COMMAND}"])
+
+
+def test_a_gpu_block_without_its_result_file_prints_no_number(tmp_path):
+    """No result file, no claim: each block says it is not measured yet, with no figure."""
+    claims = _gpu_claims()
+    for name, body in claims.render(tmp_path).items():
+        assert "Not measured yet" in body, name
+        assert not re.search(r"\d", re.sub(r"`[^`]*`", "", body)), (name, body)
+
+
+def test_gpu_provenance_names_what_a_result_file_lacks():
+    claims = _gpu_claims()
+    line = claims.provenance({"device": "NVIDIA H200", "torch": "2.11.0"}, "x.json")
+    assert "NVIDIA H200" in line and "torch 2.11.0" in line
+    for field in ("CUDA", "Triton", "commit", "date"):
+        assert f"{field} not recorded" in line
+    full = {"device": "G", "torch": "t", "cuda": "c", "triton": "3", "commit": "abc", "date": "d"}
+    assert "not recorded" not in claims.provenance(full, "x.json")
+
+
+def _outside_gpu_blocks(text: str) -> list[str]:
+    text = _gpu_claims().BLOCK.sub("", FENCE.sub("", text))
+    return text.splitlines()
+
+
+def test_gpu_mentions_outside_the_blocks_carry_no_numbers():
+    """Outside the generated blocks, the README's GPU sentences and any page's line naming the
+    H200 hold no figure (links, code spans and GPU model names aside)."""
+    gpu = re.compile(r"GPU|CUDA|H200|Triton|bf16|bfloat16|flash attention", re.I)
+    plain = re.compile(r"\[[^\]]*\]\([^)]*\)|`[^`]*`|\bH[12]00\b|sm_\d+a?")
+    found = []
+    for page in PAGES:
+        for line in _outside_gpu_blocks(page.read_text(encoding="utf-8")):
+            if page.name == "README.md" and gpu.search(line) or "H200" in line:
+                if re.search(r"\d", plain.sub("", line)):
+                    found.append(f"{page.relative_to(ROOT)}: {line}")
+    assert not found, "GPU numbers belong in a gpu-results block:\n" + "\n".join(found)

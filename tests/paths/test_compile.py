@@ -114,10 +114,9 @@ def _compiled_equals_eager(run, what, q, k, v, mask, params):
     _close(got, want, what)
 
 
-@pytest.mark.parametrize(("method", "impl", "causal"), CASES)
-def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
-    q, k, v, mask = _inputs()
-    params = _params(method)
+def _attend_with(method, impl, causal):
+    """``run(q, k, v, mask, params, check_finite=False)``: `attend` with ``method`` on ``impl``
+    in query blocks of `BLOCK` rows, as the compile tests call it."""
 
     def run(q, k, v, mask, params, check_finite=False):
         return attend(
@@ -132,6 +131,16 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
             check_finite=check_finite,
             **params,
         )
+
+    return run
+
+
+@pytest.mark.parametrize(("method", "impl", "causal"), CASES)
+def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
+    q, k, v, mask = _inputs()
+    params = _params(method)
+
+    run = _attend_with(method, impl, causal)
 
     what = f"attend({method!r}, impl={impl!r}, causal={causal})"
     _compiled_equals_eager(run, what, q, k, v, mask, params)
@@ -494,18 +503,6 @@ def test_a_user_method_of_every_family_compiles_whole(register_normalizer, famil
     params = _params(method)
     causal = True  # stick-breaking is causal only; the others take the same mask
 
-    def run(q, k, v, mask, params, check_finite=False):
-        return attend(
-            q,
-            k,
-            v,
-            method,
-            mask=mask,
-            causal=causal,
-            impl=impl,
-            block_size=BLOCK,
-            check_finite=check_finite,
-            **params,
-        )
+    run = _attend_with(method, impl, causal)
 
     _compiled_equals_eager(run, f"attend({method!r}, impl={impl!r})", q, k, v, mask, params)

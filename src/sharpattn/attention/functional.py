@@ -164,156 +164,132 @@ def attend(
     """
     entry = get(method)
     try:
-        return _attend(
-            entry,
-            q,
-            k,
-            v,
-            mask,
-            causal,
-            scale,
-            return_weights,
-            impl,
-            check_finite,
-            return_stats,
-            block_size,
-            params,
-        )
+        fast = path_of(entry)
+        if entry.fused is not None and fast is None:  # a registered entry's own mistake
+            raise ValueError(
+                f"method {entry.name!r} names the fused path {entry.fused!r}, which does not exist; "
+                f"the fused paths: {', '.join(sorted(FAST))}."
+            )
+        CHECK_FINITE.check(check_finite, "attend")
+        SCALE.check(scale, "attend")
+        check_devices("attend", q=q, k=k, v=v, mask=mask, **params)
+        # once, before any path: every path refuses the same parameters (tensor values only with
+        # check_finite, which reads them on the host; tensor shapes always: one value per row)
+        rows = tuple(q.shape[:3]) if torch.is_tensor(q) and q.dim() == 4 else None
+        entry.check_params(params, check_values=check_finite, rows=rows)
+        _check_inputs(q, k, v)
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}.")
+        b, h, lq, d = q.shape
+        hkv, lk = k.shape[1], k.shape[2]
+        if scale is None:
+            scale = 1.0 / math.sqrt(d)
+        _check_mask(mask, (b, h, lq, lk))
+        masking = Masking.build(mask, causal, lq, lk, q.device)
+        cd = compute_dtype(q.dtype)
+        sizes = None
+        if check_finite:  # once, before any path: every path rejects the same inputs
+            sizes = _check_ranges(q, k, v, scale, cd)
+
+        if impl == "auto":
+            if return_weights:
+                impl = "naive"
+            elif entry.fused is not None:
+                impl = "fused"
+            else:
+                impl = "naive" if b * h * lq * lk <= policy.NAIVE_MAX_ELEMENTS else "chunked"
+        if return_weights and impl != "naive":
+            raise ValueError(
+                f"return_weights=True needs the weights matrix; use impl='naive' (not {impl!r}), "
+                "or return_stats=True for per-row statistics without it."
+            )
+        if impl == "fused" and entry.fused is None:
+            raise ValueError(
+                f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
+            )
+        if 0 in (b, h, lq, lk):
+            # no score at all: every path's answer is the empty (or all-zero) one; the naive path
+            # gives it, its parameters checked and no hook asked (the contract's empty input)
+            impl = "naive"
+
+        weights = stats = None
+        if impl == "fused":
+            full = {p.name: p.default for p in entry.params}
+            full.update(params)
+            if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
+                check_hook_values(entry, full, masking, (b, h, lq, 1))
+            if sizes is not None and (
+                max(sizes) >= torch.finfo(cd).max ** 0.25
+                or not scores_in_range(entry, full, q, k, scale, sizes[3])
+            ):
+                # the kernel's backward could overflow, or lose β·s's precision: the exact path
+                impl = "chunked"
+            else:
+                # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
+                # take a positive one)
+                qf, sf = positive_scale(q, scale)
+                out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
+                if check_finite and not math.isfinite(_max_abs(out)):
+                    # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
+                    # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
+                    # evaluates the normalizer without overflowing. Reading max |out| is a host
+                    # sync, so check_finite=False skips it (and the recompute).
+                    impl, stats = "chunked", None
+        if impl == "chunked":
+            out, pieces = chunked_attend(
+                entry.fn,
+                q,
+                k,
+                v,
+                masking,
+                scale,
+                block_size=block_size,
+                want_stats=return_stats,
+                check_finite=check_finite,
+                positional=entry.positional,
+                params=params,
+            )
+            if return_stats:
+                ent, mass = pieces
+                stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+        elif impl == "naive":
+            if hkv != h:
+                k = k.repeat_interleave(h // hkv, dim=1)
+                v = v.repeat_interleave(h // hkv, dim=1)
+            # in float32 for 16-bit inputs, as the fused kernel accumulates: no fp16 overflow
+            scores = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+            weights = entry.fn(scores, masking.dense(), check_finite=check_finite, **params)
+            weights = weights.to(q.dtype)
+            out = torch.matmul(weights.to(v.dtype), v)  # (B, H, Lq, Dv)
+            if return_stats:
+                ent, mass = stats_from_weights(weights)
+                stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+        if check_finite:
+            _check_output(out, entry.name, is_built_in(entry))
+        observer = _observer.get() if _observing else None  # no ContextVar read while unused
+        if observer is not None:
+            out = observer(
+                q,
+                k,
+                v,
+                out,
+                mask=mask,
+                causal=causal,
+                scale=scale,
+                method=entry.name,
+                params=params,
+            )
+
+        result = (out,)
+        if return_weights:
+            result += (weights,)
+        if return_stats:
+            result += (stats,)
+        return result if len(result) > 1 else out
     except HookError as err:  # a family's hook returned what it cannot use: name the method
         if err.method is not None:
             raise
         raise HookError(err.clause, entry.name) from None
-
-
-def _attend(
-    entry,
-    q,
-    k,
-    v,
-    mask,
-    causal,
-    scale,
-    return_weights,
-    impl,
-    check_finite,
-    return_stats,
-    block_size,
-    params,
-):
-    fast = path_of(entry)
-    if entry.fused is not None and fast is None:  # a registered entry's own mistake
-        raise ValueError(
-            f"method {entry.name!r} names the fused path {entry.fused!r}, which does not exist; "
-            f"the fused paths: {', '.join(sorted(FAST))}."
-        )
-    CHECK_FINITE.check(check_finite, "attend")
-    SCALE.check(scale, "attend")
-    check_devices("attend", q=q, k=k, v=v, mask=mask, **params)
-    # once, before any path: every path refuses the same parameters (tensor values only with
-    # check_finite, which reads them on the host; tensor shapes always: one value per row)
-    rows = tuple(q.shape[:3]) if torch.is_tensor(q) and q.dim() == 4 else None
-    entry.check_params(params, check_values=check_finite, rows=rows)
-    _check_inputs(q, k, v)
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}.")
-    b, h, lq, d = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    _check_mask(mask, (b, h, lq, lk))
-    masking = Masking.build(mask, causal, lq, lk, q.device)
-    cd = compute_dtype(q.dtype)
-    sizes = None
-    if check_finite:  # once, before any path: every path rejects the same inputs
-        sizes = _check_ranges(q, k, v, scale, cd)
-
-    if impl == "auto":
-        if return_weights:
-            impl = "naive"
-        elif entry.fused is not None:
-            impl = "fused"
-        else:
-            impl = "naive" if b * h * lq * lk <= policy.NAIVE_MAX_ELEMENTS else "chunked"
-    if return_weights and impl != "naive":
-        raise ValueError(
-            f"return_weights=True needs the weights matrix; use impl='naive' (not {impl!r}), "
-            "or return_stats=True for per-row statistics without it."
-        )
-    if impl == "fused" and entry.fused is None:
-        raise ValueError(
-            f"method {entry.name!r} has no fused path; use impl='chunked' or impl='naive'."
-        )
-    if 0 in (b, h, lq, lk):
-        # no score at all: every path's answer is the empty (or all-zero) one; the naive path
-        # gives it, its parameters checked and no hook asked (the contract's empty input)
-        impl = "naive"
-
-    weights = stats = None
-    if impl == "fused":
-        full = {p.name: p.default for p in entry.params}
-        full.update(params)
-        if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
-            check_hook_values(entry, full, masking, (b, h, lq, 1))
-        if sizes is not None and (
-            max(sizes) >= torch.finfo(cd).max ** 0.25
-            or not scores_in_range(entry, full, q, k, scale, sizes[3])
-        ):
-            # the kernel's backward could overflow, or lose β·s's precision: the exact path
-            impl = "chunked"
-        else:
-            # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
-            # take a positive one)
-            qf, sf = positive_scale(q, scale)
-            out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
-            if check_finite and not math.isfinite(_max_abs(out)):
-                # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
-                # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
-                # evaluates the normalizer without overflowing. Reading max |out| is a host
-                # sync, so check_finite=False skips it (and the recompute).
-                impl, stats = "chunked", None
-    if impl == "chunked":
-        out, pieces = chunked_attend(
-            entry.fn,
-            q,
-            k,
-            v,
-            masking,
-            scale,
-            block_size=block_size,
-            want_stats=return_stats,
-            check_finite=check_finite,
-            positional=entry.positional,
-            params=params,
-        )
-        if return_stats:
-            ent, mass = pieces
-            stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
-    elif impl == "naive":
-        if hkv != h:
-            k = k.repeat_interleave(h // hkv, dim=1)
-            v = v.repeat_interleave(h // hkv, dim=1)
-        # in float32 for 16-bit inputs, as the fused kernel accumulates: no fp16 overflow
-        scores = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-        weights = entry.fn(scores, masking.dense(), check_finite=check_finite, **params)
-        weights = weights.to(q.dtype)
-        out = torch.matmul(weights.to(v.dtype), v)  # (B, H, Lq, Dv)
-        if return_stats:
-            ent, mass = stats_from_weights(weights)
-            stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
-    if check_finite:
-        _check_output(out, entry.name, is_built_in(entry))
-    observer = _observer.get() if _observing else None  # no ContextVar read while unused
-    if observer is not None:
-        out = observer(
-            q, k, v, out, mask=mask, causal=causal, scale=scale, method=entry.name, params=params
-        )
-
-    result = (out,)
-    if return_weights:
-        result += (weights,)
-    if return_stats:
-        result += (stats,)
-    return result if len(result) > 1 else out
 
 
 def check_devices(caller: str, **tensors) -> None:

@@ -129,3 +129,11 @@ def test_an_estimate_is_its_largest_part_and_counts_every_job(free):
     memory.check(job, 1, "one job", "sizes")
     with pytest.raises(ValueError, match=r"^two jobs needs about 10\.0 GiB, .* smaller sizes\.$"):
         memory.check(job, 2, "two jobs", "sizes")  # each with its own process
+
+
+def test_the_score_bound_is_attends_own():
+    """The estimate's largest score block is the one `attend` makes whole (its policy's
+    ``NAIVE_MAX_ELEMENTS``), copied so that the estimate imports no torch: kept equal here."""
+    from sharpattn.attention import policy
+
+    assert memory.SCORE_ENTRIES == policy.NAIVE_MAX_ELEMENTS

@@ -40,7 +40,8 @@ TRAINING_FLOATS = (6, 4)
 INFERENCE_FLOATS = (4, 3)
 #: the most attention scores (batch × heads × rows × keys) one attention call holds: ``attend``
 #: makes the whole score matrix only up to this many (its policy's ``NAIVE_MAX_ELEMENTS``), and
-#: works in O(n) blocks beyond
+#: works in O(n) blocks beyond; a copy, so that the estimate imports no torch (a test keeps
+#: them equal)
 SCORE_ENTRIES = 2**24
 #: score-sized tensors of one attention call (scores, weights and a gradient)
 SCORE_COPIES = 3

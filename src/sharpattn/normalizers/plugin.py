@@ -206,7 +206,6 @@ def _probe_hooks(family, scores: torch.Tensor, params: dict, what: str) -> None:
     element-wise hook (`Elementwise`'s f, `RowNormalised`'s u, a and ref) whose result on a
     score depends on the other scores of its row (run on the whole rows, then on two halves of
     the keys, as tiles do), a negative a, or an a that sums to 0 on a row where u is not 0."""
-    constants = family.constants_of(params) if hasattr(family, "constants_of") else {}
     if isinstance(family, Elementwise):
         rows = (*scores.shape[:-1], 1)
         r = family.row_of(torch.ones(rows), rows, **params)
@@ -216,6 +215,7 @@ def _probe_hooks(family, scores: torch.Tensor, params: dict, what: str) -> None:
         hooks = {"u": (family.u, (m,)), "a": (family.a, (m,)), "ref": (family.ref, ())}
     else:
         return
+    constants = family.constants_of(params)
     half = scores.shape[-1] // 2
     values = {}
     with torch.no_grad():

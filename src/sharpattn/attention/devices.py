@@ -1,4 +1,5 @@
-"""Whether a call may run the Triton kernels (`triton_elementwise`): CUDA tensors only.
+"""Where a call runs: the one choice among a map's kernels (`backend`) and the one readiness
+check of the Triton kernels (`triton_ready`: CUDA tensors only).
 
 triton is an optional dependency (the ``gpu`` extra): it is imported on first need, and a
 machine without it keeps every path in PyTorch.
@@ -10,6 +11,10 @@ import functools
 import os
 
 import torch
+
+from ..normalizers._contract import compute_dtype
+from ..normalizers.families import Kernel
+from . import native
 
 
 @functools.cache
@@ -35,3 +40,20 @@ def triton_ready(device: torch.device, dtype: torch.dtype) -> bool:
         and not torch.compiler.is_compiling()
         and triton_kernels() is not None
     )
+
+
+def backend(
+    kernel: Kernel | None, device: torch.device, dtype: torch.dtype, want_stats: bool = False
+) -> str:
+    """Where a call of a map with the kernel record ``kernel`` runs (None: a user's map, which
+    has no kernels of its own): ``"triton"`` where it has Triton kernels, no statistics are
+    wanted (the kernels give none) and `triton_ready`; else ``"cpp"`` where it has C++ loops
+    and they may run (`native.wanted`: float32 on the CPU, built); else ``"tiles"``, its maths
+    in PyTorch (any device and dtype)."""
+    if kernel is None:
+        return "tiles"
+    if kernel.triton and not want_stats and triton_ready(device, dtype):
+        return "triton"
+    if kernel.cpp and native.wanted(device, compute_dtype(dtype)):
+        return "cpp"
+    return "tiles"

@@ -78,10 +78,12 @@ FAMILY_PATHS = {
 def path_of(entry: Normalizer) -> Callable | None:
     """The fast path of a registry entry, or None when it has none: its family's runner bound to
     its family, else the built-in path its ``fused`` names. A family that names a built-in kernel
-    (``sigmoid``, ``power``, ``adaptive``, ``entmax_tiled``, ...) takes that method's own path."""
+    with a path of its own (``adaptive``, ``entmax_tiled``, ``stick_breaking``, ...) takes it; the
+    element-wise and row-normalised families' runners take their kernel record themselves."""
     family = entry.family
-    if getattr(family, "kernel", None) is not None:
-        return FAST.get(family.kernel)
+    kernel = getattr(family, "kernel", None)
+    if kernel is not None and kernel.tiles is None:  # a built-in path of its own
+        return FAST.get(kernel.name)
     if family is not None and family.path in FAMILY_PATHS:
         return functools.partial(FAMILY_PATHS[family.path], family)
     return FAST.get(entry.fused) if entry.fused is not None else None

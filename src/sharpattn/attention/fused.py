@@ -39,9 +39,10 @@ import torch
 import torch.nn.functional as F
 
 from ..normalizers._contract import compute_dtype
+from ..normalizers.families import Kernel
 from . import native
 from .chunked import chunked_softmax_attention
-from .devices import triton_kernels, triton_ready
+from .devices import backend, triton_kernels
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import BUFFERED_TILE_ELEMENTS, Grid
@@ -172,10 +173,15 @@ def one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tens
     return F.pad(q, (0, width - d)), F.pad(k, (0, width - d)), F.pad(v, (0, width - dv))
 
 
+#: the kernel record of softmax with its log-sum-exp (a Triton kernel; on the CPU and where it
+#: cannot run, torch's flash attention and the block passes here)
+SOFTMAX_LSE = Kernel("softmax", triton=True)
+
+
 def _on_triton(q: Tensor, k: Tensor) -> bool:
-    """Whether the softmax passes that need the log-sum-exp run the Triton kernel (a CUDA
-    tensor: `devices.triton_ready`; not an empty one)."""
-    return triton_ready(q.device, q.dtype) and q.numel() > 0 and k.numel() > 0
+    """Whether the softmax passes that need the log-sum-exp run the Triton kernel
+    (`devices.backend`; not on an empty tensor)."""
+    return q.numel() > 0 and k.numel() > 0 and backend(SOFTMAX_LSE, q.device, q.dtype) == "triton"
 
 
 def softmax_output(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float) -> Tensor:

@@ -102,11 +102,13 @@ def kernels(
     softmax = "CPU flash kernel" if flash else "torch SDPA"
     two_pass = f"{'Triton softmax' if triton else 'entropy tiles'} + {softmax}"
 
-    def tiled_kernel(name: str) -> str:  # tiled.tiled_attention: tiled.triton_wanted, then loops
-        if triton and name in tiled.TRITON_METHODS:
+    def tiled_kernel(name: str) -> str:  # tiled.tiled_attention: devices.backend's order
+        kernel = registry.get(name).family.kernel
+        if kernel is None:
+            return "tiles (PyTorch)"
+        if triton and kernel.triton:
             return "Triton kernel"
-        kernel = tiled.KERNELS.get(name)
-        return "C++ loops" if loops and kernel is not None and kernel.native else "tiles (PyTorch)"
+        return "C++ loops" if loops and kernel.cpp else "tiles (PyTorch)"
 
     by_path = {  # each fast path's own choice, in the order it makes it
         fused.row_scaled: lambda name: softmax,
@@ -124,13 +126,11 @@ def kernels(
         ),
         stick_tiled.stick_breaking: lambda name: "Triton kernel" if triton else tiles,
         fast.stick: lambda name: "Triton kernel" if triton else tiles,
-        tiled.elementwise: lambda name: "tiles (PyTorch)",
-        tiled.row_normalised: lambda name: "tiles (PyTorch)",
+        tiled.elementwise: tiled_kernel,
+        tiled.row_normalised: tiled_kernel,
     }
     for fn in (*sparse_tiled.SPARSE_TILED.values(), sparse_tiled.sparse):
         by_path.setdefault(fn, lambda name: "Triton kernel" if triton else tiles)
-    for name, fn in tiled.TILED.items():
-        by_path.setdefault(fn, lambda name, n=name: tiled_kernel(n))
 
     out: dict[str, dict[str, str]] = {}
     for name in registry.available():

@@ -101,8 +101,6 @@ FLAGS = (
     *(("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()),
 )
 LINK = ("-shared", "-fopenmp")
-#: the normalised kernels the library has loops for, by name (their ``kind`` argument)
-KINDS = {"power": 0, "signed": 1, "softpick": 2, "sigmoid": 3, "relu": 4}
 
 _F, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _FL = ctypes.c_float
@@ -111,15 +109,19 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "adaptive_forward": [_F, _I64, _I64, _F, _I64, _F, _I, _FL, _FL, *[_F] * 6, _I],
     "tempered_backward": [_F, _F, _I64, _I64, _F, _I64, *[_F] * 8, _I],
-    "elementwise_forward": [_I, _FL, _F, _I64, _I64, _F, _I64, _F, _I],
-    "elementwise_backward": [_I, _FL, _F, _F, _I64, _I64, _F, _I64, _F, _I],
-    "normalised_forward": [_I, _FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
-    "normalised_backward": [_I, _FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
     "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
     "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
+}
+#: the loops of each element-wise or row-normalised map, ``NAME_MAP`` with MAP the name of the
+#: map's kernel record (`families.Kernel`; `map_loop`)
+_MAP_SIGNATURES = {
+    "elementwise_forward": [_FL, _F, _I64, _I64, _F, _I64, _F, _I],
+    "elementwise_backward": [_FL, _F, _F, _I64, _I64, _F, _I64, _F, _I],
+    "normalised_forward": [_FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "normalised_backward": [_FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
 }
 #: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
 SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
@@ -305,6 +307,15 @@ def load(path: Path) -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.path = path
     return lib
+
+
+@functools.cache
+def map_loop(loop: str, name: str):
+    """The C++ loop ``loop`` (a key of `_MAP_SIGNATURES`) of the map whose kernel record is
+    named ``name``: the library's ``{loop}_{name}``, typed."""
+    fn = getattr(library(), f"{loop}_{name}")
+    fn.argtypes, fn.restype = _MAP_SIGNATURES[loop], None
+    return fn
 
 
 @functools.cache
@@ -512,7 +523,7 @@ def _(s, dp, ends, m, z, a, beta, c, total, d, dbeta):
 def _elementwise_forward(kind: str, p: float, s: Tensor, ends: Tensor | None, row: Tensor) -> None:
     rows, cols = _rows(s)
     e, tr = _ends(ends)
-    library().elementwise_forward(KINDS[kind], p, _p(s), rows, cols, e, tr, _p(row), _threads())
+    map_loop("elementwise_forward", kind)(p, _p(s), rows, cols, e, tr, _p(row), _threads())
 
 
 @_elementwise_forward.register_fake
@@ -526,9 +537,7 @@ def _elementwise_backward(
 ) -> None:
     rows, cols = _rows(s)
     e, tr = _ends(ends)
-    library().elementwise_backward(
-        KINDS[kind], p, _p(s), _p(dp), rows, cols, e, tr, _p(row), _threads()
-    )
+    map_loop("elementwise_backward", kind)(p, _p(s), _p(dp), rows, cols, e, tr, _p(row), _threads())
 
 
 @_elementwise_backward.register_fake
@@ -544,8 +553,8 @@ def _normalised_forward(
     e, tr = _ends(ends)
     m_new = m.clone(memory_format=torch.contiguous_format)
     f, total = torch.empty_like(m_new), torch.empty_like(m_new)
-    library().normalised_forward(
-        KINDS[kind], p, shift, _p(s), rows, cols, e, tr, _p(m_new), _p(f), _p(total), _threads()
+    map_loop("normalised_forward", kind)(
+        p, shift, _p(s), rows, cols, e, tr, _p(m_new), _p(f), _p(total), _threads()
     )
     return m_new, f, total
 
@@ -570,8 +579,8 @@ def _normalised_backward(
 ) -> None:
     rows, cols = _rows(s)
     e, tr = _ends(ends)
-    library().normalised_backward(
-        *(KINDS[kind], p, shift, _p(s), _p(dp), _p(w), rows, cols, e, tr),
+    map_loop("normalised_backward", kind)(
+        *(p, shift, _p(s), _p(dp), _p(w), rows, cols, e, tr),
         *(_p(m), _p(d), _p(z), _threads()),
     )
 

@@ -37,10 +37,11 @@ from __future__ import annotations
 import torch
 
 from ..normalizers._contract import compute_dtype, on_device
-from ..normalizers.sparse import ALPHA, asentmax_scale
+from ..normalizers.families import Kernel
+from ..normalizers.sparse import ALPHA, ENTMAX, TOPK, asentmax_scale
 from . import native, policy
 from .chunked import chunked_attend
-from .devices import triton_kernels, triton_ready
+from .devices import backend, triton_kernels
 from .masking import Masking
 from .stats import AttentionStats, row_stats
 from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
@@ -539,13 +540,12 @@ def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
 # The fast paths (``FAST`` entries)
 
 
-def _on_triton(q: Tensor, k: Tensor, v: Tensor, want_stats: bool) -> bool:
-    """Whether a call runs the Triton kernels (`triton_elementwise`): a CUDA tensor
-    (`devices.triton_ready`), no statistics (the kernels give none), nothing empty."""
+def _on_triton(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, want_stats: bool) -> bool:
+    """Whether a call of the map with kernel record ``kernel`` runs its Triton kernels
+    (`devices.backend`), with nothing empty."""
     return (
-        not want_stats
-        and triton_ready(q.device, q.dtype)
-        and min(q.numel(), k.numel(), v.numel()) > 0
+        min(q.numel(), k.numel(), v.numel()) > 0
+        and backend(kernel, q.device, q.dtype, want_stats) == "triton"
     )
 
 
@@ -583,7 +583,7 @@ def _on_kernel(q, k, v, want_stats, alpha) -> bool:
     """Whether an entmax-family call runs CUDA's kernel (`_on_triton`): a number α in
     [1.01, 2], or a tensor (per head or row, learnable too; never read: the kernel takes every α
     of the registry's range, with `triton_elementwise.ENTMAX_STEPS_TENSOR` passes at most)."""
-    if not _on_triton(q, k, v, want_stats):
+    if not _on_triton(ENTMAX.kernel, q, k, v, want_stats):
         return False
     return torch.is_tensor(alpha) or alpha <= 2.0
 
@@ -708,7 +708,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
 
 def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
-    if _on_triton(q, k, v, want_stats) and top_k <= triton_kernels().TOPK_MAX:  # CUDA
+    if _on_triton(TOPK.kernel, q, k, v, want_stats) and top_k <= triton_kernels().TOPK_MAX:  # CUDA
         return triton_kernels().topk_attention(q, k, v, masking, scale, top_k), None
     fn = _TopkSelected if _selects(q, masking, top_k) else _TopkAttention
     out, ent, mass = fn.apply(q, k, v, top_k, masking, scale, want_stats)

@@ -29,7 +29,7 @@ On float32 CPU tiles that are unmasked or causal, the element-wise work of a til
 running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row
 (`native.stick_forward`, `native.stick_backward`), the same sums in the same order.
 
-On CUDA in float32, float16 and bfloat16 without statistics (`triton_wanted`), the same walk runs
+On CUDA in float32, float16 and bfloat16 without statistics (`devices.backend`), the same walk runs
 as Triton kernels (`triton_stick`: one program per block of query rows, key blocks from the
 diagonal back, the running sums carried in registers; dk and dv added atomically), unless
 ``SHARPATTN_TRITON=0``; float64 and calls that want statistics stay on the tiles.
@@ -42,13 +42,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..normalizers.families import score_shift
+from ..normalizers.families import exp_, score_shift
+from ..normalizers.stick_breaking import STICK_BREAKING
 from . import native, policy
-from .devices import triton_ready
+from .devices import backend
 from .masking import Masking
 from .positions import append_columns
 from .stats import AttentionStats, row_stats
-from .tiled import _exp_, empty_result
+from .tiled import empty_result
 from .tiles import Grid, Tile
 
 Tensor = torch.Tensor
@@ -142,7 +143,7 @@ def _forward(walk: _Walk, q, k, v, want_stats: bool):
                 ent_b -= (w * log_w).sum(-1, keepdim=True)
                 mass_b += w.sum(-1, keepdim=True)
             else:
-                w = _exp_(log_w)
+                w = exp_(log_w)
                 if keep is not None:
                     w.mul_(keep)
             w5 = grid.grouped(w)
@@ -175,7 +176,7 @@ def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
                 ds, w = native.stick_backward(s, gv, ends, carry, later, db)
             else:
                 log_w, carry = _log_weights(s, keep, carry)
-                w = _exp_(log_w)
+                w = exp_(log_w)
                 if keep is not None:
                     w.mul_(keep)
                 wg = gv.mul_(w)  # w_ij·g_ij
@@ -232,13 +233,6 @@ def _sees_past_itself(masking: Masking, offset: int) -> bool:
     return bool(bad)
 
 
-def triton_wanted(device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
-    """Whether a call runs the Triton kernels (`triton_stick`): no statistics wanted (the
-    kernels give none) and `devices.triton_ready` (a CUDA tensor, float32/float16/bfloat16,
-    not ``SHARPATTN_TRITON=0``)."""
-    return not want_stats and triton_ready(device, dtype)
-
-
 def stick_breaking(
     q: Tensor,
     k: Tensor,
@@ -266,7 +260,7 @@ def stick_breaking(
     checked (no host synchronisation); without it the sizes decide, or, with a user mask, one
     reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`.
 
-    On CUDA (`triton_wanted`: float32, float16 and bfloat16, no statistics) the Triton kernels
+    On CUDA (`devices.backend`: float32, float16 and bfloat16, no statistics) the Triton kernels
     of `triton_stick` run instead, with ``blocks`` as their block sizes when both are powers
     of 2 from 16 to 128; float64 and ``want_stats=True`` stay on the tiles.
     """
@@ -286,7 +280,7 @@ def stick_breaking(
     if torch.is_tensor(shift) or torch.is_tensor(shift_log_position) or shift or shift_log_position:
         b = score_shift(lq, offset, shift, shift_log_position, q)
         q, k = append_columns(q, k, b, k.new_ones(1, 1, 1, 1), scale)
-    if triton_wanted(q.device, q.dtype, want_stats):
+    if backend(STICK_BREAKING.kernel, q.device, q.dtype, want_stats) == "triton":
         from . import triton_stick  # imports triton: reached only where triton_ready says so
 
         return triton_stick.stick_attention(q, k, v, masking, scale, diagonal, blocks), None

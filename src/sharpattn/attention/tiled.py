@@ -36,10 +36,10 @@ import functools
 import torch
 
 from ..normalizers._contract import compute_dtype
-from ..normalizers.families import log_n, per_score
+from ..normalizers.families import Kernel, TileMaths, masked_, per_score
+from ..normalizers.sparse import HARDMAX
 from . import native, policy
-from .devices import triton_kernels as _triton_kernels
-from .devices import triton_ready
+from .devices import backend, triton_kernels
 from .fused import _rows, softmax_output
 from .masking import Masking
 from .stats import AttentionStats, row_stats
@@ -52,165 +52,7 @@ Tensor = torch.Tensor
 # The kernels: the maths of each method on one tile of scores
 
 
-_LOG2E = 1.4426950408889634
-
-
-def _exp_(x: Tensor) -> Tensor:
-    """e^x in place as 2^(x·log2 e): 64 µs per 2^18 float32 entries here against 157 µs for
-    ``torch.exp`` (relative error |x|·ε more, as the scores' own rounding)."""
-    return x.mul_(_LOG2E).exp2_()
-
-
-class _Kernel:
-    """A method's maths on one tile ``s`` ``[B, H, r, c]`` of scores (disallowed entries 0,
-    ``mask`` the tile's mask or None). Both methods may overwrite ``s``.
-
-    * ``weights(s, ref, mask)``: element-wise kernels return w (``ref`` the row tensor);
-      normalised ones return (u, Σ_j a_j) relative to the row reference ``ref`` = m.
-    * ``grad(s, dp, ref, mask[, d, z])``: (dL/ds, w) given dP = dO·vᵀ (and D = dO·out, Z).
-
-    Normalised kernels also give ``ref_of(s)`` (the tile's candidate for m) and ``factor(m_old,
-    m_new)``, the rescaling of sums taken relative to m_old.
-    """
-
-    normalised = False
-
-    #: the name of its loops in `native`, if it has them
-    native: str | None = None
-    SHIFT_ABOVE = 0.0
-
-    def __init__(self, **params):
-        self.params = params
-
-    def native_args(self) -> tuple[str | None, float, float]:
-        """(loops' name, p, shift) for `native`."""
-        return self.native, float(self.params.get("p", 0.0)), self.SHIFT_ABOVE
-
-
-class _Sigmoid(_Kernel):
-    """w = σ(s + b), b = bias − log n per row (the row tensor)."""
-
-    native = "sigmoid"
-
-    def weights(self, s, row, mask):
-        return _masked_(s.add_(row).sigmoid_(), mask)
-
-    def grad(self, s, dp, row, mask):
-        w = self.weights(s, row, mask)
-        return w.neg().add_(1.0).mul_(w).mul_(dp), w  # σ' = w·(1 − w)
-
-
-class _Relu(_Kernel):
-    """w = ReLU(s)^p / n, n per row (the row tensor, >= 1)."""
-
-    native = "relu"
-
-    def weights(self, s, row, mask):
-        p = self.params["p"]
-        r = s.relu_()
-        return (r if p == 1 else r.pow_(p)).div_(row)  # disallowed scores are 0: weight 0
-
-    def grad(self, s, dp, row, mask):
-        p = self.params["p"]
-        if p == 1:  # 1[s > 0] as sign(ReLU(s)): boolean masks are slow here (see _masked_)
-            ds = torch.relu(s).sign_().mul_(dp).div_(row)
-        else:
-            ds = torch.relu(s).pow_(p - 1).mul_(dp).mul_(p / row)
-        return ds, self.weights(s, row, mask)
-
-
-class _Power(_Kernel):
-    """u = (ReLU(s)/m)^p, a = u, m the row's largest ReLU(s) (1 while it is 0)."""
-
-    normalised = True
-    native = "power"
-
-    def ref_of(self, s):
-        return s.amax(-1, keepdim=True).clamp_min_(0.0)
-
-    def factor(self, m_old, m_new):
-        ratio = m_old / torch.where(m_new > 0, m_new, torch.ones_like(m_new))
-        return ratio ** self.params["p"]  # m_old = 0: the sums were 0 (no positive score yet)
-
-    def weights(self, s, m, mask):
-        m1 = torch.where(m > 0, m, torch.ones_like(m))
-        u = s.relu_().div_(m1).pow_(self.params["p"])  # disallowed scores are 0: u = 0
-        return u, u.sum(-1, keepdim=True)
-
-    def grad(self, s, dp, m, mask, d, z):
-        # w = u/Z: dL/du = (dP − D)/Z; du/ds = p·(r/m)^{p−1}/m for s > 0
-        p = self.params["p"]
-        m1 = torch.where(m > 0, m, torch.ones_like(m))
-        r = s.relu_().div_(m1)  # r/m in [0, 1]
-        slope = r.pow(p - 1) if p != 1 else torch.sign(r)
-        ds = dp.sub(d).mul_(slope).mul_(p / (m1 * z))
-        return ds, r.pow_(p).div_(z)
-
-
-class _Signed(_Kernel):
-    """u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the row's largest |s|."""
-
-    normalised = True
-    native = "signed"
-
-    def ref_of(self, s):
-        return s.abs().amax(-1, keepdim=True)
-
-    def factor(self, m_old, m_new):
-        return torch.exp(m_old - m_new)
-
-    def weights(self, s, m, mask):
-        sign = torch.sign(s)
-        a = _masked_(_exp_(s.abs_().sub_(m)), mask)
-        total = a.sum(-1, keepdim=True)
-        return a.mul_(sign), total
-
-    def grad(self, s, dp, m, mask, d, z):
-        # w = sign·p, p = softmax(|s|): dL/ds = sign·p·(sign·dP − D) = w·(sign·dP − D)
-        sign = torch.sign(s)
-        w = _masked_(_exp_(s.abs_().sub_(m)), mask).div_(z).mul_(sign)
-        return dp.mul(sign).sub_(d).mul_(w), w
-
-
-class _Softpick(_Kernel):
-    """d = e^{−m}(e^{s} − 1), u = ReLU(d), a = |d|, m = max(0, max s).
-
-    Per row, d = A·expm1(s − c) + B with c = 0 where m <= 60 (A = e^{−m}, B = 0: e^{−m}·expm1(s),
-    exact near s = 0 and finite as s <= m <= 60) and c = m beyond (A = 1, B = 1 − e^{−m}: the
-    cancellation near s = 0 costs ε against a row sum >= 1 − e^{−60}).
-    """
-
-    normalised = True
-    native = "softpick"
-    SHIFT_ABOVE = 60.0
-
-    def ref_of(self, s):
-        return s.amax(-1, keepdim=True).clamp_min_(0.0)
-
-    def factor(self, m_old, m_new):
-        return torch.exp(m_old - m_new)
-
-    def _d(self, s, m, mask):
-        far = m > self.SHIFT_ABOVE
-        c = torch.where(far, m, torch.zeros_like(m))
-        a = torch.exp(c - m)
-        b = torch.where(far, -torch.expm1(-m), torch.zeros_like(m))
-        return _masked_(s.sub_(c).expm1_().mul_(a).add_(b), mask), a, b
-
-    def weights(self, s, m, mask):
-        d, _, _ = self._d(s, m, mask)
-        total = d.abs().sum(-1, keepdim=True)  # (vector_norm(d, 1) is 7× slower here)
-        return d.relu_(), total
-
-    def grad(self, s, dp, m, mask, d, z):
-        # w = ReLU(d)/Σ|d|: dL/dd = (1[d > 0]·dP − sign(d)·D)/Z, dd/ds = e^{s − m} = d + A − B
-        dd, a, b = self._d(s, m, mask)
-        ds = torch.relu(dd).sign_().mul_(dp).sub_(torch.sign(dd).mul_(d))
-        ds.mul_(dd + (a - b)).div_(z)
-        return ds, dd.relu_().div_(z)
-
-
-class _Family(_Kernel):
+class _Family(TileMaths):
     """A user's element-wise map (`Elementwise`): w =
     f(s, r) on each tile, its derivatives in s and r by autograd on the tile (no loops)."""
 
@@ -219,7 +61,7 @@ class _Family(_Kernel):
         self.family = family
 
     def weights(self, s, row, mask):
-        return _masked_(self.family.weight(s, row, **self.params), mask)
+        return masked_(self.family.weight(s, row, **self.params), mask)
 
     def grad(self, s, dp, row, mask):
         """(dL/ds, w, dL/dr per row): r expanded to one value per row of the tile; the
@@ -229,11 +71,11 @@ class _Family(_Kernel):
         w, pull = torch.func.vjp(
             functools.partial(self.family.weight, **self.params), s.detach(), r1
         )
-        ds, dr = pull(_masked_(dp.to(w.dtype), mask))
-        return ds, _masked_(w.detach(), mask), dr
+        ds, dr = pull(masked_(dp.to(w.dtype), mask))
+        return ds, masked_(w.detach(), mask), dr
 
 
-class _RowFamily(_Kernel):
+class _RowFamily(TileMaths):
     """A user's row-normalised map (`RowNormalised`): u and a on each tile, their derivatives by
     autograd on the tile. The row reference m is found by a first pass (`row_normalised`) and
     held fixed, so the running sums never need rescaling (``factor`` is 1)."""
@@ -252,8 +94,8 @@ class _RowFamily(_Kernel):
 
     def weights(self, s, m, mask):
         family = self.family
-        u = _masked_(per_score(family.u, "u", s, m, **self.params), mask)
-        a = u if family.a is None else _masked_(per_score(family.a, "a", s, m, **self.params), mask)
+        u = masked_(per_score(family.u, "u", s, m, **self.params), mask)
+        a = u if family.a is None else masked_(per_score(family.a, "a", s, m, **self.params), mask)
         return u, a.sum(-1, keepdim=True)
 
     def grad(self, s, dp, m, mask, d, z):
@@ -277,22 +119,8 @@ class _RowFamily(_Kernel):
         return ds.div_(z), u.detach().div_(z)
 
 
-KERNELS = {
-    "sigmoid": _Sigmoid,
-    "relu": _Relu,
-    "power": _Power,
-    "signed": _Signed,
-    "softpick": _Softpick,
-}
-
-
 # ---------------------------------------------------------------------------------------------
 # One pass over the tiles, forward and backward
-
-
-def _masked_(x: Tensor, keep: Tensor | None) -> Tensor:
-    """x with the tile's disallowed entries set to 0, in place (``keep``: `Grid.keep`)."""
-    return x if keep is None else x.mul_(keep)
 
 
 def _grid(q, k, v, masking, scale, blocks) -> Grid:
@@ -311,7 +139,7 @@ def _grid(q, k, v, masking, scale, blocks) -> Grid:
     )
 
 
-def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
+def _forward(grid: Grid, kernel: TileMaths, row: Tensor):
     """(output ``[B, Hkv, G, Lq, Dv]``, m, Z) — m and Z ``[B, H, Lq, 1]`` for normalised kernels."""
     out = grid.empty_out()
     shape = (grid.b, grid.h, grid.lq, 1)
@@ -338,7 +166,7 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
                 mb, f, u, total = native.normalised_forward(*kernel.native_args(), s, ends, mb)
             else:
                 keep = grid.keep(t)
-                s = _masked_(s, keep)  # disallowed scores 0: no overflow there
+                s = masked_(s, keep)  # disallowed scores 0: no overflow there
                 if not kernel.normalised:
                     acc += grid.weigh(kernel.weights(s, rb, keep), t)
                     continue
@@ -351,7 +179,7 @@ def _forward(grid: Grid, kernel: _Kernel, row: Tensor):
     return out, m, z
 
 
-def _normalised_tile(kernel: _Kernel, s: Tensor, keep: Tensor | None, m: Tensor):
+def _normalised_tile(kernel: TileMaths, s: Tensor, keep: Tensor | None, m: Tensor):
     """A normalised kernel's forward on one tile: the new row reference m', the rescaling of
     the sums taken relative to m, and (u, Σ_j a_j) relative to m' (``s`` is scratch). Not
     compiled: with torch.compile softpick's forward measured slower (1.79x SDPA against 1.64x
@@ -362,7 +190,7 @@ def _normalised_tile(kernel: _Kernel, s: Tensor, keep: Tensor | None, m: Tensor)
     return m_new, kernel.factor(m, m_new), u, total
 
 
-def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
+def _backward(grid: Grid, kernel: TileMaths, row, m, z, out5, g5, want_row: bool):
     dq = torch.zeros_like(grid.q)
     dk = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
     dv = torch.zeros(grid.v.shape[:2] + grid.v.shape[3:], dtype=grid.dtype, device=dq.device)
@@ -398,12 +226,12 @@ def _backward(grid: Grid, kernel: _Kernel, row, m, z, out5, g5, want_row: bool):
                 )
             else:
                 keep = grid.keep(t)
-                s = _masked_(s, keep)
+                s = masked_(s, keep)
                 if kernel.normalised:
                     ds, w = kernel.grad(s, dp, mb, keep, db, zb)
                 else:  # a user's map also gives dL/dr; the built-in ones' r is a shift of s
                     ds, w, *dr = kernel.grad(s, dp, rb, keep)
-                ds = _masked_(ds, keep)
+                ds = masked_(ds, keep)
             if want_row:
                 drow[..., r0:r1, :] += dr[0] if dr else ds.sum(-1, keepdim=True)
             ds5, w5 = grid.grouped(ds), grid.grouped(w)
@@ -451,7 +279,7 @@ class _TiledAttention(torch.autograd.Function):
         )
 
 
-def _stats(grid: Grid, kernel: _Kernel, row, m, z) -> tuple[Tensor, Tensor]:
+def _stats(grid: Grid, kernel: TileMaths, row, m, z) -> tuple[Tensor, Tensor]:
     """(entropy −Σ|w|·log|w|, mass Σ w) per row, ``[B, H, Lq, 1]``: one more pass, no matrix."""
     ent = torch.zeros(grid.b, grid.h, grid.lq, 1, dtype=grid.dtype, device=grid.q.device)
     mass = torch.zeros_like(ent)
@@ -460,7 +288,7 @@ def _stats(grid: Grid, kernel: _Kernel, row, m, z) -> tuple[Tensor, Tensor]:
             qb, rb = grid.q_rows(r0, r1), row_slice(row, grid.lq, r0, r1)
             for t in grid.tiles(r0, r1):
                 keep = grid.keep(t)
-                s = _masked_(grid.scores(qb, t), keep)
+                s = masked_(grid.scores(qb, t), keep)
                 if kernel.normalised:
                     zb = z[..., r0:r1, :]
                     u, _ = kernel.weights(s, m[..., r0:r1, :], keep)
@@ -482,18 +310,9 @@ def empty_result(q, k, v, masking: Masking, want_stats: bool):
     return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=zero, mass=zero)
 
 
-#: the methods with Triton kernels (`triton_elementwise`)
-TRITON_METHODS = ("sigmoid", "relu", "power", "signed", "softpick", "hardmax")
-
-
-def triton_wanted(name: str, device: torch.device, dtype: torch.dtype, want_stats: bool) -> bool:
-    """Whether a call of method ``name`` runs the Triton kernels: a method that has them, no
-    statistics wanted (the kernels give none), and `triton_ready`."""
-    return name in TRITON_METHODS and not want_stats and triton_ready(device, dtype)
-
-
 def tiled_attention(
-    name: str | _Kernel,
+    maths: TileMaths,
+    kernel: Kernel | None,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -502,32 +321,31 @@ def tiled_attention(
     want_stats: bool,
     row: Tensor,
     blocks: tuple[int | None, int | None] = (None, None),
-    **params,
 ) -> tuple[Tensor, AttentionStats | None]:
-    """Attention with kernel ``name`` (a name of `KERNELS`, or a kernel) over tiles; ``row``
-    a per-row tensor ``[B|1, H|1, Lq|1, 1]`` the kernel reads (sigmoid's bias, relu's n),
-    differentiable.
+    """Attention with the tile maths ``maths`` over tiles; ``row`` a per-row tensor
+    ``[B|1, H|1, Lq|1, 1]`` the maths reads (sigmoid's bias, relu's n), differentiable.
 
-    On CUDA, the methods of `TRITON_METHODS` run the Triton kernels instead (`triton_wanted`;
-    ``blocks`` then sets their block sizes when both are given); float64 inputs and
-    ``want_stats=True`` fall back to the tiles here."""
-    kernel = KERNELS[name](**params) if isinstance(name, str) else name
+    ``kernel``, the kernel record of a built-in map (None for a user's map), says where else the
+    call may run (`devices.backend`): the Triton kernels on CUDA (``blocks`` then sets their
+    block sizes when both are given), the C++ loops on the CPU in float32; float64 inputs and
+    ``want_stats=True`` stay on the tiles."""
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
-    if isinstance(name, str) and triton_wanted(name, q.device, q.dtype, want_stats):
-        kernels = _triton_kernels()
+    where = backend(kernel, q.device, q.dtype, want_stats)
+    if where == "triton":
         fixed = blocks if None not in blocks else None
-        out = kernels.attention(name, q, k, v, masking, scale, row, blocks=fixed, **params)
+        out = triton_kernels().attention(kernel, maths, q, k, v, masking, scale, row, fixed)
         return out, None
-    out = _TiledAttention.apply(q, k, v, row, kernel, masking, scale, blocks)
+    maths.native = kernel.name if where == "cpp" else None
+    out = _TiledAttention.apply(q, k, v, row, maths, masking, scale, blocks)
     if not want_stats:
         return out, None
     grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks)
     m = z = None
-    if kernel.normalised:
+    if maths.normalised:
         with torch.no_grad():
-            _, m, z = _forward(grid, kernel, row.detach())
-    ent, mass = _stats(grid, kernel, row.detach(), m, z)
+            _, m, z = _forward(grid, maths, row.detach())
+    ent, mass = _stats(grid, maths, row.detach(), m, z)
     return out, row_stats(q.shape[:3], masking.visible_keys(), entropy=ent, mass=mass)
 
 
@@ -536,21 +354,32 @@ def tiled_attention(
 
 
 def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
-    """The fast path of a user's `Elementwise` method:
-    w_ij = f(s_ij, r_i) over tiles, r = ``family.row(n, **params)`` of the rows' visible keys."""
+    """The fast path of an `Elementwise` method: w_ij = f(s_ij, r_i) over tiles, r =
+    ``family.row(n, **params)`` of the rows' visible keys; a built-in map's tile maths and
+    kernels (``family.kernel``), else ``f`` itself on each tile."""
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     row = _rows(family.row_of(n, (*q.shape[:3], 1), **params), q)
-    kernel = _Family(family, **params)
-    return tiled_attention(kernel, q, k, v, masking, scale, want_stats, row, blocks or (None,) * 2)
+    kernel = family.kernel
+    if kernel is not None:
+        maths = kernel.tiles(**family.constants_of(params))
+    else:
+        maths = _Family(family, **params)
+    blocks = blocks or (None, None)
+    return tiled_attention(maths, kernel, q, k, v, masking, scale, want_stats, row, blocks)
 
 
 def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, **params):
-    """The fast path of a user's `RowNormalised` method: a first pass over the tiles for each
-    row's reference m (the largest of 0 and ``family.ref`` over its visible keys), then the
-    tiles' sums u·v and a relative to it, as the built-in kernels do but without rescaling."""
+    """The fast path of a `RowNormalised` method. A built-in map (``family.kernel``): one pass
+    with running sums, rescaled when the row reference m grows. A user's map: a first pass over
+    the tiles for each row's reference m (the largest of 0 and ``family.ref`` over its visible
+    keys), then the tiles' sums u·v and a relative to it, without rescaling."""
     blocks = blocks or (None, None)
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
+    kernel, zero = family.kernel, _rows(0.0, q)
+    if kernel is not None:
+        maths = kernel.tiles(**family.constants_of(params))
+        return tiled_attention(maths, kernel, q, k, v, masking, scale, want_stats, zero, blocks)
     grid = _grid(q.detach(), k.detach(), v.detach(), masking, scale, blocks)
     m = torch.zeros(grid.b, grid.h, grid.lq, 1, dtype=grid.dtype, device=q.device)
     if family.ref is not None:
@@ -559,48 +388,11 @@ def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=Non
                 qb, mb = grid.q_rows(r0, r1), m[..., r0:r1, :]
                 for t in grid.tiles(r0, r1):
                     keep = grid.keep(t)
-                    s = _masked_(grid.scores(qb, t), keep)
-                    r = _masked_(per_score(family.ref, "ref", s), keep)
+                    s = masked_(grid.scores(qb, t), keep)
+                    r = masked_(per_score(family.ref, "ref", s), keep)
                     mb.copy_(torch.maximum(mb, r.amax(-1, keepdim=True)))
-    kernel = _RowFamily(family, m, **params)
-    return tiled_attention(kernel, q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks)
-
-
-def sigmoid(q, k, v, masking, scale, want_stats, *, bias=0.0, subtract_log_n=True, blocks=None):
-    """σ(s + bias − log n) attention over tiles (``normalizers.sigmoid``)."""
-    b = _rows(bias, q)
-    if subtract_log_n:
-        b = b - log_n(masking.visible_keys(dtype=b.dtype))
-    return tiled_attention("sigmoid", q, k, v, masking, scale, want_stats, b, blocks or (None,) * 2)
-
-
-def relu(q, k, v, masking, scale, want_stats, *, p=1.0, blocks=None):
-    """ReLU(s)^p / n attention over tiles (``normalizers.relu``)."""
-    n = masking.visible_keys(dtype=compute_dtype(q.dtype)).clamp_min(1.0)
-    return tiled_attention(
-        "relu", q, k, v, masking, scale, want_stats, n, blocks or (None,) * 2, p=p
-    )
-
-
-def power(q, k, v, masking, scale, want_stats, *, p=3.0, blocks=None):
-    """ReLU(s)^p / Σ ReLU(s)^p attention over tiles (``normalizers.power``)."""
-    return tiled_attention(
-        "power", q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks or (None,) * 2, p=p
-    )
-
-
-def signed(q, k, v, masking, scale, want_stats, *, blocks=None):
-    """sign(s)·e^{|s|} / Σ e^{|s|} attention over tiles (``normalizers.signed``)."""
-    return tiled_attention(
-        "signed", q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks or (None,) * 2
-    )
-
-
-def softpick(q, k, v, masking, scale, want_stats, *, blocks=None):
-    """ReLU(e^s − 1) / Σ|e^s − 1| attention over tiles (``normalizers.softpick``)."""
-    return tiled_attention(
-        "softpick", q, k, v, masking, scale, want_stats, _rows(0.0, q), blocks or (None,) * 2
-    )
+    maths = _RowFamily(family, m, **params)
+    return tiled_attention(maths, None, q, k, v, masking, scale, want_stats, zero, blocks)
 
 
 def hardmax(q, k, v, masking, scale, want_stats, *, straight_through=False, blocks=None):
@@ -609,9 +401,10 @@ def hardmax(q, k, v, masking, scale, want_stats, *, straight_through=False, bloc
     for q and k (its forward value cancels)."""
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
-    if not straight_through and triton_wanted("hardmax", q.device, q.dtype, want_stats):
+    where = backend(HARDMAX.kernel, q.device, q.dtype, want_stats)
+    if not straight_through and where == "triton":
         fixed = blocks if blocks is not None and None not in blocks else None
-        out = _triton_kernels().topk_attention(q, k, v, masking, scale, 1, fixed)  # k = 1
+        out = triton_kernels().topk_attention(q, k, v, masking, scale, 1, fixed)  # k = 1
         return out, None
     grid = Grid(q.detach(), k.detach(), v.detach(), masking, scale, *(blocks or (None, None)))
     shape = (grid.b, grid.h, grid.lq, 1)
@@ -643,11 +436,4 @@ def hardmax(q, k, v, masking, scale, want_stats, *, straight_through=False, bloc
     return out, stats
 
 
-TILED = {
-    "sigmoid": sigmoid,
-    "relu": relu,
-    "power": power,
-    "signed": signed,
-    "softpick": softpick,
-    "hardmax": hardmax,
-}
+TILED = {HARDMAX.kernel.name: hardmax}

@@ -1,11 +1,11 @@
 """Triton kernels on CUDA of the element-wise maps (``sigmoid``, ``relu``) and of the maps
-normalised by a row sum (``power``, ``signed``, ``softpick``, and ``softmax`` with its
+normalised by a row sum (``power``, ``signed``, ``softpick``, ``stablemax``, and ``softmax`` with its
 log-sum-exp, `softmax_attention`, for the sink and adaptive temperature), forward and backward.
 
 Flash-style: each program holds a block of query rows (or of keys, for dk and dv) and walks the
 other side's blocks, never forming the ``[Lq, Lk]`` score matrix. One set of kernels serves
-every method through a ``constexpr`` switch (``METHOD``, `METHODS`); each formula is one
-``@triton.jit`` function:
+every map through ``constexpr`` switches: ``MAP``, the name of its kernel record
+(`families.Kernel`), and ``NORMALISED``; each formula is one ``@triton.jit`` function:
 
 * element-wise, `_weight`: w = f(s, row) and its slope f′(s, row) per score, so another
   element-wise map is a few lines there. ``sigmoid``: w = σ(s + b_i), f′ = w·(1 − w), b_i the
@@ -47,22 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..normalizers.families import Kernel, TileMaths
 from .masking import Masking
-from .tiled import _Softpick
 
 Tensor = torch.Tensor
-
-#: the method's number in the kernels' ``METHOD`` switch: element-wise below `NORMALISED`,
-#: normalised by a row sum from it on
-METHODS = {
-    **{"sigmoid": 0, "relu": 1, "power": 2, "signed": 3, "softpick": 4, "softmax": 5},
-    "entmax": 6,
-    "topk": 7,
-}
-NORMALISED = tl.constexpr(2)
-SOFTMAX = tl.constexpr(5)
-ENTMAX = tl.constexpr(6)
-TOPK = tl.constexpr(7)
 
 
 @triton.jit
@@ -106,10 +94,16 @@ def _sign(x):
 
 
 @triton.jit
-def _weight(s, row, p, METHOD: tl.constexpr, POWER: tl.constexpr):
+def _stablemax(x):
+    """StableMax's s(x): x + 1 for x >= 0, 1/(1 − x) below."""
+    return tl.where(x >= 0.0, x + 1.0, 1.0 / (1.0 - tl.minimum(x, 0.0)))
+
+
+@triton.jit
+def _weight(s, row, p, MAP: tl.constexpr, POWER: tl.constexpr):
     """(w, dw/ds) of scores ``s`` [M, N] (float32) given the row values ``row`` [M, 1]
     (element-wise methods)."""
-    if METHOD == 0:  # sigmoid: σ(s + b)
+    if MAP == "sigmoid":  # σ(s + b)
         w = 1.0 / (1.0 + tl.exp(-(s + row)))
         slope = w * (1.0 - w)
     else:  # relu: ReLU(s)^p / n
@@ -120,14 +114,16 @@ def _weight(s, row, p, METHOD: tl.constexpr, POWER: tl.constexpr):
 
 
 @triton.jit
-def _reference(s, keep, METHOD: tl.constexpr):
+def _reference(s, keep, MAP: tl.constexpr):
     """A block's candidate [M] for the row reference m of scores ``s`` [M, N] (disallowed ones
     0): the largest ReLU(s) (power), |s| (signed), max(0, s) (softpick), the largest allowed s
-    (softmax; −inf where none is)."""
-    if METHOD == 3:
+    (softmax; −inf where none is), StableMax's s of the largest score (`_stablemax`)."""
+    if MAP == "signed":
         ref = tl.max(tl.abs(s), 1)
-    elif METHOD == 5:
+    elif MAP == "softmax":
         ref = tl.max(tl.where(keep, s, -float("inf")), 1)
+    elif MAP == "stablemax":
+        ref = _stablemax(tl.max(s, 1))
     else:
         ref = tl.maximum(tl.max(s, 1), 0.0)
     return ref
@@ -143,27 +139,32 @@ def _softpick_shift(m, SHIFT_ABOVE: tl.constexpr):
 
 
 @triton.jit
-def _factor(m_old, m_new, p, METHOD: tl.constexpr, POWER: tl.constexpr):
+def _factor(m_old, m_new, p, MAP: tl.constexpr, POWER: tl.constexpr):
     """The rescaling [M] of sums taken relative to m_old once the reference is m_new >= m_old."""
-    if METHOD == 2:  # ((m_old/m_new)^p; 0 while no score was positive)
+    if MAP == "power":  # ((m_old/m_new)^p; 0 while no score was positive)
         f, _ = _powers(m_old / tl.where(m_new > 0.0, m_new, 1.0), p, POWER)
+    elif MAP == "stablemax":  # m_old/m_new (0 before the first key)
+        f = m_old / tl.where(m_new > 0.0, m_new, 1.0)
     else:
         f = tl.exp(m_old - m_new)
     return f
 
 
 @triton.jit
-def _normalised(s, m, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr):
+def _normalised(s, m, p, MAP: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr):
     """(u, a) of scores ``s`` [M, N] relative to the row reference ``m`` [M, 1], w = u / Σ_j a_j:
     power u = a = (ReLU(s)/m)^p, signed u = sign(s)·e^{|s| − m} and a = e^{|s| − m}, softpick
-    u = ReLU(d) and a = |d|, d = e^{−m}(e^{s} − 1)."""
-    if METHOD == 2:
+    u = ReLU(d) and a = |d|, d = e^{−m}(e^{s} − 1), StableMax u = a = s(x)/m."""
+    if MAP == "power":
         u, _ = _powers(tl.maximum(s, 0.0) / tl.where(m > 0.0, m, 1.0), p, POWER)
         a = u
-    elif METHOD == 5:  # softmax: e^{s − m}, m the largest allowed score
+    elif MAP == "softmax":  # e^{s − m}, m the largest allowed score
         u = tl.exp(tl.minimum(s - m, 0.0))
         a = u
-    elif METHOD == 3:
+    elif MAP == "stablemax":
+        u = _stablemax(s) / tl.where(m > 0.0, m, 1.0)
+        a = u
+    elif MAP == "signed":
         a = tl.exp(tl.abs(s) - m)
         u = _sign(s) * a
     else:
@@ -176,32 +177,39 @@ def _normalised(s, m, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE:
 
 @triton.jit
 def _grad(
-    s, dp, row, m, z, dd, p, METHOD: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr
-):
+    s, dp, row, m, z, dd, p,
+    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr,
+):  # fmt: skip
     """(w, dL/ds, dL/dy) [M, N] of scores ``s`` given dP = dO·vᵀ: the element-wise ``row``, or
     the normalised m, Z (> 0) and D = dO·out per row (each [M, 1]), as ``tiled``'s ``grad``
     (dL/dy: α-entmax's gradient in y = c1·s, for c1's; the others' dL/ds):
     power ds = (dP − D)·p·(r/m)^{p−1}/(m·Z), signed ds = (sign(s)·dP − D)·w, softpick ds =
-    (1[d > 0]·dP − sign(d)·D)·e^{s − m}/Z with e^{s − m} = d + A − B."""
-    if METHOD < 2:
-        w, slope = _weight(s, row, p, METHOD, POWER)
+    (1[d > 0]·dP − sign(d)·D)·e^{s − m}/Z with e^{s − m} = d + A − B, StableMax ds =
+    (dP − D)·s′(x)/(m·Z) with s′ = 1 for x >= 0, 1/(1 − x)² below."""
+    if not NORMALISED:
+        w, slope = _weight(s, row, p, MAP, POWER)
         ds = dp * slope
-    elif METHOD == 2:
+    elif MAP == "power":
         m1 = tl.where(m > 0.0, m, 1.0)
         tp, tq = _powers(tl.maximum(s, 0.0) / m1, p, POWER)
         w = tp / z
         ds = (dp - dd) * tq * (p / (m1 * z))
-    elif METHOD == 3:
+    elif MAP == "stablemax":
+        mz = tl.where(m > 0.0, m, 1.0) * z
+        below = 1.0 / (1.0 - tl.minimum(s, 0.0))
+        w = tl.where(s >= 0.0, s + 1.0, below) / mz
+        ds = (dp - dd) * tl.where(s >= 0.0, 1.0, below * below) / mz
+    elif MAP == "signed":
         sign = _sign(s)
         w = sign * tl.exp(tl.abs(s) - m) / z
         ds = (sign * dp - dd) * w
-    elif METHOD == 5:  # softmax: D carries the log-sum-exp's gradient (D − dL/dlse)
+    elif MAP == "softmax":  # D carries the log-sum-exp's gradient (D − dL/dlse)
         w = tl.exp(tl.minimum(s - m, 0.0)) / z
         ds = (dp - dd) * w
-    elif METHOD == 7:  # top-k: softmax on the kept keys (the caller's keep), m = lse
+    elif MAP == "topk":  # softmax on the kept keys (the caller's keep), m = lse
         w = tl.exp(tl.minimum(s - m, 0.0))
         ds = (dp - dd) * w
-    elif METHOD == 6:  # α-entmax: t = [c1·s − c0]_+, w = t^e/Z, dL/dy = e·t^{e−1}·(dP − r)
+    elif MAP == "entmax":  # t = [c1·s − c0]_+, w = t^e/Z, dL/dy = e·t^{e−1}·(dP − r)
         tp, tq = _powers(tl.maximum(row * s - m, 0.0), p, POWER)
         w = tp / z
         dy = (dp - dd) * tq * p
@@ -212,7 +220,7 @@ def _grad(
         pos = d > 0.0
         w = tl.where(pos, d, 0.0) / z
         ds = (tl.where(pos, dp, 0.0) - _sign(d) * dd) * (d + (big_a - big_b)) / z
-    if METHOD != 6:
+    if MAP != "entmax":
         dy = ds
     return w, ds, dy
 
@@ -293,25 +301,26 @@ def _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d
 
 @triton.jit
 def _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p,
-          METHOD: tl.constexpr):  # fmt: skip
+          MAP: tl.constexpr, NORMALISED: tl.constexpr):  # fmt: skip
     """The backward's per-row values [M, 1] of query rows offs_m of head h: the element-wise
     row tensor, or the normalised m, Z (1 where 0: rows with nothing to weigh) and D = dO·out
     (contiguous [B, H, Lq]); and the exponent: ``p``, or α-entmax's e = 1/(α−1) per row (the
     row pair's second entry)."""
     in_m = offs_m < lq
-    if METHOD >= NORMALISED:
+    if NORMALISED:
         rows = b * heads * lq + h * lq + offs_m
         m = tl.load(m_ptr + rows, mask=in_m, other=0.0)[:, None]
         z = tl.load(z_ptr + rows, mask=in_m, other=1.0)[:, None]
-        if METHOD != TOPK:  # top-k's z is the last kept tie's key index
+        if MAP != "topk":  # top-k's z is the last kept tie's key index
             z = tl.where(z > 0.0, z, 1.0)
         dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)[:, None]
         row = m
-        if METHOD >= ENTMAX:  # and c1 (entmax) or τ (top-k) per row
-            at = row_ptr + b * srb + h * srh + offs_m * srm
+        at = row_ptr + b * srb + h * srh + offs_m * srm
+        if MAP == "entmax":  # and c1 and e per row
             row = tl.load(at, mask=in_m, other=1.0)[:, None]
-            if METHOD == ENTMAX:
-                p = tl.load(at + 1, mask=in_m, other=1.0)[:, None]
+            p = tl.load(at + 1, mask=in_m, other=1.0)[:, None]
+        elif MAP == "topk":  # and τ per row
+            row = tl.load(at, mask=in_m, other=1.0)[:, None]
     else:
         row = tl.load(row_ptr + b * srb + h * srh + offs_m * srm, mask=in_m, other=1.0)[:, None]
         m = row
@@ -362,7 +371,8 @@ def _forward_kernel(
     smb, smh, smm, smn,
     sob, soh, som, sod,
     heads, group, lq, lk, d, dv, offset, scale, p,
-    METHOD: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     SHIFT_ABOVE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -376,7 +386,7 @@ def _forward_kernel(
     row = row[:, None]
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     m = tl.zeros([BLOCK_M], dtype=tl.float32)  # the running row reference (normalised)
-    if METHOD == SOFTMAX:  # the largest allowed score so far: none yet
+    if MAP == "softmax":  # the largest allowed score so far: none yet
         m = m - float("inf")
     z = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ_j a_ij relative to m
     hi = lk
@@ -387,30 +397,30 @@ def _forward_kernel(
         s, keep = _block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
                                 lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
                                 CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        if METHOD == SOFTMAX:  # flash attention; m = −inf until a row sees a key
-            m_new = tl.maximum(m, _reference(s, keep, METHOD))
+        if MAP == "softmax":  # flash attention; m = −inf until a row sees a key
+            m_new = tl.maximum(m, _reference(s, keep, MAP))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
             f = tl.exp(m - m_use)  # 0 while nothing was seen
-            w, a = _normalised(s, m_use[:, None], p, METHOD, POWER, SHIFT_ABOVE)
+            w, a = _normalised(s, m_use[:, None], p, MAP, POWER, SHIFT_ABOVE)
             z = z * f + tl.sum(tl.where(keep, a, 0.0), 1)
             acc = acc * f[:, None]
             m = m_new
-        elif METHOD >= NORMALISED:  # flash-style: the sums rescaled when m grows
+        elif NORMALISED:  # flash-style: the sums rescaled when m grows
             s = tl.where(keep, s, 0.0)  # disallowed scores 0: no overflow there
-            m_new = tl.maximum(m, _reference(s, keep, METHOD))
-            f = _factor(m, m_new, p, METHOD, POWER)
-            w, a = _normalised(s, m_new[:, None], p, METHOD, POWER, SHIFT_ABOVE)
+            m_new = tl.maximum(m, _reference(s, keep, MAP))
+            f = _factor(m, m_new, p, MAP, POWER)
+            w, a = _normalised(s, m_new[:, None], p, MAP, POWER, SHIFT_ABOVE)
             z = z * f + tl.sum(tl.where(keep, a, 0.0), 1)
             acc = acc * f[:, None]
             m = m_new
         else:
-            w, _ = _weight(s, row, p, METHOD, POWER)
+            w, _ = _weight(s, row, p, MAP, POWER)
         w = tl.where(keep, w, 0.0)
         v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
-    if METHOD >= NORMALISED:
+    if NORMALISED:
         acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
-        if METHOD == SOFTMAX:  # rows that see no key: m = 0 (and Z = 0)
+        if MAP == "softmax":  # rows that see no key: m = 0 (and Z = 0)
             m = tl.where(m == -float("inf"), 0.0, m)
         rows = b * heads * lq + h * lq + offs_m
         tl.store(m_ptr + rows, m, mask=offs_m < lq)
@@ -694,7 +704,8 @@ def _dkdv_kernel(
     smb, smh, smm, smn,
     sgb, sgh, sgm, sgd,
     heads, kv_heads, group, lq, lk, d, dv, offset, scale, p,
-    METHOD: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     SHIFT_ABOVE: tl.constexpr, SUPPORT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -728,17 +739,17 @@ def _dkdv_kernel(
                 q = _tile(q_ptr, sqb, sqh, sqm, sqd, b, h, offs_m, offs_d, lq, d)  # [M, D]
                 do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)  # [M, Dv]
                 row, m, z, dd, pr = _rows(row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h,
-                                          heads, lq, offs_m, p, METHOD)  # fmt: skip
+                                          heads, lq, offs_m, p, MAP, NORMALISED)  # fmt: skip
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
                 keep = _visible(
                     offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h, CAUSAL,
                     HAS_MASK,
                 )  # fmt: skip
-                if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept
+                if MAP == "topk":  # the kept keys: above τ, and ties at τ up to the last kept
                     keep = keep & _kept(s, row, z, offs_n)
                 s = tl.where(keep, s, 0.0)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # dO_i·v_j [M, N]
-                w, ds, _ = _grad(s, dp, row, m, z, dd, pr, METHOD, POWER, SHIFT_ABOVE)
+                w, ds, _ = _grad(s, dp, row, m, z, dd, pr, MAP, NORMALISED, POWER, SHIFT_ABOVE)
                 w = tl.where(keep, w, 0.0)
                 dvacc += tl.dot(tl.trans(w.to(do.dtype)), do, input_precision=PRECISION)
                 ds = tl.where(keep, ds, 0.0)
@@ -767,7 +778,8 @@ def _dq_kernel(
     smb, smh, smm, smn,
     sgb, sgh, sgm, sgd,
     heads, group, lq, lk, d, dv, offset, scale, p,
-    METHOD: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     SHIFT_ABOVE: tl.constexpr, WANT_ROW: tl.constexpr, SUPPORT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -781,7 +793,7 @@ def _dq_kernel(
     )
     do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
     row, m, z, dd, pr = _rows(
-        row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p, METHOD
+        row_ptr, srb, srh, srm, m_ptr, z_ptr, dd_ptr, b, h, heads, lq, offs_m, p, MAP, NORMALISED
     )
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     drow = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -797,14 +809,14 @@ def _dq_kernel(
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             keep = _visible(offs_m, offs_n, lq, lk, offset, mask_ptr, smb, smh, smm, smn, b, h,
                             CAUSAL, HAS_MASK)  # fmt: skip
-            if METHOD == TOPK:  # the kept keys: above τ, and ties at τ up to the last kept one
+            if MAP == "topk":  # the kept keys: above τ, and ties at τ up to the last kept one
                 keep = keep & _kept(s, row, z, offs_n)
             s = tl.where(keep, s, 0.0)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            w, ds, dy = _grad(s, dp, row, m, z, dd, pr, METHOD, POWER, SHIFT_ABOVE)
+            w, ds, dy = _grad(s, dp, row, m, z, dd, pr, MAP, NORMALISED, POWER, SHIFT_ABOVE)
             ds = tl.where(keep, ds, 0.0)
             if WANT_ROW:
-                if METHOD == ENTMAX:
+                if MAP == "entmax":
                     dc1, de = _entmax_exponent_grad(s, keep, w, dy, dp, row, m, dd)
                     drow += dc1
                     dexp += de
@@ -818,7 +830,7 @@ def _dq_kernel(
         mask=in_m[:, None] & (offs_d[None, :] < d),
     )
     if WANT_ROW:
-        if METHOD == ENTMAX:  # [B, H, Lq, 2]: (dL/dc1, dL/de)
+        if MAP == "entmax":  # [B, H, Lq, 2]: (dL/dc1, dL/de)
             tl.store(drow_ptr + 2 * rows, drow, mask=in_m)
             tl.store(drow_ptr + 2 * rows + 1, dexp, mask=in_m)
         else:
@@ -871,7 +883,9 @@ def _unit_last(t: Tensor) -> Tensor:
 class _Launch:
     """What every kernel of one call shares: sizes, strides of the broadcast tensors, switches."""
 
-    def __init__(self, method, q, k, v, row, masking: Masking, scale, p, blocks):
+    def __init__(
+        self, name, normalised, q, k, v, row, masking: Masking, scale, p, blocks, shift=0.0
+    ):
         self.b, self.h, self.lq, self.d = q.shape
         self.hkv, self.lk, self.dv = k.shape[1], k.shape[2], v.shape[-1]
         self.group = self.h // self.hkv
@@ -882,8 +896,8 @@ class _Launch:
             self.mask = masking.mask.expand(self.b, self.h, self.lq, self.lk).view(torch.uint8)
         self.causal, self.offset = masking.causal, masking.offset
         self.scale, self.p = float(scale), float(p)
-        self.method = METHODS[method]
-        self.normalised = self.method >= NORMALISED.value
+        self.name, self.normalised, self.shift = name, normalised, shift
+        self.row_grad = False  # whether the backward gives the row tensor's gradient
         self.power = int(self.p) if self.p in (1.0, 2.0, 3.0) else 0
         self.blocks = blocks or _blocks(q.dtype, self.d, self.dv)
         self.pads = {"D_PAD": _pad(self.d), "DV_PAD": _pad(self.dv)}
@@ -911,11 +925,12 @@ class _Launch:
 
     def switches(self):
         return dict(
-            METHOD=self.method,
+            MAP=self.name,
+            NORMALISED=self.normalised,
             POWER=self.power,
             CAUSAL=self.causal,
             HAS_MASK=self.mask is not None,
-            SHIFT_ABOVE=_Softpick.SHIFT_ABOVE,
+            SHIFT_ABOVE=self.shift,
             PRECISION=self.precision,
             **self.pads,
         )
@@ -954,7 +969,7 @@ def backward(launch: _Launch, q, k, v, g, want_row: bool, out=None, m=None, z=No
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
     dk = torch.empty(launch.b, launch.hkv, launch.lk, launch.d, dtype=k.dtype, device=q.device)
     dv = torch.empty(launch.b, launch.hkv, launch.lk, launch.dv, dtype=v.dtype, device=q.device)
-    width = 2 if launch.method == ENTMAX.value else 1  # α-entmax: dL/dc1 and dL/de
+    width = 2 if launch.name == "entmax" else 1  # α-entmax: dL/dc1 and dL/de
     drow = torch.empty(launch.b, launch.h, launch.lq, width, dtype=torch.float32, device=q.device)
     mask, rs, ms = launch.common()
     sup = launch.support if launch.support is not None else launch.row  # never read if None
@@ -987,9 +1002,22 @@ class TritonElementwise(torch.autograd.Function):
     row tensor (sigmoid's bias)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, row, method, masking, scale, p, blocks):
+    def forward(ctx, q, k, v, row, kernel, maths, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        launch = _Launch(method, q, k, v, row, masking, scale, p, blocks)
+        launch = _Launch(
+            kernel.name,
+            maths.normalised,
+            q,
+            k,
+            v,
+            row,
+            masking,
+            scale,
+            maths.p,
+            blocks,
+            maths.SHIFT_ABOVE,
+        )
+        launch.row_grad = kernel.row_grad
         out, m, z = forward(launch, q, k, v)
         if launch.normalised:  # out in float32, kept for D = dO·out
             ctx.save_for_backward(q, k, v, row, out, m, z)
@@ -1003,7 +1031,7 @@ class TritonElementwise(torch.autograd.Function):
     def backward(ctx, g):
         q, k, v, row, *normalised = ctx.saved_tensors
         launch = ctx.launch
-        want_row = ctx.needs_input_grad[3] and launch.method == METHODS["sigmoid"]
+        want_row = ctx.needs_input_grad[3] and launch.row_grad
         dq, dk, dv, drow = backward(launch, q, k, v, _unit_last(g), want_row, *normalised)
         if drow is not None:
             drow = drow.to(row.dtype).sum_to_size(row.shape)
@@ -1011,20 +1039,22 @@ class TritonElementwise(torch.autograd.Function):
 
 
 def attention(
-    method: str,
+    kernel: Kernel,
+    maths: TileMaths,
     q: Tensor,
     k: Tensor,
     v: Tensor,
     masking: Masking,
     scale: float,
     row: Tensor,
-    p: float = 1.0,
     blocks: tuple[int, int] | None = None,
 ) -> Tensor:
-    """``method``'s attention ``[B, H, Lq, Dv]`` in q's dtype: the row tensor ``row``
-    ``[B|1, H|1, Lq|1, 1]`` (sigmoid's b_i, relu's n_i; differentiable for sigmoid), ``blocks``
-    (query rows, keys) per block (default: `BLOCKS_16BIT` / `BLOCKS_FLOAT32`)."""
-    return TritonElementwise.apply(q, k, v, row, method, masking, scale, p, blocks)
+    """The attention ``[B, H, Lq, Dv]`` in q's dtype of the map with kernel record ``kernel``
+    (its ``MAP``) and tile maths ``maths`` (whether it is normalised, its p and ``SHIFT_ABOVE``):
+    the row tensor ``row`` ``[B|1, H|1, Lq|1, 1]`` (sigmoid's b_i, relu's n_i; differentiable
+    where the record says ``row_grad``), ``blocks`` (query rows, keys) per block (default:
+    `BLOCKS_16BIT` / `BLOCKS_FLOAT32`)."""
+    return TritonElementwise.apply(q, k, v, row, kernel, maths, masking, scale, blocks)
 
 
 class TritonSoftmax(torch.autograd.Function):
@@ -1036,7 +1066,7 @@ class TritonSoftmax(torch.autograd.Function):
     def forward(ctx, q, k, v, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
         row = q.new_ones(1, 1, 1, 1, dtype=torch.float32)  # read by no softmax kernel
-        launch = _Launch("softmax", q, k, v, row, masking, scale, 1.0, blocks)
+        launch = _Launch("softmax", True, q, k, v, row, masking, scale, 1.0, blocks)
         out, m, z = forward(launch, q, k, v)
         ctx.save_for_backward(q, k, v, out, m, z)
         ctx.launch = launch
@@ -1082,7 +1112,7 @@ class TritonEntmax(torch.autograd.Function):
     """α-entmax attention (α in (1, 2], a number or per head/row) of y = c1·s − max c1·s with
     the row pair ``row`` = (c1, e) ``[B|1, H|1, Lq|1, 2]``, c1 = (α−1)·θ and e = 1/(α−1) (θ = 1,
     or ASEntmax's scale; both differentiable), through `_entmax_forward_kernel` and the shared
-    backward kernels (METHOD ``entmax``, visiting only the block pairs of the forward's block
+    backward kernels (``MAP`` ``entmax``, visiting only the block pairs of the forward's block
     support): dL/ds = θ·u·(dP − r), u = [y − τ]_+^{e−1}, r_i = Σ_j u_ij·g_ij / Σ_j u_ij =
     dO_i·(Σ_j u_ij·v_j / Σ_j u_ij) from the forward's second output; dL/dc1_i = Σ_j
     dL/dy_ij·s_ij and dL/de_i (`_entmax_exponent_grad`). ``power``: e when it is 1, 2 or 3 for
@@ -1091,7 +1121,7 @@ class TritonEntmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, row, power, steps, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        launch = _Launch("entmax", q, k, v, row, masking, scale, float(power), blocks)
+        launch = _Launch("entmax", True, q, k, v, row, masking, scale, float(power), blocks)
         out = torch.empty(
             launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
         )
@@ -1101,7 +1131,7 @@ class TritonEntmax(torch.autograd.Function):
         sup = launch.support_table(q.device)
         bm, bn = launch.blocks
         switches = launch.switches()
-        del switches["METHOD"], switches["SHIFT_ABOVE"]
+        del switches["MAP"], switches["NORMALISED"], switches["SHIFT_ABOVE"]
         _entmax_forward_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
             q, k, v, launch.row, mask, out, r, c0, z, sup,
             *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *out.stride(),
@@ -1156,13 +1186,14 @@ def entmax_attention(
 
 class TritonTopk(torch.autograd.Function):
     """Top-k attention (softmax over each row's ``top_k`` largest allowed scores, ties in key
-    order) through `_topk_forward_kernel` and the shared backward kernels (METHOD ``topk``:
+    order) through `_topk_forward_kernel` and the shared backward kernels (``MAP`` ``topk``:
     softmax's gradient on the kept keys, found again from τ and the last kept tie)."""
 
     @staticmethod
     def forward(ctx, q, k, v, top_k, masking, scale, blocks):
         q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        launch = _Launch("topk", q, k, v, q.new_zeros(1, 1, 1, 1), masking, scale, 1.0, blocks)
+        zero = q.new_zeros(1, 1, 1, 1)
+        launch = _Launch("topk", True, q, k, v, zero, masking, scale, 1.0, blocks)
         bm, bn = launch.blocks
         width = max(2, triton.next_power_of_2(top_k))
         if width > bn:  # the merge needs a block of keys at least as wide as the kept list

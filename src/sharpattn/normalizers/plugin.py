@@ -78,7 +78,7 @@ def load(spec: str) -> Normalizer:
     entry.validate()  # its parameters, query_dependent, ...: one sentence, before the probe
     if getattr(entry.family, "kernel", None) is not None:
         raise ValueError(
-            f"method {spec!r}: its family names the built-in kernel {entry.family.kernel!r}, "
+            f"method {spec!r}: its family holds the built-in kernel {getattr(entry.family.kernel, 'name', entry.family.kernel)!r}, "
             "which computes that method's maths, not yours; leave kernel=None (your f then runs "
             "on the tiles)."
         )

@@ -243,7 +243,7 @@ class Normalizer:
     sums_to_one: bool
     params: tuple[Param, ...] = field(default_factory=tuple)
     #: the fast path (O(n) memory) that exists for it, by name: when it declares a family, the
-    #: built-in kernel the family names (``family.kernel``) or else the family's own path
+    #: name of the kernel record the family holds (``family.kernel.name``) or else its path
     #: (``family.path``); else a built-in path of ``sharpattn.attention.fast.FAST``
     fused: str | None = None
     #: learnable parameters that MultiheadAttention also makes a linear function of the query's
@@ -265,7 +265,8 @@ class Normalizer:
         if self.family is not None and self.fused is None:
             # the built-in kernel the family names, else its family's path (validate() refuses
             # anything that is not a family)
-            path = getattr(self.family, "kernel", None) or getattr(self.family, "path", None)
+            kernel = getattr(self.family, "kernel", None)
+            path = kernel.name if kernel is not None else getattr(self.family, "path", None)
             object.__setattr__(self, "fused", path if isinstance(path, str) else None)
 
     @property

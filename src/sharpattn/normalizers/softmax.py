@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ._contract import masked_softmax, normalizer, prepare
-from .families import Adaptive, RowScaled
+from .families import Adaptive, Kernel, RowScaled
 from .registry import Normalizer, Param, register
 from .stats import entropy
 
@@ -204,7 +204,9 @@ def _adaptive_rows(
 
 
 #: the reference code's entropy −Σ p·log(p + 1e-9) on the naive path; C++ slabs on the CPU
-ADAPTIVE = Adaptive(_adaptive_rows, entropy_eps=1e-9, kernel="adaptive")
+ADAPTIVE = Adaptive(
+    _adaptive_rows, entropy_eps=1e-9, kernel=Kernel("adaptive", cpp=True, triton=True)
+)
 
 
 softmax = register(

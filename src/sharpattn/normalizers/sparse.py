@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import _entmax
 from ._contract import masked_softmax, normalizer, on_device, prepare
-from .families import Sparse, TopK
+from .families import Kernel, Sparse, TopK
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -50,9 +50,9 @@ def _one(**_) -> int:
     return 1
 
 
-TOPK = TopK(_top_k, kernel="topk_tiled")
+TOPK = TopK(_top_k, kernel=Kernel("topk_tiled", cpp=True, triton=True))
 #: hardmax: top-1 (its straight-through gradient is the normalizer's own)
-HARDMAX = TopK(_one, kernel="hardmax")
+HARDMAX = TopK(_one, kernel=Kernel("hardmax", triton=True))
 
 
 @normalizer
@@ -214,10 +214,12 @@ def _asentmax_theta(n: Tensor, beta_pre=0.0, gamma_pre=0.0, delta=1.0, gamma_max
     return asentmax_scale(n, beta_pre, gamma_pre, delta, gamma_max)
 
 
-SPARSEMAX = Sparse(2.0, kernel="sparsemax_tiled")
-ENTMAX15 = Sparse(1.5, kernel="entmax15_tiled")
-ENTMAX = Sparse(_alpha, kernel="entmax_tiled")
-ASENTMAX = Sparse(_alpha, scale=_asentmax_theta, kernel="asentmax_tiled")
+SPARSEMAX = Sparse(2.0, kernel=Kernel("sparsemax_tiled", cpp=True, triton=True))
+ENTMAX15 = Sparse(1.5, kernel=Kernel("entmax15_tiled", cpp=True, triton=True))
+ENTMAX = Sparse(_alpha, kernel=Kernel("entmax_tiled", cpp=True, triton=True))
+ASENTMAX = Sparse(
+    _alpha, scale=_asentmax_theta, kernel=Kernel("asentmax_tiled", cpp=True, triton=True)
+)
 
 
 topk = register(

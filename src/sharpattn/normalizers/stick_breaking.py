@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ._contract import normalizer
-from .families import StickBreaking
+from .families import Kernel, StickBreaking
 from .registry import QUERY_OFFSET, Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -58,7 +58,7 @@ def stick_breaking(
     )
 
 
-STICK_BREAKING = StickBreaking(kernel="stick_breaking")
+STICK_BREAKING = StickBreaking(kernel=Kernel("stick_breaking", cpp=True, triton=True))
 
 
 stick_breaking = register(

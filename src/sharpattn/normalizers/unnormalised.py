@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._contract import normalizer
-from .families import Elementwise, log_n
+from .families import Elementwise, Kernel, TileMaths, log_n, masked_
 from .registry import Normalizer, Param, register
 
 Tensor = torch.Tensor
@@ -43,7 +43,22 @@ def _sigmoid_row(n: Tensor, bias: float | Tensor = 0.0, subtract_log_n: bool = T
     return bias - log_n(n) if subtract_log_n else bias
 
 
-SIGMOID = Elementwise(_sigmoid_f, _sigmoid_row, kernel="sigmoid")
+class _SigmoidTiles(TileMaths):
+    """w = σ(s + b), b = bias − log n per row (the row tensor)."""
+
+    def weights(self, s, row, mask):
+        return masked_(s.add_(row).sigmoid_(), mask)
+
+    def grad(self, s, dp, row, mask):
+        w = self.weights(s, row, mask)
+        return w.neg().add_(1.0).mul_(w).mul_(dp), w  # σ' = w·(1 − w)
+
+
+SIGMOID = Elementwise(
+    _sigmoid_f,
+    _sigmoid_row,
+    kernel=Kernel("sigmoid", _SigmoidTiles, cpp=True, triton=True, row_grad=True),
+)
 
 
 @normalizer
@@ -84,7 +99,28 @@ def _relu_row(n: Tensor, **_) -> Tensor:
     return n.clamp_min(1.0)
 
 
-RELU = Elementwise(_relu_f, _relu_row, constants=("p",), kernel="relu")
+class _ReluTiles(TileMaths):
+    """w = ReLU(s)^p / n, n per row (the row tensor, >= 1)."""
+
+    P = 1.0
+
+    def weights(self, s, row, mask):
+        p = self.p
+        r = s.relu_()
+        return (r if p == 1 else r.pow_(p)).div_(row)  # disallowed scores are 0: weight 0
+
+    def grad(self, s, dp, row, mask):
+        p = self.p
+        if p == 1:  # 1[s > 0] as sign(ReLU(s)): boolean masks are slow here (see masked_)
+            ds = torch.relu(s).sign_().mul_(dp).div_(row)
+        else:
+            ds = torch.relu(s).pow_(p - 1).mul_(dp).mul_(p / row)
+        return ds, self.weights(s, row, mask)
+
+
+RELU = Elementwise(
+    _relu_f, _relu_row, constants=("p",), kernel=Kernel("relu", _ReluTiles, cpp=True, triton=True)
+)
 
 
 sigmoid = register(

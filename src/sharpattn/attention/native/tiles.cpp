@@ -426,130 +426,236 @@ void tempered_backward(float* s, float* dp, int64_t rows, int64_t cols, const in
   }
 }
 
-// The element-wise kernels (attention/tiled.py, _Sigmoid and _Relu), forward on one tile:
-// kind 3: sigmoid, w = σ(s + b) with b = row[r]; kind 4: ReLU, w = ReLU(s)^p / n with
-// n = row[r] (>= 1). w is written over s (0 past ends).
-void elementwise_forward(int kind, float p, float* s, int64_t rows, int64_t cols,
-                         const int32_t* ends, int64_t tile_rows, const float* row, int threads) {
-  const int whole = whole_power(p);
+}  // extern "C"
+
+namespace {
+
+// The element-wise and row-normalised maps, one struct each (their PyTorch tile maths:
+// `TileMaths` in normalizers/unnormalised.py and normalizers/kernels.py), and the loops that
+// walk a tile with one of them. A new map is a struct here and one ELEMENTWISE or NORMALISED
+// line below, which names its loops as its kernel record (`families.Kernel`) does.
+//
+// Element-wise: row(x, n, p, r) writes w = f(s) over x, with r the row's value; grad(x, g, n,
+// p, r) writes dL/ds over x and w over g (g = dO·vᵀ).
+
+struct Sigmoid {  // w = σ(s + b), b = r
+  static void row(float* x, int64_t n, float, float b) {
+    for (int64_t j = 0; j < n; ++j) x[j] = sigmoid_of(x[j] + b);
+  }
+  static void grad(float* x, float* g, int64_t n, float, float b) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = sigmoid_of(x[j] + b);
+      x[j] = w * (1.f - w) * g[j];
+      g[j] = w;
+    }
+  }
+};
+
+struct Relu {  // w = ReLU(s)^p / n, n = r (>= 1)
+  static void row(float* x, int64_t n, float p, float r) {
+    const float inv = 1.f / r;
+    with_power(whole_power(p), [&](auto w) { relu_forward<decltype(w)::value>(x, n, p, inv); });
+  }
+  static void grad(float* x, float* g, int64_t n, float p, float r) {
+    const float inv = 1.f / r;
+    with_power(whole_power(p), [&](auto w) { relu_backward<decltype(w)::value>(x, g, n, p, inv); });
+  }
+};
+
+// Normalised by a row sum, w = u/Z with Z = Σ a, u and a relative to a running row reference m:
+// row(x, n, p, shift, m, f) moves m to the new reference (read and written), sets f, the factor
+// that rescales sums taken relative to the old one, writes u over x and returns Σ a;
+// grad(x, g, w, n, p, shift, m, d, z) writes dL/ds over x and w with D = d = dO·out.
+
+struct Power {  // u = a = (ReLU(s)/m)^p, m the largest ReLU(s) (1 while it is 0)
+  static float row(float* x, int64_t n, float p, float, float& m, float& f) {
+    const float m_new = std::max(m, row_max(x, n, 0.f));
+    const float m1 = m_new > 0.f ? m_new : 1.f;
+    f = std::pow(m / m1, p);
+    m = m_new;
+    return power_forward_row(x, n, 1.f / m1, p, whole_power(p));
+  }
+  static void grad(float* x, const float* g, float* w, int64_t n, float p, float, float m,
+                   float d, float z) {
+    const float m1 = m > 0.f ? m : 1.f;
+    power_backward_row(x, g, w, n, 1.f / m1, p, whole_power(p), d, p / (m1 * z), 1.f / z);
+  }
+};
+
+struct Signed {  // u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the largest |s|
+  static float row(float* x, int64_t n, float, float, float& m, float& f) {
+    const float m_new = std::max(m, row_abs_max(x, n));
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = fast_exp(std::fabs(x[j]) - m_new);
+      sum += e;
+      x[j] = e * sign_of(x[j]);
+    }
+    f = std::exp(m - m_new);
+    m = m_new;
+    return sum;
+  }
+  static void grad(float* x, const float* g, float* w, int64_t n, float, float, float m,
+                   float d, float z) {
+    const float iz = 1.f / z;
+    for (int64_t j = 0; j < n; ++j) {
+      const float sg = sign_of(x[j]);
+      const float wj = fast_exp(std::fabs(x[j]) - m) * iz * sg;
+      w[j] = wj;
+      x[j] = (g[j] * sg - d) * wj;
+    }
+  }
+};
+
+struct Softpick {  // d = A·expm1(s − c) + B, u = ReLU(d), a = |d|, m = max(0, max s)
+  static float row(float* x, int64_t n, float, float shift, float& m, float& f) {
+    const float m_new = std::max(m, row_max(x, n, 0.f));
+    const Shift sh = softpick_shift(m_new, shift);
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
+      sum += std::fabs(d);
+      x[j] = d > 0.f ? d : 0.f;
+    }
+    f = std::exp(m - m_new);
+    m = m_new;
+    return sum;
+  }
+  static void grad(float* x, const float* g, float* w, int64_t n, float, float shift, float m,
+                   float dd, float z) {
+    const Shift sh = softpick_shift(m, shift);
+    const float iz = 1.f / z;
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
+      const float pos = d > 0.f ? 1.f : 0.f;
+      w[j] = pos * d * iz;
+      x[j] = (pos * g[j] - sign_of(d) * dd) * (d + (sh.A - sh.B)) * iz;
+    }
+  }
+};
+
+// StableMax (Prieto et al. 2025): s(x) = x + 1 for x >= 0, 1/(1 − x) below; u = a = s(x)/m, m the
+// largest s(x) (s is increasing: s of the largest score), ds = (dP − D)·s′(x)/(m·Z) with
+// s′(x) = 1 for x >= 0, 1/(1 − x)² below.
+inline float stablemax_of(float x) { return x >= 0.f ? x + 1.f : 1.f / (1.f - x); }
+
+struct Stablemax {
+  static float row(float* x, int64_t n, float, float, float& m, float& f) {
+    const float m_new = n > 0 ? std::max(m, stablemax_of(row_max(x, n, kUnseen))) : m;
+    const float inv = m_new > 0.f ? 1.f / m_new : 1.f;
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float u = stablemax_of(x[j]) * inv;
+      sum += u;
+      x[j] = u;
+    }
+    f = m * inv;
+    m = m_new;
+    return sum;
+  }
+  static void grad(float* x, const float* g, float* w, int64_t n, float, float, float m,
+                   float d, float z) {
+    const float inv = m > 0.f ? 1.f / m : 1.f, iz = 1.f / z;
+    for (int64_t j = 0; j < n; ++j) {
+      const float xj = x[j], below = 1.f / (1.f - std::min(xj, 0.f));
+      const float u = (xj >= 0.f ? xj + 1.f : below) * inv;
+      const float slope = (xj >= 0.f ? 1.f : below * below) * inv;
+      w[j] = u * iz;
+      x[j] = (g[j] - d) * slope * iz;
+    }
+  }
+};
+
+// The loops: a tile of B·H·r rows of `cols` keys (each row its prefix of `ends`, if given).
+
+template <class Map>
+void elementwise_forward(float p, float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                         int64_t tile_rows, const float* row, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
     float* x;
     const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
-    if (kind == 3) {
-      const float b = row[r];
-      for (int64_t j = 0; j < n; ++j) x[j] = sigmoid_of(x[j] + b);
-    } else {
-      const float inv = 1.f / row[r];
-      with_power(whole, [&](auto w) { relu_forward<decltype(w)::value>(x, n, p, inv); });
-    }
+    Map::row(x, n, p, row[r]);
   }
 }
 
-// Their backward on one tile: with dp = dO·vᵀ, s becomes dL/ds (sigmoid: w·(1 − w)·dp; ReLU:
-// p·ReLU(s)^{p−1}·dp / n) and dp the weights w.
-void elementwise_backward(int kind, float p, float* s, float* dp, int64_t rows, int64_t cols,
+template <class Map>
+void elementwise_backward(float p, float* s, float* dp, int64_t rows, int64_t cols,
                           const int32_t* ends, int64_t tile_rows, const float* row, int threads) {
-  const int whole = whole_power(p);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
     float *x, *g;
     const int64_t n = backward_row(s, dp, r, cols, ends, tile_rows, x, g);
-    if (kind == 3) {
-      const float b = row[r];
-      for (int64_t j = 0; j < n; ++j) {
-        const float w = sigmoid_of(x[j] + b);
-        x[j] = w * (1.f - w) * g[j];
-        g[j] = w;
-      }
-    } else {
-      const float inv = 1.f / row[r];
-      with_power(whole, [&](auto w) { relu_backward<decltype(w)::value>(x, g, n, p, inv); });
-    }
+    Map::grad(x, g, n, p, row[r]);
   }
 }
 
-// Normalised kernels, forward: the new row reference m (read and written), the factor f that
-// rescales sums taken relative to the old one, u written over s and total = Σ_j a_j.
-// kind 0: power (u = (ReLU(s)/m)^p), 1: signed (u = sign(s)·e^{|s|−m}), 2: softpick
-// (d = A·expm1(s − c) + B, u = ReLU(d), a = |d|; c, A, B as in attention/tiled.py).
-void normalised_forward(int kind, float p, float shift_above, float* s, int64_t rows,
-                        int64_t cols, const int32_t* ends, int64_t tile_rows, float* m, float* f,
-                        float* total, int threads) {
+template <class Map>
+void normalised_forward(float p, float shift, float* s, int64_t rows, int64_t cols,
+                        const int32_t* ends, int64_t tile_rows, float* m, float* f, float* total,
+                        int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
     float* x;
     const int64_t n = forward_row(s, r, cols, ends, tile_rows, x);
-    const float m_old = m[r];
-    float sum = 0.f;
-    if (kind == 1) {
-      const float m_new = std::max(m_old, row_abs_max(x, n));
-      for (int64_t j = 0; j < n; ++j) {
-        const float e = fast_exp(std::fabs(x[j]) - m_new);
-        sum += e;
-        x[j] = e * sign_of(x[j]);
-      }
-      f[r] = std::exp(m_old - m_new);
-      m[r] = m_new;
-    } else {
-      const float m_new = std::max(m_old, row_max(x, n, 0.f));
-      if (kind == 0) {
-        const float m1 = m_new > 0.f ? m_new : 1.f;
-        sum = power_forward_row(x, n, 1.f / m1, p, whole_power(p));
-        f[r] = std::pow(m_old / m1, p);
-      } else {
-        const Shift sh = softpick_shift(m_new, shift_above);
-        for (int64_t j = 0; j < n; ++j) {
-          const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
-          sum += std::fabs(d);
-          x[j] = d > 0.f ? d : 0.f;
-        }
-        f[r] = std::exp(m_old - m_new);
-      }
-      m[r] = m_new;
-    }
-    total[r] = sum;
+    total[r] = Map::row(x, n, p, shift, m[r], f[r]);
   }
 }
 
-// Normalised kernels, backward on one tile: with dp = dO·vᵀ (B·H·r rows), per row m, D = dO·out
-// and Z, s becomes dL/ds and w the tile's weights (kinds as above).
-void normalised_backward(int kind, float p, float shift_above, float* s, const float* dp,
-                         float* w, int64_t rows, int64_t cols, const int32_t* ends,
-                         int64_t tile_rows, const float* m, const float* dd, const float* z,
-                         int threads) {
+template <class Map>
+void normalised_backward(float p, float shift, float* s, const float* dp, float* w, int64_t rows,
+                         int64_t cols, const int32_t* ends, int64_t tile_rows, const float* m,
+                         const float* dd, const float* z, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
     float* x = s + r * cols;
-    const float* g = dp + r * cols;
     float* wr = w + r * cols;
     const int64_t n = visible(ends, tile_rows, r, cols);
     zero(x + n, cols - n);
     zero(wr + n, cols - n);
-    const float mr = m[r], dr = dd[r], zr = z[r], iz = 1.f / zr;
-    if (kind == 0) {
-      const float m1 = mr > 0.f ? mr : 1.f;
-      power_backward_row(x, g, wr, n, 1.f / m1, p, whole_power(p), dr, p / (m1 * zr), iz);
-    } else if (kind == 1) {
-      for (int64_t j = 0; j < n; ++j) {
-        const float sg = sign_of(x[j]);
-        const float wj = fast_exp(std::fabs(x[j]) - mr) * iz * sg;
-        wr[j] = wj;
-        x[j] = (g[j] * sg - dr) * wj;
-      }
-    } else {
-      const Shift sh = softpick_shift(mr, shift_above);
-      for (int64_t j = 0; j < n; ++j) {
-        const float d = sh.A * fast_expm1(x[j] - sh.c) + sh.B;
-        const float pos = d > 0.f ? 1.f : 0.f;
-        wr[j] = pos * d * iz;
-        x[j] = (pos * g[j] - sign_of(d) * dr) * (d + (sh.A - sh.B)) * iz;
-      }
-    }
+    Map::grad(x, dp + r * cols, wr, n, p, shift, m[r], dd[r], z[r]);
   }
 }
 
-}  // extern "C"
+}  // namespace
+
+// The exported loops of each map: `elementwise_forward_NAME` and `elementwise_backward_NAME`, or
+// `normalised_forward_NAME` and `normalised_backward_NAME` (attention/native.py calls them by
+// the name of the map's kernel record).
+#define ELEMENTWISE(NAME, Map)                                                                    \
+  extern "C" void elementwise_forward_##NAME(float p, float* s, int64_t rows, int64_t cols,      \
+                                             const int32_t* ends, int64_t tile_rows,             \
+                                             const float* row, int threads) {                    \
+    elementwise_forward<Map>(p, s, rows, cols, ends, tile_rows, row, threads);                   \
+  }                                                                                               \
+  extern "C" void elementwise_backward_##NAME(float p, float* s, float* dp, int64_t rows,         \
+                                              int64_t cols, const int32_t* ends,                 \
+                                              int64_t tile_rows, const float* row, int threads) { \
+    elementwise_backward<Map>(p, s, dp, rows, cols, ends, tile_rows, row, threads);              \
+  }
+
+#define NORMALISED(NAME, Map)                                                                     \
+  extern "C" void normalised_forward_##NAME(float p, float shift, float* s, int64_t rows,        \
+                                            int64_t cols, const int32_t* ends,                   \
+                                            int64_t tile_rows, float* m, float* f, float* total, \
+                                            int threads) {                                       \
+    normalised_forward<Map>(p, shift, s, rows, cols, ends, tile_rows, m, f, total, threads);     \
+  }                                                                                               \
+  extern "C" void normalised_backward_##NAME(float p, float shift, float* s, const float* dp,    \
+                                             float* w, int64_t rows, int64_t cols,               \
+                                             const int32_t* ends, int64_t tile_rows,             \
+                                             const float* m, const float* dd, const float* z,    \
+                                             int threads) {                                      \
+    normalised_backward<Map>(p, shift, s, dp, w, rows, cols, ends, tile_rows, m, dd, z,          \
+                             threads);                                                           \
+  }
+
+ELEMENTWISE(sigmoid, Sigmoid)
+ELEMENTWISE(relu, Relu)
+NORMALISED(power, Power)
+NORMALISED(signed, Signed)
+NORMALISED(softpick, Softpick)
+NORMALISED(stablemax, Stablemax)
 
 namespace {
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharpattn.attention import devices, machine, native, stick_tiled, tiled
+from sharpattn import normalizers as nz
+from sharpattn.attention import devices, machine, native
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -153,17 +154,18 @@ def _fake_triton(monkeypatch):
 
 def test_kernels_follow_the_dispatch_on_a_pretended_cuda_device(monkeypatch):
     """With triton ready on CUDA (pretended), every method with a Triton kernel is listed with
-    it, exactly those ``tiled.triton_wanted`` and ``stick_tiled.triton_wanted`` send there; the
-    softmax family takes torch's SDPA; and passing ``triton=True`` gives the same table."""
+    it, exactly those `devices.backend` sends there (of their kernel records); the softmax
+    family takes torch's SDPA; and passing ``triton=True`` gives the same table."""
     _fake_triton(monkeypatch)
     cuda = torch.device("cuda")
     table = machine.kernels(cuda, torch.bfloat16)
     assert table == machine.kernels("cuda", torch.bfloat16, triton=True)
     for family in ("Elementwise", "RowNormalised"):
         for name, kernel in table[family].items():
-            wanted = tiled.triton_wanted(name, cuda, torch.bfloat16, False)
-            assert (kernel == "Triton kernel") == wanted, (name, kernel)
-    assert stick_tiled.triton_wanted(cuda, torch.bfloat16, False)
+            where = devices.backend(nz.get(name).family.kernel, cuda, torch.bfloat16, False)
+            assert (kernel == "Triton kernel") == (where == "triton"), (name, kernel)
+    stick = nz.get("stick_breaking").family.kernel
+    assert devices.backend(stick, cuda, torch.bfloat16, False) == "triton"
     assert set(table["StickBreaking"].values()) == {"Triton kernel"}
     assert set(table["Sparse"].values()) == set(table["TopK"].values()) == {"Triton kernel"}
     assert set(table["RowScaled"].values()) == {"torch SDPA"}

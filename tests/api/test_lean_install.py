@@ -53,12 +53,13 @@ for package in ("normalizers", "attention", "diagnostics", "models", "tasks", "i
         if info.name not in KERNELS:
             __import__(info.name)
 import sharpattn.hf  # importable; its functions need transformers
-from sharpattn.attention import stick_tiled, tiled
+from sharpattn.attention import devices
 
 # without triton the CUDA path of sigmoid, relu and stick-breaking is the tiles'
-assert tiled._triton_kernels() is None
-assert not tiled.triton_wanted("sigmoid", torch.device("cuda"), torch.float16, False)
-assert not stick_tiled.triton_wanted(torch.device("cuda"), torch.float16, False)
+assert devices.triton_kernels() is None
+for _name in ("sigmoid", "stick_breaking"):
+    _kernel = normalizers.get(_name).family.kernel
+    assert devices.backend(_kernel, torch.device("cuda"), torch.float16, False) == "tiles"
 
 torch.manual_seed(0)
 q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 4)

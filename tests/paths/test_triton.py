@@ -1,5 +1,6 @@
-"""The Triton kernels (``attention/triton_elementwise.py``: sigmoid and relu, and power, signed and
-softpick, normalised by a row sum) against the naive path in float64: outputs and every
+"""The Triton kernels (``attention/triton_elementwise.py``: the element-wise maps, sigmoid and
+relu, and the row-normalised ones, power, signed, softpick, stablemax: every built-in map whose
+kernel record has Triton kernels, `triton_methods`) against the naive path in float64: outputs and every
 gradient (q, k, v and sigmoid's learnable per-head bias), masks of every kind, GQA, Dv != D,
 sizes that are not multiples of the blocks, scores large enough to overflow without the
 normalised kernels' running reference and small enough to need softpick's expm1. The softmax
@@ -10,8 +11,9 @@ statistics (`return_stats`) that come from it.
 On the CPU they run in Triton's interpreter, float32 and float16 (the interpreter's bfloat16
 products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
 ``tests/conftest.py`` does. With ``SHARPATTN_TEST_DEVICE=cuda`` the same tests run the compiled
-kernels on the GPU, bfloat16 too. The kernels run through the registry's fast paths (``FAST``)
-with ``tiled.triton_wanted`` made to say yes, so the row tensors are built as on a GPU.
+kernels on the GPU, bfloat16 too. The kernels run through the registry's fast paths
+(`fast.path_of`) with `devices.triton_ready` made to say yes for CPU tensors (but float64), so
+that every gate (`devices.backend`) sends them there and the row tensors are built as on a GPU.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from precision import assert_close, tolerance
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
 
 from sharpattn import normalizers as nz  # noqa: E402
-from sharpattn.attention import attend, fused, sparse_tiled, tiled  # noqa: E402
+from sharpattn.attention import attend, devices, tiled  # noqa: E402
 from sharpattn.attention import triton_elementwise as KERNELS  # noqa: E402
 from sharpattn.attention.fast import FAST, path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.normalizers.families import RowNormalised  # noqa: E402
 
 # Not marked `numerical`: Triton's interpreter computes the kernels in NumPy, not in torch's
 # vectorised CPU kernels, so the other ATEN_CPU_CAPABILITY paths (tests/cpu_paths.py) would
@@ -45,6 +48,25 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "c
 BLOCKS = (16, 32)  # query rows, keys per block: several blocks of each at n <= 45
 DEFAULT_BLOCKS = (KERNELS.BLOCKS_16BIT, KERNELS.BLOCKS_FLOAT32)
 
+
+def kernel_of(name: str):
+    """The kernel record of the registry's method ``name`` (None: a family without one)."""
+    return getattr(nz.get(name).family, "kernel", None)
+
+
+def triton_methods() -> list[str]:
+    """The registry's methods with Triton kernels, as their kernel records say."""
+    return [n for n in nz.available() if kernel_of(n) is not None and kernel_of(n).triton]
+
+
+#: the maps with tile maths of their own (element-wise and row-normalised) and Triton kernels
+MAPS = [n for n in triton_methods() if kernel_of(n).tiles is not None]
+#: the row-normalised ones of them
+NORMALISED = [n for n in MAPS if isinstance(nz.get(n).family, RowNormalised)]
+#: the methods ``tiled.py`` runs on the Triton kernels, which take ``blocks``: the maps and
+#: `tiled.hardmax`
+TILED = [n for n in triton_methods() if n in MAPS or kernel_of(n).name in tiled.TILED]
+
 # name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
 CASES = {
     "plain": (1, 2, 2, 37, 45, 16, 16, None, False),  # no mask, no GQA, D = Dv
@@ -56,18 +78,22 @@ CASES = {
     "per_row": (1, 4, 2, 33, 34, 8, 5, "rows", True),
     "2d": (1, 4, 2, 29, 35, 8, 12, "2d", False),
 }
-# name: (method, params); "bias": "tensor" is a learnable per-head bias [1, H, 1, 1]
-METHODS = {
-    "sigmoid": ("sigmoid", {}),
-    "sigmoid_bias": ("sigmoid", {"bias": "tensor"}),
-    "sigmoid_no_log_n": ("sigmoid", {"bias": 0.5, "subtract_log_n": False}),
-    "relu": ("relu", {}),
-    "relu_p2": ("relu", {"p": 2.0}),
-    "power": ("power", {}),  # p = 3
-    "power_p2": ("power", {"p": 2.0}),
-    "signed": ("signed", {}),
-    "softpick": ("softpick", {}),
+# name: (method, params); "bias": "tensor" is a learnable per-head bias [1, H, 1, 1]. Settings
+# of a map past its defaults (power's default p = 3), each after its map's defaults
+SETTINGS = {
+    "sigmoid": {
+        "sigmoid_bias": {"bias": "tensor"},
+        "sigmoid_no_log_n": {"bias": 0.5, "subtract_log_n": False},
+    },
+    "relu": {"relu_p2": {"p": 2.0}},
+    "power": {"power_p2": {"p": 2.0}},
 }
+# every map with Triton kernels at its defaults (a new one is covered as it is registered), then
+# its settings
+METHODS = {}
+for _map in MAPS:
+    METHODS[_map] = (_map, {})
+    METHODS.update({name: (_map, params) for name, params in SETTINGS.get(_map, {}).items()})
 # the methods whose fast path takes the softmax kernel with its log-sum-exp on CUDA
 LSE_METHODS = {
     "sink_bias": ("sink", {"bias": "tensor", "bias_log_n": 0.5}),
@@ -93,11 +119,11 @@ EVERY = {**METHODS, **LSE_METHODS, **ENTMAX_METHODS, **TOPK_METHODS}
 
 @pytest.fixture
 def on_triton(monkeypatch):
-    """The fast paths take the Triton kernels for the CPU tensors here."""
-    monkeypatch.setattr(tiled, "triton_wanted", lambda name, *a: name in tiled.TRITON_METHODS)
-    # the softmax passes that need the log-sum-exp (sink, adaptive, statistics)
-    monkeypatch.setattr(fused, "_on_triton", lambda q, k: q.numel() > 0 and k.numel() > 0)
-    monkeypatch.setattr(sparse_tiled, "triton_ready", lambda device, dtype: True)
+    """The fast paths take the Triton kernels for the CPU tensors here: the one readiness check
+    says yes (but for float64, as on a GPU), so every gate follows (`devices.backend`: the maps,
+    hardmax, top-k, the entmax family, and the softmax passes that need the log-sum-exp: sink,
+    adaptive, statistics); statistics still stay on the tiles."""
+    monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
     # small blocks for the kernels called without ``blocks`` (the interpreter's sort is slow)
     monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", BLOCKS)
     monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", BLOCKS)
@@ -146,10 +172,9 @@ def run(path, method, q, k, v, mask, causal, params):
         lq, lk = q.shape[2], k.shape[2]
         masking = Masking.build(mask, causal, lq, lk, q.device)
         scale = 1 / math.sqrt(q.shape[-1])
-        if method in tiled.TRITON_METHODS:
-            out, stats = FAST[method](q, k, v, masking, scale, False, blocks=BLOCKS, **params)
-        else:  # the softmax kernel's blocks are its defaults
-            out, stats = path_of(nz.get(method))(q, k, v, masking, scale, False, **params)
+        blocks = {"blocks": BLOCKS} if method in TILED else {}  # else the kernels' defaults
+        path = path_of(nz.get(method))
+        out, stats = path(q, k, v, masking, scale, False, **blocks, **params)
         assert stats is None
     else:
         out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
@@ -198,13 +223,14 @@ SHORT = {
     **dict.fromkeys(("entmax15", "entmax_1.3", "entmax_heads", "topk_3", "hardmax"), ("per_row",)),
     "asentmax": ("padding", "per_row"),
 }
+# a map without an entry (one registered since: stablemax): a causal shape and a mask
+SHORT.update({name: ("causal_lq_lt_lk", "per_row") for name in METHODS if name not in SHORT})
 #: the cases in float32 of the methods past the first of each kernel and map (a setting of
 #: one: a bias, p = 2, no log n; another α; ASEntmax; top-k's other k): three (the mask kinds,
 #: causal with Lq > Lk); the first of each runs every case
 FEWER = ("causal_lq_gt_lk", "padding", "per_row")
 #: the methods that run every case in float32
-FULL = (*("sigmoid", "relu", "power", "signed", "softpick"), "sink_bias", "adaptive")
-FULL += ("sparsemax", "topk")
+FULL = (*MAPS, "sink_bias", "adaptive", "sparsemax", "topk")
 
 
 def _pairs():
@@ -263,25 +289,34 @@ def _visible(mask, causal, q, k) -> torch.Tensor:
 # dispatch
 
 
+def where(name: str, device: torch.device, dtype: torch.dtype, want_stats: bool = False) -> str:
+    """Where a call of the registry's method ``name`` runs (`devices.backend`)."""
+    return devices.backend(kernel_of(name), device, dtype, want_stats)
+
+
 def test_triton_is_wanted_for_cuda_tensors_of_the_methods_with_kernels():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert {"sigmoid", "relu", "power", "signed", "softpick"} <= set(MAPS)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for name in ("sigmoid", "relu", "power", "signed", "softpick"):
-            assert tiled.triton_wanted(name, cuda, dtype, False)
-    assert not tiled.triton_wanted("sigmoid", cuda, torch.float64, False)  # float64: the tiles
-    assert not tiled.triton_wanted("sigmoid", cuda, torch.float32, True)  # statistics: the tiles
-    assert not tiled.triton_wanted("sigmoid", cpu, torch.float32, False)
-    assert not tiled.triton_wanted("power", cuda, torch.float64, False)
-    assert not tiled.triton_wanted("softpick", cuda, torch.float32, True)
-    assert not tiled.triton_wanted("sparsemax", cuda, torch.float32, False)  # no kernel
+        for name in triton_methods():
+            assert where(name, cuda, dtype) == "triton", (name, dtype)
+    assert where("sigmoid", cuda, torch.float64) == "tiles"  # float64: the tiles
+    assert where("sigmoid", cuda, torch.float32, True) == "tiles"  # statistics: the tiles
+    assert where("sigmoid", cpu, torch.float32) != "triton"
+    assert where("power", cuda, torch.float64) == "tiles"
+    assert where("softpick", cuda, torch.float32, True) == "tiles"
+    without = [n for n in nz.available() if n not in triton_methods()]  # no kernel
+    assert "softmax" in without
+    for name in without:
+        assert where(name, cuda, torch.float32) == "tiles", name
 
 
 def test_sharpattn_triton_0_keeps_cuda_on_the_tiles(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setenv("SHARPATTN_TRITON", "0")
-    assert not tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+    assert where("sigmoid", cuda, torch.float16) == "tiles"
     monkeypatch.setenv("SHARPATTN_TRITON", "1")
-    assert tiled.triton_wanted("sigmoid", cuda, torch.float16, False)
+    assert where("sigmoid", cuda, torch.float16) == "triton"
 
 
 def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
@@ -292,16 +327,14 @@ def test_the_cpu_fast_paths_stay_on_the_tiles(monkeypatch):
 
     monkeypatch.setattr(KERNELS, "attention", refuse)
     q, k, v = (t.detach().cpu() for t in inputs("causal", torch.float32)[:3])  # on a GPU too
-    for method in tiled.TRITON_METHODS:
+    for method in TILED:
         attend(q, k, v, method, causal=True, impl="fused")
 
 
 def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
     """On a (pretended) CUDA device float64 inputs and return_stats take the tiles."""
-    real = tiled.triton_wanted
-    monkeypatch.setattr(
-        tiled, "triton_wanted", lambda n, dev, dt, ws: real(n, torch.device("cuda"), dt, ws)
-    )
+    real = devices.triton_ready
+    monkeypatch.setattr(devices, "triton_ready", lambda dev, dt: real(torch.device("cuda"), dt))
 
     def refuse(*args, **kwargs):
         raise AssertionError("the Triton kernels ran")
@@ -322,8 +355,8 @@ def test_float64_and_statistics_fall_back_to_the_tiles(monkeypatch):
 def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton, monkeypatch):
     """q seq-major (its heads interleaved), k with a non-unit last stride (copied), v a slice;
     D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu and power with p = 1.5
-    (exp2/log2), sigmoid with a per-row bias tensor, signed and softpick; the default block
-    sizes."""
+    (exp2/log2), sigmoid with a per-row bias tensor, the other maps (signed, softpick,
+    stablemax) at their defaults; the default block sizes."""
     monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", DEFAULT_BLOCKS[0])
     monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", DEFAULT_BLOCKS[1])
     g = torch.Generator().manual_seed(5)
@@ -334,16 +367,11 @@ def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton, mo
     mask = torch.rand(1, 1, 1, 30, generator=g).to(DEVICE) < 0.8
     masking = Masking.build(mask, True, 20, 30, q.device)
     bias = torch.randn(1, 1, 20, 1, generator=g).to(DEVICE)  # a per-row tensor
-    cases = (
-        ("relu", {"p": 1.5}),
-        ("sigmoid", {"bias": bias}),
-        ("power", {"p": 1.5}),
-        ("signed", {}),
-        ("softpick", {}),
-    )
-    for method, params in cases:
+    settings = {"relu": {"p": 1.5}, "sigmoid": {"bias": bias}, "power": {"p": 1.5}}
+    for method in MAPS:  # the others (signed, softpick, stablemax) at their defaults
+        params = settings.get(method, {})
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out, _ = FAST[method](*leaves, masking, 40**-0.5, False, **params)
+        out, _ = path_of(nz.get(method))(*leaves, masking, 40**-0.5, False, **params)
         grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
         ref64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
         p64 = {n: (x.double() if torch.is_tensor(x) else x) for n, x in params.items()}
@@ -369,7 +397,7 @@ def _against_float64(method, params, case, gain):
         assert_close(got, want, n=n, msg=f"{method} {what}")
 
 
-@pytest.mark.parametrize("name", ["power", "power_p2", "signed", "softpick"])
+@pytest.mark.parametrize("name", [n for n, (m, _) in METHODS.items() if m in NORMALISED])
 def test_large_scores_stay_finite_and_exact(on_triton, name):
     """Scores past 100 (q times 30): e^{|s|} overflows float32 without the running reference
     and softpick's row references pass 60 (its shifted form, c = m). Within the default
@@ -609,7 +637,7 @@ def test_linear_position_bias_columns_on_the_kernels(on_triton, name):
     slopes, scale = [4 * m for m in alibi_slopes(2)], 8**-0.5
     qa, ka = bias_columns(q, k, slopes, scale)
     masking = Masking.build(None, True, 20, 37, q.device)
-    blocks = {"blocks": BLOCKS} if name in tiled.TRITON_METHODS else {}
+    blocks = {"blocks": BLOCKS} if name in TILED else {}
     out, _ = path_of(nz.get(name))(qa, ka, v, masking, scale, False, **blocks)
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

@@ -8,7 +8,8 @@ On the CPU they run in Triton's interpreter, float32 and float16 (the interprete
 products are wrong): ``TRITON_INTERPRET=1`` must be set before triton is imported, which
 ``tests/conftest.py`` does. With ``SHARPATTN_TEST_DEVICE=cuda`` the same tests run the compiled
 kernels on the GPU, bfloat16 too. The kernels run through the registry's fast path
-(``FAST["stick_breaking"]``) with ``stick_tiled.triton_wanted`` made to say yes for CPU tensors.
+(``FAST["stick_breaking"]``) with `devices.triton_ready` made to say yes for CPU tensors (but
+float64), so that its gate (`devices.backend` of the map's kernel record) sends them there.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from precision import assert_close, tolerance
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
 
-from sharpattn.attention import attend, stick_tiled  # noqa: E402
+from sharpattn import normalizers as nz  # noqa: E402
+from sharpattn.attention import attend, devices  # noqa: E402
 from sharpattn.attention import triton_stick as KERNELS  # noqa: E402
 from sharpattn.attention.fast import FAST  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
@@ -56,8 +58,9 @@ CASES = {
 
 @pytest.fixture
 def on_triton(monkeypatch):
-    """The stick-breaking fast path takes the Triton kernels for the CPU tensors here."""
-    monkeypatch.setattr(stick_tiled, "triton_wanted", lambda device, dtype, stats: not stats)
+    """The stick-breaking fast path takes the Triton kernels for the CPU tensors here (the one
+    readiness check says yes but for float64, as on a GPU; statistics still take the tiles)."""
+    monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
 
 
 def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
@@ -206,20 +209,25 @@ def test_strided_inputs_and_the_default_blocks(on_triton):
 # dispatch
 
 
+def where(device: torch.device, dtype: torch.dtype, want_stats: bool = False) -> str:
+    """Where a stick-breaking call runs (`devices.backend` of the map's kernel record)."""
+    return devices.backend(nz.get("stick_breaking").family.kernel, device, dtype, want_stats)
+
+
 def test_triton_is_wanted_for_cuda_tensors_without_statistics(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        assert stick_tiled.triton_wanted(cuda, dtype, False)
-    assert not stick_tiled.triton_wanted(cuda, torch.float64, False)  # float64: the tiles
-    assert not stick_tiled.triton_wanted(cuda, torch.float32, True)  # statistics: the tiles
-    assert not stick_tiled.triton_wanted(cpu, torch.float32, False)
+        assert where(cuda, dtype) == "triton"
+    assert where(cuda, torch.float64) == "tiles"  # float64: the tiles
+    assert where(cuda, torch.float32, True) == "tiles"  # statistics: the tiles
+    assert where(cpu, torch.float32) != "triton"
     monkeypatch.setenv("SHARPATTN_TRITON", "0")
-    assert not stick_tiled.triton_wanted(cuda, torch.float16, False)
+    assert where(cuda, torch.float16) == "tiles"
 
 
 def test_attend_takes_the_kernels_on_the_triton_route_and_the_tiles_otherwise(monkeypatch):
-    """CPU tensors never reach the kernels; with `triton_wanted` saying yes, ``attend``'s fused
-    path does (and agrees with the tiles), except for ``return_stats``."""
+    """CPU tensors never reach the kernels; with `devices.triton_ready` saying yes, ``attend``'s
+    fused path does (and agrees with the tiles), except for ``return_stats``."""
     calls = []
     real = KERNELS.stick_attention
     monkeypatch.setattr(KERNELS, "stick_attention", lambda *a: calls.append(1) or real(*a))
@@ -227,7 +235,7 @@ def test_attend_takes_the_kernels_on_the_triton_route_and_the_tiles_otherwise(mo
     cpu = [t.detach().cpu() for t in (q, k, v)]  # CPU tensors on a GPU run too
     tiles = attend(*cpu, "stick_breaking", causal=True, impl="fused")
     assert not calls
-    monkeypatch.setattr(stick_tiled, "triton_wanted", lambda device, dtype, stats: not stats)
+    monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
     attend(*cpu, "stick_breaking", causal=True, impl="fused", return_stats=True)
     assert not calls
     out = attend(q, k, v, "stick_breaking", causal=True, impl="fused")

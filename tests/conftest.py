@@ -35,7 +35,7 @@ os.environ["SHARPATTN_THREADS"] = "1"
 # path (tests/contract/test_adversarial.py) meets the kernels without a GPU; bfloat16 stays on the
 # tiles (the interpreter's bfloat16 tl.dot is wrong). Slow: a developer's tool, not CI's.
 if os.environ.get("SHARPATTN_TEST_TRITON_CPU") == "1":
-    from sharpattn.attention import fused, sparse_tiled, stick_tiled, tiled  # noqa: E402
+    from sharpattn.attention import devices  # noqa: E402
 
     def _triton_on_cpu(device: torch.device, dtype: torch.dtype) -> bool:
         return (
@@ -44,8 +44,7 @@ if os.environ.get("SHARPATTN_TEST_TRITON_CPU") == "1":
             and not torch.compiler.is_compiling()
         )
 
-    for _module in (fused, sparse_tiled, stick_tiled, tiled):
-        _module.triton_ready = _triton_on_cpu
+    devices.triton_ready = _triton_on_cpu  # the one readiness check every backend choice asks
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))

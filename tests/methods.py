@@ -122,6 +122,13 @@ def power_row(x, p):
     return r / r.sum() if r.sum() > 0 else r
 
 
+def stablemax_row(x, p):
+    """StableMax (Prieto et al. 2025, Grokking at the Edge of Numerical Stability):
+    s(x_i)/Σ_j s(x_j), s(x) = x + 1 for x >= 0 and 1/(1 − x) for x < 0."""
+    s = np.where(x >= 0, x + 1.0, 1.0 / (1.0 - np.minimum(x, 0.0)))
+    return s / s.sum()
+
+
 def topk_row(x, p):
     keep = np.isin(np.arange(len(x)), np.argsort(-x, kind="stable")[: p.get("top_k", 8)])
     return np.where(keep, softmax_row(np.where(keep, x, -np.inf)), 0.0)
@@ -258,6 +265,7 @@ _ENTRIES = [
         loop_cases=({},),
         row_sum="softpick",
     ),
+    Method("stablemax", stablemax_row, tiles=({},), loops="normalised", loop_cases=({},)),
     # small floor_scale / train_length so that β(n) varies across the rows of a causal mask
     Method(
         "llama4_temperature",

@@ -29,8 +29,8 @@ ALLOWED = {
 THIRD_PARTY = {"torch", "numpy", "entmax"}
 INTEGRATIONS_MAY = set(EXTRAS["hf"]) | set(EXTRAS["pretrained"])
 #: the optional kernel modules of the attention layer, imported only where their extra is
-#: installed (attention/tiled.py's ``_triton_kernels``, attention/stick_tiled.py's
-#: ``triton_wanted``), and the modules they may import
+#: installed (``attention.devices.triton_kernels`` and the stick-breaking path, once
+#: ``devices.backend`` chose them), and the modules they may import
 OPTIONAL_KERNELS = {
     "triton_elementwise.py": set(EXTRAS["gpu"]),
     "triton_stick.py": set(EXTRAS["gpu"]),

@@ -27,7 +27,7 @@ import methods
 from precision import assert_close
 from sharpattn import attend
 from sharpattn import normalizers as nz
-from sharpattn.attention.fast import FAST, path_of
+from sharpattn.attention.fast import FAMILY_PATHS, FAST, path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers.families import (
     Adaptive,
@@ -434,15 +434,17 @@ def test_statistics_of_a_user_family_come_from_its_tiles(register_normalizer):
 
 def test_built_in_families_name_their_own_paths():
     assert nz.get("ssmax").family is not None and nz.get("ssmax").fused == "row_scaled"
-    assert nz.get("sigmoid").family.kernel == "sigmoid" and nz.get("sigmoid").fused == "sigmoid"
+    sigmoid, adaptive = nz.get("sigmoid"), nz.get("adaptive")
+    assert sigmoid.family.kernel.name == "sigmoid" and sigmoid.fused == "sigmoid"
     assert nz.get("sink").fused == "sink" and isinstance(nz.get("sink").family, Sink)
-    assert nz.get("adaptive").family.kernel == "adaptive" and nz.get("adaptive").fused == "adaptive"
+    assert adaptive.family.kernel.name == "adaptive" and adaptive.fused == "adaptive"
     names = ("softmax", "ssmax", "length_scaled", "llama4_temperature", "logn", "sink", "sigmoid")
     names += ("relu", "adaptive")
     kernels = {
         "power": RowNormalised,
         "signed": RowNormalised,
         "softpick": RowNormalised,
+        "stablemax": RowNormalised,
         "topk": TopK,
         "hardmax": TopK,
         "sparsemax": Sparse,
@@ -453,8 +455,12 @@ def test_built_in_families_name_their_own_paths():
     }
     for name, family in kernels.items():
         entry = nz.get(name)
-        assert isinstance(entry.family, family) and entry.fused == entry.family.kernel, name
-        assert path_of(entry) is FAST[entry.family.kernel], name
+        kernel = entry.family.kernel
+        assert isinstance(entry.family, family) and entry.fused == kernel.name, name
+        if kernel.tiles is None:  # a path of its own
+            assert path_of(entry) is FAST[kernel.name], name
+        else:  # its family's runner, which takes the record's tile maths and kernels
+            assert path_of(entry).func is FAMILY_PATHS[family.path], name
     names += tuple(kernels)
     for name in names:
         assert path_of(nz.get(name)) is not None, name

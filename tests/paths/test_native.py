@@ -16,10 +16,11 @@ import torch
 from methods import LOOPS
 from precision import assert_close
 from sharpattn.attention import native
-from sharpattn.attention.fast import FAST
+from sharpattn.attention.fast import FAST, path_of
 from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.tiles import Grid
+from sharpattn.normalizers import get
 
 pytestmark = pytest.mark.numerical
 
@@ -96,7 +97,7 @@ def test_kernel_loops_equal_the_pytorch_tiles(monkeypatch, method, params, loops
     backward = counting(monkeypatch, f"{loops}_backward")
 
     def f(q, k, v):
-        return FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
+        return path_of(get(method))(q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
 
     (out, *grads), (out0, *grads0) = both(monkeypatch, f, q, k, v)
     assert (len(forward) > 0 and len(backward) > 0) == (mask is None)
@@ -434,8 +435,8 @@ def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
     normalised = counting(monkeypatch, "normalised_forward")
     elementwise = counting(monkeypatch, "elementwise_forward")
     for method, params in METHODS + ELEMENTWISE:
-        rows = FAST[method](q, k, v, masking, 8**-0.5, False, **params)[0]
-        square = FAST[method](q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
+        rows = path_of(get(method))(q, k, v, masking, 8**-0.5, False, **params)[0]
+        square = path_of(get(method))(q, k, v, masking, 8**-0.5, False, blocks=BLOCKS, **params)[0]
         assert_close(rows, square, n=k.shape[2], ulps=16)
     assert normalised and elementwise
 

@@ -13,7 +13,7 @@ import torch
 
 from methods import TABLE
 from precision import assert_close
-from sharpattn.attention.fast import FAST, path_of
+from sharpattn.attention.fast import path_of
 from sharpattn.attention.fused import softmax_entropy
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers import get
@@ -82,7 +82,7 @@ def np_weights(method, params, q, k, mask, causal):
 
 def run_fast(method, params, q, k, v, mask, causal, want_stats=False):
     masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
-    return FAST[method](
+    return path_of(get(method))(
         q, k, v, masking, 1 / math.sqrt(q.shape[-1]), want_stats, blocks=BLOCKS, **params
     )
 

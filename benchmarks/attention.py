@@ -19,7 +19,7 @@ directly, with their default parameters, labelled "fn".
     python benchmarks/attention.py --sizes 1024,4096 --rounds 2   # a quick run
     SHARPATTN_COMPILE=0 python benchmarks/attention.py ...        # the pure-PyTorch tiles
 
-The tiled paths' per-tile work runs in the C++ loops (``sharpattn.attention.native``) unless
+The tiled paths' per-tile work runs in the C++ loops (``sharpattn.attention.cpu.native``) unless
 ``SHARPATTN_COMPILE=0``; timings are the min over rounds, and memory children run once at
 n = 1,024 first, so the loops are loaded before the peak is measured.
 """
@@ -40,11 +40,12 @@ import torch
 import torch.nn.functional as F
 from gpu_common import CAUSAL_ONLY, method_case  # the cases' names, shared with the GPU scripts
 
-from sharpattn.attention import adaptive_tiled, attend, native
-from sharpattn.attention.fast import path_of
+from sharpattn.attention import attend
+from sharpattn.attention.cpu import adaptive_tiled, native
+from sharpattn.attention.cpu.sparse_tiled import block_rows
+from sharpattn.attention.cpu.tiles import Grid, Slabs
+from sharpattn.attention.dispatch.fast import path_of
 from sharpattn.attention.masking import Masking
-from sharpattn.attention.sparse_tiled import block_rows
-from sharpattn.attention.tiles import Grid, Slabs
 from sharpattn.normalizers import available, get
 
 B, H, D = 1, 4, 64
@@ -68,7 +69,7 @@ EXTRA = ["entmax@alpha=1.3"]
 
 #: the GEMM floor of each path family (``floor:<kind>`` cases): only the matrix products the
 #: path must do, on its own tiles, element-wise work free. "tiled": one pass of
-#: :class:`~sharpattn.attention.tiles.Grid` tiles (q·kᵀ and p·v; backward 5 products per tile,
+#: :class:`~sharpattn.attention.cpu.tiles.Grid` tiles (q·kᵀ and p·v; backward 5 products per tile,
 #: as flash attention's); "slab": the sparse paths' query-row slabs over the keys each block
 #: sees (the same products); "adaptive_slab": the same on adaptive temperature's slabs
 FLOOR_OF = {

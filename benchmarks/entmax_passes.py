@@ -30,7 +30,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # read by triton when it is imported, belo
 
 import torch  # noqa: E402
 
-from sharpattn.attention import triton_elementwise as K  # noqa: E402
+from sharpattn.attention import triton as K  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
 
 ROWS, D, BLOCK = 64, 64, 64

@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         from gpu_common import route_triton_to_cpu
 
         route_triton_to_cpu()
-    from sharpattn.attention.tiles import device_budget
+    from sharpattn.attention.cpu.tiles import device_budget
     from sharpattn.normalizers import available
 
     dtype = getattr(torch, args.dtype)

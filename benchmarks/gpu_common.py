@@ -84,7 +84,7 @@ def route_triton_to_cpu() -> None:
     with ``SHARPATTN_TEST_TRITON_CPU=1``)."""
     import torch
 
-    from sharpattn.attention import fused, sparse_tiled, stick_tiled, tiled
+    from sharpattn.attention.cpu import fused, sparse_tiled, stick_tiled, tiled
 
     def ready(device, dtype) -> bool:
         return dtype in (torch.float32, torch.float16) and not torch.compiler.is_compiling()

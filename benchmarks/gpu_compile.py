@@ -326,9 +326,9 @@ def _as_on_cuda():
     """The library's device checks answer for CPU tensors as for CUDA tensors of the same dtype:
     the Triton kernels where `devices.triton_ready` says so, and neither the CPU flash kernel
     nor the C++ tile loops (CPU only); tile budgets as on a device."""
-    from sharpattn.attention import (
+    from sharpattn.attention import devices
+    from sharpattn.attention.cpu import (
         adaptive_tiled,
-        devices,
         fused,
         native,
         sparse_tiled,
@@ -562,7 +562,7 @@ def main(argv=None) -> list[dict]:
         os.environ["TRITON_CACHE_DIR"] = scratch.name
     from triton.runtime.jit import JITFunction
 
-    from sharpattn.attention import triton_elementwise
+    from sharpattn.attention import triton as triton_elementwise
 
     if _INTERPRETED or not isinstance(triton_elementwise._forward_kernel, JITFunction):
         sys.exit(

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from sharpattn.attention import attend
-from sharpattn.attention.sparse_tiled import block_rows
+from sharpattn.attention.cpu.sparse_tiled import block_rows
 
 B, H, D = 1, 4, 64
 METHODS = {

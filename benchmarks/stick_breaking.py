@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from sharpattn import attend
+from sharpattn.attention.cpu.stick_tiled import stick_breaking
 from sharpattn.attention.masking import Masking
-from sharpattn.attention.stick_tiled import stick_breaking
 
 B, H, D = 1, 4, 64
 TARGETS = {"fwd": 3.0, "fwdbwd": 4.0}

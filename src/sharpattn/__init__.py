@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from . import normalizers
     from .attention import DropInMultiheadAttention, MultiheadAttention, attend, causal_mask, swap
-    from .attention.machine import info
+    from .attention.dispatch.machine import info
 
 __version__ = "0.1.0"
 __all__ = [

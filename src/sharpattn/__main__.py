@@ -53,7 +53,7 @@ def main(argv=None) -> int:
             print(lean_help(absent))
             return 0
         if args == ["info"]:
-            from .attention.machine import info_text
+            from .attention.dispatch.machine import info_text
 
             print(info_text())
             return 0

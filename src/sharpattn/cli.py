@@ -88,7 +88,7 @@ def info(as_json):
     import json
 
     from . import info as machine_info
-    from .attention.machine import info_text
+    from .attention.dispatch.machine import info_text
 
     state = machine_info()
     click.echo(json.dumps(state, indent=2) if as_json else info_text(state))

@@ -23,7 +23,9 @@ import pytest
 import torch
 
 from sharpattn import normalizers as nz
-from sharpattn.attention import devices, machine, native
+from sharpattn.attention import devices
+from sharpattn.attention.cpu import native
+from sharpattn.attention.dispatch import machine
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(sysconfig.get_paths()["purelib"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sharpattn.attention import native
+from sharpattn.attention.cpu import native
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("triton", "torch._dynamo", "torch._inductor")

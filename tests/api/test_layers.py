@@ -28,13 +28,10 @@ ALLOWED = {
 }
 THIRD_PARTY = {"torch", "numpy", "entmax"}
 INTEGRATIONS_MAY = set(EXTRAS["hf"]) | set(EXTRAS["pretrained"])
-#: the optional kernel modules of the attention layer, imported only where their extra is
-#: installed (``attention.devices.triton_kernels`` and the stick-breaking path, once
-#: ``devices.backend`` chose them), and the modules they may import
-OPTIONAL_KERNELS = {
-    "triton_elementwise.py": set(EXTRAS["gpu"]),
-    "triton_stick.py": set(EXTRAS["gpu"]),
-}
+#: the optional kernel package of the attention layer (the CUDA tier), imported only where its
+#: extra is installed (``attention.devices.triton_kernels``, once ``devices.backend`` chose it),
+#: and the modules it may import
+OPTIONAL_KERNELS = {"triton": set(EXTRAS["gpu"])}
 
 
 def _layer(path: Path) -> str:
@@ -71,7 +68,7 @@ def _violations(path: Path, source: str) -> list[str]:
                 wrong.append(f"line {line}: {module} (layer {target})")
         elif top in sys.stdlib_module_names or top == "__future__":
             continue
-        elif top in OPTIONAL_KERNELS.get(path.name, ()) and layer == "attention":
+        elif top in OPTIONAL_KERNELS.get(path.parent.name, ()) and layer == "attention":
             continue
         elif top not in THIRD_PARTY and not (layer == "integrations" and top in INTEGRATIONS_MAY):
             wrong.append(f"line {line}: {module} (not a library dependency)")
@@ -98,6 +95,135 @@ def test_the_check_sees_imports_inside_functions():
     assert len(wrong) == 2, wrong
     assert "sharpattn.integrations (layer integrations)" in wrong[0]
     assert "scipy.stats (not a library dependency)" in wrong[1]
+
+
+# --- the kernel library's tiers: no import circle, no private name of another module ----------
+
+#: the attention layer's tiers (its packages) and the tiers each may import; the modules at the
+#: top of the layer (attend, the modules, masking, statistics, the backend choice) are "base"
+TIERS = {
+    "base": {"base", "reference", "cpu", "triton", "dispatch"},
+    "reference": {"base", "reference"},
+    "triton": {"base", "triton"},
+    "cpu": {"base", "reference", "cpu"},
+    "dispatch": {"base", "reference", "cpu", "dispatch"},
+}
+#: the layers whose modules must form no import circle (every import statement counts, also
+#: one inside a function: a circle made late still ties the modules together)
+ACYCLIC = ("attention", "normalizers")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph(sources: dict[Path, str]) -> dict[str, set[str]]:
+    """module -> the library modules it imports (``from . import a`` imports module ``a``)."""
+    modules = {_module(p) for p in sources}
+    graph = {}
+    for path, source in sources.items():
+        deps = set()
+        for _, module in _imports(path, source):
+            deps.add(module)
+        for node in ast.walk(ast.parse(source)):  # from X import name: X.name where a module
+            if isinstance(node, ast.ImportFrom):
+                here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+                base = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+                module = ".".join(p for p in (base, node.module) if p)
+                deps.update(f"{module}.{a.name}" for a in node.names)
+        graph[_module(path)] = {d for d in deps if d in modules and d != _module(path)}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import each other round a circle (Tarjan's components)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on.discard(component[-1])
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_kernel_library_has_no_import_circle():
+    sources = {p: p.read_text() for p in LIBRARY if _layer(p) in ACYCLIC}
+    assert not _circles(_graph(sources))
+
+
+def test_the_circle_check_sees_a_circle_made_inside_a_function():
+    """The circle the kernels once had: the backend choice importing the Triton kernels late,
+    which imported the tiles, which imported the backend choice."""
+    sources = {p: p.read_text() for p in LIBRARY if _layer(p) in ACYCLIC}
+    triton = PACKAGE / "attention" / "triton" / "template.py"
+    sources[triton] += "\n\ndef _late():\n    from ..cpu import tiled\n"
+    assert any("sharpattn.attention.devices" in c for c in _circles(_graph(sources)))
+
+
+def _tier(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["sharpattn", "attention"]:
+        return None
+    return parts[2] if len(parts) > 3 and parts[2] in TIERS else "base"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in LIBRARY if _layer(p) == "attention"],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_each_attention_tier_imports_only_the_tiers_below_it(path):
+    tier = _tier(_module(path))
+    wrong = [
+        f"line {line}: {module}"
+        for line, module in _imports(path, path.read_text())
+        if _tier(module) is not None and _tier(module) not in TIERS[tier]
+    ]
+    assert not wrong, f"{path.relative_to(PACKAGE)} ({tier}) imports " + "; ".join(wrong)
+
+
+def _private_names(path: Path, source: str) -> list[str]:
+    """Underscore names ``source`` imports from another module of the library (a private
+    module such as ``_contract`` is its package's own business, not checked here)."""
+    wrong = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or "sharpattn" in (node.module or "")):
+            wrong += [
+                f"line {node.lineno}: {a.name}"
+                for a in node.names
+                if _private(a.name) and not a.name.startswith("_entmax")
+            ]
+    return wrong
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_another_modules_private_names(path):
+    wrong = _private_names(path, path.read_text())
+    assert not wrong, f"{path.relative_to(PACKAGE)} imports private names: " + "; ".join(wrong)
+
+
+def test_the_private_name_check_sees_a_sibling_private_import():
+    path = PACKAGE / "attention" / "cpu" / "tiled.py"
+    planted = path.read_text() + "\n\nfrom .fused import _entropy_pass\n"
+    assert _private_names(path, planted) == [f"line {planted.count(chr(10)) - 0}: _entropy_pass"]
 
 
 # --- the reproductions are a client of the library's public API ---------------------------------

@@ -46,7 +46,7 @@ import sharpattn
 from sharpattn import diagnostics, normalizers
 
 # every module of the library's layers imports, but the optional kernels (the gpu extra)
-KERNELS = {"sharpattn.attention.triton_elementwise", "sharpattn.attention.triton_stick"}
+KERNELS = {"sharpattn.attention.triton", "sharpattn.attention.triton.stick"}
 for package in ("normalizers", "attention", "diagnostics", "models", "tasks", "integrations"):
     root = __import__(f"sharpattn.{package}", fromlist=["_"])
     for info in pkgutil.walk_packages(root.__path__, root.__name__ + "."):

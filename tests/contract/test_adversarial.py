@@ -506,7 +506,7 @@ def _well_conditioned(method, kw, q, k, c) -> bool:
     """Whether rounding a score moves a weight by much less than one: the parameter's own
     factor on the scores (β of the softmax family, 1 elsewhere) times |s| stays below 4, and
     the parameter is a plain size (not beyond 1e3 in magnitude)."""
-    from sharpattn.attention.fast import beta_bound
+    from sharpattn.attention.dispatch.fast import beta_bound
 
     entry = nz.get(method)
     full = {p.name: p.default for p in entry.params} | kw

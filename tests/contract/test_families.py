@@ -27,7 +27,7 @@ import methods
 from precision import assert_close
 from sharpattn import attend
 from sharpattn import normalizers as nz
-from sharpattn.attention.fast import FAMILY_PATHS, FAST, path_of
+from sharpattn.attention.dispatch.fast import FAMILY_PATHS, FAST, path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers.families import (
     Adaptive,

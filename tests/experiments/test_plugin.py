@@ -411,7 +411,7 @@ def guide_family_example() -> str:
 def test_a_plugin_that_declares_a_family_gets_its_fast_path(plugins):
     """The guide's example as a plug-in module: probed, registered with the family's path, and
     that path (tiles) gives the naive path's output and gradients."""
-    from sharpattn.attention.fast import path_of
+    from sharpattn.attention.dispatch.fast import path_of
     from sharpattn.normalizers import plugin
 
     source = guide_family_example()
@@ -436,7 +436,7 @@ def test_a_plugin_that_declares_a_row_normalised_family_gets_the_tile_path(plugi
     """A plug-in RowNormalised without a kernel (sign(s)·|s|^p / Σ|s|^p, a row reference m =
     max |s|): probed, registered with the two-pass tile path, which gives the naive output and
     passes a float64 gradcheck on tiles that rows cross."""
-    from sharpattn.attention.fast import path_of
+    from sharpattn.attention.dispatch.fast import path_of
     from sharpattn.attention.masking import Masking
     from sharpattn.normalizers import plugin
 

@@ -108,7 +108,7 @@ def test_softmax_with_bias_columns_keeps_a_fused_kernel(monkeypatch, want_lse):
     """q and k carry two more columns than v: the CPU's fused kernels get one head size (zero
     columns added), so softmax stays on them, never on torch's O(n²)-memory reference path
     (which SDPA picks for unequal sizes) nor on the block fallback; the result is unchanged."""
-    from sharpattn.attention import fused
+    from sharpattn.attention.cpu import fused
 
     q, k, v = inputs(lq=9, lk=9, d=8, heads=4, kv=4, dtype=torch.float32, seed=2)
     qa, ka = bias_columns(q, k, alibi_slopes(4), 0.3)

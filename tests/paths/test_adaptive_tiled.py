@@ -11,8 +11,9 @@ import torch
 
 import reference
 from precision import assert_close
-from sharpattn.attention import adaptive_tiled as at
-from sharpattn.attention import attend, native, policy
+from sharpattn.attention import attend, policy
+from sharpattn.attention.cpu import adaptive_tiled as at
+from sharpattn.attention.cpu import native
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers.softmax import resolve_coefficients
 from slab_inputs import masks, qkv

@@ -171,7 +171,7 @@ def test_fast_paths_compile_whole_with_the_native_loops(method, causal):
     """Without a padding mask the fast paths run their C++ loops (operators with fake
     implementations, ``torch.ops.sharpattn``): captured in the graph, forward and backward,
     and the same numbers as eager."""
-    from sharpattn.attention import native
+    from sharpattn.attention.cpu import native
 
     q, k, v, _ = _inputs()
     params = _params(method)

@@ -15,10 +15,10 @@ import torch
 
 from precision import assert_close
 from sharpattn.attention import AttentionStats, MultiheadAttention, attend, causal_mask, functional
-from sharpattn.attention import fast as fast_mod
-from sharpattn.attention import fused as fused_mod
-from sharpattn.attention.fast import path_of, scores_in_range
-from sharpattn.attention.fused import softmax_entropy
+from sharpattn.attention.cpu import fused as fused_mod
+from sharpattn.attention.cpu.fused import softmax_entropy
+from sharpattn.attention.dispatch import fast as fast_mod
+from sharpattn.attention.dispatch.fast import path_of, scores_in_range
 from sharpattn.attention.masking import Masking
 from sharpattn.attention.selective import query_positions
 from sharpattn.normalizers import COEFFICIENTS, Normalizer, Param, available, get
@@ -761,7 +761,7 @@ def test_chunked_causal_blocks_stop_at_their_causal_edge(lq, lk):
     # keys hidden from every row of a causal query block are never scored: each block's scores
     # end at its last row's causal edge (at least one key), and the output still equals the
     # whole-matrix path, with a per-row user mask and GQA
-    from sharpattn.attention.chunked import run_blocks
+    from sharpattn.attention.reference.chunked import run_blocks
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, lq, 8, generator=g, dtype=torch.float64)

@@ -15,11 +15,11 @@ import torch
 
 from methods import LOOPS
 from precision import assert_close
-from sharpattn.attention import native
-from sharpattn.attention.fast import FAST, path_of
-from sharpattn.attention.fused import softmax_entropy
+from sharpattn.attention.cpu import native
+from sharpattn.attention.cpu.fused import softmax_entropy
+from sharpattn.attention.cpu.tiles import Grid
+from sharpattn.attention.dispatch.fast import FAST, path_of
 from sharpattn.attention.masking import Masking
-from sharpattn.attention.tiles import Grid
 from sharpattn.normalizers import get
 
 pytestmark = pytest.mark.numerical
@@ -347,7 +347,7 @@ def test_topk_selection_gradcheck_in_float64(monkeypatch):
     """The selected path's backward (gathers and scatters) by finite differences: float64 runs
     the slab path, so the float32 call's selection is replayed in float64 through the same
     Function."""
-    from sharpattn.attention import sparse_tiled
+    from sharpattn.attention.cpu import sparse_tiled
 
     monkeypatch.setenv("SHARPATTN_COMPILE", "auto")
     g = torch.Generator().manual_seed(3)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sharpattn.attention import native
+from sharpattn.attention.cpu import native
 
 # a fresh process: sigmoid through attend with the loops (auto), then in plain PyTorch; prints
 # the largest difference, the loop calls, sharpattn's warnings and native.status()

@@ -29,12 +29,8 @@ import torch
 from devices import DEVICE
 from host_sync import HostSyncError, NoHostSync, backward
 from sharpattn import normalizers as nz
-from sharpattn.attention import (
-    MultiheadAttention,
-    attend,
-    devices,
-    fused,
-)
+from sharpattn.attention import MultiheadAttention, attend, devices
+from sharpattn.attention.cpu import fused
 from sharpattn.normalizers.families import RowScaled
 
 METHODS = nz.available()
@@ -251,8 +247,8 @@ def cuda_branches(monkeypatch):
     blocks), torch's SDPA where CUDA has no CPU flash kernel, no C++ loops; the guard paused
     while the interpreter runs a kernel (it copies tensors to NumPy and back)."""
     pytest.importorskip("triton")
-    from sharpattn.attention import native
-    from sharpattn.attention import triton_elementwise as kernels
+    from sharpattn.attention import triton as kernels
+    from sharpattn.attention.cpu import native
 
     if type(kernels._forward_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)")

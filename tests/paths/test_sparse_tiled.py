@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from precision import assert_close
-from sharpattn.attention import attend, native, policy
-from sharpattn.attention import sparse_tiled as st
+from sharpattn.attention import attend, policy
+from sharpattn.attention.cpu import native
+from sharpattn.attention.cpu import sparse_tiled as st
 from sharpattn.normalizers import get
 from slab_inputs import masks, qkv
 

@@ -12,7 +12,7 @@ import torch
 
 from precision import assert_close
 from sharpattn import attend, causal_mask
-from sharpattn.attention.fast import FAST
+from sharpattn.attention.dispatch.fast import FAST
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers import get
 

@@ -13,8 +13,8 @@ import torch
 
 from methods import TABLE
 from precision import assert_close
-from sharpattn.attention.fast import path_of
-from sharpattn.attention.fused import softmax_entropy
+from sharpattn.attention.cpu.fused import softmax_entropy
+from sharpattn.attention.dispatch.fast import path_of
 from sharpattn.attention.masking import Masking
 from sharpattn.normalizers import get
 
@@ -206,7 +206,7 @@ def compile_mode(monkeypatch):
 
 
 def test_compile_mode_and_when_the_loops_are_wanted(compile_mode):
-    from sharpattn.attention import native
+    from sharpattn.attention.cpu import native
 
     cpu = torch.device("cpu")
     built = native.library() is not None
@@ -238,7 +238,7 @@ def test_a_users_compiled_graph_calls_the_loops(compile_mode, method, op):
     (``torch.ops.sharpattn``, with fake tensors for tracing), so the captured graph calls them,
     and gives the eager result."""
     from sharpattn import attend
-    from sharpattn.attention import native
+    from sharpattn.attention.cpu import native
 
     if native.library() is None:
         pytest.skip("no C++ compiler on the PATH: the loops are not built here")
@@ -266,7 +266,7 @@ def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
     are smaller views of it): the same scores as fresh tiles, the buffer really shared, a fresh
     tensor again where autograd records the product (a view of a buffer cannot be an out=), and
     each named buffer separate from the others."""
-    from sharpattn.attention.tiles import Grid
+    from sharpattn.attention.cpu.tiles import Grid
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 4, n, 8) for n in (37, 29, 29))
@@ -299,7 +299,8 @@ def test_a_reused_score_buffer_gives_every_tile_its_own_scores(causal):
 def test_tiles_on_other_devices_hold_more_scores(monkeypatch):
     """The CPU keeps every budget; other devices multiply it (GPU tiles cost launches, not
     entries), by DEVICE_TILE_FACTOR or SHARPATTN_DEVICE_TILES; a bad override is ignored."""
-    from sharpattn.attention import policy, tiles
+    from sharpattn.attention import policy
+    from sharpattn.attention.cpu import tiles
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("SHARPATTN_DEVICE_TILES", raising=False)

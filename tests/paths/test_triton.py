@@ -29,9 +29,10 @@ from precision import assert_close, tolerance
 pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
 
 from sharpattn import normalizers as nz  # noqa: E402
-from sharpattn.attention import attend, devices, tiled  # noqa: E402
-from sharpattn.attention import triton_elementwise as KERNELS  # noqa: E402
-from sharpattn.attention.fast import FAST, path_of  # noqa: E402
+from sharpattn.attention import attend, devices
+from sharpattn.attention import triton as KERNELS  # noqa: E402
+from sharpattn.attention.cpu import tiled  # noqa: E402
+from sharpattn.attention.dispatch.fast import FAST, path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
 from sharpattn.normalizers.families import RowNormalised  # noqa: E402
 

@@ -26,9 +26,9 @@ pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or
 
 from sharpattn import normalizers as nz  # noqa: E402
 from sharpattn.attention import attend, devices  # noqa: E402
-from sharpattn.attention import triton_stick as KERNELS  # noqa: E402
-from sharpattn.attention.fast import FAST  # noqa: E402
+from sharpattn.attention.dispatch.fast import FAST  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.attention.triton import stick as KERNELS  # noqa: E402
 
 # Not marked `numerical`: the interpreter computes in NumPy, not in torch's CPU kernels (as
 # tests/paths/test_triton.py).

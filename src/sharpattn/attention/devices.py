@@ -14,17 +14,18 @@ import torch
 
 from ..normalizers._contract import compute_dtype
 from ..normalizers.families import Kernel
-from . import native
+from .cpu import native
 
 
 @functools.cache
 def triton_kernels():
-    """`triton_elementwise`, or None where triton is not installed (an optional import)."""
+    """The CUDA tier (``attention.triton``), or None where triton is not installed (an optional
+    import, made on first need)."""
     try:
-        from . import triton_elementwise
+        from . import triton as kernels
     except ImportError:
         return None
-    return triton_elementwise
+    return kernels
 
 
 def triton_ready(device: torch.device, dtype: torch.dtype) -> bool:

@@ -14,11 +14,12 @@ from ..normalizers._contract import causal_rows, compute_dtype
 from ..normalizers.families import HookError
 from ..normalizers.registry import CHECK_FINITE, Param, is_built_in
 from . import policy
-from .chunked import chunked_attend
-from .fast import FAST, check_hook_values, path_of, scores_in_range
-from .fused import positive_scale
+from .cpu.fused import positive_scale
+from .dispatch.fast import FAST, check_hook_values, path_of, scores_in_range
 from .masking import Masking
-from .stats import row_stats, stats_from_weights
+from .reference.chunked import chunked_attend
+from .reference.naive import naive_attention
+from .stats import row_stats
 
 Tensor = torch.Tensor
 
@@ -181,7 +182,7 @@ def attend(
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}.")
         b, h, lq, d = q.shape
-        hkv, lk = k.shape[1], k.shape[2]
+        lk = k.shape[2]
         if scale is None:
             scale = 1.0 / math.sqrt(d)
         _check_mask(mask, (b, h, lq, lk))
@@ -253,17 +254,9 @@ def attend(
                 ent, mass = pieces
                 stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
         elif impl == "naive":
-            if hkv != h:
-                k = k.repeat_interleave(h // hkv, dim=1)
-                v = v.repeat_interleave(h // hkv, dim=1)
-            # in float32 for 16-bit inputs, as the fused kernel accumulates: no fp16 overflow
-            scores = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
-            weights = entry.fn(scores, masking.dense(), check_finite=check_finite, **params)
-            weights = weights.to(q.dtype)
-            out = torch.matmul(weights.to(v.dtype), v)  # (B, H, Lq, Dv)
-            if return_stats:
-                ent, mass = stats_from_weights(weights)
-                stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+            out, weights, stats = naive_attention(
+                entry.fn, q, k, v, masking, scale, check_finite, return_stats, params
+            )
         if check_finite:
             _check_output(out, entry.name, is_built_in(entry))
         observer = _observer.get() if _observing else None  # no ContextVar read while unused

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..attention.native import cache_dir  # the one user cache folder of sharpattn
+from ..attention.cpu.native import cache_dir  # the one user cache folder of sharpattn
 from ..extras import INSTALL_SMOLLM2, install
 
 __all__ = [

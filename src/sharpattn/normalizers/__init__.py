@@ -15,34 +15,63 @@ from .registry import Normalizer, Param, available, get, markdown_table, registe
 
 # Importing a module registers its normalizers; this order is the order of `available()`.
 # isort: off
-from .softmax import COEFFICIENTS, adaptive_beta, entropy_crossings, polyval, resolve_coefficients
-from . import scaled, sinks, unnormalised, kernels, sparse, stick_breaking  # noqa: F401
+from .softmax import (
+    COEFFICIENTS,
+    adaptive,
+    adaptive_beta,
+    entropy_crossings,
+    polyval,
+    resolve_coefficients,
+    softmax,
+)
+from .scaled import length_scaled, llama4_temperature, logn, ssmax
+from .sinks import sink
+from .unnormalised import relu, sigmoid
+from .kernels import power, signed, softpick, stablemax
+from .sparse import asentmax, entmax, entmax15, hardmax, sparsemax, topk
+from .stick_breaking import stick_breaking
 
 # isort: on
 from .registry import freeze_built_ins
 from .stats import effective_support, entropy, max_weight, null_attention
 
 freeze_built_ins()  # every method above is sharpattn's own; any registered later is a user's
-#: every built-in method under its registry name (the registry's list, not a second one)
-BUILT_IN = tuple(available())
-globals().update({name: get(name).fn for name in BUILT_IN})
 
 __all__ = [
     "COEFFICIENTS",
     "Normalizer",
     "Param",
+    "adaptive",
     "adaptive_beta",
+    "asentmax",
     "available",
     "effective_support",
+    "entmax",
+    "entmax15",
     "entropy",
     "entropy_crossings",
     "get",
+    "hardmax",
+    "length_scaled",
+    "llama4_temperature",
+    "logn",
     "markdown_table",
     "max_weight",
     "null_attention",
     "polyval",
+    "power",
     "register",
+    "relu",
     "resolve_coefficients",
+    "sigmoid",
+    "signed",
+    "sink",
+    "softmax",
+    "softpick",
+    "sparsemax",
+    "ssmax",
+    "stablemax",
+    "stick_breaking",
+    "topk",
     "unregister",
-    *BUILT_IN,
 ]

@@ -201,7 +201,7 @@ class RowScaled:
 
     beta: Callable[..., Any]
     counts: bool = True
-    #: the fast path that runs this family (`sharpattn.attention.fast.path_of`)
+    #: the fast path that runs this family (`sharpattn.attention.dispatch.fast.path_of`)
     path: ClassVar[str] = "row_scaled"
 
     def weights(

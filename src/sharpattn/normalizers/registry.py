@@ -244,7 +244,7 @@ class Normalizer:
     params: tuple[Param, ...] = field(default_factory=tuple)
     #: the fast path (O(n) memory) that exists for it, by name: when it declares a family, the
     #: name of the kernel record the family holds (``family.kernel.name``) or else its path
-    #: (``family.path``); else a built-in path of ``sharpattn.attention.fast.FAST``
+    #: (``family.path``); else a built-in path of ``sharpattn.attention.dispatch.fast.FAST``
     fused: str | None = None
     #: learnable parameters that MultiheadAttention also makes a linear function of the query's
     #: input: p_{h,i} = p_h + w_h·x_i, per head h and query i (w initialised to 0)

@@ -53,8 +53,8 @@ from .sequence import (
     SPECIAL_NAMES,
     SequenceBatch,
     SequenceTask,
-    _is_int,
     assemble,
+    is_int,
     register,
 )
 
@@ -127,7 +127,7 @@ class ClrsTask(SequenceTask):
 
     def __init__(self, *, values: int = 64, trace: bool = False, train_sizes=None, eval_sizes=None):
         super().__init__(train_sizes=train_sizes, eval_sizes=eval_sizes)
-        if not _is_int(values) or values < 2:
+        if not is_int(values) or values < 2:
             raise ValueError(f"{self.name}: values must be an integer >= 2, got {values!r}.")
         if trace and self.trace_cost is None:
             offered = ", ".join(_TRACED)
@@ -397,7 +397,7 @@ class NaiveStringMatcher(ClrsTask):
     output_name = "match"
 
     def __init__(self, *, alphabet: int = 4, train_sizes=None, eval_sizes=None):
-        if not _is_int(alphabet) or alphabet < 2:
+        if not is_int(alphabet) or alphabet < 2:
             raise ValueError(f"{self.name}: alphabet must be an integer >= 2, got {alphabet!r}.")
         super().__init__(values=alphabet, train_sizes=train_sizes, eval_sizes=eval_sizes)
         self.options.pop("values", None)
@@ -510,9 +510,9 @@ class Bfs(ClrsTask):
         largest = max(self.train_sizes[1], *self.eval_sizes)
         if pool is None:
             pool = largest
-        if not _is_int(pool) or pool < 1:
+        if not is_int(pool) or pool < 1:
             raise ValueError(f"bfs: pool must be an integer >= 1, got {pool!r}.")
-        if not _is_int(degree) or degree < 1:
+        if not is_int(degree) or degree < 1:
             raise ValueError(f"bfs: degree must be an integer >= 1, got {degree!r}.")
         self.pool, self.degree, self.trace, self.values = pool, degree, False, pool
         self.vocab_size = VALUE0 + pool

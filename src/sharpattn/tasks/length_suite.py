@@ -55,9 +55,9 @@ from .sequence import (
     SPECIAL_NAMES,
     SequenceBatch,
     SequenceTask,
-    _is_int,
     assemble,
     assemble_labelled,
+    is_int,
     register,
 )
 
@@ -71,7 +71,7 @@ def _randint(g: torch.Generator, high: int, shape) -> Tensor:
 
 
 def _check_int(task: str, name: str, value, least: int) -> None:
-    if not _is_int(value) or value < least:
+    if not is_int(value) or value < least:
         raise ValueError(f"{task}: {name} must be an integer >= {least}, got {value!r}.")
 
 

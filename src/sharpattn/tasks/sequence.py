@@ -83,7 +83,7 @@ def default_eval_sizes(train_sizes: tuple[int, int], factor: int = 64) -> tuple[
     return tuple(sizes)
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -109,7 +109,7 @@ class SequenceTask:
         eval_sizes: Sequence[int] | None = None,
     ):
         train = tuple(self.default_train_sizes if train_sizes is None else train_sizes)
-        if len(train) != 2 or not all(_is_int(s) for s in train) or not train[0] <= train[1]:
+        if len(train) != 2 or not all(is_int(s) for s in train) or not train[0] <= train[1]:
             raise ValueError(
                 f"{self.name}: train_sizes must be two integers (lo, hi) with lo <= hi, got {train_sizes!r}."
             )
@@ -117,7 +117,7 @@ class SequenceTask:
         self.eval_sizes = tuple(
             default_eval_sizes(self.train_sizes) if eval_sizes is None else eval_sizes
         )
-        if not self.eval_sizes or not all(_is_int(s) for s in self.eval_sizes):
+        if not self.eval_sizes or not all(is_int(s) for s in self.eval_sizes):
             raise ValueError(
                 f"{self.name}: eval_sizes must be a non-empty sequence of integers, got {eval_sizes!r}."
             )
@@ -142,7 +142,7 @@ class SequenceTask:
 
     def check_size(self, size: int) -> None:
         """Raise a one-sentence ValueError if the generator cannot make ``size``."""
-        if not _is_int(size):
+        if not is_int(size):
             raise ValueError(f"{self.name}: size must be an integer, got {size!r}.")
         if size < self.min_size:
             raise ValueError(f"{self.name} needs size >= {self.min_size}, got {size}.")
@@ -154,7 +154,7 @@ class SequenceTask:
     def batch(self, size: int, batch: int, generator: torch.Generator) -> SequenceBatch:
         """``batch`` examples of size ``size``, drawn from ``generator`` (same state, same batch)."""
         self.check_size(size)
-        if not _is_int(batch) or batch < 1:
+        if not is_int(batch) or batch < 1:
             raise ValueError(f"{self.name}: batch must be an integer >= 1, got {batch!r}.")
         return self._batch(size, batch, generator)
 

@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import torch
 
-from ..normalizers._contract import compute_dtype, on_device
-from ..normalizers.families import Kernel
-from ..normalizers.sparse import ALPHA, ENTMAX, TOPK, asentmax_scale
-from . import native, policy
-from .chunked import chunked_attend
-from .devices import backend, triton_kernels
-from .masking import Masking
-from .stats import AttentionStats, row_stats
+from ...normalizers._contract import compute_dtype, on_device
+from ...normalizers.families import Kernel
+from ...normalizers.sparse import ALPHA, ENTMAX, TOPK, asentmax_scale
+from .. import policy
+from ..devices import backend, triton_kernels
+from ..masking import Masking
+from ..reference.chunked import chunked_attend
+from ..stats import AttentionStats, row_stats
+from . import native
 from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 
 Tensor = torch.Tensor
@@ -582,7 +583,7 @@ def _kind(alpha) -> str:
 def _on_kernel(q, k, v, want_stats, alpha) -> bool:
     """Whether an entmax-family call runs CUDA's kernel (`_on_triton`): a number α in
     [1.01, 2], or a tensor (per head or row, learnable too; never read: the kernel takes every α
-    of the registry's range, with `triton_elementwise.ENTMAX_STEPS_TENSOR` passes at most)."""
+    of the registry's range, with `triton.ENTMAX_STEPS_TENSOR` passes at most)."""
     if not _on_triton(ENTMAX.kernel, q, k, v, want_stats):
         return False
     return torch.is_tensor(alpha) or alpha <= 2.0
@@ -601,7 +602,7 @@ def _entmax_family(q, k, v, masking, scale, want_stats, kind, alpha, theta=None,
 
 def _chunked(method, q, k, v, masking, scale, want_stats, params):
     """The query-block path (autograd through the naive normalizer): for a learnable α."""
-    from ..normalizers import get
+    from ...normalizers import get
 
     out, pieces = chunked_attend(
         get(method).fn,

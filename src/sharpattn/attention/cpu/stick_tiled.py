@@ -30,7 +30,7 @@ running sums, exp; in backward the second running sum and dL/ds) runs in one C++
 (`native.stick_forward`, `native.stick_backward`), the same sums in the same order.
 
 On CUDA in float32, float16 and bfloat16 without statistics (`devices.backend`), the same walk runs
-as Triton kernels (`triton_stick`: one program per block of query rows, key blocks from the
+as Triton kernels (`triton.stick`: one program per block of query rows, key blocks from the
 diagonal back, the running sums carried in registers; dk and dv added atomically), unless
 ``SHARPATTN_TRITON=0``; float64 and calls that want statistics stay on the tiles.
 """
@@ -42,13 +42,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..normalizers.families import exp_, score_shift
-from ..normalizers.stick_breaking import STICK_BREAKING
-from . import native, policy
-from .devices import backend
-from .masking import Masking
-from .positions import append_columns
-from .stats import AttentionStats, row_stats
+from ...normalizers.families import exp_, score_shift
+from ...normalizers.stick_breaking import STICK_BREAKING
+from .. import policy
+from ..devices import backend, triton_kernels
+from ..masking import Masking
+from ..positions import append_columns
+from ..stats import AttentionStats, row_stats
+from . import native
 from .tiled import empty_result
 from .tiles import Grid, Tile
 
@@ -261,7 +262,7 @@ def stick_breaking(
     reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`.
 
     On CUDA (`devices.backend`: float32, float16 and bfloat16, no statistics) the Triton kernels
-    of `triton_stick` run instead, with ``blocks`` as their block sizes when both are powers
+    of `triton.stick` run instead, with ``blocks`` as their block sizes when both are powers
     of 2 from 16 to 128; float64 and ``want_stats=True`` stay on the tiles.
     """
     lq, lk = masking.lq, masking.lk
@@ -281,9 +282,8 @@ def stick_breaking(
         b = score_shift(lq, offset, shift, shift_log_position, q)
         q, k = append_columns(q, k, b, k.new_ones(1, 1, 1, 1), scale)
     if backend(STICK_BREAKING.kernel, q.device, q.dtype, want_stats) == "triton":
-        from . import triton_stick  # imports triton: reached only where triton_ready says so
-
-        return triton_stick.stick_attention(q, k, v, masking, scale, diagonal, blocks), None
+        kernels = triton_kernels()
+        return kernels.stick_attention(q, k, v, masking, scale, diagonal, blocks), None
     walk = _Walk(masking, scale, tuple(blocks or (None, None)), diagonal)
     out, ent, mass = _StickAttention.apply(q, k, v, walk, want_stats)
     if not want_stats:

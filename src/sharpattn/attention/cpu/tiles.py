@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..normalizers._contract import compute_dtype
-from . import native, policy
-from .masking import Masking
-from .policy import BUFFERED_TILE_ELEMENTS  # noqa: F401 (fused.py reads it from here)
+from ...normalizers._contract import compute_dtype
+from .. import policy
+from ..masking import Masking
+from ..policy import BUFFERED_TILE_ELEMENTS  # noqa: F401 (fused.py reads it from here)
+from . import native
 
 Tensor = torch.Tensor
 

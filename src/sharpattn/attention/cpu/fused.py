@@ -19,7 +19,7 @@ The kernel is the private ``torch.ops.aten._scaled_dot_product_flash_attention_f
 ``(output, logsumexp)``; has autograd for the output, none for lse). On a CUDA tensor where
 triton imports (`devices.triton_ready`) the passes that need the log-sum-exp (the sink,
 adaptive's entropy, statistics) take the Triton softmax kernel instead
-(`triton_elementwise.softmax_attention`, lse differentiable), and the ones that do not, SDPA.
+(`triton.softmax_attention`, lse differentiable), and the ones that do not, SDPA.
 Where neither is there (another torch version, value size != key size on the CPU, CUDA without
 triton) the paths fall back to `chunked_softmax_attention` (query blocks, O(block·Lk)).
 
@@ -33,18 +33,19 @@ explicit ``[Lq, Lk]`` mask. A per-row user mask is passed as a float mask of its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..normalizers._contract import compute_dtype
-from ..normalizers.families import Kernel
+from ...normalizers._contract import compute_dtype
+from ...normalizers.families import Kernel
+from ..devices import backend, triton_kernels
+from ..masking import Masking
+from ..reference.chunked import chunked_softmax_attention
+from ..stats import AttentionStats, row_stats
 from . import native
-from .chunked import chunked_softmax_attention
-from .devices import backend, triton_kernels
-from .masking import Masking
-from .stats import AttentionStats, row_stats
 from .tiles import BUFFERED_TILE_ELEMENTS, Grid
 
 Tensor = torch.Tensor
@@ -243,7 +244,8 @@ def _entropy_by_values(q: Tensor, k: Tensor, masking: Masking, scale: float):
     return h, lse.detach()
 
 
-_LN2, _LOG2E = 0.6931471805599453, 1.4426950408889634
+#: ln 2 and log₂ e: the entropy passes work in base 2
+LN2, LOG2E = math.log(2.0), 1.0 / math.log(2.0)
 
 
 def _entropy_forward(grid: Grid):
@@ -306,7 +308,7 @@ class _EntropyPass(torch.autograd.Function):
             k,
             k,
             masking,
-            scale * _LOG2E,
+            scale * LOG2E,
             *blocks,
             fold_scale=True,
             budget=BUFFERED_TILE_ELEMENTS,
@@ -314,8 +316,8 @@ class _EntropyPass(torch.autograd.Function):
         )
         m, z, a, empty = _entropy_forward(grid)
         log2z = torch.log2(z)
-        h = (_LN2 * (log2z - a)).masked_fill_(empty, 0.0)  # nats; >= 0 up to rounding
-        lse = (_LN2 * (m + log2z)).masked_fill_(empty, 0.0)
+        h = (LN2 * (log2z - a)).masked_fill_(empty, 0.0)  # nats; >= 0 up to rounding
+        lse = (LN2 * (m + log2z)).masked_fill_(empty, 0.0)
         ctx.save_for_backward(q, k, m, z, a)
         ctx.masking, ctx.scale, ctx.blocks = masking, scale, blocks
         ctx.mark_non_differentiable(lse)
@@ -324,11 +326,11 @@ class _EntropyPass(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gh, _glse):
         q, k, m, z, a = ctx.saved_tensors
-        grid = Grid(q, k, k, ctx.masking, ctx.scale * _LOG2E, *ctx.blocks, fold_scale=True)
+        grid = Grid(q, k, k, ctx.masking, ctx.scale * LOG2E, *ctx.blocks, fold_scale=True)
         dq = torch.zeros_like(grid.q)
         dk = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
         # dH/ds_j = −p_j·(log p_j + H) = −ln2·p_j·(x_j − a), x = s₂ − m (base 2), p = 2^x/Z
-        coef = gh.to(grid.dtype) * (-_LN2) / z
+        coef = gh.to(grid.dtype) * (-LN2) / z
         for r0, r1 in grid.row_blocks():
             qb, dqb = grid.q_rows(r0, r1), dq[..., r0:r1, :]
             mb, ab, cb = m[..., r0:r1, :], a[..., r0:r1, :], coef[..., r0:r1, :]
@@ -355,7 +357,7 @@ class _EntropyPass(torch.autograd.Function):
                 dqb.add_(torch.matmul(ds5, kt), alpha=ctx.scale)
                 # q carries scale·log₂ e: dk = Σ_i ds_ij·scale·q_i
                 dk[..., t.c0 : t.c1, :].add_(
-                    torch.matmul(ds5.transpose(-2, -1), qb).sum(2), alpha=1.0 / _LOG2E
+                    torch.matmul(ds5.transpose(-2, -1), qb).sum(2), alpha=1.0 / LOG2E
                 )
         return grid.heads(dq).to(q.dtype), dk.to(k.dtype), None, None, None
 
@@ -364,7 +366,7 @@ class _EntropyPass(torch.autograd.Function):
 # Query scaling: softmax(f_i·s_ij)
 
 
-def _rows(factor, q: Tensor) -> Tensor:
+def row_tensor(factor, q: Tensor) -> Tensor:
     """A scalar or tensor factor as a ``[B|1, H|1, Lq|1, 1]`` tensor in q's compute dtype; a
     number by a fill on q's device (``torch.as_tensor`` of a number to a CUDA device is a
     copy from the host that synchronises)."""
@@ -409,7 +411,7 @@ def query_scaled(
     out, lse = softmax_attention(qs, k, v, masking, sc)
     h, _ = softmax_entropy(qs, k, masking, sc)  # entropy of the returned weights
     one = torch.ones_like(h)
-    beta = _rows(factor, q) * one
+    beta = row_tensor(factor, q) * one
     return out, _stats(q, masking, entropy=h, mass=one, lse=lse, beta=beta, **extra_stats)
 
 
@@ -542,7 +544,7 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
     = softmax attention times σ(lse − b) per row.
     """
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    bias = _rows(family.bias_of(n, (*q.shape[:3], 1), **params), q)
+    bias = row_tensor(family.bias_of(n, (*q.shape[:3], 1), **params), q)
     if _on_triton(q, k):  # a CUDA tensor: the Triton kernel's output and lse, both in float32
         o, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
         seen = torch.isfinite(lse)

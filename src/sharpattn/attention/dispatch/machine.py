@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from . import fused, native
+from ..cpu import fused, native
 
 __all__ = ["TURN_OFF", "info", "info_text", "kernels"]
 
@@ -33,7 +33,7 @@ def info() -> dict:
     Returns a dict: ``version`` (sharpattn's), ``torch``, ``threads`` (torch's CPU threads),
     ``compile`` (``SHARPATTN_COMPILE``: ``"0"``, ``"1"`` or ``"auto"``), ``native`` (the C++ tile
     loops: ``active``, ``compiler``, ``cache``, ``library``, as
-    ``sharpattn.attention.native.status()`` gives them, and ``turn_off``, the setting
+    ``sharpattn.attention.cpu.native.status()`` gives them, and ``turn_off``, the setting
     that disables them), ``cpu_flash`` (whether torch's CPU flash kernel with log-sum-exp is
     there: the softmax family's fused path), ``cuda`` (None, or the device count and the first
     device's name), ``triton`` (its version, or None) and ``kernels`` (`kernels` of the CPU, and
@@ -87,9 +87,11 @@ def kernels(
         ``{family: {method: kernel}}``, e.g. ``{"Elementwise": {"sigmoid": "C++ loops", ...}}``,
         families and methods in the registry's order.
     """
-    from ..normalizers import registry
-    from ..normalizers._contract import compute_dtype
-    from . import adaptive_tiled, devices, fast, sparse_tiled, stick_tiled, tiled
+    from ...normalizers import registry
+    from ...normalizers._contract import compute_dtype
+    from .. import devices
+    from ..cpu import adaptive_tiled, sparse_tiled, stick_tiled, tiled
+    from . import fast
 
     device = torch.device(device)
     if triton is None:

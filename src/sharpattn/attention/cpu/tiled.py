@@ -17,7 +17,7 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
 On CUDA, ``sigmoid``, ``relu``, ``power``, ``signed`` and ``softpick`` in float32, float16 and
-bfloat16 run as Triton kernels (`triton_elementwise`, when triton imports; `triton_wanted`);
+bfloat16 run as Triton kernels (`attention.triton`, when triton imports; `devices.backend`);
 float64 and calls that want statistics stay on the tiles.
 
 On the CPU in float32 every kernel's per-tile work runs in the C++ loops of `native`, and
@@ -35,14 +35,15 @@ import functools
 
 import torch
 
-from ..normalizers._contract import compute_dtype
-from ..normalizers.families import Kernel, TileMaths, masked_, per_score
-from ..normalizers.sparse import HARDMAX
-from . import native, policy
-from .devices import backend, triton_kernels
-from .fused import _rows, softmax_output
-from .masking import Masking
-from .stats import AttentionStats, row_stats
+from ...normalizers._contract import compute_dtype
+from ...normalizers.families import Kernel, TileMaths, masked_, per_score
+from ...normalizers.sparse import HARDMAX
+from .. import policy
+from ..devices import backend, triton_kernels
+from ..masking import Masking
+from ..stats import AttentionStats, row_stats
+from . import native
+from .fused import row_tensor, softmax_output
 from .tiles import Grid, row_slice, row_tiles
 
 Tensor = torch.Tensor
@@ -358,7 +359,7 @@ def elementwise(family, q, k, v, masking, scale, want_stats, /, *, blocks=None, 
     ``family.row(n, **params)`` of the rows' visible keys; a built-in map's tile maths and
     kernels (``family.kernel``), else ``f`` itself on each tile."""
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
-    row = _rows(family.row_of(n, (*q.shape[:3], 1), **params), q)
+    row = row_tensor(family.row_of(n, (*q.shape[:3], 1), **params), q)
     kernel = family.kernel
     if kernel is not None:
         maths = kernel.tiles(**family.constants_of(params))
@@ -376,7 +377,7 @@ def row_normalised(family, q, k, v, masking, scale, want_stats, /, *, blocks=Non
     blocks = blocks or (None, None)
     if q.numel() == 0 or k.numel() == 0 or v.numel() == 0:
         return empty_result(q, k, v, masking, want_stats)
-    kernel, zero = family.kernel, _rows(0.0, q)
+    kernel, zero = family.kernel, row_tensor(0.0, q)
     if kernel is not None:
         maths = kernel.tiles(**family.constants_of(params))
         return tiled_attention(maths, kernel, q, k, v, masking, scale, want_stats, zero, blocks)

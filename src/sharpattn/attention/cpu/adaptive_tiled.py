@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import torch
 
-from ..normalizers._contract import compute_dtype
-from ..normalizers.softmax import ADAPTIVE, beta_from_entropy, resolve_coefficients
-from . import native, policy
-from .fused import _LN2, _LOG2E, entropy_tile
+from ...normalizers._contract import compute_dtype
+from ...normalizers.softmax import ADAPTIVE, beta_from_entropy, resolve_coefficients
+from .. import policy
+from ..masking import Masking
+from . import native
+from .fused import LN2, LOG2E, entropy_tile
 from .fused import adaptive as adaptive_two_pass
-from .masking import Masking
 from .tiles import Grid, Slabs, device_budget, slab_rows
 
 Tensor = torch.Tensor
@@ -122,7 +123,7 @@ def _walk(q, k, v, masking, scale, parts: float = 1) -> Slabs:
     lk = k.shape[2]
     bq = _rows_of(b * h, lq, lk, q.device, parts)
     # one tile per slab: the grid's buffers (``reuse``) are slab-sized
-    grid = Grid(q, k, v, masking, scale * _LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True, reuse=True)
+    grid = Grid(q, k, v, masking, scale * LOG2E, bq=bq, bk=max(lk, 1), fold_scale=True, reuse=True)
     return Slabs(grid, bq)
 
 
@@ -208,14 +209,14 @@ class _AdaptiveSlabs(torch.autograd.Function):
                 ds, w = _backward_tile(s, dp, grid.keep(t), m, z, a, beta, c, zt, d, db, big)
             walk.accumulate(t, ds, w, go, dq, dk, dv)
         dq.mul_(ctx.scale)
-        dk.mul_(1.0 / _LOG2E)  # the grid's q carries scale·log₂ e (Slabs.accumulate)
+        dk.mul_(1.0 / LOG2E)  # the grid's q carries scale·log₂ e (Slabs.accumulate)
         return (*walk.finish_grads(q, k, v, dq, dk, dv), None, None, None)
 
 
 def _entropy(z: Tensor, a: Tensor) -> Tensor:
     """H = ln 2·(log₂ Z − a) per row (0 where no key: Z = 0), >= 0."""
     empty = z == 0
-    h = _LN2 * (torch.log2(torch.where(empty, torch.ones_like(z), z)) - a)
+    h = LN2 * (torch.log2(torch.where(empty, torch.ones_like(z), z)) - a)
     return h.masked_fill_(empty, 0.0).clamp_min_(0.0)
 
 
@@ -237,8 +238,8 @@ def _backward_tile(s, dp, keep, m, z, a, beta, c, zt, d, dbeta, big):
     izt = torch.where(zt > 0, 1.0 / zt, torch.zeros_like(zt))
     w.mul_(izt if keep is None else keep * izt)
     t = dp.sub_(d).mul_(w)  # w·(g − D)
-    gh = dbeta * _LN2 * torch.linalg.vecdot(x, t).unsqueeze(-1)  # β'(H)·dL/dβ
+    gh = dbeta * LN2 * torch.linalg.vecdot(x, t).unsqueeze(-1)  # β'(H)·dL/dβ
     iz = torch.where(z > 0, 1.0 / z, torch.zeros_like(z))
     p = x.exp2() if keep is None else x.exp2().mul_(keep)
-    ds = t.mul_(beta).sub_(p.mul_(x.sub_(a)).mul_(gh * _LN2 * iz))
+    ds = t.mul_(beta).sub_(p.mul_(x.sub_(a)).mul_(gh * LN2 * iz))
     return ds, w

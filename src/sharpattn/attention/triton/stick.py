@@ -18,7 +18,7 @@ Masked keys (the user mask, past the diagonal, past Lk) take no share and give n
 out_i = Σ_j w_ij·v_j with w cast to v's dtype, accumulated in float32 and kept in float32 (the
 backward's D_i = dO_i·out_i is taken from it in PyTorch).
 
-Backward (`_grad`, as ``stick_tiled``): with g_ij = dO_i·v_j,
+Backward (`map_grad`, as ``stick_tiled``): with g_ij = dO_i·v_j,
 
     dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,   A_ik = D_i − Σ_{j>k} w_ij·g_ij,
 
@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .masking import Masking
-from .triton_elementwise import _pad, _query_block, _tile, _unit_last, _visible
+from ..masking import Masking
+from .template import pad, query_block, tile, unit_last, visible
 
 Tensor = torch.Tensor
 
@@ -88,7 +88,7 @@ def _weights(s, keep, carry):
 
 
 @triton.jit
-def _grad(w, log_pos, gv, keep, dd, later):
+def map_grad(w, log_pos, gv, keep, dd, later):
     """(dL/ds [M, N], the next ``later``) given g = dO·vᵀ: dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,
     A_ik = D_i − Σ_{j>k} w_ij·g_ij; ``later`` [M] is Σ w·g over the keys already passed,
     ``dd`` [M] is D = dO·out."""
@@ -125,7 +125,7 @@ def _forward_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out (float32) of one block of query rows."""
-    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
@@ -138,12 +138,12 @@ def _forward_kernel(
             mask=(offs_n[None, :] < lk) & (offs_d[:, None] < d),
             other=0.0,
         )  # kᵀ [D, N]
-        keep = _visible(
+        keep = visible(
             offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
         )
         s = tl.where(keep, tl.dot(q, k, input_precision=PRECISION) * scale, 0.0)
         w, _, carry = _weights(s, keep, carry)
-        v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
+        v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     tl.store(
         out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
@@ -167,10 +167,10 @@ def _backward_kernel(
 ):  # fmt: skip
     """dq of one block of query rows (contiguous [B, H, Lq, D]), and its share of dk and dv
     added into float32 buffers (contiguous [B, Hkv, Lk, ·]); D = dO·out contiguous [B, H, Lq]."""
-    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = _query_block(
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
-    do = _tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
+    do = tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
     rows = b * heads * lq + h * lq + offs_m
     dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -180,9 +180,9 @@ def _backward_kernel(
     for t in range(0, blocks):
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
         in_n = offs_n < lk
-        k = _tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
-        v = _tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
-        keep = _visible(
+        k = tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+        v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
+        keep = visible(
             offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
         )
         s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
@@ -192,7 +192,7 @@ def _backward_kernel(
         # of D, which every key's σ(s)·A would carry
         w = w.to(v.dtype).to(tl.float32)
         gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # g_ij = dO_i·v_j [M, N]
-        ds, later = _grad(w, log_pos, gv, keep, dd, later)
+        ds, later = map_grad(w, log_pos, gv, keep, dd, later)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         keys = b * kv_heads * lk + hk * lk + offs_n
         dk = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION) * scale
@@ -239,7 +239,7 @@ def _fits(blocks) -> bool:
     return all(n is not None and 16 <= n <= 128 and n & (n - 1) == 0 for n in blocks)
 
 
-class _Launch:
+class Launch:
     """What the kernels of one call share: sizes, the mask's broadcast strides, switches."""
 
     def __init__(self, q, k, v, masking: Masking, scale, diagonal, blocks):
@@ -259,8 +259,8 @@ class _Launch:
             HAS_MASK=self.mask is not None,
             BLOCK_M=self.blocks[0],
             BLOCK_N=self.blocks[1],
-            D_PAD=_pad(self.d),
-            DV_PAD=_pad(self.dv),
+            D_PAD=pad(self.d),
+            DV_PAD=pad(self.dv),
             PRECISION=precision,
             num_warps=NUM_WARPS,
         )
@@ -271,7 +271,7 @@ class _Launch:
         return self.mask, self.mask.stride()
 
 
-def forward(launch: _Launch, q, k, v) -> Tensor:
+def forward(launch: Launch, q, k, v) -> Tensor:
     """out ``[B, H, Lq, Dv]`` in float32."""
     out = torch.empty(
         launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
@@ -286,7 +286,7 @@ def forward(launch: _Launch, q, k, v) -> Tensor:
     return out
 
 
-def backward(launch: _Launch, q, k, v, out, g):
+def backward(launch: Launch, q, k, v, out, g):
     """(dq, dk, dv) in the inputs' dtypes; D_i = dO_i·out_i is taken here (float32)."""
     dd = torch.linalg.vecdot(g.to(torch.float32), out).contiguous()
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
@@ -311,8 +311,8 @@ class TritonStick(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, masking, scale, diagonal, blocks):
-        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        launch = _Launch(q, k, v, masking, scale, diagonal, blocks)
+        q, k, v = unit_last(q), unit_last(k), unit_last(v)
+        launch = Launch(q, k, v, masking, scale, diagonal, blocks)
         out = forward(launch, q, k, v)
         ctx.save_for_backward(q, k, v, out)  # out in float32, kept for D = dO·out
         ctx.launch = launch
@@ -321,7 +321,7 @@ class TritonStick(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, out = ctx.saved_tensors
-        g = _unit_last(g.to(v.dtype))  # dO in the inputs' dtype for the products
+        g = unit_last(g.to(v.dtype))  # dO in the inputs' dtype for the products
         return (*backward(ctx.launch, q, k, v, out, g), None, None, None, None)
 
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..normalizers import Normalizer
-from ..normalizers._entmax import SAFE_ALPHA
-from ..normalizers.families import (
+from ...normalizers import Normalizer
+from ...normalizers._entmax import SAFE_ALPHA
+from ...normalizers.families import (
     Adaptive,
     Elementwise,
     RowNormalised,
@@ -33,12 +33,13 @@ from ..normalizers.families import (
     TopK,
     check_range,
 )
-from . import fused, policy
-from .adaptive_tiled import adaptive
-from .sparse_tiled import SPARSE_TILED, sparse
-from .sparse_tiled import topk as _topk
-from .stick_tiled import STICK, stick_breaking
-from .tiled import TILED, elementwise, row_normalised
+from .. import policy
+from ..cpu import fused
+from ..cpu.adaptive_tiled import adaptive
+from ..cpu.sparse_tiled import SPARSE_TILED, sparse
+from ..cpu.sparse_tiled import topk as _topk
+from ..cpu.stick_tiled import STICK, stick_breaking
+from ..cpu.tiled import TILED, elementwise, row_normalised
 
 #: the built-in fast paths by the name a registry entry gives in ``Normalizer.fused``
 FAST = dict(TILED)

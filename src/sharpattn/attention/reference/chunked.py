@@ -14,10 +14,10 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..normalizers._contract import compute_dtype
-from . import policy
-from .masking import Masking
-from .stats import stats_from_weights
+from ...normalizers._contract import compute_dtype
+from .. import policy
+from ..masking import Masking
+from ..stats import stats_from_weights
 
 Tensor = torch.Tensor
 

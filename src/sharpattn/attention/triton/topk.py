@@ -1,0 +1,172 @@
+"""Top-k attention on CUDA (hardmax: k = 1): each row's k largest scores merged block by block,
+then softmax on the kept keys; the backward is `template`'s with ``MAP = "topk"``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..masking import Masking
+from .template import Launch, backward, block_scores, query_block, support_row, tile, unit_last
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _block_top(s, K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The K largest of each row of ``s`` [M, BLOCK_N] (BLOCK_N >= K, both powers of 2), in
+    ascending order: for K <= 8 the row maximum taken K times (each time the first one
+    removed), else a sort and its last K."""
+    if K <= 8:
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        slot = tl.arange(0, K)[None, :]
+        x = tl.zeros([s.shape[0], K], dtype=tl.float32) - float("inf")
+        for r in tl.static_range(K):
+            at = tl.argmax(s, 1)
+            x = tl.where(slot == K - 1 - r, tl.max(s, 1)[:, None], x)
+            s = tl.where(cols == at[:, None], -float("inf"), s)
+        return x
+    x = tl.sort(s)
+    if BLOCK_N > K:
+        x = tl.reshape(x, [x.shape[0], BLOCK_N // K, K])
+        last = tl.arange(0, BLOCK_N // K)[None, :, None] == BLOCK_N // K - 1
+        x = tl.max(tl.where(last, x, -float("inf")), 1)
+    return x
+
+
+@triton.jit
+def _topk_forward_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr, sup_ptr,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smm, smn,
+    sob, soh, som, sod,
+    heads, group, lq, lk, d, dv, offset, scale, top_k,
+    K: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Top-k attention of one block of query rows: a pass that keeps each row's K largest
+    allowed scores (the block's top K merged into the running ones: the elementwise maximum of
+    one list descending and the other ascending holds the K largest of both, then a sort), so
+    τ = the ``top_k``-th largest and how many of the top k tie at τ; then an output pass:
+    softmax over the kept keys (above τ, and the first ties at τ in key order). Writes out,
+    lse, τ and the key index of the last kept tie (−1: none) per row, and the block support
+    ``sup`` [B·H, query blocks, key blocks]: 1 where the block holds a kept key, else 0 (the
+    backward visits those blocks only)."""
+    start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
+        q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
+    )
+    hi = lk
+    if CAUSAL:
+        hi = tl.minimum(lk, start_m + BLOCK_M + offset)
+    top = tl.zeros([BLOCK_M, K], dtype=tl.float32) - float("inf")
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+        new = _block_top(tl.where(keep, s, -float("inf")), K, BLOCK_N)  # ascending
+        top = tl.sort(tl.maximum(top, new), descending=True)
+    rank = tl.arange(0, K)[None, :]
+    tau = tl.max(tl.where(rank == top_k - 1, top, -float("inf")), 1)  # −inf: keep every key
+    need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
+    m = tl.max(top, 1)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    sup = support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    z = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ties = tl.zeros([BLOCK_M], dtype=tl.float32)  # ties at τ met so far
+    last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+        eq = keep & (s == tau[:, None])
+        order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
+        tie_kept = eq & (order <= need[:, None])
+        last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
+        ties += tl.sum(eq.to(tl.float32), 1)
+        kept = keep & ((s > tau[:, None]) | tie_kept)
+        any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
+        tl.store(sup + start_n // BLOCK_N, any_kept)
+        if any_kept > 0.0:
+            w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
+            z += tl.sum(w, 1)
+            v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
+            acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
+    rows = b * heads * lq + h * lq + offs_m
+    tl.store(m_ptr + rows, tl.where(z > 0.0, m + tl.log(tl.where(z > 0.0, z, 1.0)), 0.0), mask=in_m)
+    tl.store(tau_ptr + rows, tau, mask=in_m)
+    tl.store(last_ptr + rows, last, mask=in_m)
+    tl.store(
+        out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
+        acc,
+        mask=in_m[:, None] & (offs_e[None, :] < dv),
+    )
+
+
+class TritonTopk(torch.autograd.Function):
+    """Top-k attention (softmax over each row's ``top_k`` largest allowed scores, ties in key
+    order) through `_topk_forward_kernel` and the shared backward kernels (``MAP`` ``topk``:
+    softmax's gradient on the kept keys, found again from τ and the last kept tie)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, top_k, masking, scale, blocks):
+        q, k, v = unit_last(q), unit_last(k), unit_last(v)
+        zero = q.new_zeros(1, 1, 1, 1)
+        launch = Launch("topk", True, q, k, v, zero, masking, scale, 1.0, blocks)
+        bm, bn = launch.blocks
+        width = max(2, triton.next_power_of_2(top_k))
+        if width > bn:  # the merge needs a block of keys at least as wide as the kept list
+            bn = width
+        out = torch.empty(
+            launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
+        )
+        lse, tau, last = (launch.rows(q.device) for _ in range(3))
+        mask, _, ms = launch.common()
+        launch.blocks = (bm, bn)  # the backward walks the forward's blocks (its support)
+        sup = launch.support_table(q.device)
+        _topk_forward_kernel[(triton.cdiv(launch.lq, bm), launch.b * launch.h)](
+            q, k, v, mask, out, lse, tau, last, sup,
+            *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
+            launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset,
+            launch.scale, int(top_k),
+            K=width, CAUSAL=launch.causal, HAS_MASK=launch.mask is not None,
+            BLOCK_M=bm, BLOCK_N=bn, PRECISION=launch.precision, **launch.pads,
+        )  # fmt: skip
+        launch.row = tau.unsqueeze(-1)  # the backward reads τ as the row tensor
+        ctx.save_for_backward(q, k, v, out, lse, last)
+        ctx.launch, ctx.top_k = launch, top_k
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse, last = ctx.saved_tensors
+        g = unit_last(g.to(v.dtype))
+        dq, dk, dv, _ = backward(ctx.launch, q, k, v, g, False, out, lse, last)
+        if ctx.top_k == 1:  # one weight of 1: no gradient in the scores (not rounding's)
+            dq, dk = torch.zeros_like(dq), torch.zeros_like(dk)
+        return dq, dk, dv, None, None, None, None
+
+
+def topk_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    top_k: int,
+    blocks: tuple[int, int] | None = None,
+) -> Tensor:
+    """Top-k attention ``[B, H, Lq, Dv]`` in q's dtype (``top_k`` = 1: hardmax, the first
+    arg-max); ``top_k`` up to `TOPK_MAX`."""
+    return TritonTopk.apply(q, k, v, int(top_k), masking, scale, blocks)
+
+
+#: the largest ``top_k`` the kernel keeps per row (a list of next_power_of_2(top_k) scores)
+TOPK_MAX = 128

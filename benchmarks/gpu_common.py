@@ -84,13 +84,12 @@ def route_triton_to_cpu() -> None:
     with ``SHARPATTN_TEST_TRITON_CPU=1``)."""
     import torch
 
-    from sharpattn.attention.cpu import fused, sparse_tiled, stick_tiled, tiled
+    from sharpattn.attention import devices
 
     def ready(device, dtype) -> bool:
         return dtype in (torch.float32, torch.float16) and not torch.compiler.is_compiling()
 
-    for module in (fused, sparse_tiled, stick_tiled, tiled):
-        module.triton_ready = ready
+    devices.triton_ready = ready  # the one readiness check every backend choice asks
 
 
 def append_cell(path: str | os.PathLike | None, row: dict) -> None:

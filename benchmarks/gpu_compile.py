@@ -332,8 +332,6 @@ def _as_on_cuda():
         fused,
         native,
         sparse_tiled,
-        stick_tiled,
-        tiled,
         tiles,
     )
 
@@ -344,10 +342,7 @@ def _as_on_cuda():
 
     ready, wanted, budget = devices.triton_ready, native.wanted, tiles.device_budget
     patches = [
-        *(
-            (m, "triton_ready", lambda d, t: ready(as_cuda(d), t))
-            for m in (devices, fused, sparse_tiled, stick_tiled, tiled)
-        ),
+        (devices, "triton_ready", lambda d, t: ready(as_cuda(d), t)),  # the one readiness check
         (native, "wanted", lambda d, t: wanted(as_cuda(d), t)),
         (fused, "flash_available", lambda q, v: False),
         *(
@@ -562,9 +557,9 @@ def main(argv=None) -> list[dict]:
         os.environ["TRITON_CACHE_DIR"] = scratch.name
     from triton.runtime.jit import JITFunction
 
-    from sharpattn.attention import triton as triton_elementwise
+    from sharpattn.attention.triton import template
 
-    if _INTERPRETED or not isinstance(triton_elementwise._forward_kernel, JITFunction):
+    if _INTERPRETED or not isinstance(template._forward_kernel, JITFunction):
         sys.exit(
             "gpu_compile.py: triton was imported in interpreter mode (TRITON_INTERPRET); "
             "run it in a process without that variable."

@@ -37,7 +37,7 @@ _LAZY = {
     "attend": ".attention",
     "causal_mask": ".attention",
     "swap": ".attention",
-    "info": ".attention.machine",
+    "info": ".attention.dispatch.machine",
     "normalizers": None,
     # sharpattn.hf (its functions need the `hf` extra, transformers) is imported only when asked
     # for. Not an alias: it imports sharpattn/hf.py, the one place sharpattn.hf is made the

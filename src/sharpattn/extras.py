@@ -32,7 +32,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     ),
     # sweeps as Ray tasks
     "distributed": ("ray",),
-    # the Triton kernels of the element-wise methods on CUDA (attention/triton_elementwise.py)
+    # the Triton kernels of the element-wise methods on CUDA (attention/triton/)
     "gpu": ("triton",),
 }
 

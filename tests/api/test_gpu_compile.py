@@ -66,4 +66,4 @@ def test_sigmoid_compiles_for_hopper_without_a_gpu(tmp_path):
         assert row["mufu"] > 0  # σ's exponential: ex2.approx
     forward = kernels["_forward_kernel"]
     assert forward["wgmma"] > 0 and forward["mufu_ops"].get("ex2.approx.f32", 0) > 0
-    assert "| `triton_elementwise._forward_kernel` | sigmoid | bf16 | 64 | yes |" in done.stdout
+    assert "| `template._forward_kernel` | sigmoid | bf16 | 64 | yes |" in done.stdout

@@ -109,22 +109,21 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "entropy_backward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "adaptive_forward": [_F, _I64, _I64, _F, _I64, _F, _I, _FL, _FL, *[_F] * 6, _I],
     "tempered_backward": [_F, _F, _I64, _I64, _F, _I64, *[_F] * 8, _I],
-    "sparse_solve": [_I, _FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
     "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
     "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
 }
-#: the loops of each element-wise or row-normalised map, ``NAME_MAP`` with MAP the name of the
-#: map's kernel record (`families.Kernel`; `map_loop`)
+#: the loops exported once per map, ``{loop}_{name}`` with ``name`` the name of the map's kernel
+#: record (`families.Kernel`; `map_loop`)
 _MAP_SIGNATURES = {
     "elementwise_forward": [_FL, _F, _I64, _I64, _F, _I64, _F, _I],
     "elementwise_backward": [_FL, _F, _F, _I64, _I64, _F, _I64, _F, _I],
     "normalised_forward": [_FL, _FL, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "normalised_backward": [_FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    # the entmax family's threshold, ``sparse_solve_{kind}`` (kind: sparse_tiled's Newton step)
+    "sparse_solve": [_FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
 }
-#: the entmax family's kinds the loops solve (attention/sparse_tiled.py)
-SPARSE_KINDS = {"sparsemax": 0, "entmax15": 1, "entmax": 2}
 
 
 def cache_dir() -> Path:
@@ -597,8 +596,8 @@ def _sparse_solve(
     rows, cols = _rows(y)
     tau = tau.clone(memory_format=torch.contiguous_format)
     total = torch.empty_like(tau)
-    library().sparse_solve(
-        *(SPARSE_KINDS[kind], e, _p(y), rows, cols, _p(tau), _p(lo), _p(hi), steps),
+    map_loop("sparse_solve", kind)(
+        *(e, _p(y), rows, cols, _p(tau), _p(lo), _p(hi), steps),
         *(_p(total), _threads()),
     )
     return tau, total

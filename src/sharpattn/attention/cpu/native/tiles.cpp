@@ -1,13 +1,13 @@
-// Fused per-tile loops of sharpattn's tiled attention paths (sharpattn/attention/native.py).
+// Fused per-tile loops of sharpattn's tiled attention paths (sharpattn/attention/cpu/native.py).
 //
 // Each function takes one tile of scores as `rows` contiguous rows of `cols` floats (B·H·r rows
 // of c keys; each row sees all of them or, in a causal tile, a prefix given by `ends`: tiles
 // with any other mask stay in PyTorch) and per-row values as arrays of
 // `rows` floats; it does in one or two sweeps over each row (in cache) what the pure-PyTorch
 // tile functions do in one pass over the tile per operation. The maths is theirs, line for line:
-// attention/fused.py (entropy_tile, _EntropyPass.backward), attention/adaptive_tiled.py,
-// attention/tiled.py (the _Sigmoid, _Relu, _Power, _Signed and _Softpick kernels),
-// attention/sparse_tiled.py and attention/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
+// attention/cpu/fused.py (entropy_tile, _EntropyPass.backward), attention/cpu/adaptive_tiled.py,
+// the element-wise and row-normalised maps' tile maths (normalizers/unnormalised.py, kernels.py),
+// attention/cpu/sparse_tiled.py and attention/cpu/stick_tiled.py. Plain C++ on raw pointers, no PyTorch headers:
 // built by g++ with -O3 -march=native -ffast-math on first use (the inputs are finite: the
 // callers check that, and no infinity is used here); rows are shared among `threads` OpenMP
 // threads (the OpenMP runtime that PyTorch has loaded).
@@ -177,7 +177,7 @@ inline float fast_expm1(float x) {
   return fast_exp(x) - 1.f;
 }
 
-// softpick's d = A·expm1(s − c) + B for a row reference m (attention/tiled.py, _Softpick): c = 0,
+// softpick's d = A·expm1(s − c) + B for a row reference m (normalizers/kernels.py, _SoftpickTiles): c = 0,
 // A = e^{−m}, B = 0 while m <= shift_above, else c = m, A = 1, B = 1 − e^{−m}.
 struct Shift {
   float c, A, B;
@@ -260,7 +260,7 @@ inline void power_backward_row(float* x, const float* g, float* w, int64_t n, fl
   with_power(whole, [&](auto c) { power_backward<decltype(c)::value>(x, g, w, n, inv, p, d, k, iz); });
 }
 
-// The element-wise kernels (attention/tiled.py, _Sigmoid and _Relu) on one row.
+// The element-wise maps' rows (their tile maths: normalizers/unnormalised.py).
 
 inline float sigmoid_of(float x) {  // σ(x) from e^{−|x|} <= 1: no overflow at any x
   const float e = fast_exp(-std::fabs(x));
@@ -337,7 +337,7 @@ void entropy_backward(float* s, int64_t rows, int64_t cols, const int32_t* ends,
 }
 
 // Adaptive temperature's forward on whole rows (base-2 scores s, every key a row sees in this
-// call; attention/adaptive_tiled.py): per row m = max s, Z = Σ 2^{s−m}, a = Σ 2^{s−m}·(s − m)/Z,
+// call; attention/cpu/adaptive_tiled.py): per row m = max s, Z = Σ 2^{s−m}, a = Σ 2^{s−m}·(s − m)/Z,
 // H = ln 2·(log₂ Z − a), β = max(poly(H), floor) where H > threshold, else 1 (the `degree` + 1
 // coefficients highest power first: normalizers/softmax.py, beta_from_entropy), then
 // x = 2^{β·(s − m) − c} written over s (0 past ends) with c = max_j β·(s_j − m) and
@@ -620,7 +620,7 @@ void normalised_backward(float p, float shift, float* s, const float* dp, float*
 }  // namespace
 
 // The exported loops of each map: `elementwise_forward_NAME` and `elementwise_backward_NAME`, or
-// `normalised_forward_NAME` and `normalised_backward_NAME` (attention/native.py calls them by
+// `normalised_forward_NAME` and `normalised_backward_NAME` (attention/cpu/native.py calls them by
 // the name of the map's kernel record).
 #define ELEMENTWISE(NAME, Map)                                                                    \
   extern "C" void elementwise_forward_##NAME(float p, float* s, int64_t rows, int64_t cols,      \
@@ -659,11 +659,11 @@ NORMALISED(stablemax, Stablemax)
 
 namespace {
 
-// The entmax family's threshold on a slab of rows (attention/sparse_tiled.py: _solve, then
+// The entmax family's threshold on a slab of rows (attention/cpu/sparse_tiled.py: _solve, then
 // _final_weights): `steps` safeguarded Newton steps on each row's τ from tau (read and written)
-// within the bracket [lo, hi], then p = [y − τ]_+^e written over y and total = Σ p. kind 0:
+// within the bracket [lo, hi], then p = [y − τ]_+^e written over y and total = Σ p. Kind 0:
 // sparsemax (e = 1, Newton on f = Σ t − 1), 1: 1.5-entmax (e = 2), 2: any other e = 1/(α − 1)
-// (Newton on G = (Σ t^e)^{1/e} − 1); t = [y − τ]_+.
+// (Newton on G = (Σ t^e)^{1/e} − 1); t = [y − τ]_+. Exported by name below (SPARSE_SOLVE).
 //
 // Every iterate stays in the bracket, so a key with y <= lo has t = 0 at each of them: the row's
 // keys with y > lo are first copied, with their indices, into cy and ci (blocks of 16 keys
@@ -769,31 +769,41 @@ void sparse_row(float* y, int64_t n, float e, float* tau_io, float lo, float hi,
 
 }  // namespace
 
-extern "C" {
+namespace {
 
-void sparse_solve(int kind, float e, float* y, int64_t rows, int64_t cols, float* tau,
-                  const float* lo, const float* hi, int steps, float* total, int threads) {
+template <int Kind>
+void sparse_solve(float e, float* y, int64_t rows, int64_t cols, float* tau, const float* lo,
+                  const float* hi, int steps, float* total, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> cy(static_cast<size_t>(cols) + 16);  // 16 of slack: see sparse_row
     std::vector<int32_t> ci(static_cast<size_t>(cols) + 16);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      float* x = y + r * cols;
-      float* c = cy.data();
-      int32_t* i = ci.data();
-      if (kind == 0) {
-        sparse_row<0>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
-      } else if (kind == 1) {
-        sparse_row<1>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
-      } else {
-        sparse_row<2>(x, cols, e, tau + r, lo[r], hi[r], steps, total + r, c, i);
-      }
+      sparse_row<Kind>(y + r * cols, cols, e, tau + r, lo[r], hi[r], steps, total + r, cy.data(),
+                       ci.data());
     }
   }
 }
 
-// The entmax family's slab before its threshold (attention/sparse_tiled.py,
+}  // namespace
+
+// The threshold's loops by the Newton step they take: `sparse_solve_NAME` (attention/cpu/
+// sparse_tiled.py names the step of its α: sparsemax, entmax15, or entmax for any other).
+#define SPARSE_SOLVE(NAME, KIND)                                                                  \
+  extern "C" void sparse_solve_##NAME(float e, float* y, int64_t rows, int64_t cols, float* tau, \
+                                      const float* lo, const float* hi, int steps, float* total, \
+                                      int threads) {                                             \
+    sparse_solve<KIND>(e, y, rows, cols, tau, lo, hi, steps, total, threads);                    \
+  }
+
+SPARSE_SOLVE(sparsemax, 0)
+SPARSE_SOLVE(entmax15, 1)
+SPARSE_SOLVE(entmax, 2)
+
+extern "C" {
+
+// The entmax family's slab before its threshold (attention/cpu/sparse_tiled.py,
 // _EntmaxAttention.forward): per row, m = the largest visible score (0 on a row that sees no
 // key, live 0 there, else 1), y = max((s − m)·coef, floor) written over s (floor on keys past
 // the row's causal end), and the largest y of each of `chunks` runs of `width` consecutive keys
@@ -872,7 +882,7 @@ inline float stick_log_weights(float* y, int64_t n, float* lp, float carry) {
 
 extern "C" {
 
-// Stick-breaking (attention/stick_tiled.py, _log_weights), forward on one tile whose keys are
+// Stick-breaking (attention/cpu/stick_tiled.py, _log_weights), forward on one tile whose keys are
 // reversed (nearest first): per row, carry = Σ log σ(−s) of the allowed keys to the right (read
 // and written), log w_j = log σ(s_j) + carry + Σ_{k<j} log σ(−s_k), w written over s; with
 // stats (ent and mass not null) ent −= Σ w·log w and mass += Σ w. `ends` counts the keys each
@@ -969,7 +979,7 @@ inline int64_t insert(float* val, int64_t* idx, int64_t count, int64_t k, float 
 
 extern "C" {
 
-// Top-k's selection (attention/sparse_tiled.py, _TopkAttention) on a slab of rows: per row the
+// Top-k's selection (attention/cpu/sparse_tiled.py, _TopkAttention) on a slab of rows: per row the
 // k largest of its visible keys (the first ends[r mod tile_rows], or all) in descending order,
 // ties broken by key order (the lower index kept), as values into val and key indices into idx
 // (rows × k), and how many it found into filled (min(k, visible keys)); the slots past those

@@ -23,7 +23,7 @@ CODE = f"""
 import sys
 import sharpattn
 import sharpattn.cli
-from sharpattn.attention import native
+from sharpattn.attention.cpu import native
 print(sorted(m for m in {HEAVY!r} if m in sys.modules))
 print(hasattr(native._LOOPS[0].op, "register_fake"))
 """

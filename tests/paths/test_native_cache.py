@@ -25,7 +25,7 @@ import json, os, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import torch, sharpattn
-    from sharpattn.attention import native
+    from sharpattn.attention.cpu import native
     calls = []
     real = native.elementwise_forward
     native.elementwise_forward = lambda *a: calls.append(1) or real(*a)

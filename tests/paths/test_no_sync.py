@@ -247,8 +247,8 @@ def cuda_branches(monkeypatch):
     blocks), torch's SDPA where CUDA has no CPU flash kernel, no C++ loops; the guard paused
     while the interpreter runs a kernel (it copies tensors to NumPy and back)."""
     pytest.importorskip("triton")
-    from sharpattn.attention import triton as kernels
     from sharpattn.attention.cpu import native
+    from sharpattn.attention.triton import template as kernels
 
     if type(kernels._forward_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)")

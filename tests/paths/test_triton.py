@@ -1,4 +1,4 @@
-"""The Triton kernels (``attention/triton_elementwise.py``: the element-wise maps, sigmoid and
+"""The Triton kernels (``attention/triton/``: the element-wise maps, sigmoid and
 relu, and the row-normalised ones, power, signed, softpick, stablemax: every built-in map whose
 kernel record has Triton kernels, `triton_methods`) against the naive path in float64: outputs and every
 gradient (q, k, v and sigmoid's learnable per-head bias), masks of every kind, GQA, Dv != D,
@@ -34,20 +34,22 @@ from sharpattn.attention import triton as KERNELS  # noqa: E402
 from sharpattn.attention.cpu import tiled  # noqa: E402
 from sharpattn.attention.dispatch.fast import FAST, path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.attention.triton import sparse as SPARSE  # noqa: E402
+from sharpattn.attention.triton import template as TEMPLATE  # noqa: E402
 from sharpattn.normalizers.families import RowNormalised  # noqa: E402
 
 # Not marked `numerical`: Triton's interpreter computes the kernels in NumPy, not in torch's
 # vectorised CPU kernels, so the other ATEN_CPU_CAPABILITY paths (tests/cpu_paths.py) would
 # only repeat these tests (a minute each) with the same numbers.
 
-if DEVICE.type == "cpu" and type(KERNELS._forward_kernel).__name__ != "InterpretedFunction":
+if DEVICE.type == "cpu" and type(TEMPLATE._forward_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
         "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
         allow_module_level=True,
     )
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 BLOCKS = (16, 32)  # query rows, keys per block: several blocks of each at n <= 45
-DEFAULT_BLOCKS = (KERNELS.BLOCKS_16BIT, KERNELS.BLOCKS_FLOAT32)
+DEFAULT_BLOCKS = (TEMPLATE.BLOCKS_16BIT, TEMPLATE.BLOCKS_FLOAT32)
 
 
 def kernel_of(name: str):
@@ -126,8 +128,8 @@ def on_triton(monkeypatch):
     adaptive, statistics); statistics still stay on the tiles."""
     monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
     # small blocks for the kernels called without ``blocks`` (the interpreter's sort is slow)
-    monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", BLOCKS)
-    monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", BLOCKS)
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_16BIT", BLOCKS)
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_FLOAT32", BLOCKS)
 
 
 def inputs(case: str, dtype: torch.dtype, seed: int = 0, gain: float = 1.0):
@@ -358,8 +360,8 @@ def test_strided_inputs_padded_head_sizes_any_p_and_default_blocks(on_triton, mo
     D = 40 and Dv = 24 padded to 64 and 32 by load masks; relu and power with p = 1.5
     (exp2/log2), sigmoid with a per-row bias tensor, the other maps (signed, softpick,
     stablemax) at their defaults; the default block sizes."""
-    monkeypatch.setattr(KERNELS, "BLOCKS_16BIT", DEFAULT_BLOCKS[0])
-    monkeypatch.setattr(KERNELS, "BLOCKS_FLOAT32", DEFAULT_BLOCKS[1])
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_16BIT", DEFAULT_BLOCKS[0])
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_FLOAT32", DEFAULT_BLOCKS[1])
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 20, 2, 40, generator=g).to(DEVICE).transpose(1, 2)  # [1, 2, 20, 40]
     k = torch.randn(1, 1, 40, 30, generator=g).to(DEVICE).transpose(-1, -2)  # last stride 30
@@ -487,13 +489,13 @@ def test_topk_breaks_ties_in_key_order_like_the_naive_path(on_triton, top_k):
 def _support_of(monkeypatch):
     """A list that receives every block support table the kernels allocate."""
     tables = []
-    make = KERNELS._Launch.support_table
+    make = TEMPLATE.Launch.support_table
 
     def record(self, device):
         tables.append(make(self, device))
         return tables[-1]
 
-    monkeypatch.setattr(KERNELS._Launch, "support_table", record)
+    monkeypatch.setattr(TEMPLATE.Launch, "support_table", record)
     return tables
 
 
@@ -662,10 +664,10 @@ def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_th
     before the cap once no row's τ moves, and the passes after the first skip key blocks, so
     fewer block products are made than passes × blocks; the output equals the float64 path."""
     calls = []
-    for name in ("_newton", "_block_scores"):
-        inner = getattr(KERNELS, name)
+    for name in ("_newton", "block_scores"):  # as the entmax forward kernel calls them
+        inner = getattr(SPARSE, name)
         monkeypatch.setattr(
-            KERNELS, name, lambda *a, _f=inner, _n=name, **kw: (calls.append(_n), _f(*a, **kw))[1]
+            SPARSE, name, lambda *a, _f=inner, _n=name, **kw: (calls.append(_n), _f(*a, **kw))[1]
         )
     angle = torch.arange(256.0)[:, None] * torch.logspace(-2, 0, 8)[None, :]
     k = torch.cat([angle.cos(), angle.sin()], -1).view(1, 1, 256, 16)
@@ -675,8 +677,8 @@ def test_the_entmax_forward_stops_when_converged_and_skips_blocks_below_every_th
     )
     masking = Masking.build(None, True, 16, 256, q.device)
     out = KERNELS.entmax_attention(q, k, v, masking, 0.25, 2.0, blocks=(16, 16))
-    passes, products = calls.count("_newton"), calls.count("_block_scores")
-    assert passes < KERNELS.ENTMAX_STEPS[2.0]
+    passes, products = calls.count("_newton"), calls.count("block_scores")
+    assert passes < SPARSE.ENTMAX_STEPS[2.0]
     assert products < (passes + 2) * 16
     want = attend(
         q.double(), k.double(), v.double(), "sparsemax", scale=0.25, causal=True, impl="naive"

@@ -26,6 +26,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or
 
 from sharpattn import normalizers as nz  # noqa: E402
 from sharpattn.attention import attend, devices  # noqa: E402
+from sharpattn.attention import triton as TRITON  # noqa: E402
 from sharpattn.attention.dispatch.fast import FAST  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
 from sharpattn.attention.triton import stick as KERNELS  # noqa: E402
@@ -229,8 +230,8 @@ def test_attend_takes_the_kernels_on_the_triton_route_and_the_tiles_otherwise(mo
     """CPU tensors never reach the kernels; with `devices.triton_ready` saying yes, ``attend``'s
     fused path does (and agrees with the tiles), except for ``return_stats``."""
     calls = []
-    real = KERNELS.stick_attention
-    monkeypatch.setattr(KERNELS, "stick_attention", lambda *a: calls.append(1) or real(*a))
+    real = TRITON.stick_attention  # as the stick-breaking path reaches it
+    monkeypatch.setattr(TRITON, "stick_attention", lambda *a: calls.append(1) or real(*a))
     q, k, v, mask, _ = inputs("lq_lt_lk", torch.float32)
     cpu = [t.detach().cpu() for t in (q, k, v)]  # CPU tensors on a GPU run too
     tiles = attend(*cpu, "stick_breaking", causal=True, impl="fused")

@@ -116,7 +116,7 @@ class Kernel:
 
     * ``name``: the map's name in every backend: the C++ loops ``{loop}_{name}``
       (``attention/native/tiles.cpp``), the Triton kernels' ``MAP`` constant, and the key of
-      its built-in path in ``attention.fast.FAST`` for the families with their own paths
+      its built-in path in ``attention.dispatch.fast.FAST`` for the families with their own paths
       (adaptive, top-k, the entmax family, stick-breaking).
     * ``tiles``: its maths on one tile of scores in PyTorch, a `TileMaths` class (the
       element-wise and row-normalised families; None for the others).
@@ -152,7 +152,7 @@ def masked_(x: Tensor, keep: Tensor | None) -> Tensor:
 class TileMaths:
     """A built-in map's maths on one tile ``s`` ``[B, H, r, c]`` of scores (disallowed entries
     0, ``mask`` the tile's 0/1 keep or None), in place where it can (both methods may overwrite
-    ``s``); the tiled paths (``attention.tiled``) walk the tiles with it.
+    ``s``); the tiled paths (``attention.cpu.tiled``) walk the tiles with it.
 
     * ``weights(s, ref, mask)``: element-wise maps return w (``ref`` the row tensor);
       normalised ones return (u, Σ_j a_j) relative to the row reference ``ref`` = m.
@@ -586,6 +586,16 @@ def check(family: Any, owner: str, params: tuple = (), learnable: tuple = ()) ->
     if not isinstance(family, FAMILIES):
         names = ", ".join(f.__name__ for f in FAMILIES)
         raise ValueError(f"method {owner!r}: family must be one of {names}, got {family!r}.")
+    kernel = getattr(family, "kernel", None)
+    if isinstance(kernel, str):
+        raise ValueError(
+            f"method {owner!r}: the family names the built-in kernel {kernel!r} by name; a family "
+            "holds a built-in map's Kernel record, or None to run its own hooks on the tiles."
+        )
+    if kernel is not None and not isinstance(kernel, Kernel):
+        raise ValueError(
+            f"method {owner!r}: the family's kernel must be a Kernel record or None, got {kernel!r}."
+        )
     needed, optional = HOOKS[type(family)]
     for attr in needed + optional:
         hook = getattr(family, attr)

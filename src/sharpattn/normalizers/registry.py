@@ -266,7 +266,8 @@ class Normalizer:
             # the built-in kernel the family names, else its family's path (validate() refuses
             # anything that is not a family)
             kernel = getattr(self.family, "kernel", None)
-            path = kernel.name if kernel is not None else getattr(self.family, "path", None)
+            path = getattr(kernel, "name", kernel) if kernel is not None else None
+            path = path or getattr(self.family, "path", None)
             object.__setattr__(self, "fused", path if isinstance(path, str) else None)
 
     @property
@@ -478,7 +479,7 @@ def fast_path(entry: Normalizer) -> str:
     if family is None:
         return entry.fused or "—"
     kernel = getattr(family, "kernel", None)
-    return f"{type(family).__name__} family" + (f", {kernel} kernel" if kernel else "")
+    return f"{type(family).__name__} family" + (f", {kernel.name} kernel" if kernel else "")
 
 
 def markdown_table(names: list[str] | None = None) -> str:

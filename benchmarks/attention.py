@@ -57,7 +57,7 @@ GLIBC_DYNAMIC = False  # set by --glibc-dynamic
 TARGET_GROUPS = {
     (1.1, 1.1): "softmax ssmax length_scaled llama4_temperature logn sink",
     (1.5, 1.8): "adaptive",
-    (1.5, 2.0): "sigmoid relu power signed softpick hardmax",
+    (1.5, 2.0): "sigmoid relu power signed softpick stablemax hardmax",
     (3.0, 4.0): "sparsemax entmax15 entmax entmax@alpha=1.3 asentmax topk stick_breaking",
 }
 TARGETS = {m: t for t, names in TARGET_GROUPS.items() for m in names.split()}

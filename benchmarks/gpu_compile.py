@@ -46,11 +46,15 @@ import os
 import sys
 
 # Triton's interpreter replaces every @triton.jit function when it is defined (triton's own
-# when triton is imported): this script needs the compiler, so the variable goes before anything
-# imports triton; where something already has, `main` refuses.
-_INTERPRETED = os.environ.pop("TRITON_INTERPRET", "0").strip() not in ("", "0") and (
-    "triton" in sys.modules
-)
+# when triton is imported): run as a script, this needs the compiler, so the variable goes before
+# anything imports triton; where something already has, `main` refuses. Imported as a module (to
+# render its table: gpu_claims.py), it leaves the process's environment alone: a test process
+# that runs the kernels in the interpreter needs the variable to the end.
+_INTERPRETED = False
+if __name__ == "__main__":
+    _INTERPRETED = os.environ.pop("TRITON_INTERPRET", "0").strip() not in ("", "0") and (
+        "triton" in sys.modules
+    )
 
 import argparse  # noqa: E402
 import collections  # noqa: E402

@@ -111,3 +111,21 @@ def gain_normalizer(register_normalizer):
             params=(nz.Param("gain", 1.0, "per-head gain", learnable=True),),
         )
     )
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET")
+
+
+@pytest.fixture(autouse=True)
+def _triton_stays_interpreted(request):
+    """TRITON_INTERPRET stays as the session set it: Triton reads it again when it imports a
+    module late (its gluon language, on a kernel's first launch), so a test that changed it would
+    break the kernels of every later test in its process. Restored, and that test fails."""
+    yield
+    changed = os.environ.get("TRITON_INTERPRET")
+    if changed != _INTERPRET:
+        if _INTERPRET is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = _INTERPRET
+        pytest.fail(f"the test changed TRITON_INTERPRET from {_INTERPRET!r} to {changed!r}")

@@ -173,7 +173,11 @@ class TileMaths:
 
     def __init__(self, **params):
         self.params = params
-        self.p = float(params.get("p", self.P))
+
+    @property
+    def p(self) -> float:
+        """The map's power p (a built-in's parameter; its default `P` where the call gives none)."""
+        return float(self.params.get("p", self.P))
 
     def native_args(self) -> tuple[str | None, float, float]:
         """(the C++ loops' name, p, ``SHIFT_ABOVE``)."""

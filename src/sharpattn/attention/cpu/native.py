@@ -5,8 +5,9 @@ six, softpick's forward eight, each Newton step of the entmax threshold four), a
 GEMMs are fast these passes cost more than the tile's matrix products. The C++ loops do each
 row's work in one or two sweeps while the row is in cache: adaptive temperature on whole rows
 (statistics, β(H) and weights; backward with β's gradient) and its statistics pass over tiles,
-the element-wise kernels ``sigmoid`` and ``relu`` and the normalised ones ``power``, ``signed``
-and ``softpick`` (forward and backward), the
+the element-wise maps ``sigmoid`` and ``relu`` and the normalised ones ``power``, ``signed``,
+``softpick`` and ``stablemax`` (forward and backward; exported once per map under the name of
+its kernel record, `map_loop`), the
 entmax family's slab preparation and threshold (forward), stick-breaking's log-space running sums
 (forward and backward), and top-k's selection of each row's largest keys. The maths is the
 PyTorch tile functions', which stay the reference and the fallback;

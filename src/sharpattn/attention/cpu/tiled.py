@@ -6,21 +6,24 @@ backward that recomputes each tile (5 matrix products per tile in all, as flash 
 * **element-wise** (``sigmoid``: σ(s + b − log n); ``relu``: ReLU(s)^p / n): each weight depends
   on its own score and its row only, so out_i = Σ_j w_ij·v_j accumulates directly; dL/ds_ij =
   dP_ij·w'(s_ij) with dP_ij = dO_i·v_j.
-* **normalised by a row sum** (``power``, ``signed``, ``softpick``): w_ij = u_ij / Z_i with
-  Z_i = Σ_j a_ij; u and a are taken relative to a running row reference m_i (the largest ReLU(s)
-  for power, |s| for signed, max(0, s) for softpick), and the accumulators are rescaled when m
-  grows, as flash attention does for softmax, so nothing overflows at any score size.
+* **normalised by a row sum** (``power``, ``signed``, ``softpick``, ``stablemax``): w_ij =
+  u_ij / Z_i with Z_i = Σ_j a_ij; u and a are taken relative to a running row reference m_i
+  (the largest ReLU(s) for power, |s| for signed, max(0, s) for softpick, s(x) for StableMax),
+  and the accumulators are rescaled when m grows, as flash attention does for softmax, so
+  nothing overflows at any score size.
   dL/du_ij = (dP_ij − D_i)/Z_i-type terms with D_i = dO_i·out_i (one number per row).
 * a user's **row-normalised** map (`RowNormalised` without a kernel): a first pass for m, then
   the sums relative to it (no rescaling), u′ and a′ by autograd on each tile.
 * **hardmax**: a running (max, first arg-max) over the tiles, then one gathered value row per
   query; its straight-through backward is softmax attention's, from the flash kernel.
 
-On CUDA, ``sigmoid``, ``relu``, ``power``, ``signed`` and ``softpick`` in float32, float16 and
-bfloat16 run as Triton kernels (`attention.triton`, when triton imports; `devices.backend`);
-float64 and calls that want statistics stay on the tiles.
+A built-in map's maths on one tile is its `TileMaths` class, beside its normalizer
+(``normalizers/unnormalised.py``, ``normalizers/kernels.py``), named by its kernel record
+(`families.Kernel`), which also says where else it runs (`devices.backend`): on CUDA in float32,
+float16 and bfloat16 its Triton kernels (`attention.triton`, when triton imports); float64 and
+calls that want statistics stay on the tiles.
 
-On the CPU in float32 every kernel's per-tile work runs in the C++ loops of `native`, and
+On the CPU in float32 every built-in map's per-tile work runs in the C++ loops of `native`, and
 the forward walks row tiles (`row_tiles`: 128 rows and 2^20 scores, whole rows
 where they fit): the q·kᵀ and p·v products run at speed with 128 rows, and a tile stays near
 the cache. The backward, with three tile-sized buffers, keeps square tiles.
@@ -50,7 +53,7 @@ Tensor = torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels: the maths of each method on one tile of scores
+# A user's maps on one tile of scores (the built-in maps' are beside their normalizers)
 
 
 class _Family(TileMaths):

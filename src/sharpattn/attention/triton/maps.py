@@ -151,11 +151,20 @@ def map_normalised(s, m, p, MAP: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE:
 
 @triton.jit
 def map_grad(
-    s, dp, row, m, z, dd, p,
-    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, SHIFT_ABOVE: tl.constexpr,
-):  # fmt: skip
+    s,
+    dp,
+    row,
+    m,
+    z,
+    dd,
+    p,
+    MAP: tl.constexpr,
+    NORMALISED: tl.constexpr,
+    POWER: tl.constexpr,
+    SHIFT_ABOVE: tl.constexpr,
+):
     """(w, dL/ds, dL/dy) [M, N] of scores ``s`` given dP = dO·vᵀ: the element-wise ``row``, or
-    the normalised m, Z (> 0) and D = dO·out per row (each [M, 1]), as ``tiled``'s ``grad``
+    the normalised m, Z (> 0) and D = dO·out per row (each [M, 1]), as the map's TileMaths.grad
     (dL/dy: α-entmax's gradient in y = c1·s, for c1's; the others' dL/ds):
     power ds = (dP − D)·p·(r/m)^{p−1}/(m·Z), signed ds = (sign(s)·dP − D)·w, softpick ds =
     (1[d > 0]·dP − sign(d)·D)·e^{s − m}/Z with e^{s − m} = d + A − B, StableMax ds =

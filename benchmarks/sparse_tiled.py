@@ -1,4 +1,4 @@
-"""CPU time of the sparse normalizers' O(n)-memory paths (attention/sparse_tiled.py) as ratios to
+"""CPU time of the sparse normalizers' O(n)-memory paths (attention/cpu/sparse_tiled.py) as ratios to
 torch's SDPA, forward and forward+backward, non-causal and causal (B=1, H=4, D=64, float32).
 
 One thread (``torch.set_num_threads(1)``: the 2-core machine is shared), CPU time of the process

@@ -1,7 +1,7 @@
 """Stick-breaking's O(n)-memory path against causal SDPA: CPU-time ratios on one thread.
 
 B = 1, H = 4, D = 64, float32, Lq = Lk = n, ``attend(..., "stick_breaking", causal=True,
-check_finite=False)`` (the tiled path of ``attention/stick_tiled.py``) against
+check_finite=False)`` (the tiled path of ``attention/cpu/stick_tiled.py``) against
 ``F.scaled_dot_product_attention(..., is_causal=True)``, interleaved round by round in one
 process, min over rounds, ``time.process_time`` (robust to other processes on a shared machine).
 Forward under ``torch.no_grad``; forward+backward with a cotangent of ones. Targets: forward

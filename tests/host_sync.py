@@ -19,7 +19,7 @@ What synchronises on CUDA, and so what it refuses:
 
 The rule is on an explicit device, not on every tensor made from Python data: a factory
 without a device makes a CPU tensor on CUDA as here, which is honest CPU-only code (the C++
-loops of ``attention/native.py`` build their coefficient tensors so) and costs nothing while it
+loops of ``attention/cpu/native.py`` build their coefficient tensors so) and costs nothing while it
 stays on the host. Such tensors are tracked ("host-born": made by a factory without a device,
 or computed only from host-born tensors). Moving one to a device is a copy (refused, unless
 ``non_blocking=True``: an asynchronous copy from pageable memory is staged by the driver and

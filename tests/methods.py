@@ -2,7 +2,7 @@
 
 Each `Method` holds the method's independent float64 NumPy reference (one row at a time), the
 parameter settings to test it with, and which fast-path kernels it has (the tiles of
-``attention/tiled.py``, the C++ loops of ``attention/native.py``) with their settings. The
+``attention/cpu/tiled.py``, the C++ loops of ``attention/cpu/native.py``) with their settings. The
 contract tests (tests/contract/test_normalizers_family.py, test_families.py) and the path tests
 (tests/paths/test_tiled.py, test_native.py) are parametrized from it, so a new method is one
 entry here (``test_every_method_is_in_the_table`` fails until it has one).
@@ -149,7 +149,7 @@ class Method:
 
     * ``ref(x, p)``: the weights of a row's allowed scores x with parameters p, float64.
     * ``cases``: parameter settings for the contract tests (defaults, others, per-head tensors).
-    * ``tiles``: settings for the test of its kernel on the tiles (``attention/tiled.py``;
+    * ``tiles``: settings for the test of its kernel on the tiles (``attention/cpu/tiled.py``;
       empty: it has none there).
     * ``loops``: the C++ loops its kernel has (``"normalised"``, ``"elementwise"``, or None)
       and ``loop_cases`` the settings they are tested with.

@@ -1,7 +1,7 @@
 """``import sharpattn`` stays cheap: it imports neither ``torch._dynamo`` (over a second on the
 2-core CI machine; ``torch.compiler.assume_constant_result`` imports it) nor ``triton`` nor
 ``torch._inductor``. The C++ loops' operators are registered when their library loads
-(attention/native.py), the Triton kernels on first CUDA use (attention/devices.py).
+(attention/cpu/native.py), the Triton kernels on first CUDA use (attention/devices.py).
 
 ``sharpattn --help`` imports no torch at all: the package's names are imported on first use
 (``sharpattn.__getattr__``) and the command line imports what a command runs when it runs."""

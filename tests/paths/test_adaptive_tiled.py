@@ -1,4 +1,4 @@
-"""Adaptive temperature on slabs of whole rows (attention/adaptive_tiled.py): against the naive
+"""Adaptive temperature on slabs of whole rows (attention/cpu/adaptive_tiled.py): against the naive
 path and an independent float64 NumPy reference on inputs that cross slab edges and every mask,
 its backward by float64 gradcheck (β's gradient included), its C++ loops against its PyTorch
 form, the groups of heads a large call is cut into, and when ``attend`` takes it."""

@@ -147,7 +147,7 @@ def test_attend_compiles_whole_and_matches_eager(method, impl, causal):
 
 
 #: the C++ tile loops each fast path calls on float32 CPU tiles without a mask but the causal
-#: one (attention/native.py), forward and backward: the graph must call them, not leave them
+#: one (attention/cpu/native.py), forward and backward: the graph must call them, not leave them
 LOOPS = {
     "adaptive": {"adaptive_forward", "tempered_backward"},
     **dict.fromkeys(("sigmoid", "relu"), {"elementwise_forward", "elementwise_backward"}),

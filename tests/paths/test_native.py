@@ -1,4 +1,4 @@
-"""The C++ tile loops (attention/native.py): the same maths as the PyTorch tile functions they
+"""The C++ tile loops (attention/cpu/native.py): the same maths as the PyTorch tile functions they
 stand in for, forward and backward, on tiles small enough that rows cross several of them (and
 causal tiles whose rows see a prefix), and the switch and fallbacks around them."""
 
@@ -81,7 +81,7 @@ def counting(monkeypatch, name):
 
 ELEMENTWISE = [(m, p) for m, p, loops in LOOPS if loops == "elementwise"]
 
-# (method, params, the loops' name in attention/native.py)
+# (method, params, the loops' name in attention/cpu/native.py)
 KERNELS = [(m, p, "normalised") for m, p in METHODS] + [
     (m, p, "elementwise") for m, p in ELEMENTWISE
 ]
@@ -441,7 +441,7 @@ def test_forward_over_whole_rows_equals_square_tiles(monkeypatch, case, most):
     assert normalised and elementwise
 
 
-# (method, params, a loop of attention/native.py that its path calls)
+# (method, params, a loop of attention/cpu/native.py that its path calls)
 THREADED = [
     ("adaptive", {}, "adaptive_forward"),
     ("power", {}, "normalised_forward"),

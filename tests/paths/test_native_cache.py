@@ -1,4 +1,4 @@
-"""The cached C++ tile library (attention/native.py) against a hostile cache: a damaged file is
+"""The cached C++ tile library (attention/cpu/native.py) against a hostile cache: a damaged file is
 never handed to ctypes (a truncated one killed the process with SIGBUS, altered code with
 SIGSEGV), builds at once both end with a library, a killed build's folder goes, and a relative
 ``XDG_CACHE_HOME`` is ignored. Each case runs a fresh process on a cache of its own, made from a

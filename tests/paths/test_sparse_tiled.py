@@ -1,4 +1,4 @@
-"""The O(n)-memory sparse paths (attention/sparse_tiled.py): sparsemax, 1.5-entmax, α-entmax,
+"""The O(n)-memory sparse paths (attention/cpu/sparse_tiled.py): sparsemax, 1.5-entmax, α-entmax,
 ASEntmax and top-k against the naive path and independent float64 NumPy references, with
 inputs that cross query-block and candidate-chunk edges; their backward by gradcheck."""
 

@@ -1,4 +1,4 @@
-"""Stick-breaking's O(n)-memory path (attention/stick_tiled.py) against the naive normalizer and
+"""Stick-breaking's O(n)-memory path (attention/cpu/stick_tiled.py) against the naive normalizer and
 an independent float64 NumPy transcription of the product formula, with tiles small enough that
 every row crosses several of them (the carries across tiles are what could go wrong)."""
 

@@ -196,7 +196,7 @@ def test_entropy_pass_gradcheck_float64(case):
 
 
 # ---------------------------------------------------------------------------------------------
-# the switch around the C++ loops (attention/native.py), and the loops inside a user's graph
+# the switch around the C++ loops (attention/cpu/native.py), and the loops inside a user's graph
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ class Kernel:
     says what a map has, from which every backend reads its selector.
 
     * ``name``: the map's name in every backend: the C++ loops ``{loop}_{name}``
-      (``attention/native/tiles.cpp``), the Triton kernels' ``MAP`` constant, and the key of
+      (``attention/cpu/native/tiles.cpp``), the Triton kernels' ``MAP`` constant, and the key of
       its built-in path in ``attention.dispatch.fast.FAST`` for the families with their own paths
       (adaptive, top-k, the entmax family, stick-breaking).
     * ``tiles``: its maths on one tile of scores in PyTorch, a `TileMaths` class (the

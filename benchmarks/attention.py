@@ -27,10 +27,12 @@ n = 1,024 first, so the loops are loaded before the peak is measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -62,6 +64,8 @@ TARGET_GROUPS = {
 }
 TARGETS = {m: t for t, names in TARGET_GROUPS.items() for m in names.split()}
 MEMORY_TARGET = 1.3
+#: the longest a spinning process of ``--busy`` lives, were the benchmark killed
+BUSY_SECONDS = 1800
 
 #: extra cases: a method with non-default parameters, named "<method>@<param>=<value>"
 EXTRA = ["entmax@alpha=1.3"]
@@ -229,7 +233,8 @@ def measure_memory(case, n, causal, mode, lq=None, block=None) -> dict | None:
 # --------------------------------------------------------------------------------------------
 
 
-def bench_size(n, causal, args) -> list[dict]:
+def selected(n, causal, args) -> list[str]:
+    """The cases of one size and mask: every one of `cases`, or SDPA and ``--methods``'."""
     names = cases(n, args.naive_max, args.chunked_max)
     if not causal:
         names = [c for c in names if c.split(":")[0] not in CAUSAL_ONLY]
@@ -239,6 +244,11 @@ def bench_size(n, causal, args) -> list[dict]:
         names = [
             c for c in names if c == "sdpa" or c in keep or c.split(":")[0].split("@")[0] in keep
         ]
+    return names
+
+
+def bench_size(n, causal, args) -> list[dict]:
+    names = selected(n, causal, args)
     q, k, v = make_inputs(n)
     fns = {c: runner(c, q, k, v, causal) for c in names}
     rows = {c: {"case": c, "n": n, "causal": causal} for c in names}
@@ -270,6 +280,89 @@ def bench_size(n, causal, args) -> list[dict]:
                     rows[c][f"{mode}_extra_mib"] = extra
                     rows[c][f"{mode}_extra_ratio"] = extra / max(ref_extra, 1e-9)
     return list(rows.values())
+
+
+@contextlib.contextmanager
+def busy_loops(count: int, seconds: float = BUSY_SECONDS):
+    """``count`` other processes, each spinning on a core (a user's data loader, a second job),
+    each ending by itself after ``seconds`` at the latest and stopped when the block ends."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    try:
+        time.sleep(0.5)  # every spinner started
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
+def busy_size(n, causal, threads, args) -> list[dict]:
+    """Each case's median wall time over ``args.rounds`` calls (after one warm-up call) as a
+    ratio to SDPA's, quiet and then beside ``args.busy`` spinning processes, with ``threads``
+    torch threads: ``{mode}_quiet`` and ``{mode}_busy``."""
+    torch.set_num_threads(threads)
+    names = [c for c in selected(n, causal, args) if not c.startswith(("floor:", "fn:"))]
+    names = [c for c in names if c == "sdpa" or c.endswith(":auto")]
+    q, k, v = make_inputs(n)
+    fns = {c: runner(c, q, k, v, causal) for c in names}
+    rows = {c: {"case": c, "n": n, "causal": causal, "threads": threads} for c in names}
+    for mode in args.modes:
+        for load in ("quiet", "busy"):
+            with busy_loops(args.busy) if load == "busy" else contextlib.nullcontext():
+                for c in names:
+                    run_once(fns[c], mode, q, k, v)
+                times = {c: [] for c in names}
+                for _ in range(args.rounds):  # interleaved: a change of load hits every case
+                    for c in names:
+                        times[c].append(run_once(fns[c], mode, q, k, v)[1])
+            ref = statistics.median(times["sdpa"])
+            for c in names:
+                rows[c][f"{mode}_{load}"] = statistics.median(times[c]) / ref
+            rows["sdpa"][f"{mode}_{load}_s"] = ref
+    return list(rows.values())
+
+
+def busy_table(rows, modes) -> str:
+    head = ["method", "n", "causal", "threads"]
+    for m in modes:
+        head += [f"{m} quiet", f"{m} busy", f"{m} busy/quiet"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["case"] == "sdpa":
+            continue
+        cells = [r["case"].removesuffix(":auto"), str(r["n"]), "yes" if r["causal"] else "no"]
+        cells.append(str(r["threads"]))
+        for m in modes:
+            quiet, busy = r.get(f"{m}_quiet"), r.get(f"{m}_busy")
+            cells += [fmt(quiet), fmt(busy), fmt(busy / quiet if quiet and busy else None)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def busy_main(args, sizes, causals) -> None:
+    out = Path(args.out)
+    if out.name == "attention.json":  # the default: the busy table has a file of its own
+        out = out.with_name("attention_busy.json")
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        for n in sizes:
+            for causal in causals:
+                t0 = time.perf_counter()
+                rows += busy_size(n, causal, threads, args)
+                print(
+                    f"n={n} causal={causal} threads={threads} done in "
+                    f"{time.perf_counter() - t0:.0f}s",
+                    flush=True,
+                )
+                out.parent.mkdir(parents=True, exist_ok=True)
+                data = {"machine": machine(), "busy_processes": args.busy, "rounds": args.rounds}
+                data["shape"] = {"B": B, "H": H, "D": D, "dtype": "float32"}
+                out.write_text(json.dumps({**data, "rows": rows}, indent=2))
+    print()
+    print(busy_table(rows, args.modes))
+    print(f"\nwrote {out}")
 
 
 def block_sweep(args) -> list[dict]:
@@ -414,6 +507,14 @@ def main(argv=None) -> None:
         action="store_true",
         help="print one line per method (ratios, peak memory, targets) from --out and exit",
     )
+    p.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="also time every method beside N spinning processes (wall-clock medians, quiet "
+        "and busy; writes attention_busy.json)",
+    )
+    p.add_argument("--threads", default="", help="with --busy: torch thread counts, e.g. 1,2")
     p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global GLIBC_DYNAMIC
@@ -440,6 +541,10 @@ def main(argv=None) -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     causals = {"both": [False, True], "no": [False], "yes": [True]}[args.causal]
     print(f"machine: {machine()}", flush=True)
+    if args.busy:
+        args.threads = args.threads or str(torch.get_num_threads())
+        busy_main(args, sizes, causals)
+        return
     out = Path(args.out)
     rows = []
     if args.append and out.is_file():  # merge with an earlier run (same case, n, causal: replaced)

@@ -8,7 +8,7 @@ largest score lies below every row's τ (the block support). This script runs th
 the interpreter (``TRITON_INTERPRET=1``, set here) on one block of 64 query rows and counts:
 
 * Newton passes (calls of ``_newton``), against the cap, and
-* key-block products q·kᵀ (calls of ``_block_scores``), against what the same passes would make
+* key-block products q·kᵀ (calls of ``block_scores``), against what the same passes would make
   without skipping (every pass over every visible block) and what the cap's passes would
   without skipping (the kernel before the stopping rule and the block support),
 
@@ -30,8 +30,8 @@ os.environ["TRITON_INTERPRET"] = "1"  # read by triton when it is imported, belo
 
 import torch  # noqa: E402
 
-from sharpattn.attention import triton as K  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.attention.triton import sparse as K  # noqa: E402
 
 ROWS, D, BLOCK = 64, 64, 64
 
@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     calls: list[str] = []
     counted("_newton", calls)
-    counted("_block_scores", calls)
+    counted("block_scores", calls)
     g = torch.Generator().manual_seed(0)
     print(
         "| rows | n | α | Newton passes (cap) | key-block products | without skipping | "
@@ -83,7 +83,7 @@ def main(argv=None) -> None:
             for alpha in (float(a) for a in args.alphas.split(",")):
                 calls.clear()
                 K.entmax_attention(q, k, v, masking, D**-0.5, alpha, blocks=(BLOCK, BLOCK))
-                passes, products = calls.count("_newton"), calls.count("_block_scores")
+                passes, products = calls.count("_newton"), calls.count("block_scores")
                 blocks = -(-n // BLOCK)  # every block is visible to the last rows
                 cap = K.ENTMAX_STEPS.get(alpha, K.ENTMAX_STEPS_DEFAULT)
                 print(

@@ -203,13 +203,16 @@ def test_each_attention_tier_imports_only_the_tiers_below_it(path):
 def _private_names(path: Path, source: str) -> list[str]:
     """Underscore names ``source`` imports from another module of the library (a private
     module such as ``_contract`` is its package's own business, not checked here)."""
+    here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
     wrong = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and (node.level or "sharpattn" in (node.module or "")):
+            base = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
             wrong += [
                 f"line {node.lineno}: {a.name}"
                 for a in node.names
-                if _private(a.name) and not a.name.startswith("_entmax")
+                if _private(a.name) and _module_file(f"{module}.{a.name}") is None
             ]
     return wrong
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from ..normalizers.registry import CHECK_FINITE, Param, is_built_in
 from . import policy
 from .cpu.fused import positive_scale
 from .dispatch.fast import FAST, check_hook_values, path_of, scores_in_range
-from .masking import Masking
+from .masking import Masking, Structure
+from .pieces import run_pieces
 from .reference.chunked import chunked_attend
 from .reference.naive import naive_attention
 from .stats import row_stats
@@ -82,6 +84,10 @@ def attend(
     *,
     mask: Tensor | None = None,
     causal: bool = False,
+    documents: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    lengths: Tensor | None = None,
     scale: float | None = None,
     return_weights: bool = False,
     impl: str = "auto",
@@ -186,7 +192,8 @@ def attend(
         if scale is None:
             scale = 1.0 / math.sqrt(d)
         _check_mask(mask, (b, h, lq, lk))
-        masking = Masking.build(mask, causal, lq, lk, q.device)
+        structure = Structure.build(documents, cu_seqlens, window, lengths, b, lk)
+        masking = Masking.build(mask, causal, lq, lk, q.device, structure)
         cd = compute_dtype(q.dtype)
         sizes = None
         if check_finite:  # once, before any path: every path rejects the same inputs
@@ -214,49 +221,18 @@ def attend(
             impl = "naive"
 
         weights = stats = None
-        if impl == "fused":
-            full = {p.name: p.default for p in entry.params}
-            full.update(params)
-            if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
-                check_hook_values(entry, full, masking, (b, h, lq, 1))
-            if sizes is not None and (
-                max(sizes) >= torch.finfo(cd).max ** 0.25
-                or not scores_in_range(entry, full, q, k, scale, sizes[3])
-            ):
-                # the kernel's backward could overflow, or lose β·s's precision: the exact path
-                impl = "chunked"
-            else:
-                # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
-                # take a positive one)
-                qf, sf = positive_scale(q, scale)
-                out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
-                if check_finite and not math.isfinite(_max_abs(out)):
-                    # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
-                    # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
-                    # evaluates the normalizer without overflowing. Reading max |out| is a host
-                    # sync, so check_finite=False skips it (and the recompute).
-                    impl, stats = "chunked", None
-        if impl == "chunked":
-            out, pieces = chunked_attend(
-                entry.fn,
-                q,
-                k,
-                v,
-                masking,
-                scale,
-                block_size=block_size,
-                want_stats=return_stats,
-                check_finite=check_finite,
-                positional=entry.positional,
-                params=params,
-            )
-            if return_stats:
-                ent, mass = pieces
-                stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
-        elif impl == "naive":
+        if impl == "naive":
             out, weights, stats = naive_attention(
                 entry.fn, q, k, v, masking, scale, check_finite, return_stats, params
             )
+        else:
+            run = functools.partial(
+                _run, entry, fast, impl, scale, sizes, check_finite, return_stats, block_size
+            )
+            if structure is None:
+                out, stats = run(q, k, v, masking, params)
+            else:  # pieces without structure, on the same path
+                out, stats = run_pieces(run, entry, q, k, v, masking, params, return_stats)
         if check_finite:
             _check_output(out, entry.name, is_built_in(entry))
         observer = _observer.get() if _observing else None  # no ContextVar read while unused
@@ -266,7 +242,7 @@ def attend(
                 k,
                 v,
                 out,
-                mask=mask,
+                mask=mask if structure is None else masking.dense(),
                 causal=causal,
                 scale=scale,
                 method=entry.name,
@@ -283,6 +259,68 @@ def attend(
         if err.method is not None:
             raise
         raise HookError(err.clause, entry.name) from None
+
+
+def _run(
+    entry,
+    fast,
+    impl,
+    scale,
+    sizes,
+    check_finite,
+    return_stats,
+    block_size,
+    q,
+    k,
+    v,
+    masking,
+    params,
+):
+    """(output, statistics or None) of one call without structure on the fused path (falling back
+    to the chunked one where the kernel's range or output says so) or the chunked path."""
+    b, h, lq = q.shape[:3]
+    stats = None
+    if impl == "fused":
+        full = {p.name: p.default for p in entry.params}
+        full.update(params)
+        if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
+            check_hook_values(entry, full, masking, (b, h, lq, 1))
+        if sizes is not None and (
+            max(sizes) >= torch.finfo(compute_dtype(q.dtype)).max ** 0.25
+            or not scores_in_range(entry, full, q, k, scale, sizes[3])
+        ):
+            # the kernel's backward could overflow, or lose β·s's precision: the exact path
+            impl = "chunked"
+        else:
+            # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
+            # take a positive one)
+            qf, sf = positive_scale(q, scale)
+            out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
+            if check_finite and not math.isfinite(_max_abs(out)):
+                # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
+                # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
+                # evaluates the normalizer without overflowing. Reading max |out| is a host
+                # sync, so check_finite=False skips it (and the recompute).
+                impl, stats = "chunked", None
+            else:
+                return out, stats
+    out, pieces = chunked_attend(
+        entry.fn,
+        q,
+        k,
+        v,
+        masking,
+        scale,
+        block_size=block_size,
+        want_stats=return_stats,
+        check_finite=check_finite,
+        positional=entry.positional,
+        params=params,
+    )
+    if return_stats:
+        ent, mass = pieces
+        stats = row_stats((b, h, lq), masking.visible_keys(), entropy=ent, mass=mass)
+    return out, stats
 
 
 def check_devices(caller: str, **tensors) -> None:

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 import layouts
 from devices import DEVICE  # where the cases run (the tensors are drawn on the CPU, then moved)
 from precision import assert_close
+from structure import explicit_mask
 from sharpattn import attend, causal_mask
 from sharpattn import normalizers as nz
 
@@ -573,3 +574,73 @@ def test_a_hostile_hook_is_one_refusal_on_every_path(hook, c, hostile_methods):
         if not refused(impl, got, ref):  # no score: the hook was never asked
             assert 0 in (c["b"], c["lq"], c["lk"]), f"{impl}: a result from {hook}"
             assert torch.equal(got[0], ref[0]) and not bool(got[0].any()), impl
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure: packed documents, windows, padding as lengths
+
+
+def _cuts(data, lk: int) -> list[int]:
+    """Document boundaries of Lk keys: empty documents, length-1 documents, one document."""
+    inner = data.draw(st.lists(st.integers(0, lk), max_size=4))
+    return [0, *sorted(inner), lk]
+
+
+def _structure(data, c) -> dict:
+    """Structure keywords for a case: cu_seqlens (with empty documents), per-row document ids,
+    a window, lengths (right or left padding), or several at once."""
+    b, lk = c["b"], c["lk"]
+    kinds = data.draw(
+        st.sets(st.sampled_from(["cu_seqlens", "documents", "window", "lengths"]), min_size=1)
+    )
+    if {"cu_seqlens", "documents"} <= kinds:
+        kinds.discard("cu_seqlens")
+    kw = {}
+    if "cu_seqlens" in kinds:
+        kw["cu_seqlens"] = torch.tensor(_cuts(data, lk))
+    if "documents" in kinds:
+        rows = []
+        for _ in range(b if data.draw(st.booleans()) else 1):
+            cu = torch.tensor(_cuts(data, lk))
+            rows.append(torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff()))
+        kw["documents"] = torch.stack(rows) if rows else torch.zeros(0, lk, dtype=torch.int64)
+    if "window" in kinds:
+        sides = st.sampled_from([None, 0, 1, 2, 5])
+        kw["window"] = (data.draw(sides), data.draw(sides))
+    if "lengths" in kinds:
+        ends = [data.draw(st.integers(0, lk)) for _ in range(b)]
+        if data.draw(st.booleans()):
+            kw["lengths"] = torch.tensor(ends, dtype=torch.int64)
+        else:
+            firsts = [data.draw(st.integers(0, e)) for e in ends]
+            kw["lengths"] = torch.tensor(list(zip(firsts, ends, strict=True))).view(b, 2)
+    return kw
+
+
+@pytest.mark.parametrize("method", METHODS)
+@given(c=attention_cases(), data=st.data())
+@settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 2, 1))
+def test_structure_is_one_answer_on_every_path(method, c, data):
+    """Every path with structure equals naive with it, and naive with it equals naive with the
+    explicit mask of its definition (tests/structure.py)."""
+    kw = _structure(data, c)
+    q, k, v, mask = build(c)
+    ref = run(method, "naive", q, k, v, mask, c, **kw)
+    for impl in paths(method):
+        got = run(method, impl, q, k, v, mask, c, **kw)
+        if refused(impl, got, ref):
+            continue
+        _check_result(method, impl, got, ref, q, k, v, c)
+    if isinstance(ref, Exception) or min(c["b"], c["h"], c["d"]) == 0:
+        return
+    ids = kw.get("documents")
+    if "cu_seqlens" in kw:
+        ids = torch.repeat_interleave(
+            torch.arange(len(kw["cu_seqlens"]) - 1), kw["cu_seqlens"].diff()
+        )
+    dense = explicit_mask(
+        c["lq"], c["lk"], c["b"], ids=ids, window=kw.get("window"), lengths=kw.get("lengths")
+    ).to(DEVICE)
+    both = dense if mask is None else dense & mask
+    plain = run(method, "naive", q, k, v, both, c)
+    _check_result(method, "naive (explicit mask)", ref, plain, q, k, v, c)

@@ -101,7 +101,28 @@ def attend(
     q ``[B, H, Lq, D]``; k ``[B, Hkv, Lk, D]``; v ``[B, Hkv, Lk, Dv]``. When Hkv < H
     (grouped-query attention), query head h uses key/value head h // (H / Hkv).
     ``mask``: boolean, broadcastable to ``[B, H, Lq, Lk]``, True = may attend. ``causal``: query
-    i sees keys j <= i + (Lk − Lq). ``scale``: a finite real number of any sign (0 gives every
+    i sees keys j <= i + (Lk − Lq).
+
+    Structure, which every path honours without an ``[Lq, Lk]`` mask (query i sits at key
+    position p_i = i + Lk − Lq, as with ``causal``; a key is visible when every given rule allows
+    it):
+
+    * ``documents``: packed sequences, one document id per key, ``[Lk]`` or ``[B, Lk]``, each
+      document one contiguous run; query i sees only the keys of key p_i's document. Or
+      ``cu_seqlens``: flash-attention's cumulative lengths ``[documents + 1]`` (0 first, Lk
+      last; equal neighbours are empty documents), the same for every batch row.
+    * ``window=(left, right)``: query i sees keys p_i − left <= j <= p_i + right (None: no limit
+      on that side). A causal sliding window of W keys, the query's own included, is
+      ``window=(W − 1, 0)`` with ``causal=True``.
+    * ``lengths``: padding, ``[B]`` (batch row b's valid keys are its first lengths[b]) or
+      ``[B, 2]`` (its first valid key and one past its last: left padding too).
+
+    The fast paths cut such a call into pieces that each see a contiguous block of keys (a
+    document, a band of the window) and never read the keys no row of a piece may see; the
+    naive path builds the dense mask. Row statistics (n for the length-scaled methods,
+    adaptive's entropy, a sink's denominator) count only the row's visible keys. Positions
+    (stick-breaking's ``query_offset`` and log-position shift) stay those of the whole call.
+    The ids and lengths are read on the host. ``scale``: a finite real number of any sign (0 gives every
     visible key the same score), None for 1/sqrt(D); anything else (NaN, ±inf, a bool, a
     string, a tensor) raises ValueError naming ``scale`` and the value, before any path, whatever
     ``check_finite`` is. Every path computes a scale <= 0 as it is (the fused paths carry it on

@@ -246,6 +246,10 @@ def run_pieces(
         outs.append(out)
         stats.append(st)
     out = _assemble(outs, pieces, (b, h, lq, v.shape[-1]), v)
+    if not pieces and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        # no row sees a key: the output is 0, still a function of q, k and v (gradient 0), as
+        # every path's is (an empty slice's sum is an exact 0, whatever the values)
+        out = out + sum(t[:, :, :0].sum() for t in (q, k, v))
     if not want_stats:
         return out, None
     return out, _assemble_stats(stats, pieces, (b, h, lq), masking, v)

@@ -39,9 +39,9 @@ from hypothesis import strategies as st
 import layouts
 from devices import DEVICE  # where the cases run (the tensors are drawn on the CPU, then moved)
 from precision import assert_close
-from structure import explicit_mask
 from sharpattn import attend, causal_mask
 from sharpattn import normalizers as nz
+from structure import explicit_mask
 
 pytestmark = pytest.mark.numerical
 

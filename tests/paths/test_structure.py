@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import layouts
+import sharpattn
 from precision import assert_close
 from sharpattn import attend
 from sharpattn import normalizers as nz
@@ -294,3 +295,18 @@ def test_malformed_structure_is_refused_in_one_sentence(kw):
         with pytest.raises(ValueError) as err:
             attend(q, k, v, "softmax", impl=impl, **kw)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["softmax", "sigmoid", "entmax15", "stick_breaking"])
+@pytest.mark.parametrize("selective", [None, "q"])
+def test_multihead_attention_packed_equals_documents_apart(method, selective):
+    """Rotary positions restart in each document; selective temperatures count each row's own
+    keys."""
+    torch.manual_seed(0)
+    kw = {} if selective is None else {"selective": selective}
+    m = sharpattn.MultiheadAttention(16, 4, method=method, rotary=True, causal=True, **kw).double()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    spans = ((0, 3), (3, 4), (4, 10))
+    out = m(x, cu_seqlens=torch.tensor([0, 3, 4, 10]))
+    ref = torch.cat([m(x[:, a:z]) for a, z in spans], 1)
+    assert_close(out, ref, dtype=torch.float64, n=10, magnitude=float(ref.abs().max()))

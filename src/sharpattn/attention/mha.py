@@ -10,6 +10,7 @@ from torch import nn
 
 from ..normalizers import Param, get
 from .functional import attend, check_devices
+from .masking import Masking, Structure
 from .positions import LINEAR_BIASES, bias_columns, slopes_of
 from .rotary import apply_rotary
 from .selective import (
@@ -220,6 +221,10 @@ class MultiheadAttention(nn.Module):
         key_mask: Tensor | None = None,
         mask: Tensor | None = None,
         causal: bool | None = None,
+        documents: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        lengths: Tensor | None = None,
         return_weights: bool = False,
         impl: str = "auto",
         token_features: Tensor | None = None,
@@ -229,8 +234,11 @@ class MultiheadAttention(nn.Module):
         when omitted).
 
         ``key_mask`` ``[B, Lk]``: True for real tokens, False for padding. ``mask``: boolean,
-        broadcastable to ``[B, H, Lq, Lk]``, True = may attend. Returns ``[B, Lq, d]``, and the
-        weights ``[B, H, Lq, Lk]`` too with ``return_weights=True``.
+        broadcastable to ``[B, H, Lq, Lk]``, True = may attend. ``documents``/``cu_seqlens``
+        (packed sequences), ``window`` and ``lengths`` (padding) go to
+        [`attend`][sharpattn.attend] as structure, with no ``[Lq, Lk]`` mask; with
+        documents, rotary positions restart at 0 in each document. Returns ``[B, Lq, d]``, and
+        the weights ``[B, H, Lq, Lk]`` too with ``return_weights=True``.
         ``token_features`` ``[B, Lq(, F)]`` / ``key_features`` ``[B, Lk(, F)]``: the per-token
         features of a feature-based selective temperature (key_features default to
         token_features in self-attention).
@@ -270,6 +278,12 @@ class MultiheadAttention(nn.Module):
             mask = km if mask is None else mask & km
         params = row_parameters(self, query)
         causal = self.causal if causal is None else causal
+        structure = Structure.build(documents, cu_seqlens, window, lengths, b, lk)
+        kw = dict(documents=documents, cu_seqlens=cu_seqlens, window=window, lengths=lengths)
+        if structure is not None and self.selective is not None:
+            # the temperatures' positions read a dense mask: the structure's, built here
+            dense = Masking.build(mask, causal, lq, lk, query.device, structure).dense()
+            mask, kw = dense, {}
         if self.selective is not None:  # τ_q, τ_k, τ_v: [B, heads, L] each
             if self_attention and key_features is None:
                 key_features = token_features
@@ -285,7 +299,8 @@ class MultiheadAttention(nn.Module):
                 )
             )
         if self.rotary:
-            q, k = self.rotate(q, k)
+            starts = None if structure is None else structure.doc_start
+            q, k = self.rotate(q, k, starts)
         dtype = v.dtype
         if self.alibi is not None:
             q, k, v = self.bias(q, k, v)
@@ -300,6 +315,7 @@ class MultiheadAttention(nn.Module):
             causal=causal,
             return_weights=return_weights,
             impl=impl,
+            **kw,
             **params,
         )
         out, weights = result if return_weights else (result, None)
@@ -311,15 +327,24 @@ class MultiheadAttention(nn.Module):
         out = self.out_proj(out.reshape(b, lq, h * hd))  # (B, Lq, d)
         return (out, weights) if return_weights else out
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, doc_start: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """RoPE on q ``[B, H, Lq, hd]`` and k ``[B, Hkv, Lk, hd]``: keys at 0..Lk−1, queries at
-        Lk−Lq..Lk−1 (identity when ``rotary=False``)."""
+        Lk−Lq..Lk−1 (identity when ``rotary=False``); with ``doc_start`` ``[1|B, Lk]`` (the
+        first key of each key's document), positions counted from the start of each document."""
         if not self.rotary:
             return q, k
         lq, lk = q.shape[2], k.shape[2]
         pos = torch.arange(max(lq, lk), device=q.device, dtype=torch.float32)
-        q = apply_rotary(q, pos[:lq] + (lk - lq), self.rotary_base)
-        return q, apply_rotary(k, pos[:lk], self.rotary_base)
+        if doc_start is None or lk == 0:
+            q = apply_rotary(q, pos[:lq] + (lk - lq), self.rotary_base)
+            return q, apply_rotary(k, pos[:lk], self.rotary_base)
+        pk = pos[:lk] - doc_start.to(q.device, torch.float32)  # (1|B, Lk)
+        at = (torch.arange(lq, device=q.device) + (lk - lq)).clamp(0, lk - 1)
+        pq = pk[:, at]
+        q = apply_rotary(q, pq[:, None, :], self.rotary_base)
+        return q, apply_rotary(k, pk[:, None, :], self.rotary_base)
 
     def bias(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k with ``alibi``'s two columns appended (`positions.bias_columns`; keys at

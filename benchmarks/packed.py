@@ -38,7 +38,7 @@ from sharpattn import normalizers as nz
 
 H, D = 4, 64
 DEFAULT_METHODS = (
-    "softmax,softmax1,ssmax,adaptive,sigmoid,softpick,sparsemax,entmax15,topk,stick_breaking"
+    "softmax,sink,ssmax,adaptive,sigmoid,softpick,sparsemax,entmax15,topk,stick_breaking"
 )
 
 

@@ -199,7 +199,7 @@ def test_statistics_count_only_the_keys_of_the_row():
     q, k, v = _inputs(9, 9)
     ids = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3])
     m = explicit_mask(9, 9, 2, causal=True, ids=ids, window=(1, 0))
-    for method in ("softmax", "ssmax", "adaptive", "softmax1", "entmax15"):
+    for method in ("softmax", "ssmax", "adaptive", "sink", "entmax15"):
         if method not in METHODS:
             continue
         _, ref = attend(q, k, v, method, mask=m, causal=True, impl="naive", return_stats=True)

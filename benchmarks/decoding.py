@@ -13,6 +13,7 @@ infinities and the overflow bound) are two columns.
     python benchmarks/decoding.py                              # Lk 4k, 16k, 64k; Lq 1 and 16
     python benchmarks/decoding.py --quick                      # Lk 4k, 3 rounds
     python benchmarks/decoding.py --methods stick_breaking,softmax --lengths 32768
+    python benchmarks/decoding.py --threads 1        # a shared machine: one thread, steadier
     python benchmarks/decoding.py --out benchmarks/results/decoding.json   # JSON (asked for)
 
 Nothing is written unless ``--out`` is given, and an existing file is only replaced with
@@ -141,9 +142,14 @@ def main(argv=None) -> dict:
     p.add_argument("--heads", type=int, default=H)
     p.add_argument("--dim", type=int, default=D)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: torch's own count)"
+    )
     p.add_argument("--out", default=None, help="write the rows as JSON here (default: nowhere)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     lengths = [
         int(x) for x in (args.lengths or (QUICK_LENGTHS if args.quick else LENGTHS)).split(",")
     ]

@@ -9,8 +9,9 @@ the element-wise maps ``sigmoid`` and ``relu`` and the normalised ones ``power``
 ``softpick`` and ``stablemax`` (forward and backward; exported once per map under the name of
 its kernel record, `map_loop`), the
 entmax family's slab preparation and threshold (forward), stick-breaking's log-space running sums
-(forward and backward), and top-k's selection of each row's largest keys. The maths is the
-PyTorch tile functions', which stay the reference and the fallback;
+(forward and backward; on reversed tiles, and on whole rows in key order for decoding), and
+top-k's selection of each row's largest keys. The maths is the PyTorch tile functions', which
+stay the reference and the fallback;
 ``tests/paths/test_native.py`` holds the two to each other.
 
 The library is plain C++ on raw pointers (no PyTorch headers), built on first use with the C++
@@ -113,6 +114,8 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "sparse_prepare": [_F, _I64, _I64, _F, _I64, _F, _FL, _F, _F, _F, _I64, _I64, _I],
     "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
+    "stick_forward_rows": [_F, _I64, _I64, _F, _I64, _F, _F, _I],
+    "stick_backward_rows": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
 }
 #: the loops exported once per map, ``{loop}_{name}`` with ``name`` the name of the map's kernel
@@ -671,6 +674,34 @@ def _(s, gv, ends, carry, later, d):
     return torch.empty_like(s)
 
 
+@_op("stick_forward_rows", ("s", "ent", "mass"))
+def _stick_forward_rows(
+    s: Tensor, ends: Tensor | None, ent: Tensor | None, mass: Tensor | None
+) -> None:
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    library().stick_forward_rows(_p(s), rows, cols, e, tr, _p(ent), _p(mass), _threads())
+
+
+@_stick_forward_rows.register_fake
+def _(s, ends, ent, mass):
+    return None
+
+
+@_op("stick_backward_rows", ("s",))
+def _stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None, d: Tensor) -> Tensor:
+    rows, cols = _rows(s)
+    e, tr = _ends(ends)
+    w = torch.empty_like(s)
+    library().stick_backward_rows(_p(s), _p(gv), _p(w), rows, cols, e, tr, _p(d), _threads())
+    return w
+
+
+@_stick_backward_rows.register_fake
+def _(s, gv, ends, d):
+    return torch.empty_like(s)
+
+
 @_op("topk_select", ())
 def _topk_select(s: Tensor, ends: Tensor | None, k: int) -> tuple[Tensor, Tensor, Tensor]:
     rows, cols = _rows(s)
@@ -783,6 +814,21 @@ def stick_backward(s: Tensor, gv: Tensor, ends: Tensor | None, carry, later, d):
     """(dL/ds written over ``s``, w) of stick-breaking on one reversed tile, with gv = dO·vᵀ;
     ``carry`` and ``later`` (Σ w·g to the right) updated in place, ``d`` = dO·out per row."""
     return s, _stick_backward(s, gv, ends, carry, later, d)
+
+
+def stick_forward_rows(s: Tensor, ends: Tensor | None, ent=None, mass=None) -> Tensor:
+    """Stick-breaking's weights on whole rows with the keys in order (the decoding path: each
+    row of ``s`` ``[.., c]`` is every key its query may see, the first ``ends`` of them visible
+    per row, `prefix`), written over ``s`` (returned); ``ent`` and ``mass`` (contiguous, one
+    per row) written when given."""
+    _stick_forward_rows(s, ends, ent, mass)
+    return s
+
+
+def stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None, d: Tensor):
+    """(dL/ds written over ``s``, w) of stick-breaking on whole rows with the keys in order,
+    with gv = dO·vᵀ and ``d`` = dO·out per row (contiguous)."""
+    return s, _stick_backward_rows(s, gv, ends, d)
 
 
 def topk_select(s: Tensor, ends: Tensor | None, k: int) -> tuple[Tensor, Tensor, Tensor]:

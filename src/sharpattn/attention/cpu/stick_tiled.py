@@ -29,6 +29,16 @@ On float32 CPU tiles that are unmasked or causal, the element-wise work of a til
 running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row
 (`native.stick_forward`, `native.stick_backward`), the same sums in the same order.
 
+Decoding (a few query rows, at most `DECODE_ROWS`, against a key cache of at least
+`DECODE_MIN_KEYS`; ``blocks`` not given) takes whole rows instead (`_rows_forward`,
+`_rows_backward`): the rows' scores over every key they may see at once (``[B, H, Lq, Lk]``,
+small with Lq small; in chunks of batch entries and key heads of about `DECODE_ELEMENTS`
+scores), keys in their own order, so k and v are not reversed (a copy of the whole cache: most
+of a decoding step's time on the tiles, 8-10x SDPA's step at Lq = 1). The sums from the right
+run in the C++ loops per row back from its last visible key (`native.stick_forward_rows`,
+`native.stick_backward_rows`; float32 compute, causal or no user mask), else in PyTorch with a
+flip of the scores: the same sums in the same order as one tile over the whole row.
+
 On CUDA in float32, float16 and bfloat16 without statistics (`devices.backend`), the same walk runs
 as Triton kernels (`triton.stick`: one program per block of query rows, key blocks from the
 diagonal back, the running sums carried in registers; dk and dv added atomically), unless
@@ -62,6 +72,17 @@ CAUSAL_ERROR = (
 )
 
 
+#: a call with at most this many query rows, at least `DECODE_MIN_KEYS` keys and no ``blocks``
+#: takes the whole-row path
+DECODE_ROWS = 16
+#: below this many keys both paths are one small tile per row block and cost about the same
+#: (Lq 1 and 16, Lk 64, B1 H8 D64 on the 2-core machine: 140-200 µs, the tiles 15-20% more),
+#: and such calls stay on the tiles, whose loops ``tests/paths/test_compile.py`` expects there
+DECODE_MIN_KEYS = 64
+#: about the most score entries one chunk of the whole-row path holds (32 MiB in float32)
+DECODE_ELEMENTS = 2**23
+
+
 @dataclass(frozen=True)
 class _Walk:
     """What the forward and backward need besides q, k and v to lay out the same tiles."""
@@ -70,12 +91,16 @@ class _Walk:
     scale: float
     blocks: tuple[int | None, int | None]
     diagonal: int  # row i's last key is i + diagonal
+    rows: bool = False  # the whole-row path (decoding): keys in order, no tiles
 
     def grid(self, q: Tensor, k: Tensor, v: Tensor):
-        """(grid, k and v with the keys reversed, ``[B, Hkv, 1, Lk, ·]``)."""
+        """(grid, k and v with the keys reversed, ``[B, Hkv, 1, Lk, ·]``; None on the
+        whole-row path, which reads the grid's own k and v)."""
         grid = Grid(
             q, k, v, self.masking, self.scale, *self.blocks, fold_scale=True, diagonal=self.diagonal
         )
+        if self.rows:
+            return grid, None, None
         return grid, grid.k.flip(-2), grid.v.flip(-2)
 
 
@@ -113,6 +138,154 @@ def _log_weights(s: Tensor, keep: Tensor | None, carry: Tensor) -> tuple[Tensor,
         log_neg.mul_(keep)
     run = torch.cat((carry, log_neg), dim=-1).cumsum_(-1)
     return log_pos.add_(run[..., :c]), run[..., c:]
+
+
+def _from_right(x: Tensor) -> Tensor:
+    """Σ_{k>j} x_k along the last dim, added from the last entry back (the tiles' order)."""
+    rev = x.flip(-1)
+    run = torch.cat((torch.zeros_like(rev[..., :1]), rev[..., :-1]), dim=-1).cumsum_(-1)
+    return run.flip(-1)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The whole-row path's layout: the one tile of every query row over keys ``0:c1`` (every
+    key some row may see), its row ends for the C++ loops (``loops``) or its 0/1 mask
+    (``keep``, None: every key visible), and the chunks of (batch, key head) it runs in."""
+
+    c1: int
+    loops: bool
+    ends: Tensor | None
+    keep: Tensor | None
+    chunks: tuple[tuple[slice, slice], ...]
+
+    @staticmethod
+    def of(grid: Grid) -> _Rows:
+        c1 = grid.key_end(0, grid.lq)
+        if c1 == 0:  # no row sees a key
+            return _Rows(0, False, None, None, ())
+        t = grid.tile(0, grid.lq, 0, c1)
+        ends = grid.prefix(t) if grid.native else None
+        loops = grid.native and not (t.masked and ends is None)
+        keep = None if loops or t.mask is None else t.mask.to(grid.dtype)
+        per_head = grid.g * grid.lq * c1
+        if grid.b * grid.hkv * per_head <= DECODE_ELEMENTS:
+            chunks = ((slice(None), slice(None)),)
+        else:
+            n = max(1, DECODE_ELEMENTS // per_head)
+            chunks = tuple(
+                (slice(b, b + 1), slice(h, min(h + n, grid.hkv)))
+                for b in range(grid.b)
+                for h in range(0, grid.hkv, n)
+            )
+        return _Rows(c1, loops, ends, keep, chunks)
+
+    def keep_of(self, grid: Grid, bs: slice, hs: slice) -> Tensor | None:
+        """The 0/1 mask of chunk (``bs``, ``hs``), broadcastable to its ``[b, h, Lq, c1]``."""
+        m = self.keep
+        if m is not None and m.dim() >= 4 and m.shape[-4] != 1:
+            m = m[bs]
+        if m is not None and m.dim() >= 3 and m.shape[-3] != 1:  # the chunk's query heads
+            h0, h1, _ = hs.indices(grid.hkv)
+            m = m.narrow(-3, h0 * grid.g, (h1 - h0) * grid.g)
+        return m
+
+
+def _chunk(grid: Grid, x: Tensor, bs: slice, hs: slice) -> Tensor:
+    """``[B, Hkv, G, Lq, ·]`` cut to a chunk, as ``[b, hkv, G·Lq, ·]`` (one product per head)."""
+    x = x[bs, hs]
+    return x.reshape(x.shape[0], x.shape[1], grid.g * grid.lq, x.shape[-1])
+
+
+def _rows_forward(walk: _Walk, q, k, v, want_stats: bool):
+    """`_forward` on whole rows, keys in order (the decoding path)."""
+    grid, _, _ = walk.grid(q, k, v)
+    out = grid.empty_out()
+    rows = (grid.b, grid.h, grid.lq, 1)
+    ent = torch.zeros(rows if want_stats else 0, dtype=grid.dtype, device=out.device)
+    mass = torch.zeros_like(ent)
+    lay = _Rows.of(grid)
+    if lay.c1 == 0:  # no row sees a key: output 0
+        return out, ent, mass
+    qs = grid.q_rows(0, grid.lq)
+    for bs, hs in lay.chunks:
+        kc, vc = grid.k[bs, hs, 0, : lay.c1], grid.v[bs, hs, 0, : lay.c1]
+        s = torch.matmul(_chunk(grid, qs, bs, hs), kc.transpose(-2, -1))
+        nb, nh = s.shape[:2]
+        s4 = s.view(nb, nh * grid.g, grid.lq, lay.c1)
+        heads = slice(hs.indices(grid.hkv)[0] * grid.g, hs.indices(grid.hkv)[1] * grid.g)
+        if lay.loops:
+            stats = ()
+            if want_stats:
+                stats = (s.new_empty(s4.shape[:3] + (1,)), s.new_empty(s4.shape[:3] + (1,)))
+            w = native.stick_forward_rows(s, lay.ends, *stats)
+            if want_stats:
+                ent[bs, heads], mass[bs, heads] = stats
+        else:
+            keep = lay.keep_of(grid, bs, hs)
+            if keep is not None:
+                s4.mul_(keep)  # finite arithmetic where masked, as `_tile`
+            log_pos = F.logsigmoid(s4)
+            log_neg = log_pos - s4
+            if keep is not None:
+                log_neg.mul_(keep)
+            log_w = log_pos.add_(_from_right(log_neg))
+            w4 = torch.exp(log_w)
+            if keep is not None:
+                w4.mul_(keep)
+            if want_stats:
+                ent[bs, heads] = -(w4 * log_w).sum(-1, keepdim=True)
+                mass[bs, heads] = w4.sum(-1, keepdim=True)
+            w = w4.view(s.shape)
+        out[bs, hs] = torch.matmul(w, vc).view(nb, nh, grid.g, grid.lq, grid.dv)
+    return out, ent, mass
+
+
+def _rows_backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
+    """`_backward` on whole rows, keys in order (the decoding path)."""
+    grid, _, _ = walk.grid(q, k, v)
+    g5 = grid.grouped(g.to(grid.dtype))
+    dq = torch.zeros_like(grid.q)
+    dk = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
+    dv = torch.zeros(grid.v.shape[:2] + grid.v.shape[3:], dtype=grid.dtype, device=dq.device)
+    lay = _Rows.of(grid)
+    if lay.c1 == 0:
+        return grid.heads(dq), dk, dv
+    total = (g5 * out5).sum(-1, keepdim=True)  # D_i = dO_i·out_i = Σ_j w_ij·g_ij
+    qs = grid.q_rows(0, grid.lq)
+    for bs, hs in lay.chunks:
+        kc, vc = grid.k[bs, hs, 0, : lay.c1], grid.v[bs, hs, 0, : lay.c1]
+        qc, gc = _chunk(grid, qs, bs, hs), _chunk(grid, g5, bs, hs)
+        s = torch.matmul(qc, kc.transpose(-2, -1))
+        gv = torch.matmul(gc, vc.transpose(-2, -1))  # g_ij = dO_i·v_j
+        db = _chunk(grid, total, bs, hs).contiguous()
+        if lay.loops:
+            ds, w = native.stick_backward_rows(s, gv, lay.ends, db)
+        else:
+            nb, nh = s.shape[:2]
+            view = (nb, nh * grid.g, grid.lq, lay.c1)
+            keep = lay.keep_of(grid, bs, hs)
+            s4, gv4, db4 = s.view(view), gv.view(view), db.view(view[:3] + (1,))
+            if keep is not None:
+                s4.mul_(keep)
+            log_pos = F.logsigmoid(s4)
+            log_neg = log_pos - s4
+            if keep is not None:
+                log_neg.mul_(keep)
+            w4 = exp_(log_pos.add_(_from_right(log_neg)))
+            if keep is not None:
+                w4.mul_(keep)
+            wg = gv4.mul_(w4)  # w_ij·g_ij
+            # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
+            ds4 = torch.sigmoid(s4).mul_(_from_right(wg).neg_().add_(db4)).neg_().add_(wg)
+            if keep is not None:
+                ds4.mul_(keep)
+            ds, w = ds4.view(s.shape), w4.view(s.shape)
+        dq[bs, hs] = torch.matmul(ds, kc).mul_(grid.scale).view(dq[bs, hs].shape)
+        # q carries the scale (fold_scale), so dk = Σ_i ds_ij·(scale·q_i)
+        dk[bs, hs, : lay.c1] = torch.matmul(ds.transpose(-2, -1), qc)
+        dv[bs, hs, : lay.c1] = torch.matmul(w.transpose(-2, -1), gc)
+    return grid.heads(dq), dk, dv
 
 
 def _forward(walk: _Walk, q, k, v, want_stats: bool):
@@ -198,7 +371,8 @@ def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
 class _StickAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, walk, want_stats):
-        out5, ent, mass = _forward(walk, q, k, v, want_stats)
+        run = _rows_forward if walk.rows else _forward
+        out5, ent, mass = run(walk, q, k, v, want_stats)
         ctx.save_for_backward(q, k, v, out5)
         ctx.walk = walk
         ctx.mark_non_differentiable(ent, mass)
@@ -208,7 +382,8 @@ class _StickAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, _ent, _mass):
         q, k, v, out5 = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.walk, q, k, v, out5, g)
+        run = _rows_backward if ctx.walk.rows else _backward
+        dq, dk, dv = run(ctx.walk, q, k, v, out5, g)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
@@ -259,7 +434,9 @@ def stick_breaking(
     A mask that lets a query see a key after its own position raises the naive path's
     ValueError; with ``causal=True`` (and the default offset) that cannot happen and nothing is
     checked (no host synchronisation); without it the sizes decide, or, with a user mask, one
-    reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`.
+    reading of the mask. ``blocks``: (rows, keys) per tile, default `tiles.tile_sizes`; without
+    it, calls of at most `DECODE_ROWS` query rows and at least `DECODE_MIN_KEYS` keys take the
+    whole-row path (decoding).
 
     On CUDA (`devices.backend`: float32, float16 and bfloat16, no statistics) the Triton kernels
     of `triton.stick` run instead, with ``blocks`` as their block sizes when both are powers
@@ -284,7 +461,9 @@ def stick_breaking(
     if backend(STICK_BREAKING.kernel, q.device, q.dtype, want_stats) == "triton":
         kernels = triton_kernels()
         return kernels.stick_attention(q, k, v, masking, scale, diagonal, blocks), None
-    walk = _Walk(masking, scale, tuple(blocks or (None, None)), diagonal)
+    # decoding: whole rows, keys in order
+    rows = blocks is None and lq <= DECODE_ROWS and lk >= DECODE_MIN_KEYS
+    walk = _Walk(masking, scale, tuple(blocks or (None, None)), diagonal, rows)
     out, ent, mass = _StickAttention.apply(q, k, v, walk, want_stats)
     if not want_stats:
         return out, None

@@ -956,6 +956,98 @@ void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t c
   }
 }
 
+// Stick-breaking on whole rows in key order (attention/cpu/stick_tiled.py, the decoding path: a
+// few query rows over every key they see, keys not reversed): row r sees its first ends[r mod
+// tile_rows] keys (all with `ends` null), the others get w = 0. log w_j = log σ(s_j) +
+// Σ_{k>j} log σ(−s_k), the sum added nearest key first (the order of `stick_forward` on the
+// reversed keys): log σ in one vectorised sweep, the sum in one sweep back from the row's last
+// visible key, exp in one more; w written over s; with stats (ent and mass not null) ent =
+// −Σ w·log w and mass = Σ w are written.
+void stick_forward_rows(float* s, int64_t rows, int64_t cols, const int32_t* ends,
+                        int64_t tile_rows, float* ent, float* mass, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> lp(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = s + r * cols;
+      const int64_t n = visible(ends, tile_rows, r, cols);
+      zero(x + n, cols - n);
+      float* l = lp.data();
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = log_sigmoid(x[j]);
+        l[j] = v;
+        x[j] = v - x[j];  // log σ(−s) = log σ(s) − s
+      }
+      float run = 0.f;
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const float t = x[j];
+        x[j] = run;
+        run += t;
+      }
+      if (ent == nullptr) {
+        for (int64_t j = 0; j < n; ++j) x[j] = fast_exp(l[j] + x[j]);
+      } else {
+        float e = 0.f, total = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float lw = l[j] + x[j];
+          const float w = fast_exp(lw);
+          e -= w * lw;
+          total += w;
+          x[j] = w;
+        }
+        ent[r] = e;
+        mass[r] = total;
+      }
+    }
+  }
+}
+
+// Its backward (same rows, keys in order): with gv = dO·vᵀ and D = dO·out per row, s becomes
+// dL/ds_j = w_j·g_j − σ(s_j)·(D − Σ_{k>j} w_k·g_k) and w the weights, both sums from the right
+// in `stick_backward`'s order.
+void stick_backward_rows(float* s, const float* gv, float* w, int64_t rows, int64_t cols,
+                         const int32_t* ends, int64_t tile_rows, const float* dd, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> lp(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = s + r * cols;
+      float* wr = w + r * cols;
+      const float* g = gv + r * cols;
+      const int64_t n = visible(ends, tile_rows, r, cols);
+      zero(x + n, cols - n);
+      zero(wr + n, cols - n);
+      float* l = lp.data();
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = log_sigmoid(x[j]);
+        l[j] = v;
+        x[j] = v - x[j];
+      }
+      float run = 0.f;
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const float t = x[j];
+        x[j] = run;
+        run += t;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float wj = fast_exp(l[j] + x[j]);
+        wr[j] = wj;
+        x[j] = wj * g[j];
+        l[j] = fast_exp(l[j]);  // σ(s)
+      }
+      const float d = dd[r];
+      float acc = 0.f;
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const float t = x[j];
+        x[j] = t - l[j] * (d - acc);
+        acc += t;
+      }
+    }
+  }
+}
+
 }  // extern "C"
 
 namespace {

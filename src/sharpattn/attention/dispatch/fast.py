@@ -176,8 +176,12 @@ def scores_in_range(entry: Normalizer, params: dict, q, k, scale: float, bound: 
     if not math.isfinite(beta):
         return False
     with torch.no_grad():
+        # in the compute dtype (a float64 copy of a long KV cache cost more than the attention
+        # of a decoding step); every norm is at most √D·max|x|, which attend's range check keeps
+        # finite, and the margin covers the rounding of D-term sums many times over
+        cd = torch.promote_types(q.dtype, torch.float32)
         nq, nk = (
-            float(torch.linalg.vector_norm(t.detach(), dim=-1, dtype=torch.float64).amax())
+            float(torch.linalg.vector_norm(t.detach(), dim=-1, dtype=cd).amax()) * (1 + 1e-4)
             for t in (q, k)
         )
     return beta * nq * nk * abs(scale) < top

@@ -283,3 +283,14 @@ def test_encoder_padding_goes_as_lengths_without_causal(calls):
     assert calls[0]["lengths"].tolist() == [[0, 8], [0, 5]]
     keep = mask.bool()
     assert (got - ref)[keep].abs().max() < 1e-5
+
+
+def test_packed_inference_mode(calls):
+    net = _model("softmax").eval()
+    docs = _documents(9)
+    ids, pos, _ = _packed(docs)
+    with torch.inference_mode():
+        got = net(input_ids=ids, position_ids=pos).logits[0]
+        ref = torch.cat([net(input_ids=d[None]).logits[0] for d in docs])
+    _no_dense_mask(calls[: net.config.num_hidden_layers], sum(LENGTHS))
+    assert_close(got, ref, n=32)

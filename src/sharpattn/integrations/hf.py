@@ -363,16 +363,20 @@ def _documents_of_positions(position_ids: Tensor) -> Tensor | None:
     """Document ids ``[1, L]`` of one packed row whose ``position_ids`` restart for each document
     (a new document wherever the position is not the previous one + 1, as transformers' masks
     read packed sequences), None when they do not restart. Read once per ``position_ids`` tensor
-    (every layer gets the same one)."""
-    ref, version, docs = _last_positions
-    if ref is not None and ref() is position_ids and version == position_ids._version:
+    and version (every layer gets the same one; an inference-mode tensor at every call)."""
+    # an inference tensor keeps no version counter (an in-place change would go unseen): read
+    # it every time
+    version = None if position_ids.is_inference() else position_ids._version
+    ref, last, docs = _last_positions
+    if version is not None and ref is not None and ref() is position_ids and last == version:
         return docs
     p = position_ids.reshape(1, -1)
     new = torch.ones_like(p, dtype=torch.bool)
     new[:, 1:] = p[:, 1:] != p[:, :-1] + 1
     ids = new.cumsum(-1) - 1
     docs = ids if bool(ids[0, -1] > 0) else None
-    _last_positions[:] = [weakref.ref(position_ids), position_ids._version, docs]
+    if version is not None:
+        _last_positions[:] = [weakref.ref(position_ids), version, docs]
     return docs
 
 

@@ -10,9 +10,26 @@ Importing it needs no transformers (each function checks for it) and lets
 
 Every registry method ``m`` is registered with transformers' ``AttentionInterface`` *and*
 ``AttentionMaskInterface`` as ``"sharpattn:m"`` (without the mask entry transformers builds no mask for
-an unknown implementation, and causal masking and padding would be silently lost). The mask entry
-always materialises a boolean mask (True = attend), padding and sliding windows included, which goes
-straight to [`sharpattn.attend`][sharpattn.attend].
+an unknown implementation, and causal masking and padding would be silently lost). What a query
+sees goes to [`sharpattn.attend`][sharpattn.attend] as structure, with no ``[B, 1, Lq, Lk]``
+mask, where it is one:
+
+- packed sequences (padding-free batches, as transformers' flash-attention path reads them): one
+  batch row whose ``position_ids`` restart for each document (``DataCollatorWithFlattening``), or
+  ``cu_seq_lens_q``/``cu_seq_lens_k`` given to the model, go as ``documents=``/``cu_seqlens=``
+  with ``causal=True`` (with no KV cache transformers' mask code finds the documents in the
+  ``position_ids`` itself; with one, the attention function reads them, once per forward);
+- a sliding window (``config.sliding_window``) goes as ``window=(W − 1, 0)``: as in transformers'
+  masks, a query sees W keys, itself included;
+- padding, a 2-d ``attention_mask`` whose ones are one run per row, goes as ``lengths`` ``[B, 2]``
+  (first real token, one past the last: right or left padding).
+
+Anything else still goes as a boolean ``mask=`` (True = attend): a 4-d mask the user passes, a
+padding mask with holes, a model that adds to its mask (ALiBi), other mask patterns (chunked
+attention, overlays for image tokens), a static cache, ``torch.compile``, and
+``apply(..., check_finite=False)`` (reading the structure waits for the device, which
+``check_finite=False`` promises not to). ``return_weights`` (``output_attentions``) and dropout in
+training take `attend`'s naive path, which builds the dense mask from the structure itself.
 
 Learnable normalizer parameters (registry ``Param(learnable=True)``) become per-layer, per-head
 ``nn.Parameter``s ``[H]`` in ``attn_module.sharpattn_params`` (so they are in ``state_dict`` and
@@ -47,7 +64,9 @@ rotated), so:
   cache (or cross-attention): use ``use_cache=False`` or ``sharing=True``; τ_q works with a cache.
 - the position n: for a query, the number of keys transformers' mask lets it see (so with a cache,
   query i of Lq over Lk keys has n = i + Lk − Lq + 1, padding does not count); for a key/value, its
-  1-based position among the keys some query may see (left padding does not count).
+  1-based position among the keys some query may see (left padding does not count), counted from
+  its document's start in packed sequences. This route builds the dense mask from the structure
+  to count them (attend still gets the structure).
 
 At initialisation τ = 1 + c₀·log n with c₀ ≈ 5.1e-6 (the module's default), so the patched model
 computes what it did before to far better than 1e-3 relative; ``terms="token"`` makes it exact.
@@ -58,6 +77,7 @@ and the learned temperatures.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +87,7 @@ from torch import nn
 
 from .. import normalizers as nz
 from ..attention import attend
+from ..attention.masking import Masking, Structure
 from ..attention.selective import (
     Overhead,
     SelectiveConfig,
@@ -134,7 +155,7 @@ def register_all() -> list[str]:
         name = PREFIX + method
         if name not in _registered:
             AttentionInterface.register(name, _make_attention(method))
-            AttentionMaskInterface.register(name, _boolean_mask)
+            AttentionMaskInterface.register(name, _structure_mask)
             _registered.add(name)
         names.append(name)
     return names
@@ -145,6 +166,253 @@ def _boolean_mask(*args, allow_is_causal_skip: bool = True, dtype=None, config=N
     from transformers.masking_utils import sdpa_mask
 
     return sdpa_mask(*args, allow_is_causal_skip=False, **kwargs)
+
+
+class _Structure:
+    """What sharpattn's mask entry gives the model in place of a dense mask: the causal flag, and
+    as [`sharpattn.attend`][sharpattn.attend]'s structure the packed documents (``[B, Lk]`` ids),
+    the sliding window ``(left, 0)`` and the padding (``[B, 2]`` first valid key, one past the
+    last). The model hands it to the attention function untouched, as it does flex attention's
+    ``BlockMask``."""
+
+    __slots__ = ("causal", "documents", "lengths", "window")
+
+    def __init__(self, causal: bool, documents=None, window=None, lengths=None):
+        self.causal = causal
+        self.documents = documents
+        self.window = window
+        self.lengths = lengths
+
+    def __repr__(self) -> str:  # pragma: no cover - for debugging
+        docs = None if self.documents is None else tuple(self.documents.shape)
+        pads = None if self.lengths is None else self.lengths.tolist()
+        return (
+            f"_Structure(causal={self.causal}, documents={docs}, window={self.window}, "
+            f"lengths={pads})"
+        )
+
+
+def _closure(fn) -> tuple[str, dict[str, Any]]:
+    """(the name of the transformers function that made the mask function ``fn``, its closure
+    variables), or ("", {}) for anything else."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__module__", None) != "transformers.masking_utils":
+        return "", {}
+    cells = fn.__closure__ or ()
+    try:
+        free = {
+            name: cell.cell_contents for name, cell in zip(code.co_freevars, cells, strict=True)
+        }
+    except ValueError:  # an empty cell
+        return "", {}
+    return fn.__qualname__.split(".<locals>.")[0], free
+
+
+def _mask_kind(fn) -> tuple[bool, int | None, Tensor | None] | None:
+    """(causal, sliding window W, packed document ids) of one of transformers' own mask functions:
+    causal, bidirectional, sliding-window causal, each possibly remapped to packed sequences;
+    None for any other mask function (one with extra ``and``/``or`` terms, chunked attention)."""
+    from transformers import masking_utils as mu
+
+    if fn is mu.causal_mask_function:
+        return True, None, None
+    if fn is mu.bidirectional_mask_function:
+        return False, None, None
+    name, free = _closure(fn)
+    parts = free.get("mask_functions") if name == "and_masks" else None
+    if not parts or len(parts) != 2:
+        return None
+    first, second = parts
+    name_a, free_a = _closure(first)
+    if name_a == "sliding_window_overlay" and second is mu.causal_mask_function:
+        w = free_a.get("sliding_window")
+        return (True, w, None) if isinstance(w, int) and w > 0 else None
+    name_b, free_b = _closure(second)
+    if (
+        name_a == "remap_positions_for_packed_sequence"
+        and name_b == "packed_sequence_mask_function"
+    ):
+        # the inner mask sees positions, which within a document (a run of +1 steps) are the
+        # indices from the document's start: the same mask on indices, within each document
+        inner = _mask_kind(free_a.get("mask_function"))
+        ids = free_b.get("packed_sequence_mask")
+        if inner is None or inner[2] is not None or not torch.is_tensor(ids):
+            return None
+        return inner[0], inner[1], ids
+    return None
+
+
+def _padding_lengths(padding: Tensor) -> Tensor | None | bool:
+    """A boolean ``[B, Lk]`` padding mask (True = real token) as ``[B, 2]`` (first valid key, one
+    past the last) when each row's real tokens are one contiguous run (one host read); None when
+    there is no padding; False when it is not contiguous."""
+    b, lk = padding.shape
+    count = padding.sum(-1)
+    first = padding.to(torch.uint8).argmax(-1)
+    last = lk - 1 - padding.flip(-1).to(torch.uint8).argmax(-1)
+    contiguous = (count == 0) | (last - first + 1 == count)
+    full = count == lk
+    ok, none = (bool(x) for x in torch.stack([contiguous.all(), full.all()]).tolist())
+    if not ok:
+        return False
+    if none:
+        return None
+    first = torch.where(count == 0, 0, first)
+    return torch.stack([first, first + count], dim=-1).to("cpu", torch.int64)
+
+
+def _structure_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Tensor | None = None,
+    allow_is_causal_skip: bool = True,
+    allow_is_bidirectional_skip: bool = False,
+    use_vmap: bool = False,
+    config=None,
+    **kwargs,
+):
+    """sharpattn's mask entry: the mask as structure (`_Structure`, or None for plain causal or
+    full attention without padding) where it is one, else transformers' boolean sdpa mask.
+
+    Structure: transformers' causal, bidirectional and sliding-window causal masks, also over
+    packed sequences, with a padding mask whose real tokens are one run per row. A dense mask
+    still where the model asks for one (``allow_is_causal_skip=False``: it adds to it), for any
+    other mask function, under ``torch.compile`` and with ``check_finite=False`` (structure is
+    read on the host, which waits for the device)."""
+    dense = dict(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        use_vmap=use_vmap,
+        **kwargs,
+    )
+    if mask_function is not None:
+        dense["mask_function"] = mask_function
+    structure = _as_structure(
+        batch_size,
+        q_length,
+        kv_length,
+        q_offset,
+        kv_offset,
+        mask_function,
+        attention_mask,
+        allow_is_causal_skip,
+        allow_is_bidirectional_skip,
+        use_vmap,
+        config,
+    )
+    if structure is False:
+        return _boolean_mask(**dense)
+    return structure
+
+
+def _as_structure(
+    b, lq, lk, q_offset, kv_offset, fn, attention_mask, skip_causal, skip_full, use_vmap, config
+):
+    """`_Structure` or None (no mask needed) for `_structure_mask`, False where only a dense
+    mask will do."""
+    spec = getattr(config, "sharpattn", None) or {}
+    if not (spec.get("params") or {}).get("check_finite", True):
+        return False
+    if use_vmap or fn is None or torch.compiler.is_compiling():
+        return False
+    kind = _mask_kind(fn)
+    if kind is None:
+        return False
+    causal, w, documents = kind
+    if documents is None and not (skip_causal if causal else skip_full):
+        return False  # the model adds to the mask: it wants the tensor
+    if documents is not None and (documents.shape[-1] != lk or lq != lk):
+        return False
+    if not isinstance(q_offset, int) or not isinstance(kv_offset, int):
+        return False  # a static cache's tensor offset
+    if (causal or w is not None) and q_offset + lq != kv_offset + lk:
+        return False  # the last query is not at the last key (a static cache's empty slots)
+    lengths = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.dtype != torch.bool:
+            return False
+        padding = attention_mask[:, kv_offset : kv_offset + lk]
+        if padding.shape[-1] < lk:  # transformers pads a short 2-d mask with False
+            padding = nn.functional.pad(padding, (0, lk - padding.shape[-1]))
+        lengths = _padding_lengths(padding.expand(b, lk))
+        if lengths is False:
+            return False
+    window = (w - 1, 0) if w is not None and lk > w else None  # W keys, the query's included
+    if documents is not None:
+        documents = documents.expand(b, lk)
+        if bool((documents == documents[:, :1]).all()):
+            documents = None
+    if documents is None and window is None and lengths is None:
+        return None  # plain causal or full attention: the attention function's causal flag
+    return _Structure(causal, documents, window, lengths)
+
+
+# (weakref to the last position_ids, its version counter, its document ids | None)
+_last_positions: list[Any] = [None, -1, None]
+
+
+def _documents_of_positions(position_ids: Tensor) -> Tensor | None:
+    """Document ids ``[1, L]`` of one packed row whose ``position_ids`` restart for each document
+    (a new document wherever the position is not the previous one + 1, as transformers' masks
+    read packed sequences), None when they do not restart. Read once per ``position_ids`` tensor
+    and version (every layer gets the same one; an inference-mode tensor at every call)."""
+    # an inference tensor keeps no version counter (an in-place change would go unseen): read
+    # it every time
+    version = None if position_ids.is_inference() else position_ids._version
+    ref, last, docs = _last_positions
+    if version is not None and ref is not None and ref() is position_ids and last == version:
+        return docs
+    p = position_ids.reshape(1, -1)
+    new = torch.ones_like(p, dtype=torch.bool)
+    new[:, 1:] = p[:, 1:] != p[:, :-1] + 1
+    ids = new.cumsum(-1) - 1
+    docs = ids if bool(ids[0, -1] > 0) else None
+    if version is not None:
+        _last_positions[:] = [weakref.ref(position_ids), version, docs]
+    return docs
+
+
+def _packing(kwargs, query: Tensor, key: Tensor, structure: dict, check_finite: bool) -> None:
+    """Add the packed documents of flash-attention's padding-free batches to ``structure``:
+    ``cu_seq_lens_q``/``cu_seq_lens_k`` (FlashAttentionKwargs) or, with one batch row and no
+    past keys, ``position_ids`` that restart for each document (``DataCollatorWithFlattening``)."""
+    b, lq, lk = query.shape[0], query.shape[2], key.shape[2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None or cu_k is not None:
+        cu = cu_k if cu_k is not None else cu_q
+        same = cu_q is None or cu_k is None or cu_q is cu_k or torch.equal(cu_q, cu_k)
+        if b != 1 or lq != lk or not same:
+            raise ValueError(
+                "cu_seq_lens_q/cu_seq_lens_k describe packed sequences in one batch row, the same "
+                f"for queries and keys; got batch {b}, {lq} queries and {lk} keys"
+                f"{'' if same else ', different query and key lengths'}."
+            )
+        structure.pop("documents", None)  # the same documents, given explicitly
+        structure["cu_seqlens"] = cu
+        return
+    positions = kwargs.get("position_ids")
+    if (
+        "documents" in structure
+        or not check_finite
+        or positions is None
+        or not torch.is_tensor(positions)
+        or b != 1
+        or lq != lk
+        or lq < 2
+        or positions.numel() != lq
+    ):
+        return
+    docs = _documents_of_positions(positions)
+    if docs is not None:
+        structure["documents"] = docs
 
 
 def _allowed(attention_mask, query: Tensor, key: Tensor, causal: bool, check_finite: bool = True):
@@ -201,7 +469,15 @@ def _make_attention(method: str):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
         params = dict(getattr(module, FIXED_ATTR, {}) or {})
         check_finite = params.get("check_finite", True)
-        mask, causal = _allowed(attention_mask, query, key, bool(causal), check_finite)
+        structure: dict[str, Any] = {}
+        if isinstance(attention_mask, _Structure):  # sharpattn's mask entry: no dense mask
+            mask, causal = None, attention_mask.causal
+            for name in ("documents", "window", "lengths"):
+                if getattr(attention_mask, name) is not None:
+                    structure[name] = getattr(attention_mask, name)
+        else:
+            mask, causal = _allowed(attention_mask, query, key, bool(causal), check_finite)
+        _packing(kwargs, query, key, structure, check_finite)
         learned = getattr(module, PARAMS_ATTR, None)
         if learned is not None:
             h = query.shape[1]
@@ -225,8 +501,13 @@ def _make_attention(method: str):
         scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else float(scaling)
         temperatures = getattr(module, SELECTIVE_ATTR, None)
         if temperatures is not None:  # selective attention: scale rows of q, k, v (scale stays)
+            # the positions n need which keys each query sees: with structure, read from the
+            # dense mask it makes (this route only; attend itself still gets the structure)
+            seen, starts = mask, None
+            if structure:
+                seen, starts = _dense_mask(mask, causal, query, key, structure)
             query, key, value = _selective_scale(
-                module, temperatures, query, key, value, mask, causal
+                module, temperatures, query, key, value, seen, causal and seen is None, starts
             )
         want_weights = bool(kwargs.get("output_attentions")) or (dropout > 0 and module.training)
         result = attend(
@@ -236,6 +517,7 @@ def _make_attention(method: str):
             entry_name,
             mask=mask,
             causal=causal,
+            **structure,
             scale=scale,
             return_weights=want_weights,
             **params,
@@ -252,8 +534,27 @@ def _make_attention(method: str):
     return sharpattn_attention_forward
 
 
-def _selective_scale(module, temperatures, query, key, value, mask, causal):
-    """q, k, v with their rows scaled by τ (see the module docstring for x and n)."""
+def _dense_mask(mask, causal, query, key, structure) -> tuple[Tensor, Tensor | None]:
+    """The boolean mask ``[B|1, 1, Lq, Lk]`` of a mask, the causal flag and `attend`'s structure,
+    and the first key of each key's document ``[1|B, Lk]`` (None without documents)."""
+    lk = key.shape[2]
+    b = query.shape[0]
+    built = Structure.build(
+        structure.get("documents"),
+        structure.get("cu_seqlens"),
+        structure.get("window"),
+        structure.get("lengths"),
+        b,
+        lk,
+    )
+    dense = Masking.build(mask, causal, query.shape[2], lk, query.device, built).dense()
+    return dense, None if built is None else built.doc_start
+
+
+def _selective_scale(module, temperatures, query, key, value, mask, causal, doc_start=None):
+    """q, k, v with their rows scaled by τ (see the module docstring for x and n); with packed
+    documents (``doc_start`` ``[1|B, Lk]``, each key's document's first key) a key's n counts
+    from its document's start."""
     lq, lk = query.shape[2], key.shape[2]
     x = getattr(module, _X_ATTR, None)
     states = {"q": query, "k": key, "v": value}
@@ -267,6 +568,11 @@ def _selective_scale(module, temperatures, query, key, value, mask, causal):
                 m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
                 key_mask = m.any(dim=-2).any(dim=1)  # (B', Lk)
             n = key_positions(lk, key_mask=key_mask, device=key.device)
+            if doc_start is not None:  # keys before the document's first key do not count
+                start = doc_start.to(n.device).unsqueeze(1)  # (1|B, 1, Lk)
+                count = n.expand(max(n.shape[0], start.shape[0]), 1, lk)
+                before = count.gather(-1, (start - 1).clamp(min=0).expand_as(count))
+                n = count - torch.where(start > 0, before, 0)
         if temperature.token == "mlp":
             if x is None:
                 raise ValueError(

@@ -14,6 +14,13 @@ owns its dk and dv rows, deterministic); one kernel over query blocks gives dq_i
 ds_ij·k_j and, where the kernel record says ``row_grad`` (sigmoid's learnable bias), the row
 sums Σ_j ds_ij (PyTorch sums them to the bias's shape).
 
+Decoding (split-K, "flash-decoding"): a call with few query rows against many keys (`key_splits`)
+would be only B·H programs; its forward cuts the keys into splits of whole key blocks, a third
+grid axis, each program writing partial sums to float32 scratch, and `_combine_kernel` adds them
+up: a sum for the element-wise maps; for the normalised ones each split's (acc, m, Z) rescaled
+to the largest m with the map's `map_factor`, then divided by Z, m and Z stored as the unsplit
+forward stores them (the backward is the same). Only the order of the float32 sums changes.
+
 Masks are computed in the kernel: the causal edge j <= i + (Lk − Lq) from indices (blocks wholly
 above it are never visited), a user boolean mask read through its broadcast strides (stride 0,
 never densified), the row tensor likewise. Rows that see no key give 0 and zero gradients.
@@ -262,13 +269,33 @@ def _forward_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, pm_ptr, pz_ptr, out_ptr, m_ptr, z_ptr,
-    sps, spb, sph, spm, spd,
-    sob, soh, som, sod,
-    heads, lq, dv, splits, split_rows, p,
-    MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr,
-    BLOCK_M: tl.constexpr, DV_PAD: tl.constexpr,
-):  # fmt: skip
+    part_ptr,
+    pm_ptr,
+    pz_ptr,
+    out_ptr,
+    m_ptr,
+    z_ptr,
+    sps,
+    spb,
+    sph,
+    spm,
+    spd,
+    sob,
+    soh,
+    som,
+    sod,
+    heads,
+    lq,
+    dv,
+    splits,
+    split_rows,
+    p,
+    MAP: tl.constexpr,
+    NORMALISED: tl.constexpr,
+    POWER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DV_PAD: tl.constexpr,
+):
     """out of one block of query rows from the ``splits`` partial results of the split forward
     (float32 ``[splits, B, H, Lq, Dv]`` at ``part_ptr``, strides sps, spb, sph, spm, spd; the
     normalised maps' partial m and Z contiguous ``[splits, B, H, Lq]``, ``split_rows`` apart):
@@ -615,21 +642,24 @@ def _split_forward(launch: Launch, q, k, v, out, m, z, splits: int) -> None:
     mask, rs, ms = launch.common()
     bm = SPLIT_BLOCK_M
     blocks = triton.cdiv(lq, bm)
-    _forward_kernel[(blocks, b * h, splits)](
-        q, k, v, launch.row, mask, part, pm, pz,
-        *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *part.stride()[1:],
-        h, launch.group, lq, launch.lk, launch.d, dv, launch.offset, launch.scale, launch.p,
-        part.stride(0), b * h * lq, per,
-        BLOCK_M=bm, BLOCK_N=bn, SPLIT=True, **launch.switches(),
-    )  # fmt: skip
+    strides = (*q.stride(), *k.stride(), *v.stride(), *rs, *ms, *part.stride()[1:])
+    sizes = (h, launch.group, lq, launch.lk, launch.d, dv, launch.offset, launch.scale, launch.p)
+    split = (part.stride(0), b * h * lq, per)  # split_out, split_rows, split_keys
+    pointers = (q, k, v, launch.row, mask, part, pm, pz)
+    grid = (blocks, b * h, splits)
+    _forward_kernel[grid](
+        *pointers, *strides, *sizes, *split, BLOCK_M=bm, BLOCK_N=bn, SPLIT=True, **launch.switches()
+    )
     m = launch.row if m is None else m  # never written (element-wise)
     z = launch.row if z is None else z
+    combine = dict(MAP=launch.name, NORMALISED=launch.normalised, POWER=launch.power)
     _combine_kernel[(blocks, b * h)](
-        part, pm, pz, out, m, z, *part.stride(), *out.stride(),
-        h, lq, dv, splits, b * h * lq, launch.p,
-        MAP=launch.name, NORMALISED=launch.normalised, POWER=launch.power,
-        BLOCK_M=bm, DV_PAD=launch.pads["DV_PAD"],
-    )  # fmt: skip
+        *(part, pm, pz, out, m, z, *part.stride(), *out.stride()),
+        *(h, lq, dv, splits, b * h * lq, launch.p),
+        BLOCK_M=bm,
+        DV_PAD=launch.pads["DV_PAD"],
+        **combine,
+    )
 
 
 def backward(launch: Launch, q, k, v, g, want_row: bool, out=None, m=None, z=None, glse=None):

@@ -1,7 +1,10 @@
 """Every method's ``impl="auto"`` path on a CUDA GPU, as ratios to torch's SDPA on the same GPU.
 
 For each n (Lq = Lk; B = 1, H = ``--heads``, D = ``--head-dim``, ``--dtype``), non-causal and
-causal, forward and forward+backward, each cell measures:
+causal, forward and forward+backward, each cell measures (``--lq``: decoding steps instead, Lq
+query rows against n keys, the rows at the end of the keys when causal, j <= i + n − Lq; the
+baselines then non-causal, as ``decoding.py`` takes them: with one row the same keys, and
+SDPA's ``is_causal`` aligns the rows to the keys' start, which is not decoding):
 
 * **kernel time**: CUDA events around N back-to-back calls (no synchronisation between them;
   N chosen so that the N calls take about ``--window-ms``), divided by N; the median over
@@ -66,6 +69,9 @@ SUPPORTED = ("sparsemax", "entmax15", "entmax", "asentmax")
 BASELINES = ("flash", "default")
 #: keys of the "empty work" call that measures a method's host time
 HOST_N = 128
+#: keys of a decoding cell's host-time call: enough that the Triton template splits the keys as
+#: the cell's call does (``template.SPLIT_MIN_LK``), two launches and the scratch
+HOST_DECODE_N = 1024
 
 
 def support(method: str, params: dict, q, k, v, causal: bool, rows: int = 64) -> float:
@@ -265,11 +271,12 @@ def work(fn, mode: str, leaves, grad):
     return once
 
 
-def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0):
+def inputs(n: int, heads: int, d: int, device, dtype, seed: int = 0, lq: int | None = None):
+    """q, k, v with n keys and ``lq`` query rows (default n)."""
     g = torch.Generator().manual_seed(seed)
     return [
-        torch.randn(B, heads, n, d, generator=g).to(device, dtype).requires_grad_()
-        for _ in range(3)
+        torch.randn(B, heads, rows, d, generator=g).to(device, dtype).requires_grad_()
+        for rows in (lq or n, n, n)
     ]
 
 
@@ -307,6 +314,12 @@ def _is_cuda_error(err: BaseException) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1024,4096,16384")
+    p.add_argument(
+        "--lq",
+        default="",
+        help="comma-separated query rows of decoding cells (each against every size); "
+        "default: Lq = n",
+    )
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--methods", default="", help="comma-separated cases (default: every method)")
     p.add_argument("--causal", default="both", choices=["both", "yes", "no"])
@@ -381,26 +394,31 @@ def main(argv=None) -> int:
     host_of: dict[tuple, float] = {}
     backends: dict[tuple, str] = {}
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    for n in (int(s) for s in args.sizes.split(",")):
+    lqs = [int(x) for x in args.lq.split(",")] if args.lq else [None]
+    shapes = [(lq, int(s)) for lq in lqs for s in args.sizes.split(",")]
+    for lq, n in shapes:
+        decoding = {} if lq is None else {"lq": lq}
         for causal in causals:
-            q, k, v = inputs(n, args.heads, args.head_dim, device, dtype)
+            q, k, v = inputs(n, args.heads, args.head_dim, device, dtype, lq=lq)
             grad = torch.randn_like(q)
+            base_causal = causal and lq is None  # decoding: SDPA without its top-left mask
             for mode in args.modes.split(","):
                 base = {}
                 for backend in BASELINES:
-                    once = work(sdpa(backend, q, k, v, causal), mode, (q, k, v), grad)
+                    once = work(sdpa(backend, q, k, v, base_causal), mode, (q, k, v), grad)
                     try:
                         base[backend] = timer.measure(once) | {"mib": peak_extra_mib(once, device)}
                     except RuntimeError as err:  # flash cannot run this dtype or shape
                         base[backend] = {"error": str(err).splitlines()[0][:200]}
                 if "ms" in base["default"] and device.type == "cuda":
-                    if (causal, mode) not in backends:  # read once per kind of call
-                        backends[(causal, mode)] = backend_of(
-                            work(sdpa("default", q, k, v, causal), mode, (q, k, v), grad)
+                    kind = (causal, mode, lq)
+                    if kind not in backends:  # read once per kind of call
+                        backends[kind] = backend_of(
+                            work(sdpa("default", q, k, v, base_causal), mode, (q, k, v), grad)
                         )
-                    base["default"]["backend"] = backends[(causal, mode)]
+                    base["default"]["backend"] = backends[kind]
                 result.setdefault("baselines", []).append(
-                    {"n": n, "causal": causal, "mode": mode, **base}
+                    {"n": n, **decoding, "causal": causal, "mode": mode, **base}
                 )
                 for name in names:
                     method = method_case(name)[0].partition(":")[0]
@@ -410,6 +428,7 @@ def main(argv=None) -> int:
                         "method": name,
                         "family": family(name),
                         "n": n,
+                        **decoding,
                         "causal": causal,
                         "mode": mode,
                     }
@@ -423,7 +442,8 @@ def main(argv=None) -> int:
                         continue
                     # the cell's name first, so that a cell that never ends is named
                     print(
-                        f"n={n:>6} {'causal' if causal else 'full  '} {mode:6} {name:22}",
+                        f"n={n:>6}{f' Lq={lq:<3}' if lq else ''} "
+                        f"{'causal' if causal else 'full  '} {mode:6} {name:22}",
                         end=" ",
                         flush=True,
                     )
@@ -431,9 +451,11 @@ def main(argv=None) -> int:
                     try:
                         got = timer.measure(once)
                         got["mib"] = peak_extra_mib(once, device)
-                        key = (name, mode, causal)
+                        key = (name, mode, causal, lq)
                         if key not in host_of:
-                            small = inputs(HOST_N, args.heads, args.head_dim, device, dtype)
+                            few = HOST_N if lq is None else HOST_DECODE_N
+                            rows = None if lq is None else min(lq, few)
+                            small = inputs(few, args.heads, args.head_dim, device, dtype, lq=rows)
                             host_of[key] = timer.host(
                                 work(
                                     call(name, *small, causal),

@@ -16,8 +16,10 @@ Part 1 (about 7.5 minutes on an H200; one call of the device tool):
    with ``python -X faulthandler`` (a hang leaves its stack in the log);
 5. the bfloat16 CUDA tests (``SHARPATTN_TEST_DEVICE=cuda``, parallel workers, a per-test limit).
 
-Part 2 (``--part 2``, a second call of about 5.5 minutes): 64k, forward only, α = 1.3, float32, D 128, the anchors
-(AdaSplash, stick-breaking) and the whole CUDA suite (the adversarial suite included).
+Part 2 (``--part 2``, a second call of about 6 minutes): 64k, forward only, α = 1.3, float32, D 128, the anchors
+(AdaSplash, stick-breaking), decoding steps (Lq 1 and 16 against 4k, 16k and 64k keys, H 8,
+forward, causal: the template's split-K forward, two element-wise and two row-normalised maps,
+against SDPA on the same shapes) and the whole CUDA suite (the adversarial suite included).
 
 Output, in ``--out`` (default ``$OUT``, else ``build/gpu-check``), five files per part (the
 device tool brings back at most eight): ``cells-P.jsonl`` (every cell, smoke variant, step and
@@ -50,11 +52,21 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from gpu_common import CASES, HEADLINE, SPARSE, append_cell, family, read_cells, versions  # noqa: E402
+from gpu_common import (  # noqa: E402
+    CASES,
+    DECODING,
+    HEADLINE,
+    SPARSE,
+    append_cell,
+    family,
+    read_cells,
+    versions,
+)
 
 #: the CUDA test files (every one reads SHARPATTN_TEST_DEVICE)
 CUDA_TESTS = (
     "tests/paths/test_triton.py",
+    "tests/paths/test_triton_decoding.py",
     "tests/paths/test_triton_stick.py",
     "tests/paths/test_devices.py",
     "tests/paths/test_no_sync.py",
@@ -162,6 +174,18 @@ def plan(part: int, dry: bool) -> list[dict]:
                 ),
             },
             {
+                "name": "decoding",
+                "seconds": 45,
+                "kind": "bench",
+                **bench,
+                "heads": 8,
+                "lq": "1,16",
+                "sizes": "4096,16384,65536",
+                "modes": "fwd",
+                "causal": "yes",
+                "methods": DECODING,
+            },
+            {
                 "name": "tests-all",
                 "seconds": 90,
                 "kind": "tests",
@@ -172,7 +196,7 @@ def plan(part: int, dry: bool) -> list[dict]:
     if dry:  # each kind of step on the CPU, small enough for the interpreter
         kept = {
             1: ("smoke", "headline", "sparse:sparsemax", "tests-bf16"),
-            2: ("float32", "anchors", "tests-all"),
+            2: ("float32", "anchors", "decoding", "tests-all"),
         }[part]
         steps = [s for s in steps if s["name"] in kept]
         for step in steps:
@@ -214,6 +238,9 @@ def command(step: dict, part: int, args, cells: Path, tests_log: Path) -> tuple[
             *dry,
         ], env
     if step["kind"] == "bench":
+        shape = ["--lq", step["lq"]] if step.get("lq") else []
+        if step.get("causal") and not args.dry_run:  # (a dry run is causal only)
+            shape += ["--causal", step["causal"]]
         return [
             *py,
             str(HERE / "gpu.py"),
@@ -235,6 +262,7 @@ def command(step: dict, part: int, args, cells: Path, tests_log: Path) -> tuple[
             ",".join(step["methods"]),
             "--deadline",
             str(max(1, step["timeout"] - 15)),
+            *shape,
             *dry,
         ], env
     files = [f for f in step["files"] if (ROOT / f).exists()]
@@ -497,6 +525,7 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
         setting = (
             f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} "
             f"{'fwd+bwd' if r['mode'] == 'fwdbwd' else 'fwd'}"
+            + (f" Lq{r['lq']}" if r.get("lq") else "")
         )
         key = (r["method"], setting, r["causal"])
         groups.setdefault(key, {"family": r.get("family", ""), "cells": {}})["cells"][r["n"]] = r
@@ -572,6 +601,7 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
     for r in bench:
         if "flash_ms" in r or "default_ms" in r:
             setting = f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} {r['mode']}"
+            setting += f" Lq{r['lq']}" if r.get("lq") else ""
             base.setdefault(setting, {})[(r["n"], r["causal"])] = (
                 r.get("flash_ms"),
                 r.get("default_ms"),
@@ -636,7 +666,7 @@ def main(argv=None) -> int:
         "--budget",
         type=float,
         default=None,
-        help="seconds for the whole part (default 455 for part 1, 330 for part 2; dry run 900)",
+        help="seconds for the whole part (default 455 for part 1, 375 for part 2; dry run 900)",
     )
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers")
     p.add_argument("--only", default=None, help="comma-separated step names")
@@ -646,7 +676,7 @@ def main(argv=None) -> int:
         print(summary(load(args.table)))
         return 0
     if args.budget is None:
-        args.budget = 900.0 if args.dry_run else {1: 455.0, 2: 330.0}[args.part]
+        args.budget = 900.0 if args.dry_run else {1: 455.0, 2: 375.0}[args.part]
     return run(args)
 
 

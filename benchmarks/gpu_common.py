@@ -16,6 +16,9 @@ HEADLINE = (
     *("softmax", "ssmax", "sink", "adaptive"),
     *("sigmoid", "relu", "power", "signed", "softpick", "stick_breaking"),
 )
+#: the maps of the decoding cells (Lq 1 and 16 against long caches: the Triton template's split-K
+#: forward), two element-wise and two row-normalised
+DECODING = ("sigmoid", "softpick", "relu", "power")
 #: the maps that may not end in bounded time (data-dependent passes): each in its own process
 SPARSE = ("sparsemax", "entmax15", "asentmax", "topk", "hardmax")
 #: every case a GPU run of ``gpu.py`` launches: the cases of the check's cells (a method name,

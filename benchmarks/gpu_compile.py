@@ -35,6 +35,7 @@ Per compiled kernel (identical compiled kernels reached by several methods are o
     python benchmarks/gpu_compile.py --head-dims 64,128 --json benchmarks/results/gpu_compile_bf16.json
     python benchmarks/gpu_compile.py --table benchmarks/results/gpu_compile_bf16.json
     python benchmarks/gpu_compile.py --dtype float32 --methods sigmoid,stick_breaking
+    python benchmarks/gpu_compile.py --lq 1 --heads 8 --causal causal   # decoding: split-K
 
 Set ``PYTHONPATH=src:benchmarks`` in a source tree. ``TRITON_INTERPRET`` is removed from the
 environment before triton is imported (interpreted kernels cannot be compiled).
@@ -368,13 +369,18 @@ def _as_on_cuda():
 # The run
 
 
-def run_case(rec: _CompileOnly, name, method, params, dtype, d, causal, n, heads) -> str | None:
-    """One method's forward and backward as ``gpu.py`` calls them; None, or why it failed."""
+def run_case(
+    rec: _CompileOnly, name, method, params, dtype, d, causal, n, heads, lq=None
+) -> str | None:
+    """One method's forward and backward as ``gpu.py`` calls them (``lq`` query rows, default
+    n: a decoding step's few rows take the template's split forward); None, or why it
+    failed."""
     import gpu
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (
-        torch.randn(gpu.B, heads, n, d, generator=g).to(dtype).requires_grad_() for _ in range(3)
+        torch.randn(gpu.B, heads, rows, d, generator=g).to(dtype).requires_grad_()
+        for rows in (lq or n, n, n)
     )
     rec.case = {"method": name, "dtype": SHORT[dtype], "D": d, "causal": causal}
     try:
@@ -511,9 +517,10 @@ def table(rows: list[dict], sdpa: dict | None = None, failed: dict | None = None
 
 
 def header(doc: dict) -> str:
+    lq = f", Lq = {doc['lq']}" if doc.get("lq") else ""
     return (
         f"Triton {doc['triton']}, target {doc['target']} (compiled, not run); B = "
-        f"{doc['B']}, H = {doc['H']}, n = {doc['n']}"
+        f"{doc['B']}, H = {doc['H']}, n = {doc['n']}{lq}"
     )
 
 
@@ -536,8 +543,16 @@ def main(argv=None) -> list[dict]:
     )
     p.add_argument("--head-dims", default="64", help="comma-separated head sizes D")
     p.add_argument("--causal", default="both", choices=["both", "causal", "full"])
-    p.add_argument("--n", type=int, default=16384, help="Lq = Lk (gpu.py's largest size)")
+    p.add_argument(
+        "--n", type=int, default=16384, help="Lk (and Lq unless --lq; gpu.py's largest size)"
+    )
     p.add_argument("--heads", type=int, default=None, help="H (default 16, the GPU check's)")
+    p.add_argument(
+        "--lq",
+        type=int,
+        default=None,
+        help="query rows (default n): 1-16 compile a decoding step's kernels (the split forward)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the rows there")
     p.add_argument(
         "--cache-dir",
@@ -593,7 +608,7 @@ def main(argv=None) -> list[dict]:
             method, params = cases[name]
             before = len(rec.launches)
             t = time.perf_counter()
-            why = run_case(rec, name, method, params, dtype, d, causal, args.n, heads)
+            why = run_case(rec, name, method, params, dtype, d, causal, args.n, heads, args.lq)
             label = f"{name} {SHORT[dtype]} D={d} {'causal' if causal else 'full'}"
             if why:
                 failed[label] = why
@@ -626,6 +641,7 @@ def main(argv=None) -> list[dict]:
         "B": gpu.B,
         "H": heads,
         "n": args.n,
+        "lq": args.lq,
         "torch": torch.__version__,
         "rows": rows,
         "sdpa": sdpa,

@@ -14,6 +14,13 @@ owns its dk and dv rows, deterministic); one kernel over query blocks gives dq_i
 ds_ij·k_j and, where the kernel record says ``row_grad`` (sigmoid's learnable bias), the row
 sums Σ_j ds_ij (PyTorch sums them to the bias's shape).
 
+Decoding (split-K, "flash-decoding"): a call with few query rows against many keys (`key_splits`)
+would be only B·H programs; its forward cuts the keys into splits of whole key blocks, a third
+grid axis, each program writing partial sums to float32 scratch, and `_combine_kernel` adds them
+up: a sum for the element-wise maps; for the normalised ones each split's (acc, m, Z) rescaled
+to the largest m with the map's `map_factor`, then divided by Z, m and Z stored as the unsplit
+forward stores them (the backward is the same). Only the order of the float32 sums changes.
+
 Masks are computed in the kernel: the causal edge j <= i + (Lk − Lq) from indices (blocks wholly
 above it are never visited), a user boolean mask read through its broadcast strides (stride 0,
 never densified), the row tensor likewise. Rows that see no key give 0 and zero gradients.
@@ -185,15 +192,19 @@ def _forward_kernel(
     srb, srh, srm,
     smb, smh, smm, smn,
     sob, soh, som, sod,
-    heads, group, lq, lk, d, dv, offset, scale, p,
+    heads, group, lq, lk, d, dv, offset, scale, p, split_out, split_rows, split_keys,
     MAP: tl.constexpr, NORMALISED: tl.constexpr, POWER: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    SHIFT_ABOVE: tl.constexpr,
+    SHIFT_ABOVE: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out of one block of query rows; the normalised methods also write each row's reference
-    m and sum Z (contiguous [B, H, Lq], float32) for the backward."""
+    m and sum Z (contiguous [B, H, Lq], float32) for the backward. With SPLIT (decoding,
+    `key_splits`) the program walks only the ``split_keys`` keys of split ``program_id(2)`` and
+    writes its partial sums, undivided, at ``split_out`` (out) and ``split_rows`` (m, Z) times
+    the split past the pointers, in float32 (softmax's m stays −inf where the split saw no
+    key); `_combine_kernel` adds them up."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
@@ -207,7 +218,15 @@ def _forward_kernel(
     hi = lk
     if CAUSAL:  # keys past the block's last row's causal edge are hidden from every row
         hi = tl.minimum(lk, start_m + BLOCK_M + offset)
-    for start_n in range(0, hi, BLOCK_N):
+    lo = 0
+    if SPLIT:  # this split's keys only; its partial sums at its own place in the scratch
+        split = tl.program_id(2)
+        lo = split * split_keys
+        hi = tl.minimum(hi, lo + split_keys)
+        out_ptr += split * split_out
+        m_ptr += split * split_rows
+        z_ptr += split * split_rows
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
                                 lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
@@ -234,9 +253,10 @@ def _forward_kernel(
         v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     if NORMALISED:
-        acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
-        if MAP == "softmax":  # rows that see no key: m = 0 (and Z = 0)
-            m = tl.where(m == -float("inf"), 0.0, m)
+        if not SPLIT:  # (a split's sums are combined first: `_combine_kernel`)
+            acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
+            if MAP == "softmax":  # rows that see no key: m = 0 (and Z = 0)
+                m = tl.where(m == -float("inf"), 0.0, m)
         rows = b * heads * lq + h * lq + offs_m
         tl.store(m_ptr + rows, m, mask=offs_m < lq)
         tl.store(z_ptr + rows, z, mask=offs_m < lq)
@@ -244,6 +264,81 @@ def _forward_kernel(
         out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
         acc.to(out_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < lq) & (offs_e[None, :] < dv),
+    )
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,
+    pm_ptr,
+    pz_ptr,
+    out_ptr,
+    m_ptr,
+    z_ptr,
+    sps,
+    spb,
+    sph,
+    spm,
+    spd,
+    sob,
+    soh,
+    som,
+    sod,
+    heads,
+    lq,
+    dv,
+    splits,
+    split_rows,
+    p,
+    MAP: tl.constexpr,
+    NORMALISED: tl.constexpr,
+    POWER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DV_PAD: tl.constexpr,
+):
+    """out of one block of query rows from the ``splits`` partial results of the split forward
+    (float32 ``[splits, B, H, Lq, Dv]`` at ``part_ptr``, strides sps, spb, sph, spm, spd; the
+    normalised maps' partial m and Z contiguous ``[splits, B, H, Lq]``, ``split_rows`` apart):
+    the element-wise maps' sum over the splits; the normalised maps' common reference m (the
+    largest split's: the unsplit kernel's running m at its end), each split's sums rescaled to
+    it with the map's own `map_factor`, out = Σ acc / Σ Z, and m and Z stored as the unsplit
+    forward stores them."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    part_ptr += b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
+    rows = b * heads * lq + h * lq + offs_m
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    if NORMALISED:
+        m = tl.zeros([BLOCK_M], dtype=tl.float32)  # as the forward's running m starts
+        if MAP == "softmax":
+            m = m - float("inf")
+        for split in range(0, splits):
+            m = tl.maximum(m, tl.load(pm_ptr + split * split_rows + rows, mask=in_m, other=0.0))
+        m_use = m
+        if MAP == "softmax":  # −inf: no split saw a key (every factor 0)
+            m_use = tl.where(m == -float("inf"), 0.0, m)
+        z = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for split in range(0, splits):
+            ms = tl.load(pm_ptr + split * split_rows + rows, mask=in_m, other=0.0)
+            f = map_factor(ms, m_use, p, MAP, POWER)
+            z += f * tl.load(pz_ptr + split * split_rows + rows, mask=in_m, other=0.0)
+            acc += f[:, None] * tl.load(part_ptr + split * sps, mask=inside, other=0.0)
+        acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
+        tl.store(m_ptr + rows, m_use, mask=in_m)
+        tl.store(z_ptr + rows, z, mask=in_m)
+    else:
+        for split in range(0, splits):
+            acc += tl.load(part_ptr + split * sps, mask=inside, other=0.0)
+    tl.store(
+        out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=inside,
     )
 
 
@@ -400,6 +495,18 @@ BLOCKS_16BIT = (64, 64)
 BLOCKS_FLOAT32 = (32, 32)
 
 
+#: decoding: the forward of a call with at most SPLIT_MAX_LQ query rows and at least
+#: SPLIT_MIN_LK keys splits the keys among programs (`key_splits`): about SPLIT_PROGRAMS
+#: programs (two per SM of an H200's 132, rounded), each split at least SPLIT_MIN_BLOCKS key
+#: blocks long, the query rows in blocks of SPLIT_BLOCK_M (tl.dot's smallest). Not tuned on a
+#: GPU yet.
+SPLIT_MAX_LQ = 16
+SPLIT_MIN_LK = 1024
+SPLIT_PROGRAMS = 256
+SPLIT_MIN_BLOCKS = 4
+SPLIT_BLOCK_M = 16
+
+
 def pad(n: int) -> int:
     """A head dimension rounded up to a power of 2, at least 16 (tl.dot's smallest)."""
     return max(16, triton.next_power_of_2(n))
@@ -427,6 +534,7 @@ class Launch:
         self.group = self.h // self.hkv
         self.row = row.to(torch.float32).expand(self.b, self.h, self.lq, row.shape[-1])
         self.support = None  # the forward's block support, for the backward to skip blocks
+        self.splits = 1  # the key splits the forward ran (`key_splits`)
         self.mask = None
         if masking.mask is not None:  # a view: uint8 of the same bytes, broadcast strides
             self.mask = masking.mask.expand(self.b, self.h, self.lq, self.lk).view(torch.uint8)
@@ -472,16 +580,39 @@ class Launch:
         )
 
 
+def key_splits(launch: Launch) -> int:
+    """How many splits of the keys the forward runs (1: the unsplit kernel). A decoding call
+    (Lq <= `SPLIT_MAX_LQ`, Lk >= `SPLIT_MIN_LK`) would be B·H programs, each walking every key
+    (on an H200's 132 SMs, 8-32 of them for a batch of one): the keys are cut into splits of
+    whole key blocks, as many as bring the programs to about `SPLIT_PROGRAMS` while each split
+    keeps at least `SPLIT_MIN_BLOCKS` key blocks, evened out (the last split is never more
+    than one block short of the others)."""
+    if launch.lq > SPLIT_MAX_LQ or launch.lk < SPLIT_MIN_LK:
+        return 1
+    blocks = triton.cdiv(launch.lk, launch.blocks[1])
+    programs = launch.b * launch.h * triton.cdiv(launch.lq, SPLIT_BLOCK_M)
+    splits = min(triton.cdiv(SPLIT_PROGRAMS, programs), blocks // SPLIT_MIN_BLOCKS)
+    if splits < 2:
+        return 1
+    return triton.cdiv(blocks, triton.cdiv(blocks, splits))  # no split left empty
+
+
 def forward(launch: Launch, q, k, v):
     """(out, m, Z): m and Z ``[B, H, Lq]`` float32 for the normalised methods, else None. Their
     out is float32 too (the backward's D = dO·out from a 16-bit out measured 4-5x the error of
-    the eager path in dq, power with p = 3); the caller casts it."""
+    the eager path in dq, power with p = 3); the caller casts it. A decoding call may split the
+    keys (`key_splits`, `_split_forward`)."""
     m = z = None
     dtype = q.dtype
     if launch.normalised:
         m, z = launch.rows(q.device), launch.rows(q.device)
         dtype = torch.float32
     out = torch.empty(launch.b, launch.h, launch.lq, launch.dv, dtype=dtype, device=q.device)
+    splits = key_splits(launch)
+    launch.splits = splits
+    if splits > 1:
+        _split_forward(launch, q, k, v, out, m, z, splits)
+        return out, m, z
     mask, rs, ms = launch.common()
     bm, bn = launch.blocks
     grid = (triton.cdiv(launch.lq, bm), launch.b * launch.h)
@@ -490,10 +621,45 @@ def forward(launch: Launch, q, k, v):
         launch.row if m is None else m, launch.row if z is None else z,  # never written
         *q.stride(), *k.stride(), *v.stride(), *rs, *ms, *out.stride(),
         launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.offset,
-        launch.scale, launch.p,
-        BLOCK_M=bm, BLOCK_N=bn, **launch.switches(),
+        launch.scale, launch.p, 0, 0, launch.lk,
+        BLOCK_M=bm, BLOCK_N=bn, SPLIT=False, **launch.switches(),
     )  # fmt: skip
     return out, m, z
+
+
+def _split_forward(launch: Launch, q, k, v, out, m, z, splits: int) -> None:
+    """The forward of a decoding call in two launches: `_forward_kernel` over (query blocks of
+    `SPLIT_BLOCK_M` rows, B·H, ``splits``), each program writing its split's partial sums to
+    float32 scratch (``[splits, B, H, Lq, Dv]``, and m and Z ``[splits, B, H, Lq]`` for the
+    normalised maps), then `_combine_kernel` into ``out`` (and m, Z)."""
+    b, h, lq, dv = launch.b, launch.h, launch.lq, launch.dv
+    bn = launch.blocks[1]
+    per = triton.cdiv(triton.cdiv(launch.lk, bn), splits) * bn  # keys per split
+    part = torch.empty(splits, b, h, lq, dv, dtype=torch.float32, device=q.device)
+    pm = pz = launch.row  # never written (element-wise)
+    if launch.normalised:
+        pm, pz = (torch.empty(splits, b, h, lq, dtype=torch.float32, device=q.device) for _ in "mz")
+    mask, rs, ms = launch.common()
+    bm = SPLIT_BLOCK_M
+    blocks = triton.cdiv(lq, bm)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *rs, *ms, *part.stride()[1:])
+    sizes = (h, launch.group, lq, launch.lk, launch.d, dv, launch.offset, launch.scale, launch.p)
+    split = (part.stride(0), b * h * lq, per)  # split_out, split_rows, split_keys
+    pointers = (q, k, v, launch.row, mask, part, pm, pz)
+    grid = (blocks, b * h, splits)
+    _forward_kernel[grid](
+        *pointers, *strides, *sizes, *split, BLOCK_M=bm, BLOCK_N=bn, SPLIT=True, **launch.switches()
+    )
+    m = launch.row if m is None else m  # never written (element-wise)
+    z = launch.row if z is None else z
+    combine = dict(MAP=launch.name, NORMALISED=launch.normalised, POWER=launch.power)
+    _combine_kernel[(blocks, b * h)](
+        *(part, pm, pz, out, m, z, *part.stride(), *out.stride()),
+        *(h, lq, dv, splits, b * h * lq, launch.p),
+        BLOCK_M=bm,
+        DV_PAD=launch.pads["DV_PAD"],
+        **combine,
+    )
 
 
 def backward(launch: Launch, q, k, v, g, want_row: bool, out=None, m=None, z=None, glse=None):

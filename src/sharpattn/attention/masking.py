@@ -219,6 +219,9 @@ class Masking:
     ) -> Masking:
         if mask is not None and mask.dim() < 4:
             mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if causal and lq == 1 and lk >= 1:
+            # one query at the last key sees every key: no causal mask to build (a decoding step)
+            causal = False
         return cls(mask, bool(causal), lq, lk, torch.device(device), structure)
 
     @property

@@ -45,6 +45,23 @@ class HookError(ValueError):
         self.clause, self.method = clause, method
 
 
+def fits(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it (``torch.broadcast_shapes``
+    of the two equals ``target``), in plain Python: torch's costs ~25 µs a call, which a
+    decoding step pays several times."""
+    if len(shape) > len(target):
+        return False
+    return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+def as_4d(x: Tensor) -> Tensor:
+    """``x`` with 1s in front up to 4 dimensions (``[H, 1, 1]`` -> ``[1, H, 1, 1]``; 4 or more
+    as it is), the shape ``torch.broadcast_shapes(x.shape, (1, 1, 1, 1))`` gives."""
+    if x.dim() >= 4:
+        return x
+    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
+
+
 def on_device(value, dtype: torch.dtype, device) -> Tensor:
     """``value`` (a number or a tensor) as a tensor of ``dtype`` on ``device``: a tensor is
     converted (no copy where it is there already), a number filled in by a kernel

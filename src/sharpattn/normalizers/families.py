@@ -45,7 +45,9 @@ import torch.nn.functional as F
 from . import _entmax  # the entmax package's functions in a form torch.compile can trace
 from ._contract import (
     HookError,
+    as_4d,
     finish,
+    fits,
     masked_softmax,
     on_device,
     prepare,
@@ -77,11 +79,7 @@ def per_row(value, hook: str, rows: tuple) -> Any:
     if _is_real(value):
         return value
     if torch.is_tensor(value) and value.is_floating_point():
-        try:
-            ok = torch.broadcast_shapes(value.shape, rows) == torch.Size(rows)
-        except RuntimeError:
-            ok = False
-        if ok:
+        if fits(value.shape, rows):
             return value
     raise HookError(
         f"its family's {hook} returned {_what(value)}; it must return a number or a floating "
@@ -564,7 +562,7 @@ def score_shift(lq: int, offset: int, shift, shift_log_position, like: Tensor) -
     pos = torch.arange(1, lq + 1, dtype=cd, device=like.device).add_(offset).clamp_(min=1.0)
     b = on_device(shift_log_position, cd, like.device) * torch.log(pos)[:, None]
     b = on_device(shift, cd, like.device) + b
-    return b.reshape(torch.broadcast_shapes(b.shape, (1, 1, 1, 1)))
+    return as_4d(b)
 
 
 FAMILIES = (RowScaled, Adaptive, Sink, Elementwise, RowNormalised, TopK, Sparse, StickBreaking)

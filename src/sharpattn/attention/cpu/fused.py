@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...normalizers._contract import compute_dtype
+from ...normalizers._contract import as_4d, compute_dtype
 from ...normalizers.families import Kernel
 from ..devices import backend, triton_kernels
 from ..masking import Masking
@@ -374,7 +374,7 @@ def row_tensor(factor, q: Tensor) -> Tensor:
     if not torch.is_tensor(factor):
         return torch.full((1, 1, 1, 1), float(factor), dtype=cd, device=q.device)
     factor = factor.to(device=q.device, dtype=cd)
-    return factor.reshape(torch.broadcast_shapes(factor.shape, (1, 1, 1, 1)))
+    return as_4d(factor)
 
 
 def positive_scale(q: Tensor, scale: float) -> tuple[Tensor, float]:

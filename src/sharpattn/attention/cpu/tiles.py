@@ -221,7 +221,7 @@ class Grid:
         """``a @ b`` for a tile-sized product, written into buffer ``name`` where it may be."""
         if not self.reuse or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
             return torch.matmul(a, b)
-        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        shape = batch_shape(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
         return torch.matmul(a, b, out=self.buffer(name, shape, a))
 
     def buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -252,6 +252,15 @@ class Grid:
         return torch.zeros(
             self.b, self.hkv, self.g, self.lq, self.dv, dtype=self.dtype, device=self.q.device
         )
+
+
+def batch_shape(a: tuple, b: tuple) -> tuple:
+    """The broadcast of two batch shapes that broadcast (``torch.broadcast_shapes`` costs ~30 µs
+    a call, most of a decoding step's Python time on the tiles)."""
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b, strict=True))
 
 
 def row_slice(x, lq: int, r0: int, r1: int):

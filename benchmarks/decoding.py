@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharpattn import attend
-from sharpattn.attention.cpu import native
-from sharpattn.normalizers import available, get
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from attention import machine  # noqa: E402  (benchmarks/attention.py: the machine's line)
+
+from sharpattn import attend  # noqa: E402
+from sharpattn.normalizers import available, get  # noqa: E402
 
 B, H, D = 1, 8, 64
 LENGTHS = "4096,16384,65536"
@@ -109,21 +111,6 @@ def table(rows: list[dict], checks: list[bool]) -> str:
             line += f" {r['ms'][key]:.3f} | {r['tokens_per_s'][key]:.0f} | {r['ratio'][key]:.2f} |"
         lines.append(line)
     return "\n".join(lines)
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-        f"Python {platform.python_version()}, SHARPATTN_COMPILE={native.mode()}"
-    )
 
 
 def main(argv=None) -> dict:

@@ -882,6 +882,25 @@ inline float stick_log_weights(float* y, int64_t n, float* lp, float carry) {
 
 extern "C" {
 
+// w_j = exp(lp_j + y_j), written over y (lp: log σ(s), y: the stick's running log sum); with
+// `ent` not null, −Σ w·log w and Σ w are added to *ent and *mass.
+inline void stick_weights(float* y, const float* lp, int64_t n, float* ent, float* mass) {
+  if (ent == nullptr) {
+    for (int64_t j = 0; j < n; ++j) y[j] = fast_exp(lp[j] + y[j]);
+    return;
+  }
+  float e = 0.f, total = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float lw = lp[j] + y[j];
+    const float w = fast_exp(lw);
+    e -= w * lw;
+    total += w;
+    y[j] = w;
+  }
+  *ent += e;
+  *mass += total;
+}
+
 // Stick-breaking (attention/cpu/stick_tiled.py, _log_weights), forward on one tile whose keys are
 // reversed (nearest first): per row, carry = Σ log σ(−s) of the allowed keys to the right (read
 // and written), log w_j = log σ(s_j) + carry + Σ_{k<j} log σ(−s_k), w written over s; with
@@ -900,20 +919,7 @@ void stick_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends, in
       zero(x, cols - n);
       float* y = x + (cols - n);
       carry[r] = stick_log_weights(y, n, lp.data(), carry[r]);
-      if (ent == nullptr) {
-        for (int64_t j = 0; j < n; ++j) y[j] = fast_exp(lp[j] + y[j]);
-      } else {
-        float e = 0.f, total = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float lw = lp[j] + y[j];
-          const float w = fast_exp(lw);
-          e -= w * lw;
-          total += w;
-          y[j] = w;
-        }
-        ent[r] += e;
-        mass[r] += total;
-      }
+      stick_weights(y, lp.data(), n, ent ? ent + r : nullptr, ent ? mass + r : nullptr);
     }
   }
 }
@@ -985,20 +991,8 @@ void stick_forward_rows(float* s, int64_t rows, int64_t cols, const int32_t* end
         x[j] = run;
         run += t;
       }
-      if (ent == nullptr) {
-        for (int64_t j = 0; j < n; ++j) x[j] = fast_exp(l[j] + x[j]);
-      } else {
-        float e = 0.f, total = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float lw = l[j] + x[j];
-          const float w = fast_exp(lw);
-          e -= w * lw;
-          total += w;
-          x[j] = w;
-        }
-        ent[r] = e;
-        mass[r] = total;
-      }
+      if (ent != nullptr) ent[r] = mass[r] = 0.f;
+      stick_weights(x, l, n, ent ? ent + r : nullptr, ent ? mass + r : nullptr);
     }
   }
 }

@@ -122,10 +122,11 @@ def attend(
     naive path builds the dense mask. Row statistics (n for the length-scaled methods,
     adaptive's entropy, a sink's denominator) count only the row's visible keys. Positions
     (stick-breaking's ``query_offset`` and log-position shift) stay those of the whole call.
-    The ids and lengths are read on the host. ``scale``: a finite real number of any sign (0 gives every
-    visible key the same score), None for 1/sqrt(D); anything else (NaN, ±inf, a bool, a
-    string, a tensor) raises ValueError naming ``scale`` and the value, before any path, whatever
-    ``check_finite`` is. Every path computes a scale <= 0 as it is (the fused paths carry it on
+    The ids and lengths are read on the host.
+
+    ``scale``: a finite real number of any sign (0 gives every visible key the same score), None
+    for 1/sqrt(D); anything else (NaN, ±inf, a bool, a string, a tensor) raises ValueError
+    naming ``scale`` and the value, before any path, whatever ``check_finite`` is. Every path computes a scale <= 0 as it is (the fused paths carry it on
     q: torch's flash kernel takes a positive one). ``params`` go to the normalizer (e.g.
     ``temperature=0.5``, ``coefficients="arxiv"``).
 

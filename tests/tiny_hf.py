@@ -19,6 +19,22 @@ def llama(**overrides):
     return transformers.LlamaForCausalLM(cfg)
 
 
+def mistral(sliding_window=4, **overrides):
+    """A tiny Mistral: Llama's shapes with a sliding window of ``sliding_window`` keys."""
+    cfg = transformers.MistralConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=sliding_window,
+        **overrides,
+    )
+    return transformers.MistralForCausalLM(cfg)
+
+
 def gpt2():
     cfg = transformers.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     return transformers.GPT2LMHeadModel(cfg)

@@ -16,23 +16,10 @@ from sharpattn import normalizers as nz  # noqa: E402
 from tiny_hf import bert as _bert  # noqa: E402
 from tiny_hf import gpt2 as _gpt2  # noqa: E402
 from tiny_hf import llama as _llama  # noqa: E402
+from tiny_hf import mistral  # noqa: E402
 from tiny_hf import neox as _neox  # noqa: E402
 
 hf = sharpattn.hf
-
-
-def _mistral_sliding():
-    cfg = transformers.MistralConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=3,
-    )
-    return transformers.MistralForCausalLM(cfg)
 
 
 BUILDERS = {
@@ -40,7 +27,7 @@ BUILDERS = {
     "gpt2": _gpt2,
     "neox": _neox,
     "bert": _bert,
-    "mistral-sliding-window": _mistral_sliding,
+    "mistral-sliding-window": lambda: mistral(sliding_window=3),
 }
 DECODERS = ("llama", "gpt2", "neox")
 

@@ -14,6 +14,7 @@ import sharpattn  # noqa: E402
 from precision import assert_close  # noqa: E402
 from sharpattn.integrations import hf as hf_impl  # noqa: E402
 from tiny_hf import llama as _llama  # noqa: E402
+from tiny_hf import mistral  # noqa: E402
 
 hf = sharpattn.hf
 
@@ -21,21 +22,6 @@ pytestmark = pytest.mark.numerical
 
 METHODS = ("softmax", "sink", "sigmoid", "entmax15", "stick_breaking")
 LENGTHS = (5, 1, 9)
-
-
-def _mistral(sliding_window=4, **overrides):
-    cfg = transformers.MistralConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=sliding_window,
-        **overrides,
-    )
-    return transformers.MistralForCausalLM(cfg)
 
 
 @pytest.fixture
@@ -178,7 +164,7 @@ def test_sliding_window_equals_transformers_eager(calls):
     """transformers' sliding window W: query i sees keys i − W < j <= i (W keys, itself
     included), so attend gets window=(W − 1, 0)."""
     torch.manual_seed(0)
-    net = _mistral(sliding_window=4).eval()
+    net = mistral(sliding_window=4).eval()
     ids = torch.randint(3, 97, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, :3] = 0  # left padding in one row
@@ -192,7 +178,7 @@ def test_sliding_window_equals_transformers_eager(calls):
 
 
 def test_sliding_window_over_packed_documents(calls):
-    net = _model("sigmoid", lambda: _mistral(sliding_window=4)).eval()
+    net = _model("sigmoid", lambda: mistral(sliding_window=4)).eval()
     docs = _documents(5)
     ids, pos, _ = _packed(docs)
     with torch.no_grad():
@@ -205,7 +191,7 @@ def test_sliding_window_over_packed_documents(calls):
 
 @pytest.mark.parametrize(
     ("method", "build"),
-    [("softmax", _llama), ("entmax15", _llama), ("stick_breaking", _mistral)],
+    [("softmax", _llama), ("entmax15", _llama), ("stick_breaking", mistral)],
     ids=["softmax-llama", "entmax15-llama", "stick_breaking-mistral-window"],
 )
 def test_generate_with_cache_equals_without(method, build):

@@ -147,6 +147,19 @@ def _from_right(x: Tensor) -> Tensor:
     return run.flip(-1)
 
 
+def _row_log_weights(s: Tensor, keep: Tensor | None) -> Tensor:
+    """log w of whole rows, keys in order (the whole-row path without the C++ loops): log σ(s_j)
+    + Σ_{k>j} log σ(−s_k) over the allowed keys; ``s`` made 0 where ``keep`` is 0 (in place:
+    finite arithmetic there, as `_tile`)."""
+    if keep is not None:
+        s.mul_(keep)
+    log_pos = F.logsigmoid(s)
+    log_neg = log_pos - s
+    if keep is not None:
+        log_neg.mul_(keep)
+    return log_pos.add_(_from_right(log_neg))
+
+
 @dataclass(frozen=True)
 class _Rows:
     """The whole-row path's layout: the one tile of every query row over keys ``0:c1`` (every
@@ -223,13 +236,7 @@ def _rows_forward(walk: _Walk, q, k, v, want_stats: bool):
                 ent[bs, heads], mass[bs, heads] = stats
         else:
             keep = lay.keep_of(grid, bs, hs)
-            if keep is not None:
-                s4.mul_(keep)  # finite arithmetic where masked, as `_tile`
-            log_pos = F.logsigmoid(s4)
-            log_neg = log_pos - s4
-            if keep is not None:
-                log_neg.mul_(keep)
-            log_w = log_pos.add_(_from_right(log_neg))
+            log_w = _row_log_weights(s4, keep)
             w4 = torch.exp(log_w)
             if keep is not None:
                 w4.mul_(keep)
@@ -266,13 +273,7 @@ def _rows_backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
             view = (nb, nh * grid.g, grid.lq, lay.c1)
             keep = lay.keep_of(grid, bs, hs)
             s4, gv4, db4 = s.view(view), gv.view(view), db.view(view[:3] + (1,))
-            if keep is not None:
-                s4.mul_(keep)
-            log_pos = F.logsigmoid(s4)
-            log_neg = log_pos - s4
-            if keep is not None:
-                log_neg.mul_(keep)
-            w4 = exp_(log_pos.add_(_from_right(log_neg)))
+            w4 = exp_(_row_log_weights(s4, keep))
             if keep is not None:
                 w4.mul_(keep)
             wg = gv4.mul_(w4)  # w_ij·g_ij

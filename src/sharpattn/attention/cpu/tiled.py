@@ -47,7 +47,7 @@ from ..masking import Masking
 from ..stats import AttentionStats, row_stats
 from . import native
 from .fused import row_tensor, softmax_output
-from .tiles import Grid, row_slice, row_tiles
+from .tiles import Grid, prefix_ends, row_slice, row_tiles
 
 #: calls of at most this many query rows that want no gradient take `_decode`
 DECODE_ROWS = 16
@@ -199,8 +199,8 @@ def _decode(maths: TileMaths, q, k, v, masking: Masking, scale: float, row) -> T
     qs = q.to(cd).reshape(b, hkv, (h // hkv) * lq, d) * scale  # the scale on q, as the grid's
     s = torch.matmul(qs, k[:, :, :end].to(cd).transpose(-2, -1)).view(b, h, lq, end)
     ends = None
-    if masking.causal:  # row i sees its first i + (Lk − Lq) + 1 keys
-        ends = (torch.arange(lq, dtype=torch.int32) + (masking.offset + 1)).clamp_(0, end)
+    if masking.causal:  # row i sees keys j <= i + (Lk − Lq)
+        ends = prefix_ends(0, lq, 0, end, masking.offset, q.device)
     name, p, shift = maths.native_args()
     if maths.normalised:
         m = torch.zeros(b, h, lq, 1, dtype=cd, device=q.device)

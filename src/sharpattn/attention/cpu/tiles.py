@@ -193,8 +193,7 @@ class Grid:
         (int32 ``[r]``, a prefix of the tile's keys), for `native`; else None."""
         if not t.masked or self.masking.mask is not None or self.diagonal is None:
             return None
-        i = torch.arange(t.r0, t.r1, dtype=torch.int32, device=self.masking.device)
-        return (i + (self.diagonal - t.c0 + 1)).clamp_(0, t.c1 - t.c0)
+        return prefix_ends(t.r0, t.r1, t.c0, t.c1, self.diagonal, self.masking.device)
 
     # -- tensors of a tile -------------------------------------------------------------------
 
@@ -252,6 +251,13 @@ class Grid:
         return torch.zeros(
             self.b, self.hkv, self.g, self.lq, self.dv, dtype=self.dtype, device=self.q.device
         )
+
+
+def prefix_ends(r0: int, r1: int, c0: int, c1: int, diagonal: int, device) -> Tensor:
+    """How many of keys ``c0:c1`` each row of ``r0:r1`` sees when row i sees keys j <= i +
+    ``diagonal``: int32 ``[r1 − r0]``, the ``ends`` of the C++ loops."""
+    i = torch.arange(r0, r1, dtype=torch.int32, device=device)
+    return (i + (diagonal - c0 + 1)).clamp_(0, c1 - c0)
 
 
 def batch_shape(a: tuple, b: tuple) -> tuple:

@@ -288,11 +288,9 @@ def _assemble_stats(stats, pieces, shape, masking: Masking, like: Tensor) -> Att
     fields = {}
     for name in ("entropy", "mass", "lse", "beta", "softmax_entropy"):
         parts = [getattr(s, name) for s in stats]
-        if not parts or any(x is None for x in parts):
-            fields[name] = None if name not in ("entropy", "mass") else like.new_zeros(())
+        if any(x is None for x in parts) or not (parts or name in ("entropy", "mass")):
+            fields[name] = None
             continue
-        fields[name] = _assemble([x.unsqueeze(-1) for x in parts], pieces, (*shape, 1), parts[0])
-    for name in ("entropy", "mass"):
-        if fields[name].dim() == 0:
-            fields[name] = fields[name].expand(*shape, 1)
+        base = parts[0] if parts else like  # no piece: every row empty, zeros
+        fields[name] = _assemble([x.unsqueeze(-1) for x in parts], pieces, (*shape, 1), base)
     return row_stats(shape, masking.visible_keys(), **fields)

@@ -63,13 +63,6 @@ class Structure:
             return None
         return cls(doc_start, doc_end, window, key_start, key_end)
 
-    @property
-    def batched(self) -> bool:
-        """Whether rows of different batch entries may see different keys."""
-        return self.key_start is not None or (
-            self.doc_start is not None and self.doc_start.shape[0] > 1
-        )
-
     def bounds(self, r0: int, r1: int, lq: int, lk: int, causal: bool) -> tuple[Tensor, Tensor]:
         """(lo, hi), each int64 ``[1|B, r1 − r0]`` on the host: query row i of ``r0:r1`` sees
         keys ``lo_i <= j < hi_i`` (with ``causal`` too: j <= p_i); hi >= lo (an empty row has

@@ -15,8 +15,9 @@ from ..normalizers._contract import causal_rows, compute_dtype
 from ..normalizers.families import HookError
 from ..normalizers.registry import CHECK_FINITE, Param, is_built_in
 from . import policy
+from .cpu import decoding
 from .cpu.fused import positive_scale
-from .dispatch.fast import FAST, check_hook_values, path_of, scores_in_range
+from .dispatch.fast import FAST, check_hook_values, decodes, path_of, scores_in_range
 from .masking import Masking, Structure
 from .pieces import run_pieces
 from .reference.chunked import chunked_attend
@@ -218,7 +219,18 @@ def attend(
         masking = Masking.build(mask, causal, lq, lk, q.device, structure)
         cd = compute_dtype(q.dtype)
         sizes = None
-        if check_finite:  # once, before any path: every path rejects the same inputs
+        # a decoding step that reads the cache once checks k and v from what it read (`_run`)
+        defer = (
+            check_finite
+            and structure is None
+            and impl in ("auto", "fused")
+            and not return_weights
+            and fast is not None
+            and decodes(entry, q, k, v, masking, return_stats, params)
+        )
+        if defer:
+            _check_query(q)
+        elif check_finite:  # once, before any path: every path rejects the same inputs
             sizes = _check_ranges(q, k, v, scale, cd)
 
         if impl == "auto":
@@ -249,7 +261,7 @@ def attend(
             )
         else:
             run = functools.partial(
-                _run, entry, fast, impl, scale, sizes, check_finite, return_stats, block_size
+                _run, entry, fast, impl, scale, sizes, defer, check_finite, return_stats, block_size
             )
             if structure is None:
                 out, stats = run(q, k, v, masking, params)
@@ -289,6 +301,7 @@ def _run(
     impl,
     scale,
     sizes,
+    defer,
     check_finite,
     return_stats,
     block_size,
@@ -299,7 +312,11 @@ def _run(
     params,
 ):
     """(output, statistics or None) of one call without structure on the fused path (falling back
-    to the chunked one where the kernel's range or output says so) or the chunked path."""
+    to the chunked one where the kernel's range or output says so) or the chunked path.
+
+    ``sizes``: `_check_ranges`'s magnitudes, or None unchecked; with ``defer`` the fused path runs
+    first, as a decoding step that reports what it read of k and v (`decoding.collected`), and
+    the inputs are checked from that before its output is used."""
     b, h, lq = q.shape[:3]
     stats = None
     if impl == "fused":
@@ -307,17 +324,26 @@ def _run(
         full.update(params)
         if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
             check_hook_values(entry, full, masking, (b, h, lq, 1))
+        k_norm = out = None
+        if defer:
+            qf, sf = positive_scale(q, scale)
+            with decoding.collected() as read:
+                out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
+            read = read[0] if read else None  # none: the path took no decoding step after all
+            sizes = _check_ranges(q, k, v, scale, compute_dtype(q.dtype), read)
+            k_norm = None if read is None else read.k_norm
         if sizes is not None and (
             max(sizes) >= torch.finfo(compute_dtype(q.dtype)).max ** 0.25
-            or not scores_in_range(entry, full, q, k, scale, sizes[3])
+            or not scores_in_range(entry, full, q, k, scale, sizes[3], k_norm)
         ):
             # the kernel's backward could overflow, or lose β·s's precision: the exact path
             impl = "chunked"
         else:
-            # a scale <= 0 rides on q (the flash kernel and the paths that divide by the scale
-            # take a positive one)
-            qf, sf = positive_scale(q, scale)
-            out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
+            if out is None:
+                # a scale <= 0 rides on q (the flash kernel and the paths that divide by the
+                # scale take a positive one)
+                qf, sf = positive_scale(q, scale)
+                out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
             if check_finite and not math.isfinite(_max_abs(out)):
                 # the kernel overflowed on finite inputs (_check_ranges rejected non-finite
                 # ones; β·s beyond the dtype: NaN): recompute on the chunked path, which
@@ -423,16 +449,26 @@ def _max_abs(t: Tensor) -> float:
     return max(-lo, hi) if not math.isnan(lo) else math.nan
 
 
-def _check_ranges(q: Tensor, k: Tensor, v: Tensor, scale: float, cd) -> tuple[float, ...]:
+def _check_query(q: Tensor) -> None:
+    """Reject a non-finite q (`_check_ranges` without k and v)."""
+    if not math.isfinite(_max_abs(q)):
+        _check_finite(q=q)
+
+
+def _check_ranges(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, cd, read=None
+) -> tuple[float, ...]:
     """Reject non-finite q, k, v and a q·kᵀ that could overflow ``cd``; return the magnitudes
     the fused kernel multiplies (max |q|, max |k|, max |v|, D·max|q|·max|k|·|scale| ≥ every
-    scaled score) for the fused paths' range test.
+    scaled score) for the fused paths' range test. ``read``: max |k| and max |v| as a decoding
+    step read them (`decoding.Magnitudes`), instead of reading k and v here.
 
     The score bound D·max|q|·max|k|·max(1, |scale|) exceeds every partial sum of q·kᵀ, in any
     order, and the scaled score: below the dtype's largest number no path overflows, so the
     rule does not depend on how a path orders its sums.
     """
-    mq, mk, mv = _max_abs(q), _max_abs(k), _max_abs(v)
+    mq = _max_abs(q)
+    mk, mv = (_max_abs(k), _max_abs(v)) if read is None else (read.k, read.v)
     if not all(math.isfinite(m) for m in (mq, mk, mv)):
         _check_finite(q=q, k=k, v=v)  # names the first bad position
     bound = q.shape[-1] * mq * mk * max(1.0, abs(scale))  # Python floats: no overflow below 1e308

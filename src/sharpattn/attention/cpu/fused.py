@@ -45,7 +45,7 @@ from ..devices import backend, triton_kernels
 from ..masking import Masking
 from ..reference.chunked import chunked_softmax_attention
 from ..stats import AttentionStats, row_stats
-from . import native
+from . import decoding, native
 from .tiles import BUFFERED_TILE_ELEMENTS, Grid
 
 Tensor = torch.Tensor
@@ -406,6 +406,8 @@ def query_scaled(
         qs, sc = (q.to(ct) * (scale * factor.to(ct))).to(q.dtype), 1.0  # (B, H, Lq, D)
     else:
         qs, sc = positive_scale(q, scale * float(factor))  # β <= 0 is legal
+    if decoding.applies(q, k, v, masking, want_stats, (factor,)):  # one pass over the cache
+        return decoding.step("softmax", 0.0, 0.0, qs, k, v, masking, sc)[0].to(q.dtype), None
     if not want_stats:
         return softmax_output(qs, k, v, masking, sc), None
     out, lse = softmax_attention(qs, k, v, masking, sc)
@@ -545,6 +547,9 @@ def sink(family, q, k, v, masking, scale, want_stats, **params):
     """
     n = masking.visible_keys(dtype=compute_dtype(q.dtype))
     bias = row_tensor(family.bias_of(n, (*q.shape[:3], 1), **params), q)
+    if decoding.applies(q, k, v, masking, want_stats, (bias,)):  # one pass over the cache
+        o, m, z = decoding.step("softmax", 0.0, 0.0, q, k, v, masking, scale)
+        return (o * torch.sigmoid(m + torch.log(z) - bias)).to(q.dtype), None
     if _on_triton(q, k):  # a CUDA tensor: the Triton kernel's output and lse, both in float32
         o, lse = triton_kernels().softmax_attention(q, k, v, masking, scale)
         seen = torch.isfinite(lse)

@@ -127,6 +127,8 @@ _MAP_SIGNATURES = {
     "normalised_backward": [_FL, _FL, _F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     # the entmax family's threshold, ``sparse_solve_{kind}`` (kind: sparse_tiled's Newton step)
     "sparse_solve": [_FL, _F, _I64, _I64, _F, _F, _F, _I, _F, _I],
+    # a decoding step, ``decode_{name}`` (also ``decode_softmax``): see `decode`
+    "decode": [_FL, _FL, *[_F] * 12, _I],
 }
 
 
@@ -612,6 +614,48 @@ def _(kind, e, y, tau, lo, hi, steps):
     return tuple(torch.empty_like(tau, memory_format=torch.contiguous_format) for _ in range(2))
 
 
+@_op("decode", ())
+def _decode(
+    kind: str,
+    p: float,
+    shift: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ends: Tensor | None,
+    row: Tensor | None,
+    runs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    b, h, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    dims = torch.tensor([b, h, hkv, lq, lk, d, dv, runs], dtype=torch.int64)
+    strides = torch.tensor([*k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
+    part = q.new_empty(b * hkv * runs * (h // hkv) * lq * (dv + 2))
+    out, m, z, mags = _decoded(q, v)
+    map_loop("decode", kind)(
+        *(p, shift, _p(q), _p(k), _p(v), _p(dims), _p(strides), _ends(ends)[0], _p(row)),
+        *(_p(part), _p(out), _p(m), _p(z), _p(mags), _threads()),
+    )
+    return out, m, z, mags
+
+
+def _decoded(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`decode`'s outputs, uninitialised: out ``[B, H, Lq, Dv]``, m and Z ``[B, H, Lq, 1]``,
+    the three magnitudes."""
+    lead = q.shape[:3]
+    return (
+        q.new_empty(*lead, v.shape[-1]),
+        q.new_empty(*lead, 1),
+        q.new_empty(*lead, 1),
+        q.new_empty(3),
+    )
+
+
+@_decode.register_fake
+def _(kind, p, shift, q, k, v, ends, row, runs):
+    return _decoded(q, v)
+
+
 @_op("sparse_prepare", ("s",))
 def _sparse_prepare(
     s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, count: int, width: int
@@ -780,6 +824,19 @@ def normalised_backward(
     w = torch.empty_like(s) if w is None else w
     _normalised_backward(kind, p, shift, s, ends, dp, m, d, z, w)
     return s, w
+
+
+def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
+    """(out, m, Z, magnitudes) of a decoding step with the map ``kind`` (a kernel record's name,
+    or ``softmax``) in one pass over the cache (`native/tiles.cpp`, ``decode_step``): q
+    ``[B, H, Lq, D]`` float32 contiguous and already scaled; k and v ``[B, Hkv, Lk, D|Dv]``
+    float32 with unit stride in their last dimension; ``ends`` `prefix_ends` of the rows (a
+    causal step) or None; ``row`` ``[B, H, Lq, 1]`` contiguous (the element-wise maps) or None;
+    the keys split into ``runs`` runs. m and Z are a normalised map's row reference and Σ a
+    relative to it; the magnitudes are max |k|, max |v| and max ‖k_j‖ over the whole cache
+    (infinite or NaN where a value is)."""
+    out, m, z, mags = _decode(kind, p, shift, q, k, v, ends, row, runs)
+    return out, m, z, torch.stack([mags[0], mags[1], mags[2].sqrt()])
 
 
 def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, steps: int):

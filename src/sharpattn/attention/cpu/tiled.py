@@ -45,12 +45,9 @@ from .. import policy
 from ..devices import backend, triton_kernels
 from ..masking import Masking
 from ..stats import AttentionStats, row_stats
-from . import native
+from . import decoding, native
 from .fused import row_tensor, softmax_output
-from .tiles import Grid, prefix_ends, row_slice, row_tiles
-
-#: calls of at most this many query rows that want no gradient take `_decode`
-DECODE_ROWS = 16
+from .tiles import Grid, row_slice, row_tiles
 
 Tensor = torch.Tensor
 
@@ -187,32 +184,13 @@ def _forward(grid: Grid, kernel: TileMaths, row: Tensor):
 
 
 def _decode(maths: TileMaths, q, k, v, masking: Masking, scale: float, row) -> Tensor:
-    """A decoding step (at most `DECODE_ROWS` query rows, no gradient wanted, the C++ loops):
-    `_forward`'s sums on the one tile of every key the rows see, without the tile walk (a
-    grid, an autograd function, per-tile bookkeeping: about 0.25 ms a call on the 2-core AMD
-    EPYC, as much as SDPA's whole step over 4,096 keys). The query heads of a key head are one
-    block of rows, so each product is one matrix product per key head."""
-    b, h, lq, d = q.shape
-    hkv = k.shape[1]
-    cd = compute_dtype(q.dtype)
-    end = masking.key_end(lq)  # causal: no key past the last row's edge
-    qs = q.to(cd).reshape(b, hkv, (h // hkv) * lq, d) * scale  # the scale on q, as the grid's
-    s = torch.matmul(qs, k[:, :, :end].to(cd).transpose(-2, -1)).view(b, h, lq, end)
-    ends = None
-    if masking.causal:  # row i sees keys j <= i + (Lk − Lq)
-        ends = prefix_ends(0, lq, 0, end, masking.offset, q.device)
+    """A decoding step (`decoding.applies`): the map's C++ loop in one pass over the cache
+    (`decoding.step`), without the tile walk (a grid, an autograd function, per-tile
+    bookkeeping: about 0.25 ms a call on the 2-core AMD EPYC, as much as SDPA's whole step over
+    4,096 keys)."""
     name, p, shift = maths.native_args()
-    if maths.normalised:
-        m = torch.zeros(b, h, lq, 1, dtype=cd, device=q.device)
-        _, _, u, z = native.normalised_forward(name, p, shift, s, ends, m)
-        w = u
-    else:
-        rows = row.to(cd).expand(b, h, lq, 1).contiguous()
-        w = native.elementwise_forward(name, p, s, ends, rows)
-    out = torch.matmul(w.view(b, hkv, -1, end), v[:, :, :end].to(cd)).view(b, h, lq, -1)
-    if maths.normalised:
-        out = out / torch.where(z > 0, z, torch.ones_like(z))
-    return out.to(q.dtype)
+    rows = None if maths.normalised else row
+    return decoding.step(name, p, shift, q, k, v, masking, scale, rows)[0].to(q.dtype)
 
 
 def _normalised_tile(kernel: TileMaths, s: Tensor, keep: Tensor | None, m: Tensor):
@@ -375,11 +353,8 @@ def tiled_attention(
     maths.native = kernel.name if where == "cpp" else None
     if (
         where == "cpp"
-        and q.shape[2] <= DECODE_ROWS
-        and masking.mask is None
         and blocks == (None, None)
-        and not want_stats
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, row)))
+        and decoding.applies(q, k, v, masking, want_stats, (row,))
     ):
         return _decode(maths, q, k, v, masking, scale, row), None
     out = _TiledAttention.apply(q, k, v, row, maths, masking, scale, blocks)

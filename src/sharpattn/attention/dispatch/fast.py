@@ -34,7 +34,7 @@ from ...normalizers.families import (
     check_range,
 )
 from .. import policy
-from ..cpu import fused
+from ..cpu import decoding, fused
 from ..cpu.adaptive_tiled import adaptive
 from ..cpu.sparse_tiled import SPARSE_TILED, sparse
 from ..cpu.sparse_tiled import topk as _topk
@@ -159,12 +159,15 @@ def check_hook_values(entry: Normalizer, params: dict, masking, rows: tuple) -> 
             check_range(family.scale_of(n, rows, **params), "scale", 0.0, math.inf, low_open=True)
 
 
-def scores_in_range(entry: Normalizer, params: dict, q, k, scale: float, bound: float) -> bool:
+def scores_in_range(
+    entry: Normalizer, params: dict, q, k, scale: float, bound: float, k_norm: float | None = None
+) -> bool:
     """Whether the flash kernel of a row-scaled or adaptive method keeps its gradients within
     precision: |β|·|s| below `policy.FUSED_SCALED_SCORE_MAX` for every score, with ``bound`` >=
     max |s| (``attend``'s D·max|q|·max|k|·|scale|) and, where that is too loose, the
-    Cauchy–Schwarz bound max_i ‖q_i‖·max_j ‖k_j‖·|scale| (one pass over q and k). Reads
-    tensors on the host: ``attend`` calls it only with ``check_finite``."""
+    Cauchy–Schwarz bound max_i ‖q_i‖·max_j ‖k_j‖·|scale| (one pass over q and k; over q alone
+    where a decoding step gave ``k_norm``, the largest ‖k_j‖). Reads tensors on the host:
+    ``attend`` calls it only with ``check_finite``."""
     if not isinstance(entry.family, (RowScaled, Adaptive)):
         return True
     beta = beta_bound(entry, params, k.shape[-2])
@@ -180,8 +183,25 @@ def scores_in_range(entry: Normalizer, params: dict, q, k, scale: float, bound: 
         # of a decoding step); every norm is at most √D·max|x|, which attend's range check keeps
         # finite, and the margin covers the rounding of D-term sums many times over
         cd = torch.promote_types(q.dtype, torch.float32)
-        nq, nk = (
-            float(torch.linalg.vector_norm(t.detach(), dim=-1, dtype=cd).amax()) * (1 + 1e-4)
-            for t in (q, k)
-        )
-    return beta * nq * nk * abs(scale) < top
+        nq = float(torch.linalg.vector_norm(q.detach(), dim=-1, dtype=cd).amax())
+        if k_norm is None:
+            k_norm = float(torch.linalg.vector_norm(k.detach(), dim=-1, dtype=cd).amax())
+    return beta * nq * k_norm * (1 + 1e-4) ** 2 * abs(scale) < top
+
+
+def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict) -> bool:
+    """Whether the fast path of ``entry`` runs this call as a decoding step on the CPU
+    (`decoding.applies`: one pass over the cache that reports what it read of k and v, so that
+    ``attend`` checks them from that): the row-scaled softmax family, the sinks, and the
+    element-wise and row-normalised maps with C++ loops."""
+    family = entry.family
+    if isinstance(family, (Elementwise, RowNormalised)):
+        kernel = family.kernel
+        if kernel is None or kernel.tiles is None or not kernel.cpp:
+            return False
+        if params.get("blocks") is not None:
+            return False
+    elif not isinstance(family, (RowScaled, Sink)):
+        return False
+    tensors = [p for p in params.values() if torch.is_tensor(p)]
+    return decoding.applies(q, k, v, masking, want_stats, tensors)

@@ -468,10 +468,14 @@ struct Relu {  // w = ReLU(s)^p / n, n = r (>= 1)
 // grad(x, g, w, n, p, shift, m, d, z) writes dL/ds over x and w with D = d = dO·out.
 
 struct Power {  // u = a = (ReLU(s)/m)^p, m the largest ReLU(s) (1 while it is 0)
+  static constexpr float kStart = 0.f;
+  static float factor(float m, float m_new, float p) {
+    return std::pow(m / (m_new > 0.f ? m_new : 1.f), p);
+  }
   static float row(float* x, int64_t n, float p, float, float& m, float& f) {
     const float m_new = std::max(m, row_max(x, n, 0.f));
     const float m1 = m_new > 0.f ? m_new : 1.f;
-    f = std::pow(m / m1, p);
+    f = factor(m, m_new, p);
     m = m_new;
     return power_forward_row(x, n, 1.f / m1, p, whole_power(p));
   }
@@ -483,6 +487,8 @@ struct Power {  // u = a = (ReLU(s)/m)^p, m the largest ReLU(s) (1 while it is 0
 };
 
 struct Signed {  // u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the largest |s|
+  static constexpr float kStart = 0.f;
+  static float factor(float m, float m_new, float) { return std::exp(m - m_new); }
   static float row(float* x, int64_t n, float, float, float& m, float& f) {
     const float m_new = std::max(m, row_abs_max(x, n));
     float sum = 0.f;
@@ -491,7 +497,7 @@ struct Signed {  // u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the largest
       sum += e;
       x[j] = e * sign_of(x[j]);
     }
-    f = std::exp(m - m_new);
+    f = factor(m, m_new, 0.f);
     m = m_new;
     return sum;
   }
@@ -508,6 +514,8 @@ struct Signed {  // u = sign(s)·e^{|s| − m}, a = e^{|s| − m}, m the largest
 };
 
 struct Softpick {  // d = A·expm1(s − c) + B, u = ReLU(d), a = |d|, m = max(0, max s)
+  static constexpr float kStart = 0.f;
+  static float factor(float m, float m_new, float) { return std::exp(m - m_new); }
   static float row(float* x, int64_t n, float, float shift, float& m, float& f) {
     const float m_new = std::max(m, row_max(x, n, 0.f));
     const Shift sh = softpick_shift(m_new, shift);
@@ -517,7 +525,7 @@ struct Softpick {  // d = A·expm1(s − c) + B, u = ReLU(d), a = |d|, m = max(0
       sum += std::fabs(d);
       x[j] = d > 0.f ? d : 0.f;
     }
-    f = std::exp(m - m_new);
+    f = factor(m, m_new, 0.f);
     m = m_new;
     return sum;
   }
@@ -540,6 +548,8 @@ struct Softpick {  // d = A·expm1(s − c) + B, u = ReLU(d), a = |d|, m = max(0
 inline float stablemax_of(float x) { return x >= 0.f ? x + 1.f : 1.f / (1.f - x); }
 
 struct Stablemax {
+  static constexpr float kStart = 0.f;
+  static float factor(float m, float m_new, float) { return m * (m_new > 0.f ? 1.f / m_new : 1.f); }
   static float row(float* x, int64_t n, float, float, float& m, float& f) {
     const float m_new = n > 0 ? std::max(m, stablemax_of(row_max(x, n, kUnseen))) : m;
     const float inv = m_new > 0.f ? 1.f / m_new : 1.f;
@@ -549,7 +559,7 @@ struct Stablemax {
       sum += u;
       x[j] = u;
     }
-    f = m * inv;
+    f = factor(m, m_new, 0.f);
     m = m_new;
     return sum;
   }
@@ -617,11 +627,185 @@ void normalised_backward(float p, float shift, float* s, const float* dp, float*
   }
 }
 
+// softmax as a normalised map, u = a = e^{s − m}, m the largest score (kUnseen while none is
+// seen): the softmax family's rows in a decoding step (its tiles run torch's flash kernel).
+struct Softmax {
+  static constexpr float kStart = kUnseen;
+  static float factor(float m, float m_new, float) {
+    return m > kUnseen ? fast_exp(m - m_new) : 0.f;
+  }
+  static float row(float* x, int64_t n, float, float, float& m, float& f) {
+    const float m_new = std::max(m, row_max(x, n, kUnseen));
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = fast_exp(x[j] - m_new);
+      sum += e;
+      x[j] = e;
+    }
+    f = factor(m, m_new, 0.f);
+    m = m_new;
+    return sum;
+  }
+};
+
+// The largest |x| of n floats and `top`, as bits with the sign cleared: finite values order as
+// their magnitudes do, and every infinity or NaN lies above them all (0x7f800000 and up). Bits,
+// not float compares, so that -ffast-math cannot assume the NaN away.
+inline uint32_t abs_bits(const float* x, int64_t n, uint32_t top) {
+  for (int64_t d = 0; d < n; ++d) {
+    uint32_t b;
+    std::memcpy(&b, x + d, sizeof b);
+    b &= 0x7fffffffu;
+    top = top > b ? top : b;
+  }
+  return top;
+}
+
+// A decoding step in one parallel region: the R = G·Lq query rows of each key head (its G query
+// heads, Lq rows each) against a cache of Lk keys split into `runs` runs. Each (batch, key head,
+// run) is one unit of work: over chunks of kChunk keys, its rows' scores (each key row read
+// once), the map, and Σ w·v over the same keys (each value row read once); a normalised map keeps
+// a running reference per row, as the tiles do. Then each row's runs are combined (a normalised
+// map's sums rescaled to the largest reference, as flash decoding combines softmax's). While the
+// keys and values pass, their largest magnitudes are kept (`abs_bits`): mags[0] = max |k| and
+// mags[1] = max |v| over the whole cache, infinite or NaN where any value is, so the caller
+// checks its inputs without reading the cache a second time; mags[2], the largest ‖k_j‖², infinite
+// where a sum overflows.
+//
+// dims: B, H, Hkv, Lq, Lk, D, Dv, runs; strides (in floats): k's batch, head and key, then v's;
+// q [B, H, Lq, D] contiguous and already scaled; ends[i]: the keys row i sees (a prefix; null:
+// all); row [B, H, Lq]: the element-wise maps' row values; part: B·Hkv·runs·R·(Dv + 2) floats of
+// scratch; out [B, H, Lq, Dv]; m_out and z_out [B, H, Lq] (normalised maps: the row's reference
+// and Σ a relative to it).
+constexpr int64_t kChunk = 256;
+
+template <class Map, bool kNormalised>
+constexpr float start() {
+  if constexpr (kNormalised) return Map::kStart;
+  return 0.f;
+}
+
+template <class Map, bool kNormalised>
+void decode_step(float p, float shift, const float* q, const float* k, const float* v,
+                 const int64_t* dims, const int64_t* strides, const int32_t* ends,
+                 const float* row, float* part, float* out, float* m_out, float* z_out,
+                 float* mags, int threads) {
+  const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
+  const int64_t D = dims[5], Dv = dims[6], S = dims[7];
+  const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
+  const int64_t width = Dv + 2;  // per row of a unit: Σ w·v, then the reference m and Σ a
+  std::vector<uint32_t> kbits(units, 0u), vbits(units, 0u), nbits(units, 0u);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> sc(R * kChunk);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t b = u / (Hkv * S), hk = (u / S) % Hkv, s = u % S;
+      const int64_t j0 = std::min(Lk, s * run), j1 = std::min(Lk, j0 + run);
+      const float* qu = q + (b * H + hk * G) * Lq * D;
+      const float* ku = k + b * strides[0] + hk * strides[1];
+      const float* vu = v + b * strides[3] + hk * strides[4];
+      float* pu = part + u * R * width;
+      for (int64_t r = 0; r < R; ++r) {
+        zero(pu + r * width, Dv);
+        pu[r * width + Dv] = start<Map, kNormalised>();
+        pu[r * width + Dv + 1] = 0.f;
+      }
+      uint32_t kt = 0u, vt = 0u, nt = 0u;
+      for (int64_t c0 = j0; c0 < j1; c0 += kChunk) {
+        const int64_t cn = std::min(j1, c0 + kChunk) - c0;
+        for (int64_t j = 0; j < cn; ++j) {
+          const float* kj = ku + (c0 + j) * strides[2];
+          kt = abs_bits(kj, D, kt);
+          float ss = 0.f;
+          for (int64_t d = 0; d < D; ++d) ss += kj[d] * kj[d];
+          nt = abs_bits(&ss, 1, nt);
+          for (int64_t r = 0; r < R; ++r) {
+            const float* qr = qu + r * D;
+            float dot = 0.f;
+            for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+            sc[r * kChunk + j] = dot;
+          }
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t i = r % Lq;
+          const int64_t n =
+              ends == nullptr ? cn : std::min<int64_t>(cn, std::max<int64_t>(0, ends[i] - c0));
+          float* x = sc.data() + r * kChunk;
+          float* pr = pu + r * width;
+          if constexpr (kNormalised) {
+            float f;
+            const float total = Map::row(x, n, p, shift, pr[Dv], f);
+            for (int64_t d = 0; d < Dv; ++d) pr[d] *= f;
+            pr[Dv + 1] = pr[Dv + 1] * f + total;
+          } else {
+            Map::row(x, n, p, row[(b * H + hk * G + r / Lq) * Lq + i]);
+          }
+          zero(x + n, cn - n);  // keys the row does not see weigh nothing
+        }
+        for (int64_t j = 0; j < cn; ++j) {
+          const float* vj = vu + (c0 + j) * strides[5];
+          vt = abs_bits(vj, Dv, vt);
+          for (int64_t r = 0; r < R; ++r) {
+            const float w = sc[r * kChunk + j];
+            if (w == 0.f) continue;
+            float* pr = pu + r * width;
+            for (int64_t d = 0; d < Dv; ++d) pr[d] += w * vj[d];
+          }
+        }
+      }
+      kbits[u] = kt;
+      vbits[u] = vt;
+      nbits[u] = nt;
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * R; ++t) {
+      const int64_t b = t / (Hkv * R), hk = (t / R) % Hkv, r = t % R;
+      const int64_t at = (b * H + hk * G + r / Lq) * Lq + r % Lq;  // the row in [B, H, Lq]
+      const float* first = part + (b * Hkv + hk) * S * R * width + r * width;
+      float* o = out + at * Dv;
+      zero(o, Dv);
+      float mref = start<Map, kNormalised>(), z = 0.f;
+      if constexpr (kNormalised)
+        for (int64_t s = 0; s < S; ++s) mref = std::max(mref, first[s * R * width + Dv]);
+      for (int64_t s = 0; s < S; ++s) {
+        const float* pr = first + s * R * width;
+        float f = 1.f;
+        if constexpr (kNormalised) f = Map::factor(pr[Dv], mref, p);
+        for (int64_t d = 0; d < Dv; ++d) o[d] += f * pr[d];
+        z += f * pr[Dv + 1];
+      }
+      if constexpr (kNormalised) {
+        const float iz = z > 0.f ? 1.f / z : 1.f;
+        for (int64_t d = 0; d < Dv; ++d) o[d] *= iz;
+        m_out[at] = mref;
+        z_out[at] = z;
+      }
+    }
+  }
+  uint32_t top[3] = {0u, 0u, 0u};
+  for (int64_t u = 0; u < units; ++u) {
+    top[0] = std::max(top[0], kbits[u]);
+    top[1] = std::max(top[1], vbits[u]);
+    top[2] = std::max(top[2], nbits[u]);
+  }
+  std::memcpy(mags, top, sizeof top);
+}
+
 }  // namespace
 
 // The exported loops of each map: `elementwise_forward_NAME` and `elementwise_backward_NAME`, or
 // `normalised_forward_NAME` and `normalised_backward_NAME` (attention/cpu/native.py calls them by
 // the name of the map's kernel record).
+#define DECODE(NAME, Map, NORMALISED)                                                             \
+  extern "C" void decode_##NAME(float p, float shift, const float* q, const float* k,            \
+                                const float* v, const int64_t* dims, const int64_t* strides,     \
+                                const int32_t* ends, const float* row, float* part, float* out,  \
+                                float* m_out, float* z_out, float* mags, int threads) {          \
+    decode_step<Map, NORMALISED>(p, shift, q, k, v, dims, strides, ends, row, part, out, m_out,  \
+                                 z_out, mags, threads);                                          \
+  }
+
 #define ELEMENTWISE(NAME, Map)                                                                    \
   extern "C" void elementwise_forward_##NAME(float p, float* s, int64_t rows, int64_t cols,      \
                                              const int32_t* ends, int64_t tile_rows,             \
@@ -632,7 +816,8 @@ void normalised_backward(float p, float shift, float* s, const float* dp, float*
                                               int64_t cols, const int32_t* ends,                 \
                                               int64_t tile_rows, const float* row, int threads) { \
     elementwise_backward<Map>(p, s, dp, rows, cols, ends, tile_rows, row, threads);              \
-  }
+  }                                                                                               \
+  DECODE(NAME, Map, false)
 
 #define NORMALISED(NAME, Map)                                                                     \
   extern "C" void normalised_forward_##NAME(float p, float shift, float* s, int64_t rows,        \
@@ -648,7 +833,8 @@ void normalised_backward(float p, float shift, float* s, const float* dp, float*
                                              int threads) {                                      \
     normalised_backward<Map>(p, shift, s, dp, w, rows, cols, ends, tile_rows, m, dd, z,          \
                              threads);                                                           \
-  }
+  }                                                                                               \
+  DECODE(NAME, Map, true)
 
 ELEMENTWISE(sigmoid, Sigmoid)
 ELEMENTWISE(relu, Relu)
@@ -656,6 +842,7 @@ NORMALISED(power, Power)
 NORMALISED(signed, Signed)
 NORMALISED(softpick, Softpick)
 NORMALISED(stablemax, Stablemax)
+DECODE(softmax, Softmax, true)
 
 namespace {
 

@@ -1,0 +1,126 @@
+"""Decoding steps on the CPU: a few query rows against a long key/value cache in one C++ pass.
+
+A step of at most `ROWS` query rows that wants no gradient reads each key and value row of the
+cache once, in one parallel region (`native.decode`): the cache is split into runs of keys,
+each (batch, key head, run) is one unit of work (its rows' scores, the map, Σ w·v), and the runs
+are combined per row as flash decoding combines softmax's (a row-normalised map's sums rescaled
+to the largest row reference). The element-wise and row-normalised maps (`tiled`) and the softmax
+family and sinks (`fused`) take it.
+
+The same pass keeps the largest |k|, |v| and key norm ‖k_j‖ it read. `attend` checks its inputs
+(finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read costs about
+half of SDPA's whole step. Where a call will take this pass (`applies`), `attend` checks q alone
+before it and k and v from what the pass reports (`collected`), so the cache is read once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ...normalizers._contract import compute_dtype
+from ..masking import Masking
+from . import native
+from .tiles import prefix_ends
+
+Tensor = torch.Tensor
+
+#: steps of at most this many query rows that want no gradient take the pass
+ROWS = 16
+#: keys per run at the least: more runs than this gives no unit enough keys to pay for itself
+MIN_RUN = 512
+
+
+@dataclass
+class Magnitudes:
+    """What a step read of its cache: the largest |k|, |v| and key norm ‖k_j‖ (each infinite
+    or NaN where any value of that tensor is)."""
+
+    k: float
+    v: float
+    k_norm: float
+
+
+#: where `attend` collects what a step read (`collected`), or None
+_box: contextvars.ContextVar[list | None] = contextvars.ContextVar("sharpattn_reads", default=None)
+
+
+@contextlib.contextmanager
+def collected() -> Iterator[list[Magnitudes]]:
+    """A list that every step run inside the block appends its `Magnitudes` to."""
+    box: list[Magnitudes] = []
+    token = _box.set(box)
+    try:
+        yield box
+    finally:
+        _box.reset(token)
+
+
+def applies(q: Tensor, k: Tensor, v: Tensor, masking: Masking, want_stats: bool, grads) -> bool:
+    """Whether a call takes the pass: float32 compute on the CPU with the C++ loops
+    (`native.wanted`), at most `ROWS` query rows, every key visible or a causal mask, no
+    statistics, and no gradient wanted for q, k, v or any tensor of ``grads``."""
+    if q.shape[2] > ROWS or masking.mask is not None or masking.structure is not None:
+        return False
+    if want_stats or 0 in (*q.shape, *k.shape, *v.shape):
+        return False
+    if torch.is_grad_enabled() and any(
+        torch.is_tensor(t) and t.requires_grad for t in (q, k, v, *grads)
+    ):
+        return False
+    return native.wanted(q.device, compute_dtype(q.dtype))
+
+
+def _runs(b: int, hkv: int, lk: int) -> int:
+    """How many runs to split the keys into: enough units for every thread four times over,
+    none shorter than `MIN_RUN` keys."""
+    units = b * hkv
+    want = math.ceil(4 * torch.get_num_threads() / units)
+    return max(1, min(want, lk // MIN_RUN))
+
+
+def _cache(x: Tensor, b: int) -> Tensor:
+    """k or v as float32 ``[B, Hkv, Lk, D]`` with unit stride in the head dimension (a copy only
+    for another dtype or layout)."""
+    if x.dtype != torch.float32:
+        x = x.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.expand(b, *x.shape[1:])
+
+
+def step(
+    name: str,
+    p: float,
+    shift: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masking: Masking,
+    scale: float,
+    row: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(output, m, Z), float32, of one step with the map ``name`` (``softmax``, or a kernel
+    record's name) and its constants ``p`` and ``shift``; m and Z ``[B, H, Lq, 1]`` are a
+    normalised map's row reference and Σ a relative to it (softmax: log-sum-exp = m + log Z),
+    undefined for an element-wise map. ``row``: the element-wise maps' per-row values. The pass
+    must apply (`applies`)."""
+    b, h, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    qs = (q.float() * scale).contiguous()
+    kc, vc = _cache(k, b), _cache(v, b)
+    ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
+    rows = None
+    if row is not None:
+        rows = row.float().expand(b, h, lq, 1).contiguous()
+    out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, _runs(b, hkv, lk))
+    box = _box.get()
+    if box is not None:
+        mk, mv, nk = (float(x) for x in mags)
+        box.append(Magnitudes(mk, mv, nk))
+    return out, m, z

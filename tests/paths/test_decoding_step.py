@@ -1,0 +1,144 @@
+"""A decoding step on the CPU (`decoding.step`: at most `decoding.ROWS` query rows, no gradient
+wanted, float32 compute with the C++ loops): one pass over the cache in one parallel region,
+the keys split into runs combined per row. The element-wise and row-normalised maps, the
+row-scaled softmax family and the sinks take it. Its output equals the tile walk's or the flash
+kernel's (the same call with a gradient wanted) and the float64 naive path, for every such
+method, one and several rows, causal and not, Lq > Lk, grouped heads, float16 inputs, many runs
+and every memory layout; each test checks the step was taken.
+
+The pass also reports the largest |k|, |v| and ‖k_j‖ it read, and `attend` checks k and v from
+that instead of reading the cache again (`tests/paths/test_decoding_checks.py`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import layouts
+from precision import assert_close
+from sharpattn import attend
+from sharpattn import normalizers as nz
+from sharpattn.attention.cpu import decoding, native
+from sharpattn.normalizers.families import RowScaled, Sink
+
+MAPS = [
+    n
+    for n in nz.available()
+    if getattr(nz.get(n).family, "kernel", None) is not None
+    and nz.get(n).family.kernel.cpp
+    and nz.get(n).family.kernel.tiles is not None
+]
+SOFTMAX = [n for n in nz.available() if isinstance(nz.get(n).family, (RowScaled, Sink))]
+METHODS = MAPS + SOFTMAX
+
+
+@pytest.fixture(autouse=True)
+def needs_the_library():
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler on the PATH: the loops are not built here")
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """How many calls took `decoding.step`."""
+    count = [0]
+    real = decoding.step
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "step", counted)
+    return count
+
+
+def test_the_methods_are_found():
+    assert {"sigmoid", "relu", "softpick", "stablemax"} <= set(MAPS)
+    assert {"softmax", "ssmax", "length_scaled", "sink"} <= set(SOFTMAX)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_decoding_step_equals_the_other_paths_and_naive(method, steps):
+    shapes = itertools.product((1, 5, 16), (1, 9, 300), (False, True), (1, 2))
+    for lq, lk, causal, hkv in shapes:
+        g = torch.Generator().manual_seed(lq * 1000 + lk)
+        q = torch.randn(2, 4, lq, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(2, hkv, lk, 8, generator=g, dtype=torch.float64)
+        v = torch.randn(2, hkv, lk, 5, generator=g, dtype=torch.float64)
+        ref = attend(q, k, v, method, causal=causal, impl="naive")
+        for dtype in (torch.float32, torch.float16):
+            low = [t.to(dtype) for t in (q, k, v)]
+            before = steps[0]
+            step = attend(*low, method, causal=causal, impl="fused")
+            assert steps[0] == before + 1, f"{method} {lq}x{lk}: the step was not taken"
+            other = attend(low[0].requires_grad_(), *low[1:], method, causal=causal, impl="fused")
+            assert steps[0] == before + 1, f"{method}: a gradient wanted, and the step was taken"
+            what = f"{method} Lq={lq} Lk={lk} causal={causal} Hkv={hkv} {dtype}"
+            assert_close(step, other.detach(), dtype=dtype, n=max(lk, 8), magnitude=4.0, msg=what)
+            assert_close(step, ref, dtype=dtype, n=max(lk, 8), magnitude=4.0, ulps=32, msg=what)
+
+
+@pytest.mark.parametrize("method", ["softmax", "sink", "sigmoid", "relu", "power", "softpick"])
+def test_many_runs_combine_to_one(method, monkeypatch):
+    """The keys split into many runs (as on a many-core machine): the runs' sums, rescaled to
+    each row's largest reference, give the one-run answer; a run of keys no row sees (causal
+    with Lq > Lk leaves early rows without keys) adds nothing."""
+    g = torch.Generator().manual_seed(1)
+    for lq, lk, causal in ((1, 1000, True), (16, 777, True), (3, 2, True), (7, 64, False)):
+        q = torch.randn(1, 4, lq, 16, generator=g, dtype=torch.float64) * 3
+        k = torch.randn(1, 1, lk, 16, generator=g, dtype=torch.float64)
+        v = torch.randn(1, 1, lk, 16, generator=g, dtype=torch.float64)
+        ref = attend(q, k, v, method, causal=causal, impl="naive")
+        low = [t.float() for t in (q, k, v)]
+        with monkeypatch.context() as m:
+            m.setattr(decoding, "MIN_RUN", 1)
+            m.setattr(torch, "get_num_threads", lambda: 64)
+            assert decoding._runs(1, 1, lk) == min(256, lk)
+            many = attend(*low, method, causal=causal)
+        what = f"{method} Lq={lq} Lk={lk}"
+        assert_close(many, ref, dtype=torch.float32, n=lk, magnitude=4.0, ulps=32, msg=what)
+
+
+def test_the_runs_follow_the_threads_and_the_keys(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert decoding._runs(1, 8, 65536) == 4  # 32 units for 8 threads
+    assert decoding._runs(1, 1, 65536) == 32
+    assert decoding._runs(1, 1, 1000) == 1  # no run under MIN_RUN keys
+    assert decoding._runs(4, 8, 65536) == 1
+
+
+@pytest.mark.parametrize("layout", [x for x in layouts.LAYOUTS if x != "contiguous"])
+def test_a_decoding_step_in_any_layout(layout, steps):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (3, 40, 40))
+    laid = [layouts.laid_out(t, layout, g) for t in (q, k, v)]
+    plain = [t.contiguous() for t in laid]
+    for method in ("sigmoid", "softpick", "softmax", "sink"):
+        got = attend(*laid, method, causal=True)
+        ref = attend(*[t.double() for t in plain], method, causal=True, impl="naive")
+        assert_close(got, ref, dtype=torch.float32, n=40, msg=f"{method} {layout}")
+    assert steps[0] == 4
+
+
+def test_what_takes_the_step():
+    """Gradients, statistics, a user mask, structure, more than `ROWS` rows or float64 take
+    the other paths."""
+    q, k, v = torch.randn(1, 2, 2, 8), torch.randn(1, 2, 50, 8), torch.randn(1, 2, 50, 8)
+    from sharpattn.attention.masking import Masking
+
+    plain = Masking.build(None, True, 2, 50, "cpu")
+    assert decoding.applies(q, k, v, plain, False, ())
+    assert not decoding.applies(q, k, v, plain, True, ())
+    assert not decoding.applies(q.requires_grad_(), k, v, plain, False, ())
+    assert not decoding.applies(
+        q.detach(), k, v, plain, False, (torch.ones(1, requires_grad=True),)
+    )
+    with torch.no_grad():
+        assert decoding.applies(q, k, v, plain, False, ())
+    masked = Masking.build(torch.ones(50, dtype=torch.bool), False, 2, 50, "cpu")
+    assert not decoding.applies(q.detach(), k, v, masked, False, ())
+    big = torch.randn(1, 2, decoding.ROWS + 1, 8)
+    assert not decoding.applies(big, k, v, Masking.build(None, False, 17, 50, "cpu"), False, ())
+    assert not decoding.applies(q.detach().double(), k.double(), v.double(), plain, False, ())

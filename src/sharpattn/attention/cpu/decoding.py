@@ -39,11 +39,12 @@ MIN_RUN = 512
 @dataclass
 class Magnitudes:
     """What a step read of its cache: the largest |k|, |v| and key norm ‖k_j‖ (each infinite
-    or NaN where any value of that tensor is)."""
+    or NaN where any value of that tensor is; the norm None where the step was not asked for
+    it)."""
 
     k: float
     v: float
-    k_norm: float
+    k_norm: float | None
 
 
 #: where `attend` collects what a step read (`collected`), or None
@@ -104,12 +105,14 @@ def step(
     masking: Masking,
     scale: float,
     row: Tensor | None = None,
+    norms: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(output, m, Z), float32, of one step with the map ``name`` (``softmax``, or a kernel
     record's name) and its constants ``p`` and ``shift``; m and Z ``[B, H, Lq, 1]`` are a
     normalised map's row reference and Σ a relative to it (softmax: log-sum-exp = m + log Z),
-    undefined for an element-wise map. ``row``: the element-wise maps' per-row values. The pass
-    must apply (`applies`)."""
+    undefined for an element-wise map. ``row``: the element-wise maps' per-row values;
+    ``norms``: report the largest key norm too (the row-scaled family's range test reads it).
+    The pass must apply (`applies`)."""
     b, h, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     qs = (q.float() * scale).contiguous()
@@ -118,9 +121,10 @@ def step(
     rows = None
     if row is not None:
         rows = row.float().expand(b, h, lq, 1).contiguous()
-    out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, _runs(b, hkv, lk))
+    runs = _runs(b, hkv, lk)
+    out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, runs, norms)
     box = _box.get()
     if box is not None:
-        mk, mv, nk = (float(x) for x in mags)
-        box.append(Magnitudes(mk, mv, nk))
+        mk, mv, nk2 = mags.tolist()
+        box.append(Magnitudes(mk, mv, math.sqrt(nk2) if norms else None))
     return out, m, z

@@ -625,16 +625,17 @@ def _decode(
     ends: Tensor | None,
     row: Tensor | None,
     runs: int,
+    norms: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     b, h, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    dims = torch.tensor([b, h, hkv, lq, lk, d, dv, runs], dtype=torch.int64)
-    strides = torch.tensor([*k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
+    dims = (ctypes.c_int64 * 9)(b, h, hkv, lq, lk, d, dv, runs, int(norms))
+    strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
     part = q.new_empty(b * hkv * runs * (h // hkv) * lq * (dv + 2))
     out, m, z, mags = _decoded(q, v)
     map_loop("decode", kind)(
-        *(p, shift, _p(q), _p(k), _p(v), _p(dims), _p(strides), _ends(ends)[0], _p(row)),
-        *(_p(part), _p(out), _p(m), _p(z), _p(mags), _threads()),
+        *(p, shift, _p(q), _p(k), _p(v), ctypes.addressof(dims), ctypes.addressof(strides)),
+        *(_ends(ends)[0], _p(row), _p(part), _p(out), _p(m), _p(z), _p(mags), _threads()),
     )
     return out, m, z, mags
 
@@ -652,7 +653,7 @@ def _decoded(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 @_decode.register_fake
-def _(kind, p, shift, q, k, v, ends, row, runs):
+def _(kind, p, shift, q, k, v, ends, row, runs, norms):
     return _decoded(q, v)
 
 
@@ -826,17 +827,16 @@ def normalised_backward(
     return s, w
 
 
-def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
+def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int, norms: bool):
     """(out, m, Z, magnitudes) of a decoding step with the map ``kind`` (a kernel record's name,
     or ``softmax``) in one pass over the cache (`native/tiles.cpp`, ``decode_step``): q
     ``[B, H, Lq, D]`` float32 contiguous and already scaled; k and v ``[B, Hkv, Lk, D|Dv]``
     float32 with unit stride in their last dimension; ``ends`` `prefix_ends` of the rows (a
     causal step) or None; ``row`` ``[B, H, Lq, 1]`` contiguous (the element-wise maps) or None;
     the keys split into ``runs`` runs. m and Z are a normalised map's row reference and Σ a
-    relative to it; the magnitudes are max |k|, max |v| and max ‖k_j‖ over the whole cache
-    (infinite or NaN where a value is)."""
-    out, m, z, mags = _decode(kind, p, shift, q, k, v, ends, row, runs)
-    return out, m, z, torch.stack([mags[0], mags[1], mags[2].sqrt()])
+    relative to it; the magnitudes ``[3]`` are max |k|, max |v| and (with ``norms``, else 0)
+    max ‖k_j‖² over the whole cache (infinite or NaN where a value is)."""
+    return _decode(kind, p, shift, q, k, v, ends, row, runs, norms)
 
 
 def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, steps: int):

@@ -648,18 +648,37 @@ struct Softmax {
   }
 };
 
-// The largest |x| of n floats and `top`, as bits with the sign cleared: finite values order as
-// their magnitudes do, and every infinity or NaN lies above them all (0x7f800000 and up). Bits,
-// not float compares, so that -ffast-math cannot assume the NaN away.
-inline uint32_t abs_bits(const float* x, int64_t n, uint32_t top) {
-  for (int64_t d = 0; d < n; ++d) {
-    uint32_t b;
-    std::memcpy(&b, x + d, sizeof b);
-    b &= 0x7fffffffu;
-    top = top > b ? top : b;
+// The largest |x| over the floats given to `add`, as bits with the sign cleared: finite values
+// order as their magnitudes do, and every infinity or NaN lies above them all (0x7f800000 and
+// up). Bits, not float compares, so that -ffast-math cannot assume the NaN away; one lane per
+// vector slot, reduced once by `top`.
+struct AbsTop {
+  uint32_t lane[16] = {};
+  // n floats at x; N: n where the caller knows it (a multiple of 16), else 0
+  template <int N = 0>
+  void add(const float* x, int64_t n) {
+    const int64_t full = N > 0 ? N : n - n % 16;
+    for (int64_t d = 0; d < full; d += 16)
+      for (int k = 0; k < 16; ++k) {
+        uint32_t b;
+        std::memcpy(&b, x + d + k, sizeof b);
+        b &= 0x7fffffffu;
+        lane[k] = lane[k] > b ? lane[k] : b;
+      }
+    if constexpr (N == 0)
+      for (int64_t d = full; d < n; ++d) {
+        uint32_t b;
+        std::memcpy(&b, x + d, sizeof b);
+        b &= 0x7fffffffu;
+        lane[0] = lane[0] > b ? lane[0] : b;
+      }
   }
-  return top;
-}
+  uint32_t top() const {
+    uint32_t t = 0u;
+    for (int k = 0; k < 16; ++k) t = t > lane[k] ? t : lane[k];
+    return t;
+  }
+};
 
 // A decoding step in one parallel region: the R = G·Lq query rows of each key head (its G query
 // heads, Lq rows each) against a cache of Lk keys split into `runs` runs. Each (batch, key head,
@@ -667,12 +686,12 @@ inline uint32_t abs_bits(const float* x, int64_t n, uint32_t top) {
 // once), the map, and Σ w·v over the same keys (each value row read once); a normalised map keeps
 // a running reference per row, as the tiles do. Then each row's runs are combined (a normalised
 // map's sums rescaled to the largest reference, as flash decoding combines softmax's). While the
-// keys and values pass, their largest magnitudes are kept (`abs_bits`): mags[0] = max |k| and
+// keys and values pass, their largest magnitudes are kept (`AbsTop`): mags[0] = max |k| and
 // mags[1] = max |v| over the whole cache, infinite or NaN where any value is, so the caller
-// checks its inputs without reading the cache a second time; mags[2], the largest ‖k_j‖², infinite
-// where a sum overflows.
+// checks its inputs without reading the cache a second time; mags[2], the largest ‖k_j‖² where
+// asked (`norms`; infinite where a sum overflows), else 0.
 //
-// dims: B, H, Hkv, Lq, Lk, D, Dv, runs; strides (in floats): k's batch, head and key, then v's;
+// dims: B, H, Hkv, Lq, Lk, D, Dv, runs, norms (1: compute mags[2]); strides (in floats): k's batch, head and key, then v's;
 // q [B, H, Lq, D] contiguous and already scaled; ends[i]: the keys row i sees (a prefix; null:
 // all); row [B, H, Lq]: the element-wise maps' row values; part: B·Hkv·runs·R·(Dv + 2) floats of
 // scratch; out [B, H, Lq, Dv]; m_out and z_out [B, H, Lq] (normalised maps: the row's reference
@@ -685,13 +704,30 @@ constexpr float start() {
   return 0.f;
 }
 
-template <class Map, bool kNormalised>
+// Σ a_d·b_d over n floats, in 16 lanes; N: n where the caller knows it (a multiple of 16), else 0.
+template <int N>
+inline float dot_lanes(const float* a, const float* b, int64_t n) {
+  float lane[16] = {};
+  const int64_t full = N > 0 ? N : n - n % 16;
+  for (int64_t d = 0; d < full; d += 16)
+    for (int k = 0; k < 16; ++k) lane[k] += a[d + k] * b[d + k];
+  float s = 0.f;
+  if constexpr (N == 0)
+    for (int64_t d = full; d < n; ++d) s += a[d] * b[d];
+  for (int k = 0; k < 16; ++k) s += lane[k];
+  return s;
+}
+
+// kD: the head size where it is 64 or 128 for k and v both (the loops then know their length),
+// else 0 (read from dims)
+template <class Map, bool kNormalised, int kD>
 void decode_step(float p, float shift, const float* q, const float* k, const float* v,
                  const int64_t* dims, const int64_t* strides, const int32_t* ends,
                  const float* row, float* part, float* out, float* m_out, float* z_out,
                  float* mags, int threads) {
   const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
-  const int64_t D = dims[5], Dv = dims[6], S = dims[7];
+  const int64_t D = kD ? kD : dims[5], Dv = kD ? kD : dims[6], S = dims[7];
+  const bool norms = dims[8] != 0;
   const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
   const int64_t width = Dv + 2;  // per row of a unit: Σ w·v, then the reference m and Σ a
   std::vector<uint32_t> kbits(units, 0u), vbits(units, 0u), nbits(units, 0u);
@@ -711,21 +747,17 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
         pu[r * width + Dv] = start<Map, kNormalised>();
         pu[r * width + Dv + 1] = 0.f;
       }
-      uint32_t kt = 0u, vt = 0u, nt = 0u;
+      AbsTop kt, vt, nt;
       for (int64_t c0 = j0; c0 < j1; c0 += kChunk) {
         const int64_t cn = std::min(j1, c0 + kChunk) - c0;
         for (int64_t j = 0; j < cn; ++j) {
           const float* kj = ku + (c0 + j) * strides[2];
-          kt = abs_bits(kj, D, kt);
-          float ss = 0.f;
-          for (int64_t d = 0; d < D; ++d) ss += kj[d] * kj[d];
-          nt = abs_bits(&ss, 1, nt);
-          for (int64_t r = 0; r < R; ++r) {
-            const float* qr = qu + r * D;
-            float dot = 0.f;
-            for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
-            sc[r * kChunk + j] = dot;
+          kt.add<kD>(kj, D);
+          if (norms) {
+            const float ss = dot_lanes<kD>(kj, kj, D);
+            nt.add(&ss, 1);
           }
+          for (int64_t r = 0; r < R; ++r) sc[r * kChunk + j] = dot_lanes<kD>(qu + r * D, kj, D);
         }
         for (int64_t r = 0; r < R; ++r) {
           const int64_t i = r % Lq;
@@ -743,20 +775,32 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
           }
           zero(x + n, cn - n);  // keys the row does not see weigh nothing
         }
-        for (int64_t j = 0; j < cn; ++j) {
-          const float* vj = vu + (c0 + j) * strides[5];
-          vt = abs_bits(vj, Dv, vt);
-          for (int64_t r = 0; r < R; ++r) {
-            const float w = sc[r * kChunk + j];
-            if (w == 0.f) continue;
-            float* pr = pu + r * width;
-            for (int64_t d = 0; d < Dv; ++d) pr[d] += w * vj[d];
+        // Σ w·v row by row, the sums in registers (each value row checked on the first)
+        for (int64_t r = 0; r < R; ++r) {
+          const float* w = sc.data() + r * kChunk;
+          float* pr = pu + r * width;
+          if constexpr (kD > 0) {
+            float acc[kD] = {};
+            for (int64_t j = 0; j < cn; ++j) {
+              const float* vj = vu + (c0 + j) * strides[5];
+              if (r == 0) vt.add<kD>(vj, Dv);
+              if (w[j] == 0.f) continue;
+              for (int64_t d = 0; d < kD; ++d) acc[d] += w[j] * vj[d];
+            }
+            for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
+          } else {
+            for (int64_t j = 0; j < cn; ++j) {
+              const float* vj = vu + (c0 + j) * strides[5];
+              if (r == 0) vt.add(vj, Dv);
+              if (w[j] == 0.f) continue;
+              for (int64_t d = 0; d < Dv; ++d) pr[d] += w[j] * vj[d];
+            }
           }
         }
       }
-      kbits[u] = kt;
-      vbits[u] = vt;
-      nbits[u] = nt;
+      kbits[u] = kt.top();
+      vbits[u] = vt.top();
+      nbits[u] = nt.top();
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < B * Hkv * R; ++t) {
@@ -792,6 +836,18 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
   std::memcpy(mags, top, sizeof top);
 }
 
+template <class Map, bool kNormalised>
+void decode_sized(float p, float shift, const float* q, const float* k, const float* v,
+                  const int64_t* dims, const int64_t* strides, const int32_t* ends,
+                  const float* row, float* part, float* out, float* m_out, float* z_out,
+                  float* mags, int threads) {
+  const int64_t d = dims[5] == dims[6] ? dims[5] : 0;
+  auto step = d == 64    ? decode_step<Map, kNormalised, 64>
+              : d == 128 ? decode_step<Map, kNormalised, 128>
+                         : decode_step<Map, kNormalised, 0>;
+  step(p, shift, q, k, v, dims, strides, ends, row, part, out, m_out, z_out, mags, threads);
+}
+
 }  // namespace
 
 // The exported loops of each map: `elementwise_forward_NAME` and `elementwise_backward_NAME`, or
@@ -802,8 +858,8 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
                                 const float* v, const int64_t* dims, const int64_t* strides,     \
                                 const int32_t* ends, const float* row, float* part, float* out,  \
                                 float* m_out, float* z_out, float* mags, int threads) {          \
-    decode_step<Map, NORMALISED>(p, shift, q, k, v, dims, strides, ends, row, part, out, m_out,  \
-                                 z_out, mags, threads);                                          \
+    decode_sized<Map, NORMALISED>(p, shift, q, k, v, dims, strides, ends, row, part, out, m_out, \
+                                  z_out, mags, threads);                                         \
   }
 
 #define ELEMENTWISE(NAME, Map)                                                                    \

@@ -220,3 +220,12 @@ def test_the_verdict_is_against_the_arms_row_and_only_at_the_training_context():
     base = {str(n): [3.0, 3.1, 2.9] for n in cfg.lengths}
     rows = sl.summarize_matched(cfg, base, _nll(cfg, 0.0037))["rows"]
     assert all(r["verdict"].startswith("no paper number for this arm; ") for r in rows)
+
+
+def test_the_seed_count_is_fixed_when_the_folder_is_created(tmp_path):
+    """A matched study resumed with another number of seeds is refused in one sentence, before
+    any training: its report is over the seeds it set out to train."""
+    sl.run(tmp_path / "r", _cfg(steps=2, factors=(1,), seeds=2), net=_net(), ids=_ids())
+    with pytest.raises(ValueError, match=r"different seeds \(2 there, 3 now\)") as caught:
+        sl.run(tmp_path / "r", _cfg(steps=2, factors=(1,), seeds=3), net=_net(), ids=_ids())
+    assert str(caught.value).count(". ") == 0 and not (tmp_path / "r" / "seed2").exists()

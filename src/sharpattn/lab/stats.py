@@ -158,18 +158,18 @@ def alpha_words(alpha: float, m: int = 1) -> str:
     return f"α = {alpha:g}" if m <= 1 else f"α/m = {alpha:g}/{m}"
 
 
-def ceiling(reference: float, maximum: float, detect: float, level: str) -> str | None:
+def ceiling(reference: float, maximum: float, detect: float) -> str | None:
     """Where the reference arm's score ``reference`` is within the detectable difference
-    ``detect`` (computed at ``level``, `alpha_words`) of the score's ``maximum`` (1 for exact
-    match), the test is at its ceiling: no arm can gain more than maximum − reference, less than
-    the test detects. Then the verdict in words, "at its ceiling: cannot show a gain larger than
-    …"; None where there is room for a detectable gain or a number is undefined."""
+    ``detect`` of the score's ``maximum`` (1 for exact match), the test is at its ceiling: no
+    arm can gain more than maximum − reference, less than the test detects. Then that in words,
+    "at its ceiling: cannot show a gain larger than …"; None where there is room for a
+    detectable gain or a number is undefined."""
     room = maximum - reference
     if not (np.isfinite(room) and np.isfinite(detect)) or room >= detect:
         return None
     return (
         f"at its ceiling: cannot show a gain larger than {room:.3g} (the reference's "
-        f"{reference:.3g} against the maximum {maximum:g}; detectable at {level}: {detect:.3g})"
+        f"{reference:.3g} against the maximum {maximum:g})"
     )
 
 
@@ -186,10 +186,10 @@ def verdict(
     """One comparison's verdict in words: "better" or "worse" where the corrected p-value
     ``adjusted_p`` is at most ``alpha``; otherwise "not detectable at this power (detectable at
     α/m = …: ``detect``)", ``detect`` computed at Holm's strictest threshold α/m over ``m``
-    comparisons, never a claim of no difference; where the reference arm's score
-    ``reference`` is so near the score's ``maximum`` that no detectable gain is possible,
-    "at its ceiling" (`ceiling`); "too few seeds" with one seed, and what the seeds show where
-    every seed's difference is the same (no t-test)."""
+    comparisons, never a claim of no difference, followed by "at its ceiling: …" (`ceiling`)
+    where the reference arm's score ``reference`` is so near the score's ``maximum`` that no
+    detectable gain is possible (a loss still may be); "too few seeds" with one seed, and what
+    the seeds show where every seed's difference is the same (no t-test)."""
     if np.isfinite(adjusted_p) and adjusted_p <= alpha:
         return "better" if effect.mean > 0 else "worse"
     if effect.n < 2:
@@ -198,12 +198,9 @@ def verdict(
         if effect.mean == 0:
             return "the same score on every seed"
         return f"{effect.mean:+.3f} on every seed (no spread to test)"
-    level = alpha_words(alpha, m)
-    if reference is not None and maximum is not None:
-        words = ceiling(reference, maximum, detect, level)
-        if words is not None:
-            return words
-    return f"not detectable at this power (detectable at {level}: {detect:.3f})"
+    words = f"not detectable at this power (detectable at {alpha_words(alpha, m)}: {detect:.3f})"
+    limit = None if reference is None or maximum is None else ceiling(reference, maximum, detect)
+    return words if limit is None else f"{words}; {limit}"
 
 
 @dataclass(frozen=True)
@@ -242,14 +239,15 @@ def reproduction_verdict(
     size) and whose interval excludes it, without a significant change, is "not reproduced":
     the effect, if any, is smaller than the paper's. Where the paper claims a gain (``sign``
     +1) and a's mean score ``reference`` is within the detectable difference of the score's
-    ``maximum``, the verdict is "at its ceiling" (`ceiling`) instead of "not detectable"."""
+    ``maximum``, the verdict is "at its ceiling" (`ceiling`) instead of "not detectable" or
+    "not reproduced": no gain as large as the run could detect is possible."""
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
     effect = paired_effect(a, b)
     detect = detectable_at_power(effect.sd, effect.n, alpha, power)
     level = alpha_words(alpha)
     at_ceiling = (
-        ceiling(reference, maximum, detect, level)
+        ceiling(reference, maximum, detect)
         if sign == 1 and reference is not None and maximum is not None
         else None
     )
@@ -268,7 +266,7 @@ def reproduction_verdict(
         else:
             words = f"{effect.mean:+.3g} on every seed (no spread to test)"
     elif at_ceiling is not None:
-        words = f"{at_ceiling}; paper: {paper}"
+        words = f"{at_ceiling}; detectable at {level}: {detect:.3g}; paper: {paper}"
     elif (
         paper_effect is not None
         and detect <= abs(paper_effect)

@@ -8,10 +8,12 @@ temporary folder and runs the report's own functions on its evaluation files.
   seeds, every size beyond training, exact match and answer tokens) on
   docs/records/clrs-llm-paper.tar.gz;
 * ``selective-llm``: `selective_llm.summarize_matched` (the NLL change over seeds with its
-  interval, the 80 %-power detectable change and the verdict against Table 3) on
-  docs/records/selective-llm-lora-paper.tar.gz, and how many seeds a paired t-test would need
-  to detect Table 3's change with 80 % power at the record's seed-to-seed spread
-  (`stats.detectable_at_power`), and what 54 seeds (3 hours here) would detect.
+  interval, the 80 %-power detectable change and the verdict against the paper's row for the
+  arm, `selective_llm.reference`) on docs/records/selective-llm-lora-paper.tar.gz, and how many
+  seeds a paired t-test would need to detect that row's change with 80 % power at the record's
+  seed-to-seed spread (`stats.detectable_at_power`), and what 54 seeds (3 hours here) would
+  detect; ``selective-llm-sharing``: the same on the weight-sharing run's record,
+  docs/records/selective-llm-lora-sharing-paper.tar.gz.
 
 The leaderboard's comparisons come from the command itself: ``sharpattn leaderboard --standard
 --out COPY``, on an unpacked copy of docs/records/leaderboard-standard.tar.gz, re-reads every
@@ -19,6 +21,7 @@ job's rows and rewrites the report (effects.md) without training.
 
     python benchmarks/record_verdicts.py clrs-llm
     python benchmarks/record_verdicts.py selective-llm
+    python benchmarks/record_verdicts.py selective-llm-sharing
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def selective(folder: Path) -> None:
         }
         for arm in ("softmax", "selective")
     }
-    paper = abs(selective_llm.PAPER_NLL_CHANGE)
+    row = selective_llm.reference(cfg)
+    paper = math.nan if row is None else abs(selective_llm.nll_change(row))
     print(
         "| tokens | Δ NLL | 95 % interval | p | detectable (80 %) | verdict | seed sd | "
         "seeds for the paper's change | detectable with 54 seeds |"
@@ -113,15 +117,22 @@ def selective(folder: Path) -> None:
         )
 
 
+#: the selective-llm records: the base temperatures, and the weight-sharing ones (--sharing)
+SELECTIVE = {
+    "selective-llm": "selective-llm-lora-paper",
+    "selective-llm-sharing": "selective-llm-lora-sharing-paper",
+}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("study", choices=["clrs-llm", "selective-llm"])
+    p.add_argument("study", choices=["clrs-llm", *SELECTIVE])
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         if args.study == "clrs-llm":
             clrs(unpack("clrs-llm-paper", tmp))
         else:
-            selective(unpack("selective-llm-lora-paper", tmp))
+            selective(unpack(SELECTIVE[args.study], tmp))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # included, unless a test passes --threads (tests/experiments/test_cli.py unsets it to test the
 # default).
 os.environ["SHARPATTN_THREADS"] = "1"
+# Commands refuse to run from a checkout with uncommitted changes unless told (--allow-dirty):
+# the suite runs in the checkout being edited, so it allows them (tests/experiments/test_cli.py
+# unsets it to test the refusal).
+os.environ["SHARPATTN_ALLOW_DIRTY"] = "1"
 # SHARPATTN_TEST_TRITON_CPU=1: CPU tensors of float32 and float16 take the Triton kernels (in
 # Triton's interpreter) wherever a CUDA tensor of that dtype would, so a suite written for every
 # path (tests/contract/test_adversarial.py) meets the kernels without a GPU; bfloat16 stays on the

@@ -1,7 +1,7 @@
 """``sharpattn reproduce NAME`` for every registered experiment, generated from the protocol
 (`lab.protocol`): the profile flags from its profiles, one option per ``Config`` field
-declared with ``option``, the shared ``--seed``, ``--threads``, ``--checkpoint-every`` and
-``--out``; then one body for all: configure, announce a long profile, run with progress, print
+declared with ``option``, the shared ``--seed``, ``--threads``, ``--checkpoint-every``,
+``--allow-dirty`` and ``--out``; then one body for all: configure, announce a long profile, run with progress, print
 the headline table and name the files written.
 
 A command is built when it is first used (its ``--help`` or a run), so listing the commands
@@ -28,6 +28,7 @@ from .cli_options import (
     SEED,
     Positive,
     ProgressRenderer,
+    allow_dirty_option,
     announce,
     checkpoint_option,
     cluster_options,
@@ -156,6 +157,7 @@ def build(exp: Experiment) -> click.Command:
         ctx = click.get_current_context()
         default = click.core.ParameterSource.DEFAULT
         given = {k: v for k, v in given.items() if ctx.get_parameter_source(k) != default}
+        allow_dirty = given.pop("allow_dirty", False)
         check = getattr(module, "check", None)
         if check is not None:
             try:
@@ -171,6 +173,9 @@ def build(exp: Experiment) -> click.Command:
         if list_:
             _print_catalogue(module.catalogue(config))
             return
+        from .lab.runner import require_committed
+
+        require_committed(allow_dirty)  # a report names the code that wrote it
         check_memory = getattr(module, "check_memory", None)
         if check_memory is not None:  # before anything is built or said
             check_memory(config, pool)
@@ -213,6 +218,7 @@ def build(exp: Experiment) -> click.Command:
         *([listing] if exp.lists else []),
         *(_option(f, meta, profiled) for f, meta in options_of(module)),
         *([cluster_options] if exp.pool else []),
+        allow_dirty_option(),
         out_option(exp.out_default, exp.out_help),
     ]
     for decorate in reversed(decorators):

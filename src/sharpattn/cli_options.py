@@ -151,6 +151,25 @@ def threads_option(what: str = "torch CPU threads per process"):
     )
 
 
+#: the environment variable that sets ``--allow-dirty`` (the test suite sets it: its checkout is
+#: the one being edited)
+ALLOW_DIRTY_ENV = "SHARPATTN_ALLOW_DIRTY"
+
+
+def allow_dirty_option():
+    """``--allow-dirty``: run from a git checkout with uncommitted changes (refused otherwise,
+    `runner.require_committed`); the report's code line then says so."""
+    return click.option(
+        "--allow-dirty",
+        is_flag=True,
+        default=False,
+        envvar=ALLOW_DIRTY_ENV,
+        show_envvar=True,
+        help="Run from a git checkout with uncommitted changes (refused otherwise); the report "
+        "says so.",
+    )
+
+
 def pick_threads(
     threads: int | None,
     workers: int | None = None,

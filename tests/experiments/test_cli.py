@@ -364,3 +364,38 @@ def test_info_says_which_paths_run_and_how_to_turn_the_loops_off(capsys):
     assert "SHARPATTN_COMPILE=0" in out and "CPU flash kernel" in out and "CUDA" in out
     assert main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["native"]["cache"] == state["native"]["cache"]
+
+
+def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowed(
+    tmp_path, monkeypatch, capsys
+):
+    """The command refuses, in one sentence and before any work, to run from a modified checkout
+    (its report could not name the code that wrote it); --allow-dirty (or
+    $SHARPATTN_ALLOW_DIRTY, which the suite sets) lets it run, and the report says so."""
+    from sharpattn.experiments import selective_llm
+    from sharpattn.lab import report, runner
+
+    dirty = {"version": "9.9", "commit": "a" * 40, "modified": True}
+    monkeypatch.setattr(runner.folder, "code_version", lambda: dirty)
+    monkeypatch.delenv("SHARPATTN_ALLOW_DIRTY")
+    out = tmp_path / "r"
+    argv = ["reproduce", "selective-llm", "--quick", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has uncommitted changes" in err and "--allow-dirty" in err
+    assert err.count("\n") == 1 and not out.exists()
+
+    def stop(cfg, pool=None):  # past the refusal: stop before the model is loaded
+        raise ValueError("stopped here.")
+
+    monkeypatch.setattr(selective_llm, "check_memory", stop)
+    assert main([*argv, "--allow-dirty"]) == 2
+    assert "stopped here." in capsys.readouterr().err
+    monkeypatch.setenv("SHARPATTN_ALLOW_DIRTY", "1")
+    assert main(argv) == 2
+    assert "stopped here." in capsys.readouterr().err
+    line = report.code_line([dirty])
+    assert (
+        line
+        == f"Code: sharpattn 9.9 at commit {'a' * 12} with uncommitted changes (not the commit's code).\n"
+    )

@@ -410,7 +410,7 @@ def test_table1_files_carry_ours_beside_the_paper(tmp_path):
     half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
     assert rows[1]["gain"] == 2.0 and rows[1]["paper_gain"] == 0.2
     assert (rows[1]["gain_low"], rows[1]["gain_high"]) == pytest.approx((2 - half, 2 + half))
-    assert rows[1]["verdict"].startswith("not detectable at this power (detectable: ")
+    assert rows[1]["verdict"].startswith("not detectable at this power (detectable at α = 0.05: ")
     assert rows[1]["verdict"].endswith("; paper: +0.2)")
     assert rows[0]["verdict"] == "–" and rows[0]["gain"] == 0.0
     verdicts = (tmp_path / "table1_verdicts.md").read_text()

@@ -69,7 +69,9 @@ def test_verdict_wording_never_claims_no_difference():
     e = paired_effect(A, B)
     assert verdict(e, 0.01, 0.2) == "better"
     assert verdict(paired_effect(B, A), 0.01, 0.2) == "worse"
-    assert verdict(e, 0.3, 0.123) == "not detectable at this power (detectable: 0.123)"
+    assert verdict(e, 0.3, 0.123) == "not detectable at this power (detectable at α = 0.05: 0.123)"
+    # detectable at Holm's strictest threshold: the wording names it
+    assert verdict(e, 0.3, 0.123, m=4).endswith("(detectable at α/m = 0.05/4: 0.123)")
     assert verdict(paired_effect([0.1], [0.2]), float("nan"), float("nan")) == "too few seeds"
     same = paired_effect([0.1, 0.2], [0.1, 0.2])
     assert verdict(same, float("nan"), 0.0) == "the same score on every seed"
@@ -107,7 +109,9 @@ def test_rank_states_every_comparison_with_its_interval_and_power():
     by = {e["method"]: e for e in table}
     good, noisy = by["good"], by["noisy"]
     assert good["power"]["verdict"] == "better"
-    assert noisy["power"]["verdict"].startswith("not detectable at this power (detectable: ")
+    assert noisy["power"]["verdict"].startswith(
+        "not detectable at this power (detectable at α/m = 0.05/2: "
+    )
     # the family is the two methods compared with softmax: α/m = 0.025
     e = noisy["effect"]
     assert noisy["power"]["threshold"] == pytest.approx(detectable(e.sd, 10, 0.025))
@@ -136,7 +140,9 @@ def test_reproduction_verdict_reads_reproduced_contradicted_or_not_detectable():
     assert loss.verdict == "contradicted"
     noisy = reproduction_verdict(a[:2], a[:2] + [0.05, -0.03], paper="+0.02", sign=1)
     want = detectable_at_power(float(np.std([0.05, -0.03], ddof=1)), 2, 0.05, 0.8)
-    assert noisy.verdict == f"not detectable at this power (detectable: {want:.3g}; paper: +0.02)"
+    assert noisy.verdict == (
+        f"not detectable at this power (detectable at α = 0.05: {want:.3g}; paper: +0.02)"
+    )
     assert noisy.effect.low < 0 < noisy.effect.high
     assert reproduction_verdict(a[:1], a[:1], paper="x", sign=-1).verdict == "too few seeds"
     with pytest.raises(ValueError, match="sign"):
@@ -163,3 +169,50 @@ def test_a_run_that_could_see_the_papers_effect_and_did_not_says_not_reproduced(
         a[:3], [0.05, -0.04, 0.01], paper="-0.02", sign=-1, paper_effect=-0.02
     )
     assert noisy.verdict.startswith("not detectable") and noisy.detectable > 0.02
+
+
+def test_a_reference_within_the_detectable_difference_of_the_maximum_is_at_its_ceiling():
+    """Softmax at 0.979 of a maximum 1 with 0.144 detectable: no gain above 0.021 is possible, so
+    the verdict says the test is at its ceiling, not that a larger gain is ruled out; with room
+    for a detectable gain, the usual verdict."""
+    from sharpattn.lab.stats import ceiling
+
+    assert ceiling(0.979, 1.0, 0.144) == (
+        "at its ceiling: cannot show a gain larger than 0.021 (the reference's 0.979 against the "
+        "maximum 1)"
+    )
+    assert ceiling(0.5, 1.0, 0.144) is None
+    assert ceiling(0.979, 1.0, float("nan")) is None
+    e = paired_effect([0.97, 0.99, 0.98], [0.96, 1.0, 0.97])
+    words = verdict(e, 0.6, 0.144, m=5, reference=0.98, maximum=1.0)
+    # a loss may still be detectable: the verdict is not detectable, and at its ceiling for a gain
+    assert words == (
+        "not detectable at this power (detectable at α/m = 0.05/5: 0.144); at its ceiling: "
+        "cannot show a gain larger than 0.02 (the reference's 0.98 against the maximum 1)"
+    )
+    assert verdict(e, 0.6, 0.01, m=5, reference=0.98, maximum=1.0) == (
+        "not detectable at this power (detectable at α/m = 0.05/5: 0.010)"
+    )
+    assert verdict(e, 0.01, 0.144, reference=0.98, maximum=1.0) == "worse"  # a test still rejects
+
+
+def test_a_reproduction_of_a_gain_near_the_maximum_is_at_its_ceiling():
+    from sharpattn.lab.stats import reproduction_verdict
+
+    a = np.array([0.98, 0.99, 0.97])
+    b = np.array([0.99, 0.98, 0.99])
+    v = reproduction_verdict(a, b, paper="+0.05", sign=1, reference=a.mean(), maximum=1.0)
+    assert v.verdict.startswith("at its ceiling: cannot show a gain larger than 0.02 ")
+    assert v.verdict.endswith(f"; detectable at α = 0.05: {v.detectable:.3g}; paper: +0.05")
+    # a claimed loss is not bounded by the maximum
+    down = reproduction_verdict(a, b, paper="-0.05", sign=-1, reference=a.mean(), maximum=1.0)
+    assert down.verdict.startswith("not detectable")
+
+
+def test_the_leaderboard_says_a_comparison_with_softmax_at_its_maximum_is_at_its_ceiling():
+    base = [1.0, 0.96, 0.98]
+    rows = _rows({"softmax": base, "near": [0.97, 0.99, 0.96], "far": [0.5, 0.6, 0.55]})
+    by = {e["method"]: e for e in leaderboard.rank(rows, ["flip_flop"])}
+    assert "; at its ceiling: cannot show a gain" in by["near"]["power"]["verdict"]
+    assert "at its ceiling" in by["near"]["tasks"]["flip_flop"]["power"]["verdict"]
+    assert by["far"]["power"]["verdict"] != by["near"]["power"]["verdict"]

@@ -137,3 +137,95 @@ def test_a_run_killed_with_sigkill_resumes_to_the_numbers_of_an_uninterrupted_on
     killed_and_whole(args, tmp_path, "seed0/softmax/checkpoint.safetensors", monkeypatch)
     trainings = [f"seed{s}/{n}" for s in (0, 1) for n in ("softmax", "selective")]
     same_fine_tunings(tmp_path / "killed", tmp_path / "whole", trainings)
+
+
+#: an arm option of the selective fine-tuning (`arm_params`), and a value other than its default
+OTHER_ARM = {"sharing": True, "targets": "q", "terms": "token"}
+
+
+def test_every_option_of_the_compared_arm_changes_the_papers_reference():
+    """The verdict's reference is the paper's row for the arm trained: each option that changes
+    the selective arm (every key of `arm_params`) changes it; weight sharing is Table 3's
+    weight-sharing row, +0.0037 nats (worse), not the base row's −0.0063."""
+    cfg = _cfg()
+    assert set(sl.arm_params("selective", cfg)) == set(OTHER_ARM)
+    base = sl.reference(cfg)
+    assert base.row == "Pythia-160m +SSA base" and base.words == "26.681 → 26.514"
+    assert round(sl.nll_change(base), 4) == -0.0063
+    for name, value in OTHER_ARM.items():
+        assert sl.reference(_cfg(**{name: value})) != base, name
+    sharing = sl.reference(_cfg(sharing=True))
+    assert sharing.row == "Pythia-160m +SSA weight sharing" and sharing.words == "26.681 → 26.780"
+    assert round(sl.nll_change(sharing), 4) == 0.0037 and sharing.sign == 1
+    assert sl.reference(_cfg(targets="qk")) is None  # no row in the paper for that arm
+
+
+@pytest.mark.parametrize(
+    ("flags", "row"),
+    [
+        ([], "Pythia-160m +SSA base"),
+        (["--sharing"], "Pythia-160m +SSA weight sharing"),
+        (["--targets", "q"], "Pythia Q"),
+        (["--terms", "token"], None),  # q and v with the token term only: no row
+        (["--targets", "v", "--terms", "position"], "Pythia v, τ^pos"),
+    ],
+)
+def test_the_command_lines_arm_options_choose_the_reference(tmp_path, monkeypatch, flags, row):
+    seen = []
+
+    def stop(cfg, pool=None):
+        seen.append(cfg)
+        raise ValueError("stopped before any work.")
+
+    monkeypatch.setattr(sl, "check_memory", stop)
+    argv = ["reproduce", "selective-llm", "--quick", "--lora", "2", *flags]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 2
+    paper = sl.reference(seen[0])
+    assert (paper.row if paper is not None else None) == row
+
+
+def _nll(cfg: sl.Config, shift: float) -> dict:
+    """Per arm, seed and length, three windows' NLLs: selective ``shift`` nats above softmax
+    (plus a little noise per seed)."""
+    g = np.random.default_rng(0)
+    out = {"softmax": {}, "selective": {}}
+    for s in range(cfg.seeds):
+        noise = g.normal(0, 1e-4)
+        for n in cfg.lengths:
+            w = list(3.0 + g.normal(0, 0.1, 3))
+            out["softmax"].setdefault(s, {})[str(n)] = w
+            out["selective"].setdefault(s, {})[str(n)] = [x + shift + noise for x in w]
+    return out
+
+
+def test_the_verdict_is_against_the_arms_row_and_only_at_the_training_context():
+    """Selective 0.0037 nats worse on every seed: reproduces the weight-sharing row and
+    contradicts the base row at the training context; at 2× and 4× the paper has no number,
+    so the verdict says so and gives the measured change with its interval."""
+    words = {}
+    for sharing in (False, True):
+        cfg = _cfg(seeds=6, sharing=sharing)
+        base = {str(n): [3.0, 3.1, 2.9] for n in cfg.lengths}
+        rows = sl.summarize_matched(cfg, base, _nll(cfg, 0.0037))["rows"]
+        words[sharing] = [r["verdict"] for r in rows]
+        for r in rows[1:]:
+            assert r["verdict"].startswith(f"no paper number at {r['factor']}× the context; ")
+            assert (
+                f"measured {r['nll_change']:+.4f} nats [{r['nll_change_low']:+.4f}, "
+                in (r["verdict"])
+            )
+            assert np.isfinite(r["detectable"])
+    assert words[True][0] == "reproduced" and words[False][0] == "contradicted"
+    cfg = _cfg(seeds=6, targets="qk")
+    base = {str(n): [3.0, 3.1, 2.9] for n in cfg.lengths}
+    rows = sl.summarize_matched(cfg, base, _nll(cfg, 0.0037))["rows"]
+    assert all(r["verdict"].startswith("no paper number for this arm; ") for r in rows)
+
+
+def test_the_seed_count_is_fixed_when_the_folder_is_created(tmp_path):
+    """A matched study resumed with another number of seeds is refused in one sentence, before
+    any training: its report is over the seeds it set out to train."""
+    sl.run(tmp_path / "r", _cfg(steps=2, factors=(1,), seeds=2), net=_net(), ids=_ids())
+    with pytest.raises(ValueError, match=r"different seeds \(2 there, 3 now\)") as caught:
+        sl.run(tmp_path / "r", _cfg(steps=2, factors=(1,), seeds=3), net=_net(), ids=_ids())
+    assert str(caught.value).count(". ") == 0 and not (tmp_path / "r" / "seed2").exists()

@@ -701,7 +701,7 @@ def test_selective_verdicts_are_the_paired_seed_statistics():
 
     vanilla = [[0.50, 1.0], [0.46, 1.2], [0.47, 0.9], [0.52, 1.1]]
     selective = [[0.36, 1.1], [0.35, 1.0], [0.33, 1.2], [0.40, 1.3]]  # spikier; no claim on 2
-    cols = common.compare(selective, vanilla, [("0.39 → 0.26", -1), None])
+    cols = common.compare(selective, vanilla, [common.FIG2_CLAIMS["spikiness"], None])
     d = np.array(selective)[:, 0] - np.array(vanilla)[:, 0]
     half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     c = cols[0]
@@ -713,9 +713,9 @@ def test_selective_verdicts_are_the_paired_seed_statistics():
     assert c.verdict == "reproduced" and c.paper == "0.39 → 0.26"
     assert cols[1].verdict == "–" and cols[1].paper == "–"  # the paper claims nothing there
     # the other direction is contradicted
-    assert common.compare(vanilla, selective, [("0.39 → 0.26", -1), None])[0].verdict == (
-        "contradicted"
-    )
+    assert common.compare(vanilla, selective, [common.FIG2_CLAIMS["spikiness"], None])[
+        0
+    ].verdict == ("contradicted")
     rows = [{"variant": "vanilla"}, {"variant": "group τ_q"}]
     common.store(rows[1], "spikiness", c)
     md = common.verdict_markdown(rows, {"spikiness": "spikiness", "qk_norm": "‖W‖"})

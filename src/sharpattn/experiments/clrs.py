@@ -32,10 +32,11 @@ from ..lab.report import (
 from ..lab.runner import Progress
 from ..lab.stats import reproduction_verdict
 from . import sequence as seq
+from .paper_numbers import CLRS_FIG8
 
 METHODS = ("softmax", "adaptive")
 #: the claim tested (Fig. 8): adaptive temperature ahead of softmax beyond the training sizes
-PAPER_CLAIM = "adaptive ahead"
+PAPER_CLAIM = CLRS_FIG8
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
         "methods": METHODS,
@@ -143,7 +144,7 @@ def seed_verdicts(
 ) -> list[dict[str, Any]]:
     """Per algorithm and method after the first (softmax): its out-of-distribution exact match
     against the first's over the seeds both have, as a `stats.reproduction_verdict` of the
-    paper's claim that it is ahead (`PAPER_CLAIM`)."""
+    paper's claim that it is ahead (`PAPER_CLAIM`, from `paper_numbers`)."""
     per = seq.measures(rows, spans)
     out = []
     for t in tasks:
@@ -152,7 +153,7 @@ def seed_verdicts(
             mine = per.get((t, m), {})
             seeds = sorted(set(base) & set(mine))
             a, b = ([d[s]["ood"] for s in seeds] for d in (base, mine))
-            v = reproduction_verdict(a, b, paper=PAPER_CLAIM, sign=1)
+            v = reproduction_verdict(a, b, paper=PAPER_CLAIM.words, sign=PAPER_CLAIM.sign)
             out.append({"task": t, "method": m, "verdict": v})
     return out
 
@@ -165,7 +166,7 @@ def verdict_markdown(judged: list[dict[str, Any]], baseline: str) -> str:
         "method",
         f"out of distribution: change vs {baseline}",
         "95 % interval (seeds)",
-        "detectable (80 % power)",
+        "detectable (80 % power, α = 0.05)",
         "verdict",
     ]
     body = [
@@ -271,7 +272,7 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         (
             "Over seeds, the unit that was randomised (each seed trains both methods from its own "
             "initialisation and batches), out-of-distribution exact match, against the paper's "
-            f"claim ({PAPER_CLAIM}): the paired change, its 95 % t interval, the change a paired "
+            f"claim ({PAPER_CLAIM.words}): the paired change, its 95 % t interval, the change a paired "
             "t-test detects with 80 % power at α = 0.05, and the verdict.\n\n"
             + verdict_markdown(judged, methods[0])
         )

@@ -242,20 +242,23 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
         mine, base = overall(per, m, has), overall(per, "softmax", has)
         entry["score"] = seq.compare(mine, base, "auc")
         entry["effect"] = _effect(mine, base, "auc")
+        entry["reference"] = _reference(mine, base, "auc")
         for t in entry["tasks"]:
-            entry["tasks"][t]["effect"] = _effect(per[(t, m)], per.get((t, "softmax"), {}), "auc")
+            theirs = per.get((t, "softmax"), {})
+            entry["tasks"][t]["effect"] = _effect(per[(t, m)], theirs, "auc")
+            entry["tasks"][t]["reference"] = _reference(per[(t, m)], theirs, "auc")
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
     adjusted = holm([e["score"][2] for e in out])  # the family: every method against softmax
     for e, p in zip(out, adjusted, strict=True):
         e["holm"] = float(p)
-        e["power"] = _power(e["effect"], e["holm"], _family(adjusted))
+        e["power"] = _power(e["effect"], e["holm"], _family(adjusted), e["reference"])
     for t in tasks:  # per task, the family is that task's methods against softmax
         cells = [e["tasks"][t] for e in out if t in e["tasks"]]
         adjusted = holm([c["effect"].p for c in cells])
         for c, p in zip(cells, adjusted, strict=True):
             c["holm"] = float(p)
-            c["power"] = _power(c["effect"], c["holm"], _family(adjusted))
+            c["power"] = _power(c["effect"], c["holm"], _family(adjusted), c["reference"])
     return out
 
 
@@ -271,22 +274,37 @@ def _effect(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]],
     return paired_effect([base[s][key] for s in seeds], [per[s][key] for s in seeds])
 
 
+def _reference(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str):
+    """The reference arm's (``base``'s) mean score on the seeds both have (NaN where none)."""
+    seeds = sorted(set(per) & set(base))
+    return float(np.mean([base[s][key] for s in seeds])) if seeds else float("nan")
+
+
+#: the largest score (`sequence.area`: solved at every size)
+MAXIMUM = 1.0
+
+
 def _family(adjusted) -> int:
     """How many tests a Holm family has (its finite p-values)."""
     return int(np.isfinite(np.asarray(adjusted, dtype=float)).sum())
 
 
-def _power(effect: PairedEffect, adjusted: float, m: int) -> dict[str, Any]:
+def _power(
+    effect: PairedEffect, adjusted: float, m: int, reference: float = float("nan")
+) -> dict[str, Any]:
     """What a comparison in a Holm family of ``m`` tests could detect: ``threshold``, the
     smallest mean paired difference that passes Holm's strictest threshold α/m at the observed
     spread of the differences; ``at_power``, the smallest true difference a test at α/m detects
-    with 80 % power at that spread; and the ``verdict`` in words (`stats.verdict`)."""
+    with 80 % power at that spread; and the ``verdict`` in words (`stats.verdict`: at its
+    ceiling where softmax's score ``reference`` leaves less than that to gain)."""
     level = ALPHA / max(1, m)
     at_power = detectable_at_power(effect.sd, effect.n, level, POWER)
     return {
         "threshold": detectable(effect.sd, effect.n, level),
         "at_power": at_power,
-        "verdict": verdict(effect, adjusted, at_power, ALPHA),
+        "verdict": verdict(
+            effect, adjusted, at_power, ALPHA, m=m, reference=reference, maximum=MAXIMUM
+        ),
     }
 
 
@@ -369,7 +387,7 @@ EFFECT_HEADER = [
     "p",
     "p (Holm)",
     "detectable at α/m",
-    "detectable (80 % power)",
+    "detectable (80 % power, α/m)",
     "verdict",
 ]
 
@@ -431,8 +449,10 @@ EFFECTS_TEXT = (
     "**Detectable (80 % power)**: the smallest true difference a paired t-test at α/m would "
     "detect with probability 0.8 at that spread (noncentral t). **Verdict**: better or worse "
     "where Holm rejects at α = 0.05; otherwise not detectable at this power, with the 80 %-power "
-    "difference: an interval that spans 0 says the run cannot tell, not that the methods are "
-    "alike."
+    "difference and the level it was computed at (α/m = 0.05/m): an interval that spans 0 says "
+    "the run cannot tell, not that the methods are alike. Where softmax's score is within that "
+    "difference of the maximum (1), the test is at its ceiling: it cannot show a gain larger "
+    "than 1 minus softmax's score."
 )
 
 

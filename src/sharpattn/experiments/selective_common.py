@@ -18,15 +18,16 @@ from ..lab import report
 from ..lab.runner import Trainer, generator, once
 from ..lab.stats import paired_comparison, reproduction_verdict
 from ..models.ensemble import StackedLinear
+from .paper_numbers import QK_NORM, SPIKINESS, PaperChange, PaperClaim
 
 # Fig. 2 (Pythia pre-trained from scratch on SlimPajama, first 1000 Wikitext tokens): the
 # spikiness ‖s‖₁/(‖s‖₂²·L) and the mean ‖W_q·W_kᵀ‖ (read off the figure: vanilla ≈ 3× SSA)
 PAPER_FIG2 = {
-    "spikiness": {"vanilla": "0.39", "selective": "0.26"},
+    "spikiness": {"vanilla": SPIKINESS.before, "selective": SPIKINESS.after},
     "norm_ratio": "≈ 3 (vanilla / SSA)",
 }
-#: Fig. 2's claims as changes from vanilla (the paper's numbers in words, and their sign)
-FIG2_CLAIMS = {"spikiness": ("0.39 → 0.26", -1), "qk_norm": ("≈ 3× smaller", -1)}
+#: Fig. 2's claims as changes from vanilla (`paper_numbers`)
+FIG2_CLAIMS = {"spikiness": SPIKINESS, "qk_norm": QK_NORM}
 
 # Seeds: runner.seed_int(seed, task, purpose, ...) — one stream per seed, task and purpose.
 GRAPH, DENOISE, LM = 1, 2, 3
@@ -182,15 +183,19 @@ class Column:
     verdict: str
 
 
-def compare(values, baseline, claims=None) -> list[Column]:
+def compare(
+    values, baseline, claims: list[PaperChange | PaperClaim | None] | None = None
+) -> list[Column]:
     """Per column of ``values`` ``[seeds, columns]`` against ``baseline`` of the same shape (the
-    same seeds), a `Column`. ``claims``: per column, the paper's change ``(in words, sign)``
-    (`stats.reproduction_verdict`), or None where the paper makes no claim."""
+    same seeds), a `Column`. ``claims``: per column, the paper's change or claim
+    (`paper_numbers`; its words and sign go to `stats.reproduction_verdict`), or None where the
+    paper makes no claim."""
     c = paired_comparison(baseline, values)
     a, b = np.asarray(baseline, dtype=np.float64), np.asarray(values, dtype=np.float64)
     out = []
     for j, (m, sd) in enumerate(zip(c.mean_b, c.std_b, strict=True)):
-        paper, sign = (claims or [None] * len(c.mean_b))[j] or ("–", -1)
+        claim = (claims or [None] * len(c.mean_b))[j]
+        paper, sign = (claim.words, claim.sign) if claim is not None else ("–", -1)
         v = reproduction_verdict(a[:, j], b[:, j], paper=paper, sign=sign)
         out.append(
             Column(
@@ -227,7 +232,7 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
         "measure",
         "change vs vanilla",
         "95 % interval (seeds)",
-        "detectable (80 % power)",
+        "detectable (80 % power, α = 0.05)",
         "paper",
         "verdict",
     ]
@@ -248,7 +253,7 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
                     report.cell(r[f"{key}_detectable"]),
                     r[f"{key}_paper"],
                     # the verdict's words: its numbers are in the columns beside it
-                    r[f"{key}_verdict"].split(" (detectable:")[0],
+                    r[f"{key}_verdict"].split(" (detectable")[0],
                 ]
             )
     if not body:

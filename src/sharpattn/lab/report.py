@@ -223,12 +223,14 @@ def require(results: Sized, what: str) -> None:
 
 def code_line(versions: list[dict[str, Any]]) -> str:
     """One line naming the code versions that ran a run folder: sharpattn's version, the git
-    commit (short) and whether its files were modified, first to last."""
+    commit (short) and whether its tracked files had uncommitted changes (then the commit does
+    not name the code that ran), first to last."""
 
     def one(v: dict[str, Any]) -> str:
         commit = v.get("commit")
         where = f" at commit {commit[:12]}" if commit else ""
-        return f"sharpattn {v.get('version')}{where}{' (modified)' if v.get('modified') else ''}"
+        dirty = " with uncommitted changes (not the commit's code)" if v.get("modified") else ""
+        return f"sharpattn {v.get('version')}{where}{dirty}"
 
     if not versions:
         return ""

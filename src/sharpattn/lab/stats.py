@@ -152,11 +152,44 @@ def detectable_at_power(sd: float, n: int, alpha: float, power: float = 0.8) -> 
     return brentq(short, 0.0, hi, xtol=1e-12) * sd / np.sqrt(n)
 
 
-def verdict(effect: PairedEffect, adjusted_p: float, detect: float, alpha: float = 0.05) -> str:
+def alpha_words(alpha: float, m: int = 1) -> str:
+    """The level a detectable difference was computed at, in words: "α = 0.05" for one test;
+    for one of ``m`` comparisons corrected by Holm, its strictest threshold "α/m = 0.05/23"."""
+    return f"α = {alpha:g}" if m <= 1 else f"α/m = {alpha:g}/{m}"
+
+
+def ceiling(reference: float, maximum: float, detect: float) -> str | None:
+    """Where the reference arm's score ``reference`` is within the detectable difference
+    ``detect`` of the score's ``maximum`` (1 for exact match), the test is at its ceiling: no
+    arm can gain more than maximum − reference, less than the test detects. Then that in words,
+    "at its ceiling: cannot show a gain larger than …"; None where there is room for a
+    detectable gain or a number is undefined."""
+    room = maximum - reference
+    if not (np.isfinite(room) and np.isfinite(detect)) or room >= detect:
+        return None
+    return (
+        f"at its ceiling: cannot show a gain larger than {room:.3g} (the reference's "
+        f"{reference:.3g} against the maximum {maximum:g})"
+    )
+
+
+def verdict(
+    effect: PairedEffect,
+    adjusted_p: float,
+    detect: float,
+    alpha: float = 0.05,
+    *,
+    m: int = 1,
+    reference: float | None = None,
+    maximum: float | None = None,
+) -> str:
     """One comparison's verdict in words: "better" or "worse" where the corrected p-value
-    ``adjusted_p`` is at most ``alpha``; otherwise "not detectable at this power (detectable:
-    ``detect``)", never a claim of no difference; "too few seeds" with one seed, and what the
-    seeds show where every seed's difference is the same (no t-test)."""
+    ``adjusted_p`` is at most ``alpha``; otherwise "not detectable at this power (detectable at
+    α/m = …: ``detect``)", ``detect`` computed at Holm's strictest threshold α/m over ``m``
+    comparisons, never a claim of no difference, followed by "at its ceiling: …" (`ceiling`)
+    where the reference arm's score ``reference`` is so near the score's ``maximum`` that no
+    detectable gain is possible (a loss still may be); "too few seeds" with one seed, and what
+    the seeds show where every seed's difference is the same (no t-test)."""
     if np.isfinite(adjusted_p) and adjusted_p <= alpha:
         return "better" if effect.mean > 0 else "worse"
     if effect.n < 2:
@@ -165,7 +198,9 @@ def verdict(effect: PairedEffect, adjusted_p: float, detect: float, alpha: float
         if effect.mean == 0:
             return "the same score on every seed"
         return f"{effect.mean:+.3f} on every seed (no spread to test)"
-    return f"not detectable at this power (detectable: {detect:.3f})"
+    words = f"not detectable at this power (detectable at {alpha_words(alpha, m)}: {detect:.3f})"
+    limit = None if reference is None or maximum is None else ceiling(reference, maximum, detect)
+    return words if limit is None else f"{words}; {limit}"
 
 
 @dataclass(frozen=True)
@@ -189,21 +224,33 @@ def reproduction_verdict(
     alpha: float = 0.05,
     power: float = 0.8,
     paper_effect: float | None = None,
+    reference: float | None = None,
+    maximum: float | None = None,
 ) -> SeedVerdict:
     """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
     ``alpha`` in that direction, "contradicted" where it rejects in the other, else "not
-    detectable at this power (detectable: X; paper: ``paper``)", X the difference detected
+    detectable at this power (detectable at α = ``alpha``: X; paper: ``paper``)", X the
+    difference detected
     with probability ``power`` at the seeds' spread (`detectable_at_power`); "too few seeds"
     below two, and what the seeds show where their differences are all the same (no test: the
     same value on every seed, both at 0 on every seed, or one shift). Where the paper's effect
     is a number (``paper_effect``, b − a), a run that could detect it (detectable at most its
     size) and whose interval excludes it, without a significant change, is "not reproduced":
-    the effect, if any, is smaller than the paper's."""
+    the effect, if any, is smaller than the paper's. Where the paper claims a gain (``sign``
+    +1) and a's mean score ``reference`` is within the detectable difference of the score's
+    ``maximum``, the verdict is "at its ceiling" (`ceiling`) instead of "not detectable" or
+    "not reproduced": no gain as large as the run could detect is possible."""
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
     effect = paired_effect(a, b)
     detect = detectable_at_power(effect.sd, effect.n, alpha, power)
+    level = alpha_words(alpha)
+    at_ceiling = (
+        ceiling(reference, maximum, detect)
+        if sign == 1 and reference is not None and maximum is not None
+        else None
+    )
     if np.isfinite(effect.p) and effect.p <= alpha:
         words = "reproduced" if np.sign(effect.mean) == sign else "contradicted"
     elif effect.n < 2:
@@ -218,6 +265,8 @@ def reproduction_verdict(
             )
         else:
             words = f"{effect.mean:+.3g} on every seed (no spread to test)"
+    elif at_ceiling is not None:
+        words = f"{at_ceiling}; detectable at {level}: {detect:.3g}; paper: {paper}"
     elif (
         paper_effect is not None
         and detect <= abs(paper_effect)
@@ -225,8 +274,10 @@ def reproduction_verdict(
     ):
         words = (
             f"not reproduced: the paper's {paper_effect:+.3g} is outside the interval, and "
-            f"the run detects {detect:.3g}"
+            f"the run detects {detect:.3g} at {level}"
         )
     else:
-        words = f"not detectable at this power (detectable: {detect:.3g}; paper: {paper})"
+        words = (
+            f"not detectable at this power (detectable at {level}: {detect:.3g}; paper: {paper})"
+        )
     return SeedVerdict(effect, detect, paper, words)

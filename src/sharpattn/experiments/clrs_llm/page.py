@@ -92,7 +92,10 @@ def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "size": e["size"],
                 **{
                     k: reproduction_verdict(
-                        e[f"{a}_{k}_seeds"], e[f"{b}_{k}_seeds"], paper=PAPER_CLAIM, sign=1
+                        e[f"{a}_{k}_seeds"],
+                        e[f"{b}_{k}_seeds"],
+                        paper=PAPER_CLAIM.words,
+                        sign=PAPER_CLAIM.sign,
                     )
                     for k in ("exact", "tokens")
                 },
@@ -242,7 +245,7 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
             "effect (adaptive − softmax)",
             "95 % interval",
             "p (seeds)",
-            "detectable (80 % power)",
+            "detectable (80 % power, α = 0.05)",
             "verdict",
             "tokens: effect",
             "tokens: verdict",

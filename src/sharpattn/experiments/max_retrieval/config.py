@@ -14,32 +14,10 @@ from ...lab.runner import Progress, RunFolder, cores, profile_settings, seeded
 from ...lab.runner import read_config as read_config_json
 from ...lab.runs import available_memory, check_memory
 from ...models import SetAttention
+from ..paper_numbers import MAX_RETRIEVAL_SIZES, MAX_RETRIEVAL_TABLE1
 
-PAPER_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-#: Table 1 of the ICML version (accuracy %, averaged over ten seeds).
-PAPER_TABLE1 = {
-    "baseline": dict(
-        zip(
-            PAPER_SIZES,
-            (98.6, 97.1, 94.3, 89.7, 81.3, 70.1, 53.8, 35.7, 22.6, 15.7, 12.4),
-            strict=True,
-        )
-    ),
-    "adaptive": dict(
-        zip(
-            PAPER_SIZES,
-            (98.6, 97.1, 94.5, 89.9, 82.1, 72.5, 57.7, 39.4, 24.9, 17.5, 14.0),
-            strict=True,
-        )
-    ),
-    "p_value": dict(
-        zip(
-            PAPER_SIZES,
-            (0.4, 0.4, 0.002, 2e-5, 2e-4, 3e-5, 1e-4, 6e-4, 0.02, 1e-3, 4e-3),
-            strict=True,
-        )
-    ),
-}
+#: Table 1's sizes and numbers (`paper_numbers`)
+PAPER_SIZES, PAPER_TABLE1 = MAX_RETRIEVAL_SIZES, MAX_RETRIEVAL_TABLE1
 
 
 #: How App. A.4's "L2 regularisation with λ = 0.001" can enter training; the paper does not say

@@ -76,7 +76,7 @@ def verdict_table(rows: list[dict[str, Any]], label: str = "adaptive θ") -> str
             "size",
             f"gain of {label} (ours)",
             "95 % interval (seeds)",
-            "detectable (80 % power)",
+            "detectable (80 % power, α = 0.05)",
             "gain (paper)",
             "verdict",
         ],

@@ -101,8 +101,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "paper": {"steps": 100, "eval_windows": 8, "factors": (1, 2, 4)},
 }
 
-#: what a run computes; threads and the evaluation window count may change between invocations
-#: (and, in the matched study, the number of seeds)
+#: what a run computes; threads and the evaluation window count may change between invocations.
+#: The matched study's seeds are fixed when its folder is created: a report over seeds is over
+#: the seeds the run set out to train
 IDENTITY = (
     "model",
     "steps",
@@ -116,7 +117,7 @@ IDENTITY = (
     "train_fraction",
     "seed",
 )
-MATCHED_IDENTITY = (*IDENTITY, "lora", "lora_lr")
+MATCHED_IDENTITY = (*IDENTITY, "lora", "lora_lr", "seeds")
 
 
 def make_config(profile: str = "quick", **overrides: Any) -> Config:

@@ -10,22 +10,42 @@ from typing import Any
 import numpy as np
 
 from ...lab import report as kit
-from ...lab.stats import paired_comparison, reproduction_verdict
+from ...lab.stats import (
+    alpha_words,
+    detectable_at_power,
+    paired_comparison,
+    paired_effect,
+    reproduction_verdict,
+)
 from .. import adapters
+from ..paper_numbers import PaperChange, selective_fine_tune
 from .config import Config
 
-#: Table 3's gain, Pythia-160m fine-tuned, perplexity 26.681 → 26.514 at its training context:
-#: the change in mean NLL, ln(26.514 / 26.681) nats
-PAPER_NLL_CHANGE = math.log(26.514 / 26.681)
+#: the significance level and power of the matched study's verdicts and detectable change
+ALPHA, POWER = 0.05, 0.8
+
+
+def reference(cfg: Config) -> PaperChange | None:
+    """The paper's fine-tuning row for the arm ``cfg`` trains (its targets, terms and weight
+    sharing: `paper_numbers.selective_fine_tune`); None where the paper has none."""
+    return selective_fine_tune(cfg.targets, cfg.terms, cfg.sharing)
+
+
+def nll_change(paper: PaperChange) -> float:
+    """A perplexity change before → after as the change in mean NLL, ln(after / before) nats."""
+    return math.log(float(paper.after) / float(paper.before))
 
 
 def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> dict:
     """Per length: perplexity of the unpatched model and of both fine-tunings (exp of the mean
     window NLL over seeds), and selective against softmax paired over seeds (each seed's mean
-    NLL: the randomised unit; the effect with its interval, the 80 %-power detectable change
-    and the verdict against Table 3's gain, `stats.reproduction_verdict`) and, secondary, over
-    windows (each window's NLL averaged over seeds)."""
+    NLL: the randomised unit; the effect with its interval, the 80 %-power detectable change)
+    with, at the training context, the verdict against the paper's change for this arm
+    (`reference`, `stats.reproduction_verdict`); and, secondary, over windows (each window's NLL
+    averaged over seeds). The paper has no number at other contexts, nor for an arm without a
+    row: there the verdict says so and gives the change with its interval only."""
     seeds = sorted(nll["softmax"])
+    paper = reference(cfg)
     rows = []
     for length in cfg.lengths:
         key = str(length)
@@ -51,20 +71,51 @@ def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> d
                 ),
             }
         )
-        judged = reproduction_verdict(
-            a.mean(1),
-            b.mean(1),
-            sign=-1,
-            paper=f"{PAPER_NLL_CHANGE:+.4f} nats",
-            paper_effect=PAPER_NLL_CHANGE,
-        )
+        if paper is not None and length == cfg.context:
+            change = nll_change(paper)
+            judged = reproduction_verdict(
+                a.mean(1),
+                b.mean(1),
+                sign=paper.sign,
+                paper=f"{change:+.4f} nats",
+                paper_effect=change,
+                alpha=ALPHA,
+                power=POWER,
+            )
+            effect, detect, words = judged.effect, judged.detectable, judged.verdict
+        else:
+            effect = paired_effect(a.mean(1), b.mean(1))
+            detect = detectable_at_power(effect.sd, effect.n, ALPHA, POWER)
+            where = "for this arm" if paper is None else f"at {length // cfg.context}× the context"
+            measured = _measured(effect.mean, effect.low, effect.high)
+            words = f"no paper number {where}; measured {measured}"
         rows[-1] |= {
-            "nll_change_low": judged.effect.low,
-            "nll_change_high": judged.effect.high,
-            "detectable": judged.detectable,
-            "verdict": judged.verdict,
+            "nll_change_low": effect.low,
+            "nll_change_high": effect.high,
+            "detectable": detect,
+            "verdict": words,
         }
     return {"rows": rows}
+
+
+def _measured(mean: float, low: float, high: float) -> str:
+    """A change in NLL with its interval, in words."""
+    if not np.isfinite(low):
+        return f"{mean:+.4f} nats (no interval)"
+    return f"{mean:+.4f} nats [{low:+.4f}, {high:+.4f}]"
+
+
+def _reference_words(cfg: Config) -> str:
+    """The paper's number the verdict at the training context is judged against, in words."""
+    paper = reference(cfg)
+    if paper is None:
+        return (
+            "the paper has no fine-tuning row for this arm, so no verdict is against a paper number"
+        )
+    return (
+        f"the verdict at the training context against the paper's {nll_change(paper):+.4f} nats "
+        f"({paper.source}: {paper.words}); the paper has no number at longer contexts"
+    )
 
 
 def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
@@ -78,7 +129,7 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "Δ nll (nats)",
         "95 % interval (seeds)",
         "p (seeds)",
-        "detectable (80 % power)",
+        f"detectable (80 % power, {alpha_words(ALPHA)})",
         "verdict",
         "windows better",
         "p (windows, secondary)",
@@ -120,9 +171,9 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         f"{', weight sharing' if cfg.sharing else ''}). Perplexity on {rows[0]['windows']} "
         "held-out windows, the same for every model. Selective against softmax over seeds (the "
         "randomised unit: each seed is one pair of fine-tunings): the mean change in NLL with "
-        "its 95 % t interval, the paired t-test, the smallest change a test at 0.05 detects "
-        f"with 80 % power at the seeds' spread, and the verdict against Table 3's "
-        f"{PAPER_NLL_CHANGE:+.4f} nats (Pythia-160m, 26.681 → 26.514); over windows (each "
+        f"its 95 % t interval, the paired t-test, the smallest change a test at "
+        f"{alpha_words(ALPHA)} detects with 80 % power at the seeds' spread, and "
+        f"{_reference_words(cfg)}; over windows (each "
         "window's NLL averaged over seeds) as a secondary test that treats the trained models "
         "as fixed. The "
         "frozen-model study (temperatures alone against the unpatched model) is this command "

@@ -40,6 +40,7 @@ from .folder import (
     profile_settings,
     read_config,
     record_code_version,
+    require_committed,
     write_metrics,
 )
 from .progress import (
@@ -104,6 +105,7 @@ __all__ = [
     "read_config",
     "read_weights",
     "record_code_version",
+    "require_committed",
     "seed_int",
     "seeded",
     "threads",

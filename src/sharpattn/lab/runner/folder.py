@@ -71,6 +71,19 @@ def code_version() -> dict[str, Any]:
     return out
 
 
+def require_committed(allow: bool = False) -> None:
+    """Refuse in one sentence, unless ``allow``, to run from a git checkout whose tracked files
+    differ from its commit (`code_version`): its report could not name the code that wrote it.
+    An installed package (no checkout) runs."""
+    here = code_version()
+    if here["modified"] and not allow:
+        raise ValueError(
+            f"the checkout at commit {here['commit'][:12]} has uncommitted changes, so the "
+            "report could not name the code that wrote it: commit them, or pass --allow-dirty "
+            "and the report says so."
+        )
+
+
 def record_code_version(folder: str | Path) -> list[dict[str, Any]]:
     """Append this process's `code_version` to ``folder/code_versions.json`` where it differs
     from the last one listed (a run resumed by other code lists both); returns the list."""

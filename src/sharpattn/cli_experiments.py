@@ -175,7 +175,9 @@ def build(exp: Experiment) -> click.Command:
             return
         from .lab.runner import require_committed
 
-        require_committed(allow_dirty)  # a report names the code that wrote it
+        # a report names the code that wrote it; a quick run (a demo, a smoke test) is not
+        # refused, and its report says so all the same
+        require_committed(allow_dirty or profile == "quick")
         check_memory = getattr(module, "check_memory", None)
         if check_memory is not None:  # before anything is built or said
             check_memory(config, pool)

@@ -157,16 +157,17 @@ ALLOW_DIRTY_ENV = "SHARPATTN_ALLOW_DIRTY"
 
 
 def allow_dirty_option():
-    """``--allow-dirty``: run from a git checkout with uncommitted changes (refused otherwise,
-    `runner.require_committed`); the report's code line then says so."""
+    """``--allow-dirty``: run a profile other than ``--quick`` from a git checkout with
+    uncommitted changes (refused otherwise, `runner.require_committed`); the report's code line
+    then says so."""
     return click.option(
         "--allow-dirty",
         is_flag=True,
         default=False,
         envvar=ALLOW_DIRTY_ENV,
         show_envvar=True,
-        help="Run from a git checkout with uncommitted changes (refused otherwise); the report "
-        "says so.",
+        help="Run from a git checkout with uncommitted changes (refused otherwise, but for "
+        "--quick); the report says so.",
     )
 
 

@@ -371,7 +371,8 @@ def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowe
 ):
     """The command refuses, in one sentence and before any work, to run from a modified checkout
     (its report could not name the code that wrote it); --allow-dirty (or
-    $SHARPATTN_ALLOW_DIRTY, which the suite sets) lets it run, and the report says so."""
+    $SHARPATTN_ALLOW_DIRTY, which the suite sets) lets it run, and the report says so. A quick
+    run (a demo) is not refused."""
     from sharpattn.experiments import selective_llm
     from sharpattn.lab import report, runner
 
@@ -379,7 +380,7 @@ def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowe
     monkeypatch.setattr(runner.folder, "code_version", lambda: dirty)
     monkeypatch.delenv("SHARPATTN_ALLOW_DIRTY")
     out = tmp_path / "r"
-    argv = ["reproduce", "selective-llm", "--quick", "--out", str(out)]
+    argv = ["reproduce", "selective-llm", "--paper", "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "has uncommitted changes" in err and "--allow-dirty" in err
@@ -389,6 +390,9 @@ def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowe
         raise ValueError("stopped here.")
 
     monkeypatch.setattr(selective_llm, "check_memory", stop)
+    quick = ["reproduce", "selective-llm", "--quick", "--out", str(out)]
+    assert main(quick) == 2
+    assert "stopped here." in capsys.readouterr().err
     assert main([*argv, "--allow-dirty"]) == 2
     assert "stopped here." in capsys.readouterr().err
     monkeypatch.setenv("SHARPATTN_ALLOW_DIRTY", "1")

@@ -142,3 +142,29 @@ def test_what_takes_the_step():
     big = torch.randn(1, 2, decoding.ROWS + 1, 8)
     assert not decoding.applies(big, k, v, Masking.build(None, False, 17, 50, "cpu"), False, ())
     assert not decoding.applies(q.detach().double(), k.double(), v.double(), plain, False, ())
+
+
+def test_the_step_reports_what_it_read():
+    """max |k| and max |v| over the whole cache (GQA heads, several runs, a causal step) and the
+    largest |score| it computed, against PyTorch; a NaN or an infinity anywhere is reported
+    as not finite."""
+    import math
+
+    from sharpattn.attention.masking import Masking
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 3, 64, generator=g)
+    k, v = (torch.randn(2, 2, 1500, 64, generator=g) * 3 for _ in range(2))
+    masking = Masking.build(None, True, 3, 1500, "cpu")
+    with decoding.collected() as box:
+        decoding.step("softmax", 0.0, 0.0, q, k, v, masking, 0.7)
+    (read,) = box
+    s = 0.7 * torch.matmul(q.view(2, 2, 6, 64), k.transpose(-2, -1))
+    assert read.k == float(k.abs().max()) and read.v == float(v.abs().max())
+    assert_close(read.score, float(s.abs().max()), dtype=torch.float32, n=64)
+    for bad in (float("nan"), float("inf")):
+        k2, v2 = k.clone(), v.clone()
+        k2[1, 0, 1499, 63], v2[0, 1, 0, 0] = bad, bad
+        with decoding.collected() as box:
+            decoding.step("sigmoid", 0.0, 0.0, q, k2, v2, masking, 0.7, torch.zeros(1, 1, 1, 1))
+        assert not math.isfinite(box[0].k) and not math.isfinite(box[0].v)

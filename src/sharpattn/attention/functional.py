@@ -324,17 +324,17 @@ def _run(
         full.update(params)
         if check_finite:  # the naive maths checks its hooks' values itself (check_finite)
             check_hook_values(entry, full, masking, (b, h, lq, 1))
-        k_norm = out = None
+        exact = out = None
         if defer:
             qf, sf = positive_scale(q, scale)
             with decoding.collected() as read:
                 out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
             read = read[0] if read else None  # none: the path took no decoding step after all
             sizes = _check_ranges(q, k, v, scale, compute_dtype(q.dtype), read)
-            k_norm = None if read is None else read.k_norm
+            exact = None if read is None else read.score  # the largest |β·s| it computed
         if sizes is not None and (
             max(sizes) >= torch.finfo(compute_dtype(q.dtype)).max ** 0.25
-            or not scores_in_range(entry, full, q, k, scale, sizes[3], k_norm)
+            or not scores_in_range(entry, full, q, k, scale, sizes[3], exact)
         ):
             # the kernel's backward could overflow, or lose β·s's precision: the exact path
             impl = "chunked"

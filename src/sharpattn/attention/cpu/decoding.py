@@ -7,7 +7,7 @@ are combined per row as flash decoding combines softmax's (a row-normalised map'
 to the largest row reference). The element-wise and row-normalised maps (`tiled`) and the softmax
 family and sinks (`fused`) take it.
 
-The same pass keeps the largest |k|, |v| and key norm ‖k_j‖ it read. `attend` checks its inputs
+The same pass keeps the largest |k|, |v| and |score| it read and computed. `attend` checks its inputs
 (finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read costs about
 half of SDPA's whole step. Where a call will take this pass (`applies`), `attend` checks q alone
 before it and k and v from what the pass reports (`collected`), so the cache is read once.
@@ -38,13 +38,13 @@ MIN_RUN = 512
 
 @dataclass
 class Magnitudes:
-    """What a step read of its cache: the largest |k|, |v| and key norm ‖k_j‖ (each infinite
-    or NaN where any value of that tensor is; the norm None where the step was not asked for
-    it)."""
+    """What a step read of its cache: the largest |k| and |v| (each infinite or NaN where any
+    value of that tensor is), and the largest |score| it computed, with the scale and any row
+    factor it was given (the row-scaled family's β: the largest |β·s|)."""
 
     k: float
     v: float
-    k_norm: float | None
+    score: float
 
 
 #: where `attend` collects what a step read (`collected`), or None
@@ -105,14 +105,12 @@ def step(
     masking: Masking,
     scale: float,
     row: Tensor | None = None,
-    norms: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(output, m, Z), float32, of one step with the map ``name`` (``softmax``, or a kernel
     record's name) and its constants ``p`` and ``shift``; m and Z ``[B, H, Lq, 1]`` are a
     normalised map's row reference and Σ a relative to it (softmax: log-sum-exp = m + log Z),
-    undefined for an element-wise map. ``row``: the element-wise maps' per-row values;
-    ``norms``: report the largest key norm too (the row-scaled family's range test reads it).
-    The pass must apply (`applies`)."""
+    undefined for an element-wise map. ``row``: the element-wise maps' per-row values. The pass
+    must apply (`applies`)."""
     b, h, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     qs = (q.float() * scale).contiguous()
@@ -122,9 +120,8 @@ def step(
     if row is not None:
         rows = row.float().expand(b, h, lq, 1).contiguous()
     runs = _runs(b, hkv, lk)
-    out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, runs, norms)
+    out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, runs)
     box = _box.get()
     if box is not None:
-        mk, mv, nk2 = mags.tolist()
-        box.append(Magnitudes(mk, mv, math.sqrt(nk2) if norms else None))
+        box.append(Magnitudes(*mags.tolist()))
     return out, m, z

@@ -407,8 +407,7 @@ def query_scaled(
     else:
         qs, sc = positive_scale(q, scale * float(factor))  # β <= 0 is legal
     if decoding.applies(q, k, v, masking, want_stats, (factor,)):  # one pass over the cache
-        out = decoding.step("softmax", 0.0, 0.0, qs, k, v, masking, sc, norms=True)[0]
-        return out.to(q.dtype), None
+        return decoding.step("softmax", 0.0, 0.0, qs, k, v, masking, sc)[0].to(q.dtype), None
     if not want_stats:
         return softmax_output(qs, k, v, masking, sc), None
     out, lse = softmax_attention(qs, k, v, masking, sc)

@@ -625,11 +625,10 @@ def _decode(
     ends: Tensor | None,
     row: Tensor | None,
     runs: int,
-    norms: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     b, h, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    dims = (ctypes.c_int64 * 9)(b, h, hkv, lq, lk, d, dv, runs, int(norms))
+    dims = (ctypes.c_int64 * 8)(b, h, hkv, lq, lk, d, dv, runs)
     strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
     part = q.new_empty(b * hkv * runs * (h // hkv) * lq * (dv + 2))
     out, m, z, mags = _decoded(q, v)
@@ -653,7 +652,7 @@ def _decoded(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 @_decode.register_fake
-def _(kind, p, shift, q, k, v, ends, row, runs, norms):
+def _(kind, p, shift, q, k, v, ends, row, runs):
     return _decoded(q, v)
 
 
@@ -827,16 +826,16 @@ def normalised_backward(
     return s, w
 
 
-def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int, norms: bool):
+def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
     """(out, m, Z, magnitudes) of a decoding step with the map ``kind`` (a kernel record's name,
     or ``softmax``) in one pass over the cache (`native/tiles.cpp`, ``decode_step``): q
     ``[B, H, Lq, D]`` float32 contiguous and already scaled; k and v ``[B, Hkv, Lk, D|Dv]``
     float32 with unit stride in their last dimension; ``ends`` `prefix_ends` of the rows (a
     causal step) or None; ``row`` ``[B, H, Lq, 1]`` contiguous (the element-wise maps) or None;
     the keys split into ``runs`` runs. m and Z are a normalised map's row reference and Σ a
-    relative to it; the magnitudes ``[3]`` are max |k|, max |v| and (with ``norms``, else 0)
-    max ‖k_j‖² over the whole cache (infinite or NaN where a value is)."""
-    return _decode(kind, p, shift, q, k, v, ends, row, runs, norms)
+    relative to it; the magnitudes ``[3]`` are max |k| and max |v| over the whole cache and
+    max |q·kᵀ| over every score (infinite or NaN where a value is)."""
+    return _decode(kind, p, shift, q, k, v, ends, row, runs)
 
 
 def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, steps: int):

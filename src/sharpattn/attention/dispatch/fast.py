@@ -160,14 +160,14 @@ def check_hook_values(entry: Normalizer, params: dict, masking, rows: tuple) -> 
 
 
 def scores_in_range(
-    entry: Normalizer, params: dict, q, k, scale: float, bound: float, k_norm: float | None = None
+    entry: Normalizer, params: dict, q, k, scale: float, bound: float, exact: float | None = None
 ) -> bool:
     """Whether the flash kernel of a row-scaled or adaptive method keeps its gradients within
     precision: |β|·|s| below `policy.FUSED_SCALED_SCORE_MAX` for every score, with ``bound`` >=
     max |s| (``attend``'s D·max|q|·max|k|·|scale|) and, where that is too loose, the
-    Cauchy–Schwarz bound max_i ‖q_i‖·max_j ‖k_j‖·|scale| (one pass over q and k; over q alone
-    where a decoding step gave ``k_norm``, the largest ‖k_j‖). Reads tensors on the host:
-    ``attend`` calls it only with ``check_finite``."""
+    Cauchy–Schwarz bound max_i ‖q_i‖·max_j ‖k_j‖·|scale| (one pass over q and k), or ``exact``,
+    the largest |β·s| itself where a decoding step computed every score. Reads tensors on the
+    host: ``attend`` calls it only with ``check_finite``."""
     if not isinstance(entry.family, (RowScaled, Adaptive)):
         return True
     beta = beta_bound(entry, params, k.shape[-2])
@@ -178,15 +178,18 @@ def scores_in_range(
         return True
     if not math.isfinite(beta):
         return False
+    if exact is not None:
+        return exact < top
     with torch.no_grad():
         # in the compute dtype (a float64 copy of a long KV cache cost more than the attention
         # of a decoding step); every norm is at most √D·max|x|, which attend's range check keeps
         # finite, and the margin covers the rounding of D-term sums many times over
         cd = torch.promote_types(q.dtype, torch.float32)
-        nq = float(torch.linalg.vector_norm(q.detach(), dim=-1, dtype=cd).amax())
-        if k_norm is None:
-            k_norm = float(torch.linalg.vector_norm(k.detach(), dim=-1, dtype=cd).amax())
-    return beta * nq * k_norm * (1 + 1e-4) ** 2 * abs(scale) < top
+        nq, nk = (
+            float(torch.linalg.vector_norm(t.detach(), dim=-1, dtype=cd).amax()) * (1 + 1e-4)
+            for t in (q, k)
+        )
+    return beta * nq * nk * abs(scale) < top
 
 
 def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict) -> bool:

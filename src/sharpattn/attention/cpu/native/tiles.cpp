@@ -688,10 +688,11 @@ struct AbsTop {
 // map's sums rescaled to the largest reference, as flash decoding combines softmax's). While the
 // keys and values pass, their largest magnitudes are kept (`AbsTop`): mags[0] = max |k| and
 // mags[1] = max |v| over the whole cache, infinite or NaN where any value is, so the caller
-// checks its inputs without reading the cache a second time; mags[2], the largest ‖k_j‖² where
-// asked (`norms`; infinite where a sum overflows), else 0.
+// checks its inputs without reading the cache a second time; mags[2] = the largest |score| (q as
+// given, scale and row factors on it: the largest |β·s| of the row-scaled family), infinite where
+// one overflows.
 //
-// dims: B, H, Hkv, Lq, Lk, D, Dv, runs, norms (1: compute mags[2]); strides (in floats): k's batch, head and key, then v's;
+// dims: B, H, Hkv, Lq, Lk, D, Dv, runs; strides (in floats): k's batch, head and key, then v's;
 // q [B, H, Lq, D] contiguous and already scaled; ends[i]: the keys row i sees (a prefix; null:
 // all); row [B, H, Lq]: the element-wise maps' row values; part: B·Hkv·runs·R·(Dv + 2) floats of
 // scratch; out [B, H, Lq, Dv]; m_out and z_out [B, H, Lq] (normalised maps: the row's reference
@@ -727,10 +728,9 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
                  float* mags, int threads) {
   const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
   const int64_t D = kD ? kD : dims[5], Dv = kD ? kD : dims[6], S = dims[7];
-  const bool norms = dims[8] != 0;
   const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
   const int64_t width = Dv + 2;  // per row of a unit: Σ w·v, then the reference m and Σ a
-  std::vector<uint32_t> kbits(units, 0u), vbits(units, 0u), nbits(units, 0u);
+  std::vector<uint32_t> kbits(units, 0u), vbits(units, 0u), sbits(units, 0u);
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> sc(R * kChunk);
@@ -747,18 +747,15 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
         pu[r * width + Dv] = start<Map, kNormalised>();
         pu[r * width + Dv + 1] = 0.f;
       }
-      AbsTop kt, vt, nt;
+      AbsTop kt, vt, st;
       for (int64_t c0 = j0; c0 < j1; c0 += kChunk) {
         const int64_t cn = std::min(j1, c0 + kChunk) - c0;
         for (int64_t j = 0; j < cn; ++j) {
           const float* kj = ku + (c0 + j) * strides[2];
           kt.add<kD>(kj, D);
-          if (norms) {
-            const float ss = dot_lanes<kD>(kj, kj, D);
-            nt.add(&ss, 1);
-          }
           for (int64_t r = 0; r < R; ++r) sc[r * kChunk + j] = dot_lanes<kD>(qu + r * D, kj, D);
         }
+        for (int64_t r = 0; r < R; ++r) st.add(sc.data() + r * kChunk, cn);
         for (int64_t r = 0; r < R; ++r) {
           const int64_t i = r % Lq;
           const int64_t n =
@@ -800,7 +797,7 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
       }
       kbits[u] = kt.top();
       vbits[u] = vt.top();
-      nbits[u] = nt.top();
+      sbits[u] = st.top();
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < B * Hkv * R; ++t) {
@@ -831,7 +828,7 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
   for (int64_t u = 0; u < units; ++u) {
     top[0] = std::max(top[0], kbits[u]);
     top[1] = std::max(top[1], vbits[u]);
-    top[2] = std::max(top[2], nbits[u]);
+    top[2] = std::max(top[2], sbits[u]);
   }
   std::memcpy(mags, top, sizeof top);
 }

@@ -17,9 +17,19 @@ from sharpattn import attend
 from sharpattn import normalizers as nz
 from sharpattn.attention import functional
 from sharpattn.attention.cpu import decoding, native
-from sharpattn.normalizers.families import RowScaled
+from sharpattn.normalizers.families import Adaptive, RowScaled
 
-METHODS = ["softmax", "ssmax", "sink", "sigmoid", "relu", "softpick", "stablemax", "power"]
+METHODS = [
+    "softmax",
+    "ssmax",
+    "sink",
+    "sigmoid",
+    "relu",
+    "softpick",
+    "stablemax",
+    "power",
+    "adaptive",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +95,7 @@ def test_large_inputs_take_the_same_route(method, size, monkeypatch):
         assert got == want
         return
     assert not isinstance(got, str), got
-    if isinstance(nz.get(method).family, RowScaled):
+    if isinstance(nz.get(method).family, (RowScaled, Adaptive)):
         assert got_route <= want_route, f"{method} at {size:g}: chunked with the exact scores"
     else:
         assert got_route == want_route, f"{method} at {size:g}: another route"
@@ -116,13 +126,14 @@ def test_the_cache_is_read_once(method, monkeypatch):
     first, the check's ops read them."""
     q, k, v = _inputs(lk=2048)
     steps = [0]
-    real = decoding.step
+    for name in ("step", "adaptive_step"):
+        real = getattr(decoding, name)
 
-    def counted(*args, **kwargs):
-        steps[0] += 1
-        return real(*args, **kwargs)
+        def counted(*args, real=real, **kwargs):
+            steps[0] += 1
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "step", counted)
+        monkeypatch.setattr(decoding, name, counted)
     with _Reads(k.numel()) as reads:
         attend(q, k, v, method, causal=True)
     assert reads.ops == [] and steps[0] == 1, f"{method}: {reads.ops}"

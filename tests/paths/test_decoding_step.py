@@ -31,7 +31,7 @@ MAPS = [
     and nz.get(n).family.kernel.tiles is not None
 ]
 SOFTMAX = [n for n in nz.available() if isinstance(nz.get(n).family, (RowScaled, Sink))]
-METHODS = MAPS + SOFTMAX
+METHODS = [*MAPS, *SOFTMAX, "adaptive"]
 
 
 @pytest.fixture(autouse=True)
@@ -42,21 +42,23 @@ def needs_the_library():
 
 @pytest.fixture
 def steps(monkeypatch):
-    """How many calls took `decoding.step`."""
+    """How many calls took `decoding.step` or `decoding.adaptive_step`."""
     count = [0]
-    real = decoding.step
+    for name in ("step", "adaptive_step"):
+        real = getattr(decoding, name)
 
-    def counted(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
+        def counted(*args, real=real, **kwargs):
+            count[0] += 1
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "step", counted)
+        monkeypatch.setattr(decoding, name, counted)
     return count
 
 
 def test_the_methods_are_found():
     assert {"sigmoid", "relu", "softpick", "stablemax"} <= set(MAPS)
     assert {"softmax", "ssmax", "length_scaled", "sink"} <= set(SOFTMAX)
+    assert nz.get("adaptive").fused == "adaptive"
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -80,11 +82,14 @@ def test_a_decoding_step_equals_the_other_paths_and_naive(method, steps):
             assert_close(step, ref, dtype=dtype, n=max(lk, 8), magnitude=4.0, ulps=32, msg=what)
 
 
-@pytest.mark.parametrize("method", ["softmax", "sink", "sigmoid", "relu", "power", "softpick"])
+@pytest.mark.parametrize(
+    "method", ["softmax", "sink", "sigmoid", "relu", "power", "softpick", "adaptive"]
+)
 def test_many_runs_combine_to_one(method, monkeypatch):
     """The keys split into many runs (as on a many-core machine): the runs' sums, rescaled to
-    each row's largest reference, give the one-run answer; a run of keys no row sees (causal
-    with Lq > Lk leaves early rows without keys) adds nothing."""
+    each row's largest reference (adaptive: its moments, for the entropy), give the one-run
+    answer; a run of keys no row sees (causal with Lq > Lk leaves early rows without keys)
+    adds nothing."""
     g = torch.Generator().manual_seed(1)
     for lq, lk, causal in ((1, 1000, True), (16, 777, True), (3, 2, True), (7, 64, False)):
         q = torch.randn(1, 4, lq, 16, generator=g, dtype=torch.float64) * 3
@@ -115,11 +120,11 @@ def test_a_decoding_step_in_any_layout(layout, steps):
     q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (3, 40, 40))
     laid = [layouts.laid_out(t, layout, g) for t in (q, k, v)]
     plain = [t.contiguous() for t in laid]
-    for method in ("sigmoid", "softpick", "softmax", "sink"):
+    for method in ("sigmoid", "softpick", "softmax", "sink", "adaptive"):
         got = attend(*laid, method, causal=True)
         ref = attend(*[t.double() for t in plain], method, causal=True, impl="naive")
         assert_close(got, ref, dtype=torch.float32, n=40, msg=f"{method} {layout}")
-    assert steps[0] == 4
+    assert steps[0] == 5
 
 
 def test_what_takes_the_step():
@@ -168,3 +173,21 @@ def test_the_step_reports_what_it_read():
         with decoding.collected() as box:
             decoding.step("sigmoid", 0.0, 0.0, q, k2, v2, masking, 0.7, torch.zeros(1, 1, 1, 1))
         assert not math.isfinite(box[0].k) and not math.isfinite(box[0].v)
+
+
+@pytest.mark.parametrize("beta", ["negative", "floor", "threshold"])
+def test_adaptive_steps_follow_the_rule(beta, steps):
+    """β(H) where the polynomial is negative (the shift c from the row's smallest score), at
+    its floor, and below its entropy threshold (β = 1), against naive float64."""
+    params = {
+        "negative": {"coefficients": [-0.5, -1.0], "floor": -2.0},
+        "floor": {"floor": 3.0},
+        "threshold": {"threshold": 100.0},
+    }[beta]
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 2, 32, generator=g, dtype=torch.float64) * 2
+    k, v = (torch.randn(1, 2, 900, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    ref = attend(q, k, v, "adaptive", causal=True, impl="naive", **params)
+    got = attend(q.float(), k.float(), v.float(), "adaptive", causal=True, **params)
+    assert steps[0] == 1
+    assert_close(got, ref, dtype=torch.float32, n=900, magnitude=4.0, ulps=32, msg=beta)

@@ -33,7 +33,7 @@ from ...normalizers._contract import compute_dtype
 from ...normalizers.softmax import ADAPTIVE, beta_from_entropy, resolve_coefficients
 from .. import policy
 from ..masking import Masking
-from . import native
+from . import decoding, native
 from .fused import LN2, LOG2E, entropy_tile
 from .fused import adaptive as adaptive_two_pass
 from .tiles import Grid, Slabs, device_budget, slab_rows
@@ -84,9 +84,22 @@ def _head_groups(q: Tensor, k: Tensor) -> list[tuple[int, int, int, int]]:
 def adaptive(q, k, v, masking, scale, want_stats, **params):
     """Adaptive-temperature attention: on slabs (module docstring) where
     `slabs_wanted`, else `adaptive`, whose parameters ``params`` are."""
+    tensors = [p for p in params.values() if torch.is_tensor(p)]
+    if decoding.applies(q, k, v, masking, want_stats, tensors):  # one pass over the cache
+        return _decoded(q, k, v, masking, scale, **params), None
     if want_stats or not slabs_wanted(q, k, v, masking):
         return adaptive_two_pass(ADAPTIVE, q, k, v, masking, scale, want_stats, **params)
     return _on_slabs(q, k, v, masking, scale, **params), None
+
+
+def _decoded(
+    q, k, v, masking, scale, *, coefficients="icml", threshold=0.5, floor=1.0, detach_beta=False
+):
+    """A decoding step (`decoding.adaptive_step`); no gradient is wanted, so ``detach_beta``
+    changes nothing."""
+    coef = tuple(float(c) for c in resolve_coefficients(coefficients))
+    out = decoding.adaptive_step(q, k, v, masking, scale, coef, float(threshold), float(floor))
+    return out.to(q.dtype)
 
 
 def _on_slabs(

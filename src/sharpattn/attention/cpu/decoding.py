@@ -5,7 +5,9 @@ cache once, in one parallel region (`native.decode`): the cache is split into ru
 each (batch, key head, run) is one unit of work (its rows' scores, the map, Σ w·v), and the runs
 are combined per row as flash decoding combines softmax's (a row-normalised map's sums rescaled
 to the largest row reference). The element-wise and row-normalised maps (`tiled`) and the softmax
-family and sinks (`fused`) take it.
+family and sinks (`fused`) take it, and adaptive temperature (`adaptive_tiled`) a pass of its own
+with the same shape (`adaptive_step`: each row's entropy and β from its runs' moments, then the
+weights of the scores the pass kept).
 
 The same pass keeps the largest |k|, |v| and |score| it read and computed. `attend` checks its inputs
 (finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read costs about
@@ -26,7 +28,7 @@ import torch
 from ...normalizers._contract import compute_dtype
 from ..masking import Masking
 from . import native
-from .tiles import prefix_ends
+from .tiles import LOG2E, prefix_ends
 
 Tensor = torch.Tensor
 
@@ -39,8 +41,9 @@ MIN_RUN = 512
 @dataclass
 class Magnitudes:
     """What a step read of its cache: the largest |k| and |v| (each infinite or NaN where any
-    value of that tensor is), and the largest |score| it computed, with the scale and any row
-    factor it was given (the row-scaled family's β: the largest |β·s|)."""
+    value of that tensor is), and the largest |β·s| of its scores s, with β each row's factor
+    (the row-scaled family's, which q carries; adaptive temperature's own; 1 for the maps
+    without one)."""
 
     k: float
     v: float
@@ -125,3 +128,21 @@ def step(
     if box is not None:
         box.append(Magnitudes(*mags.tolist()))
     return out, m, z
+
+
+def adaptive_step(q, k, v, masking: Masking, scale: float, coef, threshold, floor) -> Tensor:
+    """The output, float32, of one adaptive-temperature step (β(H) from ``coef``, ``threshold``
+    and ``floor``, `adaptive_forward`'s rule) in one pass over the cache; its magnitudes go to
+    `collected` as `step`'s do, the largest |β·s| with each row's own β. The pass must apply."""
+    b, h, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    qs = (q.float() * (scale * LOG2E)).contiguous()
+    kc, vc = _cache(k, b), _cache(v, b)
+    ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
+    runs = _runs(b, hkv, lk)
+    out, mags = native.decode_adaptive(qs, kc, vc, ends, coef, threshold, floor, runs)
+    box = _box.get()
+    if box is not None:
+        mk, mv, top = mags.tolist()
+        box.append(Magnitudes(mk, mv, top / LOG2E))
+    return out

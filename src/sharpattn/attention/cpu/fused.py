@@ -33,7 +33,6 @@ explicit ``[Lq, Lk]`` mask. A per-row user mask is passed as a float mask of its
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +45,7 @@ from ..masking import Masking
 from ..reference.chunked import chunked_softmax_attention
 from ..stats import AttentionStats, row_stats
 from . import decoding, native
-from .tiles import BUFFERED_TILE_ELEMENTS, Grid
+from .tiles import BUFFERED_TILE_ELEMENTS, LN2, LOG2E, Grid
 
 Tensor = torch.Tensor
 
@@ -242,10 +241,6 @@ def _entropy_by_values(q: Tensor, k: Tensor, masking: Masking, scale: float):
     mean = scale * torch.linalg.vecdot(q.to(torch.float32), out).unsqueeze(-1)  # Σ_j p_j·s_j
     h = torch.where(seen, lse - mean, 0.0).clamp_min(0.0)
     return h, lse.detach()
-
-
-#: ln 2 and log₂ e: the entropy passes work in base 2
-LN2, LOG2E = math.log(2.0), 1.0 / math.log(2.0)
 
 
 def _entropy_forward(grid: Grid):

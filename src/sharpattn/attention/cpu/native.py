@@ -117,6 +117,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "stick_forward_rows": [_F, _I64, _I64, _F, _I64, _F, _F, _I],
     "stick_backward_rows": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
+    "decode_adaptive": [*[_F] * 7, _I, _FL, _FL, *[_F] * 5, _I],
 }
 #: the loops exported once per map, ``{loop}_{name}`` with ``name`` the name of the map's kernel
 #: record (`families.Kernel`; `map_loop`)
@@ -656,6 +657,45 @@ def _(kind, p, shift, q, k, v, ends, row, runs):
     return _decoded(q, v)
 
 
+@_op("decode_adaptive", ())
+def _decode_adaptive(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ends: Tensor | None,
+    coef: list[float],
+    threshold: float,
+    floor: float,
+    runs: int,
+) -> tuple[Tensor, Tensor]:
+    b, h, lq, d = q.shape
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    dims = (ctypes.c_int64 * 8)(b, h, hkv, lq, lk, d, dv, runs)
+    strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
+    rows = b * hkv * (h // hkv) * lq
+    scores = q.new_empty(rows * runs * -(-lk // runs))
+    part = q.new_empty(rows * runs * (dv + 5))
+    stats = q.new_empty(rows * 4)
+    c = torch.tensor(coef, dtype=torch.float32)
+    out, mags = _adapted(q, v)
+    library().decode_adaptive(
+        *(_p(q), _p(k), _p(v), ctypes.addressof(dims), ctypes.addressof(strides)),
+        *(_ends(ends)[0], _p(c), len(coef) - 1, threshold, floor),
+        *(_p(scores), _p(part), _p(stats), _p(out), _p(mags), _threads()),
+    )
+    return out, mags
+
+
+def _adapted(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """`decode_adaptive`'s outputs, uninitialised: out ``[B, H, Lq, Dv]``, the magnitudes."""
+    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(3)
+
+
+@_decode_adaptive.register_fake
+def _(q, k, v, ends, coef, threshold, floor, runs):
+    return _adapted(q, v)
+
+
 @_op("sparse_prepare", ("s",))
 def _sparse_prepare(
     s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, count: int, width: int
@@ -836,6 +876,15 @@ def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
     relative to it; the magnitudes ``[3]`` are max |k| and max |v| over the whole cache and
     max |q·kᵀ| over every score (infinite or NaN where a value is)."""
     return _decode(kind, p, shift, q, k, v, ends, row, runs)
+
+
+def decode_adaptive(q, k, v, ends, coef, threshold: float, floor: float, runs: int):
+    """(out, magnitudes) of a decoding step of adaptive temperature in one pass over the cache
+    (`native/tiles.cpp`, ``decode_adaptive``): q ``[B, H, Lq, D]`` float32 contiguous, carrying
+    scale·log₂e; k, v, ``ends`` and ``runs`` as `decode`; β(H) = max(poly(H), ``floor``) above
+    ``threshold`` (``coef`` highest power first), else 1; the magnitudes as `decode`'s but the
+    last, max |β·s| over the rows' own β (base-2 scores)."""
+    return _decode_adaptive(q, k, v, ends, [float(c) for c in coef], threshold, floor, runs)
 
 
 def sparse_solve(kind: str, e: float, y: Tensor, tau: Tensor, lo: Tensor, hi: Tensor, steps: int):

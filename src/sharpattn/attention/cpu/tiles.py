@@ -33,6 +33,9 @@ from . import native
 
 Tensor = torch.Tensor
 
+#: ln 2 and log₂ e: the entropy passes work in base 2
+LN2, LOG2E = math.log(2.0), 1.0 / math.log(2.0)
+
 
 def device_budget(budget: int, device: torch.device) -> int:
     """A tile budget in score entries for ``device``: ``budget`` on the CPU, ``budget`` ×

@@ -195,10 +195,13 @@ def scores_in_range(
 def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict) -> bool:
     """Whether the fast path of ``entry`` runs this call as a decoding step on the CPU
     (`decoding.applies`: one pass over the cache that reports what it read of k and v, so that
-    ``attend`` checks them from that): the row-scaled softmax family, the sinks, and the
-    element-wise and row-normalised maps with C++ loops."""
+    ``attend`` checks them from that): the row-scaled softmax family, the sinks, the
+    element-wise and row-normalised maps with C++ loops, and adaptive temperature's own path."""
     family = entry.family
-    if isinstance(family, (Elementwise, RowNormalised)):
+    if isinstance(family, Adaptive):
+        if path_of(entry) is not adaptive:
+            return False
+    elif isinstance(family, (Elementwise, RowNormalised)):
         kernel = family.kernel
         if kernel is None or kernel.tiles is None or not kernel.cpp:
             return False

@@ -465,7 +465,9 @@ struct Relu {  // w = ReLU(s)^p / n, n = r (>= 1)
 // Normalised by a row sum, w = u/Z with Z = Σ a, u and a relative to a running row reference m:
 // row(x, n, p, shift, m, f) moves m to the new reference (read and written), sets f, the factor
 // that rescales sums taken relative to the old one, writes u over x and returns Σ a;
-// grad(x, g, w, n, p, shift, m, d, z) writes dL/ds over x and w with D = d = dO·out.
+// grad(x, g, w, n, p, shift, m, d, z) writes dL/ds over x and w with D = d = dO·out;
+// kStart is the reference before any key, factor(m, m', p) the rescaling from m to m' (which
+// row's f is, and with which a decoding step combines its runs of keys).
 
 struct Power {  // u = a = (ReLU(s)/m)^p, m the largest ReLU(s) (1 while it is 0)
   static constexpr float kStart = 0.f;
@@ -896,6 +898,182 @@ NORMALISED(signed, Signed)
 NORMALISED(softpick, Softpick)
 NORMALISED(stablemax, Stablemax)
 DECODE(softmax, Softmax, true)
+
+namespace {
+
+// Adaptive temperature in a decoding step: adaptive_forward's maths over a cache split into runs
+// of keys, in one parallel region. q carries scale·log₂e (base-2 scores). Each (batch, key head,
+// run) unit computes its rows' scores (each key row read once, kept in `scores`: B·Hkv·runs·R·run
+// floats) and their m, Z = Σ 2^{s−m}, A = Σ 2^{s−m}·(s − m) and min s. Each row combines its runs
+// (Z and A moved to the row's largest m: Z_s·2^{m_s−m} and 2^{m_s−m}·(A_s + (m_s − m)·Z_s)) into
+// H = ln 2·(log₂ Z − A/Z), β = max(poly(H), floor) where H > threshold, else 1, and the shift c
+// (β·(min s − m) for β < 0, else 0); then each unit weighs its stored scores, 2^{β·(s − m) − c},
+// and sums them and Σ w·v (each value row read once), and each row adds its runs' sums. The
+// largest |k| and |v| are kept as in decode_step (mags), and mags[2] is the largest |β·s| (β
+// the row's own; base-2 scores).
+template <int kD>
+void decode_adaptive_sized(const float* q, const float* k, const float* v, const int64_t* dims,
+                           const int64_t* strides, const int32_t* ends, const float* coef,
+                           int degree, float threshold, float floor, float* scores, float* part,
+                           float* rowstats, float* out, float* mags, int threads) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
+  const int64_t D = kD ? kD : dims[5], Dv = kD ? kD : dims[6], S = dims[7];
+  const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
+  const int64_t width = Dv + 5;  // per row of a unit: Σ w·v, Σ w, then m, Z, A, min s
+  std::vector<uint32_t> kbits(units, 0u), vbits(units, 0u);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {  // the scores and their moments
+      const int64_t b = u / (Hkv * S), hk = (u / S) % Hkv, s = u % S;
+      const int64_t j0 = std::min(Lk, s * run), len = std::min(Lk, j0 + run) - j0;
+      const float* qu = q + (b * H + hk * G) * Lq * D;
+      const float* ku = k + b * strides[0] + hk * strides[1];
+      float* su = scores + u * R * run;
+      AbsTop kt;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kj = ku + (j0 + j) * strides[2];
+        kt.add<kD>(kj, D);
+        for (int64_t r = 0; r < R; ++r) su[r * run + j] = dot_lanes<kD>(qu + r * D, kj, D);
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const float* x = su + r * run;
+        const int64_t n = ends == nullptr ? len
+                                          : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
+        float* pr = part + (u * R + r) * width;
+        float zs = 0.f, as = 0.f;
+        const float mr = n > 0 ? row_max(x, n, kUnseen) : kUnseen;
+        if (n > 0) exp_moments(x, n, mr, zs, as);
+        pr[Dv + 1] = mr;
+        pr[Dv + 2] = zs;
+        pr[Dv + 3] = as;
+        pr[Dv + 4] = n > 0 ? -row_max_neg(x, n) : 0.f;
+      }
+      kbits[u] = kt.top();
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * R; ++t) {  // each row's β from its runs' moments
+      const int64_t bk = t / R, r = t % R;
+      const float* first = part + (bk * S * R + r) * width;
+      float m = kUnseen, lo = 0.f;
+      bool seen = false;
+      for (int64_t s = 0; s < S; ++s) {
+        const float* pr = first + s * R * width;
+        if (pr[Dv + 1] <= kUnseen) continue;
+        lo = seen ? std::min(lo, pr[Dv + 4]) : pr[Dv + 4];
+        m = std::max(m, pr[Dv + 1]);
+        seen = true;
+      }
+      float z = 0.f, a = 0.f;
+      for (int64_t s = 0; s < S && seen; ++s) {
+        const float* pr = first + s * R * width;
+        if (pr[Dv + 1] <= kUnseen) continue;
+        const float f = fast_exp2(pr[Dv + 1] - m);
+        z += pr[Dv + 2] * f;
+        a += (pr[Dv + 3] + (pr[Dv + 1] - m) * pr[Dv + 2]) * f;
+      }
+      float beta = 1.f, c = 0.f;
+      if (seen) {
+        float h = kLn2 * (std::log2(z) - a / z);
+        h = h > 0.f ? h : 0.f;
+        float poly = 0.f;
+        for (int i = 0; i <= degree; ++i) poly = poly * h + coef[i];
+        beta = h > threshold ? (poly > floor ? poly : floor) : 1.f;
+        c = beta < 0.f ? beta * (lo - m) : 0.f;
+      }
+      float* rs = rowstats + t * 4;
+      rs[0] = seen ? m : kUnseen;
+      rs[1] = beta;
+      rs[2] = c;
+      rs[3] = seen ? std::fabs(beta) * std::max(std::fabs(m), std::fabs(lo)) : 0.f;
+    }
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {  // the weights, their sums and Σ w·v
+      const int64_t b = u / (Hkv * S), hk = (u / S) % Hkv, s = u % S;
+      const int64_t j0 = std::min(Lk, s * run), len = std::min(Lk, j0 + run) - j0;
+      const float* vu = v + b * strides[3] + hk * strides[4];
+      float* su = scores + u * R * run;
+      AbsTop vt;
+      for (int64_t j = 0; j < len; ++j) vt.add<kD>(vu + (j0 + j) * strides[5], Dv);
+      for (int64_t r = 0; r < R; ++r) {
+        float* x = su + r * run;
+        float* pr = part + (u * R + r) * width;
+        const float* rs = rowstats + ((b * Hkv + hk) * R + r) * 4;
+        const int64_t n = rs[0] <= kUnseen ? 0
+                          : ends == nullptr
+                              ? len
+                              : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
+        const float m = rs[0], beta = rs[1], c = rs[2];
+        float total = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float e = fast_exp2(beta * (x[j] - m) - c);
+          total += e;
+          x[j] = e;
+        }
+        zero(pr, Dv);
+        if constexpr (kD > 0) {
+          float acc[kD] = {};
+          for (int64_t j = 0; j < n; ++j) {
+            if (x[j] == 0.f) continue;
+            const float* vj = vu + (j0 + j) * strides[5];
+            for (int64_t d = 0; d < kD; ++d) acc[d] += x[j] * vj[d];
+          }
+          for (int64_t d = 0; d < kD; ++d) pr[d] = acc[d];
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            if (x[j] == 0.f) continue;
+            const float* vj = vu + (j0 + j) * strides[5];
+            for (int64_t d = 0; d < Dv; ++d) pr[d] += x[j] * vj[d];
+          }
+        }
+        pr[Dv] = total;
+      }
+      vbits[u] = vt.top();
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * R; ++t) {  // each row: its runs' sums added
+      const int64_t bk = t / R, r = t % R, b = bk / Hkv, hk = bk % Hkv;
+      const float* first = part + (bk * S * R + r) * width;
+      float* o = out + ((b * H + hk * G + r / Lq) * Lq + r % Lq) * Dv;
+      zero(o, Dv);
+      float total = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        const float* pr = first + s * R * width;
+        for (int64_t d = 0; d < Dv; ++d) o[d] += pr[d];
+        total += pr[Dv];
+      }
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+    }
+  }
+  uint32_t top[3] = {0u, 0u, 0u};
+  for (int64_t u = 0; u < units; ++u) {
+    top[0] = std::max(top[0], kbits[u]);
+    top[1] = std::max(top[1], vbits[u]);
+  }
+  AbsTop bs;
+  for (int64_t t = 0; t < B * Hkv * R; ++t) bs.add(rowstats + t * 4 + 3, 1);
+  top[2] = bs.top();
+  std::memcpy(mags, top, sizeof top);
+}
+
+}  // namespace
+
+// A decoding step of adaptive temperature (decode_adaptive_sized; its head size 64 or 128 as a
+// constant where k's and v's agree).
+extern "C" void decode_adaptive(const float* q, const float* k, const float* v,
+                                const int64_t* dims, const int64_t* strides, const int32_t* ends,
+                                const float* coef, int degree, float threshold, float floor,
+                                float* scores, float* part, float* rowstats, float* out,
+                                float* mags, int threads) {
+  const int64_t d = dims[5] == dims[6] ? dims[5] : 0;
+  auto step = d == 64    ? decode_adaptive_sized<64>
+              : d == 128 ? decode_adaptive_sized<128>
+                         : decode_adaptive_sized<0>;
+  step(q, k, v, dims, strides, ends, coef, degree, threshold, floor, scores, part, rowstats, out,
+       mags, threads);
+}
 
 namespace {
 

@@ -110,7 +110,8 @@ def test_softmax_with_bias_columns_keeps_a_fused_kernel(monkeypatch, want_lse):
     (which SDPA picks for unequal sizes) nor on the block fallback; the result is unchanged."""
     from sharpattn.attention.cpu import fused
 
-    q, k, v = inputs(lq=9, lk=9, d=8, heads=4, kv=4, dtype=torch.float32, seed=2)
+    # more rows than a decoding step (`decoding.ROWS`), which runs its own pass
+    q, k, v = inputs(lq=24, lk=24, d=8, heads=4, kv=4, dtype=torch.float32, seed=2)
     qa, ka = bias_columns(q, k, alibi_slopes(4), 0.3)
     seen = []
     sdpa, flash = torch.nn.functional.scaled_dot_product_attention, fused._FLASH
@@ -131,7 +132,7 @@ def test_softmax_with_bias_columns_keeps_a_fused_kernel(monkeypatch, want_lse):
     if want_lse:
         from sharpattn.attention.masking import Masking
 
-        masking = Masking.build(None, True, 9, 9, "cpu")
+        masking = Masking.build(None, True, 24, 24, "cpu")
         out, _ = fused.softmax_attention(qa, ka, v, masking, 0.3)
     else:
         out = attend(qa, ka, v, "softmax", causal=True, scale=0.3)

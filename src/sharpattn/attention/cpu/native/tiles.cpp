@@ -931,24 +931,36 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
       const float* qu = q + (b * H + hk * G) * Lq * D;
       const float* ku = k + b * strides[0] + hk * strides[1];
       float* su = scores + u * R * run;
-      AbsTop kt;
-      for (int64_t j = 0; j < len; ++j) {
-        const float* kj = ku + (j0 + j) * strides[2];
-        kt.add<kD>(kj, D);
-        for (int64_t r = 0; r < R; ++r) su[r * run + j] = dot_lanes<kD>(qu + r * D, kj, D);
-      }
       for (int64_t r = 0; r < R; ++r) {
-        const float* x = su + r * run;
-        const int64_t n = ends == nullptr ? len
-                                          : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
         float* pr = part + (u * R + r) * width;
-        float zs = 0.f, as = 0.f;
-        const float mr = n > 0 ? row_max(x, n, kUnseen) : kUnseen;
-        if (n > 0) exp_moments(x, n, mr, zs, as);
-        pr[Dv + 1] = mr;
-        pr[Dv + 2] = zs;
-        pr[Dv + 3] = as;
-        pr[Dv + 4] = n > 0 ? -row_max_neg(x, n) : 0.f;
+        pr[Dv + 1] = kUnseen;
+        pr[Dv + 2] = pr[Dv + 3] = pr[Dv + 4] = 0.f;
+      }
+      AbsTop kt;
+      for (int64_t c0 = 0; c0 < len; c0 += kChunk) {  // chunks in cache: running moments
+        const int64_t cn = std::min(len, c0 + kChunk) - c0;
+        for (int64_t j = c0; j < c0 + cn; ++j) {
+          const float* kj = ku + (j0 + j) * strides[2];
+          kt.add<kD>(kj, D);
+          for (int64_t r = 0; r < R; ++r) su[r * run + j] = dot_lanes<kD>(qu + r * D, kj, D);
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t end = ends == nullptr ? len : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
+          const int64_t n = std::min<int64_t>(cn, std::max<int64_t>(0, end - c0));
+          if (n == 0) continue;
+          const float* x = su + r * run + c0;
+          float* pr = part + (u * R + r) * width;
+          const float m_old = pr[Dv + 1], m_new = std::max(m_old, row_max(x, n, kUnseen));
+          const bool seen = m_old > kUnseen;
+          const float lo = -row_max_neg(x, n);
+          float zs, as;
+          exp_moments(x, n, m_new, zs, as);
+          const float delta = seen ? m_new - m_old : 0.f, f = seen ? fast_exp2(-delta) : 0.f;
+          pr[Dv + 3] = (pr[Dv + 3] - delta * pr[Dv + 2]) * f + as;
+          pr[Dv + 2] = pr[Dv + 2] * f + zs;
+          pr[Dv + 4] = seen ? std::min(pr[Dv + 4], lo) : lo;
+          pr[Dv + 1] = m_new;
+        }
       }
       kbits[u] = kt.top();
     }
@@ -994,40 +1006,43 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
       const int64_t j0 = std::min(Lk, s * run), len = std::min(Lk, j0 + run) - j0;
       const float* vu = v + b * strides[3] + hk * strides[4];
       float* su = scores + u * R * run;
+      for (int64_t r = 0; r < R; ++r) zero(part + (u * R + r) * width, Dv + 1);
       AbsTop vt;
-      for (int64_t j = 0; j < len; ++j) vt.add<kD>(vu + (j0 + j) * strides[5], Dv);
-      for (int64_t r = 0; r < R; ++r) {
-        float* x = su + r * run;
-        float* pr = part + (u * R + r) * width;
-        const float* rs = rowstats + ((b * Hkv + hk) * R + r) * 4;
-        const int64_t n = rs[0] <= kUnseen ? 0
-                          : ends == nullptr
-                              ? len
-                              : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
-        const float m = rs[0], beta = rs[1], c = rs[2];
-        float total = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float e = fast_exp2(beta * (x[j] - m) - c);
-          total += e;
-          x[j] = e;
-        }
-        zero(pr, Dv);
-        if constexpr (kD > 0) {
-          float acc[kD] = {};
+      for (int64_t c0 = 0; c0 < len; c0 += kChunk) {  // chunks of values in cache, row by row
+        const int64_t cn = std::min(len, c0 + kChunk) - c0;
+        for (int64_t j = c0; j < c0 + cn; ++j) vt.add<kD>(vu + (j0 + j) * strides[5], Dv);
+        for (int64_t r = 0; r < R; ++r) {
+          const float* rs = rowstats + ((b * Hkv + hk) * R + r) * 4;
+          if (rs[0] <= kUnseen) continue;
+          const int64_t end = ends == nullptr ? len : std::min<int64_t>(len, std::max<int64_t>(0, ends[r % Lq] - j0));
+          const int64_t n = std::min<int64_t>(cn, std::max<int64_t>(0, end - c0));
+          float* x = su + r * run + c0;
+          float* pr = part + (u * R + r) * width;
+          const float m = rs[0], beta = rs[1], c = rs[2];
+          float total = 0.f;
           for (int64_t j = 0; j < n; ++j) {
-            if (x[j] == 0.f) continue;
-            const float* vj = vu + (j0 + j) * strides[5];
-            for (int64_t d = 0; d < kD; ++d) acc[d] += x[j] * vj[d];
+            const float e = fast_exp2(beta * (x[j] - m) - c);
+            total += e;
+            x[j] = e;
           }
-          for (int64_t d = 0; d < kD; ++d) pr[d] = acc[d];
-        } else {
-          for (int64_t j = 0; j < n; ++j) {
-            if (x[j] == 0.f) continue;
-            const float* vj = vu + (j0 + j) * strides[5];
-            for (int64_t d = 0; d < Dv; ++d) pr[d] += x[j] * vj[d];
+          pr[Dv] += total;
+          const float* vc = vu + (j0 + c0) * strides[5];
+          if constexpr (kD > 0) {
+            float acc[kD] = {};
+            for (int64_t j = 0; j < n; ++j) {
+              if (x[j] == 0.f) continue;
+              const float* vj = vc + j * strides[5];
+              for (int64_t d = 0; d < kD; ++d) acc[d] += x[j] * vj[d];
+            }
+            for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
+          } else {
+            for (int64_t j = 0; j < n; ++j) {
+              if (x[j] == 0.f) continue;
+              const float* vj = vc + j * strides[5];
+              for (int64_t d = 0; d < Dv; ++d) pr[d] += x[j] * vj[d];
+            }
           }
         }
-        pr[Dv] = total;
       }
       vbits[u] = vt.top();
     }

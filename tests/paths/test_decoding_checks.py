@@ -152,3 +152,22 @@ def test_a_step_that_is_not_taken_still_checks(monkeypatch):
     k[0, 0, 3, 3] = float("nan")
     with pytest.raises(ValueError, match="k contains a non-finite value at"):
         attend(q, k, v, "sigmoid", causal=True)
+
+
+def test_the_input_check_reads_a_large_float32_tensor_in_cpp():
+    """`attend`'s max |x| of a large contiguous float32 CPU tensor (`native.abs_max`): the
+    largest magnitude, or NaN / infinity wherever one is, the last partial block included."""
+    import math
+
+    n = functional.NATIVE_MAX_ABS * 3 + 17
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    assert functional._max_abs(x) == float(x.abs().max())
+    for at in (0, functional.NATIVE_MAX_ABS + 1, n - 1):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            y = x.clone()
+            y[at] = bad
+            got = functional._max_abs(y)
+            assert math.isnan(got) if bad != bad else got == math.inf, (at, bad, got)
+        y = x.clone()
+        y[at] = -3e38
+        assert functional._max_abs(y) == float(y.abs().max())

@@ -118,6 +118,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "stick_backward_rows": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
     "decode_adaptive": [*[_F] * 7, _I, _FL, _FL, *[_F] * 5, _I],
+    "abs_max": [_F, _I64, _F, _I],
 }
 #: the loops exported once per map, ``{loop}_{name}`` with ``name`` the name of the map's kernel
 #: record (`families.Kernel`; `map_loop`)
@@ -696,6 +697,18 @@ def _(q, k, v, ends, coef, threshold, floor, runs):
     return _adapted(q, v)
 
 
+@_op("abs_max", ())
+def _abs_max(x: Tensor) -> Tensor:
+    out = x.new_empty(1)
+    library().abs_max(_p(x), x.numel(), _p(out), _threads())
+    return out
+
+
+@_abs_max.register_fake
+def _(x):
+    return x.new_empty(1)
+
+
 @_op("sparse_prepare", ("s",))
 def _sparse_prepare(
     s: Tensor, ends: Tensor | None, coef: Tensor, floor: float, count: int, width: int
@@ -876,6 +889,12 @@ def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
     relative to it; the magnitudes ``[3]`` are max |k| and max |v| over the whole cache and
     max |q·kᵀ| over every score (infinite or NaN where a value is)."""
     return _decode(kind, p, shift, q, k, v, ends, row, runs)
+
+
+def abs_max(x: Tensor) -> float:
+    """max |x| of a contiguous float32 tensor in one parallel pass (infinite or NaN where a value
+    is); a host read."""
+    return float(_abs_max(x))
 
 
 def decode_adaptive(q, k, v, ends, coef, threshold: float, floor: float, runs: int):

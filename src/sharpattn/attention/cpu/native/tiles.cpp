@@ -1075,6 +1075,24 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
 
 }  // namespace
 
+// The largest |x| of n floats, in one parallel pass (`attend`'s check of its inputs): infinite or
+// NaN where a value is (AbsTop's bits, read back as a float).
+extern "C" void abs_max(const float* x, int64_t n, float* out, int threads) {
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  uint32_t top = 0u;
+#pragma omp parallel num_threads(threads)
+  {
+    AbsTop t;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < blocks; ++i) t.add(x + i * kBlock, std::min(kBlock, n - i * kBlock));
+    const uint32_t mine = t.top();
+#pragma omp critical
+    top = std::max(top, mine);
+  }
+  std::memcpy(out, &top, sizeof top);
+}
+
 // A decoding step of adaptive temperature (decode_adaptive_sized; its head size 64 or 128 as a
 // constant where k's and v's agree).
 extern "C" void decode_adaptive(const float* q, const float* k, const float* v,

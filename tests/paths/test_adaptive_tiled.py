@@ -207,7 +207,8 @@ def test_which_calls_take_the_slabs(monkeypatch):
     taken = []
     real = at.adaptive_slabs
     monkeypatch.setattr(at, "adaptive_slabs", lambda *a: taken.append(1) or real(*a))
-    q, k, v = (x.detach() for x in qkv(lq=8, lk=8, dtype=torch.float32))
+    # more query rows than a decoding step (`decoding.ROWS`), which runs its own pass
+    q, k, v = (x.detach() for x in qkv(lq=24, lk=8, dtype=torch.float32))
 
     def took(**kw):
         taken.clear()
@@ -215,7 +216,7 @@ def test_which_calls_take_the_slabs(monkeypatch):
         return bool(taken)
 
     assert took() and took(causal=True)
-    assert not took(mask=torch.ones(8, 8, dtype=torch.bool))  # a user mask: two passes
+    assert not took(mask=torch.ones(24, 8, dtype=torch.bool))  # a user mask: two passes
     assert not took(return_stats=True)  # statistics: two passes (they need the flash lse)
     monkeypatch.setenv("SHARPATTN_COMPILE", "0")  # no loops: two passes
     assert not took()

@@ -126,7 +126,7 @@ def test_the_cache_is_read_once(method, monkeypatch):
     first, the check's ops read them."""
     q, k, v = _inputs(lk=2048)
     steps = [0]
-    for name in ("step", "adaptive_step"):
+    for name in ("step", "adaptive_step", "scores"):
         real = getattr(decoding, name)
 
         def counted(*args, real=real, **kwargs):

@@ -42,9 +42,9 @@ def needs_the_library():
 
 @pytest.fixture
 def steps(monkeypatch):
-    """How many calls took `decoding.step` or `decoding.adaptive_step`."""
+    """How many calls took `decoding.step`, `decoding.adaptive_step` or `decoding.scores`."""
     count = [0]
-    for name in ("step", "adaptive_step"):
+    for name in ("step", "adaptive_step", "scores"):
         real = getattr(decoding, name)
 
         def counted(*args, real=real, **kwargs):
@@ -161,18 +161,20 @@ def test_the_step_reports_what_it_read():
     q = torch.randn(2, 4, 3, 64, generator=g)
     k, v = (torch.randn(2, 2, 1500, 64, generator=g) * 3 for _ in range(2))
     masking = Masking.build(None, True, 3, 1500, "cpu")
-    with decoding.collected() as box:
+    with decoding.collected() as read:
         decoding.step("softmax", 0.0, 0.0, q, k, v, masking, 0.7)
-    (read,) = box
     s = 0.7 * torch.matmul(q.view(2, 2, 6, 64), k.transpose(-2, -1))
     assert read.k == float(k.abs().max()) and read.v == float(v.abs().max())
     assert_close(read.score, float(s.abs().max()), dtype=torch.float32, n=64)
     for bad in (float("nan"), float("inf")):
         k2, v2 = k.clone(), v.clone()
         k2[1, 0, 1499, 63], v2[0, 1, 0, 0] = bad, bad
-        with decoding.collected() as box:
+        with decoding.collected() as read:
             decoding.step("sigmoid", 0.0, 0.0, q, k2, v2, masking, 0.7, torch.zeros(1, 1, 1, 1))
-        assert not math.isfinite(box[0].k) and not math.isfinite(box[0].v)
+        assert not math.isfinite(read.k) and not math.isfinite(read.v)
+        with decoding.collected() as read:  # the two products of the paths with a row rule
+            decoding.values(decoding.scores(q, k2, 0.7).softmax(-1), v2)
+        assert read.complete and not math.isfinite(read.k) and not math.isfinite(read.v)
 
 
 @pytest.mark.parametrize("beta", ["negative", "floor", "threshold"])
@@ -191,3 +193,51 @@ def test_adaptive_steps_follow_the_rule(beta, steps):
     got = attend(q.float(), k.float(), v.float(), "adaptive", causal=True, **params)
     assert steps[0] == 1
     assert_close(got, ref, dtype=torch.float32, n=900, magnitude=4.0, ulps=32, msg=beta)
+
+
+def test_the_two_products_equal_matmul():
+    """`decoding.scores` and `decoding.values` (GQA heads, several runs, D ≠ Dv, zero weights,
+    a strided cache) against float64 matmul, and their report of what they read."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 5, 24, generator=g)
+    k = torch.randn(2, 2, 1200, 24, generator=g)
+    v = layouts.laid_out(torch.randn(2, 2, 1200, 40, generator=g), "heads_last")
+    with decoding.collected() as read:
+        s = decoding.scores(q, k, 0.3)
+        w = torch.relu(s)  # many zero weights
+        out = decoding.values(w, v)
+    qg = q.double().view(2, 2, 10, 24)
+    want_s = 0.3 * torch.matmul(qg, k.double().transpose(-2, -1))
+    assert_close(s, want_s.view(2, 4, 5, 1200), dtype=torch.float32, n=24)
+    want = torch.matmul(w.double().view(2, 2, 10, 1200), v.double()).view(2, 4, 5, 40)
+    assert_close(out, want, dtype=torch.float32, n=1200)
+    assert read.complete and read.k == float(k.abs().max()) and read.v == float(v.abs().max())
+
+
+#: the paths with a row rule of their own, which take the step's two products (`decoding.scores`
+#: and `decoding.values`) while `attend` collects what they read
+ROW_RULES = ["sparsemax", "entmax15", "entmax", "asentmax", "stick_breaking"]
+
+
+@pytest.mark.parametrize("method", ROW_RULES)
+def test_a_step_with_a_row_rule_reads_the_cache_in_two_products(method, steps):
+    """With `attend`'s checks (which collect what the passes read) the step's products come
+    from `decoding.scores` and `decoding.values`; the answer equals the path's own products
+    (``check_finite=False``) and naive float64, one and several rows, grouped heads, float16."""
+    shapes = itertools.product((1, 5, 16), (64, 300, 1500), (1, 2))
+    for lq, lk, hkv in shapes:
+        g = torch.Generator().manual_seed(lq * 1000 + lk)
+        q = torch.randn(2, 4, lq, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(2, hkv, lk, 8, generator=g, dtype=torch.float64)
+        v = torch.randn(2, hkv, lk, 5, generator=g, dtype=torch.float64)
+        ref = attend(q, k, v, method, causal=True, impl="naive")
+        for dtype in (torch.float32, torch.float16):
+            low = [t.to(dtype) for t in (q, k, v)]
+            before = steps[0]
+            got = attend(*low, method, causal=True)
+            assert steps[0] == before + 1, f"{method} {lq}x{lk}: the products were not taken"
+            own = attend(*low, method, causal=True, check_finite=False)
+            assert steps[0] == before + 1
+            what = f"{method} Lq={lq} Lk={lk} Hkv={hkv} {dtype}"
+            assert_close(got, own, dtype=dtype, n=lk, magnitude=4.0, msg=what)
+            assert_close(got, ref, dtype=dtype, n=lk, magnitude=4.0, ulps=32, msg=what)

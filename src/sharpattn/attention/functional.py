@@ -329,7 +329,7 @@ def _run(
             qf, sf = positive_scale(q, scale)
             with decoding.collected() as read:
                 out, stats = fast(qf, k, v, masking, sf, return_stats, **full)
-            read = read[0] if read else None  # none: the path took no decoding step after all
+            read = read if read.complete else None  # the path read less: read k and v here
             sizes = _check_ranges(q, k, v, scale, compute_dtype(q.dtype), read)
             exact = None if read is None else read.score  # the largest |β·s| it computed
         if sizes is not None and (
@@ -474,7 +474,7 @@ def _check_ranges(
     """Reject non-finite q, k, v and a q·kᵀ that could overflow ``cd``; return the magnitudes
     the fused kernel multiplies (max |q|, max |k|, max |v|, D·max|q|·max|k|·|scale| ≥ every
     scaled score) for the fused paths' range test. ``read``: max |k| and max |v| as a decoding
-    step read them (`decoding.Magnitudes`), instead of reading k and v here.
+    step read them (`decoding.Reads`), instead of reading k and v here.
 
     The score bound D·max|q|·max|k|·max(1, |scale|) exceeds every partial sum of q·kᵀ, in any
     order, and the scaled score: below the dtype's largest number no path overflows, so the

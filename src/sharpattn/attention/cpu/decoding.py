@@ -9,7 +9,9 @@ family and sinks (`fused`) take it, and adaptive temperature (`adaptive_tiled`) 
 with the same shape (`adaptive_step`: each row's entropy and β from its runs' moments, then the
 weights of the scores the pass kept).
 
-The same pass keeps the largest |k|, |v| and |score| it read and computed. `attend` checks its inputs
+The same pass keeps the largest |k|, |v| and |score| it read and computed. The paths with a row
+rule of their own (stick-breaking, top-k, the entmax family) take the step's two products from
+`scores` and `values`, which read the cache once each and report the same. `attend` checks its inputs
 (finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read costs about
 half of SDPA's whole step. Where a call will take this pass (`applies`), `attend` checks q alone
 before it and k and v from what the pass reports (`collected`), so the cache is read once.
@@ -39,30 +41,61 @@ MIN_RUN = 512
 
 
 @dataclass
-class Magnitudes:
-    """What a step read of its cache: the largest |k| and |v| (each infinite or NaN where any
-    value of that tensor is), and the largest |β·s| of its scores s, with β each row's factor
-    (the row-scaled family's, which q carries; adaptive temperature's own; 1 for the maps
-    without one)."""
+class Reads:
+    """What a call's decoding passes read of its cache: the largest |k| and |v| (each infinite
+    or NaN where any value of that tensor is; None while no pass read that tensor whole), and
+    the largest |β·s| of the scores they computed, with β each row's factor (the row-scaled
+    family's, which q carries; adaptive temperature's own; 1 for the maps without one)."""
 
-    k: float
-    v: float
-    score: float
+    k: float | None = None
+    v: float | None = None
+    score: float | None = None
+
+    def add(self, k: float, v: float, score: float) -> None:
+        """Take in one pass's magnitudes (None: not read by that pass)."""
+        self.k, self.v, self.score = (
+            _top(a, b) for a, b in zip((self.k, self.v, self.score), (k, v, score), strict=True)
+        )
+
+    @property
+    def complete(self) -> bool:
+        """Whether every key and value row was read."""
+        return self.k is not None and self.v is not None
 
 
-#: where `attend` collects what a step read (`collected`), or None
-_box: contextvars.ContextVar[list | None] = contextvars.ContextVar("sharpattn_reads", default=None)
+def _top(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
+
+
+#: where `attend` collects what the passes read (`collected`), or None
+_box: contextvars.ContextVar[Reads | None] = contextvars.ContextVar("sharpattn_reads", default=None)
 
 
 @contextlib.contextmanager
-def collected() -> Iterator[list[Magnitudes]]:
-    """A list that every step run inside the block appends its `Magnitudes` to."""
-    box: list[Magnitudes] = []
+def collected() -> Iterator[Reads]:
+    """A `Reads` that every pass run inside the block reports to."""
+    box = Reads()
     token = _box.set(box)
     try:
         yield box
     finally:
         _box.reset(token)
+
+
+def reading() -> bool:
+    """Whether `attend` collects what the passes read (it deferred its check of k and v); never
+    in a graph that ``torch.compile`` traces (the check reads values on the host)."""
+    if torch.compiler.is_compiling():
+        return False
+    return _box.get() is not None
+
+
+def _report(k=None, v=None, score=None) -> None:
+    box = _box.get()
+    if box is not None:
+        box.add(k, v, score)
 
 
 def applies(q: Tensor, k: Tensor, v: Tensor, masking: Masking, want_stats: bool, grads) -> bool:
@@ -124,9 +157,8 @@ def step(
         rows = row.float().expand(b, h, lq, 1).contiguous()
     runs = _runs(b, hkv, lk)
     out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, runs)
-    box = _box.get()
-    if box is not None:
-        box.append(Magnitudes(*mags.tolist()))
+    if reading():
+        _report(*mags.tolist())
     return out, m, z
 
 
@@ -141,8 +173,31 @@ def adaptive_step(q, k, v, masking: Masking, scale: float, coef, threshold, floo
     ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
     runs = _runs(b, hkv, lk)
     out, mags = native.decode_adaptive(qs, kc, vc, ends, coef, threshold, floor, runs)
-    box = _box.get()
-    if box is not None:
+    if reading():
         mk, mv, top = mags.tolist()
-        box.append(Magnitudes(mk, mv, top / LOG2E))
+        _report(mk, mv, top / LOG2E)
+    return out
+
+
+def scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """scale·q·kᵀ ``[B, H, Lq, Lk]``, float32, of a step in one pass over the keys (each key row
+    read once; max |k| and max |s| reported to `collected`)."""
+    b, _, lq, _ = q.shape
+    qs = (q.float() * scale).contiguous()
+    s, mags = native.decode_scores(qs, _cache(k, b), _runs(b, k.shape[1], k.shape[2]))
+    if reading():
+        mk, _, top = mags.tolist()
+        _report(k=mk, score=top)
+    return s
+
+
+def values(w: Tensor, v: Tensor) -> Tensor:
+    """w·v ``[B, H, Lq, Dv]``, float32, of a step's weights ``[B, H, Lq, Lk]`` in one pass over
+    the values (each value row read once, zero weights skipped; max |v| reported to
+    `collected`)."""
+    b = w.shape[0]
+    w = w.float().contiguous()
+    out, mags = native.decode_values(w, _cache(v, b), _runs(b, v.shape[1], v.shape[2]))
+    if reading():
+        _report(v=float(mags[1]))
     return out

@@ -119,6 +119,8 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
     "decode_adaptive": [*[_F] * 7, _I, _FL, _FL, *[_F] * 5, _I],
     "abs_max": [_F, _I64, _F, _I],
+    "decode_scores": [*[_F] * 6, _I],
+    "decode_values": [*[_F] * 7, _I],
 }
 #: the loops exported once per map, ``{loop}_{name}`` with ``name`` the name of the map's kernel
 #: record (`families.Kernel`; `map_loop`)
@@ -697,6 +699,56 @@ def _(q, k, v, ends, coef, threshold, floor, runs):
     return _adapted(q, v)
 
 
+def _dims(q: Tensor, k: Tensor, v: Tensor, runs: int):
+    """The decoding loops' dims and strides (ctypes arrays; see `decode`)."""
+    b, h, lq, d = q.shape
+    dims = (ctypes.c_int64 * 8)(b, h, k.shape[1], lq, k.shape[2], d, v.shape[-1], runs)
+    return dims, (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
+
+
+@_op("decode_scores", ())
+def _decode_scores(q: Tensor, k: Tensor, runs: int) -> tuple[Tensor, Tensor]:
+    dims, strides = _dims(q, k, k, runs)
+    s, mags = _scored(q, k)
+    library().decode_scores(
+        *(_p(q), _p(k), ctypes.addressof(dims), ctypes.addressof(strides), _p(s), _p(mags)),
+        _threads(),
+    )
+    return s, mags
+
+
+def _scored(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    return q.new_empty(*q.shape[:3], k.shape[2]), q.new_empty(3)
+
+
+@_decode_scores.register_fake
+def _(q, k, runs):
+    return _scored(q, k)
+
+
+@_op("decode_values", ())
+def _decode_values(w: Tensor, v: Tensor, runs: int) -> tuple[Tensor, Tensor]:
+    b, h, lq, lk = w.shape
+    dims = (ctypes.c_int64 * 8)(b, h, v.shape[1], lq, lk, 0, v.shape[-1], runs)
+    strides = (ctypes.c_int64 * 6)(0, 0, 0, *v.stride()[:3])
+    part = w.new_empty(b * h * lq * runs * v.shape[-1])
+    out, mags = _valued(w, v)
+    library().decode_values(
+        *(_p(w), _p(v), ctypes.addressof(dims), ctypes.addressof(strides), _p(part), _p(out)),
+        *(_p(mags), _threads()),
+    )
+    return out, mags
+
+
+def _valued(w: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    return w.new_empty(*w.shape[:3], v.shape[-1]), w.new_empty(3)
+
+
+@_decode_values.register_fake
+def _(w, v, runs):
+    return _valued(w, v)
+
+
 @_op("abs_max", ())
 def _abs_max(x: Tensor) -> Tensor:
     out = x.new_empty(1)
@@ -889,6 +941,20 @@ def decode(kind: str, p: float, shift: float, q, k, v, ends, row, runs: int):
     relative to it; the magnitudes ``[3]`` are max |k| and max |v| over the whole cache and
     max |q·kᵀ| over every score (infinite or NaN where a value is)."""
     return _decode(kind, p, shift, q, k, v, ends, row, runs)
+
+
+def decode_scores(q: Tensor, k: Tensor, runs: int) -> tuple[Tensor, Tensor]:
+    """(s = q·kᵀ ``[B, H, Lq, Lk]``, magnitudes) of a decoding step in one pass over the keys
+    (`native/tiles.cpp`, ``decode_scores``): q float32 contiguous, carrying the scale; k as
+    `decode`'s; the magnitudes max |k|, 0, max |s|."""
+    return _decode_scores(q, k, runs)
+
+
+def decode_values(w: Tensor, v: Tensor, runs: int) -> tuple[Tensor, Tensor]:
+    """(out = w·v ``[B, H, Lq, Dv]``, magnitudes) of a decoding step in one pass over the values
+    (``decode_values``; zero weights skipped): w float32 contiguous ``[B, H, Lq, Lk]``, v as
+    `decode`'s; the magnitudes 0, max |v|, 0."""
+    return _decode_values(w, v, runs)
 
 
 def abs_max(x: Tensor) -> float:

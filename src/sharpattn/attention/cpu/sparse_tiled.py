@@ -44,7 +44,7 @@ from ..devices import backend, triton_kernels
 from ..masking import Masking
 from ..reference.chunked import chunked_attend
 from ..stats import AttentionStats, row_stats
-from . import native
+from . import decoding, native
 from .tiles import Grid, Slabs, device_budget, row_slice, slab_rows
 
 Tensor = torch.Tensor
@@ -275,7 +275,11 @@ class _EntmaxAttention(torch.autograd.Function):
             if th is not None:
                 coef = coef * row_slice(th, lq, r0, r1)
             ends = grid.prefix(t) if grid.native else None
-            s = grid.scores(grid.q_rows(r0, r1), t)
+            whole = grid.native and (r0, r1, t.c0, t.c1) == (0, lq, 0, grid.lk)
+            if whole and decoding.reading():  # attend checks k and v from what the passes read
+                s = decoding.scores(q, k, scale)
+            else:
+                s = grid.scores(grid.q_rows(r0, r1), t)
             if grid.native and native.usable(ends, t.masked, s):  # the same, one loop per row
                 y, m, live, cand = native.sparse_prepare(s, ends, coef, FLOOR, CANDIDATES)
                 cand = cand.sort(-1, descending=True).values
@@ -297,7 +301,10 @@ class _EntmaxAttention(torch.autograd.Function):
                 tau = _solve(y, tau, lo, hi, kind, e, steps)
                 p, total = _final_weights(y, tau, kind, e)
             inv = live / total
-            out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
+            if whole and decoding.reading():
+                out[..., r0:r1, :] = grid.grouped(decoding.values(p, v)) * grid.grouped(inv)
+            else:
+                out[..., r0:r1, :] = grid.weigh(p, t) * grid.grouped(inv)
             m_all[..., r0:r1, :] = m
             tau_all[..., r0:r1, :] = tau
             inv_all[..., r0:r1, :] = inv
@@ -572,6 +579,12 @@ def _needs_blocks(alpha) -> bool:
     if torch.is_tensor(alpha):
         return alpha.requires_grad
     return alpha > 2.0
+
+
+def reads_blocks(alpha) -> bool:
+    """Whether an entmax-family call with ``alpha`` takes the query-block path on the CPU
+    (`_needs_blocks`), not the slabs."""
+    return _needs_blocks(alpha)
 
 
 def _kind(alpha) -> str:

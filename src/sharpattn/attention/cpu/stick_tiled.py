@@ -59,7 +59,7 @@ from ..devices import backend, triton_kernels
 from ..masking import Masking
 from ..positions import append_columns
 from ..stats import AttentionStats, row_stats
-from . import native
+from . import decoding, native
 from .tiled import empty_result
 from .tiles import Grid, Tile
 
@@ -220,6 +220,14 @@ def _rows_forward(walk: _Walk, q, k, v, want_stats: bool):
     lay = _Rows.of(grid)
     if lay.c1 == 0:  # no row sees a key: output 0
         return out, ent, mass
+    if decoding.reading() and lay.loops and not want_stats:
+        # attend checks k and v from what the two products read (one pass over each, every key:
+        # past a row's end its weights are 0)
+        s = decoding.scores(q, k, walk.scale)
+        ends = lay.ends  # the rows' visible keys, which end at c1 where the tile has no ends
+        if ends is None:
+            ends = torch.full((grid.lq,), lay.c1, dtype=torch.int32, device=s.device)
+        return grid.grouped(decoding.values(native.stick_forward_rows(s, ends), v)), ent, mass
     qs = grid.q_rows(0, grid.lq)
     for bs, hs in lay.chunks:
         kc, vc = grid.k[bs, hs, 0, : lay.c1], grid.v[bs, hs, 0, : lay.c1]

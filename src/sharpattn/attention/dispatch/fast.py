@@ -36,8 +36,9 @@ from ...normalizers.families import (
 from .. import policy
 from ..cpu import decoding, fused
 from ..cpu.adaptive_tiled import adaptive
-from ..cpu.sparse_tiled import SPARSE_TILED, sparse
+from ..cpu.sparse_tiled import SPARSE_TILED, reads_blocks, sparse
 from ..cpu.sparse_tiled import topk as _topk
+from ..cpu.stick_tiled import DECODE_MIN_KEYS as STICK_DECODE_MIN_KEYS
 from ..cpu.stick_tiled import STICK, stick_breaking
 from ..cpu.tiled import TILED, elementwise, row_normalised
 
@@ -194,12 +195,26 @@ def scores_in_range(
 
 def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict) -> bool:
     """Whether the fast path of ``entry`` runs this call as a decoding step on the CPU
-    (`decoding.applies`: one pass over the cache that reports what it read of k and v, so that
+    (`decoding.applies`: passes over the cache that report what they read of k and v, so that
     ``attend`` checks them from that): the row-scaled softmax family, the sinks, the
-    element-wise and row-normalised maps with C++ loops, and adaptive temperature's own path."""
+    element-wise and row-normalised maps with C++ loops, adaptive temperature's own path,
+    stick-breaking's whole rows, and the entmax family's slab. Where a path reads less after
+    all, ``attend`` reads k and v itself afterwards."""
     family = entry.family
+    path = path_of(entry)
     if isinstance(family, Adaptive):
-        if path_of(entry) is not adaptive:
+        if path is not adaptive:
+            return False
+    elif isinstance(family, StickBreaking):
+        if path is not stick_breaking or params.get("blocks") is not None:
+            return False
+        if k.shape[2] < STICK_DECODE_MIN_KEYS:
+            return False
+    elif isinstance(family, Sparse):
+        if family.kernel is None or family.kernel.name not in SPARSE_TILED:
+            return False
+        alpha = family.alpha_of(params, (*q.shape[:3], 1))
+        if params.get("blocks") is not None or reads_blocks(alpha):
             return False
     elif isinstance(family, (Elementwise, RowNormalised)):
         kernel = family.kernel

@@ -1075,6 +1075,124 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
 
 }  // namespace
 
+namespace {
+
+// A decoding step's two products for the paths with a row rule of their own (stick-breaking,
+// top-k, the entmax family): scores s = q·kᵀ [B, H, Lq, Lk] (q carrying the scale), and then
+// out = w·v [B, H, Lq, Dv] from their weights w, each in one parallel region over (batch, key
+// head, run of keys) units, each key and value row read once, as decode_step reads them; the
+// scores keep max |k| and max |s| (mags[0], mags[2]), the values max |v| (mags[1]).
+template <int kD>
+void decode_scores_sized(const float* q, const float* k, const int64_t* dims,
+                         const int64_t* strides, float* s, float* mags, int threads) {
+  const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
+  const int64_t D = kD ? kD : dims[5], S = dims[7];
+  const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
+  std::vector<uint32_t> kbits(units, 0u), sbits(units, 0u);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t b = u / (Hkv * S), hk = (u / S) % Hkv, r0 = u % S;
+    const int64_t j0 = std::min(Lk, r0 * run), j1 = std::min(Lk, j0 + run);
+    const float* qu = q + (b * H + hk * G) * Lq * D;
+    const float* ku = k + b * strides[0] + hk * strides[1];
+    float* su = s + (b * H + hk * G) * Lq * Lk;
+    AbsTop kt, st;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* kj = ku + j * strides[2];
+      kt.add<kD>(kj, D);
+      for (int64_t r = 0; r < R; ++r) su[r * Lk + j] = dot_lanes<kD>(qu + r * D, kj, D);
+    }
+    for (int64_t r = 0; r < R; ++r) st.add(su + r * Lk + j0, j1 - j0);
+    kbits[u] = kt.top();
+    sbits[u] = st.top();
+  }
+  uint32_t top[3] = {0u, 0u, 0u};
+  for (int64_t u = 0; u < units; ++u) {
+    top[0] = std::max(top[0], kbits[u]);
+    top[2] = std::max(top[2], sbits[u]);
+  }
+  std::memcpy(mags, top, sizeof top);
+}
+
+template <int kD>
+void decode_values_sized(const float* w, const float* v, const int64_t* dims,
+                         const int64_t* strides, float* part, float* out, float* mags,
+                         int threads) {
+  const int64_t B = dims[0], H = dims[1], Hkv = dims[2], Lq = dims[3], Lk = dims[4];
+  const int64_t Dv = kD ? kD : dims[6], S = dims[7];
+  const int64_t G = H / Hkv, R = G * Lq, run = (Lk + S - 1) / S, units = B * Hkv * S;
+  std::vector<uint32_t> vbits(units, 0u);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t b = u / (Hkv * S), hk = (u / S) % Hkv, r0 = u % S;
+      const int64_t j0 = std::min(Lk, r0 * run), j1 = std::min(Lk, j0 + run);
+      const float* vu = v + b * strides[3] + hk * strides[4];
+      const float* wu = w + (b * H + hk * G) * Lq * Lk;
+      float* pu = part + u * R * Dv;
+      zero(pu, R * Dv);
+      AbsTop vt;
+      for (int64_t c0 = j0; c0 < j1; c0 += kChunk) {
+        const int64_t c1 = std::min(j1, c0 + kChunk);
+        for (int64_t j = c0; j < c1; ++j) vt.add<kD>(vu + j * strides[5], Dv);
+        for (int64_t r = 0; r < R; ++r) {
+          const float* wr = wu + r * Lk;
+          float* pr = pu + r * Dv;
+          if constexpr (kD > 0) {
+            float acc[kD] = {};
+            for (int64_t j = c0; j < c1; ++j) {
+              if (wr[j] == 0.f) continue;
+              const float* vj = vu + j * strides[5];
+              for (int64_t d = 0; d < kD; ++d) acc[d] += wr[j] * vj[d];
+            }
+            for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
+          } else {
+            for (int64_t j = c0; j < c1; ++j) {
+              if (wr[j] == 0.f) continue;
+              const float* vj = vu + j * strides[5];
+              for (int64_t d = 0; d < Dv; ++d) pr[d] += wr[j] * vj[d];
+            }
+          }
+        }
+      }
+      vbits[u] = vt.top();
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * R; ++t) {
+      const int64_t bk = t / R, r = t % R, b = bk / Hkv, hk = bk % Hkv;
+      float* o = out + ((b * H + hk * G) * Lq + r) * Dv;
+      zero(o, Dv);
+      for (int64_t s = 0; s < S; ++s) {
+        const float* pr = part + ((bk * S + s) * R + r) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) o[d] += pr[d];
+      }
+    }
+  }
+  uint32_t top[3] = {0u, 0u, 0u};
+  for (int64_t u = 0; u < units; ++u) top[1] = std::max(top[1], vbits[u]);
+  std::memcpy(mags, top, sizeof top);
+}
+
+}  // namespace
+
+extern "C" void decode_scores(const float* q, const float* k, const int64_t* dims,
+                              const int64_t* strides, float* s, float* mags, int threads) {
+  auto step = dims[5] == 64    ? decode_scores_sized<64>
+              : dims[5] == 128 ? decode_scores_sized<128>
+                               : decode_scores_sized<0>;
+  step(q, k, dims, strides, s, mags, threads);
+}
+
+extern "C" void decode_values(const float* w, const float* v, const int64_t* dims,
+                              const int64_t* strides, float* part, float* out, float* mags,
+                              int threads) {
+  auto step = dims[6] == 64    ? decode_values_sized<64>
+              : dims[6] == 128 ? decode_values_sized<128>
+                               : decode_values_sized<0>;
+  step(w, v, dims, strides, part, out, mags, threads);
+}
+
 // The largest |x| of n floats, in one parallel pass (`attend`'s check of its inputs): infinite or
 // NaN where a value is (AbsTop's bits, read back as a float).
 extern "C" void abs_max(const float* x, int64_t n, float* out, int threads) {

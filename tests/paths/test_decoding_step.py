@@ -216,7 +216,7 @@ def test_the_two_products_equal_matmul():
 
 #: the paths with a row rule of their own, which take the step's two products (`decoding.scores`
 #: and `decoding.values`) while `attend` collects what they read
-ROW_RULES = ["sparsemax", "entmax15", "entmax", "asentmax", "stick_breaking"]
+ROW_RULES = ["sparsemax", "entmax15", "entmax", "asentmax", "stick_breaking", "topk"]
 
 
 @pytest.mark.parametrize("method", ROW_RULES)

@@ -479,15 +479,24 @@ class _TopkSelected(torch.autograd.Function):
         slots = torch.arange(kk, device=grid.q.device)
         for t in walk.blocks():
             r0, r1 = t.r0, t.r1
-            s = grid.scores(grid.q_rows(r0, r1), t)
+            # a decoding step whose checks attend takes from what the two products read
+            whole = (r0, r1, t.c0, t.c1) == (0, grid.lq, 0, grid.lk) and decoding.reading()
+            if whole:
+                s = decoding.scores(q, k, scale)
+            else:
+                s = grid.scores(grid.q_rows(r0, r1), t)
             vals, idx, count = native.topk_select(s, grid.prefix(t), kk)
             valid = slots < count.unsqueeze(-1)
             m = vals[..., :1]  # the row's largest (0 on a row without keys)
             p = torch.where(valid, vals - m, 0.0).exp_().mul_(valid)
             total = p.sum(-1, keepdim=True)
             w = p.div_(torch.where(total > 0, total, 1.0))
-            vg = vf.index_select(0, _key_rows(grid, idx)).view(*w.shape, grid.dv)
-            out[..., r0:r1, :] = grid.grouped(torch.matmul(w.unsqueeze(-2), vg).squeeze(-2))
+            if whole:  # every value row read once (the check), only the kept ones weighed
+                dense = s.zero_().scatter_add_(-1, idx, w)  # empty slots add 0 at key 0
+                out[...] = grid.grouped(decoding.values(dense, v))
+            else:
+                vg = vf.index_select(0, _key_rows(grid, idx)).view(*w.shape, grid.dv)
+                out[..., r0:r1, :] = grid.grouped(torch.matmul(w.unsqueeze(-2), vg).squeeze(-2))
             idx_all[..., r0:r1, :] = idx
             w_all[..., r0:r1, :] = w
         out = grid.heads(out)
@@ -533,6 +542,11 @@ class _TopkSelected(torch.autograd.Function):
         dk = dkf.view(grid.b, grid.hkv, grid.lk, grid.d)
         dv = dvf.view(grid.b, grid.hkv, grid.lk, grid.dv)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def selects(q: Tensor, masking: Masking, top_k: int) -> bool:
+    """Whether a top-k call takes the C++ selection (`_TopkSelected`)."""
+    return _selects(q, masking, top_k)
 
 
 def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:

@@ -36,7 +36,7 @@ from ...normalizers.families import (
 from .. import policy
 from ..cpu import decoding, fused
 from ..cpu.adaptive_tiled import adaptive
-from ..cpu.sparse_tiled import SPARSE_TILED, reads_blocks, sparse
+from ..cpu.sparse_tiled import SPARSE_TILED, reads_blocks, selects, sparse
 from ..cpu.sparse_tiled import topk as _topk
 from ..cpu.stick_tiled import DECODE_MIN_KEYS as STICK_DECODE_MIN_KEYS
 from ..cpu.stick_tiled import STICK, stick_breaking
@@ -198,10 +198,12 @@ def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict)
     (`decoding.applies`: passes over the cache that report what they read of k and v, so that
     ``attend`` checks them from that): the row-scaled softmax family, the sinks, the
     element-wise and row-normalised maps with C++ loops, adaptive temperature's own path,
-    stick-breaking's whole rows, and the entmax family's slab. Where a path reads less after
+    stick-breaking's whole rows, the entmax family's slab and top-k's selection. Where a path reads less after
     all, ``attend`` reads k and v itself afterwards."""
     family = entry.family
     path = path_of(entry)
+    full = {p.name: p.default for p in entry.params}
+    full.update(params)
     if isinstance(family, Adaptive):
         if path is not adaptive:
             return False
@@ -209,6 +211,9 @@ def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict)
         if path is not stick_breaking or params.get("blocks") is not None:
             return False
         if k.shape[2] < STICK_DECODE_MIN_KEYS:
+            return False
+    elif isinstance(family, TopK):
+        if path is not _topk or not selects(q, masking, full["top_k"]):
             return False
     elif isinstance(family, Sparse):
         if family.kernel is None or family.kernel.name not in SPARSE_TILED:

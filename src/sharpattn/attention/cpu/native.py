@@ -618,6 +618,13 @@ def _(kind, e, y, tau, lo, hi, steps):
     return tuple(torch.empty_like(tau, memory_format=torch.contiguous_format) for _ in range(2))
 
 
+def _dims(q: Tensor, k: Tensor, v: Tensor, runs: int):
+    """The decoding loops' dims and strides (ctypes arrays; see `decode`)."""
+    b, h, lq, d = q.shape
+    dims = (ctypes.c_int64 * 8)(b, h, k.shape[1], lq, k.shape[2], d, v.shape[-1], runs)
+    return dims, (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
+
+
 @_op("decode", ())
 def _decode(
     kind: str,
@@ -630,11 +637,8 @@ def _decode(
     row: Tensor | None,
     runs: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    b, h, lq, d = q.shape
-    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    dims = (ctypes.c_int64 * 8)(b, h, hkv, lq, lk, d, dv, runs)
-    strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
-    part = q.new_empty(b * hkv * runs * (h // hkv) * lq * (dv + 2))
+    dims, strides = _dims(q, k, v, runs)
+    part = q.new_empty(q.shape[0] * q.shape[1] * q.shape[2] * runs * (v.shape[-1] + 2))
     out, m, z, mags = _decoded(q, v)
     map_loop("decode", kind)(
         *(p, shift, _p(q), _p(k), _p(v), ctypes.addressof(dims), ctypes.addressof(strides)),
@@ -671,16 +675,13 @@ def _decode_adaptive(
     floor: float,
     runs: int,
 ) -> tuple[Tensor, Tensor]:
-    b, h, lq, d = q.shape
-    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    dims = (ctypes.c_int64 * 8)(b, h, hkv, lq, lk, d, dv, runs)
-    strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
-    rows = b * hkv * (h // hkv) * lq
+    dims, strides = _dims(q, k, v, runs)
+    rows, lk = q.shape[0] * q.shape[1] * q.shape[2], k.shape[2]
     scores = q.new_empty(rows * runs * -(-lk // runs))
-    part = q.new_empty(rows * runs * (dv + 5))
+    part = q.new_empty(rows * runs * (v.shape[-1] + 5))
     stats = q.new_empty(rows * 4)
     c = torch.tensor(coef, dtype=torch.float32)
-    out, mags = _adapted(q, v)
+    out, mags = _valued(q, v)
     library().decode_adaptive(
         *(_p(q), _p(k), _p(v), ctypes.addressof(dims), ctypes.addressof(strides)),
         *(_ends(ends)[0], _p(c), len(coef) - 1, threshold, floor),
@@ -689,21 +690,9 @@ def _decode_adaptive(
     return out, mags
 
 
-def _adapted(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """`decode_adaptive`'s outputs, uninitialised: out ``[B, H, Lq, Dv]``, the magnitudes."""
-    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(3)
-
-
 @_decode_adaptive.register_fake
 def _(q, k, v, ends, coef, threshold, floor, runs):
-    return _adapted(q, v)
-
-
-def _dims(q: Tensor, k: Tensor, v: Tensor, runs: int):
-    """The decoding loops' dims and strides (ctypes arrays; see `decode`)."""
-    b, h, lq, d = q.shape
-    dims = (ctypes.c_int64 * 8)(b, h, k.shape[1], lq, k.shape[2], d, v.shape[-1], runs)
-    return dims, (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
+    return _valued(q, v)
 
 
 @_op("decode_scores", ())
@@ -740,8 +729,10 @@ def _decode_values(w: Tensor, v: Tensor, runs: int) -> tuple[Tensor, Tensor]:
     return out, mags
 
 
-def _valued(w: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    return w.new_empty(*w.shape[:3], v.shape[-1]), w.new_empty(3)
+def _valued(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The outputs of the loops that end with w·v, uninitialised: out ``[B, H, Lq, Dv]`` (x
+    ``[B, H, Lq, ·]``), the three magnitudes."""
+    return x.new_empty(*x.shape[:3], v.shape[-1]), x.new_empty(3)
 
 
 @_decode_values.register_fake

@@ -9,11 +9,11 @@ family and sinks (`fused`) take it, and adaptive temperature (`adaptive_tiled`) 
 with the same shape (`adaptive_step`: each row's entropy and β from its runs' moments, then the
 weights of the scores the pass kept).
 
-The same pass keeps the largest |k|, |v| and |score| it read and computed. The paths with a row
+The same pass keeps the largest |k|, |v| and |β·s| it read and computed. The paths with a row
 rule of their own (stick-breaking, top-k, the entmax family) take the step's two products from
-`scores` and `values`, which read the cache once each and report the same. `attend` checks its inputs
-(finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read costs about
-half of SDPA's whole step. Where a call will take this pass (`applies`), `attend` checks q alone
+`scores` and `values`, which read the cache once each and report the same. `attend` checks its
+inputs (finite, and q·kᵀ within the dtype) by reading q, k and v; for a long cache that read
+costs about as much as SDPA's whole step. Where a call will take this pass (`applies`), `attend` checks q alone
 before it and k and v from what the pass reports (`collected`), so the cache is read once.
 """
 

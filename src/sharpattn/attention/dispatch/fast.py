@@ -198,8 +198,8 @@ def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict)
     (`decoding.applies`: passes over the cache that report what they read of k and v, so that
     ``attend`` checks them from that): the row-scaled softmax family, the sinks, the
     element-wise and row-normalised maps with C++ loops, adaptive temperature's own path,
-    stick-breaking's whole rows, the entmax family's slab and top-k's selection. Where a path reads less after
-    all, ``attend`` reads k and v itself afterwards."""
+    stick-breaking's whole rows, the entmax family's slab and top-k's selection. Where a path
+    reads less after all, ``attend`` reads k and v itself afterwards."""
     family = entry.family
     path = path_of(entry)
     full = {p.name: p.default for p in entry.params}

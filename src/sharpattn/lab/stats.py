@@ -231,9 +231,8 @@ def reproduction_verdict(
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
     ``alpha`` in that direction, "contradicted" where it rejects in the other, else "not
     detectable at this power (detectable at α = ``alpha``: X; paper: ``paper``)", X the
-    difference detected
-    with probability ``power`` at the seeds' spread (`detectable_at_power`); "too few seeds"
-    below two, and what the seeds show where their differences are all the same (no test: the
+    difference detected with probability ``power`` at the seeds' spread
+    (`detectable_at_power`); "too few seeds" below two, and what the seeds show where their differences are all the same (no test: the
     same value on every seed, both at 0 on every seed, or one shift). Where the paper's effect
     is a number (``paper_effect``, b − a), a run that could detect it (detectable at most its
     size) and whose interval excludes it, without a significant change, is "not reproduced":

@@ -131,6 +131,15 @@ def _cache(x: Tensor, b: int) -> Tensor:
     return x.expand(b, *x.shape[1:])
 
 
+def _inputs(q: Tensor, k: Tensor, v: Tensor, masking: Masking, scale: float):
+    """(q·scale float32 contiguous, k and v as `_cache`, the causal rows' `prefix_ends` or None,
+    the runs) of one pass."""
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    qs = (q.float() * scale).contiguous()
+    ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
+    return qs, _cache(k, b), _cache(v, b), ends, _runs(b, k.shape[1], lk)
+
+
 def step(
     name: str,
     p: float,
@@ -147,15 +156,10 @@ def step(
     normalised map's row reference and Σ a relative to it (softmax: log-sum-exp = m + log Z),
     undefined for an element-wise map. ``row``: the element-wise maps' per-row values. The pass
     must apply (`applies`)."""
-    b, h, lq, _ = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    qs = (q.float() * scale).contiguous()
-    kc, vc = _cache(k, b), _cache(v, b)
-    ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
+    qs, kc, vc, ends, runs = _inputs(q, k, v, masking, scale)
     rows = None
     if row is not None:
-        rows = row.float().expand(b, h, lq, 1).contiguous()
-    runs = _runs(b, hkv, lk)
+        rows = row.float().expand(*q.shape[:3], 1).contiguous()
     out, m, z, mags = native.decode(name, p, shift, qs, kc, vc, ends, rows, runs)
     if reading():
         _report(*mags.tolist())
@@ -166,12 +170,7 @@ def adaptive_step(q, k, v, masking: Masking, scale: float, coef, threshold, floo
     """The output, float32, of one adaptive-temperature step (β(H) from ``coef``, ``threshold``
     and ``floor``, `adaptive_forward`'s rule) in one pass over the cache; its magnitudes go to
     `collected` as `step`'s do, the largest |β·s| with each row's own β. The pass must apply."""
-    b, h, lq, _ = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    qs = (q.float() * (scale * LOG2E)).contiguous()
-    kc, vc = _cache(k, b), _cache(v, b)
-    ends = prefix_ends(0, lq, 0, lk, masking.offset, q.device) if masking.causal else None
-    runs = _runs(b, hkv, lk)
+    qs, kc, vc, ends, runs = _inputs(q, k, v, masking, scale * LOG2E)
     out, mags = native.decode_adaptive(qs, kc, vc, ends, coef, threshold, floor, runs)
     if reading():
         mk, mv, top = mags.tolist()
@@ -182,7 +181,7 @@ def adaptive_step(q, k, v, masking: Masking, scale: float, coef, threshold, floo
 def scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
     """scale·q·kᵀ ``[B, H, Lq, Lk]``, float32, of a step in one pass over the keys (each key row
     read once; max |k| and max |s| reported to `collected`)."""
-    b, _, lq, _ = q.shape
+    b = q.shape[0]
     qs = (q.float() * scale).contiguous()
     s, mags = native.decode_scores(qs, _cache(k, b), _runs(b, k.shape[1], k.shape[2]))
     if reading():

@@ -66,7 +66,7 @@ CANDIDATES = 32
 #: Rows are renormalised, so an unconverged row has a slightly wide support, never a wrong sum.
 NEWTON_STEPS = {"sparsemax": 4, "entmax15": 5, "entmax": 4}
 #: Steps for a tensor α (per head), never read on the host, whose heads may have α up to the
-#: registry's 2.5 (see `_newton`, `_needs_blocks`): 12 reached float64 rounding for α = 2.6
+#: registry's 2.5 (see `_newton`, `needs_blocks`): 12 reached float64 rounding for α = 2.6
 #: (n = 300 to 2,000).
 TENSOR_ALPHA_STEPS = 12
 #: Newton steps on the candidates for α other than 1.5 and 2 (no sort formula).
@@ -545,11 +545,6 @@ class _TopkSelected(torch.autograd.Function):
 
 
 def selects(q: Tensor, masking: Masking, top_k: int) -> bool:
-    """Whether a top-k call takes the C++ selection (`_TopkSelected`)."""
-    return _selects(q, masking, top_k)
-
-
-def _selects(q: Tensor, masking: Masking, top_k: int) -> bool:
     """Whether a top-k call takes `_TopkSelected` (the C++ selection)."""
     if masking.mask is not None or not 1 <= top_k <= policy.TOPK_SELECT_MAX_K:
         return False
@@ -585,7 +580,7 @@ def _check_alpha(alpha) -> None:
         ALPHA.check(alpha, "entmax")
 
 
-def _needs_blocks(alpha) -> bool:
+def needs_blocks(alpha) -> bool:
     """A learnable α (the gradient in α is the naive normalizer's) or a number α > 2 (where
     Newton's steps converge slowly, see `_newton`) take the query-block path. A tensor α is
     never read (no host synchronisation): every head of it in the registry's range, up to 2.5,
@@ -593,12 +588,6 @@ def _needs_blocks(alpha) -> bool:
     if torch.is_tensor(alpha):
         return alpha.requires_grad
     return alpha > 2.0
-
-
-def reads_blocks(alpha) -> bool:
-    """Whether an entmax-family call with ``alpha`` takes the query-block path on the CPU
-    (`_needs_blocks`), not the slabs."""
-    return _needs_blocks(alpha)
 
 
 def _kind(alpha) -> str:
@@ -659,13 +648,13 @@ def entmax(q, k, v, masking: Masking, scale: float, want_stats: bool, *, alpha=1
     """α-entmax attention, α a number or a tensor (per head) in [1.01, 2.5]. ``n_iter`` (the
     naive path's bisection steps) is not used here: the threshold comes from the candidates and
     Newton steps. A learnable α (a tensor that requires grad) and a number α > 2 (see
-    `_needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive
+    `needs_blocks`) take the query-block path (`chunked_attend`: O(block·Lk) memory, the naive
     normalizer's bisection and autograd), which differentiates in α; a tensor α runs here with
     `TENSOR_ALPHA_STEPS` steps. On CUDA the kernel takes every number α up to 2 and every
     tensor, a learnable one too (`_on_kernel`)."""
     _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
-    if not kernel and _needs_blocks(alpha):
+    if not kernel and needs_blocks(alpha):
         params = dict(alpha=alpha, n_iter=n_iter)
         return _chunked("entmax", q, k, v, masking, scale, want_stats, params)
     return _entmax_family(q, k, v, masking, scale, want_stats, _kind(alpha), alpha, None, kernel)
@@ -691,7 +680,7 @@ def asentmax(
     ``gamma_pre`` through θ."""
     _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
-    if not kernel and _needs_blocks(alpha):
+    if not kernel and needs_blocks(alpha):
         params = dict(
             beta_pre=beta_pre,
             gamma_pre=gamma_pre,
@@ -714,7 +703,7 @@ def sparse(family, q, k, v, masking: Masking, scale: float, want_stats: bool, /,
     alpha = family.alpha_of(params, (*q.shape[:3], 1))
     _check_alpha(alpha)
     kernel = _on_kernel(q, k, v, want_stats, alpha)
-    if not kernel and _needs_blocks(alpha):
+    if not kernel and needs_blocks(alpha):
         out, pieces = chunked_attend(
             family.weights,
             q,
@@ -738,7 +727,7 @@ def topk(q, k, v, masking: Masking, scale: float, want_stats: bool, *, top_k=8):
     """softmax over the ``top_k`` largest allowed scores of each row (ties: lowest key index)."""
     if _on_triton(TOPK.kernel, q, k, v, want_stats) and top_k <= triton_kernels().TOPK_MAX:  # CUDA
         return triton_kernels().topk_attention(q, k, v, masking, scale, top_k), None
-    fn = _TopkSelected if _selects(q, masking, top_k) else _TopkAttention
+    fn = _TopkSelected if selects(q, masking, top_k) else _TopkAttention
     out, ent, mass = fn.apply(q, k, v, top_k, masking, scale, want_stats)
     return out, _stats(q, masking, want_stats, ent, mass)
 

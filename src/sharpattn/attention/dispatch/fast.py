@@ -36,7 +36,7 @@ from ...normalizers.families import (
 from .. import policy
 from ..cpu import decoding, fused
 from ..cpu.adaptive_tiled import adaptive
-from ..cpu.sparse_tiled import SPARSE_TILED, reads_blocks, selects, sparse
+from ..cpu.sparse_tiled import SPARSE_TILED, needs_blocks, selects, sparse
 from ..cpu.sparse_tiled import topk as _topk
 from ..cpu.stick_tiled import DECODE_MIN_KEYS as STICK_DECODE_MIN_KEYS
 from ..cpu.stick_tiled import STICK, stick_breaking
@@ -219,7 +219,7 @@ def decodes(entry: Normalizer, q, k, v, masking, want_stats: bool, params: dict)
         if family.kernel is None or family.kernel.name not in SPARSE_TILED:
             return False
         alpha = family.alpha_of(params, (*q.shape[:3], 1))
-        if params.get("blocks") is not None or reads_blocks(alpha):
+        if params.get("blocks") is not None or needs_blocks(alpha):
             return False
     elif isinstance(family, (Elementwise, RowNormalised)):
         kernel = family.kernel

@@ -721,6 +721,42 @@ inline float dot_lanes(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// pr[d] += Σ_j w_j·v_j[d] over the n value rows at v (`stride` floats apart, Dv each), zero
+// weights skipped, the sums in registers where the head size kD is known. (decode_step keeps its
+// own copy of this loop, which also checks each value row on its first query row: through a
+// shared helper that check measured 25% slower at 4,096 keys.)
+template <int kD>
+inline void weigh_into(float* pr, const float* w, const float* v, int64_t n, int64_t stride,
+                       int64_t Dv) {
+  if constexpr (kD > 0) {
+    float acc[kD] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const float* vj = v + j * stride;
+      for (int64_t d = 0; d < kD; ++d) acc[d] += w[j] * vj[d];
+    }
+    for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const float* vj = v + j * stride;
+      for (int64_t d = 0; d < Dv; ++d) pr[d] += w[j] * vj[d];
+    }
+  }
+}
+
+// The largest of each unit's magnitudes, as mags (k, v, score), each 0 where not given.
+inline void write_mags(float* mags, const std::vector<uint32_t>* k, const std::vector<uint32_t>* v,
+                       uint32_t score) {
+  uint32_t top[3] = {0u, 0u, score};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<uint32_t>* bits = i == 0 ? k : v;
+    if (bits != nullptr)
+      for (uint32_t b : *bits) top[i] = std::max(top[i], b);
+  }
+  std::memcpy(mags, top, sizeof top);
+}
+
 // kD: the head size where it is 64 or 128 for k and v both (the loops then know their length),
 // else 0 (read from dims)
 template <class Map, bool kNormalised, int kD>
@@ -826,13 +862,7 @@ void decode_step(float p, float shift, const float* q, const float* k, const flo
       }
     }
   }
-  uint32_t top[3] = {0u, 0u, 0u};
-  for (int64_t u = 0; u < units; ++u) {
-    top[0] = std::max(top[0], kbits[u]);
-    top[1] = std::max(top[1], vbits[u]);
-    top[2] = std::max(top[2], sbits[u]);
-  }
-  std::memcpy(mags, top, sizeof top);
+  write_mags(mags, &kbits, &vbits, *std::max_element(sbits.begin(), sbits.end()));
 }
 
 template <class Map, bool kNormalised>
@@ -1026,22 +1056,7 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
             x[j] = e;
           }
           pr[Dv] += total;
-          const float* vc = vu + (j0 + c0) * strides[5];
-          if constexpr (kD > 0) {
-            float acc[kD] = {};
-            for (int64_t j = 0; j < n; ++j) {
-              if (x[j] == 0.f) continue;
-              const float* vj = vc + j * strides[5];
-              for (int64_t d = 0; d < kD; ++d) acc[d] += x[j] * vj[d];
-            }
-            for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
-          } else {
-            for (int64_t j = 0; j < n; ++j) {
-              if (x[j] == 0.f) continue;
-              const float* vj = vc + j * strides[5];
-              for (int64_t d = 0; d < Dv; ++d) pr[d] += x[j] * vj[d];
-            }
-          }
+          weigh_into<kD>(pr, x, vu + (j0 + c0) * strides[5], n, strides[5], Dv);
         }
       }
       vbits[u] = vt.top();
@@ -1062,15 +1077,9 @@ void decode_adaptive_sized(const float* q, const float* k, const float* v, const
       for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
     }
   }
-  uint32_t top[3] = {0u, 0u, 0u};
-  for (int64_t u = 0; u < units; ++u) {
-    top[0] = std::max(top[0], kbits[u]);
-    top[1] = std::max(top[1], vbits[u]);
-  }
   AbsTop bs;
   for (int64_t t = 0; t < B * Hkv * R; ++t) bs.add(rowstats + t * 4 + 3, 1);
-  top[2] = bs.top();
-  std::memcpy(mags, top, sizeof top);
+  write_mags(mags, &kbits, &vbits, bs.top());
 }
 
 }  // namespace
@@ -1106,12 +1115,7 @@ void decode_scores_sized(const float* q, const float* k, const int64_t* dims,
     kbits[u] = kt.top();
     sbits[u] = st.top();
   }
-  uint32_t top[3] = {0u, 0u, 0u};
-  for (int64_t u = 0; u < units; ++u) {
-    top[0] = std::max(top[0], kbits[u]);
-    top[2] = std::max(top[2], sbits[u]);
-  }
-  std::memcpy(mags, top, sizeof top);
+  write_mags(mags, &kbits, nullptr, *std::max_element(sbits.begin(), sbits.end()));
 }
 
 template <int kD>
@@ -1137,23 +1141,8 @@ void decode_values_sized(const float* w, const float* v, const int64_t* dims,
         const int64_t c1 = std::min(j1, c0 + kChunk);
         for (int64_t j = c0; j < c1; ++j) vt.add<kD>(vu + j * strides[5], Dv);
         for (int64_t r = 0; r < R; ++r) {
-          const float* wr = wu + r * Lk;
-          float* pr = pu + r * Dv;
-          if constexpr (kD > 0) {
-            float acc[kD] = {};
-            for (int64_t j = c0; j < c1; ++j) {
-              if (wr[j] == 0.f) continue;
-              const float* vj = vu + j * strides[5];
-              for (int64_t d = 0; d < kD; ++d) acc[d] += wr[j] * vj[d];
-            }
-            for (int64_t d = 0; d < kD; ++d) pr[d] += acc[d];
-          } else {
-            for (int64_t j = c0; j < c1; ++j) {
-              if (wr[j] == 0.f) continue;
-              const float* vj = vu + j * strides[5];
-              for (int64_t d = 0; d < Dv; ++d) pr[d] += wr[j] * vj[d];
-            }
-          }
+          weigh_into<kD>(pu + r * Dv, wu + r * Lk + c0, vu + c0 * strides[5], c1 - c0, strides[5],
+                         Dv);
         }
       }
       vbits[u] = vt.top();
@@ -1169,9 +1158,7 @@ void decode_values_sized(const float* w, const float* v, const int64_t* dims,
       }
     }
   }
-  uint32_t top[3] = {0u, 0u, 0u};
-  for (int64_t u = 0; u < units; ++u) top[1] = std::max(top[1], vbits[u]);
-  std::memcpy(mags, top, sizeof top);
+  write_mags(mags, nullptr, &vbits, 0u);
 }
 
 }  // namespace

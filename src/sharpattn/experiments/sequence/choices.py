@@ -13,8 +13,9 @@ from ...normalizers import available, plugin
 #: (ALiBi on half of the heads, NoPE on the others)
 POSITIONS = ("rotary", "none", "alibi", "nape")
 
-#: seeds of the data streams (runner.generator(seed, purpose, ...))
-STREAM_INIT, STREAM_DATA, STREAM_TEST = 1, 2, 3
+#: seeds of the data streams (runner.generator(seed, purpose, ...)): initial weights, training
+#: batches, test sequences and the check sequences of ``converge`` (`check_sequences`)
+STREAM_INIT, STREAM_DATA, STREAM_TEST, STREAM_CHECK = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,14 @@ class SequenceConfig:
     steps: int = 2000
     #: training steps of some tasks instead of ``steps`` ({task: steps}; `steps_of`)
     task_steps: dict[str, int] | None = None
+    #: training until converged (0: off, every run trains its steps): every ``check_every``
+    #: steps, the model's exact match is measured on ``check_sets`` check sequences at each
+    #: in-distribution size (`in_distribution`; their own stream, not the test sequences), and
+    #: training stops once it is at least ``converge`` at every one of them; a task's steps
+    #: (`steps_of`) are then the most it trains (and the length of its learning-rate schedule)
+    converge: float = 0.0
+    check_every: int = 250
+    check_sets: int = 64
     batch: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -73,6 +81,8 @@ class SequenceConfig:
             "checkpoint_every",
             "workers",
             "threads",
+            "check_every",
+            "check_sets",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -83,6 +93,8 @@ class SequenceConfig:
         for name, steps in (self.task_steps or {}).items():
             if not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"task_steps[{name!r}] must be an integer >= 1, got {steps!r}.")
+        if not 0 <= self.converge <= 1:
+            raise ValueError(f"converge must be 0 (off) or in (0, 1], got {self.converge}.")
         if not 0 <= self.eval_se < 0.5:
             raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
         if self.stop_zeros < 0:
@@ -227,7 +239,15 @@ IDENTITY = (
     "heads",
     "layers",
     "positions",
+    "converge",
+    "check_every",
+    "check_sets",
 )
+#: the settings of training until converged (``converge`` and its checks)
+CONVERGE_KEYS = ("converge", "check_every", "check_sets")
+#: what a run folder written before an `IDENTITY` key existed ran with (its config.json lacks
+#: the key): the defaults, training for its steps
+MISSING_IDENTITY = {name: getattr(SequenceConfig, name) for name in CONVERGE_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +276,19 @@ def sizes_of(cfg: SequenceConfig, name: str) -> list[int]:
     if "eval_sizes" not in t.options:
         own = default_eval_sizes(t.train_sizes, max(1, cfg.eval_factor))
     return sorted({s for s in own if s <= top} | inside)
+
+
+def in_distribution(cfg: SequenceConfig, name: str) -> list[int]:
+    """The evaluation sizes of task ``name`` (`sizes_of`) inside its training range: those at
+    which ``converge`` checks it. None there raises ``ValueError``."""
+    lo, hi = task(name).train_sizes
+    inside = [s for s in sizes_of(cfg, name) if lo <= s <= hi]
+    if not inside:
+        raise ValueError(
+            f"converge checks {name} at its evaluation sizes inside its training range {lo}-{hi}, "
+            "and it has none there; add one to its evaluation sizes, or train without converge."
+        )
+    return inside
 
 
 def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[str, Any]:

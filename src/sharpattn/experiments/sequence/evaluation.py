@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ...lab import runner
-from .choices import STREAM_TEST
+from .choices import STREAM_CHECK, STREAM_TEST
 from .config import SequenceConfig
 
 
@@ -51,6 +51,36 @@ def test_sets(t, size: int, cfg: SequenceConfig):
         n = min(cfg.eval_batch, left)
         left -= n
         yield t.batch(size, n, gen)
+
+
+def check_sequences(t, size: int, cfg: SequenceConfig, seed: int):
+    """The check sequences of a size (``converge``), in batches: ``check_sets`` of them from
+    their own stream of the run's ``seed``, never the test sequences, the same at every check."""
+    gen = runner.generator(seed, STREAM_CHECK, task_key(t.name), size)
+    left = cfg.check_sets
+    while left > 0:
+        n = min(cfg.eval_batch, left)
+        left -= n
+        yield t.batch(size, n, gen)
+
+
+@torch.inference_mode()
+def check_accuracy(model, t, sizes: list[int], cfg: SequenceConfig, seed: int) -> dict[int, float]:
+    """The exact match of ``model`` (every scored target its most likely token, as `evaluate`
+    counts it) on the check sequences (`check_sequences`) of each of ``sizes``: {size: accuracy}.
+    The model is left in train mode."""
+    model.eval()
+    out = {}
+    for size in sizes:
+        solved = seqs = 0
+        for b in check_sequences(t, size, cfg, seed):
+            pred = model(b.tokens).argmax(-1)
+            ok = (pred == b.targets) | (b.targets == -100)
+            solved += int(ok.all(-1).sum())
+            seqs += b.tokens.shape[0]
+        out[size] = solved / seqs
+    model.train()
+    return out
 
 
 def task_key(name: str) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...lab import runs
-from .config import IDENTITY, Job, SequenceConfig, sizes_of, steps_of
+from .config import CONVERGE_KEYS, IDENTITY, Job, SequenceConfig, sizes_of, steps_of
 from .evaluation import FAILURES, eval_name
 
 
@@ -33,9 +33,12 @@ def _rows_key(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
 
 def job_identity(job: Job, cfg: SequenceConfig) -> dict[str, Any]:
     """What decides a job's rows: its task, seed, methods, sizes and evaluation budget, and the
-    training settings of its model (as JSON gives them back)."""
+    training settings of its model (as JSON gives them back). The ``converge`` settings are
+    left out where it is off, so the identity of a fixed-steps job is what it was before
+    them."""
     c = cfg.to_dict()
-    training = {k: c[k] for k in IDENTITY if k not in ("steps", "task_steps")}
+    leave = ("steps", "task_steps", *(() if cfg.converge else CONVERGE_KEYS))
+    training = {k: c[k] for k in IDENTITY if k not in leave}
     training["steps"] = steps_of(cfg, job.task)
     key = {"task": job.task, "seed": job.seed, **_rows_key(job, cfg), "training": training}
     return json.loads(json.dumps(key))
@@ -136,6 +139,10 @@ def _rows_problem(rows: list[dict[str, Any]], job: Job, cfg: SequenceConfig) -> 
 
 def row_problem(r: dict[str, Any], cfg: SequenceConfig) -> str | None:
     """Why one row's numbers cannot be a measurement of this budget, or None."""
+    if "train_steps" in r:  # rows written before it lack it
+        n = r["train_steps"]
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+            return f"row has train_steps {n!r}, not a count of training steps"
     if not (math.isfinite(r["acc"]) and 0 <= r["acc"] <= 1):
         return f"row has acc {r['acc']}, not an accuracy in [0, 1]"
     if r["skipped"]:  # the stopping rule's: no sequences, counted as 0

@@ -16,8 +16,10 @@ from ...normalizers.families import HookError
 from .choices import SLOW, STREAM_DATA, STREAM_INIT, Method, resolve
 from .config import (
     IDENTITY,
+    MISSING_IDENTITY,
     Job,
     SequenceConfig,
+    in_distribution,
     method_params,
     sizes_of,
     slug,
@@ -25,7 +27,7 @@ from .config import (
     task,
     train_length,
 )
-from .evaluation import EVALUATION, SKIPPED, eval_name, evaluate
+from .evaluation import EVALUATION, SKIPPED, check_accuracy, eval_name, evaluate
 from .rows import read_rows, row_problem, rows_file, rows_record
 
 
@@ -77,9 +79,11 @@ def loss_fn(model, b) -> torch.Tensor:
 def run_job(
     job: Job, progress: Progress | None = None, where: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size.
-    ``where`` (if given) is kept at the training step or evaluated size being run (for
-    `run_job_or_failure`'s sentence).
+    """Train (or resume, or load) the job's decoder and evaluate it; one row per method × size,
+    each with the training's seconds and steps (``train_seconds``, ``train_steps``: fewer than
+    the task's where ``converge`` stopped it, `check_accuracy`). ``where`` (if given) is kept
+    at the training step, check or evaluated size being run (for `run_job_or_failure`'s
+    sentence).
 
     A finished job's rows are kept in its folder (`rows_file`), named by what decides them.
     A job folder holding rows and none of the trainer's files (weights, checkpoint, training log:
@@ -121,6 +125,14 @@ def run_job(
         data = runner.generator(job.seed, STREAM_DATA)
         lo, hi = t.train_sizes
         steps = steps_of(cfg, job.task)
+        until = None
+        if cfg.converge > 0:
+            inside = in_distribution(cfg, job.task)
+
+            def until(step: int) -> bool:  # solved at every in-distribution size
+                where["at"] = f"in the convergence check at training step {step}"
+                accs = check_accuracy(model, t, inside, cfg, job.seed)
+                return min(accs.values()) >= cfg.converge
 
         def batch(step: int):
             where["at"] = f"at training step {step + 1}"
@@ -147,6 +159,8 @@ def run_job(
             progress=progress,
             lr_schedule=schedule,
             clip_grad_norm=1.0,
+            until=until,
+            check_every=cfg.check_every,
         )
         if job.models is None:
             state = trainer.run()
@@ -165,6 +179,7 @@ def run_job(
                     "seed": job.seed,
                     "size": size,
                     "train_seconds": state.get("seconds"),
+                    "train_steps": state.get("step"),
                 }
                 if cfg.stop_zeros and zeros >= cfg.stop_zeros:
                     rows.append({**row, **SKIPPED, "length": int(t.length(size))})
@@ -250,6 +265,8 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
     out = []
     for name in cfg.tasks:
         task(name)  # unknown task: one sentence before any work
+        if cfg.converge:
+            in_distribution(cfg, name)  # nothing to check it at: one sentence before any work
         for group in groups:
             for s in range(cfg.seeds):
                 out.append(
@@ -275,7 +292,7 @@ def check_models(
             f"--models-from names the run folder itself ({cfg.models}); give another --out, or "
             "no --models-from to train and evaluate in this folder."
         )
-    stored = read_config(cfg.models, experiment)
+    stored = {**MISSING_IDENTITY, **read_config(cfg.models, experiment)}
     mine = cfg.to_dict()
     differ = [k for k in IDENTITY if k in stored and stored[k] != mine[k]]
     if differ:
@@ -348,7 +365,7 @@ def sweep(
     todo = jobs(out, cfg)  # unknown tasks or methods: one sentence before the folder is written
     check_memory(cfg, ray)
     check_models(cfg, experiment, todo, out)
-    folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY)
+    folder = RunFolder(out, experiment, cfg.to_dict(), identity=IDENTITY, missing=MISSING_IDENTITY)
     finished = {j.label for j in todo if rows_file(j, cfg).is_file()}  # a resumed sweep's
     results = run_jobs(
         run_job_or_failure,

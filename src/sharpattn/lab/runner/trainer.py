@@ -52,6 +52,15 @@ class Trainer:
     ``device`` (CPU by default) is where it trains: the model is moved there, and so is each
     batch (`to_device`); the generators, checkpoints and weights files stay on the CPU.
 
+    ``until(step)``, if given, is asked after every ``check_every``-th step before ``steps``
+    (those steps are logged): True ends training there as reaching ``steps`` would (the final
+    weights, their state with ``"stopped_early": True``, a key absent from a run that reached
+    ``steps``). It must depend only on the model and ``step``, drawing from none of
+    ``generators``: it runs with the global random state forked and the model put back in train
+    mode after, and a run resumed from a checkpoint at such a step asks it again (Ctrl-C may
+    have landed before its answer), so a resumed run stops where an uninterrupted one does.
+    Its time counts in the training seconds.
+
     ``stop_at`` stops after that many steps in total without writing the final weights, as a
     crash would (tests); Ctrl-C writes a checkpoint first.
     """
@@ -76,11 +85,13 @@ class Trainer:
         lr_schedule: Callable[[int], float] | None = None,
         clip_grad_norm: float | None = None,
         device: str | torch.device = "cpu",
+        until: Callable[[int], bool] | None = None,
+        check_every: int = 250,
     ):
-        if steps < 0 or checkpoint_every < 1 or log_every < 1:
+        if steps < 0 or checkpoint_every < 1 or log_every < 1 or check_every < 1:
             raise ValueError(
-                f"need steps >= 0, checkpoint_every >= 1 and log_every >= 1, got {steps}, "
-                f"{checkpoint_every}, {log_every}."
+                f"need steps >= 0, checkpoint_every >= 1, log_every >= 1 and check_every >= 1, "
+                f"got {steps}, {checkpoint_every}, {log_every} and {check_every}."
             )
         self.folder = Path(folder)
         self.device = torch.device(device)
@@ -93,6 +104,7 @@ class Trainer:
         self.task, self.progress, self.report_every = task, progress, max(1, report_every)
         self.metrics = MetricsLog(self.folder / TRAINING_FILES[2])
         self.lr_schedule, self.clip_grad_norm = lr_schedule, clip_grad_norm
+        self.until, self.check_every = until, check_every
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
 
@@ -105,8 +117,9 @@ class Trainer:
         return self.folder / TRAINING_FILES[1]
 
     def run(self, stop_at: int | None = None) -> dict[str, Any]:
-        """Train to ``steps`` (or load the finished weights); return the run's state
-        (``step``, ``seconds``, ``steps_per_s``)."""
+        """Train to ``steps``, or until ``until`` says so (or load the finished weights); return
+        the run's state (``step``, ``seconds``, ``steps_per_s``, and ``stopped_early`` where
+        ``until`` ended it)."""
         need_files(self.final, self.checkpoint, self.metrics.path)  # before any training
         if self.final.is_file():
             state = self._state(self.final, load_checkpoint(self.final, model=self.model))
@@ -114,7 +127,8 @@ class Trainer:
             return state
         self.folder.mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {"step": 0, "seconds": 0.0}
-        if self.checkpoint.is_file():
+        resumed = self.checkpoint.is_file()
+        if resumed:
             state = load_checkpoint(
                 self.checkpoint,
                 model=self.model,
@@ -130,8 +144,12 @@ class Trainer:
         step, seconds = int(state["step"]), float(state["seconds"])
         self.model.train()
         losses: Tensor | None = None
+        stopped = False
         try:
-            while step < self.steps:
+            if resumed and self._checks(step):  # its check may not have answered before the stop
+                stopped, spent = self._converged(step)
+                seconds += spent
+            while not stopped and step < self.steps:
                 if stop_at is not None and step >= stop_at:
                     return {"step": step, "seconds": seconds, "stopped": True}
                 clock = Clock()
@@ -156,6 +174,11 @@ class Trainer:
                             f"{self.task}: the loss became {bad[0]} at step {step}."
                         )
                     self._log(step, values)
+                if self._checks(step):  # before the checkpoint: a checkpoint's step was checked
+                    stopped, spent = self._converged(step)
+                    seconds += spent
+                    if stopped:
+                        break
                 if step % self.checkpoint_every == 0 and step < self.steps:
                     self._save(step, seconds)
                 if step % self.report_every == 0 or step == self.steps:
@@ -173,9 +196,14 @@ class Trainer:
             "seconds": seconds,
             "steps_per_s": step / seconds if seconds else None,
         }
+        if stopped:
+            done["stopped_early"] = True
+            records = self.metrics.read()
+            if not records or records[-1]["step"] != step:  # a resumed run stopped at once
+                self._log(step, None if losses is None else losses.detach().tolist())
         save_checkpoint(self.final, model=self.model, state=done)
         self.checkpoint.unlink(missing_ok=True)
-        emit(self.progress, self.task, "train", step, self.steps)
+        emit(self.progress, self.task, "train", step, step if stopped else self.steps)
         return done
 
     def _state(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -197,9 +225,27 @@ class Trainer:
             raise self.metrics.damaged(f"{why}: the measurements of this run's training are lost")
 
     def _logs(self, step: int) -> bool:
-        if step == self.steps:
+        if step == self.steps or self._checks(step):
             return True
         return step % self.log_every == 0 if self.log_at is None else step in self.log_at
+
+    def _checks(self, step: int) -> bool:
+        """Whether ``until`` is asked after ``step``: a multiple of ``check_every`` before
+        ``steps``."""
+        return self.until is not None and step % self.check_every == 0 and 0 < step < self.steps
+
+    def _converged(self, step: int) -> tuple[bool, float]:
+        """``until(step)`` and its seconds, asked with the global random state forked (a check
+        that draws from it leaves training's draws as they were) and the model put back in
+        train mode after."""
+        clock = Clock()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            try:
+                answer = bool(self.until(step))
+            finally:
+                self.model.train()
+        return answer, clock.wall
 
     def _log(self, step: int, losses: list[float] | None) -> None:
         record = {"step": step, "loss": losses}

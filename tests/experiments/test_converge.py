@@ -77,7 +77,9 @@ def test_until_ends_training_as_its_steps_would(tmp_path):
         return step == 20
 
     t = _toy(tmp_path, until=until, progress=events.append)
+    drawn = torch.get_rng_state()
     done = t.run()
+    assert torch.equal(torch.get_rng_state(), drawn)  # the check's draw left no trace
     assert asked == [10, 20]
     assert done["step"] == 20 and done["stopped_early"] is True
     assert t.final.is_file() and not t.checkpoint.exists()
@@ -218,6 +220,17 @@ def test_converge_checks_the_in_distribution_sizes_and_rows_say_how_long_it_trai
     # without converge, every task trains its steps, and the rows say so
     fixed = _cfg(steps=6)
     assert {r["train_steps"] for r in seq.run_job(seq.jobs(tmp_path / "fixed", fixed)[0])} == {6}
+
+
+def test_a_run_that_never_converges_trains_its_steps(tmp_path):
+    """The real check, asked at step 5 of 10 of an untrained decoder, finds it unsolved: the job
+    trains its steps, and its weights say it was not stopped."""
+    cfg = _cfg(steps=10, converge=1.0, check_every=5)
+    (job,) = seq.jobs(tmp_path, cfg)
+    assert {r["train_steps"] for r in seq.run_job(job)} == {10}
+    assert "stopped_early" not in _state(job.folder / "model.safetensors")
+    steps = [r["step"] for r in MetricsLog(job.folder / "metrics.jsonl").read()]
+    assert 5 in steps and steps[-1] == 10
 
 
 def test_check_sequences_are_their_own_stream_and_counted_as_evaluate_counts(monkeypatch):

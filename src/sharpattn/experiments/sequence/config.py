@@ -226,6 +226,8 @@ def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
     return replace(cfg, **same) != plain
 
 
+#: the settings of training until converged (``converge`` and its checks)
+CONVERGE_KEYS = ("converge", "check_every", "check_sets")
 #: what defines the trained models (a folder of another value of these is refused)
 IDENTITY = (
     "seed",
@@ -239,12 +241,8 @@ IDENTITY = (
     "heads",
     "layers",
     "positions",
-    "converge",
-    "check_every",
-    "check_sets",
+    *CONVERGE_KEYS,
 )
-#: the settings of training until converged (``converge`` and its checks)
-CONVERGE_KEYS = ("converge", "check_every", "check_sets")
 #: what a run folder written before an `IDENTITY` key existed ran with (its config.json lacks
 #: the key): the defaults, training for its steps
 MISSING_IDENTITY = {name: getattr(SequenceConfig, name) for name in CONVERGE_KEYS}

@@ -141,9 +141,8 @@ def _profiles(exp: Experiment):
     if not exp.profiles:
         return lambda f: f
     named = dict(exp.profiles)
-    middle = [n for n in named if n not in ("quick", "paper")]
-    between = {"medium": named[middle[0]], "middle": middle[0]} if middle else {}
-    return profile_options(exp.command, named["quick"], named["paper"], **between)
+    middle = {n: what for n, what in named.items() if n not in ("quick", "paper")}
+    return profile_options(exp.command, named["quick"], named["paper"], more=middle)
 
 
 def build(exp: Experiment) -> click.Command:
@@ -172,6 +171,11 @@ def build(exp: Experiment) -> click.Command:
         config = configure(profile, **given)
         if list_:
             _print_catalogue(module.catalogue(config))
+            return
+        early = getattr(module, "early", None)
+        answer = early(config, given) if early is not None else None
+        if answer is not None:  # what the options asked for is a printout, not a run
+            print_markdown(answer, None)
             return
         from .lab.runner import require_committed
 

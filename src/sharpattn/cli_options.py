@@ -236,6 +236,7 @@ COSTS: dict[str, dict[str, str]] = {
     "leaderboard": {
         "quick": "8 min 58 s wall",
         "standard": "≈ 8 CPU-hours, ≈ 4 h on 2 cores",
+        "power": "planned at ≈ 25 CPU-hours (≈ 12 h on 2 cores), run in sittings with --record",
         "paper": "≈ 60 CPU-hours (30 h on 2 cores) at 32 test sequences a size, ≈ 380 at 256",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},
@@ -243,7 +244,7 @@ COSTS: dict[str, dict[str, str]] = {
 
 #: the profiles that run for longer than about 30 minutes on 2 cores: named options only, and
 #: announced (`announce`) before they start
-LONG = ("medium", "standard", "paper", "full")
+LONG = ("medium", "standard", "power", "paper", "full")
 
 
 def profile_help(command: str, profile: str, what: str) -> str:
@@ -268,7 +269,12 @@ def announce(command: str, profile: str, jobs: str, changed: bool = False) -> No
 
 
 def profile_options(
-    command: str, quick: str, paper: str, medium: str | None = None, middle: str = "medium"
+    command: str,
+    quick: str,
+    paper: str,
+    medium: str | None = None,
+    middle: str = "medium",
+    more: dict[str, str] | None = None,
 ):
     """``--quick`` / ``--paper``: the command's two profiles, ``--quick`` the default (no
     command's default runs for hours); together they are refused. Each help is what the profile
@@ -276,24 +282,24 @@ def profile_options(
     to the command's keyword arguments instead of the flags. A command with an intermediate
     profile passes its help as ``medium`` and its name as ``middle`` ("medium", "standard"):
     ``--<middle>`` then gives ``profile=middle`` and excludes the other two as they exclude
-    each other."""
+    each other. ``more`` ({name: help}) adds further profiles the same way."""
+    between = {**({middle: medium} if medium is not None else {}), **(more or {})}
 
     def decorate(f):
         @functools.wraps(f)
         def wrapper(*args, quick: bool, paper: bool, **kwargs):
-            between = kwargs.pop(middle, False) if medium is not None else False
-            chosen = [n for n, on in (("quick", quick), (middle, between), ("paper", paper)) if on]
+            on = {name: kwargs.pop(name, False) for name in between}
+            flags = (("quick", quick), *on.items(), ("paper", paper))
+            chosen = [n for n, flag in flags if flag]
             if len(chosen) > 1:
                 flags = " and ".join(f"--{n}" for n in chosen)
                 raise click.UsageError(f"{flags} exclude each other: choose one.")
             return f(*args, profile=chosen[0] if chosen else "quick", **kwargs)
 
         flags = [click.option("--quick", is_flag=True, help=profile_help(command, "quick", quick))]
-        if medium is not None:
+        for name, what in between.items():
             flags.append(
-                click.option(
-                    f"--{middle}", is_flag=True, help=profile_help(command, middle, medium)
-                )
+                click.option(f"--{name}", is_flag=True, help=profile_help(command, name, what))
             )
         flags.append(
             click.option("--paper", is_flag=True, help=profile_help(command, "paper", paper))

@@ -10,11 +10,15 @@ test sequences). The engine is `sequence`.
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from ..lab.protocol import Result, option
 from ..lab.report import (
@@ -27,7 +31,17 @@ from ..lab.report import (
     write_table,
 )
 from ..lab.runner import Progress, read_config
-from ..lab.stats import PairedEffect, detectable, detectable_at_power, holm, paired_effect, verdict
+from ..lab.stats import (
+    PairedEffect,
+    WelchEffect,
+    at_power,
+    detectable,
+    detectable_at_power,
+    holm,
+    paired_effect,
+    verdict,
+    welch_effect,
+)
 from ..normalizers import plugin
 from . import sequence as seq
 
@@ -45,8 +59,54 @@ STANDARD_STEPS = {
     "sort": 2500,
 }
 
-#: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours) and
-#: --paper (the standard's training with 5 seeds, evaluated to 256x). Both sample test
+#: the power board's tasks: those whose scores vary between methods and seeds on the standard
+#: board (mqar and sort carry 0.3 % of its variance and 38 % of its cost)
+POWER_TASKS = ("flip_flop", "passkey", "reverse", "copy", "local_count", "two_back")
+#: its methods: every one but entmax (α = 1.5 by default: the same models as entmax15, six times
+#: slower) and logn trained (it equals softmax at the training sizes: evaluated on softmax's
+#: models instead, as ``logn (inference)``)
+POWER_METHODS = (
+    "softmax",
+    "adaptive",
+    "ssmax",
+    "length_scaled",
+    "llama4_temperature",
+    "logn (inference)",
+    "sink",
+    "sigmoid",
+    "relu",
+    "power",
+    "signed",
+    "softpick",
+    "stablemax",
+    "topk",
+    "sparsemax",
+    "entmax15",
+    "asentmax",
+    "stick_breaking",
+    "stick_breaking_shifted",
+    "adaptive (inference)",
+    "selective_q",
+    "selective_v",
+    "selective_qv",
+    "gated",
+)
+#: its most training steps per task (training stops earlier once the model solves the
+#: training sizes: ``converge``): twice the standard profile's, so a run that would have ended
+#: unconverged there has as long again to converge
+POWER_STEPS = {
+    "flip_flop": 3000,
+    "passkey": 3000,
+    "reverse": 5000,
+    "copy": 4000,
+    "local_count": 2000,
+    "two_back": 2000,
+}
+
+#: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours),
+#: --power (the informative tasks with converged training and the seeds its plan chose; run in
+#: sittings, `leaderboard_power`) and --paper (the standard's training with 5 seeds, evaluated
+#: to 256x). Both sample test
 #: sequences adaptively and stop a run's larger sizes after two at exact-match 0
 #: (`sequence.SequenceConfig`)
 PROFILES: dict[str, dict[str, Any]] = {
@@ -73,6 +133,27 @@ PROFILES: dict[str, dict[str, Any]] = {
         "eval_factor": 16,
         "workers": 2,
     },
+    "power": {
+        "tasks": POWER_TASKS,
+        "methods": POWER_METHODS,
+        "seeds": 6,
+        "arm_seeds": {"softmax": 17},
+        "steps": 2000,
+        "task_steps": POWER_STEPS,
+        "converge": 0.98,
+        "check_every": 250,
+        "check_sets": 64,
+        "plateau": 4,
+        "lr": 3e-3,
+        "batch": 32,
+        "eval_sets": 256,
+        "eval_se": 0.04,
+        "eval_min": 32,
+        "stop_zeros": 2,
+        "eval_factor": 16,
+        "workers": 2,
+        "planned": True,
+    },
     "paper": {
         "tasks": None,
         "seeds": 5,
@@ -97,6 +178,8 @@ def make_config(
     profile: str = "quick",
     out: str | Path | None = None,
     plugins: tuple[str, ...] = (),
+    plan_from: str | None = None,
+    detect: float | None = None,
     **overrides: Any,
 ) -> seq.SequenceConfig:
     """The configuration of a profile, with ``overrides`` (None values ignored).
@@ -105,7 +188,8 @@ def make_config(
     imported and probed here (a bad one is refused before any work) and added to the methods.
     With plug-ins and ``out`` an existing leaderboard run, that run's stored configuration is
     the base instead of the profile (its tasks, methods, seeds and training), so the plug-ins
-    join it and its other methods resume from what they have; ``overrides`` still apply."""
+    join it and its other methods resume from what they have; ``overrides`` still apply.
+    ``plan_from`` and ``detect`` are `early`'s (``--plan-from``): they configure nothing."""
     for spec in plugins:  # imported and probed: a bad one is refused before anything else
         plugin.load(spec)
     stored = Path(out) / "config.json" if out is not None else None
@@ -122,6 +206,24 @@ def make_config(
     for name in cfg.tasks:
         seq.task(name)
     return cfg
+
+
+def early(cfg: seq.SequenceConfig, given: dict[str, Any]) -> str | None:
+    """``--plan-from RUN``: the power plan (`leaderboard_power.plan_text`) of ``cfg``'s tasks and
+    methods from that pilot, for a median detectable difference of ``--detect`` (0.05); the
+    command prints it and runs nothing. None without ``--plan-from``."""
+    source = given.get("plan_from")
+    if source is None:
+        if given.get("detect") is not None:
+            raise ValueError("--detect sets what --plan-from plans for: give --plan-from too.")
+        return None
+    from . import leaderboard_power as power
+
+    target = given.get("detect") or 0.05
+    _, rows = power.read_rows(source)
+    found = power.arms(rows, list(cfg.tasks), list(cfg.methods))
+    best = power.allocate(found, target, ALPHA, POWER)
+    return power.plan_text(str(source), found, list(cfg.tasks), target, best, ALPHA, POWER)
 
 
 def catalogue(cfg: seq.SequenceConfig) -> dict[str, Any]:
@@ -142,13 +244,79 @@ def run(
     or loss) stops its own jobs; the other methods run to the end and the reports cover them.
     ``failed`` in the result has one sentence per failed plug-in (the command prints the table,
     then these, and exits with code 2); where no method is left, ``ValueError`` instead."""
-    folder, rows = seq.sweep(out, "leaderboard", cfg, progress, ray)
+    if cfg.planned:
+        folder, rows = _sitting(out, cfg, progress, ray)
+    else:
+        folder, rows = seq.sweep(out, "leaderboard", cfg, progress, ray)
     rows, failed = seq.failures(rows)
     if not rows:
         raise ValueError(f"{'; '.join(failed)}; no method finished, so no report was written.")
-    table = rank(rows, list(cfg.tasks))
+    table = rank(rows, list(cfg.tasks), welch=bool(cfg.arm_seeds))
     write(folder.path, rows, table, cfg)
     return {"run": folder.path, "table": table, "rows": rows, "failed": failed}
+
+
+def plan_of(cfg: seq.SequenceConfig) -> dict[str, Any]:
+    """A planned run's plan (`lab.plan.fix_plan`): what it trains, how it is analysed and the
+    commit it is pinned to (with uncommitted changes it says so), fixed in its folder before
+    the first job."""
+    from ..lab.plan import pinned_commit
+    from . import leaderboard_power as power
+
+    c = cfg.to_dict()
+    return {
+        "experiment": "leaderboard",
+        "tasks": list(cfg.tasks),
+        "methods": list(cfg.methods),
+        "reference": power.REFERENCE,
+        "seeds": {m: seq.seeds_of(cfg, m) for m in cfg.methods},
+        "first_seed": cfg.seed,
+        "comparisons": f"each method against {power.REFERENCE} on the overall score (the mean "
+        "score over the tasks), and on each task; Holm over the methods in each family",
+        "analysis": "Welch's t-test over independent seeds; a method evaluated on "
+        f"{power.REFERENCE}'s models paired with it seed by seed",
+        "alpha": ALPHA,
+        "power": POWER,
+        "converged": f"mean exact match at least {power.CONVERGED:g} over the training sizes; "
+        "a run below it is listed in the report and scored as measured",
+        "training": {k: c[k] for k in seq.IDENTITY if k != "seed"},
+        "evaluation": {
+            k: c[k]
+            for k in ("eval_factor", "eval_sets", "eval_batch", "eval_se", "eval_min", "stop_zeros")
+        },
+        # the command refuses uncommitted changes unless --allow-dirty; the plan then says so
+        "commit": pinned_commit(allow_modified=True),
+    }
+
+
+def _sitting(
+    out: str | Path, cfg: seq.SequenceConfig, progress: Progress | None, ray: str | None
+) -> tuple[Any, list[dict[str, Any]]]:
+    """One sitting of a planned run: its record unpacked into ``out`` (where ``cfg.record``
+    exists), its plan fixed there before the first job, the sweep, and the record written
+    again after it, also when it is interrupted (Ctrl-C), with this sitting's wall and CPU
+    time added to the record's sittings."""
+    from ..lab import plan as planning
+
+    plan = plan_of(cfg)
+    record = Path(cfg.record) if cfg.record is not None else None
+    if record is not None and record.is_file():
+        planning.unpack(record, out, plan)
+    planning.fix_plan(out, plan)
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    try:
+        return seq.sweep(out, "leaderboard", cfg, progress, ray)
+    finally:
+        if record is not None:
+            seconds = {"wall": time.perf_counter() - wall, "cpu": _cpu_seconds() - cpu}
+            planning.pack(out, record, seconds)
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its finished child processes (a
+    sweep's workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 # --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
@@ -182,6 +350,32 @@ class Options(seq.SequenceOptions):
         "no model for is refused.",
         kind="folder",
         name="--models-from",
+        show_default=False,
+    )
+    plan_from: str | None = option(
+        None,
+        "Print the power board's plan from this run folder or record (a pilot): each "
+        "method's seed-to-seed spread and CPU time, and the seeds per arm that detect "
+        "--detect at the board's Holm level; then exit without running.",
+        kind="text",
+        metavar="RUN_OR_RECORD",
+        show_default=False,
+    )
+    detect: float | None = option(
+        None,
+        "With --plan-from: the median detectable difference in score to plan for (80 % "
+        "power, Holm over the comparisons) [default: 0.05].",
+        kind="positive",
+        maximum=1.0,
+        show_default=False,
+    )
+    record: str | None = option(
+        None,
+        "A planned run's record (.tar.gz): unpacked into --out before the run where it "
+        "exists (refused if made at another commit or with another plan), and written "
+        "after it, or when it is interrupted, with every finished job's rows.",
+        kind="file",
+        metavar="FILE.tar.gz",
         show_default=False,
     )
 
@@ -223,13 +417,19 @@ def run_experiment(
     )
 
 
-def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
+def rank(rows: list[dict[str, Any]], tasks: list[str], welch: bool = False) -> list[dict[str, Any]]:
     """One entry per method, best first: its score per task (mean, sd, p against softmax) and
-    overall (the mean over tasks, per seed, then over seeds; paired test against softmax)."""
+    overall (the mean over tasks, per seed, then over seeds; paired test against softmax).
+    ``welch`` (a board whose arms have different seeds): each effect against softmax is
+    Welch's over every seed of both arms, except for a method evaluated on softmax's own models,
+    which stays paired (`leaderboard_power.same_models`)."""
+    from .leaderboard_power import same_models
+
     per = seq.measures(rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     out = []
     for m in methods:
+        paired = not welch or same_models(m)
         entry: dict[str, Any] = {"method": m, "tasks": {}}
         for t in tasks:
             if (t, m) not in per:
@@ -241,11 +441,11 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
         has = [t for t in tasks if (t, m) in per]
         mine, base = overall(per, m, has), overall(per, "softmax", has)
         entry["score"] = seq.compare(mine, base, "auc")
-        entry["effect"] = _effect(mine, base, "auc")
+        entry["effect"] = _effect(mine, base, "auc", paired)
         entry["reference"] = _reference(mine, base, "auc")
         for t in entry["tasks"]:
             theirs = per.get((t, "softmax"), {})
-            entry["tasks"][t]["effect"] = _effect(per[(t, m)], theirs, "auc")
+            entry["tasks"][t]["effect"] = _effect(per[(t, m)], theirs, "auc", paired)
             entry["tasks"][t]["reference"] = _reference(per[(t, m)], theirs, "auc")
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
@@ -267,9 +467,16 @@ def rank(rows: list[dict[str, Any]], tasks: list[str]) -> list[dict[str, Any]]:
 ALPHA, POWER = 0.05, 0.8
 
 
-def _effect(per: dict[int, dict[str, float]], base: dict[int, dict[str, float]], key: str):
+def _effect(
+    per: dict[int, dict[str, float]],
+    base: dict[int, dict[str, float]],
+    key: str,
+    paired: bool = True,
+):
     """The paired effect (`stats.paired_effect`) of ``per`` against ``base`` on the seeds both
-    have."""
+    have; not ``paired``, Welch's (`stats.welch_effect`) over every seed of each."""
+    if not paired:
+        return welch_effect([v[key] for v in base.values()], [v[key] for v in per.values()])
     seeds = sorted(set(per) & set(base))
     return paired_effect([base[s][key] for s in seeds], [per[s][key] for s in seeds])
 
@@ -290,7 +497,7 @@ def _family(adjusted) -> int:
 
 
 def _power(
-    effect: PairedEffect, adjusted: float, m: int, reference: float = float("nan")
+    effect: PairedEffect | WelchEffect, adjusted: float, m: int, reference: float = float("nan")
 ) -> dict[str, Any]:
     """What a comparison in a Holm family of ``m`` tests could detect: ``threshold``, the
     smallest mean paired difference that passes Holm's strictest threshold α/m at the observed
@@ -298,12 +505,18 @@ def _power(
     with 80 % power at that spread; and the ``verdict`` in words (`stats.verdict`: at its
     ceiling where softmax's score ``reference`` leaves less than that to gain)."""
     level = ALPHA / max(1, m)
-    at_power = detectable_at_power(effect.sd, effect.n, level, POWER)
+    if isinstance(effect, WelchEffect):
+        at_power_ = at_power(effect.se, effect.df, level, POWER)
+        ok = np.isfinite(effect.df)
+        threshold = float(stats.t.ppf(1 - level / 2, effect.df)) * effect.se if ok else np.nan
+    else:
+        at_power_ = detectable_at_power(effect.sd, effect.n, level, POWER)
+        threshold = detectable(effect.sd, effect.n, level)
     return {
-        "threshold": detectable(effect.sd, effect.n, level),
-        "at_power": at_power,
+        "threshold": threshold,
+        "at_power": at_power_,
         "verdict": verdict(
-            effect, adjusted, at_power, ALPHA, m=m, reference=reference, maximum=MAXIMUM
+            effect, adjusted, at_power_, ALPHA, m=m, reference=reference, maximum=MAXIMUM
         ),
     }
 
@@ -405,11 +618,12 @@ def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], 
             if c is None:
                 continue
             f, pw = c["effect"], c["power"]
+            seeds = f"{f.n} vs {f.n_ref}" if isinstance(f, WelchEffect) else str(f.n)
             shown.append(
                 [
                     t,
                     e["method"],
-                    str(f.n),
+                    seeds,
                     "–" if not np.isfinite(f.mean) else f"{f.mean:+.3f}",
                     interval(f),
                     _p(f.p),
@@ -423,7 +637,7 @@ def effects(table: list[dict[str, Any]], tasks: list[str]) -> tuple[list[list], 
                 [
                     t,
                     e["method"],
-                    f.n,
+                    seeds if isinstance(f, WelchEffect) else f.n,
                     f.mean,
                     f"{f.low};{f.high}",
                     f.p,
@@ -525,6 +739,85 @@ def _sampling(cfg: seq.SequenceConfig, rows) -> str:
     return text
 
 
+#: how a board with unequal seeds compares (the report's setup says it)
+WELCH_TEXT = (
+    "The arms have different numbers of seeds, so each effect against softmax is the "
+    "difference of the two arms' means over all their seeds, with Welch's t interval and test "
+    "(Welch–Satterthwaite degrees of freedom; seeds columns read 'method vs softmax'); a method "
+    "evaluated on softmax's own models is paired with it seed by seed."
+)
+
+
+def _converging(cfg: seq.SequenceConfig, rows) -> str:
+    """The report's sentence on training until converged, with the steps the runs took."""
+    if not cfg.converge:
+        return ""
+    steps: dict[tuple[str, str, int], int] = {}
+    for r in rows:
+        if r.get("train_steps") is not None:
+            steps[(r["task"], r["method"], r["seed"])] = int(r["train_steps"])
+    per_task = {}
+    for (t, _, _), n in steps.items():
+        per_task.setdefault(t, []).append(n)
+    took = "; ".join(
+        f"{t} median {int(np.median(v)):,} (range {min(v):,}–{max(v):,})"
+        for t, v in per_task.items()
+    )
+    plateau = (
+        f", or once at least half its steps are done and {cfg.plateau} checks in a row have "
+        "not raised its best check accuracy by 0.01"
+        if cfg.plateau
+        else ""
+    )
+    return (
+        f"Training stops early once the model's exact match is at least {cfg.converge:g} at every "
+        f"training size on {cfg.check_sets} check sequences each (checked every "
+        f"{cfg.check_every} steps; the check sequences are not the test sequences){plateau}; the "
+        f"steps above are the most a run trains. Steps trained: {took or 'none recorded'}. "
+    )
+
+
+def _unconverged_section(rows) -> str:
+    """The runs below `leaderboard_power.CONVERGED` in distribution, listed: they are scored as
+    measured, and the reader sees which they are."""
+    from .leaderboard_power import CONVERGED, unconverged
+
+    low = unconverged(rows)
+    steps = {(r["task"], r["method"], r["seed"]): r.get("train_steps") for r in rows}
+    head = (
+        f"## Runs not converged in distribution\n\nA run is converged where its mean exact "
+        f"match over the training sizes is at least {CONVERGED:g}. The others are scored as "
+        "measured (a method that does not learn a task scores what it scores) and listed here, "
+        "so no average hides them."
+    )
+    if not low:
+        return head + " Every run is converged."
+    runs = len({(r["task"], r["method"], r["seed"]) for r in rows})
+    body = [
+        [t, m, str(s), f"{v:.3f}", "–" if steps.get((t, m, s)) is None else f"{steps[(t, m, s)]:,}"]
+        for t, m, s, v in low
+    ]
+    return (
+        head
+        + f" {len(low)} of {runs} runs are below it.\n\n"
+        + markdown_table(["task", "method", "seed", "in distribution", "steps trained"], body)
+    )
+
+
+def _plan_section(folder: Path) -> str:
+    """A planned run's plan, as its folder holds it (`lab.plan`)."""
+    from ..lab.plan import read_plan
+
+    plan = read_plan(folder) or {}
+    lines = [
+        f"- **{k}:** {json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in plan.items()
+    ]
+    return (
+        "## The plan\n\nFixed in `plan.json` before the first job; a later sitting with another "
+        "plan or at another commit is refused.\n\n" + "\n".join(lines)
+    )
+
+
 def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
     tasks = list(cfg.tasks)
     header = ["rank", "method", "score", "p vs softmax", "p (Holm)"] + [f"{t}" for t in tasks]
@@ -591,10 +884,13 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         "Exact-match accuracy against size (shaded: training sizes)",
     )
     sizes = {t: seq.sizes_of(cfg, t) for t in tasks}
+    arms = "".join(f", {n} for {m}" for m, n in (cfg.arm_seeds or {}).items())
     setup = (
-        f"{cfg.seeds} seeds (first {cfg.seed}) per task × method; a {cfg.layers}-layer decoder, "
+        f"{cfg.seeds} seeds (first {cfg.seed}) per task × method{arms}; a {cfg.layers}-layer "
+        f"decoder, "
         f"d = {cfg.d_model}, {cfg.heads} heads, positions {cfg.positions}; AdamW lr {cfg.lr}, "
         f"{_steps(cfg)} of batch {cfg.batch}. "
+        + _converging(cfg, rows)
         + _sampling(cfg, rows)
         + " Sizes: "
         + "; ".join(
@@ -608,6 +904,8 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         "p (Holm): the same, Holm-Bonferroni adjusted for the number of methods compared with "
         "softmax; the per-task p-values are uncorrected."
     )
+    if cfg.arm_seeds:
+        setup += " " + WELCH_TEXT
     untrainable = ", ".join(f"{k} ({v})" for k, v in seq.UNTRAINABLE.items())
     return write_report(
         folder,
@@ -622,6 +920,8 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             + "\n\n"
             + md_effects,
             "## Accuracy in and beyond the training sizes\n\n" + md_detail,
+            _unconverged_section(rows),
+            *([_plan_section(folder)] if cfg.planned else []),
             failures_section,
             *versus,
         ],

@@ -143,6 +143,12 @@ experiment(
                 "Every synthetic task, every method, 3 seeds, sizes to >= 16x, test "
                 "sequences sampled adaptively",
             ),
+            (
+                "power",
+                "The 6 informative tasks, one of each pair of identical methods, 6 seeds a "
+                "method and 17 for softmax, each run trained until it solves the training "
+                "sizes or stops improving; its plan fixed before the first job",
+            ),
         ),
         out_help="Run folder (default runs/leaderboard-<profile>); re-running resumes it.",
         pool=True,

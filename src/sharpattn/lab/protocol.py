@@ -157,7 +157,9 @@ class Experiment:
       work), ``check_memory(config, pool)`` (refuses in one sentence, before any model is built,
       a run whose estimated memory is more than is available: `lab.memory`),
       ``prepare(config, folder, given) -> (config, note)`` (settings that depend on the run
-      folder, and a line saying what was chosen) and ``catalogue(config)`` (``--list``)."""
+      folder, and a line saying what was chosen), ``catalogue(config)`` (``--list``) and
+      ``early(config, given) -> str | None`` (markdown the command prints instead of running,
+      where the options ask for a printout: ``leaderboard --plan-from``)."""
 
     name: str
     module: str

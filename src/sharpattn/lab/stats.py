@@ -130,16 +130,25 @@ def detectable(sd: float, n: int, alpha: float) -> float:
 def detectable_at_power(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
     """The smallest true mean paired difference δ that a two-sided paired t-test over ``n``
     seeds at level ``alpha`` detects with probability ``power`` when the differences are normal
-    with standard deviation ``sd``: the δ where P(|T| > t_{1−α/2, n−1}) = power, T noncentral
-    t with n − 1 degrees of freedom and noncentrality δ√n/sd (NaN for n < 2 or an undefined sd;
-    0 when sd is 0)."""
+    with standard deviation ``sd`` (`at_power` with the mean's standard error sd/√n and n − 1
+    degrees of freedom; NaN for n < 2 or an undefined sd; 0 when sd is 0)."""
     if n < 2 or not np.isfinite(sd):
         return float("nan")
-    if sd == 0:
+    return at_power(sd / np.sqrt(n), n - 1, alpha, power)
+
+
+def at_power(se: float, df: float, alpha: float, power: float = 0.8) -> float:
+    """The smallest true difference δ that a two-sided t-test of an estimate with standard
+    error ``se`` and ``df`` degrees of freedom, at level ``alpha``, detects with probability
+    ``power``: the δ where P(|T| > t_{1−α/2, df}) = power, T noncentral t with ``df`` degrees
+    of freedom and noncentrality δ/se (NaN for an undefined se or df < 1; 0 when se is 0)."""
+    if not (np.isfinite(se) and np.isfinite(df)) or df < 1:
+        return float("nan")
+    if se == 0:
         return 0.0
     from scipy.optimize import brentq
 
-    df, crit = n - 1, float(stats.t.ppf(1 - alpha / 2, n - 1))
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
 
     def short(nc: float) -> float:  # power at noncentrality nc, minus the power wanted
         # P(T < −crit | nc) as P(T > crit | −nc): scipy's far left tail (cdf) can be NaN
@@ -149,7 +158,59 @@ def detectable_at_power(sd: float, n: int, alpha: float, power: float = 0.8) -> 
     hi = crit + 10.0
     while short(hi) < 0:
         hi *= 2
-    return brentq(short, 0.0, hi, xtol=1e-12) * sd / np.sqrt(n)
+    return brentq(short, 0.0, hi, xtol=1e-12) * se
+
+
+@dataclass
+class WelchEffect:
+    """The difference of two arms' means over independent seeds (b − a), where the arms may
+    have different seeds and different numbers of them (unequal allocation): ``n`` and
+    ``n_ref`` seeds in b and a, the difference ``mean``, its standard error ``se`` =
+    √(s_b²/n + s_a²/n_ref), Welch–Satterthwaite's degrees of freedom ``df``, the ``level`` t
+    interval (``low``, ``high``) and Welch's two-sided t-test ``p``. NaN where undefined (fewer
+    than two seeds in an arm; ``p`` and the interval also where both arms have no spread)."""
+
+    n: int
+    n_ref: int
+    mean: float
+    se: float
+    df: float
+    low: float
+    high: float
+    p: float
+    level: float = 0.95
+
+
+def welch_effect(a, b, level: float = 0.95) -> WelchEffect:
+    """The effect of b against a over independent seeds (`WelchEffect`): Welch's t-test and
+    interval, which allow arms of different sizes and variances."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    na, nb = len(a), len(b)
+    nan = float("nan")
+    mean = float(b.mean() - a.mean()) if na and nb else nan
+    if na < 2 or nb < 2:
+        return WelchEffect(nb, na, mean, nan, nan, nan, nan, nan, level)
+    va, vb = a.var(ddof=1) / na, b.var(ddof=1) / nb
+    se = float(np.sqrt(va + vb))
+    rounding = 8 * np.finfo(np.float64).eps * max(np.abs(a).max(), np.abs(b).max(), 1e-300)
+    if se <= rounding:  # no spread in either arm: no test
+        return WelchEffect(nb, na, mean, se, nan, nan, nan, nan, level)
+    df = welch_df(float(a.std(ddof=1)), na, float(b.std(ddof=1)), nb)
+    t = mean / se
+    p = float(2 * stats.t.sf(abs(t), df))
+    half = float(stats.t.ppf((1 + level) / 2, df)) * se
+    return WelchEffect(nb, na, mean, se, df, mean - half, mean + half, p, level)
+
+
+def welch_df(sd_a: float, n_a: int, sd_b: float, n_b: int) -> float:
+    """Welch–Satterthwaite's degrees of freedom of a difference of two means of ``n_a`` and
+    ``n_b`` independent values with standard deviations ``sd_a`` and ``sd_b`` (n − 1 of the arm
+    with spread where the other has none; NaN where neither has)."""
+    va, vb = sd_a**2 / n_a, sd_b**2 / n_b
+    if va + vb == 0:
+        return float("nan")
+    return float((va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1)))
 
 
 def alpha_words(alpha: float, m: int = 1) -> str:
@@ -174,7 +235,7 @@ def ceiling(reference: float, maximum: float, detect: float) -> str | None:
 
 
 def verdict(
-    effect: PairedEffect,
+    effect: PairedEffect | WelchEffect,
     adjusted_p: float,
     detect: float,
     alpha: float = 0.05,
@@ -192,7 +253,7 @@ def verdict(
     the seeds show where every seed's difference is the same (no t-test)."""
     if np.isfinite(adjusted_p) and adjusted_p <= alpha:
         return "better" if effect.mean > 0 else "worse"
-    if effect.n < 2:
+    if min(effect.n, getattr(effect, "n_ref", effect.n)) < 2:
         return "too few seeds"
     if not np.isfinite(effect.p):  # every seed's difference the same: no t-test
         if effect.mean == 0:

@@ -64,8 +64,9 @@ LENGTH_PARAMS = {"logn": ("train_length",), "llama4_temperature": ("floor_scale"
 
 def methods() -> dict[str, Method]:
     """Every method of the leaderboard: each trainable registry normalizer, stick-breaking with
-    its scores shifted by −log i (query i's 1-based position), adaptive temperature at inference
-    only (on the softmax model), selective temperatures and gated attention."""
+    its scores shifted by −log i (query i's 1-based position), adaptive temperature and log-n
+    scaling at inference only (on the softmax model: log-n is 1 up to the training length, so
+    trained it is softmax), selective temperatures and gated attention."""
     out: dict[str, Method] = {}
     for name in available():
         if name in UNTRAINABLE or plugin.is_spec(name):  # a plug-in runs where it is named
@@ -76,6 +77,8 @@ def methods() -> dict[str, Method]:
             "stick_breaking_shifted", "stick_breaking", params=(("shift_log_position", -1.0),)
         )
     out["adaptive (inference)"] = Method("adaptive (inference)", "softmax", evaluate="adaptive")
+    if "logn" in out:  # 1 up to the training length: trained, it is softmax
+        out["logn (inference)"] = Method("logn (inference)", "softmax", evaluate="logn")
     for which in ("q", "v", "qv"):
         out[f"selective_{which}"] = Method(f"selective_{which}", "softmax", selective=which)
     if _has_gate():

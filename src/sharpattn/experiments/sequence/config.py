@@ -12,7 +12,7 @@ from typing import Any
 from ...lab import runner
 from ...lab.protocol import option
 from ...tasks.sequence import default_eval_sizes
-from .choices import POSITIONS, Method, methods, resolve
+from .choices import LENGTH_PARAMS, POSITIONS, Method, methods, resolve
 
 
 @dataclass
@@ -34,6 +34,10 @@ class SequenceConfig:
     converge: float = 0.0
     check_every: int = 250
     check_sets: int = 64
+    #: with ``converge``, a plateau rule too (0: off): training also stops at a check once at
+    #: least half of the task's steps are done and the last ``plateau`` checks have not raised
+    #: the run's best check accuracy (the least over the sizes) by 0.01 or more (`plateaued`)
+    plateau: int = 0
     batch: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -58,6 +62,15 @@ class SequenceConfig:
     checkpoint_every: int = 500
     workers: int = 1
     threads: int = 1
+    #: seeds of some methods instead of ``seeds`` ({method: seeds}, `seeds_of`): unequal
+    #: allocation, e.g. more for the reference every other method is compared with. A trained
+    #: model serves every method of its recipe, so its jobs run the most seeds any of them has
+    arm_seeds: dict[str, int] | None = None
+    #: a planned run (`lab.plan`): its plan is fixed in its folder before the first job and
+    #: pins its commit; ``record`` is its record (.tar.gz), unpacked before and packed after
+    #: each sitting. Neither changes what is computed
+    planned: bool = False
+    record: str | None = None
     #: another run folder of the same command whose trained models this sweep evaluates, read
     #: only (its training settings must be these, and it must hold a trained model for every
     #: job; evaluations and rows go to this run's folder); None: this one's
@@ -95,6 +108,11 @@ class SequenceConfig:
                 raise ValueError(f"task_steps[{name!r}] must be an integer >= 1, got {steps!r}.")
         if not 0 <= self.converge <= 1:
             raise ValueError(f"converge must be 0 (off) or in (0, 1], got {self.converge}.")
+        if not isinstance(self.plateau, int) or self.plateau < 0:
+            raise ValueError(f"plateau must be an integer >= 0 (0: off), got {self.plateau!r}.")
+        for name, n in (self.arm_seeds or {}).items():
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"arm_seeds[{name!r}] must be an integer >= 1, got {n!r}.")
         if not 0 <= self.eval_se < 0.5:
             raise ValueError(f"eval_se must be in [0, 0.5), got {self.eval_se}.")
         if self.stop_zeros < 0:
@@ -198,12 +216,15 @@ def profile_config(
     """A command's configuration: its ``profile`` (a key of ``profiles``), then ``overrides``
     (None values ignored); no tasks given means every task of ``family``, no methods every
     method of the leaderboard. Steps given without ``task_steps`` train every task that many
-    steps (the profile's per-task steps are dropped)."""
+    steps (the profile's per-task steps are dropped), and seeds given without ``arm_seeds``
+    give every method that many."""
     from ...tasks import sequence as tasks
 
     values = runner.profile_settings(profiles, profile, overrides)
     if overrides.get("steps") is not None and overrides.get("task_steps") is None:
         values["task_steps"] = None  # steps given: every task trains that many, not the profile's
+    if overrides.get("seeds") is not None and overrides.get("arm_seeds") is None:
+        values["arm_seeds"] = None  # seeds given: every method has that many
     if values.get("tasks") is None:
         values["tasks"] = tuple(tasks.available(family))
     if values.get("methods") is None:
@@ -216,7 +237,7 @@ def profile_config(
 
 
 #: options that leave a profile's work as it is: where it runs and how often it saves
-NOT_WORK = ("checkpoint_every", "workers", "threads")
+NOT_WORK = ("checkpoint_every", "workers", "threads", "record")
 
 
 def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
@@ -227,7 +248,7 @@ def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
 
 
 #: the settings of training until converged (``converge`` and its checks)
-CONVERGE_KEYS = ("converge", "check_every", "check_sets")
+CONVERGE_KEYS = ("converge", "check_every", "check_sets", "plateau")
 #: what defines the trained models (a folder of another value of these is refused)
 IDENTITY = (
     "seed",
@@ -313,6 +334,11 @@ def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[
     return {"tasks": rows, "methods": methods_}
 
 
+def seeds_of(cfg: SequenceConfig, method: str) -> int:
+    """The seeds of ``method``: its entry of ``arm_seeds``, else ``seeds``."""
+    return int((cfg.arm_seeds or {}).get(method, cfg.seeds))
+
+
 def steps_of(cfg: SequenceConfig, name: str) -> int:
     """The training steps of task ``name``: its entry of ``task_steps``, else ``steps``."""
     return int((cfg.task_steps or {}).get(name, cfg.steps))
@@ -321,6 +347,13 @@ def steps_of(cfg: SequenceConfig, name: str) -> int:
 def train_length(t) -> int:
     """The longest sequence the decoder sees in training (tokens)."""
     return max(t.length(s) for s in range(t.train_sizes[0], t.train_sizes[1] + 1))
+
+
+def evaluation_params(m: Method, t) -> dict[str, Any]:
+    """The parameters of a method evaluated on another's models (``m.evaluate``): those of its
+    formula that name the training length (`LENGTH_PARAMS`), set to the task's longest
+    training sequence."""
+    return {p: train_length(t) for p in LENGTH_PARAMS.get(m.evaluate or "", ())}
 
 
 def method_params(m: Method, t) -> dict[str, Any]:

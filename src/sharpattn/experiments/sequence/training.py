@@ -19,8 +19,10 @@ from .config import (
     MISSING_IDENTITY,
     Job,
     SequenceConfig,
+    evaluation_params,
     in_distribution,
     method_params,
+    seeds_of,
     sizes_of,
     slug,
     steps_of,
@@ -129,10 +131,11 @@ def run_job(
         if cfg.converge > 0:
             inside = in_distribution(cfg, job.task)
 
-            def until(step: int) -> bool:  # solved at every in-distribution size
+            def until(step: int) -> bool:  # solved at every in-distribution size, or plateaued
                 where["at"] = f"in the convergence check at training step {step}"
-                accs = check_accuracy(model, t, inside, cfg, job.seed)
-                return min(accs.values()) >= cfg.converge
+                acc = min(check_accuracy(model, t, inside, cfg, job.seed).values())
+                history = _checked(job.folder, step, acc)
+                return acc >= cfg.converge or plateaued(history, step, steps, cfg.plateau)
 
         def batch(step: int):
             where["at"] = f"at training step {step + 1}"
@@ -170,7 +173,7 @@ def run_job(
         sizes = sizes_of(cfg, job.task)
         for m in job.methods:
             if m.evaluate is not None:
-                switch(model, m.evaluate)
+                switch(model, m.evaluate, **evaluation_params(m, t))
             zeros = 0  # consecutive sizes beyond training at exact-match 0 (the stopping rule)
             for i, size in enumerate(sizes):
                 row = {
@@ -202,6 +205,32 @@ def run_job(
         runner.write_json(done, record, if_changed=True)  # a re-run that changed nothing: kept
         emit(progress, label, "done", len(sizes), len(sizes))
     return rows
+
+
+#: a converging job's check accuracies ([{"step", "acc"}], `_checked`): the plateau rule's
+#: memory across a resume, and in a record, when each run converged
+CHECKS = "checks.json"
+
+
+def _checked(folder: Path, step: int, acc: float) -> list[dict[str, Any]]:
+    """The job's check history (`CHECKS`) with this check's accuracy as its last entry. Entries
+    from this step on are a run's that was interrupted and resumed from an earlier
+    checkpoint: they are replaced, so the history is the one an uninterrupted run has."""
+    path = Path(folder) / CHECKS
+    history = runner.read_json(path, list) if path.is_file() else []
+    history = [h for h in history if h["step"] < step] + [{"step": step, "acc": acc}]
+    runner.write_json(path, history)
+    return history
+
+
+def plateaued(history: list[dict[str, Any]], step: int, steps: int, patience: int) -> bool:
+    """The plateau rule (``SequenceConfig.plateau``): at least half of ``steps`` done, and the
+    last ``patience`` checks of ``history`` have not raised the best accuracy of the checks
+    before them by 0.01 or more (False with ``patience`` 0 or too few checks)."""
+    if patience < 1 or 2 * step < steps or len(history) <= patience:
+        return False
+    before = max(h["acc"] for h in history[:-patience])
+    return max(h["acc"] for h in history[-patience:]) < before + 0.01
 
 
 def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:
@@ -268,7 +297,7 @@ def jobs(root: str | Path, cfg: SequenceConfig) -> list[Job]:
         if cfg.converge:
             in_distribution(cfg, name)  # nothing to check it at: one sentence before any work
         for group in groups:
-            for s in range(cfg.seeds):
+            for s in range(max(seeds_of(cfg, m.name) for m in group)):
                 out.append(
                     Job(str(root), name, tuple(group), cfg.seed + s, cfg.to_dict(), cfg.models)
                 )

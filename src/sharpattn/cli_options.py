@@ -236,7 +236,7 @@ COSTS: dict[str, dict[str, str]] = {
     "leaderboard": {
         "quick": "8 min 58 s wall",
         "standard": "≈ 8 CPU-hours, ≈ 4 h on 2 cores",
-        "power": "planned at ≈ 25 CPU-hours (≈ 12 h on 2 cores), run in sittings with --record",
+        "power": "≈ 23 CPU-hours by its plan, not yet measured (≈ 12 h on 2 cores, in sittings)",
         "paper": "≈ 60 CPU-hours (30 h on 2 cores) at 32 test sequences a size, ≈ 380 at 256",
     },
     "llm": {"quick": "12.7 min wall", "full": "several hours, not run"},

@@ -104,7 +104,7 @@ def test_every_profile_default_is_quick_and_long_profiles_are_named():
         with_profiles += 1
         command = " ".join(path)
         assert "(the default; " + COSTS[command]["quick"] in helps["quick"], path
-        for long in ("medium", "standard", "paper"):
+        for long in ("medium", "standard", "power", "paper"):
             if long in helps:
                 assert "the default" not in helps[long] and COSTS[command][long] in helps[long]
     assert with_profiles == 8

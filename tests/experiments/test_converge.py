@@ -297,6 +297,8 @@ def test_without_converge_a_jobs_identity_and_rows_file_are_what_they_were(tmp_p
         "converge": 0.9,
         "check_every": 250,
         "check_sets": 64,
+        "extend": 1.0,
+        "plateau": 0,
     }
 
 

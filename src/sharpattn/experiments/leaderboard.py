@@ -11,8 +11,6 @@ test sequences). The engine is `sequence`.
 from __future__ import annotations
 
 import json
-import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from ..lab.report import (
     write_report,
     write_table,
 )
-from ..lab.runner import Progress, read_config
+from ..lab.runner import Clock, Progress, read_config
 from ..lab.stats import (
     PairedEffect,
     WelchEffect,
@@ -91,17 +89,11 @@ POWER_METHODS = (
     "selective_qv",
     "gated",
 )
-#: its most training steps per task (training stops earlier once the model solves the
-#: training sizes: ``converge``): twice the standard profile's, so a run that would have ended
-#: unconverged there has as long again to converge
-POWER_STEPS = {
-    "flip_flop": 3000,
-    "passkey": 3000,
-    "reverse": 5000,
-    "copy": 4000,
-    "local_count": 2000,
-    "two_back": 2000,
-}
+#: its training steps per task: the standard profile's (the length of the learning-rate
+#: schedule). Training stops earlier once the model solves the training sizes (``converge``);
+#: a run not converged by then trains on at the final rate up to twice as long (``extend``),
+#: unless its checks have stopped improving (``plateau``)
+POWER_STEPS = {t: STANDARD_STEPS.get(t, 2000) for t in POWER_TASKS}
 
 #: the profiles: --quick (minutes on 2 cores), --standard (every task and method, hours),
 #: --power (the informative tasks with converged training and the seeds its plan chose; run in
@@ -143,6 +135,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "converge": 0.98,
         "check_every": 250,
         "check_sets": 64,
+        "extend": 2.0,
         "plateau": 4,
         "lr": 3e-3,
         "batch": 32,
@@ -200,6 +193,11 @@ def make_config(
         cfg = seq.SequenceConfig(**{**base, **given})
     else:
         cfg = seq.profile_config(PROFILES, profile, FAMILY, overrides)
+    if cfg.record is not None and not cfg.planned:  # an option the run would not use
+        raise ValueError(
+            f"--record applies to a planned run (--power): the {profile} profile's run is not "
+            "packed into a record."
+        )
     if plugins:
         cfg = replace(cfg, methods=tuple(dict.fromkeys((*cfg.methods, *plugins))))
     seq.resolve(cfg.methods)  # unknown methods, bad plug-ins: one sentence, before any work
@@ -221,6 +219,13 @@ def early(cfg: seq.SequenceConfig, given: dict[str, Any]) -> str | None:
 
     target = given.get("detect") or 0.05
     _, rows = power.read_rows(source)
+    ran = sorted({r["task"] for r in rows})
+    missing = [t for t in cfg.tasks if t not in ran]
+    if missing:  # no spread to plan them from: a table of NaN would read as a plan
+        raise ValueError(
+            f"{source} has no finished runs of {', '.join(missing)}, so it cannot plan them: "
+            f"choose among the tasks it ran with --tasks ({', '.join(ran) or 'none'})."
+        )
     found = power.arms(rows, list(cfg.tasks), list(cfg.methods))
     best = power.allocate(found, target, ALPHA, POWER)
     return power.plan_text(str(source), found, list(cfg.tasks), target, best, ALPHA, POWER)
@@ -253,6 +258,10 @@ def run(
         raise ValueError(f"{'; '.join(failed)}; no method finished, so no report was written.")
     table = rank(rows, list(cfg.tasks), welch=bool(cfg.arm_seeds))
     write(folder.path, rows, table, cfg)
+    if cfg.planned and cfg.record is not None:  # the record carries the sitting's report too
+        from ..lab.plan import pack
+
+        pack(folder.path, cfg.record)
     return {"run": folder.path, "table": table, "rows": rows, "failed": failed}
 
 
@@ -264,12 +273,17 @@ def plan_of(cfg: seq.SequenceConfig) -> dict[str, Any]:
     from . import leaderboard_power as power
 
     c = cfg.to_dict()
+    chosen = seq.resolve(cfg.methods)
     return {
         "experiment": "leaderboard",
         "tasks": list(cfg.tasks),
         "methods": list(cfg.methods),
         "reference": power.REFERENCE,
-        "seeds": {m: seq.seeds_of(cfg, m) for m in cfg.methods},
+        # a method on another's models has as many seeds as those models (`sequence.jobs`)
+        "seeds": {
+            m.name: max(seq.seeds_of(cfg, o.name) for o in chosen if o.recipe == m.recipe)
+            for m in chosen
+        },
         "first_seed": cfg.seed,
         "comparisons": f"each method against {power.REFERENCE} on the overall score (the mean "
         "score over the tasks), and on each task; Holm over the methods in each family",
@@ -303,20 +317,12 @@ def _sitting(
     if record is not None and record.is_file():
         planning.unpack(record, out, plan)
     planning.fix_plan(out, plan)
-    wall, cpu = time.perf_counter(), _cpu_seconds()
+    clock = Clock(children=True)  # the workers' CPU time too
     try:
         return seq.sweep(out, "leaderboard", cfg, progress, ray)
     finally:
         if record is not None:
-            seconds = {"wall": time.perf_counter() - wall, "cpu": _cpu_seconds() - cpu}
-            planning.pack(out, record, seconds)
-
-
-def _cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its finished child processes (a
-    sweep's workers)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+            planning.pack(out, record, {"wall": clock.wall, "cpu": clock.cpu})
 
 
 # --- the experiment protocol (`protocol.Experiment`) ------------------------------------------
@@ -447,6 +453,10 @@ def rank(rows: list[dict[str, Any]], tasks: list[str], welch: bool = False) -> l
             theirs = per.get((t, "softmax"), {})
             entry["tasks"][t]["effect"] = _effect(per[(t, m)], theirs, "auc", paired)
             entry["tasks"][t]["reference"] = _reference(per[(t, m)], theirs, "auc")
+        if not paired:  # Welch's is the test: its p is the one shown, corrected and judged
+            entry["score"] = (*entry["score"][:2], entry["effect"].p)
+            for c in entry["tasks"].values():
+                c["auc"] = (*c["auc"][:2], c["effect"].p)
         out.append(entry)
     out.sort(key=lambda e: -e["score"][0])
     adjusted = holm([e["score"][2] for e in out])  # the family: every method against softmax
@@ -763,17 +773,23 @@ def _converging(cfg: seq.SequenceConfig, rows) -> str:
         f"{t} median {int(np.median(v)):,} (range {min(v):,}–{max(v):,})"
         for t, v in per_task.items()
     )
+    extend = (
+        f" A run not converged when its schedule ends trains on at the final rate, up to "
+        f"{cfg.extend:g}× its steps"
+        if cfg.extend > 1
+        else ""
+    )
     plateau = (
-        f", or once at least half its steps are done and {cfg.plateau} checks in a row have "
-        "not raised its best check accuracy by 0.01"
-        if cfg.plateau
+        f", unless {cfg.plateau} checks in a row have not raised its best check accuracy by 0.01"
+        if cfg.plateau and extend
         else ""
     )
     return (
         f"Training stops early once the model's exact match is at least {cfg.converge:g} at every "
         f"training size on {cfg.check_sets} check sequences each (checked every "
-        f"{cfg.check_every} steps; the check sequences are not the test sequences){plateau}; the "
-        f"steps above are the most a run trains. Steps trained: {took or 'none recorded'}. "
+        f"{cfg.check_every} steps; the check sequences are not the test sequences); the steps "
+        f"above are the length of the learning-rate schedule.{extend}{plateau}"
+        f"{'.' if extend else ''} Steps trained: {took or 'none recorded'}. "
     )
 
 

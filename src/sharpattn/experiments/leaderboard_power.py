@@ -15,6 +15,7 @@ little for the others: on the standard board it removes about 8 % of the varianc
 
 from __future__ import annotations
 
+import functools
 import math
 import tarfile
 import tempfile
@@ -126,10 +127,10 @@ def arms(
     method the pilot did not run has NaN sd and the median CPU time of the others."""
     ids = in_distribution(rows)
     base = scores(rows, reference, tasks)
-    seconds: dict[tuple[str, str], list[float]] = {}
+    seconds: dict[tuple[str, str], dict[int, float]] = {}  # each seed's, once (a row a size)
     for r in rows:
         if r.get("train_seconds") is not None:
-            seconds.setdefault((r["task"], r["method"]), []).append(float(r["train_seconds"]))
+            seconds.setdefault((r["task"], r["method"]), {})[r["seed"]] = float(r["train_seconds"])
     out: dict[str, Arm] = {}
     for m in methods:
         paired = m != reference and same_models(m, reference)
@@ -141,7 +142,7 @@ def arms(
             values = list(mine.values())
         sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
         per_task = [
-            float(np.mean(sorted(set(seconds[(t, m)])))) for t in tasks if (t, m) in seconds
+            float(np.mean(list(seconds[(t, m)].values()))) for t in tasks if (t, m) in seconds
         ]
         cpu = (
             0.0
@@ -167,6 +168,7 @@ def pooled_sd(found: dict[str, Arm], reference: str = REFERENCE) -> float:
     return float(np.sqrt(np.mean(np.square(sds)))) if sds else math.nan
 
 
+@functools.lru_cache(maxsize=1 << 16)  # `allocate` asks the same few many times over
 def detectable(
     sd: float, n: int, sd_ref: float, n_ref: int, alpha: float, power: float, paired: bool
 ) -> float:
@@ -215,10 +217,17 @@ def evaluate_allocation(
         a = found[m]
         sd = a.sd if a.paired and np.isfinite(a.sd) else pooled  # none in the pilot: pooled
         detect[m] = detectable(sd, seeds, sd_ref, reference_seeds, level, power, a.paired)
-    cpu = seeds * sum(found[m].cpu for m in others) + reference_seeds * found[reference].cpu
+    cpu = _cost(found, seeds, reference_seeds, reference)
     values = [v for v in detect.values() if np.isfinite(v)]
     median = float(np.median(values)) if values else math.nan
     return Allocation(seeds, reference_seeds, median, detect, cpu)
+
+
+def _cost(found: dict[str, Arm], seeds: int, reference_seeds: int, reference: str) -> float:
+    """The CPU seconds of training ``seeds`` per method and ``reference_seeds`` for the
+    reference."""
+    others = sum(a.cpu for m, a in found.items() if m != reference)
+    return seeds * others + reference_seeds * found[reference].cpu
 
 
 def allocate(
@@ -233,7 +242,11 @@ def allocate(
     others) whose median detectable difference is at most ``target``; None where none is."""
     best = None
     for n in range(2, most + 1):
+        if best is not None and _cost(found, n, n, reference) >= best.cpu:
+            break  # every allocation from here on costs at least as much
         for n_ref in range(n, most + 1):
+            if best is not None and _cost(found, n, n_ref, reference) >= best.cpu:
+                break
             a = evaluate_allocation(found, n, n_ref, alpha, power, reference)
             if a.median <= target and (best is None or a.cpu < best.cpu):
                 best = a

@@ -98,9 +98,11 @@ def pack(folder: str | Path, record: str | Path, seconds: dict[str, float] | Non
         )
         write_atomic(path, json.dumps(sittings, indent=2) + "\n")
     buffer = io.BytesIO()
+    earlier = record.resolve()  # a record kept in its own folder: never packed into the next
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in sorted(folder.rglob("*")):
-            if path.is_file() and path.name not in NOT_PACKED and path.suffix != ".png":
+            packed = path.name not in NOT_PACKED and path.suffix != ".png"
+            if path.is_file() and packed and path.resolve() != earlier:
                 tar.add(path, arcname=str(Path(folder.name) / path.relative_to(folder)))
     record.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(record, buffer.getvalue())
@@ -124,11 +126,12 @@ def unpack(record: str | Path, folder: str | Path, plan: dict[str, Any]) -> int:
             if planned is None:
                 raise KeyError(PLAN)
             check_plan(json.loads(planned.read().decode("utf-8")), plan, record, "--record")
-            added = 0
-            for m in members:
-                relative = Path(m.name).relative_to(root)
+            inside = [(m, Path(m.name).relative_to(root)) for m in members]
+            for m, relative in inside:  # every name checked before any file is written
                 if ".." in relative.parts or relative.is_absolute():
                     raise ValueError(f"{record} names a file outside its run folder: {m.name}.")
+            added = 0
+            for m, relative in inside:
                 target = folder / relative
                 if target.exists():
                     continue

@@ -30,13 +30,18 @@ class SequenceConfig:
     #: steps, the model's exact match is measured on ``check_sets`` check sequences at each
     #: in-distribution size (`in_distribution`; their own stream, not the test sequences), and
     #: training stops once it is at least ``converge`` at every one of them; a task's steps
-    #: (`steps_of`) are then the most it trains (and the length of its learning-rate schedule)
+    #: (`steps_of`) are the length of its learning-rate schedule, and the most it trains unless
+    #: ``extend`` says more
     converge: float = 0.0
     check_every: int = 250
     check_sets: int = 64
-    #: with ``converge``, a plateau rule too (0: off): training also stops at a check once at
-    #: least half of the task's steps are done and the last ``plateau`` checks have not raised
-    #: the run's best check accuracy (the least over the sizes) by 0.01 or more (`plateaued`)
+    #: with ``converge``: a run not converged when its learning-rate schedule ends (its steps)
+    #: trains on at the schedule's final rate, up to ``extend`` × its steps (`most_steps`; 1:
+    #: no further)
+    extend: float = 1.0
+    #: with ``converge``, a plateau rule too (0: off): training also stops at a check once the
+    #: schedule's steps are done and the last ``plateau`` checks have not raised the run's best
+    #: check accuracy (the least over the sizes) by 0.01 or more (`plateaued`)
     plateau: int = 0
     batch: int = 32
     lr: float = 1e-3
@@ -108,6 +113,8 @@ class SequenceConfig:
                 raise ValueError(f"task_steps[{name!r}] must be an integer >= 1, got {steps!r}.")
         if not 0 <= self.converge <= 1:
             raise ValueError(f"converge must be 0 (off) or in (0, 1], got {self.converge}.")
+        if not (math.isfinite(self.extend) and self.extend >= 1):
+            raise ValueError(f"extend must be a number >= 1 (1: no further), got {self.extend}.")
         if not isinstance(self.plateau, int) or self.plateau < 0:
             raise ValueError(f"plateau must be an integer >= 0 (0: off), got {self.plateau!r}.")
         for name, n in (self.arm_seeds or {}).items():
@@ -248,7 +255,7 @@ def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
 
 
 #: the settings of training until converged (``converge`` and its checks)
-CONVERGE_KEYS = ("converge", "check_every", "check_sets", "plateau")
+CONVERGE_KEYS = ("converge", "check_every", "check_sets", "extend", "plateau")
 #: what defines the trained models (a folder of another value of these is refused)
 IDENTITY = (
     "seed",
@@ -332,6 +339,13 @@ def catalogue(cfg: SequenceConfig, family: str, known: tuple[str, ...]) -> dict[
         )
     methods_ = [{"method": m, "chosen": m in cfg.methods} for m in known]
     return {"tasks": rows, "methods": methods_}
+
+
+def most_steps(cfg: SequenceConfig, name: str) -> int:
+    """The most steps a run of task ``name`` trains: its steps (`steps_of`), times ``extend``
+    where it trains until converged."""
+    steps = steps_of(cfg, name)
+    return round(steps * cfg.extend) if cfg.converge > 0 else steps
 
 
 def seeds_of(cfg: SequenceConfig, method: str) -> int:

@@ -22,6 +22,7 @@ from .config import (
     evaluation_params,
     in_distribution,
     method_params,
+    most_steps,
     seeds_of,
     sizes_of,
     slug,
@@ -126,7 +127,7 @@ def run_job(
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         data = runner.generator(job.seed, STREAM_DATA)
         lo, hi = t.train_sizes
-        steps = steps_of(cfg, job.task)
+        steps = steps_of(cfg, job.task)  # the schedule's; the run may go on to `most_steps`
         until = None
         if cfg.converge > 0:
             inside = in_distribution(cfg, job.task)
@@ -142,9 +143,11 @@ def run_job(
             size = int(torch.randint(lo, hi + 1, (1,), generator=data))
             return t.batch(size, cfg.batch, data)
 
-        def schedule(step: int) -> float:  # linear warm-up, then cosine to 10%
+        def schedule(step: int) -> float:  # linear warm-up, cosine to 10%, then 10%
             if step < cfg.warmup:
                 return (step + 1) / cfg.warmup
+            if step >= steps:  # a run still converging trains on at the final rate
+                return 0.1
             x = (step - cfg.warmup) / max(1, steps - cfg.warmup)
             return 0.1 + 0.45 * (1 + math.cos(math.pi * x))
 
@@ -152,7 +155,7 @@ def run_job(
             job.folder,
             model,
             optimizer,
-            steps=steps,
+            steps=most_steps(cfg, job.task),
             batch=batch,
             loss=loss_fn,
             generators={"data": data},
@@ -224,10 +227,10 @@ def _checked(folder: Path, step: int, acc: float) -> list[dict[str, Any]]:
 
 
 def plateaued(history: list[dict[str, Any]], step: int, steps: int, patience: int) -> bool:
-    """The plateau rule (``SequenceConfig.plateau``): at least half of ``steps`` done, and the
+    """The plateau rule (``SequenceConfig.plateau``): the schedule's ``steps`` done, and the
     last ``patience`` checks of ``history`` have not raised the best accuracy of the checks
     before them by 0.01 or more (False with ``patience`` 0 or too few checks)."""
-    if patience < 1 or 2 * step < steps or len(history) <= patience:
+    if patience < 1 or step < steps or len(history) <= patience:
         return False
     before = max(h["acc"] for h in history[:-patience])
     return max(h["acc"] for h in history[-patience:]) < before + 0.01

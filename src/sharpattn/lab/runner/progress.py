@@ -3,6 +3,7 @@ pickle), one clock and the steps at which a run logs."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,11 +50,21 @@ class Clock:
     ``clock = Clock()`` starts now; reading ``clock.wall`` / ``clock.cpu`` gives the seconds so
     far, so reading them where a phase ends marks it (a later phase is the difference of two
     reads). ``with Clock() as clock:`` stops it when the block ends (also on an exception);
-    it then reads the block's seconds for good. `stop` does the same without a block."""
+    it then reads the block's seconds for good. `stop` does the same without a block.
 
-    def __init__(self) -> None:
-        self._start = (time.perf_counter(), time.process_time())
+    ``children``: ``cpu`` also counts the child processes that ended and were waited for in
+    the meantime (a sweep's worker processes, once its pool is shut down)."""
+
+    def __init__(self, children: bool = False) -> None:
+        self._children = children
+        self._start = (time.perf_counter(), self._process())
         self._end: tuple[float, float] | None = None
+
+    def _process(self) -> float:
+        if not self._children:
+            return time.process_time()
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
 
     def __enter__(self) -> Clock:
         return self
@@ -64,7 +75,7 @@ class Clock:
     def stop(self) -> Clock:
         """Freeze the clock (a second stop keeps the first time)."""
         if self._end is None:
-            self._end = (time.perf_counter(), time.process_time())
+            self._end = (time.perf_counter(), self._process())
         return self
 
     @property
@@ -75,7 +86,7 @@ class Clock:
     @property
     def cpu(self) -> float:
         """CPU seconds of this process since the start (until `stop`)."""
-        return (time.process_time() if self._end is None else self._end[1]) - self._start[1]
+        return (self._process() if self._end is None else self._end[1]) - self._start[1]
 
 
 # ---------------------------------------------------------------------------------------------

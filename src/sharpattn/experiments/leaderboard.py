@@ -101,6 +101,9 @@ POWER_STEPS = {t: STANDARD_STEPS.get(t, 2000) for t in POWER_TASKS}
 #: to 256x). Both sample test
 #: sequences adaptively and stop a run's larger sizes after two at exact-match 0
 #: (`sequence.SequenceConfig`)
+#: the long profiles' training and test sampling (`PROFILES`)
+_TRAINING = {"steps": 2000, "task_steps": STANDARD_STEPS, "lr": 3e-3, "batch": 32}
+_TESTS = {"eval_sets": 256, "eval_se": 0.04, "eval_min": 32, "stop_zeros": 2, "workers": 2}
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
         "tasks": ("flip_flop",),
@@ -111,56 +114,24 @@ PROFILES: dict[str, dict[str, Any]] = {
         "eval_factor": 8,
         "workers": 2,
     },
-    "standard": {
-        "tasks": None,
-        "seeds": 3,
-        "steps": 2000,
-        "task_steps": STANDARD_STEPS,
-        "lr": 3e-3,
-        "batch": 32,
-        "eval_sets": 256,
-        "eval_se": 0.04,
-        "eval_min": 32,
-        "stop_zeros": 2,
-        "eval_factor": 16,
-        "workers": 2,
-    },
+    "standard": {"tasks": None, "seeds": 3, **_TRAINING, **_TESTS, "eval_factor": 16},
     "power": {
         "tasks": POWER_TASKS,
         "methods": POWER_METHODS,
         "seeds": 6,
         "arm_seeds": {"softmax": 17},
-        "steps": 2000,
+        **_TRAINING,
         "task_steps": POWER_STEPS,
         "converge": 0.98,
         "check_every": 250,
         "check_sets": 64,
         "extend": 2.0,
         "plateau": 4,
-        "lr": 3e-3,
-        "batch": 32,
-        "eval_sets": 256,
-        "eval_se": 0.04,
-        "eval_min": 32,
-        "stop_zeros": 2,
+        **_TESTS,
         "eval_factor": 16,
-        "workers": 2,
         "planned": True,
     },
-    "paper": {
-        "tasks": None,
-        "seeds": 5,
-        "steps": 2000,
-        "task_steps": STANDARD_STEPS,
-        "lr": 3e-3,
-        "batch": 32,
-        "eval_sets": 256,
-        "eval_se": 0.04,
-        "eval_min": 32,
-        "stop_zeros": 2,
-        "eval_factor": 256,
-        "workers": 2,
-    },
+    "paper": {"tasks": None, "seeds": 5, **_TRAINING, **_TESTS, "eval_factor": 256},
 }
 
 

@@ -299,6 +299,7 @@ def test_without_converge_a_jobs_identity_and_rows_file_are_what_they_were(tmp_p
         "check_sets": 64,
         "extend": 1.0,
         "plateau": 0,
+        "plateau_gain": 0.05,
     }
 
 

@@ -477,16 +477,26 @@ def _history(*accs: float, every: int = 10) -> list[dict]:
 
 def test_plateaued_once_the_schedule_is_done_and_patience_checks_gained_nothing():
     flat = _history(0.5, 0.6, 0.605, 0.6099, 0.6)  # checks at 10 … 50, the schedule 50 steps
-    assert training.plateaued(flat, 50, 50, 3)
-    assert training.plateaued(flat, 60, 50, 1)
-    assert not training.plateaued(flat, 40, 50, 3)  # the schedule not done
-    assert not training.plateaued(flat, 50, 50, 0)  # off
-    assert not training.plateaued(flat, 50, 50, 5)  # no checks before the last five
+    assert training.plateaued(flat, 50, 50, 3, 0.01)
+    assert training.plateaued(flat, 60, 50, 1, 0.01)
+    assert not training.plateaued(flat, 40, 50, 3, 0.01)  # the schedule not done
+    assert not training.plateaued(flat, 50, 50, 0, 0.01)  # off
+    assert not training.plateaued(flat, 50, 50, 5, 0.01)  # no checks before the last five
     gained = _history(0.5, 0.6, 0.605, 0.6101, 0.6)  # one of the last three beat 0.6 by 0.01
-    assert not training.plateaued(gained, 50, 50, 3)
-    assert training.plateaued(gained, 50, 50, 1)  # the last one alone did not
+    assert not training.plateaued(gained, 50, 50, 3, 0.01)
+    assert training.plateaued(gained, 50, 50, 1, 0.01)  # the last one alone did not
     falling = _history(0.9, 0.5, 0.5, 0.5)  # below the best before them: plateaued
-    assert training.plateaued(falling, 40, 40, 3)
+    assert training.plateaued(falling, 40, 40, 3, 0.01)
+
+
+def test_one_check_sequence_of_noise_does_not_hold_off_the_plateau():
+    """A run stuck at 0 whose checks solve one sequence of 64 now and then (1/64 ≈ 0.016) has
+    plateaued at the default gain, 0.05: the rule is above the checks' noise."""
+    stuck = _history(0.0, 0.0, 1 / 64, 0.0, 0.0, 1 / 64, every=250)
+    assert training.plateaued(stuck, 1500, 1000, 4)
+    assert not training.plateaued(stuck, 1500, 1000, 4, gain=0.01)
+    rising = _history(0.0, 0.1, 0.2, 0.3, 0.35, 0.41, every=250)
+    assert not training.plateaued(rising, 1500, 1000, 4)
 
 
 def test_the_check_history_of_a_resumed_run_is_an_uninterrupted_runs(tmp_path):

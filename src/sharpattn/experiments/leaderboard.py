@@ -127,6 +127,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "check_sets": 64,
         "extend": 2.0,
         "plateau": 4,
+        "plateau_gain": 0.05,
         **_TESTS,
         "eval_factor": 16,
         "planned": True,
@@ -751,7 +752,8 @@ def _converging(cfg: seq.SequenceConfig, rows) -> str:
         else ""
     )
     plateau = (
-        f", unless {cfg.plateau} checks in a row have not raised its best check accuracy by 0.01"
+        f", unless {cfg.plateau} checks in a row have not raised its best check accuracy by "
+        f"{cfg.plateau_gain:g}"
         if cfg.plateau and extend
         else ""
     )

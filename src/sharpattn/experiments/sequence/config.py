@@ -41,8 +41,11 @@ class SequenceConfig:
     extend: float = 1.0
     #: with ``converge``, a plateau rule too (0: off): training also stops at a check once the
     #: schedule's steps are done and the last ``plateau`` checks have not raised the run's best
-    #: check accuracy (the least over the sizes) by 0.01 or more (`plateaued`)
+    #: check accuracy (the least over the sizes) by ``plateau_gain`` or more (`plateaued`); the
+    #: gain must be above the checks' noise (one check sequence moves the accuracy by
+    #: 1 / ``check_sets``)
     plateau: int = 0
+    plateau_gain: float = 0.05
     batch: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -117,6 +120,8 @@ class SequenceConfig:
             raise ValueError(f"extend must be a number >= 1 (1: no further), got {self.extend}.")
         if not isinstance(self.plateau, int) or self.plateau < 0:
             raise ValueError(f"plateau must be an integer >= 0 (0: off), got {self.plateau!r}.")
+        if not 0 < self.plateau_gain <= 1:
+            raise ValueError(f"plateau_gain must be in (0, 1], got {self.plateau_gain}.")
         for name, n in (self.arm_seeds or {}).items():
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"arm_seeds[{name!r}] must be an integer >= 1, got {n!r}.")
@@ -255,7 +260,7 @@ def changes_work(cfg: SequenceConfig, plain: SequenceConfig) -> bool:
 
 
 #: the settings of training until converged (``converge`` and its checks)
-CONVERGE_KEYS = ("converge", "check_every", "check_sets", "extend", "plateau")
+CONVERGE_KEYS = ("converge", "check_every", "check_sets", "extend", "plateau", "plateau_gain")
 #: what defines the trained models (a folder of another value of these is refused)
 IDENTITY = (
     "seed",

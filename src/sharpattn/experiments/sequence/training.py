@@ -136,7 +136,8 @@ def run_job(
                 where["at"] = f"in the convergence check at training step {step}"
                 acc = min(check_accuracy(model, t, inside, cfg, job.seed).values())
                 history = _checked(job.folder, step, acc)
-                return acc >= cfg.converge or plateaued(history, step, steps, cfg.plateau)
+                stuck = plateaued(history, step, steps, cfg.plateau, cfg.plateau_gain)
+                return acc >= cfg.converge or stuck
 
         def batch(step: int):
             where["at"] = f"at training step {step + 1}"
@@ -226,14 +227,16 @@ def _checked(folder: Path, step: int, acc: float) -> list[dict[str, Any]]:
     return history
 
 
-def plateaued(history: list[dict[str, Any]], step: int, steps: int, patience: int) -> bool:
+def plateaued(
+    history: list[dict[str, Any]], step: int, steps: int, patience: int, gain: float = 0.05
+) -> bool:
     """The plateau rule (``SequenceConfig.plateau``): the schedule's ``steps`` done, and the
     last ``patience`` checks of ``history`` have not raised the best accuracy of the checks
-    before them by 0.01 or more (False with ``patience`` 0 or too few checks)."""
+    before them by ``gain`` or more (False with ``patience`` 0 or too few checks)."""
     if patience < 1 or step < steps or len(history) <= patience:
         return False
     before = max(h["acc"] for h in history[:-patience])
-    return max(h["acc"] for h in history[-patience:]) < before + 0.01
+    return max(h["acc"] for h in history[-patience:]) < before + gain
 
 
 def run_job_or_failure(job: Job, progress: Progress | None = None) -> list[dict[str, Any]]:

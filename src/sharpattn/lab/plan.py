@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .runner.folder import code_version
-from .runs import write_atomic
+from .runs import read_json, write_atomic, write_json
 
 #: the plan's file in a run folder
 PLAN = "plan.json"
@@ -77,7 +77,7 @@ def fix_plan(folder: str | Path, plan: dict[str, Any]) -> dict[str, Any]:
 def read_plan(folder: str | Path) -> dict[str, Any] | None:
     """The plan stored in ``folder`` (None where it has none)."""
     path = Path(folder) / PLAN
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return read_json(path, dict) if path.is_file() else None
 
 
 def pack(folder: str | Path, record: str | Path, seconds: dict[str, float] | None = None) -> Path:
@@ -88,7 +88,7 @@ def pack(folder: str | Path, record: str | Path, seconds: dict[str, float] | Non
     folder, record = Path(folder), Path(record)
     if seconds is not None:
         path = folder / SITTINGS
-        sittings = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        sittings = read_json(path, list) if path.is_file() else []
         sittings.append(
             {
                 **{k: round(float(v), 1) for k, v in seconds.items()},
@@ -96,7 +96,7 @@ def pack(folder: str | Path, record: str | Path, seconds: dict[str, float] | Non
                 "ended": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             }
         )
-        write_atomic(path, json.dumps(sittings, indent=2) + "\n")
+        write_json(path, sittings)
     buffer = io.BytesIO()
     earlier = record.resolve()  # a record kept in its own folder: never packed into the next
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -140,6 +141,42 @@ def test_the_study_writes_its_report_and_paired_tests(tmp_path):
     assert [(v["task"], v["size"]) for v in judged] == [("minimum", 6), ("binary_search", 6)]
     for v in judged:
         assert v["exact"].effect.n == 2 and v["exact"].verdict in report
+
+
+def test_cells_beyond_training_are_one_holm_family_per_measure():
+    """Each measure's cells with a test are one family (cells equal on every seed do not
+    count); the pooled comparison per algorithm is its own family over the algorithms."""
+    from sharpattn.lab.stats import holm, paired_effect
+
+    def cell(task, size, soft, adapt, tok_soft, tok_adapt, inside=False):
+        return {
+            "task": task,
+            "size": size,
+            "in_training": inside,
+            "softmax_exact_seeds": soft,
+            "adaptive_exact_seeds": adapt,
+            "softmax_tokens_seeds": tok_soft,
+            "adaptive_tokens_seeds": tok_adapt,
+        }
+
+    z = [0.0, 0.0, 0.0]
+    sizes = [
+        cell("a", 4, [0.9, 0.8, 0.85], [0.7, 0.8, 0.9], [0.9] * 3, [0.9] * 3, inside=True),
+        cell("a", 16, [0.3, 0.2, 0.25], [0.1, 0.05, 0.12], [0.8, 0.7, 0.75], [0.6, 0.5, 0.6]),
+        cell("a", 32, z, z, [0.5, 0.4, 0.45], [0.4, 0.41, 0.3]),
+        cell("b", 16, [0.5, 0.4, 0.6], [0.55, 0.41, 0.62], [0.7, 0.6, 0.8], [0.7, 0.6, 0.8]),
+    ]
+    judged = cl.seed_verdicts(sizes)
+    assert [(v["task"], v["size"]) for v in judged] == [("a", 16), ("a", 32), ("b", 16)]
+    assert [v["exact"].m for v in judged] == [2, 2, 2]  # a@32 is 0 on every seed: no test
+    assert [v["tokens"].m for v in judged] == [2, 2, 2]  # b@16 tokens equal: no test
+    raw = [paired_effect(e["softmax_exact_seeds"], e["adaptive_exact_seeds"]).p for e in sizes[1:]]
+    want = holm(raw)
+    for v, w in zip(judged, want, strict=True):
+        assert v["exact"].adjusted_p == pytest.approx(w, nan_ok=True)
+    pooled = cl.pooled_beyond(sizes, ["a", "b"])
+    assert [v["task"] for v in pooled] == ["a", "b"] and pooled[0]["verdict"].m == 2
+    assert pooled[0]["softmax"] == pytest.approx(np.mean([0.3, 0.2, 0.25, 0, 0, 0]))
 
 
 def test_bad_configurations_are_refused_in_one_sentence(tmp_path):

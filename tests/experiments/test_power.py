@@ -149,6 +149,46 @@ def test_reproduction_verdict_reads_reproduced_contradicted_or_not_detectable():
         reproduction_verdict(a, a, paper="x", sign=0)
 
 
+def test_a_family_of_verdicts_is_decided_on_holm_adjusted_p_values():
+    """A page's comparisons judged together: each decided on its Holm-adjusted p-value (checked
+    against scipy's paired t-test and Holm's step-down written out), the detectable difference
+    at α/m, cells without a test (the same on every seed) outside m; a family of one is the
+    plain verdict."""
+    from scipy import stats as sps
+
+    from sharpattn.lab.stats import detectable_at_power, reproduction_verdict, reproduction_verdicts
+
+    a = np.array([0.50, 0.52, 0.49, 0.51, 0.50])
+    gains = [
+        [0.10, 0.11, 0.09, 0.10, 0.12],  # p ~ 1e-5: survives
+        [0.04, -0.005, 0.05, 0.03, 0.02],  # p ~ 0.04 alone: not after Holm (x 2)
+        [0.02, -0.03, 0.01, 0.00, -0.01],
+        [0.0] * 5,  # no test
+    ]
+    family = [dict(a=a, b=a + g, paper="+0.02", sign=1) for g in gains]
+    judged = reproduction_verdicts(family)
+    raw = [sps.ttest_rel(a + g, a).pvalue for g in gains[:3]]
+    assert 0.025 < raw[1] < 0.05 and raw[0] < raw[1] < raw[2]  # significant alone only
+    order = np.argsort(raw)
+    want, running = {}, 0.0
+    for i, j in enumerate(order):  # Holm's step-down over the m = 3 tests
+        running = max(running, min(1.0, (3 - i) * raw[j]))
+        want[j] = running
+    for j in range(3):
+        assert judged[j].adjusted_p == pytest.approx(want[j], rel=1e-9)
+        assert judged[j].m == 3
+    assert np.isnan(judged[3].adjusted_p) and judged[3].verdict.startswith("the same")
+    assert judged[0].verdict == "reproduced"
+    alone = reproduction_verdict(**family[1])
+    assert alone.verdict == "reproduced"
+    assert judged[1].verdict.startswith("not detectable at this power (detectable at α/m = 0.05/3")
+    sd = float(np.std(gains[1], ddof=1))
+    assert judged[1].detectable == pytest.approx(detectable_at_power(sd, 5, 0.05 / 3))
+    assert judged[1].detectable > alone.detectable
+    [one] = reproduction_verdicts(family[1:2])
+    assert (one.verdict, one.detectable, one.m) == (alone.verdict, alone.detectable, 1)
+
+
 def test_a_run_that_could_see_the_papers_effect_and_did_not_says_not_reproduced():
     """Not significant, the paper's effect detectable and outside the interval: "not
     reproduced"; inside the interval, or beyond the run's power: "not detectable"."""

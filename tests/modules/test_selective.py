@@ -721,3 +721,20 @@ def test_selective_verdicts_are_the_paired_seed_statistics():
     md = common.verdict_markdown(rows, {"spikiness": "spikiness", "qk_norm": "‖W‖"})
     assert f"| group τ_q | spikiness | {d.mean():.3g} |" in md and "| reproduced |" in md
     assert "vanilla |" not in md.split("\n\n")[1].split("\n", 2)[2]  # vanilla is the baseline
+    # a second claim on the page: the page's claims are one family, Holm-corrected
+    weak = [[0.49, 1.0], [0.43, 1.2], [0.47, 0.9], [0.50, 1.1]]
+    rows.append({"variant": "weak"})
+    common.store(
+        rows[2],
+        "spikiness",
+        common.compare(weak, vanilla, [common.FIG2_CLAIMS["spikiness"], None])[0],
+    )
+    p = [
+        sps.ttest_rel(np.array(x)[:, 0], np.array(vanilla)[:, 0]).pvalue for x in (selective, weak)
+    ]
+    small, large = sorted(p)
+    want = {small: 2 * small, large: max(2 * small, large)}
+    md = common.verdict_markdown(rows, {"spikiness": "spikiness", "qk_norm": "‖W‖"})
+    assert "p, Holm over 2" in md and "α/m = 0.05/2" in md
+    for r, pv in zip(rows[1:], p, strict=True):
+        assert r["spikiness_holm"] == pytest.approx(min(1.0, want[pv]))

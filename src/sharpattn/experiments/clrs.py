@@ -30,7 +30,7 @@ from ..lab.report import (
     write_table,
 )
 from ..lab.runner import Progress
-from ..lab.stats import reproduction_verdict
+from ..lab.stats import alpha_words, reproduction_verdicts
 from . import sequence as seq
 from .paper_numbers import CLRS_FIG8
 
@@ -144,29 +144,37 @@ def seed_verdicts(
 ) -> list[dict[str, Any]]:
     """Per algorithm and method after the first (softmax): its out-of-distribution exact match
     against the first's over the seeds both have, as a `stats.reproduction_verdict` of the
-    paper's claim that it is ahead (`PAPER_CLAIM`, from `paper_numbers`)."""
+    paper's claim that it is ahead (`PAPER_CLAIM`, from `paper_numbers`); the page's
+    comparisons are one family, Holm-corrected (`stats.reproduction_verdicts`)."""
     per = seq.measures(rows, spans)
-    out = []
+    cells, comparisons = [], []
     for t in tasks:
         base = per.get((t, methods[0]), {})
         for m in methods[1:]:
             mine = per.get((t, m), {})
             seeds = sorted(set(base) & set(mine))
             a, b = ([d[s]["ood"] for s in seeds] for d in (base, mine))
-            v = reproduction_verdict(a, b, paper=PAPER_CLAIM.words, sign=PAPER_CLAIM.sign)
-            out.append({"task": t, "method": m, "verdict": v})
-    return out
+            cells.append((t, m))
+            comparisons.append(dict(a=a, b=b, paper=PAPER_CLAIM.words, sign=PAPER_CLAIM.sign))
+    return [
+        {"task": t, "method": m, "verdict": v}
+        for (t, m), v in zip(cells, reproduction_verdicts(comparisons), strict=True)
+    ]
 
 
 def verdict_markdown(judged: list[dict[str, Any]], baseline: str) -> str:
-    """`seed_verdicts` as a table: the change, its 95 % interval over seeds, the change the
-    paired t-test detects with 80 % power, and the verdict."""
+    """`seed_verdicts` as a table: the change, its 95 % interval over seeds, the p-value and
+    its Holm correction over the page's comparisons, the change the paired t-test detects with
+    80 % power at Holm's strictest threshold, and the verdict."""
+    m = max((j["verdict"].m for j in judged), default=1)
     header = [
         "algorithm",
         "method",
         f"out of distribution: change vs {baseline}",
         "95 % interval (seeds)",
-        "detectable (80 % power, α = 0.05)",
+        "p (seeds)",
+        f"p, Holm over {m}",
+        f"detectable (80 % power, {alpha_words(0.05, m)})",
         "verdict",
     ]
     body = [
@@ -175,12 +183,14 @@ def verdict_markdown(judged: list[dict[str, Any]], baseline: str) -> str:
             j["method"],
             f"{j['verdict'].effect.mean:+.3f}",
             interval(j["verdict"].effect),
+            p_cell(j["verdict"].effect.p),
+            p_cell(j["verdict"].adjusted_p),
             decimals(j["verdict"].detectable if np.isfinite(j["verdict"].effect.p) else np.nan),
             j["verdict"].verdict,
         ]
         for j in judged
     ]
-    return markdown_table(header, body, "llrrrl")
+    return markdown_table(header, body, "llrrrrrl")
 
 
 def _pm(c) -> str:
@@ -243,15 +253,20 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         for b in table
         if b["task"] == t and b["method"] == methods[0] and e["ood"][0] > b["ood"][0]
     ]
+    judged = seed_verdicts(rows, list(cfg.tasks), methods)
     signif = [
-        e
-        for e in table
-        if e["method"] != methods[0] and np.isfinite(e["ood"][2]) and e["ood"][2] < 0.05
+        j
+        for j in judged
+        if (j["task"], j["method"]) in wins
+        and np.isfinite(j["verdict"].adjusted_p)
+        and j["verdict"].adjusted_p <= 0.05
     ]
+    m = max((j["verdict"].m for j in judged), default=1)
     summary = (
         f"Out of distribution, {methods[1] if len(methods) > 1 else ''} is ahead of "
         f"{methods[0]} on {len(wins)} of {len(cfg.tasks)} algorithms; {len(signif)} of those "
-        "differences are significant at p < 0.05 (paired t-test over seeds). The paper (Fig. 8, "
+        "differences are significant at 0.05 (paired t-test over seeds, Holm over the "
+        f"{m} comparison{'s' * (m != 1)} with a test). The paper (Fig. 8, "
         "Gemma 2B fine-tuned on thirty algorithms) reports an advantage of adaptive temperature "
         "on nearly all of them."
     )
@@ -267,14 +282,14 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
         "distribution: the larger ones. p: two-sided paired t-test against softmax over seeds "
         "(out of distribution)."
     )
-    judged = seed_verdicts(rows, list(cfg.tasks), methods)
     over_seeds = (
         (
             "Over seeds, the unit that was randomised (each seed trains both methods from its own "
             "initialisation and batches), out-of-distribution exact match, against the paper's "
-            f"claim ({PAPER_CLAIM.words}): the paired change, its 95 % t interval, the change a paired "
-            "t-test detects with 80 % power at α = 0.05, and the verdict.\n\n"
-            + verdict_markdown(judged, methods[0])
+            f"claim ({PAPER_CLAIM.words}): the paired change, its 95 % t interval, its p-value "
+            "and the p-value Holm-corrected over the page's comparisons (the verdict's), the "
+            "change a paired t-test detects with 80 % power at Holm's strictest threshold α/m, "
+            "and the verdict.\n\n" + verdict_markdown(judged, methods[0])
         )
         if judged
         else ""

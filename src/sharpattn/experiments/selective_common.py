@@ -16,7 +16,7 @@ from torch import nn
 from ..attention import selective_attend
 from ..lab import report
 from ..lab.runner import Trainer, generator, once
-from ..lab.stats import paired_comparison, reproduction_verdict
+from ..lab.stats import alpha_words, paired_comparison, reproduction_verdict, reproduction_verdicts
 from ..models.ensemble import StackedLinear
 from .paper_numbers import QK_NORM, SPIKINESS, PaperChange, PaperClaim
 
@@ -181,6 +181,9 @@ class Column:
     detectable: float
     paper: str
     verdict: str
+    #: what the page's Holm correction re-judges it from (`verdict_markdown`): vanilla's and the
+    #: variant's value per seed and the sign of the paper's claim
+    pair: dict[str, Any] | None = None
 
 
 def compare(
@@ -208,6 +211,7 @@ def compare(
                 v.detectable,
                 paper,
                 v.verdict if paper != "–" else "–",
+                dict(a=a[:, j].tolist(), b=b[:, j].tolist(), sign=sign) if paper != "–" else None,
             )
         )
     return out
@@ -216,23 +220,58 @@ def compare(
 def store(row: dict[str, Any], key: str, col: Column) -> None:
     """``row``'s fields for measure ``key``: ``key`` (the mean), ``key_sd``, ``key_p`` and the
     change from vanilla (``key_change``, ``_low``, ``_high``, ``_detectable``, ``_paper``,
-    ``_verdict``)."""
+    ``_verdict``, and ``_pair`` where the paper makes a claim)."""
     row[key], row[f"{key}_sd"], row[f"{key}_p"] = col.mean, col.sd, col.p
     for field in ("change", "low", "high", "detectable", "paper", "verdict"):
         row[f"{key}_{field}"] = getattr(col, field)
+    if col.pair is not None:
+        row[f"{key}_pair"] = col.pair
+
+
+def judge_page(rows, measures) -> int:
+    """Re-judge every verdict of a page (each non-vanilla row of ``rows`` on ``measures`` where
+    the paper makes a claim) as one family, Holm-corrected (`stats.reproduction_verdicts`):
+    each row's ``_verdict`` and ``_detectable`` are replaced and ``_holm`` (the adjusted p) is
+    added. Returns the family's size m (the comparisons with a test)."""
+    cells = [
+        (r, key)
+        for r in rows
+        if r["variant"] != "vanilla"
+        for key in measures
+        if f"{key}_pair" in r
+    ]
+    judged = reproduction_verdicts(
+        [
+            dict(
+                a=r[f"{k}_pair"]["a"],
+                b=r[f"{k}_pair"]["b"],
+                paper=r[f"{k}_paper"],
+                sign=r[f"{k}_pair"]["sign"],
+            )
+            for r, k in cells
+        ]
+    )
+    for (r, key), v in zip(cells, judged, strict=True):
+        r[f"{key}_verdict"], r[f"{key}_holm"] = v.verdict, v.adjusted_p
+        r[f"{key}_detectable"] = v.detectable
+    return max((v.m for v in judged), default=1)
 
 
 def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -> str:
     """The seed-level verdicts of every non-vanilla row of ``rows`` on ``measures`` (key ->
-    label; `store`'s fields): the change from vanilla with its 95 % interval over seeds, the
-    change detected with 80 % power, the paper's change and the verdict; ``group``: a row key
-    shown first (the readout, the noise level). Empty where no row has them."""
+    label; `store`'s fields), judged as one family (`judge_page`, Holm): the change from
+    vanilla with its 95 % interval over seeds, the p-value Holm-corrected over the page's
+    claims, the change detected with 80 % power at Holm's strictest threshold, the paper's
+    change and the verdict; ``group``: a row key shown first (the readout, the noise level).
+    Empty where no row has them."""
+    m = judge_page(rows, measures)
     header = ([group] if group else []) + [
         "variant",
         "measure",
         "change vs vanilla",
         "95 % interval (seeds)",
-        "detectable (80 % power, α = 0.05)",
+        f"p, Holm over {m}",
+        f"detectable (80 % power, {alpha_words(0.05, m)})",
         "paper",
         "verdict",
     ]
@@ -250,6 +289,7 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
                     label,
                     report.cell(r[f"{key}_change"]),
                     report.bounds(r[f"{key}_low"], r[f"{key}_high"], "+.3g"),
+                    report.p_cell(r.get(f"{key}_holm", float("nan"))),
                     report.cell(r[f"{key}_detectable"]),
                     r[f"{key}_paper"],
                     # the verdict's words: its numbers are in the columns beside it
@@ -260,9 +300,11 @@ def verdict_markdown(rows, measures: dict[str, str], group: str | None = None) -
         return ""
     return (
         "Each variant against vanilla over seeds (the unit randomised; paired): the change, its "
-        "95 % t interval, the change the paired t-test detects with 80 % power at α = 0.05, and "
-        "the verdict where the paper claims a change.\n\n"
-        + report.markdown_table(header, body, ("r" if group else "") + "llrrrll")
+        f"95 % t interval, the p-value Holm-corrected over the page's {m} claim"
+        f"{'s' * (m != 1)} with a test (the verdict's), the change the paired t-test detects "
+        f"with 80 % power at Holm's strictest threshold ({alpha_words(0.05, m)}), and the "
+        "verdict where the paper claims a change.\n\n"
+        + report.markdown_table(header, body, ("r" if group else "") + "llrrrrll")
     )
 
 

@@ -274,6 +274,8 @@ class SeedVerdict:
     detectable: float
     paper: str
     verdict: str
+    adjusted_p: float = float("nan")
+    m: int = 1
 
 
 def reproduction_verdict(
@@ -287,6 +289,8 @@ def reproduction_verdict(
     paper_effect: float | None = None,
     reference: float | None = None,
     maximum: float | None = None,
+    adjusted_p: float | None = None,
+    m: int = 1,
 ) -> SeedVerdict:
     """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
@@ -300,18 +304,24 @@ def reproduction_verdict(
     the effect, if any, is smaller than the paper's. Where the paper claims a gain (``sign``
     +1) and a's mean score ``reference`` is within the detectable difference of the score's
     ``maximum``, the verdict is "at its ceiling" (`ceiling`) instead of "not detectable" or
-    "not reproduced": no gain as large as the run could detect is possible."""
+    "not reproduced": no gain as large as the run could detect is possible.
+
+    One of a family of ``m`` comparisons (`reproduction_verdicts`): the decision is on its
+    Holm-adjusted p-value ``adjusted_p`` and the detectable difference is computed at Holm's
+    strictest threshold α/m, as the boards' are."""
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
     effect = paired_effect(a, b)
-    detect = detectable_at_power(effect.sd, effect.n, alpha, power)
-    level = alpha_words(alpha)
+    m = max(int(m), 1)
+    decide = effect.p if adjusted_p is None else float(adjusted_p)
+    detect = detectable_at_power(effect.sd, effect.n, alpha / m, power)
+    level = alpha_words(alpha, m)
     at_ceiling = (
         ceiling(reference, maximum, detect)
         if sign == 1 and reference is not None and maximum is not None
         else None
     )
-    if np.isfinite(effect.p) and effect.p <= alpha:
+    if np.isfinite(decide) and decide <= alpha:
         words = "reproduced" if np.sign(effect.mean) == sign else "contradicted"
     elif effect.n < 2:
         words = "too few seeds"
@@ -340,4 +350,19 @@ def reproduction_verdict(
         words = (
             f"not detectable at this power (detectable at {level}: {detect:.3g}; paper: {paper})"
         )
-    return SeedVerdict(effect, detect, paper, words)
+    return SeedVerdict(effect, detect, paper, words, decide, m)
+
+
+def reproduction_verdicts(comparisons: list[dict], *, alpha: float = 0.05, power: float = 0.8):
+    """A page's family of comparisons judged together, Holm-corrected: each entry of
+    ``comparisons`` is the keyword arguments of one `reproduction_verdict` (``a``, ``b``,
+    ``paper``, ``sign`` and its options); each is decided on its Holm-adjusted p-value over
+    the family (`holm`; comparisons without a test, such as both at 0 on every seed, do not
+    count in m) and its detectable difference is at α/m. A family of one is the plain test."""
+    p = [paired_effect(c["a"], c["b"]).p for c in comparisons]
+    adjusted = holm(p)
+    m = int(np.isfinite(adjusted).sum())
+    return [
+        reproduction_verdict(**c, alpha=alpha, power=power, adjusted_p=q, m=m)
+        for c, q in zip(comparisons, adjusted, strict=True)
+    ]

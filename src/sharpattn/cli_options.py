@@ -157,8 +157,8 @@ ALLOW_DIRTY_ENV = "SHARPATTN_ALLOW_DIRTY"
 
 
 def allow_dirty_option():
-    """``--allow-dirty``: run a profile other than ``--quick`` from a git checkout with
-    uncommitted changes (refused otherwise, `runner.require_committed`); the report's code line
+    """``--allow-dirty``: run a report-writing command (but for its quick profile) from a git
+    checkout with uncommitted changes (refused otherwise, `runner.require_committed`); the report's code line
     then says so."""
     return click.option(
         "--allow-dirty",
@@ -167,7 +167,7 @@ def allow_dirty_option():
         envvar=ALLOW_DIRTY_ENV,
         show_envvar=True,
         help="Run from a git checkout with uncommitted changes (refused otherwise, but for "
-        "--quick); the report says so.",
+        "quick profiles); the report says so.",
     )
 
 

@@ -403,3 +403,32 @@ def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowe
         line
         == f"Code: sharpattn 9.9 at commit {'a' * 12} with uncommitted changes (not the commit's code).\n"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["diagnose", "minilm"],
+        ["llm", "--full"],
+        ["dispersion"],
+        ["fit-temperature", "{run}"],
+        ["corollary-b1", "{run}"],
+    ],
+)
+def test_every_report_writing_command_refuses_uncommitted_changes(
+    argv, tmp_path, monkeypatch, capsys
+):
+    """diagnose, llm --full, dispersion, fit-temperature and corollary-b1 write reports the
+    pages quote: from a modified checkout they refuse in one sentence before any work, unless
+    --allow-dirty; `demo` and llm's quick profile run."""
+    from sharpattn.lab import runner
+
+    dirty = {"version": "9.9", "commit": "a" * 40, "modified": True}
+    monkeypatch.setattr(runner.folder, "code_version", lambda: dirty)
+    monkeypatch.delenv("SHARPATTN_ALLOW_DIRTY")
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(run=tmp_path) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has uncommitted changes" in err and "--allow-dirty" in err
+    assert err.count("\n") == 1 and not (tmp_path / "runs").exists()

@@ -17,12 +17,12 @@ Holm's strictest threshold α/m for a family of m).
   the sizes where the paper claims a gain) on docs/records/max-retrieval-paper.tar.gz;
   ``regularisers``: the same for each reading of the regulariser study
   (max-retrieval-regularisers.tar.gz);
-* ``selective-llm``: `selective_llm.summarize_matched` (the NLL change over seeds with its
-  interval, the 80 %-power detectable change and the verdict against the paper's row for the
-  arm, `selective_llm.reference`) on docs/records/selective-llm-lora-paper.tar.gz, and how many
-  seeds a paired t-test would need to detect that row's change with 80 % power at the record's
-  seed-to-seed spread (`stats.detectable_at_power`), and what 54 seeds (3 hours here) would
-  detect; ``selective-llm-sharing``: the same on the weight-sharing run's record,
+* ``selective-llm``: `selective_llm.summarize_matched` (the NLL change over seeds and held-out
+  windows, both samples, with its interval, the 80 %-power detectable change and the verdict
+  against the paper's row for the arm, `selective_llm.reference`; beside it the interval over
+  seeds alone), the variance components, and what the same seeds on 64 windows would detect
+  (`stats.crossed_detectable`), on docs/records/selective-llm-lora-paper.tar.gz;
+  ``selective-llm-sharing``: the same on the weight-sharing run's record,
   docs/records/selective-llm-lora-sharing-paper.tar.gz;
 * ``all``: every one of them.
 
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from sharpattn.experiments import clrs_llm, max_retrieval, selective_llm
-from sharpattn.lab.stats import detectable_at_power
+from sharpattn.lab.stats import crossed_detectable, crossed_effect
 
 RECORDS = Path(__file__).resolve().parent.parent / "docs" / "records"
 
@@ -145,26 +145,34 @@ def selective(folder: Path) -> None:
         }
         for arm in ("softmax", "selective")
     }
-    row = selective_llm.reference(cfg)
-    paper = math.nan if row is None else abs(selective_llm.nll_change(row))
+    rows = selective_llm.summarize_matched(cfg, base, arms)["rows"]
     print(
-        "| tokens | Δ NLL | 95 % interval | p | detectable (80 %) | verdict | seed sd | "
-        "seeds for the paper's change | detectable with 54 seeds |"
+        f"Over {cfg.seeds} seeds × {w} held-out windows (crossed: both samples), and over the "
+        "seeds alone as if the windows were all the text.\n"
     )
-    print("|---:|---:|---|---:|---:|---|---:|---:|---:|")
-    for r in selective_llm.summarize_matched(cfg, base, arms)["rows"]:
+    print(
+        "| tokens | Δ NLL | 95 % interval | p | detectable (80 %) | verdict | seeds alone: "
+        f"interval | σ_seed | σ_window | σ_resid | detectable with {cfg.seeds} seeds × "
+        f"{PLANNED_WINDOWS} windows |"
+    )
+    print("|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|")
+    for r in rows:
         key = str(r["length"])
-        d = [np.mean(arms["selective"][s][key]) - np.mean(arms["softmax"][s][key]) for s in seeds]
-        sd = float(np.std(d, ddof=1))
-        need = next(
-            (n for n in range(2, 5000) if detectable_at_power(sd, n, 0.05) <= paper), math.nan
+        d = np.array(
+            [np.subtract(arms["selective"][s][key], arms["softmax"][s][key]) for s in seeds]
         )
+        planned = crossed_detectable(crossed_effect(d), cfg.seeds, PLANNED_WINDOWS)
         print(
             f"| {r['length']:,} | {r['nll_change']:+.4f} | [{r['nll_change_low']:+.4f}, "
-            f"{r['nll_change_high']:+.4f}] | {r['p_seeds']:.2g} | {r['detectable']:.3g} | "
-            f"{r['verdict']} | {sd:.4f} | {need} | "
-            f"{detectable_at_power(sd, 54, 0.05):.4f} |"
+            f"{r['nll_change_high']:+.4f}] | {r['p']:.2g} | {r['detectable']:.3g} | "
+            f"{r['verdict']} | [{r['seeds_low']:+.4f}, {r['seeds_high']:+.4f}] | "
+            f"{math.sqrt(r['seed_var']):.4f} | {math.sqrt(r['window_var']):.4f} | "
+            f"{math.sqrt(r['resid_var']):.4f} | {planned:.4f} |"
         )
+
+
+#: the held-out windows a re-run of the selective-LLM study evaluates on
+PLANNED_WINDOWS = 64
 
 
 #: the selective-llm records: the base temperatures, and the weight-sharing ones (--sharing)

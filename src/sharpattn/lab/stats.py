@@ -213,6 +213,101 @@ def welch_df(sd_a: float, n_a: int, sd_b: float, n_b: int) -> float:
     return float((va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1)))
 
 
+@dataclass
+class CrossedEffect:
+    """A paired difference measured on the same test items for every seed, seeds and items both
+    samples (crossed random effects): ``n`` seeds, ``items`` test items, the grand ``mean`` of
+    the differences, its standard error ``se`` from the variance components (``seed_var``,
+    ``item_var``, ``resid_var``: σ²_seed/n + σ²_item/items + σ²_resid/(n·items)),
+    Satterthwaite's degrees of freedom ``df``, the ``level`` t interval (``low``, ``high``) and
+    the two-sided t-test ``p``. NaN where undefined (one seed, or no spread)."""
+
+    n: int
+    items: int
+    mean: float
+    se: float
+    df: float
+    low: float
+    high: float
+    p: float
+    level: float = 0.95
+    seed_var: float = float("nan")
+    item_var: float = float("nan")
+    resid_var: float = float("nan")
+
+
+def crossed_effect(d, level: float = 0.95) -> CrossedEffect:
+    """The effect of a method over seeds and test items together (`CrossedEffect`): ``d``
+    ``[seeds, items]`` holds b − a per seed and item, the same items for every seed. Where the
+    test set is a sample of the items a verdict generalises to, its spread counts too: the
+    two-way ANOVA's mean squares (seeds MS_s, items MS_i, residual MS_e) give the variance
+    components σ²_seed = (MS_s − MS_e)/items and σ²_item = (MS_i − MS_e)/n (negative estimates
+    set to 0) and σ²_resid = MS_e; the mean's variance is σ²_seed/n + σ²_item/items +
+    σ²_resid/(n·items), a combination of mean squares whose degrees of freedom are
+    Satterthwaite's. One item is the paired t over seeds; one seed has no interval (the
+    seed-to-seed spread is unknown)."""
+    d = np.asarray(d, dtype=np.float64)
+    if d.ndim != 2:
+        raise ValueError(f"d must be [seeds, items], got shape {d.shape}.")
+    n, w = d.shape
+    nan = float("nan")
+    mean = float(d.mean()) if d.size else nan
+    if n < 2:
+        return CrossedEffect(n, w, mean, nan, nan, nan, nan, nan, level)
+    if w == 1:
+        e = paired_effect(np.zeros(n), d[:, 0], level)
+        se = e.sd / np.sqrt(n) if np.isfinite(e.sd) else nan
+        return CrossedEffect(n, w, mean, se, n - 1.0, e.low, e.high, e.p, level, e.sd**2, 0.0, 0.0)
+    rows, cols = d.mean(1), d.mean(0)
+    ms_s = w * float(((rows - mean) ** 2).sum()) / (n - 1)
+    ms_i = n * float(((cols - mean) ** 2).sum()) / (w - 1)
+    resid = d - rows[:, None] - cols[None, :] + mean
+    df_e = (n - 1) * (w - 1)
+    ms_e = float((resid**2).sum()) / df_e
+    seed_var, item_var = max(0.0, (ms_s - ms_e) / w), max(0.0, (ms_i - ms_e) / n)
+    var, df = _crossed_variance(ms_s, ms_i, ms_e, n, w, seed_var > 0, item_var > 0)
+    rounding = 8 * np.finfo(np.float64).eps * max(float(np.abs(d).max()), 1e-300)
+    if not var > 0 or np.sqrt(var) <= rounding:
+        return CrossedEffect(n, w, mean, 0.0, nan, nan, nan, nan, level, seed_var, item_var, ms_e)
+    se = float(np.sqrt(var))
+    half = float(stats.t.ppf((1 + level) / 2, df)) * se
+    p = float(2 * stats.t.sf(abs(mean) / se, df))
+    return CrossedEffect(
+        n, w, mean, se, float(df), mean - half, mean + half, p, level, seed_var, item_var, ms_e
+    )
+
+
+def _crossed_variance(ms_s, ms_i, ms_e, n, w, seeds_vary: bool, items_vary: bool):
+    """The variance of the grand mean of an n × w crossed design, σ²_seed/n + σ²_item/w +
+    σ²_resid/(n·w), as Σ c·MS over its mean squares (a component estimated at 0 drops its
+    term), and Satterthwaite's degrees of freedom of that combination."""
+    c_s, c_i = float(seeds_vary), float(items_vary)
+    terms = [
+        (c_s * ms_s, n - 1.0),
+        (c_i * ms_i, w - 1.0),
+        ((1.0 - c_s - c_i) * ms_e, (n - 1.0) * (w - 1.0)),
+    ]
+    total = sum(t for t, _ in terms)
+    if not total > 0:
+        return 0.0, float("nan")
+    return total / (n * w), total**2 / sum(t**2 / f for t, f in terms if t != 0)
+
+
+def crossed_detectable(
+    effect: CrossedEffect, seeds: int, items: int, alpha: float = 0.05, power: float = 0.8
+) -> float:
+    """The difference a run of ``seeds`` × ``items`` detects with probability ``power`` at
+    ``alpha`` if its variance components are ``effect``'s (`crossed_effect`; the mean squares
+    are their expectations, MS_s = σ²_resid + items·σ²_seed and MS_i = σ²_resid +
+    seeds·σ²_item): how many seeds or test items a planned run needs. NaN where the components
+    are undefined."""
+    sv, iv, rv = effect.seed_var, effect.item_var, effect.resid_var
+    if not all(np.isfinite(x) for x in (sv, iv, rv)) or seeds < 2 or items < 2:
+        return float("nan")
+    var, df = _crossed_variance(rv + items * sv, rv + seeds * iv, rv, seeds, items, sv > 0, iv > 0)
+    return at_power(float(np.sqrt(var)), df, alpha, power)
+
+
 def alpha_words(alpha: float, m: int = 1) -> str:
     """The level a detectable difference was computed at, in words: "α = 0.05" for one test;
     for one of ``m`` comparisons corrected by Holm, its strictest threshold "α/m = 0.05/23"."""
@@ -291,6 +386,7 @@ def reproduction_verdict(
     maximum: float | None = None,
     adjusted_p: float | None = None,
     m: int = 1,
+    effect: PairedEffect | CrossedEffect | None = None,
 ) -> SeedVerdict:
     """b against a paired over seeds (`paired_effect`), judged against the paper's claim that
     b − a has sign ``sign`` (+1 or −1): "reproduced" where the paired t-test rejects at
@@ -308,13 +404,21 @@ def reproduction_verdict(
 
     One of a family of ``m`` comparisons (`reproduction_verdicts`): the decision is on its
     Holm-adjusted p-value ``adjusted_p`` and the detectable difference is computed at Holm's
-    strictest threshold α/m, as the boards' are."""
+    strictest threshold α/m, as the boards' are.
+
+    ``effect``: the comparison's effect where it is not the paired one over seeds of ``a`` and
+    ``b`` (each seed's score), e.g. `crossed_effect` over seeds and test items; its interval, p
+    and standard error are then the verdict's."""
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}.")
-    effect = paired_effect(a, b)
+    if effect is None:
+        effect = paired_effect(a, b)
     m = max(int(m), 1)
     decide = effect.p if adjusted_p is None else float(adjusted_p)
-    detect = detectable_at_power(effect.sd, effect.n, alpha / m, power)
+    if isinstance(effect, CrossedEffect):
+        detect = at_power(effect.se, effect.df, alpha / m, power)
+    else:
+        detect = detectable_at_power(effect.sd, effect.n, alpha / m, power)
     level = alpha_words(alpha, m)
     at_ceiling = (
         ceiling(reference, maximum, detect)

@@ -12,7 +12,8 @@ import numpy as np
 from ...lab import report as kit
 from ...lab.stats import (
     alpha_words,
-    detectable_at_power,
+    at_power,
+    crossed_effect,
     paired_comparison,
     paired_effect,
     reproduction_verdict,
@@ -38,12 +39,15 @@ def nll_change(paper: PaperChange) -> float:
 
 def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> dict:
     """Per length: perplexity of the unpatched model and of both fine-tunings (exp of the mean
-    window NLL over seeds), and selective against softmax paired over seeds (each seed's mean
-    NLL: the randomised unit; the effect with its interval, the 80 %-power detectable change)
-    with, at the training context, the verdict against the paper's change for this arm
-    (`reference`, `stats.reproduction_verdict`); and, secondary, over windows (each window's NLL
-    averaged over seeds). The paper has no number at other contexts, nor for an arm without a
-    row: there the verdict says so and gives the change with its interval only."""
+    window NLL over seeds), and selective against softmax over seeds and held-out windows
+    together (`stats.crossed_effect`: the seeds are the randomised unit and the windows a
+    sample of the text, so both spreads count; the effect with its interval, p, variance
+    components and the 80 %-power detectable change) with, at the training context, the
+    verdict against the paper's change for this arm (`reference`, `stats.reproduction_verdict`);
+    beside it the interval over seeds alone (``seeds_low``/``seeds_high``: as if the windows
+    were all the text) and, secondary, the test over windows (each window's NLL averaged over
+    seeds). The paper has no number at other contexts, nor for an arm without a row: there the
+    verdict says so and gives the change with its interval only."""
     seeds = sorted(nll["softmax"])
     paper = reference(cfg)
     rows = []
@@ -71,6 +75,9 @@ def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> d
                 ),
             }
         )
+        # the held-out windows are a sample of the text: the verdict is over seeds and windows
+        effect = crossed_effect(b - a)
+        fixed = paired_effect(a.mean(1), b.mean(1))  # as if the windows were all the text
         if paper is not None and length == cfg.context:
             change = nll_change(paper)
             judged = reproduction_verdict(
@@ -81,17 +88,23 @@ def summarize_matched(cfg: Config, base: dict[str, list[float]], nll: dict) -> d
                 paper_effect=change,
                 alpha=ALPHA,
                 power=POWER,
+                effect=effect,
             )
-            effect, detect, words = judged.effect, judged.detectable, judged.verdict
+            detect, words = judged.detectable, judged.verdict
         else:
-            effect = paired_effect(a.mean(1), b.mean(1))
-            detect = detectable_at_power(effect.sd, effect.n, ALPHA, POWER)
+            detect = at_power(effect.se, effect.df, ALPHA, POWER)
             where = "for this arm" if paper is None else f"at {length // cfg.context}× the context"
             measured = _measured(effect.mean, effect.low, effect.high)
             words = f"no paper number {where}; measured {measured}"
         rows[-1] |= {
             "nll_change_low": effect.low,
             "nll_change_high": effect.high,
+            "p": effect.p,
+            "seed_var": effect.seed_var,
+            "window_var": effect.item_var,
+            "resid_var": effect.resid_var,
+            "seeds_low": fixed.low,
+            "seeds_high": fixed.high,
             "detectable": detect,
             "verdict": words,
         }
@@ -127,10 +140,12 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         "ppl LoRA + softmax",
         "ppl LoRA + selective",
         "Δ nll (nats)",
-        "95 % interval (seeds)",
-        "p (seeds)",
+        "95 % interval (seeds × windows)",
+        "p (seeds × windows)",
         f"detectable (80 % power, {alpha_words(ALPHA)})",
         "verdict",
+        "95 % interval (seeds, windows fixed)",
+        "p (seeds, windows fixed)",
         "windows better",
         "p (windows, secondary)",
     ]
@@ -143,9 +158,11 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
             f"{r['ppl_selective']:.3f}",
             f"{r['nll_change']:+.4f}",
             _span(r),
-            _p(r["p_seeds"]),
+            _p(r.get("p", float("nan"))),
             _p(r.get("detectable", float("nan"))),
             r.get("verdict", "–"),
+            _span(r, "seeds_"),
+            _p(r["p_seeds"]),
             f"{r['better_windows']}/{r['windows']}",
             _p(r["p_windows"]),
         ]
@@ -170,12 +187,13 @@ def write_matched(folder: Path, cfg: Config, m: dict[str, Any]) -> Path:
         f"position {cfg.position_lr:g}; terms: {cfg.terms}"
         f"{', weight sharing' if cfg.sharing else ''}). Perplexity on {rows[0]['windows']} "
         "held-out windows, the same for every model. Selective against softmax over seeds (the "
-        "randomised unit: each seed is one pair of fine-tunings): the mean change in NLL with "
-        f"its 95 % t interval, the paired t-test, the smallest change a test at "
-        f"{alpha_words(ALPHA)} detects with 80 % power at the seeds' spread, and "
-        f"{_reference_words(cfg)}; over windows (each "
-        "window's NLL averaged over seeds) as a secondary test that treats the trained models "
-        "as fixed. The "
+        "randomised unit: each seed is one pair of fine-tunings) and windows together (a sample "
+        "of the text: a crossed two-way analysis whose variance components give the interval, "
+        "with Satterthwaite's degrees of freedom): the mean change in NLL with its 95 % t "
+        f"interval and p, the smallest change a test at {alpha_words(ALPHA)} detects with "
+        f"80 % power at that spread, and {_reference_words(cfg)}. Beside it the interval over "
+        "seeds alone, as if the windows were all the text, and the test over windows (each "
+        "window's NLL averaged over seeds), which treats the trained models as fixed. The "
         "frozen-model study (temperatures alone against the unpatched model) is this command "
         "without --lora."
     )
@@ -229,9 +247,10 @@ def _position_term(m: dict[str, Any], cfg: Config) -> str:
     )
 
 
-def _span(row: dict[str, Any]) -> str:
-    """A row's interval of the change in NLL over seeds ("–" where undefined or not recorded)."""
-    low, high = row.get("nll_change_low", float("nan")), row.get("nll_change_high", float("nan"))
+def _span(row: dict[str, Any], key: str = "nll_change_") -> str:
+    """A row's interval of the change in NLL (``key``: "nll_change_" over seeds and windows,
+    "seeds_" over seeds alone; "–" where undefined or not recorded)."""
+    low, high = row.get(f"{key}low", float("nan")), row.get(f"{key}high", float("nan"))
     return "–" if not np.isfinite(low) else f"[{low:+.4f}, {high:+.4f}]"
 
 

@@ -20,6 +20,12 @@ SDPA's ``is_causal`` aligns the rows to the keys' start, which is not decoding):
   allocated before it (inputs excluded), and its ratio to flash attention's (default SDPA's
   where flash cannot run).
 
+``--docs N``: packed cells instead: the n tokens are N documents of n/N tokens in one sequence,
+the method called with ``cu_seqlens`` (causal within each document), the baselines SDPA on the
+documents as a batch of N (what packing must match: no work across documents). ``--window W``:
+sliding-window cells, the method called with ``window=(W − 1, 0)`` (causal), the baselines SDPA
+with the banded boolean mask of the same window (flash takes no mask: its cell is an error row).
+
 Each cell is named on stdout before it runs (a cell that never ends is named), and written as it
 ends: to ``--out`` (the whole result, JSON) and appended as one line to ``--cells`` (JSON lines,
 what ``gpu_check.py`` collects). A method that raises is an ``error`` row; a CUDA error (which
@@ -165,21 +171,70 @@ def anchor(name: str, q, k, v, causal: bool):
     return lambda: sb_attn(q, k, v, inv_temp=1 / q.shape[-1] ** 0.5)[0]
 
 
-def call(name: str, q, k, v, causal: bool):
+def call(name: str, q, k, v, causal: bool, structure: dict | None = None):
     """The call of case ``name`` (``method``, ``method@param=value``, ``method:tiles``,
-    ``anchor:NAME``), or a reason it cannot run here."""
+    ``anchor:NAME``), or a reason it cannot run here; ``structure``: the packed or windowed
+    cell's keywords (`structured`)."""
     from sharpattn.attention import attend
 
     if name.startswith("anchor:"):
+        if structure:
+            return "the anchors take no packed or windowed call here"
         return anchor(name.partition(":")[2], q, k, v, causal)
     method, params = method_case(name)
     method, _, path = method.partition(":")  # "sigmoid:tiles": without the Triton kernels
+    extra = structure or {}
 
     def run():
         with _tiles(path == "tiles"):
-            return attend(q, k, v, method, causal=causal, check_finite=False, **params)
+            return attend(q, k, v, method, causal=causal, check_finite=False, **params, **extra)
 
     return run
+
+
+def structured(n: int, docs: int | None, window: int | None, device) -> dict:
+    """The keywords of a packed (``docs`` equal documents of the n tokens: ``cu_seqlens``) or
+    windowed (``window=(W − 1, 0)``) call; {} for a plain one."""
+    if docs:
+        if n % docs:
+            raise SystemExit(f"--docs {docs} must divide every size (got {n}).")
+        bounds = torch.arange(0, n + 1, n // docs, dtype=torch.int32, device=device)
+        return {"cu_seqlens": bounds}
+    if window:
+        return {"window": (window - 1, 0)}
+    return {}
+
+
+def sdpa_structured(backend: str, q, k, v, docs: int | None, window: int | None):
+    """The baseline of a packed cell (SDPA on the ``docs`` documents as a batch, causal, the
+    output back in the packed layout) or of a windowed one (SDPA with the banded mask)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _, h, n, d = q.shape
+    pin = (
+        (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+        if backend == "flash"
+        else contextlib.nullcontext
+    )
+    if docs:
+
+        def batch(x):  # [1, H, n, D] -> [docs, H, n/docs, D], a view
+            return x[0].reshape(h, docs, n // docs, d).transpose(0, 1)
+
+        def packed():
+            with pin():
+                out = F.scaled_dot_product_attention(batch(q), batch(k), batch(v), is_causal=True)
+            return out.transpose(0, 1).reshape(1, h, n, d)
+
+        return packed
+    i = torch.arange(n, device=q.device)
+    band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+    def windowed():
+        with pin():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+
+    return windowed
 
 
 class Timer:
@@ -320,6 +375,8 @@ def main(argv=None) -> int:
         help="comma-separated query rows of decoding cells (each against every size); "
         "default: Lq = n",
     )
+    p.add_argument("--docs", type=int, default=None, help="packed cells: N documents per size")
+    p.add_argument("--window", type=int, default=None, help="sliding-window cells: W keys")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--methods", default="", help="comma-separated cases (default: every method)")
     p.add_argument("--causal", default="both", choices=["both", "yes", "no"])
@@ -346,6 +403,10 @@ def main(argv=None) -> int:
         help="print the table of result files (JSON or JSON lines) and exit",
     )
     args = p.parse_args(argv)
+    if (args.docs or args.window) and (args.lq or args.causal == "no"):
+        p.error("--docs and --window cells are causal and not decoding: no --lq, no --causal no.")
+    if args.docs and args.window:
+        p.error("--docs and --window are separate cells: give one.")
     if args.table:
         from gpu_check import load, summary
 
@@ -394,10 +455,15 @@ def main(argv=None) -> int:
     host_of: dict[tuple, float] = {}
     backends: dict[tuple, str] = {}
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if args.docs or args.window:
+        causals = (True,)
     lqs = [int(x) for x in args.lq.split(",")] if args.lq else [None]
     shapes = [(lq, int(s)) for lq in lqs for s in args.sizes.split(",")]
     for lq, n in shapes:
         decoding = {} if lq is None else {"lq": lq}
+        decoding |= {"docs": args.docs} if args.docs else {}
+        decoding |= {"window": args.window} if args.window else {}
+        structure = structured(n, args.docs, args.window, device)
         for causal in causals:
             q, k, v = inputs(n, args.heads, args.head_dim, device, dtype, lq=lq)
             grad = torch.randn_like(q)
@@ -405,7 +471,12 @@ def main(argv=None) -> int:
             for mode in args.modes.split(","):
                 base = {}
                 for backend in BASELINES:
-                    once = work(sdpa(backend, q, k, v, base_causal), mode, (q, k, v), grad)
+                    fn = (
+                        sdpa_structured(backend, q, k, v, args.docs, args.window)
+                        if structure
+                        else sdpa(backend, q, k, v, base_causal)
+                    )
+                    once = work(fn, mode, (q, k, v), grad)
                     try:
                         base[backend] = timer.measure(once) | {"mib": peak_extra_mib(once, device)}
                     except RuntimeError as err:  # flash cannot run this dtype or shape
@@ -413,9 +484,12 @@ def main(argv=None) -> int:
                 if "ms" in base["default"] and device.type == "cuda":
                     kind = (causal, mode, lq)
                     if kind not in backends:  # read once per kind of call
-                        backends[kind] = backend_of(
-                            work(sdpa("default", q, k, v, base_causal), mode, (q, k, v), grad)
+                        fn = (
+                            sdpa_structured("default", q, k, v, args.docs, args.window)
+                            if structure
+                            else sdpa("default", q, k, v, base_causal)
                         )
+                        backends[kind] = backend_of(work(fn, mode, (q, k, v), grad))
                     base["default"]["backend"] = backends[kind]
                 result.setdefault("baselines", []).append(
                     {"n": n, **decoding, "causal": causal, "mode": mode, **base}
@@ -436,13 +510,15 @@ def main(argv=None) -> int:
                         result["skipped"].append(cell)
                         save()
                         continue
-                    fn = call(name, q, k, v, causal)
+                    fn = call(name, q, k, v, causal, structure)
                     if isinstance(fn, str):  # an anchor that cannot run here: why
                         save(cell | {"error": fn})
                         continue
                     # the cell's name first, so that a cell that never ends is named
                     print(
-                        f"n={n:>6}{f' Lq={lq:<3}' if lq else ''} "
+                        f"n={n:>6}{f' Lq={lq:<3}' if lq else ''}"
+                        f"{f' docs={args.docs}' if args.docs else ''}"
+                        f"{f' window={args.window}' if args.window else ''} "
                         f"{'causal' if causal else 'full  '} {mode:6} {name:22}",
                         end=" ",
                         flush=True,
@@ -456,9 +532,12 @@ def main(argv=None) -> int:
                             few = HOST_N if lq is None else HOST_DECODE_N
                             rows = None if lq is None else min(lq, few)
                             small = inputs(few, args.heads, args.head_dim, device, dtype, lq=rows)
+                            little = structured(
+                                few, args.docs, min(args.window or 0, few) or None, device
+                            )
                             host_of[key] = timer.host(
                                 work(
-                                    call(name, *small, causal),
+                                    call(name, *small, causal, little),
                                     mode,
                                     small,
                                     torch.randn_like(small[0]),

@@ -16,10 +16,13 @@ Part 1 (about 7.5 minutes on an H200; one call of the device tool):
    with ``python -X faulthandler`` (a hang leaves its stack in the log);
 5. the bfloat16 CUDA tests (``SHARPATTN_TEST_DEVICE=cuda``, parallel workers, a per-test limit).
 
-Part 2 (``--part 2``, a second call of about 6 minutes): 64k, forward only, α = 1.3, float32, D 128, the anchors
+Part 2 (``--part 2``, a second call of about 6.5 minutes): 64k, forward only, α = 1.3, float32, D 128, the anchors
 (AdaSplash, stick-breaking), decoding steps (Lq 1 and 16 against 4k, 16k and 64k keys, H 8,
 forward, causal: the template's split-K forward, two element-wise and two row-normalised maps,
-against SDPA on the same shapes) and the whole CUDA suite (the adversarial suite included).
+against SDPA on the same shapes), packed documents (16k tokens as 8 documents through
+``cu_seqlens``, against SDPA on the documents as a batch) and a sliding window (1,024 keys at
+16k, against SDPA with the banded mask), softmax, sigmoid and 1.5-entmax forward+backward, and the whole CUDA suite (the
+adversarial suite included).
 
 Output, in ``--out`` (default ``$OUT``, else ``build/gpu-check``), five files per part (the
 device tool brings back at most eight): ``cells-P.jsonl`` (every cell, smoke variant, step and
@@ -57,6 +60,7 @@ from gpu_common import (  # noqa: E402
     DECODING,
     HEADLINE,
     SPARSE,
+    STRUCTURED,
     append_cell,
     family,
     read_cells,
@@ -114,7 +118,7 @@ def plan(part: int, dry: bool) -> list[dict]:
         steps = [
             {
                 "name": "64k",
-                "seconds": 60,
+                "seconds": 50,
                 "kind": "bench",
                 **bench,
                 "sizes": "65536",
@@ -123,7 +127,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "forward",
-                "seconds": 40,
+                "seconds": 35,
                 "kind": "bench",
                 **bench,
                 "sizes": "4096,16384,32768",
@@ -141,7 +145,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "float32",
-                "seconds": 50,
+                "seconds": 40,
                 "kind": "bench",
                 **bench,
                 "dtype": "float32",
@@ -151,7 +155,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "d128",
-                "seconds": 35,
+                "seconds": 30,
                 "kind": "bench",
                 **bench,
                 "head_dim": 128,
@@ -161,7 +165,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "anchors",
-                "seconds": 30,
+                "seconds": 25,
                 "kind": "bench",
                 **bench,
                 "sizes": "4096,16384",
@@ -175,7 +179,7 @@ def plan(part: int, dry: bool) -> list[dict]:
             },
             {
                 "name": "decoding",
-                "seconds": 45,
+                "seconds": 40,
                 "kind": "bench",
                 **bench,
                 "heads": 8,
@@ -186,8 +190,30 @@ def plan(part: int, dry: bool) -> list[dict]:
                 "methods": DECODING,
             },
             {
+                "name": "packed",
+                "seconds": 25,
+                "kind": "bench",
+                **bench,
+                "sizes": "16384",
+                "docs": 8,
+                "modes": "fwdbwd",
+                "causal": "yes",
+                "methods": STRUCTURED,
+            },
+            {
+                "name": "window",
+                "seconds": 25,
+                "kind": "bench",
+                **bench,
+                "sizes": "16384",
+                "window": 1024,
+                "modes": "fwdbwd",
+                "causal": "yes",
+                "methods": STRUCTURED,
+            },
+            {
                 "name": "tests-all",
-                "seconds": 90,
+                "seconds": 80,
                 "kind": "tests",
                 "select": None,
                 "files": (*CUDA_TESTS, ADVERSARIAL),
@@ -196,13 +222,14 @@ def plan(part: int, dry: bool) -> list[dict]:
     if dry:  # each kind of step on the CPU, small enough for the interpreter
         kept = {
             1: ("smoke", "headline", "sparse:sparsemax", "tests-bf16"),
-            2: ("float32", "anchors", "decoding", "tests-all"),
+            2: ("float32", "anchors", "decoding", "packed", "window", "tests-all"),
         }[part]
         steps = [s for s in steps if s["name"] in kept]
         for step in steps:
             step["seconds"] = 240
             if step["kind"] == "bench":
                 step.update(dtype="float32", heads=2, head_dim=16, sizes="32")
+                step.update({k: 8 for k in ("docs", "window") if k in step})
                 step["methods"] = step["methods"][:2]
             if step["kind"] == "smoke":
                 step.update(head_dims="16", cases=("sigmoid", "sparsemax"))
@@ -239,6 +266,7 @@ def command(step: dict, part: int, args, cells: Path, tests_log: Path) -> tuple[
         ], env
     if step["kind"] == "bench":
         shape = ["--lq", step["lq"]] if step.get("lq") else []
+        shape += [x for k in ("docs", "window") if step.get(k) for x in (f"--{k}", str(step[k]))]
         if step.get("causal") and not args.dry_run:  # (a dry run is causal only)
             shape += ["--causal", step["causal"]]
         return [
@@ -513,6 +541,16 @@ def _short(dtype: str | None) -> str:
     return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, str(dtype))
 
 
+def _shape(r: dict) -> str:
+    """A bench cell's kind of call beyond its size, for its row's setting: decoding rows, packed
+    documents, a sliding window."""
+    return (
+        (f" Lq{r['lq']}" if r.get("lq") else "")
+        + (f" docs{r['docs']}" if r.get("docs") else "")
+        + (f" window{r['window']}" if r.get("window") else "")
+    )
+
+
 def summary(rows: list[dict], env: dict | None = None) -> str:
     """One table of the bench cells (ratio to flash attention / to SDPA as torch picks it, per
     size), then the baselines, the smoke check, the steps and the tests."""
@@ -524,8 +562,7 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
     for r in bench:
         setting = (
             f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} "
-            f"{'fwd+bwd' if r['mode'] == 'fwdbwd' else 'fwd'}"
-            + (f" Lq{r['lq']}" if r.get("lq") else "")
+            f"{'fwd+bwd' if r['mode'] == 'fwdbwd' else 'fwd'}" + _shape(r)
         )
         key = (r["method"], setting, r["causal"])
         groups.setdefault(key, {"family": r.get("family", ""), "cells": {}})["cells"][r["n"]] = r
@@ -601,7 +638,7 @@ def summary(rows: list[dict], env: dict | None = None) -> str:
     for r in bench:
         if "flash_ms" in r or "default_ms" in r:
             setting = f"{_short(r.get('dtype'))} D{r.get('D')} H{r.get('H')} {r['mode']}"
-            setting += f" Lq{r['lq']}" if r.get("lq") else ""
+            setting += _shape(r)
             base.setdefault(setting, {})[(r["n"], r["causal"])] = (
                 r.get("flash_ms"),
                 r.get("default_ms"),

@@ -19,6 +19,10 @@ HEADLINE = (
 #: the maps of the decoding cells (Lq 1 and 16 against long caches: the Triton template's split-K
 #: forward), two element-wise and two row-normalised
 DECODING = ("sigmoid", "softpick", "relu", "power")
+#: the maps of the packed (documents as ``cu_seqlens``) and sliding-window cells: the softmax
+#: family, an element-wise map and a sparse one (each new structure compiles its own kernels, so
+#: few fit in the step's limit)
+STRUCTURED = ("softmax", "sigmoid", "entmax15")
 #: the maps that may not end in bounded time (data-dependent passes): each in its own process
 SPARSE = ("sparsemax", "entmax15", "asentmax", "topk", "hardmax")
 #: every case a GPU run of ``gpu.py`` launches: the cases of the check's cells (a method name,

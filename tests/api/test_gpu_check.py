@@ -69,6 +69,10 @@ def test_the_gpu_check_runs_end_to_end_in_its_dry_mode(tmp_path, part):
         anchor = [r for r in bench if r["method"] == "anchor:adasplash"]
         assert anchor and all("error" in r for r in anchor)
         assert "anchor:adasplash" in summary and "Not measured" in summary
+        for key in ("docs", "window"):  # packed documents and a sliding window, causal
+            structured = [r for r in measured if r.get(key) == 8]
+            assert structured and all(r["causal"] for r in structured), key
+            assert f" {key}8 |" in summary
 
 
 def test_a_library_that_does_not_import_stops_the_check_with_one_sentence(tmp_path):

@@ -72,6 +72,7 @@ CUDA_TESTS = (
     "tests/paths/test_triton.py",
     "tests/paths/test_triton_decoding.py",
     "tests/paths/test_triton_stick.py",
+    "tests/paths/test_triton_structure.py",
     "tests/paths/test_devices.py",
     "tests/paths/test_no_sync.py",
 )

@@ -134,3 +134,42 @@ def test_a_reading_takes_the_trained_seeds_of_a_run_with_its_settings(tmp_path, 
     assert again["summary"]["reused"] == result["summary"]["reused"]
     with pytest.raises(ValueError, match="is not a max-retrieval run folder"):
         rg.study(out, config, ["l2"], reuse=tmp_path / "nothing")
+
+
+def test_a_lambda_sweep_trains_each_reading_at_each_lambda(tmp_path):
+    """--lambdas crosses the readings with values of λ: the default λ keeps the reading's plain
+    name and folder, another is NAME@lambda=X in OUT/NAME-lambdaX, trained with that λ; the
+    comparison names each row's convention and λ and the readings that hold both columns."""
+    study = rg.configure("quick", regularisers="l2,adamw", lambdas="1e-3,2e-3")
+    assert study.regularisers == ("l2", "adamw", "l2@lambda=0.002", "adamw@lambda=0.002")
+    assert rg.parse_reading("l2_kernels@lambda=5e-4") == ("l2_kernels", 5e-4)
+    config = mr.Config(**TINY)
+    out = rg.study(tmp_path, config, ["l2", "l2@lambda=0.01"])
+    assert mr.read_config(tmp_path / "l2-lambda0.01").l2 == 0.01
+    assert mr.read_config(tmp_path / "l2").l2 == config.l2
+    rows = out["rows"]
+    assert [(r["convention"], r["lambda"]) for r in rows] == [("l2", config.l2), ("l2", 0.01)]
+    assert rows[1]["versus_l2"]["effect"] == pytest.approx(
+        paired_effect(rows[0]["baseline"]["per_seed"], rows[1]["baseline"]["per_seed"]).mean
+    )
+    assert rows[0]["sum_w2"] != rows[1]["sum_w2"]  # another λ trains another model
+    md = (tmp_path / "regularisers.md").read_text()
+    assert "λ = 0.01 |" in md and "hold both of the paper's columns" in md
+    assert out["summary"]["matching_both"] == "none" or set(out["summary"]["matching_both"]) <= set(
+        out["summary"]["matching"]
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (dict(lambdas="x"), "--lambdas must be values of λ >= 0"),
+        (dict(lambdas="-1e-3"), "--lambdas must be values of λ >= 0"),
+        (dict(regularisers="l3"), "unknown regulariser 'l3'"),
+    ],
+)
+def test_a_malformed_sweep_is_refused_in_one_sentence(bad, words):
+    with pytest.raises(ValueError, match=words):
+        rg.configure("quick", **bad)
+    with pytest.raises(ValueError, match="a reading's λ must be a number >= 0"):
+        rg.parse_reading("l2@lambda=nan")

@@ -10,6 +10,8 @@ short, with its 95 % interval over seeds.
 
     OUT/config.json                 the study: the runs' shared configuration and the readings
     OUT/<name>/                     a max-retrieval run folder (config, train, eval, Table 1, report)
+    OUT/<name>-lambda<λ>/           the same reading at another λ (``--lambdas``: a λ × convention
+                                    sweep; the reading is named ``<name>@lambda=<λ>``)
     OUT/regularisers.{md,json}      the comparison; OUT/report.md
 
 A reading whose training settings equal an existing max-retrieval run's (Table 1's ``--paper``
@@ -83,6 +85,14 @@ class Options:
         kind="text",
         show_default=False,
     )
+    lambdas: str | None = option(
+        None,
+        "Comma-separated values of λ to train each reading at "
+        "(default: App. A.4's 0.001 only), e.g. 5e-4,1e-3,2e-3: a λ × "
+        "convention sweep.",
+        kind="text",
+        show_default=False,
+    )
     reuse: str | None = option(
         None,
         "A max-retrieval run folder whose trained seeds a reading "
@@ -112,11 +122,13 @@ def configure(
     profile: str = "quick",
     *,
     regularisers: str | None = None,
+    lambdas: str | None = None,
     reuse: str | None = None,
     seeds: int | None = None,
     **overrides: Any,
 ) -> Study:
-    """The study of a profile with the command's options: more seeds train as one ensemble."""
+    """The study of a profile with the command's options: more seeds train as one ensemble;
+    ``lambdas``, each reading at each λ (`reading_name`)."""
     config = make_config(profile, seeds=seeds, **overrides)
     if seeds is not None:
         config = replace(config, group=seeds)
@@ -131,7 +143,41 @@ def configure(
                 if unknown
                 else f"--regularisers names no reading; name at least one of {known}."
             )
-    return Study(config, tuple(names), reuse)
+    values = [config.l2]
+    if lambdas is not None:
+        try:
+            values = [float(x) for x in lambdas.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or not all(np.isfinite(x) and x >= 0 for x in values):
+            raise ValueError(
+                f"--lambdas must be values of λ >= 0, e.g. 5e-4,1e-3; got {lambdas!r}."
+            )
+    readings = [reading_name(n, x, config.l2) for x in dict.fromkeys(values) for n in names]
+    return Study(config, tuple(readings), reuse)
+
+
+def reading_name(regulariser: str, lam: float, default: float) -> str:
+    """A reading of the L2 term: the convention's name at the default λ, ``NAME@lambda=X``
+    at another."""
+    return regulariser if lam == default else f"{regulariser}@lambda={lam:g}"
+
+
+def parse_reading(reading: str) -> tuple[str, float | None]:
+    """A reading's convention and its λ (None: the run configuration's), refusing an unknown
+    convention or a malformed λ in one sentence."""
+    name, _, lam = reading.partition("@lambda=")
+    if name not in mr.REGULARISERS:
+        raise ValueError(f"unknown regulariser {name!r}; known: {', '.join(mr.REGULARISERS)}.")
+    if not lam:
+        return name, None
+    try:
+        value = float(lam)
+    except ValueError:
+        value = float("nan")
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"a reading's λ must be a number >= 0, got {reading!r}.")
+    return name, value
 
 
 def with_threads(study: Study, threads: int) -> Study:
@@ -175,9 +221,12 @@ def gap_sizes(sizes) -> tuple[int, ...]:
     return inside or tuple(n for n in sizes if n > mr.Config.max_items)
 
 
-def _folder(out: Path, config: mr.Config, name: str) -> tuple[Path, mr.Config]:
-    cfg = dataclasses.replace(config, regulariser=name)
-    return mr.open_run(out / name, cfg), cfg
+def _folder(out: Path, config: mr.Config, reading: str) -> tuple[Path, mr.Config]:
+    """A reading's run folder (``OUT/NAME``, ``OUT/NAME-lambdaX`` at another λ) and config."""
+    name, lam = parse_reading(reading)
+    cfg = dataclasses.replace(config, regulariser=name, l2=config.l2 if lam is None else lam)
+    folder = name if lam is None else f"{name}-lambda{lam:g}"
+    return mr.open_run(out / folder, cfg), cfg
 
 
 def reuse_training(source: str | Path, runs: dict[str, tuple[Path, mr.Config]]) -> list[str]:
@@ -215,13 +264,10 @@ def study(
     """Train (or resume) ``config`` under each of ``regularisers``, evaluate each run as Table 1,
     and write the comparison; returns {"rows", "summary", "report"}. ``reuse``: a max-retrieval
     run whose trained seeds a reading with its training settings takes (`reuse_training`)."""
-    unknown = [r for r in regularisers if r not in mr.REGULARISERS]
-    if unknown or not regularisers:
-        raise ValueError(
-            f"unknown regulariser {unknown[0]!r}; known: {', '.join(mr.REGULARISERS)}."
-            if unknown
-            else "name at least one regulariser."
-        )
+    if not regularisers:
+        raise ValueError("name at least one regulariser.")
+    for reading in regularisers:
+        parse_reading(reading)  # refused before any work
     mr.check_sizes(config.sizes)
     mr.check_groups(config, ray)
     out = Path(out)
@@ -277,7 +323,13 @@ def compare(runs: dict[str, Path]) -> tuple[list[dict[str, Any]], dict[str, Any]
         acc = _seed_accuracy(run)
         seeds = sorted(acc["baseline"])
         sizes = gap_sizes(config.sizes)
-        row: dict[str, Any] = {"regulariser": name, "seeds": len(seeds), "gap_sizes": list(sizes)}
+        row: dict[str, Any] = {
+            "regulariser": name,
+            "convention": config.regulariser,
+            "lambda": config.l2,
+            "seeds": len(seeds),
+            "gap_sizes": list(sizes),
+        }
         first = min(config.sizes)
         row["in_distribution"] = float(np.mean([acc["baseline"][s][first] for s in seeds]))
         row["paper_in_distribution"] = mr.PAPER_TABLE1["baseline"].get(first)
@@ -301,6 +353,7 @@ def compare(runs: dict[str, Path]) -> tuple[list[dict[str, Any]], dict[str, Any]
             np.mean([np.nan if r["sum_w2"] is None else r["sum_w2"] for r in last])
         )
         row["verdict"] = _verdict(row["baseline"])
+        row["adaptive_verdict"] = _verdict(row["adaptive"])
         rows.append(row)
     default = next((r for r in rows if r["regulariser"] == "l2"), None)
     for row in rows:
@@ -308,7 +361,12 @@ def compare(runs: dict[str, Path]) -> tuple[list[dict[str, Any]], dict[str, Any]
             e = paired_effect(default["baseline"]["per_seed"], row["baseline"]["per_seed"])
             row["versus_l2"] = {"effect": e.mean, "low": e.low, "high": e.high, "p": e.p}
     matching = [r["regulariser"] for r in rows if r["verdict"].startswith("consistent")]
-    return rows, {"matching": matching or "none"}
+    both = [r for r in matching if _row(rows, r)["adaptive_verdict"].startswith("consistent")]
+    return rows, {"matching": matching or "none", "matching_both": both or "none"}
+
+
+def _row(rows: list[dict[str, Any]], reading: str) -> dict[str, Any]:
+    return next(r for r in rows if r["regulariser"] == reading)
 
 
 def _verdict(gap: dict[str, float]) -> str:
@@ -349,12 +407,13 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
             "baseline vs l2 (p)",
             "δ at the end",
             "Σw² at the end",
-            "verdict",
+            "verdict (baseline)",
+            "verdict (adaptive θ)",
         ],
         [
             [
                 r["regulariser"],
-                mr.REGULARISERS[r["regulariser"]],
+                _what(r),
                 r["seeds"],
                 f"{r['in_distribution']:.1f} ({mr.paper_cell(r['paper_in_distribution'])})",
                 _gap(r["baseline"]),
@@ -363,12 +422,14 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
                 f"{r['delta']:.2f}",
                 f"{r['sum_w2']:.0f}",
                 r["verdict"],
+                r.get("adaptive_verdict", "–"),
             ]
             for r in rows
         ],
-        align="l" * 2 + "r" * 7 + "l",
+        align="l" * 2 + "r" * 7 + "ll",
     )
     matching = summary["matching"]
+    both = summary.get("matching_both", "none")
     reused = summary.get("reused")
     md = (
         f"Gap: the mean over {gap} items of ours − the paper's Table 1 (accuracy points), with "
@@ -380,6 +441,9 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
         + summary_table
         + "\n**Readings whose interval holds the paper's baseline column:** "
         + (", ".join(matching) if isinstance(matching, list) else "none")
+        + ".\n**Readings whose intervals hold both of the paper's columns (baseline and adaptive "
+        + "θ):** "
+        + (", ".join(both) if isinstance(both, list) else "none")
         + ".\n\n"
         + (
             f"Trained seeds taken from `{reused['from']}` (the same training settings and "
@@ -392,6 +456,14 @@ def write_comparison(out: Path, rows: list[dict[str, Any]], summary: dict[str, A
     )
     write_atomic(out / "regularisers.md", md)
     return md
+
+
+def _what(row: dict[str, Any]) -> str:
+    """A reading in words: its convention, at its λ."""
+    convention = row.get("convention", parse_reading(row["regulariser"])[0])
+    what = mr.REGULARISERS[convention]
+    lam = row.get("lambda")
+    return what if lam is None else f"{what}; λ = {lam:g}"
 
 
 def _versus(v: dict[str, float] | None) -> str:
@@ -421,6 +493,8 @@ __all__ = [
     "compare",
     "gap_sizes",
     "make_config",
+    "parse_reading",
+    "reading_name",
     "study",
     "write_comparison",
 ]

@@ -31,6 +31,37 @@ def test_area_is_the_trapezoid_on_log2_size_normalised():
     assert seq.area([16], [0.75]) == 0.75
 
 
+def test_test_sampling_weighs_each_sizes_binomial_error_by_its_share_of_the_area():
+    """Two sizes (16 and 64: area weights ½ and ½), two seeds: the test sd is the root of the
+    mean over seeds of ¼·p̃(1 − p̃)/n at each size, p̃ Agresti–Coull's, written out here; a
+    skipped size adds nothing; the ratio is to the score's sd over seeds."""
+    rows = [
+        dict(task="t", method="m", seed=0, size=16, acc=1.0, sets=16),
+        dict(task="t", method="m", seed=0, size=64, acc=0.5, sets=32),
+        dict(task="t", method="m", seed=1, size=16, acc=0.75, sets=16),
+        dict(task="t", method="m", seed=1, size=64, acc=0.0, sets=0, skipped=True),
+    ]
+    assert seq.area_weights([16, 64]).tolist() == [0.5, 0.5]
+    assert seq.area_weights([16, 32, 64]).tolist() == [0.25, 0.5, 0.25]
+
+    def ac(k, n):
+        p = (k + 2) / (n + 4)
+        return p * (1 - p) / n
+
+    v0 = 0.25 * ac(16, 16) + 0.25 * ac(16, 32)
+    v1 = 0.25 * ac(12, 16)
+    got = seq.test_sampling(rows)[("t", "m")]
+    assert got["test_sd"] == pytest.approx(math.sqrt((v0 + v1) / 2), rel=1e-12)
+    scores = [0.5 * 1.0 + 0.5 * 0.5, 0.5 * 0.75]
+    assert got["seed_sd"] == pytest.approx(np.std(scores, ddof=1))
+    assert got["ratio"] == pytest.approx(got["test_sd"] / got["seed_sd"])
+    text = leaderboard._test_share(rows)
+    assert f"a median {got['ratio']:.2f} of" in text and "under half of it in every cell" in text
+    close = [dict(r, seed=1, acc=17 / 32 if r["size"] == 64 else 1.0) for r in rows[:2]]
+    text = leaderboard._test_share(rows[:2] + close)  # two seeds 0.016 apart
+    assert "more than half of it in 1: t/m (" in text
+
+
 def test_every_trainable_registry_method_is_on_the_leaderboard():
     ms = seq.methods()
     for name in nz.available():

@@ -711,6 +711,7 @@ def _sampling(cfg: seq.SequenceConfig, rows) -> str:
         )
     else:
         text = f"{cfg.eval_sets} test sequences per size, the same for every method and seed."
+    text += _test_share(rows)
     if cfg.stop_zeros:
         text += (
             f" Stopping rule: after {cfg.stop_zeros} consecutive sizes beyond the training range "
@@ -719,6 +720,29 @@ def _sampling(cfg: seq.SequenceConfig, rows) -> str:
             f"{fired['skipped']} of {fired['cells'] + fired['skipped']} cells."
         )
     return text
+
+
+def _test_share(rows) -> str:
+    """A sentence on the test sequences' sampling against the seeds' spread of the score
+    (`sequence.test_sampling`): the median ratio of the two sds over (task, method) and the
+    cells where test sampling is more than half the seeds' spread."""
+    shares = {k: v for k, v in seq.test_sampling(rows).items() if np.isfinite(v["ratio"])}
+    if not shares:
+        return ""
+    ratios = [v["ratio"] for v in shares.values()]
+    over = sorted(f"{t}/{m} ({v['ratio']:.2f})" for (t, m), v in shares.items() if v["ratio"] > 0.5)
+    return (
+        " Test sampling against the seeds: the standard error of a run's score from its test "
+        "sequences alone (binomial per size, Agresti–Coull) is a median "
+        f"{np.median(ratios):.2f} of the score's sd over seeds (over {len(ratios)} task × "
+        "method cells with a spread); "
+        + (
+            f"it is more than half of it in {len(over)}: {', '.join(over)}, where more test "
+            "sequences would narrow the comparison."
+            if over
+            else "under half of it in every cell."
+        )
+    )
 
 
 #: how a board with unequal seeds compares (the report's setup says it)

@@ -87,6 +87,7 @@ from .rows import (
 )
 from .scores import (
     area,
+    area_weights,
     auc_of,
     compare,
     curves,
@@ -94,6 +95,7 @@ from .scores import (
     per_seed,
     plot_curves,
     stopping,
+    test_sampling,
 )
 from .training import (
     build_model,
@@ -137,6 +139,7 @@ __all__ = [
     "SequenceConfig",
     "UNTRAINABLE",
     "area",
+    "area_weights",
     "auc_of",
     "build_model",
     "catalogue",
@@ -181,6 +184,7 @@ __all__ = [
     "switch",
     "task",
     "task_key",
+    "test_sampling",
     "test_sets",
     "train_length",
 ]

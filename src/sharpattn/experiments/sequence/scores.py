@@ -27,6 +27,51 @@ def area(sizes: list[int], acc: list[float]) -> float:
     return float(np.trapezoid(y, x) / (x[-1] - x[0]))
 
 
+def area_weights(sizes: list[int]) -> np.ndarray:
+    """The weights w of `area`: area = Σ w_i·acc_i (the trapezoid rule's on log2 size, over the
+    log2 range; one size: 1)."""
+    if len(sizes) == 1:
+        return np.ones(1)
+    x = np.log2(np.asarray(sizes, dtype=float))
+    half = np.diff(x) / 2
+    w = np.zeros(len(x))
+    w[:-1] += half
+    w[1:] += half
+    return w / (x[-1] - x[0])
+
+
+def test_sampling(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    """{(task, method): {"test_sd", "seed_sd", "ratio"}}: how much of a run's score (`area`) the
+    test sequences' sampling explains against the seeds' spread. ``test_sd``: the standard
+    error of a run's score from its test sequences alone, Σ w_i²·p̃_i(1 − p̃_i)/n_i over its
+    sizes (binomial exact match over each size's n_i sequences, with Agresti–Coull's p̃ =
+    (k + 2)/(n + 4) so that sizes at 0 or 1 count; a size the stopping rule skipped has none),
+    as the root of its mean over seeds; ``seed_sd``: the score's sd over seeds (ddof 1; NaN for
+    one seed); ``ratio``: test_sd / seed_sd (NaN where the seeds do not differ)."""
+    groups: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["method"]), {}).setdefault(r["seed"], []).append(r)
+    out = {}
+    for key, seeds in groups.items():
+        variances, scores = [], []
+        for rs in seeds.values():
+            rs = sorted(rs, key=lambda r: r["size"])
+            w = area_weights([r["size"] for r in rs])
+            var = 0.0
+            for wi, r in zip(w, rs, strict=True):
+                n = int(r.get("sets", 0))
+                if n > 0 and not r.get("skipped"):
+                    p = (r["acc"] * n + 2) / (n + 4)
+                    var += wi**2 * p * (1 - p) / n
+            variances.append(var)
+            scores.append(area([r["size"] for r in rs], [r["acc"] for r in rs]))
+        test_sd = float(np.sqrt(np.mean(variances)))
+        seed_sd = float(np.std(scores, ddof=1)) if len(scores) > 1 else float("nan")
+        ratio = test_sd / seed_sd if seed_sd > 0 else float("nan")
+        out[key] = {"test_sd": test_sd, "seed_sd": seed_sd, "ratio": ratio}
+    return out
+
+
 def per_seed(rows, key) -> dict[tuple, dict[int, float]]:
     """{(task, method): {seed: key(rows of that task, method, seed)}}."""
     groups: dict[tuple, dict[int, list]] = {}

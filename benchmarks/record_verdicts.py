@@ -24,11 +24,16 @@ Holm's strictest threshold α/m for a family of m).
   (`stats.crossed_detectable`), on docs/records/selective-llm-lora-paper.tar.gz;
   ``selective-llm-sharing``: the same on the weight-sharing run's record,
   docs/records/selective-llm-lora-sharing-paper.tar.gz;
+* ``leaderboard-nape``, ``leaderboard-far``, ``leaderboard-sb-shift``: a leaderboard record's
+  comparisons against softmax (`leaderboard.rank`, Holm over the methods, overall and per task)
+  and each cell's test sampling against its seeds' spread (`sequence.test_sampling`), on
+  docs/records/leaderboard-nape.tar.gz, leaderboard-flip-flop-far.tar.gz and
+  leaderboard-sb-shift.tar.gz;
 * ``all``: every one of them.
 
-The leaderboards' comparisons come from the command itself: ``sharpattn leaderboard --standard
---out COPY``, on an unpacked copy of docs/records/leaderboard-standard.tar.gz, re-reads every
-job's rows and rewrites the report (effects.md) without training.
+The standard board (docs/records/leaderboard-standard.tar.gz holds two run folders) is
+recomputed by the command itself: ``sharpattn leaderboard --standard --out COPY``, on an unpacked
+copy of it, re-reads every job's rows and rewrites the report (effects.md) without training.
 
     python benchmarks/record_verdicts.py all
     python benchmarks/record_verdicts.py clrs-llm-offfloor
@@ -45,7 +50,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sharpattn.experiments import clrs_llm, max_retrieval, selective_llm
+from sharpattn.experiments import (
+    clrs_llm,
+    leaderboard,
+    leaderboard_power,
+    max_retrieval,
+    selective_llm,
+    sequence,
+)
 from sharpattn.lab.stats import crossed_detectable, crossed_effect
 
 RECORDS = Path(__file__).resolve().parent.parent / "docs" / "records"
@@ -53,13 +65,15 @@ RECORDS = Path(__file__).resolve().parent.parent / "docs" / "records"
 
 def unpack(name: str, into: str) -> Path:
     """The record ``name`` (docs/records/NAME.tar.gz) unpacked into ``into``: its run folder
-    (the archive's one top-level folder, whatever its name)."""
+    (the archive's one top-level folder, whatever its name, or the one named as the record)."""
     with tarfile.open(RECORDS / f"{name}.tar.gz") as tar:
         tops = {Path(m.name).parts[0] for m in tar.getmembers()}
         tar.extractall(into, filter="data")
-    if len(tops) != 1:
-        raise SystemExit(f"{name}.tar.gz has {len(tops)} top-level folders, expected one.")
-    return Path(into) / tops.pop()
+    if len(tops) == 1:
+        return Path(into) / tops.pop()
+    if name in tops:  # a record of several runs: the one named as the record
+        return Path(into) / name
+    raise SystemExit(f"{name}.tar.gz has {len(tops)} top-level folders and none named {name}.")
 
 
 def config(cls, folder: Path):
@@ -171,6 +185,31 @@ def selective(folder: Path) -> None:
         )
 
 
+def board(folder: Path) -> None:
+    """A leaderboard record's comparisons against softmax (`leaderboard.rank` and
+    `leaderboard.effects` on its rows: Holm over the methods, overall and per task), and each
+    cell's test sampling against its seeds' spread (`sequence.test_sampling`)."""
+    cfg, rows = leaderboard_power.read_rows(folder)
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    seeds = {m: len({r["seed"] for r in rows if r["method"] == m}) for m in cfg.methods}
+    table = leaderboard.rank(rows, tasks, welch=len(set(seeds.values())) > 1)
+    shown, _ = leaderboard.effects(table, tasks)
+    print("| task | method | seeds | effect | 95 % interval | p | p (Holm) | threshold | "
+          "detectable (80 %) | verdict |")  # fmt: skip
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---|")
+    for line in shown:
+        print("| " + " | ".join(str(x) for x in line) + " |")
+    print("\n| task | method | score | test sd | seed sd | test / seed |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (task, method), v in sorted(sequence.test_sampling(rows).items()):
+        e = next(x for x in table if x["method"] == method)
+        score = e["tasks"][task]["auc"][0]
+        print(
+            f"| {task} | {method} | {score:.3f} | {v['test_sd']:.4f} | {v['seed_sd']:.4f} | "
+            f"{v['ratio']:.2f} |"
+        )
+
+
 #: the held-out windows a re-run of the selective-LLM study evaluates on
 PLANNED_WINDOWS = 64
 
@@ -188,6 +227,9 @@ STUDIES = {
     "max-retrieval": ("max-retrieval-paper", table1),
     "regularisers": ("max-retrieval-regularisers", table1),
     **{study: (record, selective) for study, record in SELECTIVE.items()},
+    "leaderboard-nape": ("leaderboard-nape", board),
+    "leaderboard-far": ("leaderboard-flip-flop-far", board),
+    "leaderboard-sb-shift": ("leaderboard-sb-shift", board),
 }
 
 

@@ -80,3 +80,22 @@ def test_the_selective_llm_sharing_numbers_on_the_page_are_the_records(printed):
         change, interval = cells[1], cells[2]
         quoted = (page_minus(f"{change} nats {interval}"), page_minus(f"{change} {interval}"))
         assert any(q in page for q in quoted), cells
+
+
+def test_the_leaderboard_records_numbers_on_the_page_are_the_records(printed):
+    """The NAPE table's effects and the test-sampling ratios the page quotes; the shifted
+    stick-breaking's effect on copy."""
+    page = (ROOT / "docs" / "leaderboard.md").read_text()
+    nape = section(printed, "leaderboard-nape")
+    assert "| overall | asentmax | 3 | -0.008 | [-0.063, +0.047] | 0.59 | 0.59 |" in nape
+    assert page_minus("| -0.008 [-0.063, +0.047] | 0.59 | 0.144 |") in page
+    ratio = {
+        c[1]: float(c[-1].strip(" |"))
+        for c in (r.split(" | ") for r in nape.splitlines() if r.startswith("| flip_flop |"))
+        if len(c) == 6
+    }
+    assert f"{ratio['asentmax']:.1f}× the seeds' sd for ASEntmax" in page
+    assert f"and {ratio['softmax']:.1f}× for softmax" in page
+    shift = section(printed, "leaderboard-sb-shift")
+    assert "| copy | stick_breaking_shifted | 3 | -0.022 | [-0.030, -0.015] |" in shift
+    assert page_minus("-0.022 [-0.030, -0.015] (0.006) on `copy`") in page

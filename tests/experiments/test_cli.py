@@ -366,6 +366,26 @@ def test_info_says_which_paths_run_and_how_to_turn_the_loops_off(capsys):
     assert json.loads(capsys.readouterr().out)["native"]["cache"] == state["native"]["cache"]
 
 
+def test_info_says_how_the_cpu_paths_use_threads_here(monkeypatch):
+    """Torch's thread setting against the usable cores and the load; on a machine busier than
+    the setting allows for, the advice names the free cores."""
+    from sharpattn.attention.dispatch import machine
+
+    state = {"threads": 2, "cores": 2, "load": 0.1, "free_cores": 2}
+    [line] = machine._thread_lines(state)
+    assert (
+        "torch's setting (2;" in line and "2 core(s) usable, load 0.1 (1 min), 2 free now" in line
+    )
+    busy = machine._thread_lines({**state, "load": 2.6, "free_cores": 1})
+    assert len(busy) == 2 and "torch.set_num_threads(1)" in busy[1]
+    quiet = machine._thread_lines({**state, "load": None})
+    assert "no load average here" in quiet[0]
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    assert machine.free_cores() == (1, 5.0)  # at least one core
+    got = machine.info()
+    assert got["load"] == 5.0 and got["free_cores"] == 1 and got["cores"] == machine.cores()
+
+
 def test_a_run_from_a_checkout_with_uncommitted_changes_is_refused_unless_allowed(
     tmp_path, monkeypatch, capsys
 ):

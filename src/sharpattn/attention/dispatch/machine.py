@@ -11,7 +11,7 @@ import torch
 
 from ..cpu import fused, native
 
-__all__ = ["TURN_OFF", "info", "info_text", "kernels"]
+__all__ = ["TURN_OFF", "cores", "free_cores", "info", "info_text", "kernels"]
 
 #: how to keep every tiled path in plain PyTorch (no C++ build)
 TURN_OFF = "SHARPATTN_COMPILE=0"
@@ -27,10 +27,31 @@ def _triton() -> str | None:
         return "installed"
 
 
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def free_cores() -> tuple[int, float | None]:
+    """``(n, load)``: the cores this process may run on that nothing else is using now, and the
+    1-minute load average it was judged by: `cores` minus the load, rounded, at least 1 and at
+    most `cores` (all of them where the system reports no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix
+        return cores(), None
+    return min(cores(), max(1, round(cores() - load))), load
+
+
 def info() -> dict:
     """The code paths `attend` can take in this process, and where the native build is cached.
 
-    Returns a dict: ``version`` (sharpattn's), ``torch``, ``threads`` (torch's CPU threads),
+    Returns a dict: ``version`` (sharpattn's), ``torch``, ``threads`` (torch's CPU threads,
+    which the CPU paths use), ``cores`` (the CPUs this process may run on), ``load`` (the
+    1-minute load average, None where the system has none), ``free_cores`` (`free_cores`),
     ``compile`` (``SHARPATTN_COMPILE``: ``"0"``, ``"1"`` or ``"auto"``), ``native`` (the C++ tile
     loops: ``active``, ``compiler``, ``cache``, ``library``, as
     ``sharpattn.attention.cpu.native.status()`` gives them, and ``turn_off``, the setting
@@ -46,10 +67,14 @@ def info() -> dict:
     cuda = None
     if torch.cuda.is_available():
         cuda = {"devices": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0)}
+    free, load = free_cores()
     return {
         "version": version,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "cores": cores(),
+        "load": load,
+        "free_cores": free,
         "compile": native.mode(),
         "native": {**native.status(), "turn_off": TURN_OFF},
         "cpu_flash": fused.flash_kernel_available(),
@@ -173,6 +198,7 @@ def info_text(state: dict | None = None) -> str:
         cuda = f"{s['cuda']['devices']} device(s), {s['cuda']['name']}"
     lines = [
         f"sharpattn {s['version']}, torch {s['torch']}, {s['threads']} CPU thread(s)",
+        *_thread_lines(s),
         f"C++ tile loops (CPU, float32): {loops}",
         f"  cache folder: {n['cache']}",
         f"  turn them off: {TURN_OFF} (now "
@@ -184,6 +210,25 @@ def info_text(state: dict | None = None) -> str:
         *_kernel_lines(s["kernels"]),
     ]
     return "\n".join(lines)
+
+
+def _thread_lines(s: dict) -> list[str]:
+    """How the CPU paths use threads here: torch's setting against the cores and the load, and
+    what to do where the machine is busier than the setting allows for."""
+    if "cores" not in s:  # a dict from an older sharpattn
+        return []
+    load = "no load average here" if s["load"] is None else f"load {s['load']:.1f} (1 min)"
+    lines = [
+        f"  threads: attend's CPU paths use torch's setting ({s['threads']}; "
+        f"torch.set_num_threads or OMP_NUM_THREADS); {s['cores']} core(s) usable, {load}, "
+        f"{s['free_cores']} free now"
+    ]
+    if s["threads"] > s["free_cores"]:
+        lines.append(
+            f"  busy machine: a thread that waits for a core slows every tile; "
+            f"torch.set_num_threads({s['free_cores']}) uses the free cores only"
+        )
+    return lines
 
 
 def _kernel_lines(table: dict) -> list[str]:

@@ -6,34 +6,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import platform
 from collections.abc import Iterator
 
 import torch
 
+# the cores this process may use and those free now (`attend`'s machine report says them too)
+from ...attention.dispatch.machine import cores, free_cores  # noqa: F401
+
 # ---------------------------------------------------------------------------------------------
 # Threads
 # ---------------------------------------------------------------------------------------------
-
-
-def cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def free_cores() -> tuple[int, float | None]:
-    """``(n, load)``: the cores this process may run on that nothing else is using now, and the
-    1-minute load average it was judged by: `cores` minus the load, rounded, at least 1 and at
-    most `cores` (all of them where the system reports no load average)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not Unix
-        return cores(), None
-    return min(cores(), max(1, round(cores() - load))), load
 
 
 # glibc's mallopt parameters (malloc.h)

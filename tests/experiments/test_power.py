@@ -311,3 +311,22 @@ def test_the_crossed_effect_reduces_to_the_paired_t_and_matches_its_anova():
     assert np.isnan(crossed_effect(d[:1]).low)
     with pytest.raises(ValueError, match="seeds, items"):
         crossed_effect(d[0])
+
+
+def test_a_family_member_given_its_own_effect_is_tested_by_it():
+    """A comparison with a crossed effect (seeds × items) enters Holm with that effect's p."""
+    from sharpattn.lab.stats import crossed_effect, holm, paired_effect, reproduction_verdicts
+
+    g = np.random.default_rng(11)
+    d = 0.05 + g.normal(0, 0.02, (6, 1)) + g.normal(0, 0.05, (1, 8)) + g.normal(0, 0.02, (6, 8))
+    a = np.zeros(6)
+    crossed = crossed_effect(d)
+    other = [0.50, 0.52, 0.49, 0.51, 0.50, 0.53]
+    family = [
+        dict(a=a, b=d.mean(1), paper="+", sign=1, effect=crossed),
+        dict(a=other, b=np.add(other, [0.01, -0.01, 0.02, 0.0, 0.01, -0.02]), paper="+", sign=1),
+    ]
+    judged = reproduction_verdicts(family)
+    want = holm([crossed.p, paired_effect(family[1]["a"], family[1]["b"]).p])
+    assert [v.adjusted_p for v in judged] == pytest.approx(list(want))
+    assert judged[0].effect is crossed

@@ -462,8 +462,12 @@ def reproduction_verdicts(comparisons: list[dict], *, alpha: float = 0.05, power
     ``comparisons`` is the keyword arguments of one `reproduction_verdict` (``a``, ``b``,
     ``paper``, ``sign`` and its options); each is decided on its Holm-adjusted p-value over
     the family (`holm`; comparisons without a test, such as both at 0 on every seed, do not
-    count in m) and its detectable difference is at α/m. A family of one is the plain test."""
-    p = [paired_effect(c["a"], c["b"]).p for c in comparisons]
+    count in m; a comparison given its ``effect``, e.g. `crossed_effect`, is tested by it) and
+    its detectable difference is at α/m. A family of one is the plain test."""
+    p = [
+        c["effect"].p if c.get("effect") is not None else paired_effect(c["a"], c["b"]).p
+        for c in comparisons
+    ]
     adjusted = holm(p)
     m = int(np.isfinite(adjusted).sum())
     return [

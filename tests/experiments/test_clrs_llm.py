@@ -323,5 +323,9 @@ def test_more_evaluation_sizes_and_more_adaptive_steps(tmp_path):
     assert {r["size"] for r in m2["rows"]} == {2, 3, 4, 6}
     with pytest.raises(ValueError, match="adaptive_steps"):
         cl.run(tmp_path / "r", replace(cfg, adaptive_steps=8), net=net, tok=tok)
+    # the seed count is fixed when the folder is made: a verdict over seeds is over those planned
+    with pytest.raises(ValueError, match="seeds"):
+        cl.run(tmp_path / "r", replace(cfg, seeds=3), net=net, tok=tok)
+    assert not (run / "seed2").exists()
     with pytest.raises(ValueError, match="eval_sizes"):
         _cfg(eval_sizes=(0,))

@@ -148,8 +148,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 
-#: what defines the fine-tuned models (a folder of other values is refused); more seeds, other
-#: evaluation sizes or prompt counts may be asked of an existing folder
+#: what defines the run (a folder of other values is refused): the fine-tuned models and the
+#: number of seeds, fixed before the first job so that a verdict over seeds is over the seeds
+#: planned; other evaluation sizes or prompt counts may be asked of an existing folder
 IDENTITY = (
     "model",
     "tasks",
@@ -160,6 +161,7 @@ IDENTITY = (
     "lr",
     "rank",
     "seed",
+    "seeds",
     "adaptive_steps",
 )
 

@@ -271,19 +271,18 @@ def test_every_command_has_the_same_threads_option():
 
 def test_threads_default_to_the_free_cores_and_say_so(monkeypatch, capsys):
     from sharpattn import cli_options
+    from sharpattn.attention.dispatch import machine
     from sharpattn.lab import runner
 
     monkeypatch.setattr(runner, "cores", lambda: 4)
-    monkeypatch.setattr(runner.resources, "cores", lambda: 4)  # as free_cores reads it
+    monkeypatch.setattr(machine, "cores", lambda: 4)  # as free_cores reads it
     for load, free in [(0.0, 4), (1.4, 3), (2.6, 1), (3.7, 1), (9.0, 1)]:
-        monkeypatch.setattr(runner.resources.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        monkeypatch.setattr(machine.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
         assert runner.free_cores() == (free, load)
         assert cli_options.pick_threads(None) == free
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{free} torch thread" in err and f"load {load:.1f}" in err
-    monkeypatch.setattr(
-        runner.resources.os, "getloadavg", lambda: (-3.0, 0.0, 0.0)
-    )  # never above cores
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (-3.0, 0.0, 0.0))  # never above cores
     assert runner.free_cores()[0] == 4
     # worker processes keep one thread each; a choice is kept silently
     assert cli_options.pick_threads(None, workers=2) == 1

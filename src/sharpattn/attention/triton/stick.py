@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ..masking import Masking
-from .template import pad, query_block, tile, unit_last, visible
+from .template import SPLIT_BLOCK_M, key_splits, pad, query_block, tile, unit_last, visible
 
 Tensor = torch.Tensor
 
@@ -111,27 +111,38 @@ def _key_blocks(start_m, lk, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 SIZES = ["heads", "group", "lq", "lk", "d", "dv", "diag"]
 
 
-@triton.jit(do_not_specialize=SIZES)
+@triton.jit(do_not_specialize=SIZES + ["split_out", "split_rows", "split_blocks"])
 def _forward_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, carry_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     smb, smh, smm, smn,
     sob, soh, som, sod,
-    heads, group, lq, lk, d, dv, diag, scale,
-    HAS_MASK: tl.constexpr,
+    heads, group, lq, lk, d, dv, diag, scale, split_out, split_rows, split_blocks,
+    HAS_MASK: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """out (float32) of one block of query rows."""
+    """out (float32) of one block of query rows. With SPLIT (decoding, `_split_forward`) the
+    program walks only the ``split_blocks`` key blocks of split ``program_id(2)``, its own
+    stick from its nearest key (the carry starts at 0 there), and writes its partial out and
+    its Σ log σ(−s) over its allowed keys (contiguous [B, H, Lq]) at ``split_out`` and
+    ``split_rows`` times the split past ``out_ptr`` and ``carry_ptr``."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)
     blocks = _key_blocks(start_m, lk, diag, BLOCK_M, BLOCK_N)
-    for t in range(0, blocks):  # from the diagonal back, each block's keys nearest first
+    first = 0  # the first key block this program walks (it walks them last)
+    if SPLIT:
+        split = tl.program_id(2)
+        first = split * split_blocks
+        blocks = tl.minimum(blocks, first + split_blocks)
+        out_ptr += split * split_out
+        carry_ptr += split * split_rows
+    for t in range(0, blocks - first):  # from the diagonal back, each block's nearest key first
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
         k = tl.load(
             k_ptr + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
@@ -145,10 +156,49 @@ def _forward_kernel(
         w, _, carry = _weights(s, keep, carry)
         v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    if SPLIT:
+        tl.store(carry_ptr + b * heads * lq + h * lq + offs_m, carry, mask=in_m)
     tl.store(
         out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
         acc,
         mask=(offs_m[:, None] < lq) & (offs_e[None, :] < dv),
+    )
+
+
+@triton.jit(do_not_specialize=["heads", "lq", "dv", "splits", "split_rows"])
+def _combine_kernel(
+    part_ptr, carry_ptr, out_ptr,
+    sps, spb, sph, spm, spd,
+    sob, soh, som, sod,
+    heads, lq, dv, splits, split_rows,
+    BLOCK_M: tl.constexpr, DV_PAD: tl.constexpr,
+):  # fmt: skip
+    """out of one block of query rows from the ``splits`` partial outs of the split forward
+    (float32 ``[splits, B, H, Lq, Dv]``, strides sps, spb, sph, spm, spd) and their carries
+    (contiguous ``[splits, B, H, Lq]``, ``split_rows`` apart): a split's weights are what its
+    own stick gave times the stick the later (nearer) splits left, so out_i = Σ_s out_s,i ·
+    exp(Σ_{s' > s} carry_s',i), the splits taken from the last."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    part_ptr += b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
+    rows = b * heads * lq + h * lq + offs_m
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    later = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ log σ(−s) over the nearer splits
+    for t in range(0, splits):
+        split = splits - 1 - t
+        part = tl.load(part_ptr + split * sps, mask=inside, other=0.0)
+        acc += tl.exp(later)[:, None] * part
+        later += tl.load(carry_ptr + split * split_rows + rows, mask=in_m, other=0.0)
+    tl.store(
+        out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_e[None, :] * sod,
+        acc,
+        mask=inside,
     )
 
 
@@ -272,18 +322,47 @@ class Launch:
 
 
 def forward(launch: Launch, q, k, v) -> Tensor:
-    """out ``[B, H, Lq, Dv]`` in float32."""
+    """out ``[B, H, Lq, Dv]`` in float32; a decoding call may split the keys
+    (`template.key_splits`, `_split_forward`)."""
     out = torch.empty(
         launch.b, launch.h, launch.lq, launch.dv, dtype=torch.float32, device=q.device
     )
+    splits = key_splits(launch)
+    if splits > 1:
+        _split_forward(launch, q, k, v, out, splits)
+        return out
     mask, ms = launch.mask_args(out)
     _forward_kernel[launch.grid](
-        q, k, v, mask, out,
+        q, k, v, mask, out, out,  # (no carry written)
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
         launch.h, launch.group, launch.lq, launch.lk, launch.d, launch.dv, launch.diag,
-        launch.scale, **launch.switches,
+        launch.scale, 0, 0, 0, SPLIT=False, **launch.switches,
     )  # fmt: skip
     return out
+
+
+def _split_forward(launch: Launch, q, k, v, out, splits: int) -> None:
+    """The forward of a decoding call in two launches, as `template`'s: `_forward_kernel` over
+    (query blocks of `SPLIT_BLOCK_M` rows, B·H, ``splits``), each program's partial out and
+    carry in float32 scratch (``[splits, B, H, Lq, Dv]`` and ``[splits, B, H, Lq]``), then
+    `_combine_kernel` into ``out``."""
+    b, h, lq, dv = launch.b, launch.h, launch.lq, launch.dv
+    per = triton.cdiv(triton.cdiv(launch.lk, launch.blocks[1]), splits)  # key blocks a split
+    part = torch.empty(splits, b, h, lq, dv, dtype=torch.float32, device=q.device)
+    carry = torch.zeros(splits, b, h, lq, dtype=torch.float32, device=q.device)
+    mask, ms = launch.mask_args(out)
+    blocks = triton.cdiv(lq, SPLIT_BLOCK_M)
+    switches = dict(launch.switches, BLOCK_M=SPLIT_BLOCK_M)
+    _forward_kernel[(blocks, b * h, splits)](
+        q, k, v, mask, part, carry,
+        *q.stride(), *k.stride(), *v.stride(), *ms, *part.stride()[1:],
+        h, launch.group, lq, launch.lk, launch.d, dv, launch.diag, launch.scale,
+        part.stride(0), b * h * lq, per, SPLIT=True, **switches,
+    )  # fmt: skip
+    _combine_kernel[(blocks, b * h)](
+        part, carry, out, *part.stride(), *out.stride(), h, lq, dv, splits, b * h * lq,
+        BLOCK_M=SPLIT_BLOCK_M, DV_PAD=launch.switches["DV_PAD"],
+    )  # fmt: skip
 
 
 def backward(launch: Launch, q, k, v, out, g):

@@ -1,0 +1,193 @@
+"""The split-K decoding forward of the Triton kernels whose rows need the whole cache: stick-
+breaking (its reverse scan: each split's own stick, combined from the nearest split back,
+``attention/triton/stick.py``), top-k and hardmax (the k largest over every split, ``topk.py``)
+and the entmax family (the threshold τ over every split, ``sparse.py``). A decoding call, a few
+query rows against many keys, walks the keys in several programs per row block; the output
+equals the float64 naive path and the unsplit kernel, and the gradients (the backward reads
+what the split forward stored) equal the unsplit kernel's. Causal and not, padding, per-row and
+2-D masks, a mask that hides whole splits, GQA, Lq 1, 3 and 16; each test checks that the split
+ran. Small shapes force the split (the thresholds monkeypatched, 16 keys per block: the
+interpreter is slow); a few cases at 1,100-2,100 keys take the real thresholds.
+
+On the CPU the kernels run in Triton's interpreter, float32 and float16 (tests/conftest.py sets
+``TRITON_INTERPRET=1``), routed there as tests/paths/test_triton.py does. With
+``SHARPATTN_TEST_DEVICE=cuda`` the compiled kernels run, bfloat16 too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from devices import DEVICE
+from precision import assert_close
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
+
+from sharpattn import normalizers as nz  # noqa: E402
+from sharpattn.attention import attend, devices  # noqa: E402
+from sharpattn.attention.dispatch.fast import path_of  # noqa: E402
+from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.attention.triton import stick as STICK  # noqa: E402
+from sharpattn.attention.triton import template as TEMPLATE  # noqa: E402
+from sharpattn.attention.triton import topk as TOPK  # noqa: E402
+
+if DEVICE.type == "cpu" and type(TEMPLATE._forward_kernel).__name__ != "InterpretedFunction":
+    pytest.skip(
+        "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
+        allow_module_level=True,
+    )
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+BLOCKS = (16, 16)  # query rows, keys per block: a split per block
+
+#: method: (registry name, parameters, the module whose `_split_forward` runs)
+METHODS = {
+    "stick_breaking": ("stick_breaking", {}, STICK),
+    "topk": ("topk", {"top_k": 5}, TOPK),
+    "topk_wide": ("topk", {"top_k": 20}, TOPK),  # a list of 32: wider than a key block
+    "hardmax": ("hardmax", {}, TOPK),
+}
+
+# name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
+CASES = {
+    "lq1": (1, 4, 2, 1, 70, 8, 5, None, False),  # GQA, Dv != D, a last block of 6 keys
+    "lq3_causal_pad": (2, 4, 2, 3, 61, 8, 5, "pad", True),  # batch 1 all padding: empty rows
+    "lq16_causal": (1, 2, 2, 16, 40, 16, 16, None, True),  # the last split: rows >= 8 only
+    "lq16_rows": (1, 4, 2, 16, 50, 8, 5, "rows", True),  # row 4 empty
+    "lq3_2d": (1, 2, 1, 3, 64, 8, 12, "2d", False),
+    "lq3_hole": (1, 2, 2, 3, 64, 8, 5, "hole", False),  # keys 16-47 hidden: whole splits empty
+    # 4 keys repeated: every score tied 16 times, 4 times in each split of 16 keys, so the top
+    # k's ties at τ span splits and are taken in key order
+    "lq3_ties": (1, 2, 2, 3, 64, 8, 5, "ties", False),
+}
+#: methods that refuse a query seeing past its own position: every case causal
+CAUSAL_ONLY = {"stick_breaking"}
+#: the 16-bit case of each method (the interpreter is slow); every case in float32 but where
+#: ``ONLY`` names fewer
+SHORT = {"stick_breaking": "lq16_rows", "topk": "lq3_hole", "hardmax": "lq1", "topk_wide": ""}
+ONLY = {
+    "stick_breaking": tuple(c for c in CASES if c != "lq3_ties"),
+    "topk_wide": ("lq1", "lq3_ties"),
+    "hardmax": ("lq1", "lq16_rows", "lq3_ties"),
+}
+
+
+def inputs(case: str, dtype: torch.dtype, seed: int = 0):
+    """(q, k, v, mask, causal) in ``dtype``, leaves requiring grad."""
+    b, h, hkv, lq, lk, d, dv, kind, causal = CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g)
+    k = torch.randn(b, hkv, lk, d, generator=g)
+    if kind == "ties":
+        k = k[:, :, :4].repeat(1, 1, lk // 4, 1)
+    v = torch.randn(b, hkv, lk, dv, generator=g)
+    mask = None
+    if kind == "pad":
+        mask = torch.rand(b, 1, 1, lk, generator=g) < 0.7
+        mask[1] = False
+    elif kind == "rows":
+        mask = torch.rand(b, h, lq, lk, generator=g) < 0.6
+        mask[:, :, 4] = False
+    elif kind == "2d":
+        mask = torch.rand(lq, lk, generator=g) < 0.6
+    elif kind == "hole":
+        mask = torch.ones(1, 1, 1, lk, dtype=torch.bool)
+        mask[..., 16:48] = False
+    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    return q, k, v, (mask if mask is None else mask.to(DEVICE)), causal
+
+
+@pytest.fixture
+def on_triton(monkeypatch):
+    """The fast paths take the Triton kernels for the CPU tensors (but float64) with small
+    blocks; returns the list of the split counts of every split forward that ran, by module."""
+    monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_16BIT", BLOCKS)
+    monkeypatch.setattr(TEMPLATE, "BLOCKS_FLOAT32", BLOCKS)
+    splits = []
+    for module in {m for *_, m in METHODS.values()}:
+        real = module._split_forward
+
+        def recorded(*args, _real=real):
+            splits.append(args[-1])  # every `_split_forward` takes the split count last
+            return _real(*args)
+
+        monkeypatch.setattr(module, "_split_forward", recorded)
+    return splits
+
+
+def force_split(monkeypatch, on: bool = True):
+    """Small shapes split (every key block its own split, up to 64 programs), or nothing does."""
+    monkeypatch.setattr(TEMPLATE, "SPLIT_MIN_LK", 32 if on else 10**9)
+    monkeypatch.setattr(TEMPLATE, "SPLIT_MIN_BLOCKS", 1)
+    monkeypatch.setattr(TEMPLATE, "SPLIT_PROGRAMS", 64)
+
+
+def run(method, q, k, v, mask, causal, params, naive=False, blocks=BLOCKS):
+    """(output, gradients of q, k, v) for a fixed output gradient: the fast path (the kernels)
+    or the naive path."""
+    if naive:
+        out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
+    else:
+        masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
+        scale = q.shape[-1] ** -0.5
+        params = dict(params, blocks=blocks) if method == "stick_breaking" else params
+        out, stats = path_of(nz.get(method))(q, k, v, masking, scale, False, **params)
+        assert stats is None
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    grads = torch.autograd.grad(out, [q, k, v], g, allow_unused=True)  # hardmax: no dq, dk
+    grads = [torch.zeros_like(x) if d is None else d for x, d in zip((q, k, v), grads, strict=True)]
+    return out.detach(), grads
+
+
+def _copies(dtype, q, k, v):
+    return [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+
+
+def _visible(mask, causal, q, k) -> torch.Tensor:
+    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
+    n = masking.visible_keys().expand(q.shape[0], q.shape[1], q.shape[2], 1)
+    return n[..., 0] > 0
+
+
+def _pairs():
+    for name in METHODS:
+        for case in ONLY.get(name, CASES):
+            for dtype in DTYPES:
+                if dtype != torch.float32 and case != SHORT.get(name, "lq16_rows"):
+                    continue
+                yield pytest.param(name, case, dtype, id=f"{name}-{case}-{dtype}")
+
+
+@pytest.mark.parametrize(("name", "case", "dtype"), list(_pairs()))
+def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
+    on_triton, monkeypatch, name, case, dtype
+):
+    """Output: against the float64 naive path on the same values (the dtype's tolerance over
+    Lk terms) and against the unsplit kernel (float32 rounding: the order of the sums differs);
+    gradients against the unsplit kernel's; rows that see no key give 0 and zero dq."""
+    method, params, _ = METHODS[name]
+    q, k, v, mask, causal = inputs(case, dtype)
+    causal = causal or method in CAUSAL_ONLY
+    lk = k.shape[2]
+    force_split(monkeypatch)
+    out, grads = run(method, q, k, v, mask, causal, params)
+    # a split per key block (top-k's block is as wide as its list at least)
+    width = max(BLOCKS[1], 2 ** math.ceil(math.log2(max(2, params.get("top_k", 1)))))
+    assert on_triton and on_triton[-1] == math.ceil(lk / width), on_triton
+    force_split(monkeypatch, on=False)
+    before = len(on_triton)
+    whole, whole_grads = run(method, *_copies(dtype, q, k, v), mask, causal, params)
+    assert len(on_triton) == before  # the unsplit kernel
+    ref, _ = run(method, *_copies(torch.float64, q, k, v), mask, causal, params, naive=True)
+    assert out.dtype == dtype and [g.dtype for g in grads] == [dtype] * 3
+    assert_close(out, ref, n=lk, msg="out against float64")
+    assert_close(out, whole, n=lk if dtype == torch.float32 else 1, msg="out against unsplit")
+    n = max(lk, q.shape[2] * q.shape[1] // k.shape[1])
+    for what, a, b in zip(("dq", "dk", "dv"), grads, whole_grads, strict=True):
+        assert_close(a, b, n=n, msg=f"{what} against unsplit")
+    empty = ~_visible(mask, causal, q, k)
+    assert (out[empty] == 0).all()
+    assert (grads[0][empty] == 0).all()

@@ -30,6 +30,7 @@ from sharpattn import normalizers as nz  # noqa: E402
 from sharpattn.attention import attend, devices  # noqa: E402
 from sharpattn.attention.dispatch.fast import path_of  # noqa: E402
 from sharpattn.attention.masking import Masking  # noqa: E402
+from sharpattn.attention.triton import sparse as SPARSE  # noqa: E402
 from sharpattn.attention.triton import stick as STICK  # noqa: E402
 from sharpattn.attention.triton import template as TEMPLATE  # noqa: E402
 from sharpattn.attention.triton import topk as TOPK  # noqa: E402
@@ -48,7 +49,14 @@ METHODS = {
     "topk": ("topk", {"top_k": 5}, TOPK),
     "topk_wide": ("topk", {"top_k": 20}, TOPK),  # a list of 32: wider than a key block
     "hardmax": ("hardmax", {}, TOPK),
+    "sparsemax": ("sparsemax", {}, SPARSE),
+    "entmax15": ("entmax15", {}, SPARSE),
+    "entmax": ("entmax", {"alpha": 1.3}, SPARSE),  # e = 1/(α − 1) not an integer
+    "asentmax": ("asentmax", {"beta_pre": "tensor"}, SPARSE),  # θ per head, learnable
+    "entmax_heads": ("entmax", {"alpha": "tensor"}, SPARSE),  # α per head, learnable
 }
+#: the per-head values of the tensor parameters (the first H of them)
+TENSORS = {"alpha": [1.2, 2.0, 1.5, 2.4], "beta_pre": [0.3, -0.5, 1.2, 0.0]}
 
 # name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
 CASES = {
@@ -69,8 +77,11 @@ CAUSAL_ONLY = {"stick_breaking"}
 SHORT = {"stick_breaking": "lq16_rows", "topk": "lq3_hole", "hardmax": "lq1", "topk_wide": ""}
 ONLY = {
     "stick_breaking": tuple(c for c in CASES if c != "lq3_ties"),
-    "topk_wide": ("lq1", "lq3_ties"),
+    "topk": ("lq1", "lq3_causal_pad", "lq16_rows", "lq3_hole", "lq3_ties"),
+    "topk_wide": ("lq3_ties",),
     "hardmax": ("lq1", "lq16_rows", "lq3_ties"),
+    "entmax_heads": ("lq1", "lq3_causal_pad", "lq3_hole", "lq3_ties"),
+    "asentmax": ("lq1", "lq16_rows", "lq3_2d"),
 }
 
 
@@ -125,25 +136,46 @@ def force_split(monkeypatch, on: bool = True):
     monkeypatch.setattr(TEMPLATE, "SPLIT_PROGRAMS", 64)
 
 
+def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
+    """The method's parameters, a per-head tensor leaf in ``dtype`` where METHODS says so."""
+    params = dict(METHODS[name][1])
+    for key, value in params.items():
+        if value == "tensor":
+            x = torch.tensor(TENSORS[key][:h], dtype=dtype, device=DEVICE)
+            params[key] = x.view(1, h, 1, 1).requires_grad_()
+    return params
+
+
 def run(method, q, k, v, mask, causal, params, naive=False, blocks=BLOCKS):
-    """(output, gradients of q, k, v) for a fixed output gradient: the fast path (the kernels)
-    or the naive path."""
+    """(output, gradients of q, k, v and of the tensor parameters) for a fixed output
+    gradient: the fast path (the kernels) or the naive path."""
     if naive:
         out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
     else:
         masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
         scale = q.shape[-1] ** -0.5
-        params = dict(params, blocks=blocks) if method == "stick_breaking" else params
+        if method == "stick_breaking":
+            params = dict(params, blocks=blocks)
         out, stats = path_of(nz.get(method))(q, k, v, masking, scale, False, **params)
         assert stats is None
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-    grads = torch.autograd.grad(out, [q, k, v], g, allow_unused=True)  # hardmax: no dq, dk
-    grads = [torch.zeros_like(x) if d is None else d for x, d in zip((q, k, v), grads, strict=True)]
+    leaves = [q, k, v] + [x for x in params.values() if torch.is_tensor(x)]
+    grads = torch.autograd.grad(out, leaves, g, allow_unused=True)  # hardmax: no dq, dk
+    grads = [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads, strict=True)]
     return out.detach(), grads
 
 
-def _copies(dtype, q, k, v):
-    return [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+def _copies(dtype, q, k, v, params):
+    """Fresh leaves of q, k, v in ``dtype`` and of the tensor parameters (float64 with a
+    float64 ``dtype``, else their own)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    own = {
+        n: x.detach().to(dtype if dtype == torch.float64 else x.dtype).requires_grad_()
+        if torch.is_tensor(x)
+        else x
+        for n, x in params.items()
+    }
+    return leaves, own
 
 
 def _visible(mask, causal, q, k) -> torch.Tensor:
@@ -168,9 +200,10 @@ def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
     """Output: against the float64 naive path on the same values (the dtype's tolerance over
     Lk terms) and against the unsplit kernel (float32 rounding: the order of the sums differs);
     gradients against the unsplit kernel's; rows that see no key give 0 and zero dq."""
-    method, params, _ = METHODS[name]
+    method = METHODS[name][0]
     q, k, v, mask, causal = inputs(case, dtype)
     causal = causal or method in CAUSAL_ONLY
+    params = params_of(name, q.shape[1], torch.float32)
     lk = k.shape[2]
     force_split(monkeypatch)
     out, grads = run(method, q, k, v, mask, causal, params)
@@ -179,14 +212,16 @@ def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
     assert on_triton and on_triton[-1] == math.ceil(lk / width), on_triton
     force_split(monkeypatch, on=False)
     before = len(on_triton)
-    whole, whole_grads = run(method, *_copies(dtype, q, k, v), mask, causal, params)
+    (q1, k1, v1), p1 = _copies(dtype, q, k, v, params)
+    whole, whole_grads = run(method, q1, k1, v1, mask, causal, p1)
     assert len(on_triton) == before  # the unsplit kernel
-    ref, _ = run(method, *_copies(torch.float64, q, k, v), mask, causal, params, naive=True)
-    assert out.dtype == dtype and [g.dtype for g in grads] == [dtype] * 3
+    (q64, k64, v64), p64 = _copies(torch.float64, q, k, v, params)
+    ref, _ = run(method, q64, k64, v64, mask, causal, p64, naive=True)
+    assert out.dtype == dtype and [g.dtype for g in grads[:3]] == [dtype] * 3
     assert_close(out, ref, n=lk, msg="out against float64")
     assert_close(out, whole, n=lk if dtype == torch.float32 else 1, msg="out against unsplit")
     n = max(lk, q.shape[2] * q.shape[1] // k.shape[1])
-    for what, a, b in zip(("dq", "dk", "dv"), grads, whole_grads, strict=True):
+    for what, a, b in zip(("dq", "dk", "dv", "dparam"), grads, whole_grads, strict=False):
         assert_close(a, b, n=n, msg=f"{what} against unsplit")
     empty = ~_visible(mask, causal, q, k)
     assert (out[empty] == 0).all()

@@ -16,9 +16,11 @@ HEADLINE = (
     *("softmax", "ssmax", "sink", "adaptive"),
     *("sigmoid", "relu", "power", "signed", "softpick", "stick_breaking"),
 )
-#: the maps of the decoding cells (Lq 1 and 16 against long caches: the Triton template's split-K
-#: forward), two element-wise and two row-normalised
-DECODING = ("sigmoid", "softpick", "relu", "power")
+#: the maps of the decoding cells (Lq 1 and 16 against long caches: the split-K forwards), an
+#: element-wise and a row-normalised map (the template's), then stick-breaking, top-k and
+#: 1.5-entmax (their own: each row's rule over the whole cache), last so that a hang in one of
+#: them leaves the others' cells
+DECODING = ("sigmoid", "softpick", "stick_breaking", "topk", "entmax15")
 #: the maps of the packed (documents as ``cu_seqlens``) and sliding-window cells: the softmax
 #: family, an element-wise map and a sparse one (each new structure compiles its own kernels, so
 #: few fit in the step's limit)

@@ -184,8 +184,11 @@ def _entmax_forward_kernel(
 # ---------------------------------------------------------------------------------------------
 # Decoding: the keys split among programs, the threshold over the whole cache
 
-#: keys per chunk of the threshold kernel's passes over a row's buffered scores
-THRESHOLD_CHUNK = 1024
+#: keys per chunk of the threshold kernel's passes over a row's buffered scores, and its warps:
+#: 8 floats a thread a chunk, 32 chunks a pass at 64k keys (a pass is one program reading the
+#: row from L2; not tuned on a GPU yet)
+THRESHOLD_CHUNK = 2048
+THRESHOLD_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["heads", "group", "lq", "lk", "d", "split_rows", "split_keys"])
@@ -245,9 +248,7 @@ def _entmax_threshold_kernel(
     i = r % lq
     h = (r // lq) % heads
     b = r // (lq * heads)
-    at = row_ptr + b * srb + h * srh + i * srm
-    c1 = tl.load(at)
-    e = tl.load(at + 1)
+    e = tl.load(row_ptr + b * srb + h * srh + i * srm + 1)  # (the buffer holds c1·s)
     top = -float("inf")
     n = 0.0
     for split in range(0, splits):
@@ -403,7 +404,7 @@ def _split_forward(launch: Launch, q, k, v, out, r, c0, z, steps: int, splits: i
     )  # fmt: skip
     _entmax_threshold_kernel[(rows,)](
         launch.row, y, pmax, pn, c0, top, *rs, h, lq, launch.lk, splits, rows,
-        POWER=launch.power, STEPS=steps, CHUNK=THRESHOLD_CHUNK,
+        POWER=launch.power, STEPS=steps, CHUNK=THRESHOLD_CHUNK, num_warps=THRESHOLD_WARPS,
     )  # fmt: skip
     _entmax_split_kernel[grid](
         v, launch.row, y, c0, top, part, partu, pz, pzu, launch.support,

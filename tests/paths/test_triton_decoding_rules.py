@@ -235,3 +235,44 @@ def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
     empty = ~_visible(mask, causal, q, k)
     assert (out[empty] == 0).all()
     assert (grads[0][empty] == 0).all()
+
+
+# name: (method, Lq, Lk, mask kind, causal): the real thresholds (`SPLIT_MIN_LK` = 1,024), B 1,
+# H 4, Hkv 2, D 16, 32 keys per block, q times 3 (sharper rows: top-k's and entmax's supports
+# a few keys, stick-breaking's weight on the nearest ones)
+LONG = {
+    "stick_breaking-lq1": ("stick_breaking", 1, 1100, None, True),
+    "topk-lq3": ("topk", 3, 1500, "pad", False),
+    "entmax15-lq16": ("entmax15", 16, 2100, None, True),
+}
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_decoding_shapes_split_at_the_real_thresholds(on_triton, monkeypatch, name):
+    """Lk of 1,100-2,100 with the default thresholds and 32 keys per block: the forward splits
+    (35-66 key blocks, 4 heads: 7-14 splits) and equals the float64 naive path, gradients
+    too (float32: √Lk of its rounding)."""
+    method, lq, lk, kind, causal = LONG[name]
+    for attr in ("BLOCKS_16BIT", "BLOCKS_FLOAT32"):
+        monkeypatch.setattr(TEMPLATE, attr, (16, 32))
+    g = torch.Generator().manual_seed(4)
+    q = 3 * torch.randn(1, 4, lq, 16, generator=g)
+    k, v = (torch.randn(1, 2, lk, 16, generator=g) for _ in range(2))
+    mask = None if kind is None else (torch.rand(1, 1, 1, lk, generator=g) < 0.7).to(DEVICE)
+    q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
+    out, grads = run(method, q, k, v, mask, causal, {}, blocks=(16, 32))
+    assert on_triton and on_triton[-1] >= 7, on_triton
+    (q64, k64, v64), _ = _copies(torch.float64, q, k, v, {})
+    ref, want = run(method, q64, k64, v64, mask, causal, {}, naive=True)
+    assert_close(out, ref, n=lk, msg="out")
+    if method == "stick_breaking":
+        # its backward (the unsplit kernel's, unchanged by the split) takes A_ik = D_i −
+        # Σ_{j>k} w_ij·g_ij, ~0 at the far keys but for D's float32 rounding, which every far
+        # key's σ(s_ik)·A_ik takes again: dq's error grows as Lk, not √Lk (here 2.9e-5, 570
+        # float32 ulps of max |dq|, against 1.2e-7 eager). The split's claim is the unsplit
+        # kernel's gradients
+        monkeypatch.setattr(TEMPLATE, "SPLIT_MIN_LK", 10**9)
+        (q1, k1, v1), _ = _copies(torch.float32, q, k, v, {})
+        _, want = run(method, q1, k1, v1, mask, causal, {}, blocks=(16, 32))
+    for what, a, b in zip(("dq", "dk", "dv"), grads, want, strict=True):
+        assert_close(a, b, n=lk, msg=what)

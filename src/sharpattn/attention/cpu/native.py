@@ -115,7 +115,7 @@ _SIGNATURES = {  # (..., rows, cols, ends, tile rows, ...): see native/tiles.cpp
     "stick_forward": [_F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_backward": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _F, _F, _I],
     "stick_forward_rows": [_F, _I64, _I64, _F, _I64, _F, _F, _I],
-    "stick_backward_rows": [_F, _F, _F, _I64, _I64, _F, _I64, _F, _I],
+    "stick_backward_rows": [_F, _F, _F, _I64, _I64, _F, _I64, _I],
     "topk_select": [_F, _I64, _I64, _F, _I64, _I64, _F, _F, _F, _I],
     "decode_adaptive": [*[_F] * 7, _I, _FL, _FL, *[_F] * 5, _I],
     "abs_max": [_F, _I64, _F, _I],
@@ -829,16 +829,16 @@ def _(s, ends, ent, mass):
 
 
 @_op("stick_backward_rows", ("s",))
-def _stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None, d: Tensor) -> Tensor:
+def _stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None) -> Tensor:
     rows, cols = _rows(s)
     e, tr = _ends(ends)
     w = torch.empty_like(s)
-    library().stick_backward_rows(_p(s), _p(gv), _p(w), rows, cols, e, tr, _p(d), _threads())
+    library().stick_backward_rows(_p(s), _p(gv), _p(w), rows, cols, e, tr, _threads())
     return w
 
 
 @_stick_backward_rows.register_fake
-def _(s, gv, ends, d):
+def _(s, gv, ends):
     return torch.empty_like(s)
 
 
@@ -1006,10 +1006,10 @@ def stick_forward_rows(s: Tensor, ends: Tensor | None, ent=None, mass=None) -> T
     return s
 
 
-def stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None, d: Tensor):
+def stick_backward_rows(s: Tensor, gv: Tensor, ends: Tensor | None):
     """(dL/ds written over ``s``, w) of stick-breaking on whole rows with the keys in order,
-    with gv = dO·vᵀ and ``d`` = dO·out per row (contiguous)."""
-    return s, _stick_backward_rows(s, gv, ends, d)
+    with gv = dO·vᵀ: dL/ds_j = w_j·g_j − σ(s_j)·Σ_{k<=j} w_k·g_k."""
+    return s, _stick_backward_rows(s, gv, ends)
 
 
 def topk_select(s: Tensor, ends: Tensor | None, k: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -257,7 +257,8 @@ def _rows_forward(walk: _Walk, q, k, v, want_stats: bool):
 
 
 def _rows_backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
-    """`_backward` on whole rows, keys in order (the decoding path)."""
+    """`_backward` on whole rows, keys in order (the decoding path); A_k summed from the first
+    key, so D = dO·out (``out5``) is not needed."""
     grid, _, _ = walk.grid(q, k, v)
     g5 = grid.grouped(g.to(grid.dtype))
     dq = torch.zeros_like(grid.q)
@@ -266,27 +267,26 @@ def _rows_backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
     lay = _Rows.of(grid)
     if lay.c1 == 0:
         return grid.heads(dq), dk, dv
-    total = (g5 * out5).sum(-1, keepdim=True)  # D_i = dO_i·out_i = Σ_j w_ij·g_ij
     qs = grid.q_rows(0, grid.lq)
     for bs, hs in lay.chunks:
         kc, vc = grid.k[bs, hs, 0, : lay.c1], grid.v[bs, hs, 0, : lay.c1]
         qc, gc = _chunk(grid, qs, bs, hs), _chunk(grid, g5, bs, hs)
         s = torch.matmul(qc, kc.transpose(-2, -1))
         gv = torch.matmul(gc, vc.transpose(-2, -1))  # g_ij = dO_i·v_j
-        db = _chunk(grid, total, bs, hs).contiguous()
         if lay.loops:
-            ds, w = native.stick_backward_rows(s, gv, lay.ends, db)
+            ds, w = native.stick_backward_rows(s, gv, lay.ends)
         else:
             nb, nh = s.shape[:2]
             view = (nb, nh * grid.g, grid.lq, lay.c1)
             keep = lay.keep_of(grid, bs, hs)
-            s4, gv4, db4 = s.view(view), gv.view(view), db.view(view[:3] + (1,))
+            s4, gv4 = s.view(view), gv.view(view)
             w4 = exp_(_row_log_weights(s4, keep))
             if keep is not None:
                 w4.mul_(keep)
             wg = gv4.mul_(w4)  # w_ij·g_ij
-            # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
-            ds4 = torch.sigmoid(s4).mul_(_from_right(wg).neg_().add_(db4)).neg_().add_(wg)
+            # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g from the first key (not D − Σ_{j>k} w·g,
+            # whose rounding of D every far key's σ(s) would take again)
+            ds4 = torch.sigmoid(s4).mul_(wg.cumsum(-1)).neg_().add_(wg)
             if keep is not None:
                 ds4.mul_(keep)
             ds, w = ds4.view(s.shape), w4.view(s.shape)

@@ -1553,11 +1553,13 @@ void stick_forward_rows(float* s, int64_t rows, int64_t cols, const int32_t* end
   }
 }
 
-// Its backward (same rows, keys in order): with gv = dO·vᵀ and D = dO·out per row, s becomes
-// dL/ds_j = w_j·g_j − σ(s_j)·(D − Σ_{k>j} w_k·g_k) and w the weights, both sums from the right
-// in `stick_backward`'s order.
+// Its backward (same rows, keys in order): with gv = dO·vᵀ, s becomes dL/ds_j = w_j·g_j −
+// σ(s_j)·A_j, A_j = Σ_{k<=j} w_k·g_k summed from the row's first key, and w the weights. (The
+// tiles take A_j = D − Σ_{k>j} w_k·g_k with D = dO·out, since they walk the keys nearest first;
+// at the far keys, where A_j is small, that keeps D's rounding, which every far key's σ(s_j)
+// takes again: dq's error grew as the row's length.)
 void stick_backward_rows(float* s, const float* gv, float* w, int64_t rows, int64_t cols,
-                         const int32_t* ends, int64_t tile_rows, const float* dd, int threads) {
+                         const int32_t* ends, int64_t tile_rows, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> lp(static_cast<size_t>(cols));
@@ -1587,12 +1589,11 @@ void stick_backward_rows(float* s, const float* gv, float* w, int64_t rows, int6
         x[j] = wj * g[j];
         l[j] = fast_exp(l[j]);  // σ(s)
       }
-      const float d = dd[r];
       float acc = 0.f;
-      for (int64_t j = n - 1; j >= 0; --j) {
+      for (int64_t j = 0; j < n; ++j) {
         const float t = x[j];
-        x[j] = t - l[j] * (d - acc);
         acc += t;
+        x[j] = t - l[j] * acc;
       }
     }
   }

@@ -69,6 +69,8 @@ CASES = {
     # 4 keys repeated: every score tied 16 times, 4 times in each split of 16 keys, so the top
     # k's ties at τ span splits and are taken in key order
     "lq3_ties": (1, 2, 2, 3, 64, 8, 5, "ties", False),
+    # q, k and v as [B, L, H, D] memory seen as [B, H, L, D] (no unit stride along L)
+    "lq3_layout": (1, 4, 2, 3, 64, 8, 8, "layout", True),
 }
 #: methods that refuse a query seeing past its own position: every case causal
 CAUSAL_ONLY = {"stick_breaking"}
@@ -77,11 +79,12 @@ CAUSAL_ONLY = {"stick_breaking"}
 SHORT = {"stick_breaking": "lq16_rows", "topk": "lq3_hole", "hardmax": "lq1", "topk_wide": ""}
 ONLY = {
     "stick_breaking": tuple(c for c in CASES if c != "lq3_ties"),
-    "topk": ("lq1", "lq3_causal_pad", "lq16_rows", "lq3_hole", "lq3_ties"),
+    "topk": ("lq1", "lq3_causal_pad", "lq16_rows", "lq3_hole", "lq3_ties", "lq3_layout"),
     "topk_wide": ("lq3_ties",),
     "hardmax": ("lq1", "lq16_rows", "lq3_ties"),
     "entmax_heads": ("lq1", "lq3_causal_pad", "lq3_hole", "lq3_ties"),
     "asentmax": ("lq1", "lq16_rows", "lq3_2d"),
+    "entmax": tuple(c for c in CASES if c != "lq3_layout"),
 }
 
 
@@ -91,9 +94,13 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, lq, d, generator=g)
     k = torch.randn(b, hkv, lk, d, generator=g)
+    if kind == "layout":
+        q, k = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k))
     if kind == "ties":
         k = k[:, :, :4].repeat(1, 1, lk // 4, 1)
     v = torch.randn(b, hkv, lk, dv, generator=g)
+    if kind == "layout":
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
     mask = None
     if kind == "pad":
         mask = torch.rand(b, 1, 1, lk, generator=g) < 0.7
@@ -107,6 +114,8 @@ def inputs(case: str, dtype: torch.dtype, seed: int = 0):
         mask = torch.ones(1, 1, 1, lk, dtype=torch.bool)
         mask[..., 16:48] = False
     q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
+    if kind == "layout":
+        assert all(t.stride(2) != t.shape[-1] for t in (q, k, v))
     return q, k, v, (mask if mask is None else mask.to(DEVICE)), causal
 
 

@@ -993,7 +993,8 @@ def stick_forward(s: Tensor, ends: Tensor | None, carry: Tensor, ent=None, mass=
 
 def stick_backward(s: Tensor, gv: Tensor, ends: Tensor | None, carry, later, d):
     """(dL/ds written over ``s``, w) of stick-breaking on one reversed tile, with gv = dO·vᵀ;
-    ``carry`` and ``later`` (Σ w·g to the right) updated in place, ``d`` = dO·out per row."""
+    ``carry`` (float32) and ``later`` (Σ w·g to the right, float64) updated in place, ``d`` =
+    Σ_j w_j·g_j over the whole row (float64, from the same products)."""
     return s, _stick_backward(s, gv, ends, carry, later, d)
 
 

@@ -337,36 +337,68 @@ def _forward(walk: _Walk, q, k, v, want_stats: bool):
     return out, ent, mass
 
 
+def _tile_weights(grid: Grid, krev, vrev, qb, gb, t: Tile, carry: Tensor):
+    """(scores, keep, ends, gv, the next carry, and the tile's weights where the C++ loop does
+    not give them) of tile ``t`` in the backward's walk: g = dO·vᵀ, and on the PyTorch route the
+    weights (0 where not allowed)."""
+    a, b = grid.lk - t.c1, grid.lk - t.c0
+    s, keep, ends = _tile(grid, krev, qb, t, grid.native)
+    gv = grid.heads(torch.matmul(gb, vrev[..., a:b, :].transpose(-2, -1)))  # g_ij = dO_i·v_j
+    w = None
+    if keep is not False:
+        log_w, carry = _log_weights(s, keep, carry)
+        w = exp_(log_w)
+        if keep is not None:
+            w.mul_(keep)
+    return s, keep, ends, gv, carry, w
+
+
+def _row_sums(grid: Grid, krev, vrev, qb, gb, tiles, rows: int) -> Tensor:
+    """D_i = Σ_j w_ij·g_ij of a block of rows over all their keys, float64 ``[B, H, r, 1]``:
+    a first walk over the tiles with the very products the second takes (the same weights, from
+    the same loop, times the same g), so that D − Σ_{j>k} w·g, tiny at the far keys, holds no
+    rounding of D (dO·out in float32 left about eps·|D| there, which every far key's σ(s) took
+    again: dq's error grew as the row's length)."""
+    carry = torch.zeros(grid.b, grid.h, rows, 1, dtype=grid.dtype, device=qb.device)
+    total = torch.zeros(carry.shape, dtype=torch.float64, device=qb.device)
+    for t in tiles:
+        s, keep, ends, gv, carry, w = _tile_weights(grid, krev, vrev, qb, gb, t, carry)
+        if keep is False:  # the C++ loop of the second walk, its ds unused here
+            carry = carry.contiguous()
+            later = torch.zeros(carry.shape, dtype=torch.float64, device=qb.device)
+            _, w = native.stick_backward(s, gv, ends, carry, later, later.clone())
+        total += gv.mul_(w).sum(-1, keepdim=True, dtype=torch.float64)
+    return total
+
+
 def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
+    """dq, dk, dv by two walks per block of rows over its tiles, nearest keys first: D per row
+    (`_row_sums`), then the gradients; ``out5`` is not needed."""
     grid, krev, vrev = walk.grid(q, k, v)
     g5 = grid.grouped(g.to(grid.dtype))
     dq = torch.zeros_like(grid.q)
     dkr = torch.zeros(grid.k.shape[:2] + grid.k.shape[3:], dtype=grid.dtype, device=dq.device)
     dvr = torch.zeros(grid.v.shape[:2] + grid.v.shape[3:], dtype=grid.dtype, device=dq.device)
-    total = grid.heads((g5 * out5).sum(-1, keepdim=True))  # D_i = dO_i·out_i = Σ_j w_ij·g_ij
     for r0, r1 in grid.row_blocks():
         qb, gb, dqb = grid.q_rows(r0, r1), g5[..., r0:r1, :], dq[..., r0:r1, :]
-        db = total[..., r0:r1, :].contiguous()
+        tiles = list(reversed(list(grid.tiles(r0, r1))))
+        db = _row_sums(grid, krev, vrev, qb, gb, tiles, r1 - r0)
         carry = torch.zeros(grid.b, grid.h, r1 - r0, 1, dtype=grid.dtype, device=dq.device)
-        later = torch.zeros_like(carry)  # Σ w·g over the keys of the tiles to the right
-        for t in reversed(list(grid.tiles(r0, r1))):
+        later = torch.zeros_like(db)  # Σ w·g over the keys of the tiles to the right
+        for t in tiles:
             a, b, c = grid.lk - t.c1, grid.lk - t.c0, t.c1 - t.c0
-            s, keep, ends = _tile(grid, krev, qb, t, grid.native)
-            vt = vrev[..., a:b, :]
-            gv = grid.heads(torch.matmul(gb, vt.transpose(-2, -1)))  # g_ij = dO_i·v_j
+            s, keep, ends, gv, carry, w = _tile_weights(grid, krev, vrev, qb, gb, t, carry)
             if keep is False:  # the C++ loop: the same sums in a few sweeps per row
                 carry, later = carry.contiguous(), later.contiguous()
                 ds, w = native.stick_backward(s, gv, ends, carry, later, db)
             else:
-                log_w, carry = _log_weights(s, keep, carry)
-                w = exp_(log_w)
-                if keep is not None:
-                    w.mul_(keep)
                 wg = gv.mul_(w)  # w_ij·g_ij
-                run = torch.cat((later, wg), dim=-1).cumsum_(-1)  # Σ_{j>k} w·g, then the carry
+                # Σ_{j>k} w·g in float64, then the next tile's
+                run = torch.cat((later, wg.to(torch.float64)), dim=-1).cumsum_(-1)
                 later = run[..., c:]
                 # dL/ds = w·g − σ(s)·A, A_k = Σ_{j<=k} w·g = D − Σ_{j>k} w·g
-                ds = torch.sigmoid(s).mul_(run[..., :c].neg_().add_(db)).neg_().add_(wg)
+                a_k = run[..., :c].neg_().add_(db).to(grid.dtype)
+                ds = torch.sigmoid(s).mul_(a_k).neg_().add_(wg)
                 if keep is not None:
                     ds.mul_(keep)
             ds5, w5 = grid.grouped(ds), grid.grouped(w)

@@ -1481,11 +1481,14 @@ void stick_forward(float* s, int64_t rows, int64_t cols, const int32_t* ends, in
 }
 
 // Its backward on one tile (keys reversed as above): with gv = dO·vᵀ, per row the carry (as the
-// forward), later = Σ w·g of the keys to the right (read and written) and D = dO·out, s becomes
-// dL/ds = w·g − σ(s)·(D − later − Σ_{k<j} w_k·g_k) and w the tile's weights.
+// forward), later = Σ w·g of the keys to the right (read and written) and D = Σ_j w_j·g_j over
+// the whole row, s becomes dL/ds = w·g − σ(s)·(D − later − Σ_{k<j} w_k·g_k) and w the tile's
+// weights. D and later are doubles, sums of the very float products w·g taken here (the caller's
+// first walk gives D): at the far keys D − later is tiny, and in float it would keep the sums'
+// rounding, which every far key's σ(s) takes again.
 void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t cols,
-                    const int32_t* ends, int64_t tile_rows, float* carry, float* later,
-                    const float* dd, int threads) {
+                    const int32_t* ends, int64_t tile_rows, float* carry, double* later,
+                    const double* dd, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> lp(static_cast<size_t>(cols));
@@ -1506,11 +1509,11 @@ void stick_backward(float* s, const float* gv, float* w, int64_t rows, int64_t c
         y[j] = wj * g[j];
         lp[j] = fast_exp(lp[j]);  // σ(s)
       }
-      const float d = dd[r];
-      float acc = later[r];
+      const double d = dd[r];
+      double acc = later[r];
       for (int64_t j = 0; j < n; ++j) {
         const float t = y[j];
-        y[j] = t - lp[j] * (d - acc);
+        y[j] = t - lp[j] * static_cast<float>(d - acc);
         acc += t;
       }
       later[r] = acc;

@@ -15,15 +15,17 @@ float64, so that the large log σ(−s) of a key with a large score does not lea
 rounding in the sums of its neighbours). log σ(x) = min(x, 0) −
 log1p(e^{−|x|}) (`_log_sigmoid`), finite at any score, and log w <= 0, so nothing overflows.
 Masked keys (the user mask, past the diagonal, past Lk) take no share and give no log σ(−s).
-out_i = Σ_j w_ij·v_j with w cast to v's dtype, accumulated in float32 and kept in float32 (the
-backward's D_i = dO_i·out_i is taken from it in PyTorch).
+out_i = Σ_j w_ij·v_j with w cast to v's dtype, accumulated in float32.
 
 Backward (`map_grad`, as ``stick_tiled``): with g_ij = dO_i·v_j,
 
-    dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,   A_ik = D_i − Σ_{j>k} w_ij·g_ij,
+    dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,   A_ik = D_i − Σ_{j>k} w_ij·g_ij,   D_i = Σ_j w_ij·g_ij,
 
 the last sum carried from the diagonal outwards in the same walk as the forward's log carry
-(and inside a block the same exclusive scan). One kernel over query blocks gives dq and adds
+(and inside a block the same exclusive scan). D comes from a first walk over the same key
+blocks with the very products w·g of the second, and both sums are float64: A_ik is tiny at the
+far keys, and D = dO·out in float32 left about eps·|D| there, which every far key's σ(s_ik)
+took again (dq's error grew as the row's length). One kernel over query blocks gives dq and adds
 each block's dk_j = scale·Σ_i ds_ij·q_i and dv_j = Σ_i w_ij·dO_i into float32 buffers with
 atomic adds: a key's gradient needs, for every query row, the sums over all the keys nearer to
 that query, which only a walk over those keys gives, so a kernel over key blocks (as
@@ -90,12 +92,13 @@ def _weights(s, keep, carry):
 @triton.jit
 def map_grad(w, log_pos, gv, keep, dd, later):
     """(dL/ds [M, N], the next ``later``) given g = dO·vᵀ: dL/ds_ik = w_ik·g_ik − σ(s_ik)·A_ik,
-    A_ik = D_i − Σ_{j>k} w_ij·g_ij; ``later`` [M] is Σ w·g over the keys already passed,
-    ``dd`` [M] is D = dO·out."""
+    A_ik = D_i − Σ_{j>k} w_ij·g_ij; ``later`` [M] is Σ w·g over the keys already passed and
+    ``dd`` [M] is D = Σ_j w_ij·g_ij over the row (`_row_sums`), both float64."""
     wg = w * gv
-    nearer = later[:, None] + _exclusive_cumsum(wg)
-    ds = wg - tl.exp(log_pos) * (dd[:, None] - nearer)
-    return tl.where(keep, ds, 0.0), later + tl.sum(wg, 1)
+    wg64 = wg.to(tl.float64)
+    a = ((dd - later)[:, None] - (tl.cumsum(wg64, 1) - wg64)).to(tl.float32)
+    ds = wg - tl.exp(log_pos) * a
+    return tl.where(keep, ds, 0.0), later + tl.sum(wg64, 1)
 
 
 @triton.jit
@@ -104,6 +107,31 @@ def _key_blocks(start_m, lk, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
     may see: those up to the last row's diagonal."""
     hi = tl.minimum(lk, start_m + BLOCK_M + diag)
     return (tl.maximum(hi, 0) + BLOCK_N - 1) // BLOCK_N
+
+
+@triton.jit
+def _row_sums(q, do, k_ptr, v_ptr, mask_ptr, skb, skh, skn, skd, svb, svh, svn, svd,
+              smb, smh, smm, smn, b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, diag,
+              scale, blocks, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """D_i = Σ_j w_ij·g_ij over the keys the rows see, float64 [M]: the backward's first walk,
+    the same blocks in the same order with the very weights and g of the second, so that D −
+    Σ_{j>k} w·g, tiny at the far keys, holds no rounding of D."""
+    carry = tl.zeros([BLOCK_M], dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float64)
+    for t in range(0, blocks):
+        offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
+        k = tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+        v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
+        keep = visible(
+            offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
+        )
+        s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
+        w, _, carry = _weights(s, keep, carry)
+        w = w.to(v.dtype).to(tl.float32)
+        gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        total += tl.sum((w * gv).to(tl.float64), 1)
+    return total
 
 
 #: the sizes, which differ from call to call: not specialised (one compilation serves every
@@ -204,7 +232,7 @@ def _combine_kernel(
 
 @triton.jit(do_not_specialize=SIZES + ["kv_heads"])
 def _backward_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, dd_ptr, dq_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -216,17 +244,20 @@ def _backward_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dq of one block of query rows (contiguous [B, H, Lq, D]), and its share of dk and dv
-    added into float32 buffers (contiguous [B, Hkv, Lk, ·]); D = dO·out contiguous [B, H, Lq]."""
+    added into float32 buffers (contiguous [B, Hkv, Lk, ·]), in two walks over the key blocks:
+    D (`_row_sums`), then the gradients."""
     start_m, b, h, hk, offs_m, offs_d, offs_e, in_m, q = query_block(
         q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d, BLOCK_M, D_PAD, DV_PAD
     )
     do = tile(do_ptr, sgb, sgh, sgm, sgd, b, h, offs_m, offs_e, lq, dv)
     rows = b * heads * lq + h * lq + offs_m
-    dd = tl.load(dd_ptr + rows, mask=in_m, other=0.0)
+    blocks = _key_blocks(start_m, lk, diag, BLOCK_M, BLOCK_N)
+    dd = _row_sums(q, do, k_ptr, v_ptr, mask_ptr, skb, skh, skn, skd, svb, svh, svn, svd,
+                   smb, smh, smm, smn, b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, diag,
+                   scale, blocks, HAS_MASK, BLOCK_M, BLOCK_N, PRECISION)  # fmt: skip
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)
-    later = tl.zeros([BLOCK_M], dtype=tl.float32)
-    blocks = _key_blocks(start_m, lk, diag, BLOCK_M, BLOCK_N)
+    later = tl.zeros([BLOCK_M], dtype=tl.float64)
     for t in range(0, blocks):
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
         in_n = offs_n < lk
@@ -237,10 +268,7 @@ def _backward_kernel(
         )
         s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
         w, log_pos, carry = _weights(s, keep, carry)
-        # the weights as the forward's out took them (rounded to v's dtype), so that D = dO·out
-        # is Σ_j w_ij·g_ij of these very weights: A = D − Σ_{j>k} w·g then holds no rounding
-        # of D, which every key's σ(s)·A would carry
-        w = w.to(v.dtype).to(tl.float32)
+        w = w.to(v.dtype).to(tl.float32)  # the weights as the forward's out took them
         gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # g_ij = dO_i·v_j [M, N]
         ds, later = map_grad(w, log_pos, gv, keep, dd, later)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -365,9 +393,8 @@ def _split_forward(launch: Launch, q, k, v, out, splits: int) -> None:
     )  # fmt: skip
 
 
-def backward(launch: Launch, q, k, v, out, g):
-    """(dq, dk, dv) in the inputs' dtypes; D_i = dO_i·out_i is taken here (float32)."""
-    dd = torch.linalg.vecdot(g.to(torch.float32), out).contiguous()
+def backward(launch: Launch, q, k, v, g):
+    """(dq, dk, dv) in the inputs' dtypes."""
     dq = torch.empty(launch.b, launch.h, launch.lq, launch.d, dtype=q.dtype, device=q.device)
     dk = torch.zeros(
         launch.b, launch.hkv, launch.lk, launch.d, dtype=torch.float32, device=q.device
@@ -375,9 +402,9 @@ def backward(launch: Launch, q, k, v, out, g):
     dv = torch.zeros(
         launch.b, launch.hkv, launch.lk, launch.dv, dtype=torch.float32, device=q.device
     )
-    mask, ms = launch.mask_args(dd)
+    mask, ms = launch.mask_args(dk)
     _backward_kernel[launch.grid](
-        q, k, v, mask, g, dd, dq, dk, dv,
+        q, k, v, mask, g, dq, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *ms, *g.stride(),
         launch.h, launch.hkv, launch.group, launch.lq, launch.lk, launch.d, launch.dv,
         launch.diag, launch.scale, **launch.switches,
@@ -393,15 +420,15 @@ class TritonStick(torch.autograd.Function):
         q, k, v = unit_last(q), unit_last(k), unit_last(v)
         launch = Launch(q, k, v, masking, scale, diagonal, blocks)
         out = forward(launch, q, k, v)
-        ctx.save_for_backward(q, k, v, out)  # out in float32, kept for D = dO·out
+        ctx.save_for_backward(q, k, v)
         ctx.launch = launch
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, out = ctx.saved_tensors
+        q, k, v = ctx.saved_tensors
         g = unit_last(g.to(v.dtype))  # dO in the inputs' dtype for the products
-        return (*backward(ctx.launch, q, k, v, out, g), None, None, None, None)
+        return (*backward(ctx.launch, q, k, v, g), None, None, None, None)
 
 
 def stick_attention(

@@ -23,7 +23,12 @@ Backward (recomputing the tiles, the same walk): with g_ij = dO_i·v_j and D_i =
     A_ik = Σ_{j<=k} w_ij·g_ij = D_i − Σ_{j>k} w_ij·g_ij,
 
 the last sum carried from the right like the forward's (5 matrix products per tile, as flash
-attention's backward).
+attention's backward). D_i comes from a first walk over the row block's tiles with the very
+products w·g of the second (2 more matrix products per tile), and D and the running sum are
+float64: A_ik is tiny at the far keys, and D = dO·out in float32 left about eps·|D| there, which
+every far key's σ(s_ik) took again (dq's error grew as the row's length, about 1,000× the eager
+float32 error at 4k keys). The whole-row path sums A_ik from the row's first key instead, which
+needs no D.
 
 On float32 CPU tiles that are unmasked or causal, the element-wise work of a tile (log σ, the
 running sums, exp; in backward the second running sum and dL/ds) runs in one C++ loop per row

@@ -285,3 +285,11 @@ def test_decoding_shapes_split_at_the_real_thresholds(on_triton, monkeypatch, na
         _, want = run(method, q1, k1, v1, mask, causal, {}, blocks=(16, 32))
     for what, a, b in zip(("dq", "dk", "dv"), grads, want, strict=True):
         assert_close(a, b, n=lk, msg=what)
+
+
+def test_a_split_call_is_one_query_block():
+    """The top-k and entmax split forwards write the block support with `SPLIT_BLOCK_M` rows a
+    query block and the backward reads it with its own: both are one block only while a split
+    call has at most `SPLIT_BLOCK_M` rows (and every block of the backward at least 16)."""
+    assert TEMPLATE.SPLIT_MAX_LQ <= TEMPLATE.SPLIT_BLOCK_M
+    assert min(TEMPLATE.BLOCKS_16BIT + TEMPLATE.BLOCKS_FLOAT32) >= 16

@@ -224,7 +224,7 @@ def _entmax_scores_kernel(
                                 lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
                                 CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         y = tl.where(keep, c1 * s, -float("inf"))
-        at = y_ptr + rows[:, None] * lk + offs_n[None, :]
+        at = y_ptr + rows[:, None].to(tl.int64) * lk + offs_n[None, :]
         tl.store(at, y, mask=in_m[:, None] & (offs_n[None, :] < lk))
         top = tl.maximum(top, tl.max(y, 1))
         n += tl.sum(keep.to(tl.float32), 1)

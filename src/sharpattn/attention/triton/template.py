@@ -498,7 +498,9 @@ BLOCKS_FLOAT32 = (32, 32)
 #: decoding: the forward of a call with at most SPLIT_MAX_LQ query rows and at least
 #: SPLIT_MIN_LK keys splits the keys among programs (`key_splits`): about SPLIT_PROGRAMS
 #: programs (two per SM of an H200's 132, rounded), each split at least SPLIT_MIN_BLOCKS key
-#: blocks long, the query rows in blocks of SPLIT_BLOCK_M (tl.dot's smallest). Not tuned on a
+#: blocks long, the query rows in blocks of SPLIT_BLOCK_M (tl.dot's smallest). SPLIT_MAX_LQ <=
+#: SPLIT_BLOCK_M: a split call's rows are one query block, as the top-k and entmax forwards'
+#: block support (read by the backward with its own query blocks) takes them. Not tuned on a
 #: GPU yet.
 SPLIT_MAX_LQ = 16
 SPLIT_MIN_LK = 1024

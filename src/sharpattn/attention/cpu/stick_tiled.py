@@ -261,9 +261,9 @@ def _rows_forward(walk: _Walk, q, k, v, want_stats: bool):
     return out, ent, mass
 
 
-def _rows_backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
+def _rows_backward(walk: _Walk, q, k, v, g: Tensor):
     """`_backward` on whole rows, keys in order (the decoding path); A_k summed from the first
-    key, so D = dO·out (``out5``) is not needed."""
+    key, so no D is needed."""
     grid, _, _ = walk.grid(q, k, v)
     g5 = grid.grouped(g.to(grid.dtype))
     dq = torch.zeros_like(grid.q)
@@ -376,9 +376,9 @@ def _row_sums(grid: Grid, krev, vrev, qb, gb, tiles, rows: int) -> Tensor:
     return total
 
 
-def _backward(walk: _Walk, q, k, v, out5: Tensor, g: Tensor):
+def _backward(walk: _Walk, q, k, v, g: Tensor):
     """dq, dk, dv by two walks per block of rows over its tiles, nearest keys first: D per row
-    (`_row_sums`), then the gradients; ``out5`` is not needed."""
+    (`_row_sums`), then the gradients."""
     grid, krev, vrev = walk.grid(q, k, v)
     g5 = grid.grouped(g.to(grid.dtype))
     dq = torch.zeros_like(grid.q)
@@ -419,7 +419,7 @@ class _StickAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, walk, want_stats):
         run = _rows_forward if walk.rows else _forward
         out5, ent, mass = run(walk, q, k, v, want_stats)
-        ctx.save_for_backward(q, k, v, out5)
+        ctx.save_for_backward(q, k, v)
         ctx.walk = walk
         ctx.mark_non_differentiable(ent, mass)
         b, h, lq, _ = q.shape
@@ -427,9 +427,9 @@ class _StickAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, _ent, _mass):
-        q, k, v, out5 = ctx.saved_tensors
+        q, k, v = ctx.saved_tensors
         run = _rows_backward if ctx.walk.rows else _backward
-        dq, dk, dv = run(ctx.walk, q, k, v, out5, g)
+        dq, dk, dv = run(ctx.walk, q, k, v, g)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 

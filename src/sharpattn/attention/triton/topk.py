@@ -46,6 +46,31 @@ def _block_top(s, K: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _threshold(top, top_k, K: tl.constexpr):
+    """(τ, how many of the top k tie at τ, m) [M] of each row's K largest allowed scores
+    ``top`` [M, K], descending: τ the ``top_k``-th largest (−inf: fewer keys, keep every one),
+    m the largest (0 where the row sees no key)."""
+    rank = tl.arange(0, K)[None, :]
+    tau = tl.max(tl.where(rank == top_k - 1, top, -float("inf")), 1)
+    need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
+    m = tl.max(top, 1)
+    return tau, need, tl.where(m == -float("inf"), 0.0, m)
+
+
+@triton.jit
+def _kept(s, keep, offs_n, tau, need, ties, last):
+    """(kept [M, N], the ties at τ met so far, the last kept tie's key index) after one key
+    block: the allowed keys above τ and, in key order, the ties at τ while fewer than ``need``
+    were met (``ties``: those met in the blocks before)."""
+    eq = keep & (s == tau[:, None])
+    order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
+    tie_kept = eq & (order <= need[:, None])
+    last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
+    kept = keep & ((s > tau[:, None]) | tie_kept)
+    return kept, ties + tl.sum(eq.to(tl.float32), 1), last
+
+
+@triton.jit
 def _topk_forward_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr, sup_ptr,
     sqb, sqh, sqm, sqd,
@@ -80,11 +105,7 @@ def _topk_forward_kernel(
                                 CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
         new = _block_top(tl.where(keep, s, -float("inf")), K, BLOCK_N)  # ascending
         top = tl.sort(tl.maximum(top, new), descending=True)
-    rank = tl.arange(0, K)[None, :]
-    tau = tl.max(tl.where(rank == top_k - 1, top, -float("inf")), 1)  # −inf: keep every key
-    need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
-    m = tl.max(top, 1)
-    m = tl.where(m == -float("inf"), 0.0, m)
+    tau, need, m = _threshold(top, top_k, K)
     sup = support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     z = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -95,12 +116,7 @@ def _topk_forward_kernel(
         s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
                                 lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
                                 CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        eq = keep & (s == tau[:, None])
-        order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
-        tie_kept = eq & (order <= need[:, None])
-        last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
-        ties += tl.sum(eq.to(tl.float32), 1)
-        kept = keep & ((s > tau[:, None]) | tie_kept)
+        kept, ties, last = _kept(s, keep, offs_n, tau, need, ties, last)
         any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
         tl.store(sup + start_n // BLOCK_N, any_kept)
         if any_kept > 0.0:
@@ -196,10 +212,7 @@ def _topk_split_kernel(
     for other in range(0, splits):  # each list loaded ascending
         at = list_ptr + (other * split_rows + rows)[:, None] * K + (K - 1 - rank)
         top = _merge(top, tl.load(at, mask=in_m[:, None], other=-float("inf")))
-    tau = tl.max(tl.where(rank == top_k - 1, top, -float("inf")), 1)  # −inf: keep every key
-    need = tl.sum(((top == tau[:, None]) & (rank < top_k)).to(tl.float32), 1)
-    m = tl.max(top, 1)
-    m = tl.where(m == -float("inf"), 0.0, m)
+    tau, need, m = _threshold(top, top_k, K)
     ties = tl.zeros([BLOCK_M], dtype=tl.float32)  # ties at τ in the earlier splits
     for other in range(0, split):
         at = list_ptr + (other * split_rows + rows)[:, None] * K + rank
@@ -219,12 +232,7 @@ def _topk_split_kernel(
         s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
                                 lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
                                 CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        eq = keep & (s == tau[:, None])
-        order = ties[:, None] + tl.cumsum(eq.to(tl.float32), 1)
-        tie_kept = eq & (order <= need[:, None])
-        last = tl.maximum(last, tl.max(tl.where(tie_kept, offs_n[None, :].to(tl.float32), -1.0), 1))
-        ties += tl.sum(eq.to(tl.float32), 1)
-        kept = keep & ((s > tau[:, None]) | tie_kept)
+        kept, ties, last = _kept(s, keep, offs_n, tau, need, ties, last)
         any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
         tl.store(sup + start_n // BLOCK_N, any_kept)
         if any_kept > 0.0:

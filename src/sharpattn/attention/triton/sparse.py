@@ -14,6 +14,7 @@ from .template import (
     Launch,
     backward,
     block_scores,
+    combine_block,
     key_splits,
     query_block,
     support_row,
@@ -297,15 +298,8 @@ def _entmax_split_kernel(
     last pass, from the buffered scores: Σ p·v and Σ u·v (float32 ``[splits, B, H, Lq, Dv]``,
     ``split_out`` apart), Σ p and Σ u (``[splits, B, H, Lq]``), p = [y − c0]_+^e, u =
     [y − c0]_+^{e−1}, and its key blocks' support (1 where some weight may be nonzero)."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
+    b, h, offs_m, offs_e, in_m, inside, rows = combine_block(heads, lq, dv, BLOCK_M, DV_PAD)
     hk = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    rows = b * heads * lq + h * lq + offs_m
     e = tl.load(row_ptr + b * srb + h * srh + offs_m * srm + 1, mask=in_m, other=1.0)[:, None]
     c0 = tl.load(c0_ptr + rows, mask=in_m, other=0.0)[:, None]
     slack = _slack(tl.load(top_ptr + rows, mask=in_m, other=0.0))
@@ -336,7 +330,6 @@ def _entmax_split_kernel(
     tl.store(pz_ptr + split * split_rows + rows, z, mask=in_m)
     tl.store(pzu_ptr + split * split_rows + rows, zu, mask=in_m)
     where = split * split_out + b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
-    inside = in_m[:, None] & (offs_e[None, :] < dv)
     tl.store(part_ptr + where, acc, mask=inside)
     tl.store(partu_ptr + where, acc_u, mask=inside)
 
@@ -351,16 +344,8 @@ def _entmax_combine_kernel(
 ):  # fmt: skip
     """Decoding, the last launch: out = Σ_s Σp·v / Σ_s Σp and r = Σ_s Σu·v / Σ_s Σu (every
     split weighed with the same τ), and Z = Σ p, as the unsplit kernel stores them."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    b, h, offs_m, offs_e, in_m, inside, rows = combine_block(heads, lq, dv, BLOCK_M, DV_PAD)
     at = b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
-    rows = b * heads * lq + h * lq + offs_m
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     z = tl.zeros([BLOCK_M], dtype=tl.float32)

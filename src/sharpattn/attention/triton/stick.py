@@ -49,7 +49,16 @@ import triton
 import triton.language as tl
 
 from ..masking import Masking
-from .template import SPLIT_BLOCK_M, key_splits, pad, query_block, tile, unit_last, visible
+from .template import (
+    SPLIT_BLOCK_M,
+    combine_block,
+    key_splits,
+    pad,
+    query_block,
+    tile,
+    unit_last,
+    visible,
+)
 
 Tensor = torch.Tensor
 
@@ -206,16 +215,8 @@ def _combine_kernel(
     (contiguous ``[splits, B, H, Lq]``, ``split_rows`` apart): a split's weights are what its
     own stick gave times the stick the later (nearer) splits left, so out_i = Σ_s out_s,i ·
     exp(Σ_{s' > s} carry_s',i), the splits taken from the last."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    b, h, offs_m, offs_e, in_m, inside, rows = combine_block(heads, lq, dv, BLOCK_M, DV_PAD)
     part_ptr += b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
-    rows = b * heads * lq + h * lq + offs_m
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     later = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ log σ(−s) over the nearer splits
     for t in range(0, splits):

@@ -104,6 +104,21 @@ def query_block(q_ptr, sqb, sqh, sqm, sqd, heads, group, lq, d,
 
 
 @triton.jit
+def combine_block(heads, lq, dv, BLOCK_M: tl.constexpr, DV_PAD: tl.constexpr):
+    """What a program of a split forward's later launches starts from, over a block of query
+    rows of one (batch, head): (b, h, offs_m, offs_e, in_m, inside [M, DV_PAD], rows: the
+    rows' places in a contiguous [B, H, Lq])."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    offs_e = tl.arange(0, DV_PAD)
+    in_m = offs_m < lq
+    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    return b, h, offs_m, offs_e, in_m, inside, b * heads * lq + h * lq + offs_m
+
+
+@triton.jit
 def block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d, lq, lk, d,
                   offset, scale, mask_ptr, smb, smh, smm, smn,
                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
@@ -303,16 +318,8 @@ def _combine_kernel(
     largest split's: the unsplit kernel's running m at its end), each split's sums rescaled to
     it with the map's own `map_factor`, out = Σ acc / Σ Z, and m and Z stored as the unsplit
     forward stores them."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    b, h, offs_m, offs_e, in_m, inside, rows = combine_block(heads, lq, dv, BLOCK_M, DV_PAD)
     part_ptr += b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
-    rows = b * heads * lq + h * lq + offs_m
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     if NORMALISED:
         m = tl.zeros([BLOCK_M], dtype=tl.float32)  # as the forward's running m starts

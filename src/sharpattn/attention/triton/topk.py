@@ -13,6 +13,7 @@ from .template import (
     Launch,
     backward,
     block_scores,
+    combine_block,
     key_splits,
     query_block,
     support_row,
@@ -260,16 +261,8 @@ def _topk_combine_kernel(
     """Decoding, the last launch: out = Σ_s acc_s / Σ_s Z_s (every split weighed against the
     same m), lse = m + log Z (read from ``lse_ptr``, where the second launch stored m), and
     the last kept tie, as the unsplit kernel stores them."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, DV_PAD)
-    in_m = offs_m < lq
-    inside = in_m[:, None] & (offs_e[None, :] < dv)
+    b, h, offs_m, offs_e, in_m, inside, rows = combine_block(heads, lq, dv, BLOCK_M, DV_PAD)
     part_ptr += b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd
-    rows = b * heads * lq + h * lq + offs_m
     acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     z = tl.zeros([BLOCK_M], dtype=tl.float32)
     last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0

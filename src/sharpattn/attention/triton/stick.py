@@ -119,26 +119,38 @@ def _key_blocks(start_m, lk, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
+def _block_weights(q, do, k_ptr, v_ptr, mask_ptr, skb, skh, skn, skd, svb, svh, svn, svd,
+                   smb, smh, smm, smn, b, h, hk, offs_m, offs_n, offs_d, offs_e, lq, lk, d, dv,
+                   diag, scale, carry, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """One key block of the backward's walks (both take it from here, so their weights and g
+    are the same numbers): (k [N, D], keep, w as the forward's out took it (rounded to v's
+    dtype), log σ(s), g = dO·vᵀ [M, N], the next carry)."""
+    k = tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
+    v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
+    keep = visible(offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK)
+    s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
+    w, log_pos, carry = _weights(s, keep, carry)
+    w = w.to(v.dtype).to(tl.float32)
+    gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return k, keep, w, log_pos, gv, carry
+
+
+@triton.jit
 def _row_sums(q, do, k_ptr, v_ptr, mask_ptr, skb, skh, skn, skd, svb, svh, svn, svd,
               smb, smh, smm, smn, b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, diag,
               scale, blocks, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """D_i = Σ_j w_ij·g_ij over the keys the rows see, float64 [M]: the backward's first walk,
-    the same blocks in the same order with the very weights and g of the second, so that D −
-    Σ_{j>k} w·g, tiny at the far keys, holds no rounding of D."""
+    the same blocks in the same order with the very weights and g of the second
+    (`_block_weights`), so that D − Σ_{j>k} w·g, tiny at the far keys, holds no rounding of D."""
     carry = tl.zeros([BLOCK_M], dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float64)
     for t in range(0, blocks):
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
-        k = tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
-        v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
-        keep = visible(
-            offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
-        )
-        s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
-        w, _, carry = _weights(s, keep, carry)
-        w = w.to(v.dtype).to(tl.float32)
-        gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        _, _, w, _, gv, carry = _block_weights(q, do, k_ptr, v_ptr, mask_ptr, skb, skh, skn,
+                                               skd, svb, svh, svn, svd, smb, smh, smm, smn, b,
+                                               h, hk, offs_m, offs_n, offs_d, offs_e, lq, lk,
+                                               d, dv, diag, scale, carry, HAS_MASK, PRECISION)  # fmt: skip
         total += tl.sum((w * gv).to(tl.float64), 1)
     return total
 
@@ -262,15 +274,11 @@ def _backward_kernel(
     for t in range(0, blocks):
         offs_n = (blocks - 1 - t) * BLOCK_N + (BLOCK_N - 1) - tl.arange(0, BLOCK_N)
         in_n = offs_n < lk
-        k = tile(k_ptr, skb, skh, skn, skd, b, hk, offs_n, offs_d, lk, d)  # [N, D]
-        v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)  # [N, Dv]
-        keep = visible(
-            offs_m, offs_n, lq, lk, diag, mask_ptr, smb, smh, smm, smn, b, h, True, HAS_MASK
-        )
-        s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, 0.0)
-        w, log_pos, carry = _weights(s, keep, carry)
-        w = w.to(v.dtype).to(tl.float32)  # the weights as the forward's out took them
-        gv = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # g_ij = dO_i·v_j [M, N]
+        k, keep, w, log_pos, gv, carry = _block_weights(q, do, k_ptr, v_ptr, mask_ptr, skb, skh,
+                                                        skn, skd, svb, svh, svn, svd, smb, smh,
+                                                        smm, smn, b, h, hk, offs_m, offs_n,
+                                                        offs_d, offs_e, lq, lk, d, dv, diag,
+                                                        scale, carry, HAS_MASK, PRECISION)  # fmt: skip
         ds, later = map_grad(w, log_pos, gv, keep, dd, later)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         keys = b * kv_heads * lk + hk * lk + offs_n

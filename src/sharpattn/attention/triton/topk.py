@@ -72,6 +72,37 @@ def _kept(s, keep, offs_n, tau, need, ties, last):
 
 
 @triton.jit
+def _kept_sums(
+    q, k_ptr, v_ptr, mask_ptr, sup,
+    skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
+    b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, offset, scale,
+    lo, hi, tau, need, m, ties,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DV_PAD: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The output pass over keys ``lo``-``hi`` (`_kept` from ``ties``, the ties at τ met
+    before): Σ w·v and Σ w over the kept keys, w = exp(s − m), the last kept tie's key index
+    (−1: none), and each key block's support stored at ``sup``."""
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
+    z = tl.zeros([BLOCK_M], dtype=tl.float32)
+    last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
+                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
+                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
+        kept, ties, last = _kept(s, keep, offs_n, tau, need, ties, last)
+        any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
+        tl.store(sup + start_n // BLOCK_N, any_kept)
+        if any_kept > 0.0:
+            w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
+            z += tl.sum(w, 1)
+            v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
+            acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    return acc, z, last
+
+
+@triton.jit
 def _topk_forward_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, m_ptr, tau_ptr, last_ptr, sup_ptr,
     sqb, sqh, sqm, sqd,
@@ -108,23 +139,12 @@ def _topk_forward_kernel(
         top = tl.sort(tl.maximum(top, new), descending=True)
     tau, need, m = _threshold(top, top_k, K)
     sup = support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
-    z = tl.zeros([BLOCK_M], dtype=tl.float32)
     ties = tl.zeros([BLOCK_M], dtype=tl.float32)  # ties at τ met so far
-    last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
-                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
-                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        kept, ties, last = _kept(s, keep, offs_n, tau, need, ties, last)
-        any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
-        tl.store(sup + start_n // BLOCK_N, any_kept)
-        if any_kept > 0.0:
-            w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
-            z += tl.sum(w, 1)
-            v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
-            acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    acc, z, last = _kept_sums(q, k_ptr, v_ptr, mask_ptr, sup,
+                              skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
+                              b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, offset, scale,
+                              0, hi, tau, need, m, ties,
+                              CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N, DV_PAD, PRECISION)  # fmt: skip
     acc = acc / tl.where(z > 0.0, z, 1.0)[:, None]
     rows = b * heads * lq + h * lq + offs_m
     tl.store(m_ptr + rows, tl.where(z > 0.0, m + tl.log(tl.where(z > 0.0, z, 1.0)), 0.0), mask=in_m)
@@ -225,22 +245,11 @@ def _topk_split_kernel(
     lo = split * split_keys
     hi = tl.minimum(hi, lo + split_keys)
     sup = support_row(sup_ptr, lq, lk, BLOCK_M, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
-    z = tl.zeros([BLOCK_M], dtype=tl.float32)
-    last = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s, keep = block_scores(q, k_ptr, skb, skh, skn, skd, b, h, hk, offs_m, offs_n, offs_d,
-                                lq, lk, d, offset, scale, mask_ptr, smb, smh, smm, smn,
-                                CAUSAL, HAS_MASK, PRECISION)  # fmt: skip
-        kept, ties, last = _kept(s, keep, offs_n, tau, need, ties, last)
-        any_kept = tl.max(tl.max(kept.to(tl.float32), 1), 0)
-        tl.store(sup + start_n // BLOCK_N, any_kept)
-        if any_kept > 0.0:
-            w = tl.where(kept, tl.exp(tl.minimum(s - m[:, None], 0.0)), 0.0)
-            z += tl.sum(w, 1)
-            v = tile(v_ptr, svb, svh, svn, svd, b, hk, offs_n, offs_e, lk, dv)
-            acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
+    acc, z, last = _kept_sums(q, k_ptr, v_ptr, mask_ptr, sup,
+                              skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
+                              b, h, hk, offs_m, offs_d, offs_e, lq, lk, d, dv, offset, scale,
+                              lo, hi, tau, need, m, ties,
+                              CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N, DV_PAD, PRECISION)  # fmt: skip
     tl.store(pz_ptr + split * split_rows + rows, z, mask=in_m)
     tl.store(plast_ptr + split * split_rows + rows, last, mask=in_m)
     where = b * spb + h * sph + offs_m[:, None] * spm + offs_e[None, :] * spd

@@ -208,7 +208,12 @@ def _forked(parent: int | None) -> tuple[int, int]:
             sweep._parent = parent
             sweep._idle_signals()
             os.write(write, b"ready")
-            time.sleep(30)
+            # Short sleeps: the child may hold a thread of torch's (seen: a thread pool's
+            # worker), and a signal the kernel hands to it does not end the main thread's
+            # sleep; Python runs the handler once the main thread next wakes.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             os._exit(0)
     os.close(write)

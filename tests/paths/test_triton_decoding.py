@@ -26,23 +26,22 @@ import torch
 
 from devices import DEVICE
 from precision import assert_close
-
-pytest.importorskip("triton", reason="the Triton kernels need triton (the gpu or dev extra)")
-
-from sharpattn import normalizers as nz  # noqa: E402
-from sharpattn.attention import attend, devices  # noqa: E402
-from sharpattn.attention import triton as KERNELS  # noqa: E402
-from sharpattn.attention.dispatch.fast import path_of  # noqa: E402
-from sharpattn.attention.masking import Masking  # noqa: E402
-from sharpattn.attention.triton import template as TEMPLATE  # noqa: E402
-
-if DEVICE.type == "cpu" and type(TEMPLATE._forward_kernel).__name__ != "InterpretedFunction":
-    pytest.skip(
-        "triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it)",
-        allow_module_level=True,
-    )
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
-BLOCKS = (16, 16)  # query rows, keys per block: a split per block or two at Lk <= 70
+from sharpattn import normalizers as nz
+from sharpattn.attention import attend
+from sharpattn.attention.masking import Masking
+from triton_decoding import (
+    BLOCKS,
+    DTYPES,
+    KERNELS,
+    TEMPLATE,
+    copies,
+    force_split,
+    inputs,
+    run,
+    visible,
+)
+from triton_decoding import on_triton as route
+from triton_decoding import params_of as tensors
 
 
 def kernel_of(name: str):
@@ -60,15 +59,8 @@ MAPS = [
 #: gradient); the softmax kernel with its log-sum-exp (``lse``: what sink and adaptive take)
 METHODS = {**{n: (n, {}) for n in MAPS}, "sigmoid_bias": ("sigmoid", {"bias": "tensor"})}
 
-# name: (B, H, Hkv, Lq, Lk, D, Dv, mask, causal)
-CASES = {
-    "lq1": (1, 4, 2, 1, 70, 8, 5, None, False),  # GQA, Dv != D, a last block of 6 keys
-    "lq3_causal_pad": (2, 4, 2, 3, 61, 8, 5, "pad", True),  # batch 1 all padding: empty rows
-    "lq16_causal": (1, 2, 2, 16, 40, 16, 16, None, True),  # the last split: rows >= 8 only
-    "lq16_rows": (1, 4, 2, 16, 50, 8, 5, "rows", True),  # row 4 empty
-    "lq3_2d": (1, 2, 1, 3, 64, 8, 12, "2d", False),
-    "lq3_hole": (1, 2, 2, 3, 64, 8, 5, "hole", False),  # keys 16-47 hidden: whole splits empty
-}
+#: the cases (tests/triton_decoding.py) every map runs in float32
+CASES = ("lq1", "lq3_causal_pad", "lq16_causal", "lq16_rows", "lq3_2d", "lq3_hole")
 #: the cases of each method in 16 bits (on the CPU the interpreter is slow; on a GPU each case
 #: compiles its own kernel variants, and the GPU check's bfloat16 step has 80 s for every file);
 #: every case in float32
@@ -82,95 +74,14 @@ SHORT = {
 }
 
 
-def inputs(case: str, dtype: torch.dtype, seed: int = 0):
-    """(q, k, v, mask, causal) in ``dtype``, leaves requiring grad."""
-    b, h, hkv, lq, lk, d, dv, kind, causal = CASES[case]
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, lq, d, generator=g)
-    k = torch.randn(b, hkv, lk, d, generator=g)
-    v = torch.randn(b, hkv, lk, dv, generator=g)
-    mask = None
-    if kind == "pad":
-        mask = torch.rand(b, 1, 1, lk, generator=g) < 0.7
-        mask[1] = False
-    elif kind == "rows":
-        mask = torch.rand(b, h, lq, lk, generator=g) < 0.6
-        mask[:, :, 4] = False
-    elif kind == "2d":
-        mask = torch.rand(lq, lk, generator=g) < 0.6
-    elif kind == "hole":
-        mask = torch.ones(1, 1, 1, lk, dtype=torch.bool)
-        mask[..., 16:48] = False
-    q, k, v = (t.to(DEVICE, dtype).requires_grad_() for t in (q, k, v))
-    return q, k, v, (mask if mask is None else mask.to(DEVICE)), causal
-
-
 @pytest.fixture
 def on_triton(monkeypatch):
-    """The fast paths take the Triton kernels for the CPU tensors (but float64), as in
-    tests/paths/test_triton.py, with small blocks; returns the list of the split counts of
-    every split forward that ran (`_split_forward`)."""
-    monkeypatch.setattr(devices, "triton_ready", lambda device, dtype: dtype != torch.float64)
-    monkeypatch.setattr(TEMPLATE, "BLOCKS_16BIT", BLOCKS)
-    monkeypatch.setattr(TEMPLATE, "BLOCKS_FLOAT32", BLOCKS)
-    splits = []
-    real = TEMPLATE._split_forward
-
-    def recorded(launch, q, k, v, out, m, z, n):
-        splits.append(n)
-        return real(launch, q, k, v, out, m, z, n)
-
-    monkeypatch.setattr(TEMPLATE, "_split_forward", recorded)
-    return splits
-
-
-def force_split(monkeypatch, on: bool = True):
-    """Small shapes split (every key block its own split, up to 64 programs), or nothing does."""
-    monkeypatch.setattr(TEMPLATE, "SPLIT_MIN_LK", 32 if on else 10**9)
-    monkeypatch.setattr(TEMPLATE, "SPLIT_MIN_BLOCKS", 1)
-    monkeypatch.setattr(TEMPLATE, "SPLIT_PROGRAMS", 64)
+    """The kernels with small blocks; the split counts of the template's split forwards."""
+    return route(monkeypatch, [TEMPLATE])
 
 
 def params_of(name: str, h: int, dtype: torch.dtype) -> dict:
-    params = dict(METHODS[name][1])
-    if params.get("bias") == "tensor":
-        x = torch.tensor([0.3, -0.5, 1.2, 0.0][:h], dtype=dtype, device=DEVICE)
-        params["bias"] = x.view(1, h, 1, 1).requires_grad_()
-    return params
-
-
-def _copies(dtype, q, k, v, params):
-    """Fresh leaves of q, k, v in ``dtype`` and of the tensor parameters (in float64 with a
-    float64 ``dtype``, else in their own dtype)."""
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    p = {
-        n: (x.detach().to(dtype if dtype == torch.float64 else x.dtype).requires_grad_())
-        if torch.is_tensor(x)
-        else x
-        for n, x in params.items()
-    }
-    return leaves, p
-
-
-def run(method, q, k, v, mask, causal, params, naive=False):
-    """(output, gradients of q, k, v[, bias]) for a fixed output gradient: the fast path (the
-    kernels) or the naive path."""
-    if naive:
-        out = attend(q, k, v, method, mask=mask, causal=causal, impl="naive", **params)
-    else:
-        masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
-        out, stats = path_of(nz.get(method))(q, k, v, masking, q.shape[-1] ** -0.5, False, **params)
-        assert stats is None
-    leaves = [q, k, v] + [p for p in params.values() if torch.is_tensor(p)]
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-    grads = torch.autograd.grad(out, leaves, g)
-    return out.detach(), grads
-
-
-def _visible(mask, causal, q, k) -> torch.Tensor:
-    masking = Masking.build(mask, causal, q.shape[2], k.shape[2], q.device)
-    n = masking.visible_keys().expand(q.shape[0], q.shape[1], q.shape[2], 1)
-    return n[..., 0] > 0
+    return tensors(METHODS[name][1], h, dtype)
 
 
 def _pairs():
@@ -199,10 +110,10 @@ def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
     assert on_triton and on_triton[-1] == math.ceil(lk / BLOCKS[1]), on_triton  # split
     force_split(monkeypatch, on=False)
     before = len(on_triton)
-    (q1, k1, v1), p1 = _copies(dtype, q, k, v, params)
+    (q1, k1, v1), p1 = copies(dtype, q, k, v, params)
     whole, whole_grads = run(method, q1, k1, v1, mask, causal, p1)
     assert len(on_triton) == before  # the unsplit kernel
-    (q64, k64, v64), p64 = _copies(torch.float64, q, k, v, params)
+    (q64, k64, v64), p64 = copies(torch.float64, q, k, v, params)
     ref, _ = run(method, q64, k64, v64, mask, causal, p64, naive=True)
     assert out.dtype == dtype and [g.dtype for g in grads[:3]] == [dtype] * 3
     assert_close(out, ref, n=lk, msg="out against float64")
@@ -212,7 +123,7 @@ def test_the_split_forward_equals_the_naive_path_and_the_unsplit_kernel(
     n = max(lk, q.shape[2] * q.shape[1] // k.shape[1])
     for what, a, b in zip(("dq", "dk", "dv", "dbias"), grads, whole_grads, strict=False):
         assert_close(a, b, n=n, msg=f"{what} against unsplit")
-    empty = ~_visible(mask, causal, q, k)
+    empty = ~visible(mask, causal, q, k)
     assert (out[empty] == 0).all()
     assert (grads[0][empty] == 0).all()
 
@@ -241,7 +152,7 @@ def test_the_split_softmax_kernel_with_its_log_sum_exp(on_triton, monkeypatch, c
     assert on_triton and on_triton[-1] == math.ceil(lk / BLOCKS[1])
     force_split(monkeypatch, on=False)
     before = len(on_triton)
-    whole, whole_lse, whole_grads = once(_copies(torch.float32, q, k, v, {})[0])
+    whole, whole_lse, whole_grads = once(copies(torch.float32, q, k, v, {})[0])
     assert len(on_triton) == before
     q64, k64, v64 = (t.detach().double() for t in (q, k, v))
     ref = attend(q64, k64, v64, mask=mask, causal=causal, impl="naive")
@@ -284,7 +195,7 @@ def test_decoding_shapes_split_at_the_real_thresholds(on_triton, monkeypatch, na
     q, k, v = (t.to(DEVICE).requires_grad_() for t in (q, k, v))
     out, grads = run(method, q, k, v, mask, causal, {})
     assert on_triton and on_triton[-1] >= 7, on_triton
-    (q64, k64, v64), _ = _copies(torch.float64, q, k, v, {})
+    (q64, k64, v64), _ = copies(torch.float64, q, k, v, {})
     ref, want = run(method, q64, k64, v64, mask, causal, {}, naive=True)
     assert_close(out, ref, n=lk, msg="out")
     for what, a, b in zip(("dq", "dk", "dv"), grads, want, strict=True):

@@ -557,3 +557,24 @@ def test_a_board_of_unequal_arms_tests_and_corrects_welchs_p_values():
     paired = sps.ttest_rel(board["sigmoid"], soft[:3]).pvalue
     assert plain["sigmoid"]["score"][2] == pytest.approx(paired)
     assert plain["sigmoid"]["effect"].p == pytest.approx(paired)
+
+
+def test_the_report_states_the_median_detectable_difference():
+    """The report's sentence on the run's power: the median and range of each comparison's
+    80 %-power difference (Welch's at α/m, recomputed here from the seeds), and how many are at
+    most 0.05; nothing where no method is compared."""
+    from sharpattn.experiments import leaderboard
+    from sharpattn.lab.stats import at_power
+
+    soft = [0.30, 0.29, 0.31, 0.30, 0.31, 0.29, 0.30, 0.30, 0.31, 0.29]
+    board = {"softmax": soft, "sigmoid": [0.35, 0.38, 0.32], "relu": [0.27, 0.26, 0.31]}
+    table = leaderboard.rank(_board(board), ["two_back"], welch=True)
+    want = []
+    for m in ("sigmoid", "relu"):
+        w = welch_effect(soft, board[m])
+        want.append(at_power(w.se, w.df, 0.05 / 2, 0.8))
+    text = leaderboard._detectable(table)
+    assert f"median {np.median(want):.3f}" in text
+    assert f"range {min(want):.3f}–{max(want):.3f}" in text
+    assert f"{sum(v <= 0.05 for v in want)} of 2 detect 0.05 or less" in text
+    assert leaderboard._detectable([e for e in table if e["method"] == "softmax"]) == ""

@@ -473,6 +473,22 @@ def _reference(per: dict[int, dict[str, float]], base: dict[int, dict[str, float
 MAXIMUM = 1.0
 
 
+def _detectable(table: list[dict[str, Any]]) -> str:
+    """The run's power in one sentence (a paragraph, or nothing with no comparison): the median
+    and range over the methods of the overall difference each comparison with softmax detects
+    with 80 % power at Holm's strictest level, and how many detect 0.05 or less."""
+    found = [e["power"]["at_power"] for e in table if e["method"] != "softmax" and "power" in e]
+    found = [float(v) for v in found if np.isfinite(v)]
+    if not found:
+        return ""
+    return (
+        f"**What the run can detect:** over the {len(found)} comparisons of the overall score "
+        f"with softmax, the difference detected with {POWER:.0%} power at α/m is a median "
+        f"{np.median(found):.3f} (range {min(found):.3f}–{max(found):.3f}); "
+        f"{sum(v <= 0.05 for v in found)} of {len(found)} detect 0.05 or less.\n\n"
+    )
+
+
 def _family(adjusted) -> int:
     """How many tests a Holm family has (its finite p-values)."""
     return int(np.isfinite(np.asarray(adjusted, dtype=float)).sum())
@@ -931,6 +947,7 @@ def write(folder: Path, rows, table, cfg: seq.SequenceConfig) -> Path:
             "## Against softmax: effects, intervals and what the run could detect\n\n"
             + EFFECTS_TEXT
             + "\n\n"
+            + _detectable(table)
             + md_effects,
             "## Accuracy in and beyond the training sizes\n\n" + md_detail,
             _unconverged_section(rows),

@@ -24,11 +24,11 @@ Holm's strictest threshold α/m for a family of m).
   (`stats.crossed_detectable`), on docs/records/selective-llm-lora-paper.tar.gz;
   ``selective-llm-sharing``: the same on the weight-sharing run's record,
   docs/records/selective-llm-lora-sharing-paper.tar.gz;
-* ``leaderboard-nape``, ``leaderboard-far``, ``leaderboard-sb-shift``: a leaderboard record's
-  comparisons against softmax (`leaderboard.rank`, Holm over the methods, overall and per task)
-  and each cell's test sampling against its seeds' spread (`sequence.test_sampling`), on
-  docs/records/leaderboard-nape.tar.gz, leaderboard-flip-flop-far.tar.gz and
-  leaderboard-sb-shift.tar.gz;
+* ``leaderboard-nape``, ``leaderboard-far``, ``leaderboard-sb-shift``, ``leaderboard-power``: a
+  leaderboard record's comparisons against softmax (`leaderboard.rank`, Holm over the methods,
+  overall and per task; what the run can detect) and each cell's test sampling against its
+  seeds' spread (`sequence.test_sampling`), on docs/records/leaderboard-nape.tar.gz,
+  leaderboard-flip-flop-far.tar.gz, leaderboard-sb-shift.tar.gz and leaderboard-power.tar.gz;
 * ``all``: every one of them.
 
 The standard board (docs/records/leaderboard-standard.tar.gz holds two run folders) is
@@ -194,6 +194,7 @@ def board(folder: Path) -> None:
     seeds = {m: len({r["seed"] for r in rows if r["method"] == m}) for m in cfg.methods}
     table = leaderboard.rank(rows, tasks, welch=len(set(seeds.values())) > 1)
     shown, _ = leaderboard.effects(table, tasks)
+    print(leaderboard._detectable(table), end="")
     print("| task | method | seeds | effect | 95 % interval | p | p (Holm) | threshold | "
           "detectable (80 %) | verdict |")  # fmt: skip
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---|")
@@ -230,6 +231,7 @@ STUDIES = {
     "leaderboard-nape": ("leaderboard-nape", board),
     "leaderboard-far": ("leaderboard-flip-flop-far", board),
     "leaderboard-sb-shift": ("leaderboard-sb-shift", board),
+    "leaderboard-power": ("leaderboard-power", board),
 }
 
 

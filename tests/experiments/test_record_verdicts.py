@@ -99,3 +99,20 @@ def test_the_leaderboard_records_numbers_on_the_page_are_the_records(printed):
     shift = section(printed, "leaderboard-sb-shift")
     assert "| copy | stick_breaking_shifted | 3 | -0.022 | [-0.030, -0.015] |" in shift
     assert page_minus("-0.022 [-0.030, -0.015] (0.006) on `copy`") in page
+
+
+def test_the_power_boards_numbers_on_the_page_are_the_records(printed):
+    """Every overall comparison of the power board's table (effect, interval, Holm p and the
+    80 %-power difference) and its median detectable difference, as the record gives them."""
+    page = (ROOT / "docs" / "leaderboard.md").read_text()
+    power = section(printed, "leaderboard-power")
+    rows = [r for r in power.splitlines() if r.startswith("| overall |")]
+    assert len(rows) == 23
+    for row in rows:
+        _, method, _, effect, interval, _, holm, _, detect, _ = (
+            c.strip() for c in row.strip("|").split("|")
+        )
+        assert page_minus(f"| {effect} {interval} | {holm} | {detect} |") in page, method
+    median = re.search(r"a median (\d\.\d+) \(range", power).group(1)
+    assert f"Its median detectable difference against softmax is {median}." in page
+    assert f"comparisons is **{median}**" in page

@@ -483,7 +483,7 @@ def _detectable(table: list[dict[str, Any]]) -> str:
         return ""
     return (
         f"**What the run can detect:** over the {len(found)} comparisons of the overall score "
-        f"with softmax, the difference detected with {POWER:.0%} power at α/m is a median "
+        f"with softmax, the difference detected with {POWER * 100:.0f} % power at α/m is a median "
         f"{np.median(found):.3f} (range {min(found):.3f}–{max(found):.3f}); "
         f"{sum(v <= 0.05 for v in found)} of {len(found)} detect 0.05 or less.\n\n"
     )

@@ -29,6 +29,8 @@ Holm's strictest threshold α/m for a family of m).
   overall and per task; what the run can detect) and each cell's test sampling against its
   seeds' spread (`sequence.test_sampling`), on docs/records/leaderboard-nape.tar.gz,
   leaderboard-flip-flop-far.tar.gz, leaderboard-sb-shift.tar.gz and leaderboard-power.tar.gz;
+* ``backcopy-seeds``: each Bigram-Backcopy finding's verdict on every seed of the quick
+  profile, on docs/records/backcopy-seeds.tar.gz;
 * ``all``: every one of them.
 
 The standard board (docs/records/leaderboard-standard.tar.gz holds two run folders) is
@@ -211,6 +213,18 @@ def board(folder: Path) -> None:
         )
 
 
+def backcopy(folder: Path) -> None:
+    """The Bigram-Backcopy record's quick runs (``quick-s*``): each finding's verdict on every
+    seed, as each run's ``results.json`` states it."""
+    runs = sorted(folder.glob("quick-s*/results.json"), key=lambda p: int(p.parent.name[7:]))
+    found = [json.loads(p.read_text())["findings"] for p in runs]
+    print("| finding | " + " | ".join(f"seed {p.parent.name[7:]}" for p in runs) + " |")
+    print("|---|" + "---|" * len(runs))
+    for i, first in enumerate(found[0]):
+        verdicts = [f[i]["verdict"] for f in found]
+        print(f"| {first['number']}. {first['title']} | " + " | ".join(verdicts) + " |")
+
+
 #: the held-out windows a re-run of the selective-LLM study evaluates on
 PLANNED_WINDOWS = 64
 
@@ -232,6 +246,7 @@ STUDIES = {
     "leaderboard-far": ("leaderboard-flip-flop-far", board),
     "leaderboard-sb-shift": ("leaderboard-sb-shift", board),
     "leaderboard-power": ("leaderboard-power", board),
+    "backcopy-seeds": ("backcopy-seeds", backcopy),
 }
 
 

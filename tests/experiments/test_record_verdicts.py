@@ -116,3 +116,23 @@ def test_the_power_boards_numbers_on_the_page_are_the_records(printed):
     median = re.search(r"a median (\d\.\d+) \(range", power).group(1)
     assert f"Its median detectable difference against softmax is {median}." in page
     assert f"comparisons is **{median}**" in page
+
+
+def test_the_backcopy_seed_verdicts_on_the_page_are_the_records(printed):
+    """The page's sentences on which quick-profile verdicts change with the seed: each
+    finding's verdicts over seeds 0-4, as the record's runs state them."""
+    page = " ".join((ROOT / "docs" / "active-dormant-heads.md").read_text().split())
+    verdicts = {}
+    for row in section(printed, "backcopy-seeds").splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[0][:1].isdigit():
+            verdicts[int(cells[0].split(".")[0])] = cells[1:]
+    yes, partly, no = "reproduced", "partly reproduced", "not reproduced"
+    assert [n for n, v in verdicts.items() if len(set(v)) == 1] == [1, 5, 6, 7]
+    assert "Findings 1, 5, 6 and 7 keep their verdict on all five seeds" in page
+    assert verdicts[2] == [yes] + [partly] * 4
+    assert 'Finding 2 is "yes" only on seed 0 and "partly" on seeds 1-4' in page
+    assert verdicts[3] == [yes] + [partly] * 3 + [yes]
+    assert 'Finding 3 is "yes" on seeds 0 and 4 and "partly" on 1-3' in page
+    assert verdicts[4] == [no] * 3 + [partly] * 2
+    assert 'Finding 4 is "not reproduced" on seeds 0-2 and "partly" on 3-4' in page

@@ -216,10 +216,12 @@ def board(folder: Path) -> None:
 def backcopy(folder: Path) -> None:
     """The Bigram-Backcopy record's quick runs (``quick-s*``): each finding's verdict on every
     seed, as each run's ``results.json`` states it."""
-    runs = sorted(folder.glob("quick-s*/results.json"), key=lambda p: int(p.parent.name[7:]))
-    found = [json.loads(p.read_text())["findings"] for p in runs]
-    print("| finding | " + " | ".join(f"seed {p.parent.name[7:]}" for p in runs) + " |")
-    print("|---|" + "---|" * len(runs))
+    seeds = sorted(int(p.name.removeprefix("quick-s")) for p in folder.glob("quick-s*"))
+    found = [
+        json.loads((folder / f"quick-s{s}" / "results.json").read_text())["findings"] for s in seeds
+    ]
+    print("| finding | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
     for i, first in enumerate(found[0]):
         verdicts = [f[i]["verdict"] for f in found]
         print(f"| {first['number']}. {first['title']} | " + " | ".join(verdicts) + " |")

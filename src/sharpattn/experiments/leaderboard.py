@@ -477,7 +477,7 @@ def _detectable(table: list[dict[str, Any]]) -> str:
     """The run's power in one sentence (a paragraph, or nothing with no comparison): the median
     and range over the methods of the overall difference each comparison with softmax detects
     with 80 % power at Holm's strictest level, and how many detect 0.05 or less."""
-    found = [e["power"]["at_power"] for e in table if e["method"] != "softmax" and "power" in e]
+    found = [e["power"]["at_power"] for e in table if e["method"] != "softmax"]
     found = [float(v) for v in found if np.isfinite(v)]
     if not found:
         return ""
